@@ -1,0 +1,37 @@
+"""`locojax` command line: one subcommand per workflow.
+
+Each subcommand lives in its own module exposing `main(argv)`; this file only dispatches,
+so `locojax --help` stays fast (nothing imports JAX until a subcommand runs).
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+SUBCOMMANDS = {
+    "generate": ("locojax.commands.generate", "sample from a model with the jitted engine"),
+    "demo": ("locojax.commands.demo", "the embedded default run (`make demo`)"),
+}
+
+
+def _usage() -> str:
+    rows = "\n".join(f"  {name:<10} {desc}" for name, (_, desc) in SUBCOMMANDS.items())
+    return f"usage: locojax SUBCOMMAND [--help] ...\n\nsubcommands:\n{rows}\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help"):
+        print(_usage(), end="")
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name not in SUBCOMMANDS:
+        print(f"locojax: unknown subcommand {name!r}\n\n{_usage()}", end="", file=sys.stderr)
+        return 2
+    module = importlib.import_module(SUBCOMMANDS[name][0])
+    return module.main(rest) or 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

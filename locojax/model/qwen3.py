@@ -1,0 +1,186 @@
+"""The Qwen3 decoder as one pure function over a weight pytree.
+
+`forward(weights, tokens, positions, cfg, mask=..., cache=...) -> (hidden, cache)`
+serves prefill, decode and training alike, so the sampler's logprobs and the trainer's
+logprobs come from the same code (DESIGN.md, "sampler logprobs equal trainer logprobs").
+
+Reference: HF transformers `modeling_qwen3.py`; layout after jax-llm-examples `qwen3`.
+Departures: layers are scanned (stacked weights), and attention reads a fixed-size KV cache
+whose slot validity is tracked explicitly, which is how left-padded prompts are handled.
+
+Legend: b batch, t query time, s key slot, d model, n q heads, k kv heads, g q heads per kv,
+h head dim, f ffn, v vocab, L layers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from locojax.model.config import ModelConfig
+from locojax.model.params import Weights
+
+_MASKED = -1e30  # finite, so a row with no visible key (a pad query) gives 0s, not NaNs
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class KVCache:
+    """Keys and values of every layer in fixed slots; `index` is the next slot to write."""
+
+    k: jax.Array  # [L, B, S, K, H]
+    v: jax.Array  # [L, B, S, K, H]
+    valid: jax.Array  # [B, S] bool: slot holds a real (non-pad) token
+    index: jax.Array  # [] int32
+
+    @classmethod
+    def empty(cls, cfg: ModelConfig, batch: int, slots: int) -> "KVCache":
+        shape = (cfg.num_hidden_layers, batch, slots, cfg.num_key_value_heads, cfg.head_dim)
+        return cls(
+            k=jnp.zeros(shape, cfg.dtype), v=jnp.zeros(shape, cfg.dtype),
+            valid=jnp.zeros((batch, slots), bool), index=jnp.zeros((), jnp.int32),
+        )
+
+
+def rms_norm(x, scale, eps):
+    """HF Qwen3RMSNorm: normalise in f32, cast back, then scale."""
+    x32 = x.astype(jnp.float32)
+    x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return scale.astype(x.dtype) * x32.astype(x.dtype)
+
+
+def rope(x, positions, theta):
+    """Rotate-half RoPE (HF `apply_rotary_pos_emb`). x: [B, T, heads, H], positions: [B, T]."""
+    h = x.shape[-1]
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, h, 2, dtype=jnp.float32) / h))  # [H/2]
+    angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, H/2]
+    angles = jnp.concatenate([angles, angles], axis=-1)[:, :, None, :]  # [B, T, 1, H]
+    x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+    rotated = jnp.concatenate([-x2, x1], axis=-1)
+    return (x.astype(jnp.float32) * jnp.cos(angles) + rotated * jnp.sin(angles)).astype(x.dtype)
+
+
+def attention(q, k, v, q_slots, kv_valid):
+    """Causal GQA over key slots. q: [B,T,N,H]; k, v: [B,S,K,H]; q_slots: [T]; kv_valid: [B,S]."""
+    b, t, n, h = q.shape
+    kv_heads = k.shape[2]
+    q = q.reshape(b, t, kv_heads, n // kv_heads, h)  # [B, T, K, G, H]
+    scores = jnp.einsum("btkgh,bskh->bkgts", q, k, preferred_element_type=jnp.float32)
+    scores = scores * (h ** -0.5)
+    slots = jnp.arange(k.shape[1])
+    visible = (slots[None, :] <= q_slots[:, None])[None] & kv_valid[:, None, :]  # [B, T, S]
+    scores = jnp.where(visible[:, None, None], scores, _MASKED)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    out = jnp.einsum("bkgts,bskh->btkgh", probs, v)
+    return out.reshape(b, t, n, h)  # [B, T, N, H]
+
+
+def _layer(cfg: ModelConfig, x, w, positions, q_slots, kv_valid, cache_kv=None, index=None):
+    """One decoder layer. With `cache_kv` (this layer's [B, S, K, H] slots), the new keys and
+    values are written at `index` and attention reads every slot; without, it reads these T."""
+    dt = cfg.dtype
+    y = rms_norm(x, w["attn_norm"], cfg.rms_norm_eps)
+    q = jnp.einsum("btd,dnh->btnh", y, w["wq"].astype(dt))
+    k = jnp.einsum("btd,dkh->btkh", y, w["wk"].astype(dt))
+    v = jnp.einsum("btd,dkh->btkh", y, w["wv"].astype(dt))
+    q = rope(rms_norm(q, w["q_norm"], cfg.rms_norm_eps), positions, cfg.rope_theta)
+    k = rope(rms_norm(k, w["k_norm"], cfg.rms_norm_eps), positions, cfg.rope_theta)
+    if cache_kv is not None:
+        k = jax.lax.dynamic_update_slice_in_dim(cache_kv[0], k.astype(cache_kv[0].dtype), index, 1)
+        v = jax.lax.dynamic_update_slice_in_dim(cache_kv[1], v.astype(cache_kv[1].dtype), index, 1)
+    attn = attention(q, k.astype(dt), v.astype(dt), q_slots, kv_valid)
+    x = x + jnp.einsum("btnh,nhd->btd", attn, w["wo"].astype(dt))
+
+    y = rms_norm(x, w["mlp_norm"], cfg.rms_norm_eps)
+    gate = jnp.einsum("btd,df->btf", y, w["w_gate"].astype(dt))
+    up = jnp.einsum("btd,df->btf", y, w["w_up"].astype(dt))
+    x = x + jnp.einsum("btf,fd->btd", jax.nn.silu(gate) * up, w["w_down"].astype(dt))
+    return x, (k, v)
+
+
+def forward(
+    weights: Weights,
+    tokens: jax.Array,
+    positions: jax.Array,
+    cfg: ModelConfig,
+    mask: jax.Array | None = None,
+    cache: KVCache | None = None,
+) -> tuple[jax.Array, KVCache | None]:
+    """Final hidden states [B, T, D] (after the last norm) and the updated cache.
+
+    tokens, positions: [B, T] int. mask: [B, T] bool, False for padding (default all True).
+    Without a cache, attention is causal over these T tokens; with one, the T tokens are
+    written at `cache.index` and attend to every valid slot up to their own.
+    """
+    b, t = tokens.shape
+    mask = jnp.ones((b, t), bool) if mask is None else mask
+    x = jnp.take(weights["embed"], tokens, axis=0).astype(cfg.dtype)  # [B, T, D]
+    layer_ids = jnp.arange(cfg.num_hidden_layers)
+
+    if cache is None:
+        # Training / scoring path: no cache in the scan carry, so autodiff through the scan
+        # stores O(L) activations, not L copies of an [L, ...] cache.
+        q_slots = jnp.arange(t)
+
+        def body(x, w):
+            return _layer(cfg, x, w, positions, q_slots, mask)[0], None
+
+        x, _ = jax.lax.scan(body, x, weights["layers"])
+        return rms_norm(x, weights["final_norm"], cfg.rms_norm_eps), None
+
+    valid = jax.lax.dynamic_update_slice_in_dim(cache.valid, mask, cache.index, axis=1)
+    q_slots = cache.index + jnp.arange(t)
+
+    def cached_body(carry, layer):
+        x, ks, vs = carry
+        w, i = layer
+        x, (k_i, v_i) = _layer(cfg, x, w, positions, q_slots, valid, (ks[i], vs[i]), cache.index)
+        return (x, ks.at[i].set(k_i), vs.at[i].set(v_i)), None
+
+    (x, ks, vs), _ = jax.lax.scan(cached_body, (x, cache.k, cache.v), (weights["layers"], layer_ids))
+    x = rms_norm(x, weights["final_norm"], cfg.rms_norm_eps)
+    return x, KVCache(ks, vs, valid, cache.index + t)
+
+
+def logits(weights: Weights, hidden: jax.Array, cfg: ModelConfig) -> jax.Array:
+    """[B, T, D] hidden → [B, T, V] f32 logits (tied: the embedding; else lm_head)."""
+    if cfg.tie_word_embeddings:
+        return jnp.einsum("btd,vd->btv", hidden, weights["embed"].astype(hidden.dtype),
+                          preferred_element_type=jnp.float32)
+    return jnp.einsum("btd,dv->btv", hidden, weights["lm_head"].astype(hidden.dtype),
+                      preferred_element_type=jnp.float32)
+
+
+def token_logprobs(weights: Weights, hidden: jax.Array, targets: jax.Array, cfg: ModelConfig,
+                   temperature: float = 1.0, chunk: int = 0):
+    """log p(targets) [B, T] from hidden [B, T, D], optionally over sequence chunks.
+
+    Chunking bounds the [B, chunk, V] logits buffer, which for a 151k vocab is most of the
+    memory of a training step. Also returns the entropy of each position's distribution.
+    """
+    t = hidden.shape[1]
+    if not chunk or chunk >= t:
+        return _logprobs_and_entropy(logits(weights, hidden, cfg) / temperature, targets)
+    pad = -t % chunk
+    hidden = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0)))
+    targets = jnp.pad(targets, ((0, 0), (0, pad)))
+    n = hidden.shape[1] // chunk
+    hs = hidden.reshape(hidden.shape[0], n, chunk, -1).swapaxes(0, 1)  # [N, B, C, D]
+    ts = targets.reshape(targets.shape[0], n, chunk).swapaxes(0, 1)  # [N, B, C]
+
+    def one(_, xs):
+        h, tg = xs
+        return None, _logprobs_and_entropy(logits(weights, h, cfg) / temperature, tg)
+
+    _, (lp, ent) = jax.lax.scan(one, None, (hs, ts))
+    unchunk = lambda a: a.swapaxes(0, 1).reshape(a.shape[1], -1)[:, :t]  # noqa: E731
+    return unchunk(lp), unchunk(ent)
+
+
+def _logprobs_and_entropy(logits_btv, targets):
+    logp = jax.nn.log_softmax(logits_btv, axis=-1)
+    picked = jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
+    entropy = -jnp.sum(jnp.exp(logp) * logp, axis=-1)
+    return picked, entropy

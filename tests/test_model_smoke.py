@@ -1,0 +1,27 @@
+"""Fast checks of the forward that need no reference implementation."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from locojax.model import config, params, qwen3
+
+
+def test_param_count_matches_declarations():
+    for cfg in (config.tiny(), config.small(), config.tiny(tie_word_embeddings=False)):
+        w = params.init(cfg, jax.random.key(0))
+        assert sum(x.size for x in jax.tree.leaves(w)) == cfg.num_params()
+
+
+def test_padding_does_not_change_real_positions():
+    """Left padding is invisible: the real tokens' hidden states match the unpadded run."""
+    cfg = config.tiny()
+    w = params.init(cfg, jax.random.key(0))
+    toks = jax.random.randint(jax.random.key(1), (1, 6), 0, cfg.vocab_size)
+    h, _ = qwen3.forward(w, toks, jnp.arange(6)[None], cfg)
+    padded = jnp.concatenate([jnp.zeros((1, 3), toks.dtype), toks], axis=1)
+    pos = jnp.concatenate([jnp.zeros((1, 3), jnp.int32), jnp.arange(6)[None]], axis=1)
+    mask = jnp.arange(9)[None] >= 3
+    hp, _ = qwen3.forward(w, padded, pos, cfg, mask=mask)
+    np.testing.assert_allclose(np.asarray(hp[:, 3:]), np.asarray(h), atol=1e-5)
+    assert np.isfinite(np.asarray(hp)).all()
