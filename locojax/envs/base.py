@@ -1,0 +1,248 @@
+"""The environment protocol: examples, rewards, single- and multi-turn environments, tool calls.
+
+Everything the trainer needs from a workload goes through the few names defined here:
+
+- `Example`: one problem. `prompt` is plain text, or a tuple of chat messages
+  (`{"role": ..., "content": ...}`) that the tokenizer renders with the model's chat template.
+- `Reward`: a pure function `(completion, example) -> float`. `combine_rewards` makes a
+  weighted sum that still exposes its parts, so `rewards.RewardRunner` can guard and log each
+  part separately (`reward/<name>`).
+- `SingleTurnEnv`: example -> prompt; completion -> (reward, info).
+- `MultiTurnEnv`: `reset(example) -> observation`, then `step(action) -> Step(observation,
+  reward, done, info)`. One env object holds one episode; the rollout driver
+  (`multiturn.py`) builds one per episode from a factory.
+- The tool-call format parsed from model text. It is deliberately tiny so that a
+  character-level model can emit it after a short SFT:
+
+      model:        <tool>calc 374*29</tool>
+      environment:  <result>10846</result>
+
+  The name is the first whitespace-delimited word inside `<tool>`; the arguments are the rest
+  of the text, verbatim (they may span lines, e.g. an SWE `replace` with old and new text).
+  A final answer is any model turn that contains no tool call; built-in tasks end it with the
+  GSM8K-style line `#### N`.
+
+References: the single-turn shape follows verifiers' `SingleTurnEnv` (prompt + reward
+functions with weights); the multi-turn shape is the gym `reset`/`step` contract, with text
+actions and observations as in SWE-agent's ACI.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple, Protocol, runtime_checkable
+
+Message = Mapping[str, str]
+"""A chat message: {"role": "system" | "user" | "assistant", "content": str}."""
+
+Prompt = str | tuple[Message, ...]
+"""Plain text, or chat messages that the tokenizer renders with the chat template."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Example:
+    """One problem of a workload."""
+
+    id: str
+    """Stable identifier (file:line for loaded data, split/index for generated tasks)."""
+    prompt: Prompt
+    """What the model sees: text, or chat messages."""
+    answer: str
+    """The gold final answer, as text (e.g. "72", "\\frac{1}{2}")."""
+    solution: str = ""
+    """An ideal completion when one is known (gold GSM8K rationale, SFT demonstration)."""
+    meta: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    """Anything else a reward or environment needs (difficulty, subject, operands, ...)."""
+
+
+Reward = Callable[[str, Example], float]
+"""A pure function of (completion, example). It must not mutate either argument."""
+
+
+@dataclasses.dataclass(frozen=True)
+class CombinedReward:
+    """sum_i w_i * r_i(completion, example), keeping the parts so each can be guarded and logged."""
+
+    parts: tuple[tuple[str, Reward, float], ...]
+    """(name, reward function, weight) for each term."""
+
+    def __call__(self, completion: str, example: Example) -> float:
+        return float(sum(w * float(fn(completion, example)) for _, fn, w in self.parts))
+
+
+def reward_name(fn: Reward) -> str:
+    """The metric name of a reward function: its `name` attribute, else its `__name__`."""
+    return getattr(fn, "name", None) or getattr(fn, "__name__", None) or type(fn).__name__
+
+
+def combine_rewards(terms: Sequence[tuple[Reward, float]]) -> CombinedReward:
+    """Weighted sum of reward functions, e.g. `[(correct, 1.0), (format_ok, 0.1)]`.
+
+    Nested combinations are flattened, their weights multiplied through.
+    """
+    if not terms:
+        raise ValueError("combine_rewards needs at least one (reward, weight) pair")
+    parts: list[tuple[str, Reward, float]] = []
+    for i, term in enumerate(terms):
+        if not (isinstance(term, tuple) and len(term) == 2 and callable(term[0])):
+            raise TypeError(f"combine_rewards term {i} must be (callable, weight), got {term!r}")
+        fn, weight = term
+        if isinstance(fn, CombinedReward):
+            parts.extend((n, f, w * float(weight)) for n, f, w in fn.parts)
+        else:
+            parts.append((reward_name(fn), fn, float(weight)))
+    names = [n for n, _, _ in parts]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ValueError(f"combine_rewards: reward names must be unique, repeated: {dupes}")
+    return CombinedReward(tuple(parts))
+
+
+@runtime_checkable
+class SingleTurnEnv(Protocol):
+    """One prompt, one completion, one score."""
+
+    def prompt(self, example: Example) -> Prompt:
+        """What the model is asked."""
+        ...
+
+    def score(self, completion: str, example: Example) -> tuple[float, dict[str, float]]:
+        """(reward, info); info holds per-part rewards and other per-sample numbers."""
+        ...
+
+
+class Step(NamedTuple):
+    """The result of one multi-turn step; unpacks as (observation, reward, done, info)."""
+
+    observation: str
+    """Environment text appended to the transcript (empty when done)."""
+    reward: float
+    """Reward earned by this step; an episode's return is the sum."""
+    done: bool
+    """True when the episode is over (answer given, submit, or error)."""
+    info: dict[str, Any]
+    """Per-step details (tool name, error, ...), for logging only."""
+
+
+@runtime_checkable
+class MultiTurnEnv(Protocol):
+    """A stateful episode: `reset` once, then `step` until done."""
+
+    def reset(self, example: Example) -> str:
+        """Start an episode on `example`; returns the first observation (the prompt text)."""
+        ...
+
+    def step(self, action: str) -> Step:
+        """Apply one model turn (text) and return what happens."""
+        ...
+
+
+# ---------------------------------------------------------------------------------------------
+# The tool-call format.
+
+TOOL_OPEN, TOOL_CLOSE = "<tool>", "</tool>"
+RESULT_OPEN, RESULT_CLOSE = "<result>", "</result>"
+ANSWER_PREFIX = "#### "
+
+_TOOL_RE = re.compile(re.escape(TOOL_OPEN) + r"(.*?)" + re.escape(TOOL_CLOSE), re.DOTALL)
+_CALL_RE = re.compile(r"\s*(\S*)(?:\s(.*))?", re.DOTALL)  # name, then args after one space
+
+
+class ToolCall(NamedTuple):
+    name: str
+    """The tool name: the first word inside <tool>...</tool>."""
+    args: str
+    """Everything after the name and one separating whitespace character, verbatim."""
+
+
+def parse_tool_call(text: str) -> ToolCall | None:
+    """The first `<tool>name args</tool>` in `text`, or None if there is none.
+
+    An empty `<tool></tool>` parses as a call with name "" so the env can answer with an error
+    rather than treating it as a final answer.
+    """
+    m = _TOOL_RE.search(text)
+    if m is None:
+        return None
+    name, args = _CALL_RE.fullmatch(m.group(1)).group(1, 2)
+    return ToolCall(name, args or "")
+
+
+def format_tool_call(name: str, args: str = "") -> str:
+    """The text a model emits to call `name` (used by SFT demonstrations)."""
+    return f"{TOOL_OPEN}{name} {args}{TOOL_CLOSE}" if args else f"{TOOL_OPEN}{name}{TOOL_CLOSE}"
+
+
+def truncate_to_tool_call(text: str) -> str:
+    """Cut a model turn just after its first `</tool>`: the env answers that call, and whatever
+    the model wrote after it (e.g. a hallucinated result) is not part of the transcript."""
+    i = text.find(TOOL_CLOSE)
+    return text if i < 0 else text[: i + len(TOOL_CLOSE)]
+
+
+def format_result(output: str, limit: int = 2000) -> str:
+    """Wrap tool output as an observation, keeping head and tail when it exceeds `limit` chars."""
+    if len(output) > limit:
+        head = limit // 2
+        tail = limit - head
+        dropped = len(output) - limit
+        output = f"{output[:head]}\n...[{dropped} chars truncated]...\n{output[-tail:]}"
+    return f"{RESULT_OPEN}{output}{RESULT_CLOSE}\n"
+
+
+Tool = Callable[[str], str]
+"""A tool: argument text in, output text out. It should return error text rather than raise."""
+
+
+class ToolEnv:
+    """A multi-turn env where each model turn either calls a tool or gives the final answer.
+
+    A tool call yields `<result>output</result>` as the next observation. A turn with no tool
+    call ends the episode and is scored with `reward(final_turn, example)`. Reaching
+    `max_tool_calls` ends the episode with reward 0. Subclasses or callers supply the tools.
+    """
+
+    def __init__(
+        self,
+        tools: Mapping[str, Tool],
+        reward: Reward,
+        max_tool_calls: int = 4,
+        result_limit: int = 2000,
+        score: Callable[[Reward, str, Example], float] | None = None,
+    ):
+        self.tools = dict(tools)
+        self.reward = reward
+        self.max_tool_calls = max_tool_calls
+        self.result_limit = result_limit
+        # `score` lets the trainer route the final reward through a RewardRunner (timeouts,
+        # error counting); by default the reward is called directly.
+        self._score = score or (lambda fn, completion, ex: float(fn(completion, ex)))
+        self.example: Example | None = None
+        self.tool_calls = 0
+
+    def reset(self, example: Example) -> str:
+        if not isinstance(example.prompt, str):
+            raise TypeError(f"ToolEnv needs a text prompt, example {example.id} has messages")
+        self.example = example
+        self.tool_calls = 0
+        return example.prompt
+
+    def step(self, action: str) -> Step:
+        if self.example is None:
+            raise RuntimeError("ToolEnv.step called before reset")
+        call = parse_tool_call(action)
+        if call is None:
+            r = self._score(self.reward, action, self.example)
+            return Step("", r, True, {"tool_calls": self.tool_calls})
+        self.tool_calls += 1
+        if self.tool_calls > self.max_tool_calls:
+            return Step("", 0.0, True, {"tool_calls": self.tool_calls, "error": "too many calls"})
+        tool = self.tools.get(call.name)
+        if tool is None:
+            out = f"error: unknown tool {call.name!r}; tools: {', '.join(sorted(self.tools))}"
+        else:
+            out = tool(call.args)
+        return Step(format_result(out, self.result_limit), 0.0, False,
+                    {"tool": call.name, "tool_calls": self.tool_calls})
