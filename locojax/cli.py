@@ -12,6 +12,8 @@ import sys
 SUBCOMMANDS = {
     "generate": ("locojax.commands.generate", "sample from a model with the jitted engine"),
     "demo": ("locojax.commands.demo", "the embedded default run (`make demo`)"),
+    "launch": ("locojax.commands.launch", "run a subcommand as N local hosts (jax.distributed)"),
+    "devices": ("locojax.commands.devices", "show devices and test cross-host collectives"),
 }
 
 

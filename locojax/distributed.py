@@ -1,0 +1,79 @@
+"""Joining a multi-host run: the one place that calls `jax.distributed.initialize`.
+
+Three ways in, tried in order:
+1. `locojax launch` sets LOCOJAX_COORDINATOR / LOCOJAX_NUM_PROCESSES / LOCOJAX_PROCESS_ID
+   (and LOCOJAX_DEVICES_PER_HOST for simulated CPU hosts) for each local process.
+2. The usual JAX variables (JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID) on a
+   hand-rolled cluster.
+3. `auto=True` on a real TPU pod / SLURM / Kubernetes cluster: `jax.distributed.initialize()`
+   with no arguments auto-detects.
+
+CPU hosts use gloo collectives (the default CPU backend has none across processes).
+Everything here must run before anything touches the JAX backend.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+ENV_COORDINATOR = "LOCOJAX_COORDINATOR"
+ENV_NUM_PROCESSES = "LOCOJAX_NUM_PROCESSES"
+ENV_PROCESS_ID = "LOCOJAX_PROCESS_ID"
+ENV_DEVICES_PER_HOST = "LOCOJAX_DEVICES_PER_HOST"
+ENV_HEARTBEAT = "LOCOJAX_HEARTBEAT_S"
+
+
+@dataclasses.dataclass(frozen=True)
+class HostInfo:
+    process_id: int
+    num_processes: int
+
+    @property
+    def is_multihost(self) -> bool:
+        return self.num_processes > 1
+
+
+def _env_int(name: str, default: int | None = None) -> int | None:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError as e:
+        raise ValueError(f"environment variable {name}={raw!r} is not an integer") from e
+
+
+def set_cpu_devices(n: int | None) -> None:
+    """Simulate `n` devices on this CPU host. Must precede any backend use."""
+    import jax
+
+    if n:
+        jax.config.update("jax_num_cpu_devices", int(n))
+
+
+def initialize(devices_per_host: int | None = None, auto: bool = False) -> HostInfo:
+    """Join the run described by the environment; a single process when nothing describes one."""
+    import jax
+
+    set_cpu_devices(_env_int(ENV_DEVICES_PER_HOST, devices_per_host))
+    coordinator = os.environ.get(ENV_COORDINATOR) or os.environ.get("JAX_COORDINATOR_ADDRESS")
+    num = _env_int(ENV_NUM_PROCESSES) or _env_int("JAX_NUM_PROCESSES")
+    pid = _env_int(ENV_PROCESS_ID)
+    pid = _env_int("JAX_PROCESS_ID") if pid is None else pid
+    heartbeat = _env_int(ENV_HEARTBEAT, 30)
+
+    if coordinator and num and num > 1:
+        if pid is None or not 0 <= pid < num:
+            raise ValueError(f"process id {pid} is not in [0, {num}) for coordinator {coordinator}")
+        # Only affects the CPU backend; accelerator hosts keep their own collectives.
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        jax.distributed.initialize(
+            coordinator_address=coordinator, num_processes=num, process_id=pid,
+            heartbeat_timeout_seconds=heartbeat, initialization_timeout=120,
+        )
+        return HostInfo(pid, num)
+    if auto:
+        jax.distributed.initialize()
+        return HostInfo(jax.process_index(), jax.process_count())
+    return HostInfo(0, 1)
