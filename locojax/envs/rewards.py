@@ -1,0 +1,355 @@
+"""Safe reward execution: every call has a deadline, and no reward can kill the run.
+
+A reward function is user code (or math-verify, or code the model wrote running in the
+sandbox). It may raise, hang, or return garbage. `RewardRunner` calls it so that:
+
+- an exception, or a non-finite / non-numeric result, scores 0 and counts `reward/errors`;
+- a call that exceeds `timeout_s` scores 0, counts `reward/timeouts`, and returns promptly;
+- it works from any thread. Signal-based timeouts (`signal.alarm`, which math-verify uses)
+  only work in the main thread, and the trainer scores rewards from worker threads.
+
+Two isolation levels:
+
+- "thread": each call runs in its own daemon thread, and the caller waits on it up to the
+  deadline. Cheap (tens of microseconds) and works with any callable, but a timed-out call
+  cannot be stopped: its thread is abandoned and keeps its CPU until it finishes on its own.
+- "process": a small pool of spawned worker processes, each in its own session. A timed-out
+  call's worker is killed along with its process group and replaced. The reward must be
+  picklable (a module-level function, `functools.partial`, or `CombinedReward` of those).
+  Use it for rewards that may loop forever, and for anything that starts subprocesses.
+
+A `CombinedReward` is run part by part, so one failing part zeroes only its own term and each
+part is logged as `reward/<name>/mean`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import multiprocessing as mp
+import os
+import pickle
+import signal
+import threading
+import time
+from collections.abc import Callable, Sequence
+from multiprocessing.connection import Connection, wait
+from typing import Any, Literal, NamedTuple
+
+import numpy as np
+
+from locojax.envs.base import CombinedReward, Example, Reward, reward_name
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class RewardConfig:
+    """How rewards are executed."""
+
+    timeout_s: float = 5.0
+    """Deadline for one reward call; past it the call scores 0 and counts `reward/timeouts`."""
+    isolation: Literal["thread", "process"] = "thread"
+    """'thread': cheap, hung calls are abandoned. 'process': hung calls are killed."""
+    workers: int = 2
+    """Worker processes for isolation='process' (calls in a batch run concurrently)."""
+    load_timeout_s: float = 120.0
+    """Deadline for a worker process to start and import the reward's module."""
+
+
+class _Outcome(NamedTuple):
+    value: float
+    status: Literal["ok", "error", "timeout"]
+    detail: str = ""
+
+
+def _check_value(v: Any) -> _Outcome:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return _Outcome(0.0, "error", f"reward returned {type(v).__name__} {v!r:.80}, not a number")
+    if not math.isfinite(f):
+        return _Outcome(0.0, "error", f"reward returned non-finite {f}")
+    return _Outcome(f, "ok")
+
+
+class Deadline(Exception):
+    """Raised by `call_with_timeout` when the call did not finish in time."""
+
+
+def call_with_timeout(fn: Callable[..., Any], args: tuple, timeout_s: float) -> Any:
+    """fn(*args) in a daemon thread; its result, its exception re-raised, or `Deadline`.
+
+    Works from any thread. A call that times out keeps running in its abandoned thread.
+    """
+    box: dict[str, Any] = {}
+    finished = threading.Event()
+
+    def run():
+        try:
+            box["value"] = fn(*args)
+        except BaseException as e:  # noqa: BLE001 - the caller decides what an error means
+            box["error"] = e
+        finally:
+            finished.set()
+
+    threading.Thread(target=run, daemon=True, name=f"reward-{reward_name(fn)}").start()
+    if not finished.wait(timeout_s):
+        raise Deadline(f"{reward_name(fn)} exceeded {timeout_s}s")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Process workers.
+
+
+def _worker_main(conn: Connection) -> None:
+    """Loop of a reward worker process: load functions, score items, until told to stop."""
+    # Own session, so the parent can kill this worker and anything it spawned as one group.
+    os.setsid()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's business
+    fns: dict[int, Callable] = {}
+    conn.send(("ready",))
+    while True:
+        try:
+            msg = conn.recv()
+        except EOFError:
+            return
+        if msg[0] == "stop":
+            return
+        if msg[0] == "load":
+            _, key, blob = msg
+            try:
+                fns[key] = pickle.loads(blob)
+                conn.send(("loaded", key))
+            except BaseException as e:  # noqa: BLE001
+                conn.send(("load_error", f"{type(e).__name__}: {e}"))
+            continue
+        _, key, completion, example = msg
+        try:
+            conn.send(("ok", fns[key](completion, example)))
+        except BaseException as e:  # noqa: BLE001
+            conn.send(("error", f"{type(e).__name__}: {e}"))
+
+
+_CTX = mp.get_context("spawn")  # fork is unsafe in a process running JAX threads
+
+
+class _Worker:
+    def __init__(self, ctx):
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_worker_main, args=(child,), daemon=True)
+        self.proc.start()
+        child.close()
+        self.loaded: set[int] = set()
+        self.ready = False
+        self.task: int | None = None  # index of the item being scored
+        self.deadline = 0.0
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.proc.kill()
+        self.proc.join(timeout=5)
+        self.conn.close()
+
+
+class RewardRunner:
+    """Guarded reward execution with error/timeout counters. Not itself thread-safe per batch:
+    use one runner per scoring thread, or serialise `score_batch` calls."""
+
+    def __init__(self, config: RewardConfig = RewardConfig()):
+        if config.timeout_s <= 0:
+            raise ValueError(f"timeout_s must be > 0, got {config.timeout_s}")
+        if config.isolation not in ("thread", "process"):
+            raise ValueError(f"isolation must be 'thread' or 'process', got {config.isolation!r}")
+        self.config = config
+        self._counts = {"calls": 0, "errors": 0, "timeouts": 0}
+        self._sums: dict[str, list[float]] = {}
+        self._lock = threading.Lock()
+        self._workers: list[_Worker] = []
+        self._logged = 0
+
+    # -- public API ---------------------------------------------------------------------------
+
+    def score(self, fn: Reward, completion: str, example: Example) -> float:
+        """One guarded call (all parts, if `fn` is a CombinedReward)."""
+        return float(self.score_batch(fn, [completion], [example]).total[0])
+
+    def score_batch(self, fn: Reward, completions: Sequence[str],
+                    examples: Sequence[Example]) -> Scores:
+        """Score each (completion, example) pair; returns totals [B] and per-part rewards [B]."""
+        if len(completions) != len(examples):
+            raise ValueError(f"{len(completions)} completions but {len(examples)} examples")
+        parts = fn.parts if isinstance(fn, CombinedReward) else ((reward_name(fn), fn, 1.0),)
+        total = np.zeros(len(completions), np.float64)
+        per_part: dict[str, np.ndarray] = {}
+        for name, part, weight in parts:
+            outcomes = self._run(part, completions, examples)
+            values = np.array([o.value for o in outcomes], np.float64)
+            per_part[name] = values
+            total += weight * values
+            with self._lock:
+                acc = self._sums.setdefault(name, [0.0, 0])
+                acc[0] += float(values.sum())
+                acc[1] += len(values)
+                for o in outcomes:
+                    self._counts["calls"] += 1
+                    if o.status != "ok":
+                        self._counts[o.status + "s"] += 1
+                        self._log(name, o)
+        return Scores(total, per_part)
+
+    def metrics(self, reset: bool = True) -> dict[str, float]:
+        """`reward/errors`, `reward/timeouts`, `reward/calls` and `reward/<part>/mean` since the
+        last reset."""
+        with self._lock:
+            out = {f"reward/{k}": float(v) for k, v in self._counts.items()}
+            out.update({f"reward/{n}/mean": s / max(c, 1) for n, (s, c) in self._sums.items()})
+            if reset:
+                self._counts = dict.fromkeys(self._counts, 0)
+                self._sums = {}
+        return out
+
+    def close(self) -> None:
+        """Stop worker processes (no-op for thread isolation)."""
+        for w in self._workers:
+            try:
+                w.conn.send(("stop",))
+            except (OSError, ValueError):
+                pass
+            w.proc.join(timeout=2)
+            if w.proc.is_alive():
+                w.kill()
+        self._workers = []
+
+    def __enter__(self) -> RewardRunner:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+    # -- internals ----------------------------------------------------------------------------
+
+    def _log(self, name: str, o: _Outcome) -> None:
+        # The first few failures are logged in full so a broken reward is easy to diagnose;
+        # after that only the counters move.
+        if self._logged < 5:
+            self._logged += 1
+            log.warning("reward %s %s -> 0: %s", name, o.status, o.detail)
+
+    def _run(self, fn: Reward, completions: Sequence[str],
+             examples: Sequence[Example]) -> list[_Outcome]:
+        if self.config.isolation == "thread":
+            return [self._run_thread(fn, c, e) for c, e in zip(completions, examples)]
+        return self._run_process(fn, completions, examples)
+
+    def _run_thread(self, fn: Reward, completion: str, example: Example) -> _Outcome:
+        try:
+            return _check_value(call_with_timeout(fn, (completion, example), self.config.timeout_s))
+        except Deadline as e:
+            return _Outcome(0.0, "timeout", str(e))
+        except Exception as e:  # noqa: BLE001
+            return _Outcome(0.0, "error", f"{type(e).__name__}: {e}")
+
+    def _run_process(self, fn: Reward, completions: Sequence[str],
+                     examples: Sequence[Example]) -> list[_Outcome]:
+        try:
+            blob = pickle.dumps(fn)
+        except Exception as e:  # a configuration error, not a reward failure
+            raise TypeError(
+                f"reward {reward_name(fn)!r} cannot be pickled for isolation='process' ({e}); "
+                "use a module-level function or functools.partial, or isolation='thread'"
+            ) from e
+        key = hash(blob)
+        for w in [w for w in self._workers if not w.proc.is_alive()]:
+            self._replace(w)  # died while idle (e.g. OOM-killed between batches)
+        while len(self._workers) < max(1, self.config.workers):
+            self._workers.append(_Worker(_CTX))
+        n = len(completions)
+        results: list[_Outcome | None] = [None] * n
+        todo = list(range(n))[::-1]
+        now = time.monotonic()
+        for w in self._workers:
+            if not w.ready:
+                w.deadline = now + self.config.load_timeout_s
+        while any(r is None for r in results):
+            now = time.monotonic()
+            for i, w in enumerate(self._workers):
+                if w.ready and w.task is None and todo:
+                    if key not in w.loaded:
+                        w.conn.send(("load", key, blob))
+                        w.task, w.deadline = -1, now + self.config.load_timeout_s
+                    else:
+                        j = todo.pop()
+                        w.conn.send(("score", key, completions[j], examples[j]))
+                        w.task, w.deadline = j, now + self.config.timeout_s
+            busy = [w for w in self._workers if not w.ready or w.task is not None]
+            if not busy:  # nothing dispatchable yet nothing running: cannot happen
+                raise RuntimeError("reward worker pool stalled")
+            timeout = max(0.0, min(w.deadline for w in busy) - time.monotonic())
+            ready_conns = wait([w.conn for w in busy], timeout=timeout)
+            for w in list(busy):
+                if w.conn in ready_conns:
+                    try:
+                        msg = w.conn.recv()
+                    except (EOFError, OSError):
+                        msg = ("died", f"worker exited with code {w.proc.exitcode}")
+                    self._handle(w, msg, results, todo)
+                elif time.monotonic() >= w.deadline:
+                    self._handle(w, ("timeout", ""), results, todo)
+        return results  # type: ignore[return-value]
+
+    def _replace(self, w: _Worker) -> None:
+        w.kill()
+        new = _Worker(_CTX)
+        new.deadline = time.monotonic() + self.config.load_timeout_s
+        self._workers[self._workers.index(w)] = new
+
+    def _handle(self, w: _Worker, msg: tuple, results: list, todo: list[int]) -> None:
+        kind = msg[0]
+        if kind == "ready":
+            w.ready = True
+            return
+        if kind == "loaded":
+            w.loaded.add(msg[1])
+            w.task = None
+            return
+        task = w.task
+        if kind == "ok" and task is not None and task >= 0:
+            results[task] = _check_value(msg[1])
+            w.task = None
+            return
+        if kind == "error" and task is not None and task >= 0:
+            results[task] = _Outcome(0.0, "error", msg[1])
+            w.task = None
+            return
+        # A load failure, a dead worker or a timeout: replace the worker.
+        if kind == "load_error" or (task == -1 and kind != "timeout"):
+            raise RuntimeError(f"reward worker could not load the reward function: {msg[1:]}")
+        if not w.ready or task == -1:
+            raise RuntimeError(
+                f"reward worker did not start within {self.config.load_timeout_s}s ({msg})")
+        self._replace(w)
+        if kind == "timeout":
+            results[task] = _Outcome(0.0, "timeout", f"exceeded {self.config.timeout_s}s")
+        else:
+            results[task] = _Outcome(0.0, "error", str(msg[1] if len(msg) > 1 else msg))
+
+
+class Scores(NamedTuple):
+    total: np.ndarray
+    """[B] weighted sum of the parts."""
+    parts: dict[str, np.ndarray]
+    """part name -> [B] unweighted reward of that part."""
