@@ -1,0 +1,74 @@
+"""Run checkpoints: everything needed to continue a run bitwise (DESIGN.md, exact continuation).
+
+A checkpoint holds two items:
+- `state`: the array pytree (params, optimizer state, step counter, PRNG key data, and the
+  rollout buffer where a mode has one), written by Orbax shard by shard from every host;
+- `meta`: JSON (data cursor, config, run id, anything else plain).
+
+Atomicity comes from Orbax: a step is written under a temporary name and renamed only once
+complete, and `latest_step` never returns an uncommitted step, so a crash mid-save leaves the
+previous checkpoint as the one that loads. The last `keep` steps are kept.
+
+PRNG keys are stored as raw key data (`jax.random.key_data`) so that restore does not depend
+on Orbax's typed-key support; callers wrap them back with `jax.random.wrap_key_data`.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+
+
+class Checkpointer:
+    """Save / restore run state under `directory/<step>/`, keeping the newest `keep`."""
+
+    def __init__(self, directory: str, keep: int = 3, async_save: bool = False):
+        if keep < 1:
+            raise ValueError(f"keep must be >= 1, got {keep}")
+        self.directory = os.path.abspath(directory)
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=keep, create=True, enable_async_checkpointing=async_save,
+        )
+        self._manager = ocp.CheckpointManager(self.directory, options=options)
+
+    def latest_step(self) -> int | None:
+        self._manager.reload()
+        return self._manager.latest_step()
+
+    def all_steps(self) -> list[int]:
+        self._manager.reload()
+        return list(self._manager.all_steps())
+
+    def save(self, step: int, state: Any, meta: dict) -> None:
+        """Write `state` (arrays) and `meta` (JSON) as checkpoint `step`; blocks unless async."""
+        self._manager.save(
+            step,
+            args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)),
+            force=True,
+        )
+
+    def wait(self) -> None:
+        """Block until an async save has committed."""
+        self._manager.wait_until_finished()
+
+    def restore(self, step: int | None, like: Any) -> tuple[Any, dict]:
+        """Restore into the structure, shapes, dtypes and shardings of `like` (arrays or
+        ShapeDtypeStructs with `.sharding`). `step=None` takes the latest committed one."""
+        step = self.latest_step() if step is None else step
+        if step is None:
+            raise FileNotFoundError(f"no committed checkpoint under {self.directory}")
+        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like)
+        restored = self._manager.restore(
+            step,
+            args=ocp.args.Composite(
+                state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore(),
+            ),
+        )
+        return restored["state"], dict(restored["meta"])
+
+    def close(self) -> None:
+        self._manager.wait_until_finished()
+        self._manager.close()

@@ -1,0 +1,65 @@
+"""Step timing, metrics logs and the plot command."""
+
+import json
+import time
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from locojax.commands.plot import plot
+from locojax.metrics import METRICS_FILE, PERF_FILE, MetricsLogger, read_jsonl
+from locojax.profiler import StepTimer
+
+
+def test_phase_waits_for_device_work_and_excludes_compile():
+    f = jax.jit(lambda x: jnp.tanh(x @ x) @ x)
+    x = jnp.ones((512, 512))
+    timer = StepTimer()
+    with timer.phase("train") as ph:
+        ph.sync(f(x))  # first call: compiles
+    with timer.phase("admission"):
+        time.sleep(0.05)
+    m = timer.finish_step()
+    assert m["perf/compile_time"] > 0
+    assert m["perf/phase/admission"] >= 0.05
+    assert m["perf/step_time"] >= m["perf/phase/admission"] + m["perf/phase/train"] - 1e-6
+    # admission is host work; train is device work
+    expected = m["perf/phase/admission"] / m["perf/step_time"]
+    assert m["perf/host_fraction"] == pytest.approx(expected)
+
+    with timer.phase("train") as ph:  # cached: no compile this time
+        ph.sync(f(x))
+    m2 = timer.finish_step()
+    assert m2["perf/compile_time"] == 0.0
+    assert m2["perf/phase/train"] > 0
+
+
+def test_metrics_split_and_truncate_on_resume(tmp_path):
+    log = MetricsLogger(str(tmp_path), tensorboard=True)
+    for step in range(1, 6):
+        log.log(step, {"reward/mean": step / 10, "perf/step_time": 0.1, "actor/kl": float("nan")})
+    log.truncate_after(3)
+    log.log(4, {"reward/mean": 0.4})
+    log.close()
+    rows = read_jsonl(str(tmp_path / METRICS_FILE))
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert rows[0] == {"step": 1, "actor/kl": "nan", "reward/mean": 0.1}
+    assert all("perf/step_time" not in r for r in rows)
+    assert [r["step"] for r in read_jsonl(str(tmp_path / PERF_FILE))] == [1, 2, 3]
+    assert any((tmp_path / "tb").iterdir())
+
+
+def test_plot_writes_png(tmp_path):
+    log = MetricsLogger(str(tmp_path), tensorboard=False)
+    for step in range(1, 4):
+        log.log(step, {"reward/mean": 0.1 * step, "eval/accuracy": 0.2 * step,
+                       "perf/step_time": 0.5, "perf/phase/generate": 0.3, "perf/phase/train": 0.2})
+    out = plot(str(tmp_path))
+    with open(out, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_of_a_non_run_dir_is_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="not a locojax run directory|metrics.jsonl"):
+        plot(str(tmp_path))
