@@ -246,3 +246,83 @@ class ToolEnv:
             out = tool(call.args)
         return Step(format_result(out, self.result_limit), 0.0, False,
                     {"tool": call.name, "tool_calls": self.tool_calls})
+
+
+# ---------------------------------------------------------------------------------------------
+# A workload as the trainer sees it.
+
+
+class Segment(NamedTuple):
+    """A piece of a transcript after the prompt."""
+
+    text: str
+    is_model: bool
+    """True for model-generated text (trained on), False for environment text (masked)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Demo:
+    """An SFT demonstration: a prompt and the ideal continuation, split by who writes what."""
+
+    prompt: Prompt
+    segments: tuple[Segment, ...]
+
+    @property
+    def completion(self) -> str:
+        return "".join(s.text for s in self.segments)
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    """A workload: data splits, a reward, and (for multi-turn tasks) an environment factory.
+
+    A Task is itself a `SingleTurnEnv` (prompt/score). Multi-turn tasks set `make_env`; the
+    rollout driver `multiturn.run_episodes` builds one env per episode from it.
+    """
+
+    name: str
+    """Registry name, e.g. "arith"."""
+    train: Sequence[Example]
+    """Training split (procedural tasks: a lazily generated, indexable sequence)."""
+    test: Sequence[Example]
+    """Held-out split; never overlaps train."""
+    reward: Reward
+    """Scores a (whole) completion; for multi-turn tasks it scores the final model turn."""
+    make_env: Callable[[], MultiTurnEnv] | None = None
+    """Fresh environment per episode, or None for single-turn tasks."""
+    max_turns: int = 1
+    """Most model turns per episode (1 for single-turn)."""
+    demo: Callable[[Example], Demo] | None = None
+    """The ideal completion of an example, for SFT; None if the task has no gold completion."""
+
+    @property
+    def multi_turn(self) -> bool:
+        return self.make_env is not None
+
+    def prompt(self, example: Example) -> Prompt:
+        return example.prompt
+
+    def score(self, completion: str, example: Example) -> tuple[float, dict[str, float]]:
+        if isinstance(self.reward, CombinedReward):
+            info = {f"reward/{n}": float(fn(completion, example)) for n, fn, _ in self.reward.parts}
+            total = sum(w * info[f"reward/{n}"] for n, _, w in self.reward.parts)
+            return float(total), info
+        r = float(self.reward(completion, example))
+        return r, {f"reward/{reward_name(self.reward)}": r}
+
+    def demos(self, split: str = "train", n: int | None = None) -> list[Demo]:
+        """The first `n` SFT demonstrations of a split (all of it if n is None)."""
+        if self.demo is None:
+            raise ValueError(f"task {self.name!r} has no demonstration generator")
+        data = {"train": self.train, "test": self.test}.get(split)
+        if data is None:
+            raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+        n = len(data) if n is None else min(n, len(data))
+        return [self.demo(data[i]) for i in range(n)]
+
+
+def single_turn_demo(example: Example) -> Demo:
+    """The demonstration of a single-turn example: its gold `solution`, all model text."""
+    if not example.solution:
+        raise ValueError(f"example {example.id} has no solution to demonstrate")
+    return Demo(example.prompt, (Segment(example.solution, True),))

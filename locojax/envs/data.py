@@ -1,0 +1,150 @@
+"""Loading jsonl / parquet rows into Examples, validating every row.
+
+A malformed row (broken JSON, not an object, a missing field, a field of the wrong type, an
+empty answer, or a task-specific problem raised by the converter) is an error that names the
+file and line: `data/train.jsonl:17: field 'answer' is empty`. With `skip_invalid=True` the
+row is skipped instead, and the count and the first few reasons are kept on the `Dataset`.
+
+Example ids are `<file name>:<line>` (1-based; for parquet, the 1-based row number), so a
+reward log can always be traced back to its source row.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from locojax.envs.base import Example
+
+
+class DataError(ValueError):
+    """A row or file that cannot be turned into an Example."""
+
+
+class RowError(ValueError):
+    """Raised by a converter for a task-specific problem; `load_examples` adds file and line."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Dataset:
+    """Examples loaded from one file, plus what was skipped on the way."""
+
+    examples: tuple[Example, ...]
+    """The valid rows, in file order."""
+    source: str = ""
+    """The file they came from."""
+    skipped: int = 0
+    """Rows dropped because they were invalid (only with skip_invalid=True)."""
+    problems: tuple[str, ...] = ()
+    """The reasons of the first skipped rows, `file:line: reason`."""
+
+    def __len__(self) -> int:
+        return len(self.examples)
+
+    def __getitem__(self, i):
+        return self.examples[i]
+
+    def __iter__(self) -> Iterator[Example]:
+        return iter(self.examples)
+
+
+MAX_PROBLEMS_KEPT = 20
+
+Converter = Callable[[Mapping[str, Any], str], Example]
+"""(validated row, example id) -> Example; raises RowError for task-specific problems."""
+
+
+def read_rows(path: str | os.PathLike) -> Iterator[tuple[int, Any]]:
+    """(line number, parsed row) for each non-blank line of a .jsonl or each row of a .parquet.
+
+    A line that is not valid JSON yields a DataError instance in place of the row, so the
+    caller decides whether to raise or skip it.
+    """
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise DataError(f"{path}: no such file")
+    if path.endswith(".parquet"):
+        import pyarrow.parquet as pq
+
+        try:
+            rows = pq.read_table(path).to_pylist()
+        except Exception as e:  # noqa: BLE001 - pyarrow raises many types for corrupt files
+            raise DataError(f"{path}: cannot read parquet: {e}") from e
+        yield from enumerate(rows, start=1)
+        return
+    if not (path.endswith(".jsonl") or path.endswith(".json")):
+        raise DataError(f"{path}: unsupported format (expected .jsonl or .parquet)")
+    with open(path, encoding="utf-8") as f:
+        for line_no, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                yield line_no, json.loads(line)
+            except json.JSONDecodeError as e:
+                yield line_no, DataError(f"broken JSON line ({e.msg} at column {e.colno})")
+
+
+def check_fields(row: Any, required: Mapping[str, type | tuple[type, ...]],
+                 optional: Mapping[str, type | tuple[type, ...]] = {}) -> None:
+    """Raise RowError unless `row` is an object with every required field of the right type
+    (non-empty if a string) and every optional field, when present and not null, typed."""
+    if not isinstance(row, dict):
+        raise RowError(f"row is a JSON {type(row).__name__}, expected an object")
+    for name, typ in required.items():
+        if name not in row or row[name] is None:
+            raise RowError(f"missing field {name!r} (have: {sorted(row)})")
+    for name, typ in {**optional, **required}.items():
+        if row.get(name) is None:
+            continue
+        value = row[name]
+        # bool is an int in Python, but a bool where a number belongs is a malformed row.
+        if not isinstance(value, typ) or (isinstance(value, bool) and bool not in _types(typ)):
+            raise RowError(f"field {name!r} should be {_type_names(typ)}, "
+                           f"got {type(value).__name__} {value!r:.60}")
+        if isinstance(value, str) and name in required and not value.strip():
+            raise RowError(f"field {name!r} is empty")
+
+
+def load_examples(
+    path: str | os.PathLike,
+    convert: Converter,
+    required: Mapping[str, type | tuple[type, ...]],
+    optional: Mapping[str, type | tuple[type, ...]] = {},
+    skip_invalid: bool = False,
+    limit: int | None = None,
+) -> Dataset:
+    """Validate and convert every row of `path`; see the module docstring for error handling."""
+    path = os.fspath(path)
+    name = os.path.basename(path)
+    examples: list[Example] = []
+    problems: list[str] = []
+    skipped = 0
+    for line_no, row in read_rows(path):
+        if limit is not None and len(examples) >= limit:
+            break
+        try:
+            if isinstance(row, DataError):
+                raise RowError(str(row))
+            check_fields(row, required, optional)
+            examples.append(convert(row, f"{name}:{line_no}"))
+        except RowError as e:
+            where = f"{path}:{line_no}: {e}"
+            if not skip_invalid:
+                raise DataError(where + " (pass skip_invalid=True to skip such rows)") from None
+            skipped += 1
+            if len(problems) < MAX_PROBLEMS_KEPT:
+                problems.append(where)
+    if not examples:
+        raise DataError(f"{path}: no valid rows" + (f" ({skipped} skipped)" if skipped else ""))
+    return Dataset(tuple(examples), path, skipped, tuple(problems))
+
+
+def _types(typ) -> tuple[type, ...]:
+    return typ if isinstance(typ, tuple) else (typ,)
+
+
+def _type_names(typ) -> str:
+    return " or ".join(t.__name__ for t in _types(typ))

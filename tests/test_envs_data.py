@@ -1,0 +1,106 @@
+"""Loader validation: each kind of malformed row names its file and line, or is skipped and
+counted with skip_invalid=True."""
+
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from locojax.envs import gsm8k, math_boxed
+from locojax.envs.data import DataError
+
+GOOD = {"question": "What is 2+2?", "answer": "2+2=<<2+2=4>>4\n#### 4"}
+
+
+def write_jsonl(path, lines):
+    path.write_text("".join((ln if isinstance(ln, str) else json.dumps(ln)) + "\n"
+                            for ln in lines))
+    return path
+
+
+# Each malformed row, and the phrase its error must contain.
+BAD_ROWS = [
+    ('{"question": "broken", "answer": "#### 1"', "broken JSON line"),
+    ({"question": "no answer here"}, "missing field 'answer'"),
+    ({"question": 7, "answer": "#### 7"}, "field 'question' should be str, got int"),
+    ({"question": "q", "answer": "   "}, "field 'answer' is empty"),
+    ({"question": "q", "answer": "no final line"}, "no '#### N' final line"),
+    ({"question": "q", "answer": "x\n#### seven"}, "not a number"),
+    ('["a", "list"]', "row is a JSON list, expected an object"),
+    ({"question": None, "answer": "#### 1"}, "missing field 'question'"),
+]
+
+
+@pytest.mark.parametrize("bad,phrase", BAD_ROWS)
+def test_malformed_row_names_file_and_line(tmp_path, bad, phrase):
+    path = write_jsonl(tmp_path / "train.jsonl", [GOOD, GOOD, bad, GOOD])
+    with pytest.raises(DataError) as err:
+        gsm8k.load(path)
+    msg = str(err.value)
+    assert f"{path}:3:" in msg and phrase in msg, msg
+
+
+def test_skip_invalid_counts_every_kind(tmp_path):
+    lines = [GOOD]
+    for bad, _ in BAD_ROWS:
+        lines += [bad, GOOD]
+    lines.insert(3, "")  # blank lines are not rows and not errors
+    path = write_jsonl(tmp_path / "train.jsonl", lines)
+    ds = gsm8k.load(path, skip_invalid=True)
+    assert len(ds) == len(BAD_ROWS) + 1 and ds.skipped == len(BAD_ROWS)
+    assert len(ds.problems) == len(BAD_ROWS)
+    for (_, phrase), problem in zip(BAD_ROWS, ds.problems):
+        assert phrase in problem and str(path) in problem
+    # Ids point at the source lines of the valid rows (line 4 is the blank one).
+    assert [e.id for e in ds][:3] == ["train.jsonl:1", "train.jsonl:3", "train.jsonl:6"]
+    assert all(e.answer == "4" for e in ds)
+
+
+def test_file_level_errors(tmp_path):
+    with pytest.raises(DataError, match="no such file"):
+        gsm8k.load(tmp_path / "missing.jsonl")
+    (tmp_path / "x.csv").write_text("a,b\n")
+    with pytest.raises(DataError, match="unsupported format"):
+        gsm8k.load(tmp_path / "x.csv")
+    path = write_jsonl(tmp_path / "all_bad.jsonl", [{"question": "q"}])
+    with pytest.raises(DataError, match=r"no valid rows \(1 skipped\)"):
+        gsm8k.load(path, skip_invalid=True)
+    (tmp_path / "corrupt.parquet").write_bytes(b"not parquet")
+    with pytest.raises(DataError, match="corrupt.parquet: cannot read parquet"):
+        gsm8k.load(tmp_path / "corrupt.parquet")
+    with pytest.raises(ValueError, match="template"):
+        gsm8k.load(path, template="llama")
+
+
+def test_parquet_rows_validated_with_row_numbers(tmp_path):
+    rows = [GOOD, {"question": "q2", "answer": ""}, {"question": "q3", "answer": "#### 1,000"}]
+    path = tmp_path / "train.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    with pytest.raises(DataError, match=r"train.parquet:2: field 'answer' is empty"):
+        gsm8k.load(path)
+    ds = gsm8k.load(path, skip_invalid=True)
+    assert [e.answer for e in ds] == ["4", "1000"] and ds.skipped == 1
+    assert ds[0].solution == " 2+2=4\n#### 4"  # calculator annotation stripped
+
+
+MATH_BAD = [
+    ({"problem": "p"}, "field 'solution' is missing"),
+    ({"problem": "p", "solution": "no box"}, "no 'answer' field and no \\boxed{}"),
+    ({"problem": "p", "solution": "$\\boxed{1}$", "answer": ""}, "field 'answer' is empty"),
+    ({"problem": "p", "solution": 3}, "field 'solution' should be str, got int"),
+    ({"messages": [{"role": "user", "content": "p"}]}, "needs a user and an assistant"),
+    ({"messages": "hi"}, "field 'messages' should be list"),
+    ({"title": "x"}, "needs 'problem' and 'solution', or 'messages'"),
+]
+
+
+@pytest.mark.parametrize("bad,phrase", MATH_BAD)
+def test_math_malformed_rows(tmp_path, bad, phrase):
+    good = {"problem": "1+1?", "solution": "It is $\\boxed{2}$."}
+    path = write_jsonl(tmp_path / "m.jsonl", [good, bad])
+    with pytest.raises(DataError) as err:
+        math_boxed.load(path)
+    assert f"{path}:2:" in str(err.value) and phrase in str(err.value), str(err.value)
+    ds = math_boxed.load(path, skip_invalid=True)
+    assert len(ds) == 1 and ds.skipped == 1 and ds[0].answer == "2"
