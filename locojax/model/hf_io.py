@@ -135,8 +135,8 @@ class Checkpoint(contextlib.AbstractContextManager):
     def check(self, cfg: ModelConfig):
         """Every declared tensor present with its HF shape and a float dtype; nothing else.
 
-        A tied model accepts a stored `lm_head.weight` of the embedding's shape and ignores
-        it (some exporters write the tied copy; HF `save_pretrained` omits it)."""
+        A tied model accepts a stored `lm_head.weight` equal to the embedding and ignores it
+        (some exporters write the tied copy; HF `save_pretrained` omits it)."""
         expected = {}
         for w in jax.tree.leaves(declare(cfg), is_leaf=is_decl):
             for name in _hf_names(w, cfg):
@@ -154,8 +154,25 @@ class Checkpoint(contextlib.AbstractContextManager):
                 raise ValueError(f"{where} has dtype {self.dtype[name]}, expected one of "
                                  f"{sorted(_FLOAT_DTYPES)}")
         for name in sorted(set(self.file) - set(expected)):
-            hint = " (the config is tied)" if name == _TIED_HEAD else ""
-            raise ValueError(f"unexpected tensor {name!r} in {self.file[name]}{hint}")
+            raise ValueError(f"unexpected tensor {name!r} in {self.file[name]}")
+        if cfg.tie_word_embeddings and _TIED_HEAD in self.file:
+            self._check_tied_copy()
+
+    def _check_tied_copy(self, rows: int = 4096):
+        """A stored head must equal the embedding, else the checkpoint is really untied and
+        a tied model would silently drop its head. Compared in row blocks, so the host never
+        holds both matrices."""
+        embed = "model.embed_tokens.weight"
+        a = self._open(self.file[_TIED_HEAD]).get_slice(_TIED_HEAD)
+        b = self._open(self.file[embed]).get_slice(embed)
+        n = self.shape[embed][0]
+        for start in range(0, n, rows):
+            stop = min(start + rows, n)  # safetensors slices do not clip
+            if not np.array_equal(a[start:stop], b[start:stop]):
+                raise ValueError(
+                    f"unexpected tensor {_TIED_HEAD!r} in {self.file[_TIED_HEAD]}: it differs "
+                    f"from {embed!r}, so the checkpoint is untied, but the config says "
+                    "tie_word_embeddings=true")
 
 
 def _index_key(index) -> tuple:
