@@ -139,8 +139,8 @@ class Checkpoint(contextlib.AbstractContextManager):
         (some exporters write the tied copy; HF `save_pretrained` omits it)."""
         expected = {}
         for w in jax.tree.leaves(declare(cfg), is_leaf=is_decl):
-            for name in _hf_names(w, cfg):
-                expected[name] = _hf_shape(w)
+            shape = _hf_shape(w)
+            expected.update((name, shape) for name in _hf_names(w, cfg))
         if cfg.tie_word_embeddings and _TIED_HEAD in self.file:
             expected[_TIED_HEAD] = (cfg.vocab_size, cfg.hidden_size)
         for name, shape in expected.items():
@@ -273,7 +273,8 @@ def save_weights(weights: Weights, cfg: ModelConfig, model_dir: str | Path,
     # Plan the shards from shapes alone, so file names can carry the shard count.
     entries = [(k, i, name)
                for k, w in enumerate(decls) for i, name in enumerate(_hf_names(w, cfg))]
-    sizes = [int(np.prod(_hf_shape(decls[k]))) * np_dtype.itemsize for k, _, _ in entries]
+    layer_bytes = [int(np.prod(_hf_shape(w))) * np_dtype.itemsize for w in decls]
+    sizes = [layer_bytes[k] for k, _, _ in entries]
     shard_of, cur, used = [], 0, 0
     for size in sizes:
         if max_shard_bytes and used and used + size > max_shard_bytes:
