@@ -1,0 +1,205 @@
+"""Policy loss, KL, IS weight and aggregation against hand-computed numbers.
+
+Toy batch for the objective tests: two groups of two rows, 3 columns, per-token ratios
+r = π_θ / π_old given directly through log r = logp - old_logp:
+  group 0: row 0  A = +1    r = [1.5, 1.1, -]   (2 tokens)
+           row 1  A = -1    r = [0.5, -, -]     (1 token)
+  group 1: row 2  A = +0.5  r = [0.5, 1.5, 1.0] (3 tokens)
+           row 3  A = -0.5  r = [4.0, -, -]     (1 token)
+"-" is masked out; NaN is stored there to prove masked garbage is inert.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from locojax.rl import aggregation as agg
+from locojax.rl.losses import (LossSettings, clipped_pg, kl_penalty, log_ratio, objective,
+                               truncated_is_weight)
+
+NAN = float("nan")
+RATIOS = np.array([[1.5, 1.1, NAN], [0.5, NAN, NAN], [0.5, 1.5, 1.0], [4.0, NAN, NAN]])
+MASK = jnp.asarray(~np.isnan(RATIOS))
+ADV = jnp.array([1.0, -1.0, 0.5, -0.5])
+
+
+def toy(settings: LossSettings, stale=None, behav_shift=0.0, ref_shift=None):
+    """objective() on the toy batch, with logp = 0 and old = -log r (so logp - old = log r)."""
+    logp = jnp.zeros(MASK.shape)
+    old = jnp.asarray(-np.log(RATIOS), jnp.float32)  # NaN under the mask
+    behav = old - behav_shift
+    ref = None if ref_shift is None else logp - ref_shift
+    stale = jnp.zeros(4, bool) if stale is None else jnp.asarray(stale)
+    counts = agg.global_counts(MASK)
+    return objective(logp, jnp.ones(MASK.shape), old, behav, ref, ADV, MASK, stale, counts,
+                     settings)
+
+
+def test_clipped_pg_each_case():
+    ratio = jnp.array([1.5, 0.5, 1.1, 0.5, 1.5, 4.0, 1.0])
+    adv = jnp.array([1.0, -1.0, 1.0, 1.0, -1.0, -1.0, 0.0])
+    # (r, A) → max(-A r, -A clip(r, 0.8, 1.28)):
+    # (1.5,+1) → max(-1.5, -1.28) = -1.28, clip_high | (0.5,-1) → max(0.5, 0.8) = 0.8, clip_low
+    # (1.1,+1) → -1.1 | (0.5,+1) → max(-0.5, -0.8) = -0.5, r low but A > 0: not clipped
+    # (1.5,-1) → max(1.5, 1.28) = 1.5 | (4,-1) → 4.0; dual-clip c=3 caps it at -cA = 3 | A=0 → 0
+    loss, low, high = clipped_pg(ratio, adv, 0.2, 0.28)
+    np.testing.assert_allclose(np.asarray(loss), [-1.28, 0.8, -1.1, -0.5, 1.5, 4.0, 0.0], rtol=1e-6)
+    assert np.asarray(high).tolist() == [True, False, False, False, False, False, False]
+    assert np.asarray(low).tolist() == [False, True, False, False, False, False, False]
+    loss, _, _ = clipped_pg(ratio, adv, 0.2, 0.28, dual_clip=3.0)
+    np.testing.assert_allclose(np.asarray(loss), [-1.28, 0.8, -1.1, -0.5, 1.5, 3.0, 0.0], rtol=1e-6)
+
+
+def test_kl_estimators():
+    # δ = log π - log π_ref = ±ln 2. k1 = δ; k2 = δ²/2 = 0.2402265; k3 = e^{-δ} - 1 + δ:
+    # δ = ln 2 → 1/2 - 1 + 0.6931472 = 0.1931472; δ = -ln 2 → 2 - 1 - 0.6931472 = 0.3068528.
+    ln2 = float(np.log(2.0))
+    logp, ref = jnp.array([0.0, 0.0]), jnp.array([-ln2, ln2])
+    np.testing.assert_allclose(np.asarray(kl_penalty(logp, ref, "k1")), [ln2, -ln2], rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(kl_penalty(logp, ref, "k2")), [0.2402265] * 2, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(kl_penalty(logp, ref, "k3")), [0.1931472, 0.3068528],
+                               rtol=1e-6)
+    with pytest.raises(ValueError, match="k4"):
+        kl_penalty(logp, ref, "k4")
+
+
+def test_truncated_is_weight():
+    # Token level, log(π_old/π_behav) = [ln 3, ln 0.5] → min([3, 0.5], C=2) = [2, 0.5] on the
+    # stale row, 1 on the fresh row. Sequence level (GSPO): exp(mean(ln 3, ln 0.5)) =
+    # sqrt(1.5) = 1.2247449 on every token of the stale row.
+    old = jnp.log(jnp.array([[3.0, 0.5], [3.0, 0.5]]))
+    behav = jnp.zeros((2, 2))
+    mask = jnp.ones((2, 2), bool)
+    stale = jnp.array([True, False])
+    w = truncated_is_weight(old, behav, mask, stale, 2.0)
+    np.testing.assert_allclose(np.asarray(w), [[2.0, 0.5], [1.0, 1.0]], rtol=1e-6)
+    w = truncated_is_weight(old, behav, mask, stale, 2.0, level="sequence")
+    np.testing.assert_allclose(np.asarray(w), [[1.2247449] * 2, [1.0, 1.0]], rtol=1e-6)
+    assert (np.asarray(truncated_is_weight(old, behav, mask, stale, 0.0)) == 1.0).all()
+
+
+def test_gspo_sequence_ratio_is_length_normalised_geometric_mean():
+    # Row 0 token log-ratios [ln 1.5, ln 1.1] → exp(mean) = sqrt(1.65) = 1.2845233;
+    # row 2 [ln .5, ln 1.5, 0] → 0.75^(1/3) = 0.9085603; masked NaNs do not enter.
+    lr = log_ratio(jnp.zeros(MASK.shape), jnp.asarray(-np.log(RATIOS)), MASK, "sequence")
+    s = np.exp(np.asarray(lr))
+    np.testing.assert_allclose(s[0], [1.2845233] * 3, rtol=1e-6)
+    np.testing.assert_allclose(s[2], [0.9085603] * 3, rtol=1e-6)
+    np.testing.assert_allclose(s[3, 0], 4.0, rtol=1e-6)
+
+
+# Aggregation toy: per-token loss L (NaN under the mask), n_b = [3, 1, 0, 4]; row 2 has no
+# response token, so it counts as no sequence. Σ m L = 6 + 4 + 0 + 4 = 14, tokens 8, seqs 3.
+AGG_L = jnp.array([[1.0, 2.0, 3.0, NAN], [4.0, NAN, NAN, NAN], [NAN] * 4, [1.0, 1.0, 1.0, 1.0]])
+AGG_M = jnp.array([[1, 1, 1, 0], [1, 0, 0, 0], [0, 0, 0, 0], [1, 1, 1, 1]], bool)
+AGG_EXPECTED = {
+    "token-mean": 14 / 8,
+    "seq-mean-token-mean": (6 / 3 + 4 / 1 + 4 / 4) / 3,  # = 7/3
+    "seq-mean-token-sum": 14 / 3,
+    "seq-mean-token-sum-norm": 14 / (3 * 5),  # L_max = 5
+}
+
+
+@pytest.mark.parametrize("mode", list(AGG_EXPECTED))
+def test_aggregation_modes(mode):
+    counts = agg.global_counts(AGG_M)
+    assert (float(counts.tokens), float(counts.seqs)) == (8.0, 3.0)
+    got = agg.aggregate(AGG_L, AGG_M, counts, mode, max_len=5)
+    np.testing.assert_allclose(float(got), AGG_EXPECTED[mode], rtol=1e-6)
+    # Split the rows in two micro-batches: partial sums over global counts add up exactly...
+    halves = (np.array([0, 3]), np.array([1, 2]))
+    parts = [agg.aggregate(AGG_L[i], AGG_M[i], counts, mode, max_len=5) for i in halves]
+    np.testing.assert_allclose(float(sum(parts)), AGG_EXPECTED[mode], rtol=1e-6)
+    # ...while the classic bug, each micro-batch normalised by its own counts and averaged,
+    # does not (the negative control: the layout harness would catch it).
+    local = [agg.aggregate(AGG_L[i], AGG_M[i], agg.global_counts(AGG_M[i]), mode, max_len=5)
+             for i in halves]
+    assert abs(float(sum(local)) / 2 - AGG_EXPECTED[mode]) > 0.02
+
+
+def test_aggregation_norm_needs_max_len():
+    with pytest.raises(ValueError, match="max_response_len"):
+        agg.aggregate(AGG_L, AGG_M, agg.global_counts(AGG_M), "seq-mean-token-sum-norm")
+
+
+# Per-token PPO losses on the toy batch with ε = (0.2, 0.28), from test_clipped_pg_each_case:
+# row 0: (1.5,+1) → -1.28 [high], (1.1,+1) → -1.1      row 1: (0.5,-1) → 0.8 [low]
+# row 2: (0.5,+.5) → max(-.25, -.4) = -0.25, (1.5,+.5) → max(-.75, -.64) = -0.64 [high],
+#        (1,+.5) → -0.5                                 row 3: (4,-.5) → max(2, .64) = 2.0
+# Σ = -0.97 over 7 tokens and 4 sequences; per-row means -1.19, 0.8, -1.39/3, 2.0.
+DAPO_EXPECTED = {
+    "token-mean": -0.97 / 7,
+    "seq-mean-token-mean": (-1.19 + 0.8 - 1.39 / 3 + 2.0) / 4,
+    "seq-mean-token-sum": -0.97 / 4,
+    "seq-mean-token-sum-norm": -0.97 / (4 * 4),  # L_max = 4
+}
+
+
+@pytest.mark.parametrize("mode", list(DAPO_EXPECTED))
+def test_ppo_objective_each_mode(mode):
+    s = LossSettings(eps_low=0.2, eps_high=0.28, loss_agg=mode, max_response_len=4)
+    loss, m, e = toy(s)
+    np.testing.assert_allclose(float(loss), DAPO_EXPECTED[mode], rtol=1e-5)
+    np.testing.assert_allclose(float(m["actor/pg_loss"]), DAPO_EXPECTED[mode], rtol=1e-5)
+    np.testing.assert_allclose(float(m["actor/clip_frac_high"]), 2 / 7, rtol=1e-6)
+    np.testing.assert_allclose(float(m["actor/clip_frac_low"]), 1 / 7, rtol=1e-6)
+    np.testing.assert_allclose(float(e["actor/ratio_max"]), 4.0, rtol=1e-6)
+    np.testing.assert_allclose(float(e["actor/ratio_min"]), 0.5, rtol=1e-6)
+    assert "actor/kl" not in m  # β = 0: no KL term at all
+
+
+def test_dual_clip_in_objective():
+    # Row 3's 2.0 is capped at -c A = 3 · 0.5 = 1.5: Σ = -0.97 - 0.5 = -1.47 over 7 tokens.
+    s = LossSettings(eps_low=0.2, eps_high=0.28, dual_clip=3.0, loss_agg="token-mean")
+    np.testing.assert_allclose(float(toy(s)[0]), -1.47 / 7, rtol=1e-5)
+
+
+def test_gspo_objective():
+    # Sequence ratios s = [sqrt(1.65) = 1.2845, 0.5, 0.75^(1/3) = 0.90856, 4], ε = (3e-4, 4e-4):
+    # row 0 (A=+1): clipped to 1.0004 → -1.0004        row 1 (A=-1): max(0.5, 0.9997) = 0.9997
+    # row 2 (A=+.5): max(-0.4542801, -0.49985) = -0.4542801   row 3 (A=-.5): max(2, 0.5002) = 2
+    # seq-mean-token-mean = (-1.0004 + 0.9997 - 0.4542801 + 2) / 4; every token of rows 0, 1
+    # is clipped: high 2/7 (row 0), low 1/7 (row 1).
+    s = LossSettings(ratio_level="sequence", eps_low=3e-4, eps_high=4e-4,
+                     loss_agg="seq-mean-token-mean")
+    loss, m, _ = toy(s)
+    np.testing.assert_allclose(float(loss), (-1.0004 + 0.9997 - 0.4542801 + 2.0) / 4, rtol=1e-5)
+    np.testing.assert_allclose(float(m["actor/clip_frac_high"]), 2 / 7, rtol=1e-6)
+    np.testing.assert_allclose(float(m["actor/clip_frac_low"]), 1 / 7, rtol=1e-6)
+
+
+def test_kl_and_is_weight_in_objective():
+    # On-policy ratios (old = logp): pg per token = -A. Row 1 is stale with
+    # log(π_old/π_behav) = ln 3 → w = min(3, 2) = 2. Two rows only: row 0 (A=+1, 2 tokens),
+    # row 1 (A=-0.5, 1 token). pg = [-1, -1 | 0.5·2 = 1] → token-mean -1/3.
+    # KL k3 with δ = ln 2 on every token = 0.1931472; loss = -1/3 + 0.1 · 0.1931472.
+    mask = jnp.array([[True, True], [True, False]])
+    logp = jnp.array([[-1.0, -2.0], [-3.0, NAN]])
+    behav = logp - jnp.log(3.0)
+    ref = logp - jnp.log(2.0)
+    s = LossSettings(beta=0.1, kl_estimator="k3", loss_agg="token-mean", is_cap=2.0)
+    loss, m, e = objective(logp, jnp.ones((2, 2)), logp, behav, ref, jnp.array([1.0, -0.5]),
+                           mask, jnp.array([False, True]), agg.global_counts(mask), s)
+    np.testing.assert_allclose(float(m["actor/pg_loss"]), -1 / 3, rtol=1e-6)
+    np.testing.assert_allclose(float(m["actor/kl"]), 0.1931472, rtol=1e-5)
+    np.testing.assert_allclose(float(loss), -1 / 3 + 0.1 * 0.1931472, rtol=1e-5)
+    np.testing.assert_allclose(float(m["actor/is_weight_mean"]), 4 / 3, rtol=1e-6)
+    assert float(e["actor/is_weight_max"]) == 2.0
+
+
+def test_on_policy_ratio_exactly_one_and_gradient():
+    # old = sg(logp): the ratio is exp(0) = 1 exactly, nothing clips, and the token-mean
+    # gradient wrt logp is the REINFORCE one, -A m / N.
+    logp = jnp.asarray(np.random.default_rng(0).normal(size=(4, 3)), jnp.float32)
+
+    def f(lp):
+        s = LossSettings(eps_low=0.2, eps_high=0.28, loss_agg="token-mean")
+        return objective(lp, lp, jax.lax.stop_gradient(lp), lp, None, ADV, MASK, jnp.zeros(4, bool),
+                         agg.global_counts(MASK), s)
+
+    (loss, (m, e)), g = jax.value_and_grad(lambda lp: (f(lp)[0], f(lp)[1:]), has_aux=True)(logp)
+    assert float(e["actor/ratio_max"]) == 1.0 and float(e["actor/ratio_min"]) == 1.0
+    assert float(m["actor/clip_frac_low"]) == 0.0 and float(m["actor/clip_frac_high"]) == 0.0
+    expected = np.where(np.asarray(MASK), -np.asarray(ADV)[:, None] / 7, 0.0)
+    np.testing.assert_allclose(np.asarray(g), expected, rtol=1e-6)
