@@ -259,3 +259,19 @@ def test_none_mode_still_enforces_limits():
     assert r.stdout == "MemoryError\n"
     r = sb.run("import time\nwhile True:\n    time.sleep(0.05)\n", limits=Limits(wall_seconds=1))
     assert r.timed_out
+
+
+def test_extra_read_only_paths(tmp_path):
+    data = tmp_path / "shared data"  # a space exercises the mountinfo octal escapes
+    data.mkdir()
+    (data / "x.txt").write_text("visible")
+    for p in (tmp_path, data):
+        os.chmod(p, 0o755)
+    os.chmod(data / "x.txt", 0o644)
+    sb = Sandbox(SandboxConfig(ro_paths=(str(data),)), SMALL)
+    _require(sb, "filesystem")
+    code = (f"p = {str(data / 'x.txt')!r}\nprint(open(p).read())\ntry:\n"
+            "    open(p, 'w')\nexcept OSError as e:\n    print('blocked', e.errno)\n")
+    r = sb.run(code)
+    assert r.stdout.split() == ["visible", "blocked", "30"]  # EROFS, even for root-owned files
+    assert (data / "x.txt").read_text() == "visible"

@@ -34,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import signal
 import sys
 
@@ -191,8 +192,7 @@ def _mounts_under(root: str) -> list[str]:
     out = []
     with open("/proc/self/mountinfo") as f:
         for line in f:
-            mp = line.split()[4]
-            mp = mp.encode().decode("unicode_escape")  # octal escapes such as \040
+            mp = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), line.split()[4])
             if mp.startswith(root + "/"):
                 out.append(mp)
     return out
@@ -285,8 +285,12 @@ def _bootstrap(spec: dict) -> None:
         libc = _libc()
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         if spec["cgroup_procs"]:
-            with open(spec["cgroup_procs"], "w") as f:
-                f.write(str(os.getpid()))
+            try:
+                with open(spec["cgroup_procs"], "w") as f:
+                    f.write(str(os.getpid()))
+            except OSError as e:  # not fatal: the uid's RLIMIT_NPROC still caps processes
+                os.write(status_fd, (json.dumps({"warning": f"cgroup join: {e!r}"}) + "\n")
+                         .encode())
         flags = spec["flags"]
         if flags:
             outer_uid, outer_gid = os.geteuid(), os.getegid()
@@ -419,11 +423,8 @@ class Sandbox:
         self._bwrap = config.bwrap_path or shutil.which("bwrap")
         self.isolation = self._choose()
         desc = self.isolation.describe()
-        with _logged_lock:
-            if desc not in _logged:
-                _logged.add(desc)
-                (log.info if self.isolation.filesystem and self.isolation.network
-                 else log.warning)(desc)
+        _warn_once(desc, log.info if self.isolation.filesystem and self.isolation.network
+                   else log.warning)
 
     # -- mode selection ------------------------------------------------------------------------
 
@@ -626,7 +627,11 @@ class Sandbox:
             except subprocess.TimeoutExpired:
                 _killpg(proc.pid)
                 rc = proc.wait()
-            status_lines = os.read(r, 1 << 16).decode(errors="replace").splitlines()
+            os.set_blocking(r, False)  # every writer is dead by now; never hang on a straggler
+            try:
+                status_lines = os.read(r, 1 << 16).decode(errors="replace").splitlines()
+            except BlockingIOError:
+                status_lines = []
         finally:
             os.close(r)
             _killpg(proc.pid)  # anything still in the group (mode "none" leftovers)
@@ -636,11 +641,21 @@ class Sandbox:
                 msg = json.loads(line)
             except ValueError:
                 continue
-            if "error" in msg and "error" not in status:
+            if "warning" in msg:
+                _warn_once(f"sandbox: {msg['warning']}")
+            elif "error" in msg and "error" not in status:
                 status["error"] = msg["error"]
             else:
                 status.update({k: v for k, v in msg.items() if k != "error"})
         return rc, out.text(), err.text(), timed_out, status
+
+
+def _warn_once(msg: str, emit=None) -> None:
+    with _logged_lock:
+        if msg in _logged:
+            return
+        _logged.add(msg)
+    (emit or log.warning)(msg)
 
 
 @functools.cache
