@@ -217,8 +217,8 @@ def test_process_that_leaves_the_group_is_killed(sb, tmp_path):
 
 def test_cpu_loop_is_killed_at_the_cpu_limit(sb):
     t0 = time.monotonic()
-    r = sb.run("while True:\n    pass\n", limits=Limits(cpu_seconds=1, wall_seconds=6))
-    assert time.monotonic() - t0 < 8
+    r = sb.run("while True:\n    pass\n", limits=Limits(cpu_seconds=1, wall_seconds=10))
+    assert time.monotonic() - t0 < 12
     assert r.killed_reason == "cpu_time", r
     assert r.returncode in (-signal.SIGXCPU, -signal.SIGKILL)
 
@@ -226,10 +226,10 @@ def test_cpu_loop_is_killed_at_the_cpu_limit(sb):
 def test_sleeping_loop_is_killed_at_the_wall_limit(sb):
     t0 = time.monotonic()
     r = sb.run("import time\nprint('start', flush=True)\nwhile True:\n    time.sleep(0.05)\n",
-               limits=Limits(cpu_seconds=5, wall_seconds=1.5))
+               limits=Limits(cpu_seconds=5, wall_seconds=2))
     elapsed = time.monotonic() - t0
     assert r.timed_out and r.killed_reason == "wall_time" and r.returncode == -signal.SIGKILL
-    assert 1.4 < elapsed < 4 and r.stdout == "start\n"
+    assert 1.9 < elapsed < 5 and r.stdout == "start\n"
 
 
 def test_huge_allocation_fails_inside_the_child(sb):
@@ -275,3 +275,13 @@ def test_extra_read_only_paths(tmp_path):
     r = sb.run(code)
     assert r.stdout.split() == ["visible", "blocked", "30"]  # EROFS, even for root-owned files
     assert (data / "x.txt").read_text() == "visible"
+
+
+def test_read_back_does_not_follow_planted_symlinks(sb, tmp_path):
+    secret = tmp_path / "secret.txt"
+    secret.write_text("HOST-ONLY")
+    code = (f"import os\nos.symlink({str(secret)!r}, 'link.txt')\n"
+            f"os.symlink({str(tmp_path)!r}, 'dir')\nopen('real.txt', 'w').write('fine')\n")
+    r = sb.run(code, read_back=["link.txt", "dir/secret.txt", "real.txt"])
+    assert r.returncode == 0, r.stderr
+    assert r.files == {"real.txt": "fine"}

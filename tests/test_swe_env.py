@@ -122,6 +122,29 @@ def test_wrong_policies_get_reward_0(tmp_path):
         assert not marker.exists()
 
 
+def test_runs_under_the_multiturn_driver():
+    from locojax.envs.multiturn import episode_metrics, run_episodes
+
+    tasks = generate_tasks(2, seed=7)
+    examples = [to_example(t) for t in tasks]
+    plans = {examples[0].prompt: oracle_actions(tasks[0], run_tests=False),  # knows the fix
+             examples[1].prompt: ["<tool>view</tool>", "<tool>submit</tool>"]}  # does not
+
+    def policy(transcripts):
+        out = []
+        for tr in transcripts:
+            prompt = next(p for p in plans if tr.startswith(p))
+            out.append(plans[prompt][tr[len(prompt):].count("<tool>")] + " trailing text")
+        return out
+
+    episodes = run_episodes(policy, lambda: SWEEnv(), examples, max_turns=6)
+    assert [ep.reward for ep in episodes] == [1.0, 0.0]
+    assert all(ep.done and not ep.error for ep in episodes)
+    model = [s.text for s in episodes[0].segments if s.is_model]
+    assert model == plans[examples[0].prompt]  # text after </tool> was cut by the driver
+    assert episode_metrics(episodes)["env/reward/mean"] == 0.5
+
+
 def test_invalid_calls_and_escapes_are_error_observations():
     ex = to_example(calc_task())
     env = SWEEnv(SWEConfig(max_turns=50))

@@ -328,7 +328,8 @@ if __name__ == "__main__":
     raise SystemExit(0)
 
 # ---------------------------------------------------------------------------------------------
-# The parent side.
+# The parent side. Its imports live here so that the bootstrap above, which runs before every
+# sandboxed command, starts without loading them.
 
 import functools  # noqa: E402
 import logging  # noqa: E402
@@ -362,7 +363,7 @@ def _python_paths() -> list[str]:
 
 def _cgroup_root() -> str | None:
     """A pids-cgroup directory we may create children in (v1 `pids` hierarchy or v2 root)."""
-    if os.path.isfile("/sys/fs/cgroup/pids/pids.max") or os.path.isdir("/sys/fs/cgroup/pids"):
+    if os.path.isdir("/sys/fs/cgroup/pids"):
         root = "/sys/fs/cgroup/pids"
     elif "pids" in _read("/sys/fs/cgroup/cgroup.subtree_control"):
         root = "/sys/fs/cgroup"
@@ -450,8 +451,7 @@ class Sandbox:
                 continue
             self.isolation = iso
             try:
-                r = self.run([sys.executable, "-c", "print('ok')"],
-                             limits=dataclasses.replace(self.limits, wall_seconds=30))
+                r = self.run([sys.executable, "-c", "print('ok')"], limits=Limits(wall_seconds=30))
             except SandboxError as e:
                 errors.append(f"{iso.mode}(uid={iso.uid}): {e}")
                 continue
@@ -522,7 +522,9 @@ class Sandbox:
             back = {}
             for rel in read_back:
                 p = os.path.join(work, _safe_relpath(rel))
-                if os.path.isfile(p) and not os.path.islink(p):
+                # The child may have planted symlinks (also as parent dirs): read only what
+                # really lies inside the work dir.
+                if os.path.realpath(p).startswith(work + os.sep) and os.path.isfile(p):
                     with open(p, "rb") as f:
                         back[rel] = f.read(read_back_bytes).decode("utf-8", "replace")
             return SandboxResult(returncode, out, err, timed_out, reason,

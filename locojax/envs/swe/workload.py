@@ -14,6 +14,7 @@ from the same tool functions the env uses, so no sandbox run is needed to build 
 
 from __future__ import annotations
 
+import functools
 import random
 
 from locojax.envs.base import (
@@ -96,7 +97,7 @@ def task(level: int = 1, seed: int = 0, train_size: int = 10_000, test_size: int
         test = ProceduralSplit(draw, "test", seed, test_size)
     config = SWEConfig(max_turns=max_turns, autosubmit=autosubmit)
     return Task(name="swe", train=train, test=test, reward=transcript_reward,
-                make_env=lambda: SWEEnv(config), max_turns=max_turns, demo=demo)
+                make_env=functools.partial(SWEEnv, config), max_turns=max_turns, demo=demo)
 
 
 def _key(example: Example) -> str:
