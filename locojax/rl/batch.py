@@ -1,0 +1,148 @@
+"""The training batch: one pytree of [B, T] arrays, aligned with `tokens`.
+
+Row b is prompt (left-padded) then response (right-padded). Every per-token array is
+aligned with `tokens`: `old_logprobs[b, t]` is log π_behav(tokens[b, t] | tokens[b, :t]),
+and `loss_mask[b, t]` says tokens[b, t] is a response token, i.e. a target of the loss.
+Column 0 is therefore never a target. Values under a False mask are ignored, NaN included.
+
+Building the global batch: a single controller calls `shard`; in multi-host runs each host
+passes its own rows to `from_process_local` (`jax.make_array_from_process_local_data`).
+Legend: B rows, T columns, P prompt columns, R response columns.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh
+
+from locojax.model.sharding import TRAIN_DP, Rules, batch_sharding
+
+PER_TOKEN = ("tokens", "positions", "attn_mask", "loss_mask", "old_logprobs", "ref_logprobs")
+PER_ROW = ("group_id", "staleness")
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class TrainBatch:
+    tokens: jax.Array  # [B, T] int32: prompt then response
+    positions: jax.Array  # [B, T] int32: RoPE positions (0 at the first real prompt token)
+    attn_mask: jax.Array  # [B, T] bool: a real token (prompt or response), not padding
+    loss_mask: jax.Array  # [B, T] bool: a response token, i.e. a target of the loss
+    advantages: jax.Array  # [B] (outcome) or [B, T] (per token) f32
+    old_logprobs: jax.Array  # [B, T] f32: the sampler's (behaviour) logprob of each token
+    group_id: jax.Array  # [B] int32: rows of one prompt share an id
+    ref_logprobs: jax.Array | None = None  # [B, T] f32: reference policy; only read when β > 0
+    staleness: jax.Array | None = None  # [B] int32: policy versions between sampler and learner
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.tokens.shape)
+
+
+def validate(batch: TrainBatch) -> None:
+    """Shape and dtype checks, on shapes only (no device transfer). Raises naming the field."""
+    if batch.tokens.ndim != 2:
+        raise ValueError(f"TrainBatch.tokens must be [B, T], got shape {batch.tokens.shape}")
+    b, t = batch.tokens.shape
+    for name in PER_TOKEN:
+        x = getattr(batch, name)
+        if x is not None and tuple(x.shape) != (b, t):
+            raise ValueError(f"TrainBatch.{name} has shape {tuple(x.shape)}, expected [B, T] = "
+                             f"{(b, t)} like tokens")
+    for name in PER_ROW:
+        x = getattr(batch, name)
+        if x is not None and tuple(x.shape) != (b,):
+            raise ValueError(f"TrainBatch.{name} has shape {tuple(x.shape)}, expected [B] = {(b,)}")
+    if tuple(batch.advantages.shape) not in ((b,), (b, t)):
+        raise ValueError(f"TrainBatch.advantages has shape {tuple(batch.advantages.shape)}, "
+                         f"expected [B] = {(b,)} or [B, T] = {(b, t)}")
+    for name in ("tokens", "positions", "group_id"):
+        if not jnp.issubdtype(getattr(batch, name).dtype, jnp.integer):
+            raise ValueError(f"TrainBatch.{name} must be integer, got {getattr(batch, name).dtype}")
+    for name in ("attn_mask", "loss_mask"):
+        if getattr(batch, name).dtype != jnp.bool_:
+            raise ValueError(f"TrainBatch.{name} must be bool, got {getattr(batch, name).dtype}")
+
+
+def from_rollout(prompt_tokens, prompt_mask, response_tokens, response_mask, response_logprobs,
+                 advantages, group_id, staleness=None, ref_logprobs=None) -> TrainBatch:
+    """Host-side (numpy) assembly from the sampler's outputs.
+
+    prompt_*: [B, P], left-padded. response_*: [B, R], right-padded; response_logprobs[b, j]
+    is the sampler's log π(response_tokens[b, j]). ref_logprobs, if given, is [B, P + R].
+    Positions count real tokens, so a left-padded prompt starts at 0 (as the sampler's do).
+    """
+    pm = np.asarray(prompt_mask, bool)
+    rm = np.asarray(response_mask, bool)
+    attn = np.concatenate([pm, rm], axis=1)
+    positions = np.maximum(np.cumsum(attn, axis=1) - 1, 0).astype(np.int32)
+    resp_lp = np.where(rm, np.asarray(response_logprobs, np.float32), 0.0)
+    return TrainBatch(
+        tokens=np.concatenate([np.asarray(prompt_tokens), np.asarray(response_tokens)], 1)
+        .astype(np.int32),
+        positions=positions,
+        attn_mask=attn,
+        loss_mask=np.concatenate([np.zeros_like(pm), rm], axis=1),
+        advantages=np.asarray(advantages, np.float32),
+        old_logprobs=np.concatenate([np.zeros(pm.shape, np.float32), resp_lp], 1),
+        group_id=np.asarray(group_id, np.int32),
+        staleness=None if staleness is None else np.asarray(staleness, np.int32),
+        ref_logprobs=None if ref_logprobs is None else np.asarray(ref_logprobs, np.float32),
+    )
+
+
+def pad_rows(batch: TrainBatch, multiple: int) -> TrainBatch:
+    """Append inert rows (no tokens, no targets, group -1) up to a multiple of `multiple`.
+
+    Inert rows change nothing: counts only see rows with a response token.
+    """
+    b = batch.tokens.shape[0]
+    extra = -b % multiple
+    if not extra:
+        return batch
+
+    def pad(x):
+        x = np.asarray(x)
+        return np.concatenate([x, np.zeros((extra,) + x.shape[1:], x.dtype)], axis=0)
+
+    padded = jax.tree.map(pad, batch)
+    return dataclasses.replace(padded, group_id=np.concatenate(
+        [np.asarray(batch.group_id), np.full((extra,), -1, np.int32)]).astype(np.int32))
+
+
+def shard(batch: TrainBatch, mesh: Mesh, rules: Rules = TRAIN_DP) -> TrainBatch:
+    """Place a whole (host-resident) batch on the mesh, rows over the rules' batch axis."""
+    b = batch.tokens.shape[0]
+    return jax.tree.map(
+        lambda x: jax.device_put(x, batch_sharding(mesh, rules, np.ndim(x), b)), batch)
+
+
+def from_process_local(local: TrainBatch, mesh: Mesh, rules: Rules = TRAIN_DP) -> TrainBatch:
+    """The global batch from each process's own rows (process p holds rows of its devices).
+
+    Every process must pass the same number of rows and the same T.
+    """
+    b = local.tokens.shape[0] * jax.process_count()
+
+    def one(x):
+        x = np.asarray(x)
+        sharding = batch_sharding(mesh, rules, x.ndim, b)
+        return jax.make_array_from_process_local_data(sharding, x, (b,) + x.shape[1:])
+
+    return jax.tree.map(one, local)
+
+
+def split_rows(x: jax.Array, parts: int) -> jax.Array:
+    """[B, ...] → [parts, B / parts, ...], part i holding rows i, i + parts, i + 2·parts, ...
+
+    Strided, so each device's contiguous block of rows splits locally: micro-batch i is a
+    slice of every device's shard and no rows move between devices.
+    """
+    b = x.shape[0]
+    if b % parts:
+        raise ValueError(f"batch of {b} rows does not split into {parts} equal parts")
+    return x.reshape(b // parts, parts, *x.shape[1:]).swapaxes(0, 1)
