@@ -1,0 +1,1 @@
+"""Built-in procedural tasks small enough for a character-level model trained on CPU."""

@@ -1,0 +1,115 @@
+"""`arith`: multi-digit addition/subtraction for a tiny character-level model.
+
+    prompt:      "374+481-123="
+    completion:  "374+481=855\n855-123=732\n#### 732"     (two operands: just "#### 855")
+
+The completion is a chain of running results, one line per operation, then the GSM8K-style
+final line, so the same strict `#### N` reward as GSM8K scores it. Intermediate results are
+kept non-negative, so no line needs a sign. Sizes stay within what a char-level model with a
+64-token context handles: prompts <= 12 chars; completions <= 9 chars with two operands, <= 29
+at level 4 and <= 36 at level 5.
+
+Difficulty levels (`level(n)`); a short SFT on a tiny model leaves level 3 mediocre but
+learnable, which is where GRPO has room to help:
+
+| level | operands | digits | ops |
+|---|---|---|---|
+| 1 | 2 | 1-2 | + |
+| 2 | 2 | 2 | +- |
+| 3 | 2 | 3 | +- |
+| 4 | 3 | 2 | +- |
+| 5 | 3 | 3 | +- |
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+from locojax.envs.base import ANSWER_PREFIX, Example, Task, single_turn_demo
+from locojax.envs.gsm8k import reward as gsm8k_reward
+from locojax.envs.tasks.procedural import ProceduralSplit
+
+
+@dataclasses.dataclass(frozen=True)
+class ArithConfig:
+    """Shape of the generated problems."""
+
+    operands: int = 2
+    """Numbers per problem (2 or more)."""
+    min_digits: int = 3
+    """Fewest digits of an operand."""
+    max_digits: int = 3
+    """Most digits of an operand; each operand's digit count is uniform in [min, max]."""
+    ops: str = "+-"
+    """Operators to draw from: any of '+', '-'."""
+
+    def __post_init__(self):
+        if self.operands < 2:
+            raise ValueError(f"operands must be >= 2, got {self.operands}")
+        if not 1 <= self.min_digits <= self.max_digits <= 9:
+            raise ValueError(f"need 1 <= min_digits <= max_digits <= 9, got "
+                             f"{self.min_digits}, {self.max_digits}")
+        if not self.ops or set(self.ops) - set("+-"):
+            raise ValueError(f"ops must be a non-empty subset of '+-', got {self.ops!r}")
+
+
+LEVELS = {
+    1: ArithConfig(operands=2, min_digits=1, max_digits=2, ops="+"),
+    2: ArithConfig(operands=2, min_digits=2, max_digits=2),
+    3: ArithConfig(operands=2, min_digits=3, max_digits=3),
+    4: ArithConfig(operands=3, min_digits=2, max_digits=2),
+    5: ArithConfig(operands=3, min_digits=3, max_digits=3),
+}
+
+
+def level(n: int) -> ArithConfig:
+    if n not in LEVELS:
+        raise ValueError(f"arith level must be one of {sorted(LEVELS)}, got {n}")
+    return LEVELS[n]
+
+
+def _number(rng: random.Random, cfg: ArithConfig) -> int:
+    d = rng.randint(cfg.min_digits, cfg.max_digits)
+    return rng.randint(0 if d == 1 else 10 ** (d - 1), 10**d - 1)
+
+
+def solve(nums: list[int], ops: list[str]) -> tuple[list[str], int]:
+    """(chain lines 'a+b=c', final value) of a left-to-right evaluation."""
+    value, lines = nums[0], []
+    for op, n in zip(ops, nums[1:]):
+        new = value + n if op == "+" else value - n
+        lines.append(f"{value}{op}{n}={new}")
+        value = new
+    return lines, value
+
+
+def sample(rng: random.Random, cfg: ArithConfig) -> tuple[str, Example]:
+    """One problem with non-negative running results: (key, example)."""
+    while True:
+        nums = [_number(rng, cfg) for _ in range(cfg.operands)]
+        ops = [rng.choice(cfg.ops) for _ in range(cfg.operands - 1)]
+        lines, value = solve(nums, ops)
+        if all(not ln.split("=")[1].startswith("-") for ln in lines):
+            break
+    expr = str(nums[0]) + "".join(f"{o}{n}" for o, n in zip(ops, nums[1:]))
+    chain = "".join(ln + "\n" for ln in lines) if len(lines) > 1 else ""
+    solution = f"{chain}{ANSWER_PREFIX}{value}"
+    return expr, Example("", expr + "=", str(value), solution, {"operands": cfg.operands})
+
+
+def task(level: int | None = 3, config: ArithConfig | None = None, seed: int = 0,
+         train_size: int = 100_000, test_size: int = 200, format_weight: float = 0.0) -> Task:
+    """The arith task at a preset `level`, or with an explicit `config` (which wins)."""
+    cfg = config or globals()["level"](level if level is not None else 3)
+
+    def draw(rng: random.Random) -> tuple[str, Example]:
+        return sample(rng, cfg)
+
+    return Task(
+        name="arith",
+        train=ProceduralSplit(draw, "train", seed, train_size),
+        test=ProceduralSplit(draw, "test", seed, test_size),
+        reward=gsm8k_reward("strict", format_weight),
+        demo=single_turn_demo,
+    )
