@@ -6,6 +6,7 @@
 | calc | multi-turn tool use, procedural | nothing (`level`, `seed`, ...) |
 | gsm8k | single-turn | `train_path`, `test_path` (HF jsonl/parquet) |
 | math | single-turn, boxed answers | `train_path`, `test_path` |
+| swe | multi-turn bug fixing in the sandbox | nothing (`level`, ...) or `train_dir`, `test_dir` |
 
 Task modules are imported on demand so that, e.g., math-verify (and sympy) load only for math.
 """
@@ -22,6 +23,7 @@ TASKS = {
     "calc": "locojax.envs.tasks.calc",
     "gsm8k": "locojax.envs.gsm8k",
     "math": "locojax.envs.math_boxed",
+    "swe": "locojax.envs.swe.workload",
 }
 
 
