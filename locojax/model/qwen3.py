@@ -18,6 +18,7 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from locojax.model.config import ModelConfig
 from locojax.model.params import Weights
@@ -30,14 +31,16 @@ _MASKED = -1e30  # finite, so a row with no visible key (a pad query) gives 0s, 
 class KVCache:
     """Keys and values of every layer in fixed slots; `index` is the next slot to write."""
 
-    k: jax.Array  # [L, B, S, K, H]
-    v: jax.Array  # [L, B, S, K, H]
+    # Slots are minor to kv heads so that decode attention reads each head's keys
+    # contiguously (on CPU about 2x faster than [L, B, S, K, H]).
+    k: jax.Array  # [L, B, K, S, H]
+    v: jax.Array  # [L, B, K, S, H]
     valid: jax.Array  # [B, S] bool: slot holds a real (non-pad) token
     index: jax.Array  # [] int32
 
     @classmethod
     def empty(cls, cfg: ModelConfig, batch: int, slots: int) -> "KVCache":
-        shape = (cfg.num_hidden_layers, batch, slots, cfg.num_key_value_heads, cfg.head_dim)
+        shape = (cfg.num_hidden_layers, batch, cfg.num_key_value_heads, slots, cfg.head_dim)
         return cls(
             k=jnp.zeros(shape, cfg.dtype), v=jnp.zeros(shape, cfg.dtype),
             valid=jnp.zeros((batch, slots), bool), index=jnp.zeros((), jnp.int32),
@@ -62,24 +65,49 @@ def rope(x, positions, theta):
     return (x.astype(jnp.float32) * jnp.cos(angles) + rotated * jnp.sin(angles)).astype(x.dtype)
 
 
-def attention(q, k, v, q_slots, kv_valid):
-    """Causal GQA over key slots. q: [B,T,N,H]; k, v: [B,S,K,H]; q_slots: [T]; kv_valid: [B,S]."""
+def attention(q, parts):
+    """GQA of q [B,T,N,H] under one softmax spanning several key/value blocks.
+
+    parts: (k [B,K,S,H], v [B,K,S,H], visible [B,T,S] bool) per block, e.g. the cached
+    slots and the new tokens. Only the small scores are concatenated, never the keys.
+    """
     b, t, n, h = q.shape
-    kv_heads = k.shape[2]
+    kv_heads = parts[0][0].shape[1]
     q = q.reshape(b, t, kv_heads, n // kv_heads, h)  # [B, T, K, G, H]
-    scores = jnp.einsum("btkgh,bskh->bkgts", q, k, preferred_element_type=jnp.float32)
-    scores = scores * (h ** -0.5)
-    slots = jnp.arange(k.shape[1])
-    visible = (slots[None, :] <= q_slots[:, None])[None] & kv_valid[:, None, :]  # [B, T, S]
-    scores = jnp.where(visible[:, None, None], scores, _MASKED)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    out = jnp.einsum("bkgts,bskh->btkgh", probs, v)
-    return out.reshape(b, t, n, h)  # [B, T, N, H]
+    if t == 1:
+        # Decode: a broadcast multiply-reduce reads the cache once; XLA:CPU runs it ~1.5x
+        # faster than B*K tiny batched matmuls (same math, f32 accumulation as below).
+        q1 = q[:, 0, :, :, None].astype(jnp.float32)  # [B, K, G, 1, H]
+
+        def score(k):  # [B, K, G, 1, S]
+            return jnp.sum(q1 * k[:, :, None].astype(jnp.float32), axis=-1)[:, :, :, None]
+
+        def mix(p, v):  # [B, 1, K, G, H]
+            return jnp.sum(p[:, :, :, 0, :, None] * v[:, :, None].astype(jnp.float32),
+                           axis=3)[:, None]
+    else:
+        def score(k):
+            return jnp.einsum("btkgh,bksh->bkgts", q, k, preferred_element_type=jnp.float32)
+
+        def mix(p, v):
+            return jnp.einsum("bkgts,bksh->btkgh", p.astype(v.dtype), v).astype(jnp.float32)
+
+    scores = [jnp.where(vis[:, None, None], score(k) * (h ** -0.5), _MASKED)  # [B, K, G, T, S]
+              for k, _, vis in parts]
+    probs = jax.nn.softmax(jnp.concatenate(scores, axis=-1), axis=-1)
+    bounds = np.cumsum([sc.shape[-1] for sc in scores])[:-1]
+    out = sum(mix(p, v) for p, (_, v, _) in zip(jnp.split(probs, bounds, axis=-1), parts))
+    return out.reshape(b, t, n, h).astype(q.dtype)  # [B, T, N, H]
 
 
-def _layer(cfg: ModelConfig, x, w, positions, q_slots, kv_valid, cache_kv=None, index=None):
-    """One decoder layer. With `cache_kv` (this layer's [B, S, K, H] slots), the new keys and
-    values are written at `index` and attention reads every slot; without, it reads these T."""
+def _layer(cfg: ModelConfig, x, w, positions, visible, cache_kv=None):
+    """One decoder layer; returns this layer's new keys/values [B, K, T, H].
+
+    visible: ([B, T, S] over the cached slots or None, [B, T, T] over these T tokens).
+    With `cache_kv` (this layer's cached [B, K, S, H] keys and values, read-only) attention
+    reads the S slots, then these T. The caller writes the new keys into the cache once,
+    after all layers: writing inside the layer loop made XLA copy the whole cache per layer.
+    """
     dt = cfg.dtype
     y = rms_norm(x, w["attn_norm"], cfg.rms_norm_eps)
     q = jnp.einsum("btd,dnh->btnh", y, w["wq"].astype(dt))
@@ -87,17 +115,18 @@ def _layer(cfg: ModelConfig, x, w, positions, q_slots, kv_valid, cache_kv=None, 
     v = jnp.einsum("btd,dkh->btkh", y, w["wv"].astype(dt))
     q = rope(rms_norm(q, w["q_norm"], cfg.rms_norm_eps), positions, cfg.rope_theta)
     k = rope(rms_norm(k, w["k_norm"], cfg.rms_norm_eps), positions, cfg.rope_theta)
+    new_kv = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [B, K, T, H]
+    parts = [(*new_kv, visible[1])]
     if cache_kv is not None:
-        k = jax.lax.dynamic_update_slice_in_dim(cache_kv[0], k.astype(cache_kv[0].dtype), index, 1)
-        v = jax.lax.dynamic_update_slice_in_dim(cache_kv[1], v.astype(cache_kv[1].dtype), index, 1)
-    attn = attention(q, k.astype(dt), v.astype(dt), q_slots, kv_valid)
+        parts.insert(0, (cache_kv[0].astype(dt), cache_kv[1].astype(dt), visible[0]))
+    attn = attention(q, parts)
     x = x + jnp.einsum("btnh,nhd->btd", attn, w["wo"].astype(dt))
 
     y = rms_norm(x, w["mlp_norm"], cfg.rms_norm_eps)
     gate = jnp.einsum("btd,df->btf", y, w["w_gate"].astype(dt))
     up = jnp.einsum("btd,df->btf", y, w["w_up"].astype(dt))
     x = x + jnp.einsum("btf,fd->btd", jax.nn.silu(gate) * up, w["w_down"].astype(dt))
-    return x, (k, v)
+    return x, new_kv
 
 
 def forward(
@@ -112,34 +141,35 @@ def forward(
 
     tokens, positions: [B, T] int. mask: [B, T] bool, False for padding (default all True).
     Without a cache, attention is causal over these T tokens; with one, the T tokens are
-    written at `cache.index` and attend to every valid slot up to their own.
+    written at `cache.index` and attend to every valid slot before it and to each other.
     """
     b, t = tokens.shape
     mask = jnp.ones((b, t), bool) if mask is None else mask
     x = jnp.take(weights["embed"], tokens, axis=0).astype(cfg.dtype)  # [B, T, D]
-    layer_ids = jnp.arange(cfg.num_hidden_layers)
+    causal = jnp.tril(jnp.ones((t, t), bool))[None] & mask[:, None, :]  # [B, T, T]
 
     if cache is None:
         # Training / scoring path: no cache in the scan carry, so autodiff through the scan
         # stores O(L) activations, not L copies of an [L, ...] cache.
-        q_slots = jnp.arange(t)
-
         def body(x, w):
-            return _layer(cfg, x, w, positions, q_slots, mask)[0], None
+            return _layer(cfg, x, w, positions, (None, causal))[0], None
 
         x, _ = jax.lax.scan(body, x, weights["layers"])
         return rms_norm(x, weights["final_norm"], cfg.rms_norm_eps), None
 
+    s = cache.k.shape[3]
+    before = (jnp.arange(s) < cache.index)[None] & cache.valid  # [B, S]: earlier valid slots
+    visible = (jnp.broadcast_to(before[:, None], (b, t, s)), causal)
+
+    def cached_body(x, layer):
+        w, k_i, v_i = layer
+        return _layer(cfg, x, w, positions, visible, (k_i, v_i))
+
+    x, (k_new, v_new) = jax.lax.scan(cached_body, x, (weights["layers"], cache.k, cache.v))
+    start = (0, 0, 0, cache.index, 0)  # new [L, B, K, T, H] at slot `index`, in place
+    ks = jax.lax.dynamic_update_slice(cache.k, k_new.astype(cache.k.dtype), start)
+    vs = jax.lax.dynamic_update_slice(cache.v, v_new.astype(cache.v.dtype), start)
     valid = jax.lax.dynamic_update_slice_in_dim(cache.valid, mask, cache.index, axis=1)
-    q_slots = cache.index + jnp.arange(t)
-
-    def cached_body(carry, layer):
-        x, ks, vs = carry
-        w, i = layer
-        x, (k_i, v_i) = _layer(cfg, x, w, positions, q_slots, valid, (ks[i], vs[i]), cache.index)
-        return (x, ks.at[i].set(k_i), vs.at[i].set(v_i)), None
-
-    (x, ks, vs), _ = jax.lax.scan(cached_body, (x, cache.k, cache.v), (weights["layers"], layer_ids))
     x = rms_norm(x, weights["final_norm"], cfg.rms_norm_eps)
     return x, KVCache(ks, vs, valid, cache.index + t)
 

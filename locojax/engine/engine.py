@@ -1,0 +1,288 @@
+"""Batched generation: one jitted prefill + `lax.while_loop` decode over a donated KV cache.
+
+The engine sees token ids only (DESIGN.md: "the engine knows nothing about tokenization").
+Every forward is `qwen3.forward`, the function the trainer differentiates, and the returned
+logprobs are those of the temperature-scaled policy, so sampler and trainer logprobs agree
+to f32 rounding (DESIGN.md, correctness contracts).
+
+Shapes are static per call: B prompts of P (left-padded) tokens, G samples per prompt,
+R = B·G rows, N = max_new_tokens, S = P + N - 1 cache slots (the last sampled token is
+never fed back, so it needs no slot). A left-padded prompt's positions start at 0 at its
+first real token; pad slots are marked invalid in the cache and never attended to.
+
+With `num_samples=G` (GRPO groups) each prompt is prefilled once and its cache repeated G
+times; rows are prompt-major (row r belongs to prompt r // G).
+
+References: jax-llm-examples `qwen3` (donated cache), gemma's sampler (state + while_loop),
+nanochat `engine.py` (prefill once, then clone the cache per sample).
+Departure: sampling uses one uniform per row (see `sampling.py`), not Gumbel-max.
+
+Legend: b prompts, r rows (b·G), p prompt length, n new tokens, s cache slots, v vocab.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+
+from locojax.engine.sampling import SamplingConfig, sample_with_logprobs
+from locojax.model import qwen3, sharding
+from locojax.model.config import ModelConfig
+from locojax.model.params import Weights
+
+log = logging.getLogger(__name__)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class Generation:
+    """What one `generate` call returns (rows prompt-major: row r is prompt r // G)."""
+
+    tokens: jax.Array  # [R, N] int32; pad_token_id after a row stopped
+    mask: jax.Array  # [R, N] bool; True for generated tokens, the stop token included
+    logprobs: jax.Array  # [R, N] f32; log π(token), π the τ-scaled untruncated policy; 0 on pad
+    lengths: jax.Array  # [R] int32; number of True in mask
+    steps: jax.Array  # [] int32; decode steps run after prefill (early exit makes it < N - 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Layout:
+    """Static description of how arrays are laid out on a mesh (hashable for jit)."""
+
+    mesh: Mesh
+    rules: tuple[tuple[str, object], ...]
+
+    def sharding(self, axes, shape) -> NamedSharding:
+        return NamedSharding(self.mesh, sharding.spec(axes, shape, self.mesh, dict(self.rules)))
+
+    def constrain(self, x, axes):
+        return jax.lax.with_sharding_constraint(x, self.sharding(axes, x.shape))
+
+
+_CACHE_AXES = ("layers", "batch", "kv_heads", None, "head_dim")
+
+
+def _constrain_cache(layout, cache: qwen3.KVCache) -> qwen3.KVCache:
+    if layout is None:
+        return cache
+    return qwen3.KVCache(
+        layout.constrain(cache.k, _CACHE_AXES), layout.constrain(cache.v, _CACHE_AXES),
+        layout.constrain(cache.valid, ("batch", None)), cache.index)
+
+
+@dataclasses.dataclass
+class _State:
+    """The while-loop carry: the cache plus O(R·N) bookkeeping."""
+
+    cache: qwen3.KVCache
+    last: jax.Array  # [R] int32, the token sampled at step - 1 (fed at this step)
+    tokens: jax.Array  # [R, N] int32
+    logprobs: jax.Array  # [R, N] f32
+    done: jax.Array  # [R] bool
+    step: jax.Array  # [] int32, tokens sampled so far
+
+
+jax.tree_util.register_dataclass(_State)
+
+
+def _finished(tok, count, cfg: SamplingConfig):
+    """[R] bool: a row is done after `count` tokens if the last one was a stop token
+    (and count ≥ min_new_tokens), or count reached N."""
+    out = jnp.full(tok.shape, count >= cfg.max_new_tokens)
+    if cfg.stop_token_ids and not cfg.ignore_eos:
+        is_stop = jnp.any(tok[:, None] == jnp.asarray(cfg.stop_token_ids, jnp.int32), axis=-1)
+        out |= is_stop & (count >= cfg.min_new_tokens)
+    return out
+
+
+def _generate(weights: Weights, prompt_tokens, prompt_mask, key, cache: qwen3.KVCache, *,
+              model_cfg: ModelConfig, sampling: SamplingConfig, num_samples: int,
+              layout: _Layout | None):
+    b, p = prompt_tokens.shape
+    g, n = num_samples, sampling.max_new_tokens
+    r, s = b * g, cache.k.shape[3]
+    log.info("compiling generate for shape prompts=%d x %d, samples=%d, new=%d, slots=%d, %s",
+             b, p, g, n, s, sampling)
+
+    # Prefill the B distinct prompts once into a P-slot cache.
+    mask = prompt_mask.astype(bool)
+    positions = jnp.maximum(jnp.cumsum(mask, axis=1) - 1, 0)  # [B, P]: 0 at first real token
+    prompt_len = jnp.sum(mask, axis=1, dtype=jnp.int32)  # [B]
+    hidden, pre = qwen3.forward(weights, prompt_tokens, positions, model_cfg, mask=mask,
+                                cache=qwen3.KVCache.empty(model_cfg, b, p))
+    logits = qwen3.logits(weights, hidden[:, -1:], model_cfg)[:, 0]  # [B, V]
+
+    def rows(x, axis=0):  # [B, ...] → [R, ...], prompt-major
+        return jnp.repeat(x, g, axis=axis) if g > 1 else x
+
+    # Copy each prompt's keys/values G times into the donated [L, R, S, K, H] buffer.
+    # Slots ≥ P keep stale values from the last call; `valid` hides them until written.
+    k = jax.lax.dynamic_update_slice_in_dim(cache.k, rows(pre.k, 1).astype(cache.k.dtype), 0, 3)
+    v = jax.lax.dynamic_update_slice_in_dim(cache.v, rows(pre.v, 1).astype(cache.v.dtype), 0, 3)
+    valid = jnp.zeros((r, s), bool).at[:, :p].set(rows(mask))
+    cache = _constrain_cache(layout, qwen3.KVCache(k, v, valid, jnp.asarray(p, jnp.int32)))
+
+    first, first_lp = sample_with_logprobs(rows(logits), jax.random.fold_in(key, 0), sampling)
+    pos0 = rows(prompt_len)  # [R]: position of generated token 0
+    pad = jnp.int32(sampling.pad_token_id)
+    state = _State(
+        cache=cache, last=first,
+        tokens=jnp.full((r, n), pad).at[:, 0].set(first),
+        logprobs=jnp.zeros((r, n), jnp.float32).at[:, 0].set(first_lp),
+        done=_finished(first, 1, sampling), step=jnp.asarray(1, jnp.int32),
+    )
+
+    def cond(st: _State):
+        return (st.step < n) & ~jnp.all(st.done)
+
+    def body(st: _State):
+        # Feed token step-1 at slot P+step-1, sample token `step`.
+        pos = (pos0 + st.step - 1)[:, None]  # [R, 1]
+        hidden, cache = qwen3.forward(weights, st.last[:, None], pos, model_cfg, cache=st.cache)
+        logits = qwen3.logits(weights, hidden, model_cfg)[:, 0]  # [R, V]
+        tok, lp = sample_with_logprobs(logits, jax.random.fold_in(key, st.step), sampling)
+        live = ~st.done
+        tokens = jax.lax.dynamic_update_slice_in_dim(
+            st.tokens, jnp.where(live, tok, pad)[:, None], st.step, 1)
+        logprobs = jax.lax.dynamic_update_slice_in_dim(
+            st.logprobs, jnp.where(live, lp, 0.0)[:, None], st.step, 1)
+        done = st.done | _finished(tok, st.step + 1, sampling)
+        return _State(_constrain_cache(layout, cache), tok, tokens, logprobs, done, st.step + 1)
+
+    state = jax.lax.while_loop(cond, body, state)
+    # A row's mask: every position up to and including its stop (its first `length` tokens).
+    length = _lengths(state.tokens, sampling)
+    out_mask = jnp.arange(n)[None, :] < length[:, None]
+    out = Generation(
+        tokens=jnp.where(out_mask, state.tokens, pad), mask=out_mask,
+        logprobs=jnp.where(out_mask, state.logprobs, 0.0), lengths=length,
+        steps=state.step - 1,
+    )
+    return out, state.cache
+
+
+def _lengths(tokens, cfg: SamplingConfig):
+    """[R] int32: index of the first counting stop token + 1, else N."""
+    n = tokens.shape[1]
+    if not cfg.stop_token_ids or cfg.ignore_eos:
+        return jnp.full(tokens.shape[:1], n, jnp.int32)
+    count = jnp.arange(1, n + 1)[None, :]
+    is_stop = jnp.any(tokens[..., None] == jnp.asarray(cfg.stop_token_ids, jnp.int32), axis=-1)
+    stops = is_stop & (count >= cfg.min_new_tokens)  # [R, N]
+    return jnp.where(jnp.any(stops, axis=1), jnp.argmax(stops, axis=1) + 1, n).astype(jnp.int32)
+
+
+generate_jit = jax.jit(
+    _generate, static_argnames=("model_cfg", "sampling", "num_samples", "layout"),
+    donate_argnames=("cache",),
+)
+"""The one jit boundary: static configs, the cache donated in and handed back."""
+
+
+def pad_prompts(prompts: Sequence[Sequence[int]], pad_id: int = 0, length: int | None = None):
+    """Left-pad id lists to [B, P] numpy (tokens int32, mask bool); P = longest or `length`."""
+    if not prompts:
+        raise ValueError("no prompts given")
+    longest = max(len(x) for x in prompts)
+    p = longest if length is None else length
+    if p < longest:
+        raise ValueError(f"prompt of {longest} tokens does not fit length={length}")
+    tokens = np.full((len(prompts), p), pad_id, np.int32)
+    mask = np.zeros((len(prompts), p), bool)
+    for i, ids in enumerate(prompts):
+        if len(ids):
+            tokens[i, p - len(ids):] = np.asarray(ids, np.int32)
+            mask[i, p - len(ids):] = True
+    return tokens, mask
+
+
+def check_prompts(tokens: np.ndarray, mask: np.ndarray, vocab_size: int) -> None:
+    """Raise ValueError naming the first row that is empty, not left-padded, or out of vocab."""
+    if tokens.ndim != 2 or tokens.shape != mask.shape:
+        raise ValueError(
+            f"prompt_tokens {tokens.shape} and prompt_mask {mask.shape} must both be [B, P]")
+    for i in range(tokens.shape[0]):
+        m = mask[i]
+        if not m.any():
+            raise ValueError(f"prompt row {i} has no real token")
+        if not m[np.argmax(m):].all():
+            raise ValueError(f"prompt row {i} is not left-padded (mask {m.astype(int).tolist()})")
+        bad = (tokens[i] < 0) | (tokens[i] >= vocab_size)
+        if (bad & m).any():
+            raise ValueError(f"prompt row {i} has token id {int(tokens[i][bad & m][0])} outside "
+                             f"[0, {vocab_size})")
+
+
+class Engine:
+    """Holds the KV-cache buffer across calls and the layout; `generate` is the entry point.
+
+    mesh/rules: optional `jax.sharding.Mesh` and a rules table from `locojax.model.sharding`
+    (default ROLLOUT_REPLICATED: batch over `data`, weights replicated) to run one SPMD
+    generate over several local devices.
+    """
+
+    def __init__(self, model_cfg: ModelConfig, mesh: Mesh | None = None,
+                 rules: sharding.Rules | None = None):
+        self.model_cfg = model_cfg
+        rules = sharding.ROLLOUT_REPLICATED if rules is None else rules
+        self.layout = None if mesh is None else _Layout(mesh, tuple(sorted(rules.items())))
+        self._weight_shardings = (None if mesh is None
+                                  else sharding.weight_shardings(model_cfg, mesh, rules))
+        self._cache: qwen3.KVCache | None = None
+
+    def place_weights(self, weights: Weights) -> Weights:
+        """Weights laid out for this engine's mesh (a no-op without one)."""
+        if self._weight_shardings is None:
+            return weights
+        return jax.device_put(weights, self._weight_shardings)
+
+    def _buffer(self, rows: int, slots: int) -> qwen3.KVCache:
+        c = self._cache
+        self._cache = None  # donated below: never touch it again
+        cfg = self.model_cfg
+        if c is None or (c.k.shape[1], c.k.shape[3]) != (rows, slots):
+            c = qwen3.KVCache.empty(cfg, rows, slots)
+            if self.layout is not None:
+                c = jax.device_put(c, qwen3.KVCache(
+                    self.layout.sharding(_CACHE_AXES, c.k.shape),
+                    self.layout.sharding(_CACHE_AXES, c.v.shape),
+                    self.layout.sharding(("batch", None), c.valid.shape),
+                    self.layout.sharding((), ())))
+        return c
+
+    def generate(self, weights: Weights, prompts, key: jax.Array, sampling: SamplingConfig,
+                 num_samples: int = 1, prompt_mask=None) -> Generation:
+        """Sample `num_samples` completions per prompt.
+
+        prompts: a list of id lists (left-padded here), or [B, P] ids with `prompt_mask`
+        [B, P] (True on real tokens, left-padded). key: one PRNG key; step t draws with
+        `fold_in(key, t)`, so a fixed key gives a fixed output.
+        """
+        if num_samples < 1:
+            raise ValueError(f"num_samples={num_samples} must be >= 1")
+        sampling.validate_vocab(self.model_cfg.vocab_size)
+        if prompt_mask is None:
+            if isinstance(prompts, (np.ndarray, jax.Array)):
+                tokens = np.asarray(prompts, np.int32)
+                mask = np.ones(tokens.shape, bool)
+            else:
+                tokens, mask = pad_prompts(prompts, sampling.pad_token_id)
+        else:
+            tokens, mask = np.asarray(prompts, np.int32), np.asarray(prompt_mask, bool)
+        check_prompts(tokens, mask, self.model_cfg.vocab_size)
+        b, p = tokens.shape
+        cache = self._buffer(b * num_samples, p + sampling.max_new_tokens - 1)
+        if self.layout is not None:
+            weights = self.place_weights(weights)
+            tokens, mask = (jax.device_put(x, self.layout.sharding(("batch", None), x.shape))
+                            for x in (tokens, mask))
+        out, self._cache = generate_jit(
+            weights, tokens, mask, key, cache, model_cfg=self.model_cfg, sampling=sampling,
+            num_samples=num_samples, layout=self.layout)
+        return out

@@ -1,0 +1,249 @@
+"""The generation engine against a full forward and against HF transformers `generate`.
+
+Checked: greedy tokens reproduce under a full (uncached) forward at every position; greedy
+equals HF `generate(do_sample=False)` token for token on a left-padded batch (tied and
+untied); returned logprobs equal the trainer's `token_logprobs` over prompt+completion,
+also with temperature and top-k/top-p on and with G samples per prompt; stopping per
+row, early loop exit, ignore_eos and min_new_tokens; determinism per key; the donated
+cache; SPMD over a 4-device mesh equals one device; bad prompts raise.
+"""
+
+import logging
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+
+from locojax.engine.engine import Engine, generate_jit, pad_prompts
+from locojax.engine.sampling import SamplingConfig
+from locojax.model import qwen3
+from locojax.model.sharding import make_mesh
+from tests.hf_reference import paired, tiny_cfg
+
+LENGTHS = [7, 3, 5, 1]  # a left-padded batch of different lengths
+N = 8
+
+
+def _prompts(vocab, seed=0, lengths=LENGTHS):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(1, vocab, n).tolist() for n in lengths]
+
+
+@pytest.fixture(scope="module")
+def tied():
+    cfg = tiny_cfg()
+    model, w = paired(cfg, seed=1)
+    return cfg, model, w
+
+
+def _full_forward(w, cfg, prompts, out, num_samples=1):
+    """(logits [R, N, V], completion logprobs under τ) from one uncached forward over
+    prompt + completion: what the trainer computes."""
+    tokens, mask = pad_prompts(prompts)
+    tokens, mask = np.repeat(tokens, num_samples, 0), np.repeat(mask, num_samples, 0)
+    p = tokens.shape[1]
+    seq = np.concatenate([tokens, np.asarray(out.tokens)], axis=1)
+    seq_mask = np.concatenate([mask, np.asarray(out.mask)], axis=1)
+    positions = np.maximum(np.cumsum(seq_mask, axis=1) - 1, 0)
+    hidden, _ = qwen3.forward(w, jnp.asarray(seq), jnp.asarray(positions), cfg,
+                              mask=jnp.asarray(seq_mask))
+    hidden = hidden[:, p - 1:-1]  # the state that predicts each completion token
+    return hidden, qwen3.logits(w, hidden, cfg)
+
+
+def test_greedy_reproduces_under_a_full_forward(tied):
+    """Incremental (cached) decode equals a full forward at every generated position."""
+    cfg, _, w = tied
+    prompts = _prompts(cfg.vocab_size)
+    out = Engine(cfg).generate(w, prompts, jax.random.key(0),
+                               SamplingConfig(max_new_tokens=N, temperature=0.0))
+    assert out.tokens.shape == (4, N) and out.mask.all() and (np.asarray(out.lengths) == N).all()
+    hidden, logits = _full_forward(w, cfg, prompts, out)
+    np.testing.assert_array_equal(np.argmax(np.asarray(logits), -1), np.asarray(out.tokens))
+    ref, _ = qwen3.token_logprobs(w, hidden, out.tokens, cfg)
+    np.testing.assert_allclose(np.asarray(out.logprobs), np.asarray(ref), atol=1e-5, rtol=0)
+
+
+def _hf_greedy(model, prompts, n):
+    tokens, mask = pad_prompts(prompts)
+    with torch.no_grad():
+        out = model.generate(
+            input_ids=torch.as_tensor(tokens, dtype=torch.long),
+            attention_mask=torch.as_tensor(mask, dtype=torch.long),
+            do_sample=False, max_new_tokens=n, min_new_tokens=n, eos_token_id=None,
+            pad_token_id=0, top_k=None, top_p=None, temperature=None)
+    return out[:, tokens.shape[1]:].numpy()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tie", [True, False])
+def test_greedy_equals_hf_generate(tie):
+    cfg = tiny_cfg(tie_word_embeddings=tie)
+    model, w = paired(cfg, seed=2)
+    prompts = _prompts(cfg.vocab_size, seed=4)
+    ours = Engine(cfg).generate(w, prompts, jax.random.key(0),
+                                SamplingConfig(max_new_tokens=12, temperature=0.0))
+    ref = _hf_greedy(model, prompts, 12)
+    assert ref.shape == (4, 12)
+    np.testing.assert_array_equal(np.asarray(ours.tokens), ref)
+
+
+@pytest.mark.parametrize("sampling", [
+    SamplingConfig(max_new_tokens=N, temperature=1.0, stop_token_ids=(5, 9)),
+    pytest.param(SamplingConfig(max_new_tokens=N, temperature=0.7), marks=pytest.mark.slow),
+    SamplingConfig(max_new_tokens=N, temperature=1.5, top_k=20, top_p=0.9),
+], ids=["t1-stop", "t0.7", "t1.5-topk-topp"])
+def test_logprobs_equal_the_trainers_recomputation(tied, sampling):
+    cfg, _, w = tied
+    prompts = _prompts(cfg.vocab_size, seed=5)
+    out = Engine(cfg).generate(w, prompts, jax.random.key(3), sampling, num_samples=3)
+    assert out.tokens.shape == (12, N)
+    hidden, _ = _full_forward(w, cfg, prompts, out, num_samples=3)
+    ref, _ = qwen3.token_logprobs(w, hidden, out.tokens, cfg, temperature=sampling.temperature)
+    m = np.asarray(out.mask)
+    np.testing.assert_allclose(np.asarray(out.logprobs)[m], np.asarray(ref)[m], atol=1e-5, rtol=0)
+    assert (np.asarray(out.logprobs)[~m] == 0).all()
+    assert np.asarray(out.logprobs)[m].max() < 0
+
+
+def test_top_k_1_equals_greedy_and_samples_are_per_key(tied):
+    cfg, _, w = tied
+    prompts = _prompts(cfg.vocab_size, seed=6)
+    eng = Engine(cfg)
+    greedy = eng.generate(w, prompts, jax.random.key(0), SamplingConfig(max_new_tokens=N,
+                                                                        temperature=0.0))
+    top1 = eng.generate(w, prompts, jax.random.key(1), SamplingConfig(max_new_tokens=N,
+                                                                      top_k=1))
+    np.testing.assert_array_equal(np.asarray(top1.tokens), np.asarray(greedy.tokens))
+    cfg_t = SamplingConfig(max_new_tokens=N, temperature=1.0)
+    a, b, c = (eng.generate(w, prompts, jax.random.key(k), cfg_t, num_samples=2)
+               for k in (7, 7, 8))
+    np.testing.assert_array_equal(np.asarray(a.tokens), np.asarray(b.tokens))
+    np.testing.assert_array_equal(np.asarray(a.logprobs), np.asarray(b.logprobs))
+    assert (np.asarray(a.tokens) != np.asarray(c.tokens)).any()
+    # The two samples of a prompt share the prefill but draw differently.
+    t = np.asarray(a.tokens)
+    assert all((t[2 * i] != t[2 * i + 1]).any() for i in range(4))
+
+
+def test_num_samples_rows_are_prompt_major(tied):
+    cfg, _, w = tied
+    prompts = _prompts(cfg.vocab_size, seed=7)
+    greedy = SamplingConfig(max_new_tokens=N, temperature=0.0)
+    eng = Engine(cfg)
+    one = np.asarray(eng.generate(w, prompts, jax.random.key(0), greedy).tokens)
+    three = np.asarray(eng.generate(w, prompts, jax.random.key(0), greedy, num_samples=3).tokens)
+    np.testing.assert_array_equal(three, np.repeat(one, 3, axis=0))
+
+
+def test_stop_tokens_end_only_their_row(tied):
+    cfg, _, w = tied
+    prompts = _prompts(cfg.vocab_size, seed=8)
+    eng = Engine(cfg)
+    free = np.asarray(eng.generate(w, prompts, jax.random.key(0),
+                                   SamplingConfig(max_new_tokens=N, temperature=0.0)).tokens)
+    stop = int(free[0, 2])  # row 0 generates it at step ≤ 2; other rows maybe never
+
+    def expected_length(row, min_new=0):
+        hits = [i for i in range(N) if row[i] == stop and i + 1 >= min_new]
+        return hits[0] + 1 if hits else N
+
+    out = eng.generate(w, prompts, jax.random.key(0), SamplingConfig(
+        max_new_tokens=N, temperature=0.0, stop_token_ids=(stop,), pad_token_id=1))
+    lengths = np.asarray(out.lengths)
+    np.testing.assert_array_equal(lengths, [expected_length(r) for r in free])
+    assert lengths[0] <= 3
+    assert out.steps == lengths.max() - 1  # the loop ran until the last row stopped
+    for r in range(4):
+        n = lengths[r]
+        np.testing.assert_array_equal(np.asarray(out.tokens)[r, :n], free[r, :n])
+        assert (np.asarray(out.tokens)[r, n:] == 1).all()  # pad after the stop
+        np.testing.assert_array_equal(np.asarray(out.mask)[r], np.arange(N) < n)
+
+    # min_new_tokens: an early stop token counts as an ordinary token.
+    out = eng.generate(w, prompts, jax.random.key(0), SamplingConfig(
+        max_new_tokens=N, temperature=0.0, stop_token_ids=(stop,), min_new_tokens=lengths[0] + 1))
+    np.testing.assert_array_equal(np.asarray(out.lengths),
+                                  [expected_length(r, lengths[0] + 1) for r in free])
+    # ignore_eos: exact work, identical tokens.
+    out = eng.generate(w, prompts, jax.random.key(0), SamplingConfig(
+        max_new_tokens=N, temperature=0.0, stop_token_ids=(stop,), ignore_eos=True))
+    np.testing.assert_array_equal(np.asarray(out.tokens), free)
+    assert out.steps == N - 1 and np.asarray(out.mask).all()
+
+
+def test_loop_exits_early_when_every_row_stopped(tied):
+    cfg, _, w = tied
+    prompts = _prompts(cfg.vocab_size, seed=9)
+    eng = Engine(cfg)
+    free = np.asarray(eng.generate(w, prompts, jax.random.key(0),
+                                   SamplingConfig(max_new_tokens=N, temperature=0.0)).tokens)
+    stops = tuple(sorted({int(t) for t in free[:, 1]}))  # every row stops by its 2nd token
+    out = eng.generate(w, prompts, jax.random.key(0), SamplingConfig(
+        max_new_tokens=N, temperature=0.0, stop_token_ids=stops))
+    assert np.asarray(out.lengths).max() <= 2
+    assert int(out.steps) == np.asarray(out.lengths).max() - 1 < N - 1
+    assert not np.asarray(out.mask)[:, 2:].any()
+
+
+def test_cache_is_donated_and_reused_and_compiles_once(tied, caplog):
+    cfg, _, w = tied
+    eng = Engine(cfg)
+    sampling = SamplingConfig(max_new_tokens=5, temperature=0.0)
+    prompts = _prompts(cfg.vocab_size, seed=10, lengths=[4, 2])
+    with caplog.at_level(logging.INFO, logger="locojax.engine.engine"):
+        first = eng.generate(w, prompts, jax.random.key(0), sampling)
+        buf = eng._cache
+        assert buf.k.shape == (cfg.num_hidden_layers, 2, cfg.num_key_value_heads, 4 + 5 - 1,
+                               cfg.head_dim)
+        second = eng.generate(w, prompts, jax.random.key(0), sampling)
+    assert buf.k.is_deleted()  # donated into the second call, which handed back a new one
+    assert not eng._cache.k.is_deleted()
+    np.testing.assert_array_equal(np.asarray(first.tokens), np.asarray(second.tokens))
+    compiles = [r for r in caplog.records if "compiling generate" in r.getMessage()]
+    assert len(compiles) <= 1  # 0 if an earlier test compiled this exact shape
+
+
+@pytest.mark.slow
+def test_sharded_over_four_devices_equals_one_device(tied):
+    """Batch over `data` (ROLLOUT_REPLICATED): same tokens, logprobs; output is sharded."""
+    cfg, _, w = tied
+    prompts = _prompts(cfg.vocab_size, seed=11)
+    sampling = SamplingConfig(max_new_tokens=N, temperature=1.0, stop_token_ids=(5,))
+    single = Engine(cfg).generate(w, prompts, jax.random.key(4), sampling, num_samples=2)
+    mesh = make_mesh({"data": 4}, jax.devices()[:4])
+    eng = Engine(cfg, mesh=mesh)
+    multi = eng.generate(w, prompts, jax.random.key(4), sampling, num_samples=2)
+    np.testing.assert_array_equal(np.asarray(multi.tokens), np.asarray(single.tokens))
+    np.testing.assert_allclose(np.asarray(multi.logprobs), np.asarray(single.logprobs),
+                               atol=1e-5)
+    assert len(multi.tokens.sharding.device_set) == 4
+    assert multi.tokens.sharding.spec[0] == "data"
+    assert eng._cache.k.sharding.spec[1] == "data"
+
+
+@pytest.mark.parametrize("tokens, mask, match", [
+    ([[1, 2, 3], [4, 5, 6]], [[1, 1, 1], [0, 0, 0]], "row 1 has no real token"),
+    ([[1, 2, 3], [4, 5, 6]], [[1, 1, 1], [1, 1, 0]], "row 1 is not left-padded"),
+    ([[1, 2, 3], [4, 5, 999]], [[1, 1, 1], [1, 1, 1]], "row 1 has token id 999"),
+])
+def test_bad_prompts_raise(tied, tokens, mask, match):
+    cfg, _, w = tied
+    with pytest.raises(ValueError, match=match):
+        Engine(cfg).generate(w, np.asarray(tokens), jax.random.key(0),
+                             SamplingConfig(max_new_tokens=2), prompt_mask=np.asarray(mask))
+
+
+def test_bad_call_arguments_raise(tied):
+    cfg, _, w = tied
+    eng = Engine(cfg)
+    with pytest.raises(ValueError, match="num_samples"):
+        eng.generate(w, [[1, 2]], jax.random.key(0), SamplingConfig(), num_samples=0)
+    with pytest.raises(ValueError, match="stop_token_ids"):
+        eng.generate(w, [[1, 2]], jax.random.key(0),
+                     SamplingConfig(stop_token_ids=(cfg.vocab_size,)))
+    with pytest.raises(ValueError, match="no prompts"):
+        eng.generate(w, [], jax.random.key(0), SamplingConfig())
+    assert callable(generate_jit)
