@@ -1,6 +1,7 @@
 """Safe reward execution: errors and timeouts score 0, are counted, and never stop the caller."""
 
 import functools
+import os
 import threading
 import time
 
@@ -30,6 +31,12 @@ def hang(completion, example):
 
 def sleepy(completion, example, seconds=30.0):
     time.sleep(seconds)
+    return 1.0
+
+
+def crash(completion, example):
+    if completion == "crash":
+        os._exit(3)  # takes the worker process down with it
     return 1.0
 
 
@@ -126,3 +133,14 @@ def test_bad_config_and_shapes():
         RewardRunner(RewardConfig(timeout_s=0))
     with pytest.raises(ValueError, match="2 completions but 1 examples"):
         RewardRunner().score_batch(exact, ["a", "b"], [EX])
+
+
+@pytest.mark.slow
+def test_process_worker_crash_and_unpicklable_example():
+    bad = Example("e1", "p", "2", meta={"lock": threading.Lock()})
+    with RewardRunner(RewardConfig(timeout_s=5.0, isolation="process", workers=1)) as run:
+        scores = run.score_batch(crash, ["ok", "crash", "ok"], [EX, EX, EX])
+        np.testing.assert_array_equal(scores.total, [1, 0, 1])
+        np.testing.assert_array_equal(run.score_batch(crash, ["ok", "ok"], [bad, EX]).total, [0, 1])
+        m = run.metrics()
+        assert m["reward/errors"] == 2 and m["reward/timeouts"] == 0

@@ -286,18 +286,33 @@ class RewardRunner:
                 w.deadline = now + self.config.load_timeout_s
         while any(r is None for r in results):
             now = time.monotonic()
-            for i, w in enumerate(self._workers):
-                if w.ready and w.task is None and todo:
-                    if key not in w.loaded:
-                        w.conn.send(("load", key, blob))
-                        w.task, w.deadline = -1, now + self.config.load_timeout_s
-                    else:
-                        j = todo.pop()
-                        w.conn.send(("score", key, completions[j], examples[j]))
-                        w.task, w.deadline = j, now + self.config.timeout_s
+            for w in list(self._workers):
+                if not (w.ready and w.task is None and todo):
+                    continue
+                if key not in w.loaded:
+                    msg, task, deadline = ("load", key, blob), -1, self.config.load_timeout_s
+                else:
+                    j = todo.pop()
+                    msg, task, deadline = ("score", key, completions[j], examples[j]), j, \
+                        self.config.timeout_s
+                try:
+                    data = pickle.dumps(msg)
+                except Exception as e:  # noqa: BLE001 - an example the worker cannot receive
+                    results[task] = _Outcome(0.0, "error", f"cannot pickle the example: {e}")
+                    continue
+                try:
+                    w.conn.send_bytes(data)
+                except OSError:  # died while idle: retry the item elsewhere
+                    if task >= 0:
+                        todo.append(task)
+                    self._replace(w)
+                    continue
+                w.task, w.deadline = task, now + deadline
             busy = [w for w in self._workers if not w.ready or w.task is not None]
-            if not busy:  # nothing dispatchable yet nothing running: cannot happen
-                raise RuntimeError("reward worker pool stalled")
+            if not busy:
+                if not todo:  # nothing left to send and nothing running: cannot happen
+                    raise RuntimeError("reward worker pool stalled")
+                continue  # every item just sent failed to pickle: dispatch the next ones
             timeout = max(0.0, min(w.deadline for w in busy) - time.monotonic())
             ready_conns = wait([w.conn for w in busy], timeout=timeout)
             for w in list(busy):
@@ -339,8 +354,8 @@ class RewardRunner:
         if kind == "load_error" or (task == -1 and kind != "timeout"):
             raise RuntimeError(f"reward worker could not load the reward function: {msg[1:]}")
         if not w.ready or task == -1:
-            raise RuntimeError(
-                f"reward worker did not start within {self.config.load_timeout_s}s ({msg})")
+            raise RuntimeError(f"reward worker failed to start or load within "
+                               f"{self.config.load_timeout_s}s: {msg}")
         self._replace(w)
         if kind == "timeout":
             results[task] = _Outcome(0.0, "timeout", f"exceeded {self.config.timeout_s}s")
