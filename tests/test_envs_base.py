@@ -3,8 +3,8 @@
 import pytest
 
 from locojax.envs.base import (
-    Example, MultiTurnEnv, ToolEnv, combine_rewards, format_result, format_tool_call,
-    parse_tool_call, truncate_to_tool_call,
+    Demo, Example, MultiTurnEnv, Segment, SingleTurnEnv, Task, ToolEnv, combine_rewards,
+    format_result, format_tool_call, parse_tool_call, single_turn_demo, truncate_to_tool_call,
 )
 
 
@@ -23,7 +23,8 @@ def test_parse_tool_call_forms():
 def test_format_roundtrip_and_truncation():
     for name, args in [("calc", "12+30"), ("view", "src/x.py"), ("submit", "")]:
         assert parse_tool_call(format_tool_call(name, args)) == (name, args)
-    assert truncate_to_tool_call("<tool>calc 1+2</tool><result>3</result>") == "<tool>calc 1+2</tool>"
+    call = "<tool>calc 1+2</tool>"
+    assert truncate_to_tool_call(call + "<result>3</result>") == call
     assert truncate_to_tool_call("#### 3") == "#### 3"
     assert format_result("7") == "<result>7</result>\n"
     long = "a" * 50 + "b" * 50
@@ -71,3 +72,29 @@ def test_tool_env_episode():
     assert env.step("#### 13").reward == 0.0
     with pytest.raises(RuntimeError, match="before reset"):
         ToolEnv({}, lambda c, e: 0.0).step("x")
+
+
+def test_task_is_a_single_turn_env_with_demos():
+    exs = [Example(f"e{i}", f"{i}+1=", str(i + 1), f"#### {i + 1}") for i in range(3)]
+
+    def correct(c, e):
+        return float(c == e.solution)
+
+    def brief(c, e):
+        return float(len(c) <= 6)
+
+    t = Task("t", exs, exs[:1], combine_rewards([(correct, 1.0), (brief, 0.25)]),
+             demo=single_turn_demo)
+    assert isinstance(t, SingleTurnEnv) and not t.multi_turn
+    assert t.prompt(exs[0]) == "0+1="
+    assert t.score("#### 1", exs[0]) == (1.25, {"reward/correct": 1.0, "reward/brief": 1.0})
+    assert t.score("#### 22", exs[0]) == (0.0, {"reward/correct": 0.0, "reward/brief": 0.0})
+    assert t.demos("train", n=2) == [Demo("0+1=", (Segment("#### 1", True),)),
+                                     Demo("1+1=", (Segment("#### 2", True),))]
+    assert len(t.demos("test")) == 1 and t.demos()[2].completion == "#### 3"
+    with pytest.raises(ValueError, match="split"):
+        t.demos("val")
+    with pytest.raises(ValueError, match="no demonstration"):
+        Task("t", exs, exs, correct).demos()
+    with pytest.raises(ValueError, match="no solution"):
+        single_turn_demo(Example("x", "p", "1"))

@@ -80,7 +80,8 @@ def test_normalize_number(raw, norm):
 def test_templates_and_format_reward():
     assert gsm8k.make_prompt(" 2+2? ") == "Question: 2+2?\nAnswer:"
     (msg,) = gsm8k.make_prompt("2+2?", "qwen")
-    assert msg["role"] == "user" and msg["content"].startswith("2+2?\n") and "####" in msg["content"]
+    assert msg["role"] == "user" and msg["content"].startswith("2+2?\n")
+    assert "####" in msg["content"]
     r = gsm8k.reward("strict", format_weight=0.5)
     assert r("so\n#### 18", EX) == 1.5 and r("#### 18 is it", EX) == 1.0
     assert r("#### 3", EX) == 0.5

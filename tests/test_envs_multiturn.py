@@ -7,6 +7,7 @@ import pytest
 
 from locojax.envs.base import Example, Step, ToolEnv
 from locojax.envs.gsm8k import correct_strict
+from locojax.envs.rewards import RewardConfig, RewardRunner
 from locojax.envs.multiturn import Generation, episode_metrics, run_episodes
 from locojax.envs.tasks import calc
 
@@ -127,3 +128,17 @@ def test_bad_policy_and_arguments():
     assert run_episodes(lambda ps: ps, env, [], 2) == []
     _, ids, mask = run_episodes(lambda ps: ["#### 1"], env, [ex], 1)[0].tokenize(encode)
     assert ids.dtype == np.int32 and mask.tolist() == [1] * 6
+
+
+def test_final_reward_through_a_runner_is_guarded():
+    def broken(completion, example):
+        raise KeyError("oops")
+
+    runner = RewardRunner(RewardConfig(timeout_s=2.0))
+    ex = calc.task(level=1).test[0]
+    env = lambda: ToolEnv({"calc": calc.calculator}, broken, score=runner.score)  # noqa: E731
+    (ep,) = run_episodes(oracle, env, [ex], max_turns=3)
+    assert ep.done and ep.reward == 0.0 and not ep.error  # scored 0, the episode still ended
+    assert runner.metrics()["reward/errors"] == 1
+    (ep,) = run_episodes(oracle, lambda: calc.make_env(score=runner.score), [ex], 3)
+    assert ep.reward == 1.0 and runner.metrics()["reward/calls"] == 1

@@ -89,7 +89,8 @@ def test_calc_demos(level):
     ("1/0", "error: division by zero"), ("2**10", "error: unsupported syntax: BinOp"),
     ("__import__('os').system('x')", "error: unsupported syntax: Call"),
     ("9" * 10 + "*" + "9" * 10, "error: result too large"), ("", "error: empty expression"),
-    ("1+", "error: cannot parse expression"), ("1" * 101, "error: expression longer than 100 chars"),
+    ("1+", "error: cannot parse expression"),
+    ("1" * 101, "error: expression longer than 100 chars"),
 ])
 def test_calculator_is_safe_and_exact(expr, out):
     assert calc.calculator(expr) == out
@@ -99,7 +100,8 @@ def test_registry():
     assert task_names() == ["arith", "calc", "gsm8k", "math", "swe"]
     assert make_task("arith", level=1).name == "arith"
     assert make_task("calc").multi_turn and not make_task("arith").multi_turn
-    with pytest.raises(ValueError, match="unknown task 'gsm9k'; valid tasks: arith, calc, gsm8k, math, swe"):
+    with pytest.raises(ValueError,
+                       match="unknown task 'gsm9k'; valid tasks: arith, calc, gsm8k, math, swe"):
         make_task("gsm9k")
     with pytest.raises(TypeError, match=r"unknown option\(s\) \['lvl'\]; valid options: level"):
         make_task("arith", lvl=2)

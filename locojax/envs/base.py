@@ -109,6 +109,8 @@ class SingleTurnEnv(Protocol):
         ...
 
     def score(self, completion: str, example: Example) -> tuple[float, dict[str, float]]:
+        """Unguarded: a raising reward raises here. The trainer scores through
+        `rewards.RewardRunner`, which adds deadlines and error counting."""
         """(reward, info); info holds per-part rewards and other per-sample numbers."""
         ...
 
@@ -303,6 +305,8 @@ class Task:
         return example.prompt
 
     def score(self, completion: str, example: Example) -> tuple[float, dict[str, float]]:
+        """Unguarded: a raising reward raises here. The trainer scores through
+        `rewards.RewardRunner`, which adds deadlines and error counting."""
         if isinstance(self.reward, CombinedReward):
             info = {f"reward/{n}": float(fn(completion, example)) for n, fn, _ in self.reward.parts}
             total = sum(w * info[f"reward/{n}"] for n, _, w in self.reward.parts)

@@ -26,10 +26,12 @@ from __future__ import annotations
 import ast
 import operator
 import random
+from collections.abc import Callable
 from decimal import Decimal
 
 from locojax.envs.base import (
-    ANSWER_PREFIX, Demo, Example, Segment, Task, ToolEnv, format_result, format_tool_call,
+    ANSWER_PREFIX, Demo, Example, Reward, Segment, Task, ToolEnv, format_result,
+    format_tool_call,
 )
 from locojax.envs.gsm8k import correct_strict
 from locojax.envs.tasks.procedural import ProceduralSplit
@@ -103,9 +105,12 @@ def demo(example: Example) -> Demo:
     ))
 
 
-def make_env() -> ToolEnv:
-    """One episode: the calculator tool, at most two calls, final turn scored `#### N`."""
-    return ToolEnv({"calc": calculator}, correct_strict, max_tool_calls=2)
+def make_env(score: Callable[[Reward, str, Example], float] | None = None) -> ToolEnv:
+    """One episode: the calculator tool, at most two calls, final turn scored `#### N`.
+
+    Pass `score=runner.score` (a `RewardRunner`) to guard the final reward with a deadline.
+    """
+    return ToolEnv({"calc": calculator}, correct_strict, max_tool_calls=2, score=score)
 
 
 def task(level: int = 2, seed: int = 0, train_size: int = 100_000,
