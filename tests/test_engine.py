@@ -195,6 +195,7 @@ def test_cache_is_donated_and_reused_and_compiles_once(tied, caplog):
     prompts = _prompts(cfg.vocab_size, seed=10, lengths=[4, 2])
     with caplog.at_level(logging.INFO, logger="locojax.engine.engine"):
         first = eng.generate(w, prompts, jax.random.key(0), sampling)
+        compiled = generate_jit._cache_size()
         buf = eng._cache
         assert buf.k.shape == (cfg.num_hidden_layers, 2, cfg.num_key_value_heads, 4 + 5 - 1,
                                cfg.head_dim)
@@ -204,6 +205,8 @@ def test_cache_is_donated_and_reused_and_compiles_once(tied, caplog):
     np.testing.assert_array_equal(np.asarray(first.tokens), np.asarray(second.tokens))
     compiles = [r for r in caplog.records if "compiling generate" in r.getMessage()]
     assert len(compiles) <= 1  # 0 if an earlier test compiled this exact shape
+    # Nor compiled again without a retrace (the handed-back buffer is placed like the first).
+    assert generate_jit._cache_size() == compiled
 
 
 @pytest.mark.slow
@@ -246,4 +249,15 @@ def test_bad_call_arguments_raise(tied):
                      SamplingConfig(stop_token_ids=(cfg.vocab_size,)))
     with pytest.raises(ValueError, match="no prompts"):
         eng.generate(w, [], jax.random.key(0), SamplingConfig())
-    assert callable(generate_jit)
+
+
+@pytest.mark.slow
+def test_generate_command_runs_and_reports_throughput(capsys):
+    from locojax.commands import generate
+
+    assert generate.main(["--model", "tiny", "--prompt", "1+1=", "--batch", "2",
+                          "--max-new-tokens", "4", "--ignore-eos"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("--- sample") == 2 and "8 tokens generated" in out and "tokens/s" in out
+    assert generate.main(["--model", "no/such/dir"]) == 2
+    assert "neither a preset" in capsys.readouterr().err

@@ -101,7 +101,7 @@ def _finished(tok, count, cfg: SamplingConfig):
     return out
 
 
-def _generate(weights: Weights, prompt_tokens, prompt_mask, key, cache: qwen3.KVCache, *,
+def _generate(weights: Weights, prompt_tokens, prompt_mask, key, first_row, cache: qwen3.KVCache, *,
               model_cfg: ModelConfig, sampling: SamplingConfig, num_samples: int,
               layout: _Layout | None):
     b, p = prompt_tokens.shape
@@ -128,7 +128,11 @@ def _generate(weights: Weights, prompt_tokens, prompt_mask, key, cache: qwen3.KV
     valid = jnp.zeros((r, s), bool).at[:, :p].set(rows(mask))
     cache = _constrain_cache(layout, qwen3.KVCache(k, v, valid, jnp.asarray(p, jnp.int32)))
 
-    first, first_lp = sample_with_logprobs(rows(logits), jax.random.fold_in(key, 0), sampling)
+    # One key per row, folded from its global row index: a row's tokens do not depend on
+    # which other rows, devices or hosts share its batch (DESIGN.md, mode equivalence).
+    row_keys = jax.vmap(jax.random.fold_in, (None, 0))(key, first_row + jnp.arange(r))
+    step_keys = lambda t: jax.vmap(jax.random.fold_in, (0, None))(row_keys, t)  # noqa: E731
+    first, first_lp = sample_with_logprobs(rows(logits), step_keys(0), sampling)
     pos0 = rows(prompt_len)  # [R]: position of generated token 0
     pad = jnp.int32(sampling.pad_token_id)
     state = _State(
@@ -146,7 +150,7 @@ def _generate(weights: Weights, prompt_tokens, prompt_mask, key, cache: qwen3.KV
         pos = (pos0 + st.step - 1)[:, None]  # [R, 1]
         hidden, cache = qwen3.forward(weights, st.last[:, None], pos, model_cfg, cache=st.cache)
         logits = qwen3.logits(weights, hidden, model_cfg)[:, 0]  # [R, V]
-        tok, lp = sample_with_logprobs(logits, jax.random.fold_in(key, st.step), sampling)
+        tok, lp = sample_with_logprobs(logits, step_keys(st.step), sampling)
         live = ~st.done
         tokens = jax.lax.dynamic_update_slice_in_dim(
             st.tokens, jnp.where(live, tok, pad)[:, None], st.step, 1)
@@ -248,7 +252,11 @@ class Engine:
         cfg = self.model_cfg
         if c is None or (c.k.shape[1], c.k.shape[3]) != (rows, slots):
             c = qwen3.KVCache.empty(cfg, rows, slots)
-            if self.layout is not None:
+            # Committed from the start, as the buffer handed back by the jit is: otherwise the
+            # second call sees a differently-placed argument and XLA compiles generate again.
+            if self.layout is None:
+                c = jax.device_put(c, jax.devices()[0])
+            else:
                 c = jax.device_put(c, qwen3.KVCache(
                     self.layout.sharding(_CACHE_AXES, c.k.shape),
                     self.layout.sharding(_CACHE_AXES, c.v.shape),
@@ -257,12 +265,14 @@ class Engine:
         return c
 
     def generate(self, weights: Weights, prompts, key: jax.Array, sampling: SamplingConfig,
-                 num_samples: int = 1, prompt_mask=None) -> Generation:
+                 num_samples: int = 1, prompt_mask=None, first_row: int = 0) -> Generation:
         """Sample `num_samples` completions per prompt.
 
         prompts: a list of id lists (left-padded here), or [B, P] ids with `prompt_mask`
-        [B, P] (True on real tokens, left-padded). key: one PRNG key; step t draws with
-        `fold_in(key, t)`, so a fixed key gives a fixed output.
+        [B, P] (True on real tokens, left-padded). key: one PRNG key; row r draws step t
+        with `fold_in(fold_in(key, first_row + r), t)`, so a fixed key gives a fixed output
+        and a row's tokens do not depend on the batch it is generated in. first_row: the
+        global index of this batch's first row (when one batch is split across hosts).
         """
         if num_samples < 1:
             raise ValueError(f"num_samples={num_samples} must be >= 1")
@@ -283,6 +293,7 @@ class Engine:
             tokens, mask = (jax.device_put(x, self.layout.sharding(("batch", None), x.shape))
                             for x in (tokens, mask))
         out, self._cache = generate_jit(
-            weights, tokens, mask, key, cache, model_cfg=self.model_cfg, sampling=sampling,
+            weights, tokens, mask, key, jnp.asarray(first_row, jnp.int32), cache,
+            model_cfg=self.model_cfg, sampling=sampling,
             num_samples=num_samples, layout=self.layout)
         return out
