@@ -120,6 +120,10 @@ class LearnerConfig:
     """Sampling temperature; must equal the sampler's so logprobs are of the same policy."""
     logprob_chunk: int = 0
     """Compute logits in chunks of this many positions (bounds the [B, chunk, V] buffer). 0 = all."""
+    rules: str = "train_dp"
+    """How params are sharded in training (`model.sharding.RULES`): train_dp replicates them,
+    train_fsdp also shards them over the mesh's `fsdp` axis. With a mesh given to
+    `train_step`, the new state is pinned to these shardings."""
     skip_nonfinite: bool = False
     """On NaN/inf in the loss or gradients: False stops the run with `NonFiniteError`;
     True leaves params and optimizer state unchanged and counts `actor/skipped_steps`."""
@@ -129,6 +133,8 @@ class LearnerConfig:
             raise ValueError(f"grad_accum must be >= 1, got {self.grad_accum}")
         if self.temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {self.temperature}")
+        if self.rules not in ("train_dp", "train_fsdp"):
+            raise ValueError(f"rules must be 'train_dp' or 'train_fsdp', got {self.rules!r}")
 
     @property
     def updates_per_step(self) -> int:

@@ -17,6 +17,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from locojax.model.config import ModelConfig
 from locojax.model.params import Weights, declare, is_decl
+from locojax.model.sharding import RULES, weight_shardings
 from locojax.rl.config import OptimConfig
 
 
@@ -85,3 +86,22 @@ def init(params: Weights, cfg: OptimConfig, model_cfg: ModelConfig) -> TrainStat
         opt_state = jax.tree.map(put, opt_state)
         step, skipped = put(step), put(skipped)
     return TrainState(params=params, opt_state=opt_state, step=step, skipped=skipped)
+
+
+def pin(state: TrainState, model_cfg: ModelConfig, mesh, rules: str) -> TrainState:
+    """Inside a jit: constrain params and every params-shaped optimizer subtree (Adam's
+    moments) to the rules' shardings, scalars to replicated. Without this XLA may choose
+    different output shardings (seen: a norm scale coming back sharded over `fsdp`), which
+    defeats donation and recompiles the next step for the new input shardings."""
+    shardings = weight_shardings(model_cfg, mesh, RULES[rules])
+    treedef = jax.tree.structure(shardings)
+    wsc = jax.lax.with_sharding_constraint
+    replicated = NamedSharding(mesh, P())
+    is_params = lambda x: jax.tree.structure(x) == treedef  # noqa: E731
+
+    def one(x):
+        return jax.tree.map(wsc, x, shardings) if is_params(x) else wsc(x, replicated)
+
+    return TrainState(params=jax.tree.map(wsc, state.params, shardings),
+                      opt_state=jax.tree.map(one, state.opt_state, is_leaf=is_params),
+                      step=wsc(state.step, replicated), skipped=wsc(state.skipped, replicated))

@@ -1,16 +1,19 @@
 """One learner step: μ passes of mini-batch updates, each summing micro-batch gradients.
 
-`train_step(state, batch, ref_params, *, model_cfg, cfg) -> (state, metrics)` is jitted at
-module level and donates the state. Its input batch is the global array (sharded over the
+`train_step(state, batch, ref_params, *, model_cfg, cfg, mesh) -> (state, metrics)` is
+jitted at module level and donates the state. Its input batch is the global array (sharded over the
 mesh's `data` axis); the params' sharding decides data parallel or FSDP. In order:
 
   1. reference logprobs, only when β > 0 and the batch lacks them (β = 0: no ref forward);
   2. π_old logprobs, only when the step takes more than one update (μ > 1 or several
      mini-batches); with one update π_old is exactly sg(π_θ) and needs no extra forward;
   3. per mini-batch, the global `Counts`, computed once before micro-batching;
-  4. `lax.scan` over the μ × M updates; each `lax.scan`s over its micro-batches summing
-     gradients of (partial sum / global count), then applies AdamW, unless the loss or the
-     gradient norm is non-finite, in which case params and optimizer state are kept (`where`).
+  4. the μ × M updates (a `lax.scan` when there are several): each sums the gradients of
+     its micro-batches' (partial sum / global count) losses (a `lax.scan` when
+     grad_accum > 1), then applies AdamW, unless the loss or the gradient norm is
+     non-finite, in which case params and optimizer state are kept (`where`);
+  5. given the `mesh`, the new state is pinned to the params' sharding rules, so the
+     donated buffers are reused and the next step sees the same input shardings.
 
 The first update of a step always uses π_old = sg(π_θ), bitwise the same params, so its
 ratio is exactly 1 and nothing is clipped. `update` is the host-side wrapper that checks
@@ -41,7 +44,7 @@ from locojax.rl.algorithms import resolve
 from locojax.rl.batch import TrainBatch, split_rows
 from locojax.rl.config import LearnerConfig
 from locojax.rl.losses import LossSettings, objective
-from locojax.rl.train_state import TrainState, adam_count, optimizer, schedule
+from locojax.rl.train_state import TrainState, adam_count, optimizer, pin, schedule
 
 logger = logging.getLogger(__name__)
 
@@ -133,7 +136,10 @@ def _accumulate(params, micro, counts, first, fresh_tokens, s, model_cfg, cfg):
                     for k, v in extremes.items()}
         return (grads, loss + l, metrics, extremes), None
 
-    (grads, loss, metrics, extremes), _ = jax.lax.scan(body, init, micro)
+    if jax.tree.leaves(micro)[0].shape[0] == 1:  # no loop: the common case compiles smaller
+        (grads, loss, metrics, extremes), _ = body(init, one)
+    else:
+        (grads, loss, metrics, extremes), _ = jax.lax.scan(body, init, micro)
     grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
     return grads, loss, {**metrics, **extremes}
 
@@ -193,7 +199,8 @@ def _prepare(params, batch: TrainBatch, ref_params, model_cfg, cfg: LearnerConfi
 
 
 def _train_step(state: TrainState, batch: TrainBatch, ref_params=None, *,
-                model_cfg: ModelConfig, cfg: LearnerConfig, return_grads: bool = False):
+                model_cfg: ModelConfig, cfg: LearnerConfig, mesh=None,
+                return_grads: bool = False):
     logger.info("compiling train_step: batch %s, algo %s, %d update(s) x %d micro-batch(es)",
                 batch.tokens.shape, cfg.algo.name, cfg.updates_per_step, cfg.grad_accum)
     data, counts, fresh_tokens, extra, s = _prepare(state.params, batch, ref_params, model_cfg,
@@ -207,6 +214,8 @@ def _train_step(state: TrainState, batch: TrainBatch, ref_params=None, *,
                                            jax.tree.map(pick, counts), i == 0, fresh_tokens, s,
                                            model_cfg, cfg)
         state, opt_metrics = _apply(state, grads, loss, model_cfg, cfg)
+        if mesh is not None:
+            state = pin(state, model_cfg, mesh, cfg.rules)
         return state, ({**metrics, **opt_metrics}, grads if return_grads else None)
 
     if cfg.updates_per_step == 1:  # no loop: the common case compiles smaller
@@ -232,11 +241,13 @@ def _train_step(state: TrainState, batch: TrainBatch, ref_params=None, *,
     return (state, metrics, grads) if return_grads else (state, metrics)
 
 
-train_step = jax.jit(_train_step, static_argnames=("model_cfg", "cfg", "return_grads"),
+train_step = jax.jit(_train_step, static_argnames=("model_cfg", "cfg", "mesh", "return_grads"),
                      donate_argnames=("state",))
-"""(state, batch, ref_params=None, *, model_cfg, cfg, return_grads=False) -> (state, metrics)
-Donates `state`. With `return_grads` it also returns the first update's gradients as they
-entered the optimizer (before clipping): what the layout-invariance harness compares."""
+"""(state, batch, ref_params=None, *, model_cfg, cfg, mesh=None, return_grads=False)
+-> (state, metrics). Donates `state`. Given the `mesh` the params live on, the new state
+is pinned to `cfg.rules`' shardings (pass it whenever params are sharded). With
+`return_grads` it also returns the first update's gradients as they entered the optimizer
+(before clipping): what the layout-invariance harness compares."""
 
 
 def check(batch: TrainBatch, cfg: LearnerConfig, ref_params=None) -> None:
@@ -259,7 +270,7 @@ def _kind(x: float) -> str:
 
 
 def update(state: TrainState, batch: TrainBatch, model_cfg: ModelConfig, cfg: LearnerConfig,
-           ref_params=None) -> tuple[TrainState, dict[str, float]]:
+           ref_params=None, mesh=None) -> tuple[TrainState, dict[str, float]]:
     """Check, run one `train_step` (donating `state`), fetch metrics as floats.
 
     Raises `NonFiniteError` naming the step if an update was non-finite, unless
@@ -269,7 +280,8 @@ def update(state: TrainState, batch: TrainBatch, model_cfg: ModelConfig, cfg: Le
     check(batch, cfg, ref_params)
     # The policy is applied here, not in the program: one compiled step serves both.
     traced_cfg = dataclasses.replace(cfg, skip_nonfinite=False)
-    state, metrics = train_step(state, batch, ref_params, model_cfg=model_cfg, cfg=traced_cfg)
+    state, metrics = train_step(state, batch, ref_params, model_cfg=model_cfg, cfg=traced_cfg,
+                                mesh=mesh)
     metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
     bad_loss, bad_grad = metrics["actor/nonfinite_loss"], metrics["actor/nonfinite_grad"]
     if (bad_loss or bad_grad) and not cfg.skip_nonfinite:

@@ -1,0 +1,173 @@
+"""The layout-invariance harness's fixed problem, and its multi-process worker.
+
+Imported by `test_layout_invariance.py` for the fixed global batch and the one-update
+runner; run as a script it is one process of a 2-process jax.distributed job on CPU:
+
+    python tests/layout_worker.py PORT PROCESS_ID NUM_PROCESSES DEVICES_PER_PROCESS OUT.npz MODE...
+
+Process 0 writes every mode's results to OUT.npz (keys `MODE|name`) for the test to compare
+against its single-device reference.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+
+B, P, R = 16, 6, 10  # rows (4 groups of 4), prompt columns, response columns
+VOCAB = 512  # TINY
+MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+
+
+def make_batch(extra_left: int = 0, extra_right: int = 0):
+    """The fixed global batch: variable prompt and response lengths, half the rows stale.
+
+    `extra_left` / `extra_right` add padding columns that must change nothing.
+    """
+    from locojax.rl import batch as batch_lib
+
+    rng = np.random.default_rng(1234)
+    prompt_len = rng.integers(2, P + 1, B)
+    resp_len = rng.integers(1, R + 1, B)  # 1..R tokens: very uneven rows
+    resp_len[3] = R  # someone hits the budget
+    pm = np.arange(P)[None] >= (P - prompt_len)[:, None]
+    rm = np.arange(R)[None] < resp_len[:, None]
+    pt = np.where(pm, rng.integers(1, VOCAB, (B, P)), 0)
+    rt = np.where(rm, rng.integers(1, VOCAB, (B, R)), 0)
+    # Behaviour logprobs near the TINY model's (ln 1/512 = -6.24), so IS weights land on both
+    # sides of the cap; the reference policy likewise.
+    behav = rng.uniform(-7.2, -5.4, (B, R))
+    ref = np.concatenate([np.zeros((B, P)), rng.uniform(-7.0, -5.5, (B, R))], axis=1)
+    rewards = rng.integers(0, 2, B).astype(np.float32) + 0.1 * rng.normal(size=B)
+    group = np.repeat(np.arange(B // 4), 4)
+    adv = (rewards - rewards.reshape(-1, 4).mean(1).repeat(4)) / (
+        rewards.reshape(-1, 4).std(1, ddof=1).repeat(4) + 1e-6)
+    batch = batch_lib.from_rollout(pt, pm, rt, rm, behav, adv, group,
+                                   staleness=np.arange(B) % 2, ref_logprobs=ref)
+    if extra_left or extra_right:
+        def pad(x):
+            if x.ndim == 1:
+                return x
+            return np.pad(x, ((0, 0), (extra_left, extra_right)))  # zeros: pad id, False masks
+        batch = batch_lib.TrainBatch(**{f: (None if getattr(batch, f) is None else
+                                            pad(np.asarray(getattr(batch, f))))
+                                        for f in batch.__dataclass_fields__})
+    return batch
+
+
+def learner_config(mode: str, grad_accum: int = 1, rules: str = "train_dp"):
+    from locojax.rl.config import AlgoConfig, LearnerConfig, OptimConfig
+
+    algo = AlgoConfig(name="grpo", loss_agg=mode, beta=0.04, kl_estimator="k3", is_cap=2.0,
+                      max_response_len=R)
+    # lr 1e-6 (a typical RL lr): Adam's first step is ≈ lr·sign(g), so a gradient entry at
+    # the float noise floor may flip sign between layouts; at this lr that moves a param
+    # by ≤ 2e-6 absolute, visible but far below the harness tolerance relative to the params.
+    optim = OptimConfig(lr=1e-6, weight_decay=0.01, max_grad_norm=1.0)
+    return LearnerConfig(algo=algo, optim=optim, grad_accum=grad_accum, rules=rules)
+
+
+def pg_loss_scale(mode: str) -> float:
+    """Σ of |terms| of `actor/pg_loss` on the fixed batch, aggregated like the loss: the scale
+    its float error is relative to (the loss is a sum of terms of both signs that largely
+    cancel). On-policy ratio is 1, so |term| = |A|·w with w ≤ the IS cap on stale rows."""
+    b = make_batch()
+    m = np.asarray(b.loss_mask, np.float64)
+    stale = np.asarray(b.staleness) > 0
+    terms = np.abs(np.asarray(b.advantages, np.float64))[:, None] * np.where(
+        stale, learner_config(mode).algo.is_cap, 1.0)[:, None] * m
+    n, seqs = m.sum(1), (m.sum(1) > 0).sum()
+    return float({
+        "token-mean": terms.sum() / m.sum(),
+        "seq-mean-token-mean": (terms.sum(1)[n > 0] / n[n > 0]).sum() / seqs,
+        "seq-mean-token-sum": terms.sum() / seqs,
+        "seq-mean-token-sum-norm": terms.sum() / (seqs * R),
+    }[mode])
+
+
+def host_value(x) -> np.ndarray:
+    """A global array's full value on this host (gathering it if other hosts hold parts)."""
+    from jax.experimental import multihost_utils
+
+    if x.is_fully_addressable:
+        return np.asarray(x)
+    if x.is_fully_replicated:
+        return np.asarray(x.addressable_data(0))
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))  # collective
+
+
+def flat(tree, prefix: str) -> dict[str, np.ndarray]:
+    import jax
+
+    return {prefix + jax.tree_util.keystr(path): host_value(leaf)
+            for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def run_layout(mesh, mode: str, grad_accum: int = 1, extra_left: int = 0, extra_right: int = 0,
+               process_local: bool = False, rules: str = "train_dp") -> dict[str, np.ndarray]:
+    """One update of the fixed problem on `mesh`: grads, optimizer moments, counts, params."""
+    import jax
+
+    from locojax.model import config, params
+    from locojax.model.sharding import RULES, weight_shardings
+    from locojax.rl import batch as batch_lib
+    from locojax.rl import train_state, train_step
+
+    model_cfg = config.tiny()
+    cfg = learner_config(mode, grad_accum, rules)
+    shardings = weight_shardings(model_cfg, mesh, RULES[rules])
+    weights = jax.device_put(params.init(model_cfg, jax.random.key(0)), shardings)
+    full = make_batch(extra_left, extra_right)
+    if process_local:  # this process's rows only: those of its devices
+        per = B // jax.process_count()
+        mine = slice(jax.process_index() * per, (jax.process_index() + 1) * per)
+        local = jax.tree.map(lambda x: np.asarray(x)[mine], full)
+        batch = batch_lib.from_process_local(local, mesh, RULES[rules])
+    else:
+        batch = batch_lib.shard(full, mesh, RULES[rules])
+    train_step.check(batch, cfg)
+    state = train_state.init(weights, cfg.optim, model_cfg)
+    state, metrics, grads = train_step.train_step(state, batch, model_cfg=model_cfg, cfg=cfg,
+                                                  mesh=mesh, return_grads=True)
+    # The step keeps every weight and moment where it was (what makes donation useful).
+    for tree in (state.params, state.opt_state[1][0].mu, state.opt_state[1][0].nu):
+        for got, want in zip(jax.tree.leaves(tree), jax.tree.leaves(shardings)):
+            assert got.sharding.is_equivalent_to(want, got.ndim), (got.sharding, want)
+    out = flat(grads, "grads")
+    out.update(flat(state.params, "params"))
+    out.update(flat(state.opt_state, "opt"))
+    out["step"] = host_value(state.step)
+    out.update({k: host_value(v) for k, v in metrics.items()})
+    return out
+
+
+def main(argv: list[str]) -> int:
+    port, pid, nproc, ndev, out_path, *modes = argv
+    import jax
+
+    # Both before the backend starts: devices per process, and gloo for cross-process
+    # collectives on CPU.
+    jax.config.update("jax_num_cpu_devices", int(ndev))
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    # Short heartbeat: if the peer dies the survivor aborts in seconds, not minutes.
+    jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}",
+                               num_processes=int(nproc), process_id=int(pid),
+                               initialization_timeout=120, heartbeat_timeout_seconds=10,
+                               shutdown_timeout_seconds=30)
+    from locojax.model.sharding import make_mesh
+
+    assert jax.process_count() == int(nproc) and len(jax.devices()) == int(nproc) * int(ndev)
+    mesh = make_mesh({"data": len(jax.devices())})
+    results = {}
+    for mode in modes:
+        for name, value in run_layout(mesh, mode, process_local=True).items():
+            results[f"{mode}|{name}"] = value
+    if jax.process_index() == 0:
+        np.savez(out_path, **results)
+    jax.distributed.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
