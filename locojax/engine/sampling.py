@@ -171,6 +171,17 @@ def _largest_threshold(probs, holds) -> jax.Array:
     return as_float(lo)
 
 
+def _uniform_per_row(key: jax.Array, b: int) -> jax.Array:
+    """[B] uniforms in [0, 1): from one key, or one per row from a [B] batch of keys.
+
+    Per-row keys make a row's draw independent of which other rows share its batch, so
+    the same (row, step) samples the same token on one device or across hosts.
+    """
+    if key.ndim == 0:
+        return jax.random.uniform(key, (b,), jnp.float32)
+    return jax.vmap(lambda k: jax.random.uniform(k, (), jnp.float32))(key)
+
+
 def _inverse_cdf(probs: jax.Array, key: jax.Array, block: int = 64) -> jax.Array:
     """Index drawn from unnormalised probs [B, V]: the first whose running mass ≥ u·total.
 
@@ -182,7 +193,7 @@ def _inverse_cdf(probs: jax.Array, key: jax.Array, block: int = 64) -> jax.Array
     p = jnp.pad(probs, ((0, 0), (0, -v % block))).reshape(b, -1, block)  # [B, V/64, 64]
     sums = jnp.sum(p, axis=-1)  # [B, V/64]
     cdf = jnp.cumsum(sums, axis=-1)
-    u = 1.0 - jax.random.uniform(key, (b,), jnp.float32)  # (0, 1]
+    u = 1.0 - _uniform_per_row(key, b)  # (0, 1]
     target = u * cdf[:, -1]
     j = jnp.minimum(jnp.sum(cdf < target[:, None], axis=-1), p.shape[1] - 1)  # [B] block
     take = lambda a: jnp.take_along_axis(a, j[:, None], axis=1)[:, 0]  # noqa: E731

@@ -1,0 +1,1 @@
+"""Host-local rollout: prompts in, scored completions out (DESIGN.md, "the step")."""

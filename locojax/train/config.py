@@ -1,0 +1,206 @@
+"""The run config of `locojax train`: one frozen dataclass per subsystem, composed.
+
+Every field has a docstring, which tyro turns into `--help`. Derived values (the learner's
+temperature and Dr.GRPO constant, which must equal the sampler's) are computed in one place,
+`RunConfig.learner_config`. `check` rejects bad values before any work starts.
+Presets are plain functions at the bottom.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Literal
+
+from locojax.envs.rewards import RewardConfig
+from locojax.rl.config import AlgoConfig, LearnerConfig, OptimConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutConfig:
+    """How each step's completions are sampled."""
+
+    prompts_per_step: int = 32
+    """B: prompts per step, over all hosts (each is sampled G = algo.group_size times)."""
+    max_new_tokens: int = 24
+    """N: most tokens per completion."""
+    max_prompt_tokens: int = 16
+    """P: prompts are left-padded to this; a longer prompt is an error naming it."""
+    temperature: float = 1.0
+    """τ: sampling temperature (also the learner's, so logprobs are of one policy)."""
+    top_k: int = 0
+    """Top-k filtering (0 = off)."""
+    top_p: float = 1.0
+    """Nucleus filtering (1.0 = off)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalConfig:
+    """Held-out evaluation: greedy pass@1 and mean reward."""
+
+    every: int = 10
+    """Evaluate every this many steps (and before the first and after the last). 0 = never."""
+    num_examples: int = 200
+    """Held-out examples per evaluation (the first ones of the test split)."""
+    batch_size: int = 200
+    """Examples per generate call (over all hosts)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointConfig:
+    """Periodic checkpoints for exact resume."""
+
+    every: int = 0
+    """Save every this many steps (and after the last). 0 = only after the last step."""
+    keep: int = 2
+    """Keep the newest this many checkpoints."""
+    resume: bool = True
+    """Continue from the newest checkpoint in run_dir, if there is one."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskConfig:
+    """The workload."""
+
+    name: str = "arith"
+    """Task: arith, calc, gsm8k, math (see locojax.envs.registry)."""
+    level: int = 3
+    """Difficulty level of procedural tasks (arith, calc)."""
+    data: str = ""
+    """Training data file (jsonl/parquet) for gsm8k / math."""
+    test_data: str = ""
+    """Held-out data file for gsm8k / math (default: the training file)."""
+    template: str = "plain"
+    """Prompt template of gsm8k: plain or qwen (chat)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    """A GRPO run: sample → score → advantages → update, for `steps` steps."""
+
+    mode: Literal["single", "colocated"] = "colocated"
+    """single: one controller drives every device. colocated: one process per host, each
+    admitting, generating and scoring its own prompts, then one synchronous train step."""
+    model: str = "embedded"
+    """embedded (the shipped tiny checkpoint), tiny / small (random), or an HF Qwen3 dir."""
+    task: TaskConfig = TaskConfig()
+    """The workload."""
+    steps: int = 40
+    """RL steps."""
+    seed: int = 0
+    """Seed of every random choice (data order, sampling); a run is reproducible from it."""
+    run_dir: str = "runs/demo"
+    """Where metrics, plots and checkpoints go."""
+    rollout: RolloutConfig = RolloutConfig()
+    """Sampling."""
+    algo: AlgoConfig = AlgoConfig(group_size=8)
+    """The RL objective (algo.group_size is G)."""
+    optim: OptimConfig = OptimConfig(lr=1e-4)
+    """The optimizer."""
+    grad_accum: int = 1
+    """Micro-batches per optimizer update (the objective does not change)."""
+    skip_nonfinite: bool = False
+    """On a NaN/inf loss or gradient: False stops the run; True skips the update and counts it."""
+    reward: RewardConfig = RewardConfig()
+    """Reward execution (timeouts, isolation)."""
+    eval: EvalConfig = EvalConfig()
+    """Held-out evaluation."""
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    """Checkpoints."""
+    devices_per_host: int = 0
+    """Simulated CPU devices in this process (0: leave JAX's default). Set by `launch`."""
+    profile_dir: str = ""
+    """Write a jax.profiler trace of steps 2-4 here (empty: no trace)."""
+    tensorboard: bool = True
+    """Also write TensorBoard scalars to run_dir/tb."""
+    progress: bool = True
+    """Show a live progress bar (process 0 only)."""
+    dump_rollouts: bool = False
+    """Write every step's sampled tokens, texts and rewards to run_dir/rollouts/ (per host)."""
+
+    @property
+    def group_size(self) -> int:
+        return self.algo.group_size
+
+    def learner_config(self) -> LearnerConfig:
+        """The learner's config, with the values it must share with the sampler filled in."""
+        algo = dataclasses.replace(self.algo, max_response_len=self.rollout.max_new_tokens)
+        return LearnerConfig(algo=algo, optim=self.optim, grad_accum=self.grad_accum,
+                             temperature=self.rollout.temperature,
+                             skip_nonfinite=self.skip_nonfinite)
+
+
+def check(cfg: RunConfig, num_processes: int, num_devices: int) -> None:
+    """Reject a config that cannot run on this layout, before any work starts."""
+    from locojax.envs.registry import task_names
+    from locojax.model.config import PRESETS
+
+    def bad(msg):
+        raise ValueError(msg)
+
+    b, g = cfg.rollout.prompts_per_step, cfg.group_size
+    if cfg.steps < 1:
+        bad(f"steps must be >= 1, got {cfg.steps}")
+    if b < 1:
+        bad(f"rollout.prompts_per_step must be >= 1, got {b}")
+    if cfg.mode == "single" and num_processes > 1:
+        bad("mode 'single' is one controller: run it as one process (without `launch`), "
+            "or use mode 'colocated'")
+    if b % num_processes:
+        bad(f"rollout.prompts_per_step={b} does not split over {num_processes} hosts: each "
+            "host must get whole groups")
+    rows = b * g
+    if rows % num_devices:
+        bad(f"prompts_per_step x group_size = {b} x {g} = {rows} rows do not split over "
+            f"{num_devices} devices")
+    local_rows = rows // num_processes
+    if (rows // num_devices) % (cfg.grad_accum * cfg.algo.num_minibatches):
+        bad(f"{rows // num_devices} rows per device do not split into num_minibatches="
+            f"{cfg.algo.num_minibatches} x grad_accum={cfg.grad_accum} micro-batches")
+    del local_rows
+    if cfg.task.name not in task_names():
+        bad(f"unknown task {cfg.task.name!r}; valid tasks: {', '.join(task_names())}")
+    if cfg.task.name in ("gsm8k", "math"):
+        if not cfg.task.data:
+            bad(f"task {cfg.task.name!r} needs --task.data FILE (HF-format jsonl or parquet)")
+        for path in (cfg.task.data, cfg.task.test_data):
+            if path and not Path(path).is_file():
+                bad(f"data file {path!r} does not exist")
+    if cfg.model not in ("embedded", *PRESETS) and not Path(cfg.model).is_dir():
+        bad(f"model {cfg.model!r} is neither 'embedded', a preset ({', '.join(PRESETS)}) nor "
+            "a directory")
+    if cfg.eval.every < 0 or cfg.eval.num_examples < 0:
+        bad("eval.every and eval.num_examples must be >= 0")
+    if cfg.eval.every and cfg.eval.batch_size % num_processes:
+        bad(f"eval.batch_size={cfg.eval.batch_size} does not split over {num_processes} hosts")
+    if cfg.checkpoint.every < 0 or cfg.checkpoint.keep < 1:
+        bad("checkpoint.every must be >= 0 and checkpoint.keep >= 1")
+    if cfg.rollout.max_new_tokens < 1 or cfg.rollout.max_prompt_tokens < 1:
+        bad("rollout.max_new_tokens and rollout.max_prompt_tokens must be >= 1")
+    from locojax.rl.algorithms import resolve
+
+    resolve(cfg.learner_config().algo)  # unknown algorithm, missing Dr.GRPO constant, ...
+
+
+# --- presets -------------------------------------------------------------------------------
+
+
+def demo() -> RunConfig:
+    """The embedded default: GRPO on 3-digit arithmetic from the shipped tiny checkpoint."""
+    return RunConfig()
+
+
+def gsm8k_qwen3(model_dir: str = "", data: str = "") -> RunConfig:
+    """A real model on GSM8K: an HF Qwen3 directory and an HF-format GSM8K file."""
+    return RunConfig(
+        model=model_dir, task=TaskConfig(name="gsm8k", data=data, template="qwen"),
+        rollout=RolloutConfig(prompts_per_step=32, max_new_tokens=512, max_prompt_tokens=256),
+        optim=OptimConfig(lr=1e-6), run_dir="runs/gsm8k",
+        eval=EvalConfig(every=20, num_examples=256, batch_size=64),
+    )
+
+
+PRESETS = {
+    "demo": ("GRPO on built-in arith from the embedded tiny checkpoint", demo()),
+    "gsm8k": ("an HF Qwen3 checkpoint on GSM8K (pass --model and --task.data)", gsm8k_qwen3()),
+}

@@ -1,0 +1,233 @@
+"""The RL loop: sample prompts → generate → score → advantages → train → log, per step.
+
+The whole step reads top to bottom in `Trainer.step`. What differs between coordination
+modes lives in `wiring.py`; everything else is shared.
+
+Randomness: step s samples with `fold_in(key(seed), s)`, and the engine draws row r with a
+key folded from its global row index, so tokens do not depend on which host or device
+generated them. With the data cursor also a function of the step (`data.py`), a run resumed
+from a checkpoint continues bitwise like one that never stopped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from locojax import distributed, models
+from locojax.checkpoint import Checkpointer
+from locojax.engine.sampling import SamplingConfig
+from locojax.envs.registry import make_task
+from locojax.envs.rewards import RewardRunner
+from locojax.evaluate import evaluate
+from locojax.metrics import MetricsLogger
+from locojax.model.sharding import TRAIN_DP, weight_shardings
+from locojax.profiler import StepTimer, TraceWindow
+from locojax.rl import algorithms, train_state
+from locojax.rl import batch as batch_lib
+from locojax.rl.train_step import update
+from locojax.rollout.single_turn import rollout
+from locojax.train import wiring as wiring_lib
+from locojax.train.config import RunConfig, TaskConfig, check
+from locojax.train.data import PromptStream
+from locojax.train.progress import Progress
+
+log = logging.getLogger(__name__)
+
+FINAL_MODEL = "final_model"
+"""run_dir/final_model: the trained params as an HF checkpoint (`--model` can load it)."""
+
+
+def build_task(cfg: TaskConfig, seed: int):
+    if cfg.name in ("arith", "calc"):
+        return make_task(cfg.name, level=cfg.level, seed=seed)
+    if cfg.name == "gsm8k":
+        return make_task("gsm8k", train_path=cfg.data, test_path=cfg.test_data or cfg.data,
+                         template=cfg.template)
+    return make_task(cfg.name, train_path=cfg.data, test_path=cfg.test_data or cfg.data)
+
+
+class Trainer:
+    """Owns the run's state; `run()` executes the remaining steps."""
+
+    def __init__(self, cfg: RunConfig):
+        self.cfg = cfg
+        self.host = distributed.initialize(devices_per_host=cfg.devices_per_host or None)
+        check(cfg, self.host.num_processes, jax.device_count())
+        self.is_main = self.host.process_id == 0
+        self.task = build_task(cfg.task, cfg.seed)
+        if self.task.multi_turn:
+            raise ValueError(f"task {self.task.name!r} is multi-turn; `locojax train` runs "
+                             "single-turn tasks so far (arith, gsm8k, math)")
+        self.learner_cfg = cfg.learner_config()
+        self.wiring = wiring_lib.make(cfg.mode)
+        # Loaded straight into the training layout (replicated over every host's devices).
+        model = models.load(
+            cfg.model, seed=cfg.seed, param_dtype="float32",
+            shardings=lambda c: weight_shardings(c, self.wiring.train_mesh, TRAIN_DP))
+        self.model_cfg, self.tokenizer, params = model.cfg, model.tokenizer, model.weights
+        self.engine = self.wiring.make_engine(self.model_cfg)
+        # The reference policy is the starting point; copied because train_step donates state.
+        self.ref_params = jax.tree.map(jnp.copy, params) if cfg.algo.beta > 0 else None
+        self.state = train_state.init(params, self.learner_cfg.optim, self.model_cfg)
+        self.sampling = SamplingConfig(
+            max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature,
+            top_k=cfg.rollout.top_k, top_p=cfg.rollout.top_p,
+            stop_token_ids=tuple(self.tokenizer.stop_ids), pad_token_id=self.tokenizer.pad_id)
+        self.stream = PromptStream(self.task.train, cfg.seed)
+        self.runner = RewardRunner(cfg.reward)
+        self.root_key = jax.random.key(cfg.seed)
+        self.logger = MetricsLogger(cfg.run_dir, enabled=self.is_main, tensorboard=cfg.tensorboard)
+        self.ckpt = Checkpointer(os.path.join(os.path.abspath(cfg.run_dir), "checkpoints"),
+                                 keep=cfg.checkpoint.keep)
+        self.start_step = self._maybe_resume()
+
+    # --- checkpoints -------------------------------------------------------------------------
+
+    def _maybe_resume(self) -> int:
+        if self.ckpt.latest_step() is None:
+            self.logger.truncate_after(-1)  # a fresh run owns its logs
+            return 0
+        if not self.cfg.checkpoint.resume:
+            raise ValueError(f"{self.ckpt.directory} holds checkpoints of an earlier run; pass "
+                             "--checkpoint.resume to continue it, or choose another --run-dir")
+        self.state, meta = self.ckpt.restore(None, self.state)
+        # The key is tiny and host-side: it travels in the JSON meta, identical on every host.
+        self.root_key = jax.random.wrap_key_data(np.asarray(meta["rng"], np.uint32))
+        step = int(meta["next_step"])
+        self.logger.truncate_after(step - 1)
+        log.info("resumed from %s at step %d", self.ckpt.directory, step)
+        return step
+
+    def _save(self, step: int) -> None:
+        meta = {"next_step": step + 1, "data_cursor": (step + 1) * self.cfg.rollout.prompts_per_step,
+                "rng": np.asarray(jax.random.key_data(self.root_key)).tolist(),
+                "config": _jsonable(dataclasses.asdict(self.cfg)), "mode": self.cfg.mode}
+        self.ckpt.save(step + 1, self.state, meta)
+
+    # --- one step ----------------------------------------------------------------------------
+
+    def step(self, step: int) -> dict[str, float]:
+        cfg, timer = self.cfg, StepTimer()
+        b, g = cfg.rollout.prompts_per_step, cfg.group_size
+        start, stop = self.wiring.host_slice(b)
+        with timer.phase("admission"):
+            examples = self.stream.take(step, b, start, stop)
+        out = rollout(self.engine, self.wiring.rollout_weights(self.state.params),
+                      self.tokenizer, self.task, self.runner, examples, first_group=step * b + start,
+                      key=jax.random.fold_in(self.root_key, step), sampling=self.sampling,
+                      group_size=g, max_prompt_tokens=cfg.rollout.max_prompt_tokens, timer=timer)
+        with timer.phase("batch") as ph:
+            adv, _ = algorithms.compute_advantages(self.learner_cfg.algo, out.rewards, out.group_ids)
+            local = batch_lib.from_rollout(
+                out.rows(out.prompt_tokens), out.rows(out.prompt_mask), out.tokens, out.mask,
+                out.logprobs, np.asarray(adv), out.group_ids)
+            batch = self.wiring.global_batch(local)
+            ph.sync(batch)
+        with timer.phase("train") as ph:
+            self.state, metrics = update(self.state, batch, self.model_cfg, self.learner_cfg,
+                                         self.ref_params)
+            ph.sync(self.state.params)
+        metrics.update(self._rollout_metrics(out))
+        if cfg.dump_rollouts:
+            self._dump(step, out)
+        if cfg.eval.every and ((step + 1) % cfg.eval.every == 0 or step + 1 == cfg.steps):
+            with timer.phase("eval"):
+                metrics.update(self.evaluate())
+        if (cfg.checkpoint.every and (step + 1) % cfg.checkpoint.every == 0) or step + 1 == cfg.steps:
+            with timer.phase("checkpoint"):
+                self._save(step)
+        metrics.update(timer.finish_step())
+        tokens = metrics["rollout/response_length/mean"] * b * g  # generated, over all hosts
+        metrics["perf/tokens_per_s"] = tokens / max(metrics["perf/step_time"], 1e-9)
+        return metrics
+
+    def _dump(self, step: int, out) -> None:
+        path = os.path.join(self.cfg.run_dir, "rollouts",
+                            f"step{step + 1:05d}.host{self.host.process_id}.npz")
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        np.savez(path, group_ids=out.group_ids, tokens=out.tokens, mask=out.mask,
+                 logprobs=out.logprobs, rewards=out.rewards, texts=np.asarray(out.texts))
+
+    def _rollout_metrics(self, out) -> dict[str, float]:
+        g = self.cfg.group_size
+        grouped = out.rewards.reshape(-1, g)
+        sums = {
+            "rows": len(out.rewards),
+            "reward": float(out.rewards.sum()),
+            "correct": float(np.sum(out.rewards >= 1.0 - 1e-6)),
+            "length": float(out.mask.sum()),
+            "groups": grouped.shape[0],
+            "zero_std": float(np.sum(grouped.max(1) == grouped.min(1))),
+            **{f"part/{k}": float(v.sum()) for k, v in out.reward_parts.items()},
+            **{k: v for k, v in self.runner.metrics().items()
+               if k in ("reward/errors", "reward/timeouts")},
+        }
+        s = self.wiring.sum_over_hosts(sums)
+        n = float(s["rows"])
+        m = {
+            "reward/mean": float(s["reward"]) / n,
+            "rollout/accuracy": float(s["correct"]) / n,
+            "rollout/response_length/mean": float(s["length"]) / n,
+            "rollout/frac_zero_std": float(s["zero_std"]) / float(s["groups"]),
+            "reward/errors": float(s["reward/errors"]),
+            "reward/timeouts": float(s["reward/timeouts"]),
+        }
+        m.update({f"reward/{k[5:]}/mean": float(v) / n for k, v in s.items() if k.startswith("part/")})
+        return m
+
+    def evaluate(self) -> dict[str, float]:
+        cfg = self.cfg.eval
+        n = min(cfg.num_examples, len(self.task.test))
+        n -= n % self.host.num_processes
+        start, stop = self.wiring.host_slice(n)
+        examples = [self.task.test[i] for i in range(start, stop)]
+        per_host = cfg.batch_size // self.host.num_processes
+        local = evaluate(self.engine, self.wiring.rollout_weights(self.state.params),
+                         self.tokenizer, self.task, self.runner, examples,
+                         self.cfg.rollout.max_new_tokens, self.cfg.rollout.max_prompt_tokens,
+                         batch_size=per_host)
+        self.runner.metrics()  # eval scoring is not rollout scoring: keep counters per step
+        sums = self.wiring.sum_over_hosts({k: v * len(examples) for k, v in local.items()})
+        return {k: float(v) / n for k, v in sums.items()}
+
+    # --- the run -----------------------------------------------------------------------------
+
+    def run(self) -> dict[str, float]:
+        cfg = self.cfg
+        trace = TraceWindow(cfg.profile_dir or None)
+        progress = Progress(cfg.steps, self.start_step, enabled=self.is_main and cfg.progress)
+        before = {}
+        if cfg.eval.every and self.start_step == 0:
+            before = self.evaluate()
+            self.logger.log(0, before)
+            progress.note(f"held-out accuracy before: {before['eval/accuracy']:.3f}")
+        last = {}
+        with progress:
+            for step in range(self.start_step, cfg.steps):
+                trace.before_step(step)
+                last = self.step(step)
+                trace.after_step(step)
+                self.logger.log(step + 1, last)
+                progress.update(step + 1, last)
+        trace.close()
+        if self.is_main and self.start_step < cfg.steps:
+            models.save(os.path.join(cfg.run_dir, FINAL_MODEL), self.model_cfg, self.state.params,
+                        cfg.model, {"made_by": "locojax train", "steps": cfg.steps})
+        self.ckpt.close()
+        self.runner.close()
+        self.logger.close()
+        return {**{f"before/{k}": v for k, v in before.items()}, **last}
+
+
+def _jsonable(x):
+    if isinstance(x, dict):
+        return {k: _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    return x

@@ -1,0 +1,103 @@
+"""Coordination modes as wirings of the same parts (STYLE.md 8: a wiring, not a rewrite).
+
+A wiring answers four questions for the loop:
+- which of the step's prompts does this process admit?        `host_slice`
+- on which devices does its engine generate, with which params? `engine`, `rollout_weights`
+- how do the hosts' rows become one global training batch?     `global_batch`
+- how are per-host statistics combined?                        `sum_over_hosts`
+
+`single` (the Pathways-style baseline): one process owns every device. It admits all prompts,
+runs one SPMD generate over the global mesh (rows sharded over `data`), scores everything on
+the controller and trains. Same engine, same jit, same shardings as colocated: a fair baseline.
+
+`colocated` (LoCoJAX-CO): one process per host. Each admits its own contiguous share of the
+prompts (whole groups), generates on its local devices with its host-local replica of the
+params (the addressable shards of the replicated training params: no copy, no cross-host
+collective during decode), scores locally, then joins one synchronous train step through
+`make_array_from_process_local_data`.
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from locojax.engine.engine import Engine
+from locojax.model.config import ModelConfig
+from locojax.model.sharding import ROLLOUT_REPLICATED, TRAIN_DP, make_mesh
+from locojax.rl import batch as batch_lib
+
+
+class Single:
+    name = "single"
+
+    def __init__(self):
+        self.train_mesh = make_mesh({"data": jax.device_count()})
+
+    def make_engine(self, model_cfg: ModelConfig) -> Engine:
+        return Engine(model_cfg, mesh=self.train_mesh, rules=ROLLOUT_REPLICATED)
+
+    def host_slice(self, n: int) -> tuple[int, int]:
+        return 0, n
+
+    def rollout_weights(self, params):
+        return params  # already replicated over the mesh the engine runs on
+
+    def global_batch(self, local: batch_lib.TrainBatch) -> batch_lib.TrainBatch:
+        return batch_lib.shard(local, self.train_mesh, TRAIN_DP)
+
+    def sum_over_hosts(self, values: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return values
+
+
+class Colocated:
+    name = "colocated"
+
+    def __init__(self):
+        # Global devices in process order, so process p's rows land on process p's devices.
+        devices = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
+        self.train_mesh = make_mesh({"data": len(devices)}, devices)
+        self.local_mesh = make_mesh({"data": jax.local_device_count()}, jax.local_devices())
+        self._replicated = NamedSharding(self.local_mesh, P())
+
+    def make_engine(self, model_cfg: ModelConfig) -> Engine:
+        return Engine(model_cfg, mesh=self.local_mesh, rules=ROLLOUT_REPLICATED)
+
+    def host_slice(self, n: int) -> tuple[int, int]:
+        share = n // jax.process_count()
+        start = jax.process_index() * share
+        return start, start + share
+
+    def rollout_weights(self, params):
+        """This host's replica: the local shards of replicated params, viewed on the local mesh."""
+
+        def local(x):
+            if len(jax.local_devices()) == len(jax.devices()):
+                return x
+            shards = {s.device: s.data for s in x.addressable_shards}
+            return jax.make_array_from_single_device_arrays(
+                x.shape, self._replicated, [shards[d] for d in self.local_mesh.devices.flat])
+
+        return jax.tree.map(local, params)
+
+    def global_batch(self, local: batch_lib.TrainBatch) -> batch_lib.TrainBatch:
+        return batch_lib.from_process_local(local, self.train_mesh, TRAIN_DP)
+
+    def sum_over_hosts(self, values: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if jax.process_count() == 1:
+            return values
+        keys = sorted(values)
+        stacked = multihost_utils.process_allgather(
+            np.stack([np.asarray(values[k], np.float32) for k in keys]))
+        return dict(zip(keys, np.asarray(stacked).sum(axis=0)))
+
+
+WIRINGS = {"single": Single, "colocated": Colocated}
+
+
+def make(mode: str):
+    if mode not in WIRINGS:
+        raise ValueError(f"unknown mode {mode!r}; choose from {sorted(WIRINGS)}")
+    return WIRINGS[mode]()
