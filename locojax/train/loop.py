@@ -100,7 +100,7 @@ class Trainer:
         # The key is tiny and host-side: it travels in the JSON meta, identical on every host.
         self.root_key = jax.random.wrap_key_data(np.asarray(meta["rng"], np.uint32))
         step = int(meta["next_step"])
-        self.logger.truncate_after(step - 1)
+        self.logger.truncate_after(step)  # lines are labelled 1..step for steps done
         log.info("resumed from %s at step %d", self.ckpt.directory, step)
         return step
 
@@ -112,8 +112,9 @@ class Trainer:
 
     # --- one step ----------------------------------------------------------------------------
 
-    def step(self, step: int) -> dict[str, float]:
-        cfg, timer = self.cfg, StepTimer()
+    def step(self, step: int, timer: StepTimer) -> dict[str, float]:
+        """Rollout, update and (when due) evaluation of one step; returns its metrics."""
+        cfg = self.cfg
         b, g = cfg.rollout.prompts_per_step, cfg.group_size
         start, stop = self.wiring.host_slice(b)
         with timer.phase("admission"):
@@ -139,13 +140,11 @@ class Trainer:
         if cfg.eval.every and ((step + 1) % cfg.eval.every == 0 or step + 1 == cfg.steps):
             with timer.phase("eval"):
                 metrics.update(self.evaluate())
-        if (cfg.checkpoint.every and (step + 1) % cfg.checkpoint.every == 0) or step + 1 == cfg.steps:
-            with timer.phase("checkpoint"):
-                self._save(step)
-        metrics.update(timer.finish_step())
-        tokens = metrics["rollout/response_length/mean"] * b * g  # generated, over all hosts
-        metrics["perf/tokens_per_s"] = tokens / max(metrics["perf/step_time"], 1e-9)
         return metrics
+
+    def _checkpoint_due(self, step: int) -> bool:
+        every = self.cfg.checkpoint.every
+        return (every and (step + 1) % every == 0) or step + 1 == self.cfg.steps
 
     def _dump(self, step: int, out) -> None:
         path = os.path.join(self.cfg.run_dir, "rollouts",
@@ -211,9 +210,21 @@ class Trainer:
         with progress:
             for step in range(self.start_step, cfg.steps):
                 trace.before_step(step)
-                last = self.step(step)
-                trace.after_step(step)
+                timer = StepTimer()
+                last = self.step(step, timer)
+                # Metrics are logged before the checkpoint that covers them, so a run killed
+                # right after a save has already logged every step that save contains.
                 self.logger.log(step + 1, last)
+                if self._checkpoint_due(step):
+                    with timer.phase("checkpoint"):
+                        self._save(step)
+                perf = timer.finish_step()
+                generated = last["rollout/response_length/mean"] * cfg.rollout.prompts_per_step \
+                    * cfg.group_size
+                perf["perf/tokens_per_s"] = generated / max(perf["perf/step_time"], 1e-9)
+                self.logger.log(step + 1, perf)
+                trace.after_step(step)
+                last.update(perf)
                 progress.update(step + 1, last)
         trace.close()
         if self.is_main and self.start_step < cfg.steps:
