@@ -32,6 +32,8 @@ class RolloutConfig:
     """Top-k filtering (0 = off)."""
     top_p: float = 1.0
     """Nucleus filtering (1.0 = off)."""
+    ignore_eos: bool = False
+    """Never stop early: every completion is exactly max_new_tokens (benchmarks: equal work)."""
 
 
 @dataclasses.dataclass(frozen=True)

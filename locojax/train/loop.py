@@ -77,7 +77,7 @@ class Trainer:
         self.state = train_state.init(params, self.learner_cfg.optim, self.model_cfg)
         self.sampling = SamplingConfig(
             max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature,
-            top_k=cfg.rollout.top_k, top_p=cfg.rollout.top_p,
+            top_k=cfg.rollout.top_k, top_p=cfg.rollout.top_p, ignore_eos=cfg.rollout.ignore_eos,
             stop_token_ids=tuple(self.tokenizer.stop_ids), pad_token_id=self.tokenizer.pad_id)
         self.stream = PromptStream(self.task.train, cfg.seed)
         self.runner = RewardRunner(cfg.reward)
