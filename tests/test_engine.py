@@ -197,7 +197,7 @@ def test_cache_is_donated_and_reused_and_compiles_once(tied, caplog):
         first = eng.generate(w, prompts, jax.random.key(0), sampling)
         compiled = generate_jit._cache_size()
         buf = eng._cache
-        assert buf.k.shape == (cfg.num_hidden_layers, 2, cfg.num_key_value_heads, 4 + 5 - 1,
+        assert buf.v.shape == (cfg.num_hidden_layers, 2, cfg.num_key_value_heads, 4 + 5 - 1,
                                cfg.head_dim)
         second = eng.generate(w, prompts, jax.random.key(0), sampling)
     assert buf.k.is_deleted()  # donated into the second call, which handed back a new one

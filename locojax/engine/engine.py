@@ -65,14 +65,15 @@ class _Layout:
         return jax.lax.with_sharding_constraint(x, self.sharding(axes, x.shape))
 
 
-_CACHE_AXES = ("layers", "batch", "kv_heads", None, "head_dim")
+_K_AXES = ("layers", "batch", "kv_heads", "head_dim", None)  # qwen3.KVCache layouts
+_V_AXES = ("layers", "batch", "kv_heads", None, "head_dim")
 
 
 def _constrain_cache(layout, cache: qwen3.KVCache) -> qwen3.KVCache:
     if layout is None:
         return cache
     return qwen3.KVCache(
-        layout.constrain(cache.k, _CACHE_AXES), layout.constrain(cache.v, _CACHE_AXES),
+        layout.constrain(cache.k, _K_AXES), layout.constrain(cache.v, _V_AXES),
         layout.constrain(cache.valid, ("batch", None)), cache.index)
 
 
@@ -106,7 +107,7 @@ def _generate(weights: Weights, prompt_tokens, prompt_mask, key, first_row, cach
               layout: _Layout | None):
     b, p = prompt_tokens.shape
     g, n = num_samples, sampling.max_new_tokens
-    r, s = b * g, cache.k.shape[3]
+    r, s = b * g, cache.v.shape[3]
     log.info("compiling generate for shape prompts=%d x %d, samples=%d, new=%d, slots=%d, %s",
              b, p, g, n, s, sampling)
 
@@ -115,7 +116,7 @@ def _generate(weights: Weights, prompt_tokens, prompt_mask, key, first_row, cach
     positions = jnp.maximum(jnp.cumsum(mask, axis=1) - 1, 0)  # [B, P]: 0 at first real token
     prompt_len = jnp.sum(mask, axis=1, dtype=jnp.int32)  # [B]
     hidden, pre = qwen3.forward(weights, prompt_tokens, positions, model_cfg, mask=mask,
-                                cache=qwen3.KVCache.empty(model_cfg, b, p))
+                                keep_kv=True)
     logits = qwen3.logits(weights, hidden[:, -1:], model_cfg)[:, 0]  # [B, V]
 
     def rows(x, axis=0):  # [B, ...] → [R, ...], prompt-major
@@ -123,7 +124,7 @@ def _generate(weights: Weights, prompt_tokens, prompt_mask, key, first_row, cach
 
     # Copy each prompt's keys/values G times into the donated [L, R, S, K, H] buffer.
     # Slots ≥ P keep stale values from the last call; `valid` hides them until written.
-    k = jax.lax.dynamic_update_slice_in_dim(cache.k, rows(pre.k, 1).astype(cache.k.dtype), 0, 3)
+    k = jax.lax.dynamic_update_slice_in_dim(cache.k, rows(pre.k, 1).astype(cache.k.dtype), 0, 4)
     v = jax.lax.dynamic_update_slice_in_dim(cache.v, rows(pre.v, 1).astype(cache.v.dtype), 0, 3)
     valid = jnp.zeros((r, s), bool).at[:, :p].set(rows(mask))
     cache = _constrain_cache(layout, qwen3.KVCache(k, v, valid, jnp.asarray(p, jnp.int32)))
@@ -250,7 +251,7 @@ class Engine:
         c = self._cache
         self._cache = None  # donated below: never touch it again
         cfg = self.model_cfg
-        if c is None or (c.k.shape[1], c.k.shape[3]) != (rows, slots):
+        if c is None or (c.v.shape[1], c.v.shape[3]) != (rows, slots):
             c = qwen3.KVCache.empty(cfg, rows, slots)
             # Committed from the start, as the buffer handed back by the jit is: otherwise the
             # second call sees a differently-placed argument and XLA compiles generate again.
@@ -258,8 +259,8 @@ class Engine:
                 c = jax.device_put(c, jax.devices()[0])
             else:
                 c = jax.device_put(c, qwen3.KVCache(
-                    self.layout.sharding(_CACHE_AXES, c.k.shape),
-                    self.layout.sharding(_CACHE_AXES, c.v.shape),
+                    self.layout.sharding(_K_AXES, c.k.shape),
+                    self.layout.sharding(_V_AXES, c.v.shape),
                     self.layout.sharding(("batch", None), c.valid.shape),
                     self.layout.sharding((), ())))
         return c

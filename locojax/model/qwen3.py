@@ -31,9 +31,10 @@ _MASKED = -1e30  # finite, so a row with no visible key (a pad query) gives 0s, 
 class KVCache:
     """Keys and values of every layer in fixed slots; `index` is the next slot to write."""
 
-    # Slots are minor to kv heads so that decode attention reads each head's keys
-    # contiguously (on CPU about 2x faster than [L, B, S, K, H]).
-    k: jax.Array  # [L, B, K, S, H]
+    # Keys are stored transposed (slots minor) so the decode q·k reduces over head_dim with
+    # whole slot vectors, values slots-major so p·v reduces over slots with whole head
+    # vectors; on XLA:CPU this makes decode attention ~2x faster than [L, B, S, K, H].
+    k: jax.Array  # [L, B, K, H, S]
     v: jax.Array  # [L, B, K, S, H]
     valid: jax.Array  # [B, S] bool: slot holds a real (non-pad) token
     index: jax.Array  # [] int32
@@ -41,8 +42,9 @@ class KVCache:
     @classmethod
     def empty(cls, cfg: ModelConfig, batch: int, slots: int) -> "KVCache":
         shape = (cfg.num_hidden_layers, batch, cfg.num_key_value_heads, slots, cfg.head_dim)
+        k_shape = shape[:3] + (cfg.head_dim, slots)
         return cls(
-            k=jnp.zeros(shape, cfg.dtype), v=jnp.zeros(shape, cfg.dtype),
+            k=jnp.zeros(k_shape, cfg.dtype), v=jnp.zeros(shape, cfg.dtype),
             valid=jnp.zeros((batch, slots), bool), index=jnp.zeros((), jnp.int32),
         )
 
@@ -68,43 +70,46 @@ def rope(x, positions, theta):
 def attention(q, parts):
     """GQA of q [B,T,N,H] under one softmax spanning several key/value blocks.
 
-    parts: (k [B,K,S,H], v [B,K,S,H], visible [B,T,S] bool) per block, e.g. the cached
+    parts: (k [B,K,H,S], v [B,K,S,H], visible [B,T,S] bool) per block, e.g. the cached
     slots and the new tokens. Only the small scores are concatenated, never the keys.
     """
     b, t, n, h = q.shape
     kv_heads = parts[0][0].shape[1]
     q = q.reshape(b, t, kv_heads, n // kv_heads, h)  # [B, T, K, G, H]
-    if t == 1:
-        # Decode: a broadcast multiply-reduce reads the cache once; XLA:CPU runs it ~1.5x
-        # faster than B*K tiny batched matmuls (same math, f32 accumulation as below).
-        q1 = q[:, 0, :, :, None].astype(jnp.float32)  # [B, K, G, 1, H]
+    # Decode (T = 1): broadcast multiply-reduces, which XLA:CPU runs several times faster
+    # than B*K tiny batched matmuls; the barriers stop it fusing the reductions into the
+    # softmax, which recomputed them. Same math, f32 accumulation, as the einsums.
+    decode = t == 1
+    barrier = jax.lax.optimization_barrier if decode else (lambda x: x)
+    if decode:
+        q1 = q[:, 0, :, :, :, None].astype(jnp.float32)  # [B, K, G, H, 1]
 
         def score(k):  # [B, K, G, 1, S]
-            return jnp.sum(q1 * k[:, :, None].astype(jnp.float32), axis=-1)[:, :, :, None]
+            return jnp.sum(q1 * k[:, :, None].astype(jnp.float32), axis=3)[:, :, :, None]
 
         def mix(p, v):  # [B, 1, K, G, H]
             return jnp.sum(p[:, :, :, 0, :, None] * v[:, :, None].astype(jnp.float32),
                            axis=3)[:, None]
     else:
-        def score(k):
-            return jnp.einsum("btkgh,bksh->bkgts", q, k, preferred_element_type=jnp.float32)
+        def score(k):  # f32 scores; XLA:CPU has no bf16 x bf16 -> f32 dot, so upcast first
+            return jnp.einsum("btkgh,bkhs->bkgts", q.astype(jnp.float32), k.astype(jnp.float32))
 
         def mix(p, v):
             return jnp.einsum("bkgts,bksh->btkgh", p.astype(v.dtype), v).astype(jnp.float32)
 
     scores = [jnp.where(vis[:, None, None], score(k) * (h ** -0.5), _MASKED)  # [B, K, G, T, S]
               for k, _, vis in parts]
-    probs = jax.nn.softmax(jnp.concatenate(scores, axis=-1), axis=-1)
+    probs = barrier(jax.nn.softmax(barrier(jnp.concatenate(scores, axis=-1)), axis=-1))
     bounds = np.cumsum([sc.shape[-1] for sc in scores])[:-1]
     out = sum(mix(p, v) for p, (_, v, _) in zip(jnp.split(probs, bounds, axis=-1), parts))
     return out.reshape(b, t, n, h).astype(q.dtype)  # [B, T, N, H]
 
 
 def _layer(cfg: ModelConfig, x, w, positions, visible, cache_kv=None):
-    """One decoder layer; returns this layer's new keys/values [B, K, T, H].
+    """One decoder layer; returns this layer's new keys [B, K, H, T] and values [B, K, T, H].
 
     visible: ([B, T, S] over the cached slots or None, [B, T, T] over these T tokens).
-    With `cache_kv` (this layer's cached [B, K, S, H] keys and values, read-only) attention
+    With `cache_kv` (this layer's cached keys and values, in KVCache layout, read-only) attention
     reads the S slots, then these T. The caller writes the new keys into the cache once,
     after all layers: writing inside the layer loop made XLA copy the whole cache per layer.
     """
@@ -115,7 +120,7 @@ def _layer(cfg: ModelConfig, x, w, positions, visible, cache_kv=None):
     v = jnp.einsum("btd,dkh->btkh", y, w["wv"].astype(dt))
     q = rope(rms_norm(q, w["q_norm"], cfg.rms_norm_eps), positions, cfg.rope_theta)
     k = rope(rms_norm(k, w["k_norm"], cfg.rms_norm_eps), positions, cfg.rope_theta)
-    new_kv = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [B, K, T, H]
+    new_kv = k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3)  # [B, K, H, T], [B, K, T, H]
     parts = [(*new_kv, visible[1])]
     if cache_kv is not None:
         parts.insert(0, (cache_kv[0].astype(dt), cache_kv[1].astype(dt), visible[0]))
@@ -136,12 +141,15 @@ def forward(
     cfg: ModelConfig,
     mask: jax.Array | None = None,
     cache: KVCache | None = None,
+    keep_kv: bool = False,
 ) -> tuple[jax.Array, KVCache | None]:
     """Final hidden states [B, T, D] (after the last norm) and the updated cache.
 
     tokens, positions: [B, T] int. mask: [B, T] bool, False for padding (default all True).
     Without a cache, attention is causal over these T tokens; with one, the T tokens are
     written at `cache.index` and attend to every valid slot before it and to each other.
+    keep_kv (without a cache): also return these T tokens' keys/values as a T-slot cache,
+    which is how a sampler prefills (no empty cache to attend over).
     """
     b, t = tokens.shape
     mask = jnp.ones((b, t), bool) if mask is None else mask
@@ -152,12 +160,14 @@ def forward(
         # Training / scoring path: no cache in the scan carry, so autodiff through the scan
         # stores O(L) activations, not L copies of an [L, ...] cache.
         def body(x, w):
-            return _layer(cfg, x, w, positions, (None, causal))[0], None
+            x, new_kv = _layer(cfg, x, w, positions, (None, causal))
+            return x, (new_kv if keep_kv else None)
 
-        x, _ = jax.lax.scan(body, x, weights["layers"])
-        return rms_norm(x, weights["final_norm"], cfg.rms_norm_eps), None
+        x, kv = jax.lax.scan(body, x, weights["layers"])
+        x = rms_norm(x, weights["final_norm"], cfg.rms_norm_eps)
+        return x, (KVCache(*kv, mask, jnp.asarray(t, jnp.int32)) if keep_kv else None)
 
-    s = cache.k.shape[3]
+    s = cache.v.shape[3]
     before = (jnp.arange(s) < cache.index)[None] & cache.valid  # [B, S]: earlier valid slots
     visible = (jnp.broadcast_to(before[:, None], (b, t, s)), causal)
 
@@ -166,9 +176,11 @@ def forward(
         return _layer(cfg, x, w, positions, visible, (k_i, v_i))
 
     x, (k_new, v_new) = jax.lax.scan(cached_body, x, (weights["layers"], cache.k, cache.v))
-    start = (0, 0, 0, cache.index, 0)  # new [L, B, K, T, H] at slot `index`, in place
-    ks = jax.lax.dynamic_update_slice(cache.k, k_new.astype(cache.k.dtype), start)
-    vs = jax.lax.dynamic_update_slice(cache.v, v_new.astype(cache.v.dtype), start)
+    zero = jnp.zeros((), jnp.int32)  # write the T new slots at `index`, in place
+    ks = jax.lax.dynamic_update_slice(cache.k, k_new.astype(cache.k.dtype),
+                                      (zero, zero, zero, zero, cache.index))
+    vs = jax.lax.dynamic_update_slice(cache.v, v_new.astype(cache.v.dtype),
+                                      (zero, zero, zero, cache.index, zero))
     valid = jax.lax.dynamic_update_slice_in_dim(cache.valid, mask, cache.index, axis=1)
     x = rms_norm(x, weights["final_norm"], cfg.rms_norm_eps)
     return x, KVCache(ks, vs, valid, cache.index + t)
