@@ -203,3 +203,20 @@ def test_on_policy_ratio_exactly_one_and_gradient():
     assert float(m["actor/clip_frac_low"]) == 0.0 and float(m["actor/clip_frac_high"]) == 0.0
     expected = np.where(np.asarray(MASK), -np.asarray(ADV)[:, None] / 7, 0.0)
     np.testing.assert_allclose(np.asarray(g), expected, rtol=1e-6)
+
+
+@pytest.mark.parametrize("estimator", ["k1", "k2", "k3"])
+def test_masked_positions_cannot_poison_gradients(estimator):
+    # A trained model can give a prompt/pad position log π = -200; e^{200} overflows in f32,
+    # and inf · (zero cotangent) would be NaN. Masked entries must not reach the arithmetic.
+    mask = jnp.array([[False, True, True]])
+    logp = jnp.array([[-200.0, -1.0, -2.0]])
+
+    def loss(lp):
+        s = LossSettings(beta=0.1, kl_estimator=estimator, loss_agg="token-mean")
+        return objective(lp, jnp.zeros((1, 3)), jax.lax.stop_gradient(lp), lp, jnp.zeros((1, 3)),
+                         jnp.array([1.0]), mask, jnp.zeros(1, bool), agg.global_counts(mask),
+                         s)[0]
+
+    g = np.asarray(jax.grad(loss)(logp))
+    assert np.isfinite(g).all() and g[0, 0] == 0.0

@@ -191,7 +191,8 @@ def test_schedule_warmup_then_cosine():
 def test_weight_decay_skips_norm_scales():
     mask = train_state.decay_mask(MODEL)
     assert mask["embed"] and mask["layers"]["wq"] and mask["layers"]["w_down"]
-    assert not mask["final_norm"] and not mask["layers"]["attn_norm"] and not mask["layers"]["q_norm"]
+    assert not mask["final_norm"] and not mask["layers"]["attn_norm"]
+    assert not mask["layers"]["q_norm"] and not mask["layers"]["k_norm"]
 
 
 def test_bad_batches_are_named():

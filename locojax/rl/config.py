@@ -50,7 +50,8 @@ class AlgoConfig:
     num_minibatches: int = 1
     """Optimizer updates per pass: the batch is split into this many mini-batches."""
     is_cap: float = 2.0
-    """C: cap of the truncated importance weight min(π_old / π_behav, C) on stale samples. 0 = off."""
+    """C: cap of the truncated importance weight min(π_old / π_behav, C) applied to stale
+    samples (see losses.py). 0 = off."""
     is_all_samples: bool = False
     """Also weight staleness-0 samples (corrects sampler/trainer numeric mismatch, as Yao et
     al. 2025 do for vLLM vs FSDP). Off by default: locojax's sampler shares the trainer forward."""
@@ -119,7 +120,8 @@ class LearnerConfig:
     temperature: float = 1.0
     """Sampling temperature; must equal the sampler's so logprobs are of the same policy."""
     logprob_chunk: int = 0
-    """Compute logits in chunks of this many positions (bounds the [B, chunk, V] buffer). 0 = all."""
+    """Compute logits in chunks of this many positions (bounds the [B, chunk, V] buffer).
+    0 = all at once."""
     rules: str = "train_dp"
     """How params are sharded in training (`model.sharding.RULES`): train_dp replicates them,
     train_fsdp also shards them over the mesh's `fsdp` axis. With a mesh given to

@@ -135,7 +135,9 @@ def objective(logp, entropy, old_logp, behav_logp, ref_logp, adv, mask, stale,
         "actor/is_weight_mean": token_mean(w, mask, counts),
     }
     if s.beta:
-        kl = kl_penalty(logp, clean(ref_logp), s.kl_estimator)
+        # Clean logp too: k3's e^{-δ} at a masked (prompt, pad) position could overflow,
+        # and inf there would turn the zero cotangent into NaN in the backward pass.
+        kl = kl_penalty(clean(logp), clean(ref_logp), s.kl_estimator)
         loss = loss + s.beta * aggregate(kl, mask, counts, s.loss_agg, s.max_response_len)
         metrics["actor/kl"] = token_mean(kl, mask, counts)
     # Extremes do not add across micro-batches; `train_step` combines them with max / min.

@@ -67,7 +67,8 @@ def adam_count(opt_state) -> jax.Array:
     found = [s for s in jax.tree.leaves(opt_state, is_leaf=lambda x: isinstance(
         x, optax.ScaleByAdamState)) if isinstance(s, optax.ScaleByAdamState)]
     if len(found) != 1:
-        raise ValueError(f"expected one ScaleByAdamState in the optimizer state, found {len(found)}")
+        raise ValueError(f"expected one ScaleByAdamState in the optimizer state, found "
+                         f"{len(found)}")
     return found[0].count
 
 
