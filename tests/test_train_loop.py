@@ -80,8 +80,15 @@ def _rollouts(run_dir):
 @pytest.mark.multiprocess
 def test_single_and_colocated_give_the_same_run(sft_model, tmp_path):
     """1 process x 2 devices (single) vs 2 processes x 1 device (colocated), 3 steps."""
-    _train(sft_model, tmp_path / "single", "single", 3, devices=2)
+    # The single run also writes a profiler trace and probes the all-reduce: both are
+    # outside the computation, so they must not change the outcome.
+    _train(sft_model, tmp_path / "single", "single", 3, devices=2,
+           extra=("--profile-dir", str(tmp_path / "trace"), "--probe-allreduce"))
     _train(sft_model, tmp_path / "colo", "colocated", 3, hosts=2, devices=1)
+    assert glob.glob(str(tmp_path / "trace" / "**" / "*.xplane.pb"), recursive=True)
+    perf = [json.loads(line) for line in open(tmp_path / "single" / "perf.jsonl")]
+    assert all(p["perf/comm/allreduce_grads"] > 0 for p in perf)
+    assert all(p["perf/phase/generate"] > 0 and p["perf/phase/train"] > 0 for p in perf)
     ra, rb = _rollouts(str(tmp_path / "single")), _rollouts(str(tmp_path / "colo"))
     assert sorted(ra) == sorted(rb) and len(ra) == 3
     for step in ra:

@@ -117,6 +117,8 @@ class RunConfig:
     """Also write TensorBoard scalars to run_dir/tb."""
     progress: bool = True
     """Show a live progress bar (process 0 only)."""
+    probe_allreduce: bool = False
+    """Also time a gradient-sized all-reduce each step, apart from the step (perf/comm/*)."""
     dump_rollouts: bool = False
     """Write every step's sampled tokens, texts and rewards to run_dir/rollouts/ (per host)."""
 

@@ -33,6 +33,7 @@ from locojax.rl import batch as batch_lib
 from locojax.rl.train_step import update
 from locojax.rollout.single_turn import rollout
 from locojax.train import wiring as wiring_lib
+from locojax.train.comm_probe import AllReduceProbe
 from locojax.train.config import RunConfig, TaskConfig, check
 from locojax.train.data import PromptStream
 from locojax.train.progress import Progress
@@ -200,6 +201,8 @@ class Trainer:
     def run(self) -> dict[str, float]:
         cfg = self.cfg
         trace = TraceWindow(cfg.profile_dir or None)
+        probe = AllReduceProbe(self.state.params, self.wiring.train_mesh) \
+            if cfg.probe_allreduce else None
         progress = Progress(cfg.steps, self.start_step, enabled=self.is_main and cfg.progress)
         before = {}
         if cfg.eval.every and self.start_step == 0:
@@ -222,6 +225,8 @@ class Trainer:
                 generated = last["rollout/response_length/mean"] * cfg.rollout.prompts_per_step \
                     * cfg.group_size
                 perf["perf/tokens_per_s"] = generated / max(perf["perf/step_time"], 1e-9)
+                if probe is not None:
+                    perf.update(probe.measure())
                 self.logger.log(step + 1, perf)
                 trace.after_step(step)
                 last.update(perf)
