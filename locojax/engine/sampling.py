@@ -108,8 +108,14 @@ def sample(logits: jax.Array, key: jax.Array, cfg: SamplingConfig) -> jax.Array:
     return sample_with_logprobs(logits, key, cfg)[0]
 
 
-def sample_with_logprobs(logits: jax.Array, key: jax.Array, cfg: SamplingConfig):
-    """(tokens [B] int32, log π(token) [B] f32) where π is `policy_logprobs`."""
+def sample_with_logprobs(logits: jax.Array, key: jax.Array | None, cfg: SamplingConfig,
+                         uniforms: jax.Array | None = None):
+    """(tokens [B] int32, log π(token) [B] f32) where π is `policy_logprobs`.
+
+    key: one key, or a [B] batch of keys (one per row). uniforms: [B] draws in [0, 1) to use
+    instead of drawing from `key` (the engine draws every step's before its decode loop);
+    `uniform_draws(key, B)` gives the ones `key` would.
+    """
     logp = policy_logprobs(logits, cfg)  # [B, V]
     if cfg.greedy:
         tokens = jnp.argmax(logits, axis=-1).astype(jnp.int32)
@@ -117,7 +123,9 @@ def sample_with_logprobs(logits: jax.Array, key: jax.Array, cfg: SamplingConfig)
         probs = jnp.exp(logp)
         if cfg.top_k or cfg.top_p < 1.0:
             probs = jnp.where(_keep(probs, cfg), probs, 0.0)
-        tokens = _inverse_cdf(probs, key)
+        if uniforms is None:
+            uniforms = uniform_draws(key, probs.shape[0])
+        tokens = _inverse_cdf(probs, uniforms)
     picked = jnp.take_along_axis(logp, tokens[:, None], axis=-1)[:, 0]
     return tokens, picked
 
@@ -171,7 +179,7 @@ def _largest_threshold(probs, holds) -> jax.Array:
     return as_float(lo)
 
 
-def _uniform_per_row(key: jax.Array, b: int) -> jax.Array:
+def uniform_draws(key: jax.Array, b: int) -> jax.Array:
     """[B] uniforms in [0, 1): from one key, or one per row from a [B] batch of keys.
 
     Per-row keys make a row's draw independent of which other rows share its batch, so
@@ -182,7 +190,7 @@ def _uniform_per_row(key: jax.Array, b: int) -> jax.Array:
     return jax.vmap(lambda k: jax.random.uniform(k, (), jnp.float32))(key)
 
 
-def _inverse_cdf(probs: jax.Array, key: jax.Array, block: int = 64) -> jax.Array:
+def _inverse_cdf(probs: jax.Array, uniforms: jax.Array, block: int = 64) -> jax.Array:
     """Index drawn from unnormalised probs [B, V]: the first whose running mass ≥ u·total.
 
     u lies in (0, 1], so a zero-probability token is never drawn (its running mass equals
@@ -192,15 +200,24 @@ def _inverse_cdf(probs: jax.Array, key: jax.Array, block: int = 64) -> jax.Array
     b, v = probs.shape
     p = jnp.pad(probs, ((0, 0), (0, -v % block))).reshape(b, -1, block)  # [B, V/64, 64]
     sums = jnp.sum(p, axis=-1)  # [B, V/64]
-    cdf = jnp.cumsum(sums, axis=-1)
-    u = 1.0 - _uniform_per_row(key, b)  # (0, 1]
+    cdf = _cumsum(sums)
+    u = 1.0 - uniforms  # (0, 1]
     target = u * cdf[:, -1]
     j = jnp.minimum(jnp.sum(cdf < target[:, None], axis=-1), p.shape[1] - 1)  # [B] block
     take = lambda a: jnp.take_along_axis(a, j[:, None], axis=1)[:, 0]  # noqa: E731
     inner = jnp.take_along_axis(p, j[:, None, None], axis=1)[:, 0]  # [B, 64]
-    inner_cdf = jnp.cumsum(inner, axis=-1)
+    inner_cdf = _cumsum(inner)
     # Rounding may put the residual a hair outside the block's own (0, total]: clamp it in.
     resid = jnp.clip(target - (take(cdf) - take(sums)), jnp.finfo(jnp.float32).tiny,
                      inner_cdf[:, -1])
     i = jnp.minimum(jnp.sum(inner_cdf < resid[:, None], axis=-1), block - 1)
     return (j * block + i).astype(jnp.int32)
+
+
+def _cumsum(x: jax.Array) -> jax.Array:
+    """Running sum over the last axis (≤ a few hundred long) as a matmul with a triangle of
+    ones: XLA:CPU lowers `jnp.cumsum` to a log-depth scan of slices and pads, which is slower
+    here and a large share of the decode loop's compile time."""
+    n = x.shape[-1]
+    upper = jnp.triu(jnp.ones((n, n), x.dtype))  # upper[i, j] = 1 where i ≤ j
+    return jnp.matmul(x, upper, precision=jax.lax.Precision.HIGHEST)
