@@ -128,6 +128,20 @@ def test_top_k_1_equals_greedy_and_samples_are_per_key(tied):
     assert all((t[2 * i] != t[2 * i + 1]).any() for i in range(4))
 
 
+def test_a_rows_draws_do_not_depend_on_its_batch(tied):
+    """Per-row keys: rows generated with the rest of a batch equal the same rows generated
+    alone with `first_row` at their global index (what lets hosts split one batch)."""
+    cfg, _, w = tied
+    prompts = _prompts(cfg.vocab_size, seed=12)
+    sampling = SamplingConfig(max_new_tokens=N, temperature=1.0)
+    eng = Engine(cfg)
+    whole = eng.generate(w, prompts, jax.random.key(9), sampling, num_samples=2)
+    tail = eng.generate(w, prompts[2:], jax.random.key(9), sampling, num_samples=2, first_row=4)
+    np.testing.assert_array_equal(np.asarray(tail.tokens), np.asarray(whole.tokens)[4:])
+    np.testing.assert_allclose(np.asarray(tail.logprobs), np.asarray(whole.logprobs)[4:],
+                               atol=1e-5)
+
+
 def test_num_samples_rows_are_prompt_major(tied):
     cfg, _, w = tied
     prompts = _prompts(cfg.vocab_size, seed=7)

@@ -13,6 +13,9 @@ first real token; pad slots are marked invalid in the cache and never attended t
 With `num_samples=G` (GRPO groups) each prompt is prefilled once and its cache repeated G
 times; rows are prompt-major (row r belongs to prompt r // G).
 
+Randomness: row r draws step t from `fold_in(fold_in(key, first_row + r), t)`, all drawn
+before the loop, so a row's tokens depend on neither its batch nor the device layout.
+
 References: jax-llm-examples `qwen3` (donated cache), gemma's sampler (state + while_loop),
 nanochat `engine.py` (prefill once, then clone the cache per sample).
 Departure: sampling uses one uniform per row (see `sampling.py`), not Gumbel-max.
@@ -122,7 +125,7 @@ def _generate(weights: Weights, prompt_tokens, prompt_mask, key, first_row, cach
     def rows(x, axis=0):  # [B, ...] → [R, ...], prompt-major
         return jnp.repeat(x, g, axis=axis) if g > 1 else x
 
-    # Copy each prompt's keys/values G times into the donated [L, R, S, K, H] buffer.
+    # Copy each prompt's keys/values G times into the donated [L, R, K, ·, ·] buffer.
     # Slots ≥ P keep stale values from the last call; `valid` hides them until written.
     k = jax.lax.dynamic_update_slice_in_dim(cache.k, rows(pre.k, 1).astype(cache.k.dtype), 0, 4)
     v = jax.lax.dynamic_update_slice_in_dim(cache.v, rows(pre.v, 1).astype(cache.v.dtype), 0, 3)
