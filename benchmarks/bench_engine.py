@@ -6,7 +6,8 @@ and exactly N new tokens per sequence (no early stop: `ignore_eos` here,
 `min_new_tokens = max_new_tokens` there). HF expands each prompt G times itself
 (`num_return_sequences`), as TRL does; locojax prefills each prompt once and repeats
 the cache. Timing is synchronised (`block_until_ready`; torch runs eagerly on the CPU),
-compile time is reported apart, and each figure is the median of several steady-state runs.
+compile time is reported apart, and each figure is the median of several steady-state runs,
+the two engines' runs alternating so that both see the same machine load.
 
 For SMALL it also reports achieved FLOP/s against the f32 matmul peak measured here
 (a large `jnp.dot`), using `ModelConfig.flops_per_token` for the work actually done.
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import platform
 import statistics
 import sys
@@ -50,12 +52,14 @@ SHAPES = {
 TORCH_THREADS = 2
 
 
+def timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
 def median_time(fn, runs: int) -> tuple[float, list[float]]:
-    times = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
+    times = [timed(fn) for _ in range(runs)]
     return statistics.median(times), times
 
 
@@ -84,7 +88,8 @@ def generate_flops(cfg, s: Shape) -> float:
     return float(prefill + decode)
 
 
-def bench_locojax(cfg, weights, prompts: np.ndarray, s: Shape, runs: int):
+def locojax_runner(cfg, weights, prompts: np.ndarray, s: Shape):
+    """A callable doing one synchronised generate (the first call compiles)."""
     engine = Engine(cfg)
     sampling = SamplingConfig(max_new_tokens=s.new_tokens, temperature=1.0, ignore_eos=True)
     calls = iter(range(10 ** 6))
@@ -93,18 +98,14 @@ def bench_locojax(cfg, weights, prompts: np.ndarray, s: Shape, runs: int):
         out = engine.generate(weights, prompts, jax.random.key(next(calls)), sampling,
                               num_samples=s.group)
         jax.block_until_ready(out)
-        return out
+        assert out.tokens.shape == (s.prompts * s.group, s.new_tokens)
+        assert int(out.lengths.min()) == s.new_tokens and int(out.steps) == s.new_tokens - 1
 
-    t0 = time.perf_counter()
-    out = once()
-    first = time.perf_counter() - t0
-    steady, times = median_time(once, runs)
-    assert out.tokens.shape == (s.prompts * s.group, s.new_tokens)
-    assert int(out.lengths.min()) == s.new_tokens and int(out.steps) == s.new_tokens - 1
-    return first - steady, steady, times
+    return once
 
 
-def bench_hf(cfg, weights, prompts: np.ndarray, s: Shape, runs: int):
+def hf_runner(cfg, weights, prompts: np.ndarray, s: Shape):
+    """A callable doing one HF `generate` on the same weights and prompts."""
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
@@ -114,7 +115,7 @@ def bench_hf(cfg, weights, prompts: np.ndarray, s: Shape, runs: int):
         intermediate_size=cfg.intermediate_size, num_hidden_layers=cfg.num_hidden_layers,
         num_attention_heads=cfg.num_attention_heads, num_key_value_heads=cfg.num_key_value_heads,
         head_dim=cfg.head_dim, rope_theta=cfg.rope_theta, rms_norm_eps=cfg.rms_norm_eps,
-        tie_word_embeddings=cfg.tie_word_embeddings, torch_dtype=torch.float32,
+        tie_word_embeddings=cfg.tie_word_embeddings,
     )
     model = Qwen3ForCausalLM(hf_cfg).float().eval()
     state = {k: torch.from_numpy(np.array(v)) for k, v in to_state_dict(weights, cfg).items()}
@@ -132,11 +133,23 @@ def bench_hf(cfg, weights, prompts: np.ndarray, s: Shape, runs: int):
         with torch.no_grad():
             out = model.generate(input_ids, **kw)
         assert out.shape == (s.prompts * s.group, s.prompt_tokens + s.new_tokens), out.shape
-        return out
 
-    once()  # warm-up (allocator, kernels)
-    steady, times = median_time(once, runs)
-    return steady, times
+    return once
+
+
+def bench_shape(cfg, weights, prompts, s: Shape, runs: int, hf_runs: int):
+    """Compile, warm up both, then alternate runs so both see the same machine load."""
+    ours_once, hf_once = locojax_runner(cfg, weights, prompts, s), hf_runner(cfg, weights,
+                                                                           prompts, s)
+    first = timed(ours_once)
+    hf_once()  # warm-up (allocator, kernels)
+    ours, hf = [], []
+    for i in range(max(runs, hf_runs)):
+        if i < runs:
+            ours.append(timed(ours_once))
+        if i < hf_runs:
+            hf.append(timed(hf_once))
+    return first - statistics.median(ours), ours, hf
 
 
 def main(argv=None) -> int:
@@ -148,7 +161,8 @@ def main(argv=None) -> int:
 
     print("command: " + " ".join([sys.executable.split("/")[-1]] + sys.argv))
     print(f"jax {jax.__version__} on {jax.devices()[0].platform} x{jax.device_count()}, "
-          f"{platform.processor() or platform.machine()}, torch threads {TORCH_THREADS}")
+          f"{os.cpu_count()} cores ({platform.machine()}), torch threads {TORCH_THREADS}, "
+          "load average at start %.1f %.1f %.1f" % os.getloadavg())
     rows = []
     peak = None
     for name in args.shapes:
@@ -161,14 +175,19 @@ def main(argv=None) -> int:
         print(f"\n[{name}] {cfg}\n  {s.prompts} prompts x group {s.group} = "
               f"{s.prompts * s.group} sequences, {s.prompt_tokens} prompt tokens, exactly "
               f"{s.new_tokens} new tokens, temperature 1.0 (no top-k/top-p), f32")
-        compile_s, ours, our_times = bench_locojax(cfg, weights, prompts, s, args.runs)
+        peak_before = matmul_peak() if name == "small" else 0.0
+        compile_s, our_times, hf_times = bench_shape(cfg, weights, prompts, s, args.runs,
+                                                     args.hf_runs)
+        ours, hf = statistics.median(our_times), statistics.median(hf_times)
         print(f"  locojax: compile {compile_s:.2f} s, runs " +
               " ".join(f"{t:.3f}" for t in our_times))
-        hf, hf_times = bench_hf(cfg, weights, prompts, s, args.hf_runs)
         print("  HF generate: runs " + " ".join(f"{t:.3f}" for t in hf_times))
         row = dict(name=name, tokens=tokens, ours=ours, hf=hf, compile=compile_s)
         if name == "small":
-            peak = peak or matmul_peak()
+            # The machine's peak is the better of two measurements around the runs.
+            peak = max(peak_before, matmul_peak())
+            print(f"  f32 matmul peak (2048^3 jnp.dot): {peak / 1e9:.1f} GFLOP/s; generate "
+                  f"does {generate_flops(cfg, s) / 1e9:.1f} GFLOP of matmuls")
             row["gflops"] = generate_flops(cfg, s) / ours / 1e9
         rows.append(row)
 
@@ -181,6 +200,8 @@ def main(argv=None) -> int:
         print(f"| {r['name'].upper()} | {r['tokens']} | {r['ours']:.3f} | "
               f"{r['tokens'] / r['ours']:,.0f} | {r['hf']:.3f} | {r['tokens'] / r['hf']:,.0f} | "
               f"{r['hf'] / r['ours']:.2f}x | {r['compile']:.1f} | {flops} |")
+    print("load average at end %.1f %.1f %.1f; times are medians of steady-state runs, "
+          "locojax and HF alternating" % os.getloadavg())
     return 0
 
 
