@@ -200,24 +200,16 @@ def _inverse_cdf(probs: jax.Array, uniforms: jax.Array, block: int = 64) -> jax.
     b, v = probs.shape
     p = jnp.pad(probs, ((0, 0), (0, -v % block))).reshape(b, -1, block)  # [B, V/64, 64]
     sums = jnp.sum(p, axis=-1)  # [B, V/64]
-    cdf = _cumsum(sums)
+    cdf = jnp.cumsum(sums, axis=-1)
     u = 1.0 - uniforms  # (0, 1]
     target = u * cdf[:, -1]
     j = jnp.minimum(jnp.sum(cdf < target[:, None], axis=-1), p.shape[1] - 1)  # [B] block
     take = lambda a: jnp.take_along_axis(a, j[:, None], axis=1)[:, 0]  # noqa: E731
     inner = jnp.take_along_axis(p, j[:, None, None], axis=1)[:, 0]  # [B, 64]
-    inner_cdf = _cumsum(inner)
+    inner_cdf = jnp.cumsum(inner, axis=-1)
     # Rounding may put the residual a hair outside the block's own (0, total]: clamp it in.
     resid = jnp.clip(target - (take(cdf) - take(sums)), jnp.finfo(jnp.float32).tiny,
                      inner_cdf[:, -1])
     i = jnp.minimum(jnp.sum(inner_cdf < resid[:, None], axis=-1), block - 1)
     return (j * block + i).astype(jnp.int32)
 
-
-def _cumsum(x: jax.Array) -> jax.Array:
-    """Running sum over the last axis (≤ a few hundred long) as a matmul with a triangle of
-    ones: XLA:CPU lowers `jnp.cumsum` to a log-depth scan of slices and pads, which is slower
-    here and a large share of the decode loop's compile time."""
-    n = x.shape[-1]
-    upper = jnp.triu(jnp.ones((n, n), x.dtype))  # upper[i, j] = 1 where i ≤ j
-    return jnp.matmul(x, upper, precision=jax.lax.Precision.HIGHEST)
