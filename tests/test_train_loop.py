@@ -24,7 +24,7 @@ COMMON = [
     "--task.level", "1", "--rollout.prompts-per-step", "8", "--algo.group-size", "4",
     "--rollout.max-new-tokens", "10", "--rollout.max-prompt-tokens", "8",
     "--eval.every", "3", "--eval.num-examples", "16", "--eval.batch-size", "16",
-    "--optim.lr", "3e-4", "--no-progress", "--no-tensorboard", "--dump-rollouts",
+    "--optim.lr", "3e-4", "--optim.warmup-steps", "0", "--no-progress", "--no-tensorboard", "--dump-rollouts",
 ]
 
 

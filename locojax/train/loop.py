@@ -133,7 +133,7 @@ class Trainer:
             ph.sync(batch)
         with timer.phase("train") as ph:
             self.state, metrics = update(self.state, batch, self.model_cfg, self.learner_cfg,
-                                         self.ref_params)
+                                         self.ref_params, mesh=self.wiring.train_mesh)
             ph.sync(self.state.params)
         metrics.update(self._rollout_metrics(out))
         if cfg.dump_rollouts:
