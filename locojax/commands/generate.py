@@ -3,20 +3,16 @@
     locojax generate --model tiny --prompt "2+3=" --batch 4 --max-new-tokens 32
     locojax generate --model path/to/hf_dir --prompt "Hello" --temperature 0
 
-`--model` is a preset (`tiny`, `small`: random weights, for timing) or an HF Qwen3
-directory (loaded with `hf_io.load_model`). The tokenizer is the directory's
-tokenizer.json if it has one, the one named in its `locojax.json`, else the built-in
-char tokenizer. Compile time (the first call) is reported apart from the steady-state
+`--model` is a spec of `locojax.models.load`: `embedded`, a preset (`tiny`, `small`:
+random weights, for timing) or an HF Qwen3 directory, with its tokenizer. Compile time (the first call) is reported apart from the steady-state
 time of a second, identical call.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import sys
 import time
-from pathlib import Path
 
 import tyro
 
@@ -26,7 +22,7 @@ class GenerateArgs:
     """Sample completions of one prompt with the jitted engine."""
 
     model: str = "tiny"
-    """A preset with random weights (tiny, small) or an HF Qwen3 directory."""
+    """embedded, a preset with random weights (tiny, small), or an HF Qwen3 directory."""
     prompt: str = "Hello"
     """Prompt text (encoded with the model's tokenizer; no chat template)."""
     chat: bool = False
@@ -49,38 +45,17 @@ class GenerateArgs:
     """How many samples to print."""
 
 
-def _tokenizer_for(model: str):
-    from locojax.tokenizer import load_tokenizer
-
-    path = Path(model)
-    if path.is_dir() and (path / "tokenizer.json").exists():
-        return load_tokenizer(path)
-    meta = path / "locojax.json"
-    if path.is_dir() and meta.exists():
-        return load_tokenizer(json.loads(meta.read_text()).get("tokenizer", "char"))
-    return load_tokenizer("char")
-
-
 def main(argv: list[str]) -> int:
     args = tyro.cli(GenerateArgs, args=argv, prog="locojax generate")
     import jax
 
+    from locojax import models
     from locojax.engine.engine import Engine
     from locojax.engine.sampling import SamplingConfig
-    from locojax.model import config as model_config
-    from locojax.model import params
 
     try:
-        if args.model in model_config.PRESETS:
-            cfg = model_config.PRESETS[args.model]()
-            weights = params.init(cfg, jax.random.key(args.seed))
-        elif Path(args.model).is_dir():
-            from locojax.model.hf_io import load_model
-            cfg, weights = load_model(args.model)
-        else:
-            raise ValueError(f"--model {args.model!r} is neither a preset "
-                             f"({', '.join(model_config.PRESETS)}) nor a directory")
-        tok = _tokenizer_for(args.model)
+        model = models.load(args.model, seed=args.seed)
+        cfg, weights, tok = model.cfg, model.weights, model.tokenizer
         if tok.vocab_size > cfg.vocab_size:
             raise ValueError(f"tokenizer has {tok.vocab_size} ids but the model only "
                              f"{cfg.vocab_size}")
