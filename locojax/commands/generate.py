@@ -4,8 +4,8 @@
     locojax generate --model path/to/hf_dir --prompt "Hello" --temperature 0
 
 `--model` is a spec of `locojax.models.load`: `embedded`, a preset (`tiny`, `small`:
-random weights, for timing) or an HF Qwen3 directory, with its tokenizer. Compile time (the first call) is reported apart from the steady-state
-time of a second, identical call.
+random weights, for timing) or an HF Qwen3 directory, with its tokenizer. Compile time
+(the first call) is reported apart from the steady-state time of a second, identical call.
 """
 
 from __future__ import annotations
