@@ -263,6 +263,9 @@ def test_bad_call_arguments_raise(tied):
                      SamplingConfig(stop_token_ids=(cfg.vocab_size,)))
     with pytest.raises(ValueError, match="no prompts"):
         eng.generate(w, [], jax.random.key(0), SamplingConfig())
+    with pytest.raises(ValueError, match="max_position_embeddings"):
+        Engine(tiny_cfg(max_position_embeddings=8)).generate(
+            w, [[1, 2, 3]], jax.random.key(0), SamplingConfig(max_new_tokens=6))
 
 
 @pytest.mark.slow

@@ -295,6 +295,11 @@ class Engine:
             tokens, mask = np.asarray(prompts, np.int32), np.asarray(prompt_mask, bool)
         check_prompts(tokens, mask, self.model_cfg.vocab_size)
         b, p = tokens.shape
+        longest = int(mask.sum(axis=1).max()) + sampling.max_new_tokens
+        if longest > self.model_cfg.max_position_embeddings:
+            raise ValueError(
+                f"prompt + max_new_tokens reaches {longest} positions, more than the model's "
+                f"max_position_embeddings={self.model_cfg.max_position_embeddings}")
         cache = self._buffer(b * num_samples, p + sampling.max_new_tokens - 1)
         if self.layout is not None:
             weights = self.place_weights(weights)
