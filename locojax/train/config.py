@@ -157,11 +157,9 @@ def check(cfg: RunConfig, num_processes: int, num_devices: int) -> None:
     if rows % num_devices:
         bad(f"prompts_per_step x group_size = {b} x {g} = {rows} rows do not split over "
             f"{num_devices} devices")
-    local_rows = rows // num_processes
     if (rows // num_devices) % (cfg.grad_accum * cfg.algo.num_minibatches):
         bad(f"{rows // num_devices} rows per device do not split into num_minibatches="
             f"{cfg.algo.num_minibatches} x grad_accum={cfg.grad_accum} micro-batches")
-    del local_rows
     if cfg.task.name not in task_names():
         bad(f"unknown task {cfg.task.name!r}; valid tasks: {', '.join(task_names())}")
     if cfg.task.name in ("gsm8k", "math"):

@@ -108,7 +108,7 @@ class Trainer:
     def _save(self, step: int) -> None:
         meta = {"next_step": step + 1, "data_cursor": (step + 1) * self.cfg.rollout.prompts_per_step,
                 "rng": np.asarray(jax.random.key_data(self.root_key)).tolist(),
-                "config": _jsonable(dataclasses.asdict(self.cfg)), "mode": self.cfg.mode}
+                "config": dataclasses.asdict(self.cfg), "mode": self.cfg.mode}
         self.ckpt.save(step + 1, self.state, meta)
 
     # --- one step ----------------------------------------------------------------------------
@@ -240,10 +240,3 @@ class Trainer:
         self.logger.close()
         return {**{f"before/{k}": v for k, v in before.items()}, **last}
 
-
-def _jsonable(x):
-    if isinstance(x, dict):
-        return {k: _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
-    return x
