@@ -86,15 +86,14 @@ class Result:
     beta: float
     n: int
     mode: str
+    repeat: int
     command: str
     ok: bool = False
     error: str = ""
-    step_time: float = float("nan")  # median over steady steps
-    step_times: list[float] = dataclasses.field(default_factory=list)
+    step_time: float = float("nan")  # median over this run's steady steps
+    steady: list[dict] = dataclasses.field(default_factory=list)  # perf.jsonl rows
+    lengths: list[float] = dataclasses.field(default_factory=list)  # mean response length
     compile_time: float = float("nan")  # sum over the run
-    host_fraction: float = float("nan")
-    phases: dict[str, float] = dataclasses.field(default_factory=dict)  # medians
-    response_length: float = float("nan")  # mean over steady steps
     load_before: float = float("nan")
     wall: float = float("nan")
 
@@ -174,24 +173,19 @@ def summarize(res: Result, run_dir: Path, steps: int, skip: int) -> None:
     missing = [s for s in steady if s not in perf]
     if not steady or missing:
         raise RuntimeError(f"no steady steps to measure (steps {missing or steady} missing)")
-    med = lambda key: statistics.median(float(perf[s].get(key, 0.0)) for s in steady)  # noqa: E731
-    res.step_times = [float(perf[s]["perf/step_time"]) for s in steady]
-    res.step_time = statistics.median(res.step_times)
+    res.steady = [perf[s] for s in steady]
+    res.step_time = statistics.median(float(row["perf/step_time"]) for row in res.steady)
     res.compile_time = sum(float(r.get("perf/compile_time", 0.0)) for r in perf.values())
-    res.host_fraction = med("perf/host_fraction")
-    names = {k[len("perf/phase/"):] for s in steady for k in perf[s] if k.startswith("perf/phase/")}
-    res.phases = {name: med(f"perf/phase/{name}") for name in sorted(names)}
-    res.response_length = statistics.mean(
-        float(metrics[s]["rollout/response_length/mean"]) for s in steady)
+    res.lengths = [float(metrics[s]["rollout/response_length/mean"]) for s in steady]
 
 
 def run_point(shape: Shape, workload: str, model: str, mode: str, n: int, steps: int,
-              beta: float, skip: int, root: Path, timeout: float) -> Result:
-    run_dir = root / f"{shape.arch}-{workload}-b{beta:g}-n{n}-{mode}"
+              beta: float, skip: int, root: Path, timeout: float, repeat: int) -> Result:
+    run_dir = root / f"{shape.arch}-{workload}-b{beta:g}-n{n}-{mode}-r{repeat}"
     shutil.rmtree(run_dir, ignore_errors=True)  # a leftover checkpoint would be resumed
     run_dir.mkdir(parents=True)
     argv = train_argv(shape, workload, model, mode, n, steps, beta, run_dir)
-    res = Result(shape.name, workload, beta, n, mode, shlex.join(argv))
+    res = Result(shape.name, workload, beta, n, mode, repeat, shlex.join(argv))
     res.load_before = os.getloadavg()[0]
     print(f"$ {res.command}", flush=True)
     t0 = time.perf_counter()
@@ -204,7 +198,8 @@ def run_point(shape: Shape, workload: str, model: str, mode: str, n: int, steps:
     try:
         summarize(res, run_dir, steps, skip)
         res.ok = True
-        print(f"# {res.step_time:.3f} s/step (steady {['%.3f' % t for t in res.step_times]}), "
+        times = [f"{float(row['perf/step_time']):.3f}" for row in res.steady]
+        print(f"# {res.step_time:.3f} s/step (steady {' '.join(times)}), "
               f"compile {res.compile_time:.1f}s, wall {res.wall:.0f}s", flush=True)
     except (OSError, KeyError, RuntimeError, ValueError) as e:
         res.error = f"unreadable logs: {e}"
@@ -219,39 +214,62 @@ def fmt(x: float, spec: str = ".3f") -> str:
     return "n/a" if x != x else format(x, spec)
 
 
+def pooled(runs: list[Result]) -> dict | None:
+    """One point's figures: medians over the steady steps of all its successful runs."""
+    ok = [r for r in runs if r.ok]
+    if not ok:
+        return None
+    rows = [row for r in ok for row in r.steady]
+    med = lambda key: statistics.median(float(row.get(key, 0.0)) for row in rows)  # noqa: E731
+    names = sorted({k for row in rows for k in row if k.startswith("perf/phase/")})
+    return {
+        "step": med("perf/step_time"), "host": med("perf/host_fraction"),
+        "phases": {k[len("perf/phase/"):]: med(k) for k in names},
+        "length": statistics.mean(x for r in ok for x in r.lengths),
+        "compile": statistics.median(r.compile_time for r in ok),
+        "load": statistics.mean(r.load_before for r in ok),
+        "runs": [r.step_time for r in ok], "failed": len(runs) - len(ok),
+    }
+
+
 def print_tables(results: list[Result]) -> None:
-    by = {(r.shape, r.workload, r.beta, r.n, r.mode): r for r in results}
+    groups: dict[tuple, list[Result]] = {}
+    for r in results:
+        groups.setdefault((r.shape, r.workload, r.beta, r.n, r.mode), []).append(r)
+    by = {k: pooled(v) for k, v in groups.items()}
     points = sorted({k[:4] for k in by}, key=lambda k: (k[0] != "TINY", k[1], k[2], k[3]))
+    nan = float("nan")
     print("\n## Step time (median s/step over steady steps; strong scaling: equal global work)\n")
     print("| shape | workload | β | N | single s/step | colocated s/step | single/colocated "
           "| mean resp. len single / colocated |")
     print("|---|---|---|---|---|---|---|---|")
     for key in points:
         s, c = by.get((*key, "single")), by.get((*key, "colocated"))
-        st = s.step_time if s and s.ok else float("nan")
-        ct = c.step_time if c and c.ok else float("nan")
-        sl = s.response_length if s and s.ok else float("nan")
-        cl = c.response_length if c and c.ok else float("nan")
+        st, ct = (s or {}).get("step", nan), (c or {}).get("step", nan)
+        sl, cl = (s or {}).get("length", nan), (c or {}).get("length", nan)
         print(f"| {key[0]} | {key[1]} | {key[2]:g} | {key[3]} | {fmt(st)} | {fmt(ct)} "
               f"| {fmt(st / ct, '.2f')} | {fmt(sl, '.2f')} / {fmt(cl, '.2f')} |")
     print("\n## Phase breakdown (medians over steady steps, process 0's view, seconds)\n")
     print("| shape | workload | β | N | mode | step | host share | generate | train "
-          "| detok+reward | batch | admission | compile (run) | load avg before |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| detok+reward | batch | admission | per-run medians | compile/run | load avg |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for key in points:
         for mode in ("single", "colocated"):
-            r = by.get((*key, mode))
-            if r is None:
+            if (*key, mode) not in groups:
                 continue
-            if not r.ok:
-                print(f"| {key[0]} | {key[1]} | {key[2]:g} | {key[3]} | {mode} | FAILED: "
-                      f"{r.error} |||||||||")
+            p = by[(*key, mode)]
+            head = f"| {key[0]} | {key[1]} | {key[2]:g} | {key[3]} | {mode} "
+            if p is None:
+                err = groups[(*key, mode)][-1].error.replace("|", "/")
+                print(f"{head}| FAILED: {err} |||||||||")
                 continue
-            ph = lambda name: fmt(r.phases.get(name, float("nan")))  # noqa: E731
-            print(f"| {key[0]} | {key[1]} | {key[2]:g} | {key[3]} | {mode} | {fmt(r.step_time)} "
-                  f"| {fmt(100 * r.host_fraction, '.1f')}% | {ph('generate')} | {ph('train')} "
-                  f"| {ph('detokenize_reward')} | {ph('batch')} | {ph('admission')} "
-                  f"| {fmt(r.compile_time, '.1f')} | {fmt(r.load_before, '.2f')} |")
+            ph = lambda name: fmt(p["phases"].get(name, nan))  # noqa: E731
+            runs = ", ".join(fmt(t) for t in p["runs"]) + (f" ({p['failed']} failed)"
+                                                          if p["failed"] else "")
+            print(f"{head}| {fmt(p['step'])} | {fmt(100 * p['host'], '.1f')}% | {ph('generate')} "
+                  f"| {ph('train')} | {ph('detokenize_reward')} | {ph('batch')} "
+                  f"| {ph('admission')} | {runs} | {fmt(p['compile'], '.1f')} "
+                  f"| {fmt(p['load'], '.2f')} |")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -268,6 +286,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=0,
                     help="steps per run (0: the shape's default, TINY 20, SMALL 7; --quick: 6)")
     ap.add_argument("--skip", type=int, default=2, help="warm-up steps left out of the median")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="runs per point (steady steps of all runs are pooled into one median)")
     ap.add_argument("--sft-steps", type=int, default=150,
                     help="SFT steps of the arith-var model")
     ap.add_argument("--work-dir", default="/tmp/locojax_bench_modes",
@@ -280,6 +300,8 @@ def main(argv: list[str] | None = None) -> int:
     args.shapes = args.shapes or (["tiny"] if args.quick else ["tiny", "small"])
     args.hosts = args.hosts or ([1, 2] if args.quick else [1, 2, 4])
     args.steps = args.steps or (6 if args.quick else 0)
+    if args.repeats < 1:
+        ap.error(f"--repeats must be >= 1, got {args.repeats}")
     if any(n < 1 for n in args.hosts):
         ap.error(f"--hosts must be >= 1, got {args.hosts}")
     for name in args.shapes:
@@ -329,19 +351,21 @@ def main(argv: list[str] | None = None) -> int:
                 path, cmd = sft_model(shape, work, args.sft_steps, args.timeout)
                 model, sft_cmds[shape.name] = str(path), cmd
             for beta in args.betas:
-                for i, n in enumerate(args.hosts):
-                    # Alternate which mode goes first, so slow drift in machine load does not
-                    # always favour the same one.
-                    modes = ("single", "colocated") if i % 2 == 0 else ("colocated", "single")
-                    for mode in modes:
-                        results.append(run_point(shape, workload, model, mode, n, steps, beta,
-                                                 args.skip, root, args.timeout))
+                for rep in range(args.repeats):
+                    for i, n in enumerate(args.hosts):
+                        # Alternate which mode goes first, so slow drift in machine load does
+                        # not always favour the same one.
+                        first = ("single", "colocated")
+                        for mode in first if (i + rep) % 2 == 0 else first[::-1]:
+                            results.append(run_point(shape, workload, model, mode, n, steps,
+                                                     beta, args.skip, root, args.timeout, rep))
 
     print("\n## Commands\n")
     for shape, cmd in sft_cmds.items():
         print(f"- {shape} arith-var model: `{cmd}`")
     for r in results:
-        print(f"- {r.shape} {r.workload} β={r.beta:g} N={r.n} {r.mode}: `{r.command}`")
+        print(f"- {r.shape} {r.workload} β={r.beta:g} N={r.n} {r.mode} run {r.repeat + 1}: "
+              f"`{r.command}`")
     print_tables(results)
     print(f"\n# total wall {time.perf_counter() - t_start:.0f}s; load average after: "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
