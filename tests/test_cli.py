@@ -34,7 +34,3 @@ def test_generate_from_the_embedded_checkpoint_answers_in_format():
     assert "12+34=####" in out.stdout  # the SFT'd format, greedy
     assert "tokens/s" in out.stdout and "compile" in out.stdout
 
-
-def test_generate_rejects_a_missing_model():
-    out = locojax("generate", "--model", "/no/such/dir")
-    assert out.returncode == 2 and "neither 'embedded', a preset" in out.stderr
