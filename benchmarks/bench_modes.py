@@ -250,9 +250,9 @@ def print_tables(results: list[Result]) -> None:
         print(f"| {key[0]} | {key[1]} | {key[2]:g} | {key[3]} | {fmt(st)} | {fmt(ct)} "
               f"| {fmt(st / ct, '.2f')} | {fmt(sl, '.2f')} / {fmt(cl, '.2f')} |")
     print("\n## Phase breakdown (medians over steady steps, process 0's view, seconds)\n")
-    print("| shape | workload | β | N | mode | step | host share | generate | train "
+    print("| shape | workload | β | N | mode | step | host share | prefill | decode | train "
           "| detok+reward | batch | admission | per-run medians | compile/run | load avg |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for key in points:
         for mode in ("single", "colocated"):
             if (*key, mode) not in groups:
@@ -261,12 +261,13 @@ def print_tables(results: list[Result]) -> None:
             head = f"| {key[0]} | {key[1]} | {key[2]:g} | {key[3]} | {mode} "
             if p is None:
                 err = groups[(*key, mode)][-1].error.replace("|", "/")
-                print(f"{head}| FAILED: {err} |||||||||")
+                print(f"{head}| FAILED: {err} ||||||||||")
                 continue
             ph = lambda name: fmt(p["phases"].get(name, nan))  # noqa: E731
             runs = ", ".join(fmt(t) for t in p["runs"]) + (f" ({p['failed']} failed)"
                                                           if p["failed"] else "")
-            print(f"{head}| {fmt(p['step'])} | {fmt(100 * p['host'], '.1f')}% | {ph('generate')} "
+            print(f"{head}| {fmt(p['step'])} | {fmt(100 * p['host'], '.1f')}% | {ph('prefill')} "
+                  f"| {ph('decode')} "
                   f"| {ph('train')} | {ph('detokenize_reward')} | {ph('batch')} "
                   f"| {ph('admission')} | {runs} | {fmt(p['compile'], '.1f')} "
                   f"| {fmt(p['load'], '.2f')} |")

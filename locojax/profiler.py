@@ -1,11 +1,11 @@
 """Per-step phase timing with device-synchronised boundaries, and compile time kept apart.
 
     timer = StepTimer()
-    with timer.phase("generate") as ph:
-        rollout = engine.generate(...)
+    with timer.phase("decode") as ph:
+        rollout = engine.decode(...)
         ph.sync(rollout)          # block_until_ready at the boundary, so device work is counted
     ...
-    metrics = timer.finish_step()  # {"perf/generate": s, ..., "perf/compile_time": s, ...}
+    metrics = timer.finish_step()  # {"perf/phase/decode": s, ..., "perf/compile_time": s, ...}
 
 Compile time is measured from JAX's own monitoring events (trace, lowering and backend
 compile durations) and subtracted from the phase it happened in, so the first step's phases

@@ -91,7 +91,8 @@ def pack(seqs: Sequence[Sequence_], pad_id: int, length: int | None = None):
 def sft_loss(weights, tokens, attn, loss_mask, model_cfg: ModelConfig):
     """Mean next-token cross-entropy over completion positions. tokens: [B, T]."""
     positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
-    hidden, _ = qwen3.forward(weights, tokens, positions, model_cfg, mask=attn)
+    hidden, _ = qwen3.forward(weights, tokens, positions, model_cfg, mask=attn,
+                              unroll=qwen3.unroll_for_grad(model_cfg))
     # hidden at t predicts token t+1
     logp, _ = qwen3.token_logprobs(weights, hidden[:, :-1], tokens[:, 1:], model_cfg)
     m = loss_mask[:, 1:]

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from locojax.engine.engine import Engine, generate_jit, pad_prompts
+from locojax.engine.engine import Engine, decode_jit, pad_prompts, prefill_jit
 from locojax.engine.sampling import SamplingConfig
 from locojax.model import qwen3
 from locojax.model.sharding import make_mesh
@@ -209,7 +209,7 @@ def test_cache_is_donated_and_reused_and_compiles_once(tied, caplog):
     prompts = _prompts(cfg.vocab_size, seed=10, lengths=[4, 2])
     with caplog.at_level(logging.INFO, logger="locojax.engine.engine"):
         first = eng.generate(w, prompts, jax.random.key(0), sampling)
-        compiled = generate_jit._cache_size()
+        compiled = prefill_jit._cache_size(), decode_jit._cache_size()
         buf = eng._cache
         assert buf.v.shape == (cfg.num_hidden_layers, 2, cfg.num_key_value_heads, 4 + 5 - 1,
                                cfg.head_dim)
@@ -220,7 +220,22 @@ def test_cache_is_donated_and_reused_and_compiles_once(tied, caplog):
     compiles = [r for r in caplog.records if "compiling generate" in r.getMessage()]
     assert len(compiles) <= 1  # 0 if an earlier test compiled this exact shape
     # Nor compiled again without a retrace (the handed-back buffer is placed like the first).
-    assert generate_jit._cache_size() == compiled
+    assert (prefill_jit._cache_size(), decode_jit._cache_size()) == compiled
+
+
+def test_prefill_then_decode_equals_generate_and_decodes_once(tied):
+    cfg, _, w = tied
+    eng = Engine(cfg)
+    sampling = SamplingConfig(max_new_tokens=6, temperature=1.0)
+    prompts = _prompts(cfg.vocab_size, seed=12, lengths=[3, 5])
+    whole = eng.generate(w, prompts, jax.random.key(4), sampling, num_samples=2)
+    pending = eng.prefill(w, prompts, jax.random.key(4), sampling, num_samples=2)
+    jax.block_until_ready(pending.prefilled)  # what a profiler does between the two phases
+    split = eng.decode(pending)
+    np.testing.assert_array_equal(np.asarray(whole.tokens), np.asarray(split.tokens))
+    np.testing.assert_array_equal(np.asarray(whole.logprobs), np.asarray(split.logprobs))
+    with pytest.raises(ValueError, match="already decoded"):
+        eng.decode(pending)
 
 
 @pytest.mark.slow

@@ -54,7 +54,7 @@ def test_plot_writes_png(tmp_path):
     log = MetricsLogger(str(tmp_path), tensorboard=False)
     for step in range(1, 4):
         log.log(step, {"reward/mean": 0.1 * step, "eval/accuracy": 0.2 * step,
-                       "perf/step_time": 0.5, "perf/phase/generate": 0.3, "perf/phase/train": 0.2})
+                       "perf/step_time": 0.5, "perf/phase/decode": 0.3, "perf/phase/train": 0.2})
     out = plot(str(tmp_path))
     with open(out, "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"

@@ -105,9 +105,19 @@ def _finished(tok, count, cfg: SamplingConfig):
     return out
 
 
-def _generate(weights: Weights, prompt_tokens, prompt_mask, key, first_row, cache: qwen3.KVCache, *,
-              model_cfg: ModelConfig, sampling: SamplingConfig, num_samples: int,
-              layout: _Layout | None):
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class Prefilled:
+    """What prefill hands to decode: the loop state after token 0, plus loop invariants."""
+
+    state: _State
+    draws: jax.Array | None  # [N, R] f32 uniforms, one per row and step (None: greedy)
+    pos0: jax.Array  # [R] int32: position of generated token 0
+
+
+def _prefill(weights: Weights, prompt_tokens, prompt_mask, key, first_row, cache: qwen3.KVCache,
+             *, model_cfg: ModelConfig, sampling: SamplingConfig, num_samples: int,
+             layout: _Layout | None) -> Prefilled:
     b, p = prompt_tokens.shape
     g, n = num_samples, sampling.max_new_tokens
     r, s = b * g, cache.v.shape[3]
@@ -139,8 +149,8 @@ def _generate(weights: Weights, prompt_tokens, prompt_mask, key, first_row, cach
     row_keys = jax.vmap(jax.random.fold_in, (None, 0))(key, first_row + jnp.arange(r))
     draws = None if sampling.greedy else jax.vmap(lambda t: uniform_draws(
         jax.vmap(jax.random.fold_in, (0, None))(row_keys, t), r))(jnp.arange(n))  # [N, R]
-    draw = lambda t: None if draws is None else draws[t]  # noqa: E731
-    first, first_lp = sample_with_logprobs(rows(logits), None, sampling, draw(0))
+    first, first_lp = sample_with_logprobs(rows(logits), None, sampling,
+                                           None if draws is None else draws[0])
     pos0 = rows(prompt_len)  # [R]: position of generated token 0
     pad = jnp.int32(sampling.pad_token_id)
     state = _State(
@@ -149,6 +159,16 @@ def _generate(weights: Weights, prompt_tokens, prompt_mask, key, first_row, cach
         logprobs=jnp.zeros((r, n), jnp.float32).at[:, 0].set(first_lp),
         done=_finished(first, 1, sampling), step=jnp.asarray(1, jnp.int32),
     )
+    return Prefilled(state, draws, pos0)
+
+
+def _decode(weights: Weights, pre: Prefilled, *, model_cfg: ModelConfig,
+            sampling: SamplingConfig, layout: _Layout | None):
+    """Tokens 1..N-1 in a `lax.while_loop` that exits once every row has stopped."""
+    n = sampling.max_new_tokens
+    pad = jnp.int32(sampling.pad_token_id)
+    pos0, draws = pre.pos0, pre.draws
+    draw = lambda t: None if draws is None else draws[t]  # noqa: E731
 
     def cond(st: _State):
         return (st.step < n) & ~jnp.all(st.done)
@@ -167,7 +187,7 @@ def _generate(weights: Weights, prompt_tokens, prompt_mask, key, first_row, cach
         done = st.done | _finished(tok, st.step + 1, sampling)
         return _State(_constrain_cache(layout, cache), tok, tokens, logprobs, done, st.step + 1)
 
-    state = jax.lax.while_loop(cond, body, state)
+    state = jax.lax.while_loop(cond, body, pre.state)
     # A row's mask: every position up to and including its stop (its first `length` tokens).
     length = _lengths(state.tokens, sampling)
     out_mask = jnp.arange(n)[None, :] < length[:, None]
@@ -190,11 +210,15 @@ def _lengths(tokens, cfg: SamplingConfig):
     return jnp.where(jnp.any(stops, axis=1), jnp.argmax(stops, axis=1) + 1, n).astype(jnp.int32)
 
 
-generate_jit = jax.jit(
-    _generate, static_argnames=("model_cfg", "sampling", "num_samples", "layout"),
+prefill_jit = jax.jit(
+    _prefill, static_argnames=("model_cfg", "sampling", "num_samples", "layout"),
     donate_argnames=("cache",),
 )
-"""The one jit boundary: static configs, the cache donated in and handed back."""
+decode_jit = jax.jit(_decode, static_argnames=("model_cfg", "sampling", "layout"),
+                     donate_argnames=("pre",))
+"""The two jit boundaries, static configs: the cache is donated into prefill, travels in
+`Prefilled` (donated into decode) and is handed back. Two programs rather than one cost one
+dispatch and let a profiler time prefill and decode apart at a device-synchronised boundary."""
 
 
 def pad_prompts(prompts: Sequence[Sequence[int]], pad_id: int = 0, length: int | None = None):
@@ -274,13 +298,23 @@ class Engine:
 
     def generate(self, weights: Weights, prompts, key: jax.Array, sampling: SamplingConfig,
                  num_samples: int = 1, prompt_mask=None, first_row: int = 0) -> Generation:
-        """Sample `num_samples` completions per prompt.
+        """Sample `num_samples` completions per prompt: `decode(prefill(...))`.
 
         prompts: a list of id lists (left-padded here), or [B, P] ids with `prompt_mask`
         [B, P] (True on real tokens, left-padded). key: one PRNG key; row r draws step t
         with `fold_in(fold_in(key, first_row + r), t)`, so a fixed key gives a fixed output
         and a row's tokens do not depend on the batch it is generated in. first_row: the
         global index of this batch's first row (when one batch is split across hosts).
+        """
+        pending = self.prefill(weights, prompts, key, sampling, num_samples, prompt_mask,
+                               first_row)
+        return self.decode(pending)
+
+    def prefill(self, weights: Weights, prompts, key: jax.Array, sampling: SamplingConfig,
+                num_samples: int = 1, prompt_mask=None, first_row: int = 0) -> "Pending":
+        """Prefill the prompts and sample token 0 (arguments as `generate`); `decode` goes on.
+
+        Dispatched asynchronously: block on `Pending.prefilled` to time prefill alone.
         """
         if num_samples < 1:
             raise ValueError(f"num_samples={num_samples} must be >= 1")
@@ -305,8 +339,26 @@ class Engine:
             weights = self.place_weights(weights)
             tokens, mask = (jax.device_put(x, self.layout.sharding(("batch", None), x.shape))
                             for x in (tokens, mask))
-        out, self._cache = generate_jit(
+        prefilled = prefill_jit(
             weights, tokens, mask, key, jnp.asarray(first_row, jnp.int32), cache,
             model_cfg=self.model_cfg, sampling=sampling,
             num_samples=num_samples, layout=self.layout)
+        return Pending(weights, prefilled, sampling)
+
+    def decode(self, pending: "Pending") -> Generation:
+        """Sample the remaining tokens of a `prefill`; the cache returns to this engine."""
+        prefilled, pending.prefilled = pending.prefilled, None  # donated: usable once
+        if prefilled is None:
+            raise ValueError("this prefill was already decoded")
+        out, self._cache = decode_jit(pending.weights, prefilled, model_cfg=self.model_cfg,
+                                      sampling=pending.sampling, layout=self.layout)
         return out
+
+
+@dataclasses.dataclass
+class Pending:
+    """A prefilled batch waiting for `Engine.decode` (host-side handle, decoded once)."""
+
+    weights: Weights
+    prefilled: Prefilled | None
+    sampling: SamplingConfig

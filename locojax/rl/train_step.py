@@ -62,14 +62,15 @@ class NonFiniteError(RuntimeError):
 
 
 def sequence_logprobs(params: Weights, tokens, positions, attn_mask, model_cfg: ModelConfig,
-                      temperature: float = 1.0, chunk: int = 0):
+                      temperature: float = 1.0, chunk: int = 0, unroll: bool = False):
     """log π(tokens[b, t] | tokens[b, :t]) and the entropy of that distribution, [B, T] each.
 
     Aligned with `tokens`; column 0 (no context to predict it from) is 0. The hidden state
-    at t predicts token t + 1, so the forward runs on tokens[:, :-1].
+    at t predicts token t + 1, so the forward runs on tokens[:, :-1]. `unroll`: see
+    `qwen3.forward` (set where the result is differentiated).
     """
     hidden, _ = qwen3.forward(params, tokens[:, :-1], positions[:, :-1], model_cfg,
-                              mask=attn_mask[:, :-1])  # [B, T-1, D]
+                              mask=attn_mask[:, :-1], unroll=unroll)  # [B, T-1, D]
     logp, ent = qwen3.token_logprobs(params, hidden, tokens[:, 1:], model_cfg, temperature, chunk)
     zero = jnp.zeros((tokens.shape[0], 1), jnp.float32)
     return jnp.concatenate([zero, logp], axis=1), jnp.concatenate([zero, ent], axis=1)
@@ -101,7 +102,8 @@ def _micro_loss(params, data, counts: Counts, first, fresh_tokens, s: LossSettin
     """Loss share and metric shares of one micro-batch (global denominators throughout)."""
     b: TrainBatch = data["batch"]
     logp, ent = sequence_logprobs(params, b.tokens, b.positions, b.attn_mask, model_cfg,
-                                  cfg.temperature, cfg.logprob_chunk)
+                                  cfg.temperature, cfg.logprob_chunk,
+                                  unroll=qwen3.unroll_for_grad(model_cfg))
     own = jax.lax.stop_gradient(logp)  # π_θ before any update of this step, bitwise
     old = own if data["prox"] is None else jnp.where(first, own, data["prox"])
     loss, metrics, extremes = objective(logp, ent, old, b.old_logprobs, b.ref_logprobs,

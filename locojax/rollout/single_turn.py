@@ -79,14 +79,17 @@ def rollout(engine: Engine, weights, tokenizer: Tokenizer, task: Task, runner: R
 
     first_group: global index of examples[0], so group ids (and per-row sampling keys) are
     the same whichever host or layout generates a prompt. `timer` gets the admission,
-    generate and detokenize_reward phases.
+    prefill, decode and detokenize_reward phases.
     """
     phase = timer.phase
     with phase("admission"):
         prompt_tokens, prompt_mask = encode_prompts(tokenizer, examples, max_prompt_tokens)
-    with phase("generate") as ph:
-        gen = engine.generate(weights, prompt_tokens, key, sampling, num_samples=group_size,
-                              prompt_mask=prompt_mask, first_row=first_group * group_size)
+    with phase("prefill") as ph:
+        pending = engine.prefill(weights, prompt_tokens, key, sampling, num_samples=group_size,
+                                 prompt_mask=prompt_mask, first_row=first_group * group_size)
+        ph.sync(pending.prefilled)
+    with phase("decode") as ph:
+        gen = engine.decode(pending)
         ph.sync(gen)
     with phase("detokenize_reward"):
         tokens, mask, logprobs = (np.asarray(x) for x in (gen.tokens, gen.mask, gen.logprobs))
