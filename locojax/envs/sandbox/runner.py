@@ -1,349 +1,30 @@
-"""Run untrusted code (model-written patches, tests, code rewards) in a contained child process.
-
-Every run gets a fresh temporary directory, which is the only place the child can write, and
-these layers, strongest first, each used when the kernel allows it (`Sandbox.isolation` and a
-start-up log line say which are active):
-
-- namespaces (`unshare(2)` through ctypes; Python 3.11 has no `os.unshare`): a new mount
-  namespace whose root is a fresh read-only tmpfs holding only read-only bind mounts of the
-  system and Python directories plus the read-write work dir (`pivot_root`), so files planted
-  elsewhere do not exist inside; a new network namespace (no interfaces up, not even loopback);
-  a new pid namespace (killing its init kills everything, including processes that `setsid`);
-  new IPC and UTS namespaces. As non-root a user namespace is added to make this possible.
-- an unprivileged uid: as root the child drops to a uid unique to the run, so root's
-  permission bypass is gone and `RLIMIT_NPROC` (a per-uid count) becomes a per-run process cap.
-- a cgroup `pids.max` where a pids cgroup is writable (a second, exact fork-bomb cap).
-- bubblewrap (`bwrap`), when installed and the direct namespaces are refused.
-- always: rlimits on CPU time, address space, file size, open files, process count, no core
-  dumps; `PR_SET_NO_NEW_PRIVS`; a wall-clock deadline after which the whole process group is
-  SIGKILLed; stdout/stderr kept to a head and a tail of bounded size.
-
-Mechanics: the parent starts this very file as a script (`python -I -S sandbox.py SPEC`, stdlib
-only, so it imports nothing from the project) in a new session. That bootstrap, still root,
-joins the cgroup, unshares, builds the root, forks the target, which sets rlimits, drops the
-uid and `exec`s the command. The bootstrap reports the target's exit status, or a setup error,
-as JSON lines on a dedicated pipe, so infrastructure failures are told apart from the child's.
-
-References: bubblewrap (the tmpfs root + bind mounts + pivot_root recipe), nsjail and the
-`unshare(1)` man page; the limits follow OpenAI's human-eval `reliability_guard` and the SWE-
-bench harness, but here they are kernel-enforced instead of monkey-patched.
-"""
+"""The parent side of the sandbox: `Sandbox` and its helpers (see `locojax.envs.sandbox`)."""
 
 from __future__ import annotations
 
-import dataclasses
+import functools
 import json
+import logging
 import os
-import re
+import secrets
+import selectors
+import shutil
 import signal
+import subprocess
 import sys
+import tempfile
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path, PurePosixPath
 
-# ---------------------------------------------------------------------------------------------
-# Configuration and results (parent side).
+from locojax.envs.sandbox import bootstrap
+from locojax.envs.sandbox.bootstrap import (CLONE_NEWIPC, CLONE_NEWNET, CLONE_NEWNS,
+                                            CLONE_NEWPID, CLONE_NEWUSER, CLONE_NEWUTS)
+from locojax.envs.sandbox.config import (Isolation, Limits, SandboxConfig, SandboxError,
+                                         SandboxResult)
 
-
-@dataclasses.dataclass(frozen=True)
-class Limits:
-    """Resource limits for one sandboxed run."""
-
-    cpu_seconds: float = 10.0
-    """RLIMIT_CPU per process: SIGXCPU at this many CPU seconds, SIGKILL one second later."""
-    wall_seconds: float = 20.0
-    """Wall-clock deadline for the whole run; then the process group is SIGKILLed."""
-    memory_bytes: int = 1 << 30
-    """RLIMIT_AS (address space) per process; a larger allocation fails inside the child."""
-    file_size_bytes: int = 64 << 20
-    """RLIMIT_FSIZE: the largest file the child may write (writes beyond it fail with EFBIG)."""
-    max_processes: int = 32
-    """Process/thread cap for the run (cgroup pids.max and RLIMIT_NPROC of the run's uid)."""
-    max_open_files: int = 256
-    """RLIMIT_NOFILE."""
-    max_output_bytes: int = 64 << 10
-    """stdout and stderr are each kept to this many bytes (half head, half tail)."""
-
-    def __post_init__(self):
-        for f in dataclasses.fields(self):
-            v = getattr(self, f.name)
-            if not isinstance(v, (int, float)) or v <= 0:
-                raise ValueError(f"Limits.{f.name} must be a positive number, got {v!r}")
-
-
-@dataclasses.dataclass(frozen=True)
-class SandboxConfig:
-    """How to isolate; the defaults pick the strongest mechanism this machine allows."""
-
-    mode: str = "auto"
-    """"auto", "namespaces", "bwrap" or "none" (rlimits, cwd and uid drop only)."""
-    ro_paths: tuple[str, ...] = ()
-    """Extra host paths made visible read-only inside the sandbox (e.g. a data dir)."""
-    unprivileged_uid: bool = True
-    """When running as root, run the child as a fresh uid unique to each run."""
-    cgroup: bool = True
-    """Use a pids cgroup for the process cap when one is writable."""
-    env: tuple[tuple[str, str], ...] = ()
-    """Extra environment variables for the child (its environment is otherwise minimal)."""
-    bwrap_path: str | None = None
-    """bubblewrap binary; None means `bwrap` on PATH."""
-
-    def __post_init__(self):
-        if self.mode not in ("auto", "namespaces", "bwrap", "none"):
-            raise ValueError(f"SandboxConfig.mode must be auto|namespaces|bwrap|none, got "
-                             f"{self.mode!r}")
-
-
-@dataclasses.dataclass(frozen=True)
-class Isolation:
-    """What the active mechanism actually guarantees (probed, not assumed)."""
-
-    mode: str
-    """"namespaces", "bwrap" or "none"."""
-    filesystem: bool
-    """Only the work dir is writable and host files outside the read-only system paths are
-    absent (mount namespace + fresh root)."""
-    network: bool
-    """A network namespace with no usable interface."""
-    pid: bool
-    """A pid namespace: the run's processes die with it, even ones that escaped the group."""
-    uid: bool
-    """The child runs as a non-root uid unique to the run."""
-    cgroup_pids: bool
-    """A cgroup pids.max caps the run's process count."""
-
-    def describe(self) -> str:
-        on = [n for n in ("filesystem", "network", "pid", "uid", "cgroup_pids") if getattr(self, n)]
-        off = [n for n in ("filesystem", "network", "pid", "uid", "cgroup_pids")
-               if not getattr(self, n)]
-        return (f"sandbox mode={self.mode}: isolated {', '.join(on) or 'nothing'}"
-                + (f"; NOT isolated: {', '.join(off)}" if off else "")
-                + "; rlimits cpu/as/fsize/nofile/nproc + wall-clock kill always on")
-
-
-@dataclasses.dataclass(frozen=True)
-class SandboxResult:
-    """The outcome of one run."""
-
-    returncode: int
-    """Exit code; negative -N when killed by signal N (as `subprocess` reports it)."""
-    stdout: str
-    """Captured stdout (head and tail kept when over `Limits.max_output_bytes`)."""
-    stderr: str
-    """Captured stderr, truncated the same way."""
-    timed_out: bool
-    """True when the wall-clock deadline killed the run."""
-    killed_reason: str | None
-    """"wall_time", "cpu_time", "file_size" or "signal <NAME>"; None when it exited itself."""
-    wall_time: float
-    """Seconds from start to the end of the run, including setup."""
-    files: dict[str, str] = dataclasses.field(default_factory=dict)
-    """Files read back from the work dir after the run (see `Sandbox.run(read_back=...)`)."""
-
-    @property
-    def ok(self) -> bool:
-        return self.returncode == 0 and not self.timed_out
-
-
-class SandboxError(RuntimeError):
-    """The sandbox itself could not be set up (not a failure of the code it ran)."""
-
-
-# ---------------------------------------------------------------------------------------------
-# The bootstrap: runs as `python -I -S sandbox.py SPEC`, stdlib only, between fork and exec.
-
-CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
-CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
-MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
-MS_NOATIME, MS_NODIRATIME, MS_RELATIME = 1024, 2048, 1 << 21
-MNT_DETACH = 2
-PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
-_SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "riscv64": 41, "ppc64le": 203, "s390x": 217}
-_DEV_NODES = ("null", "zero", "full", "random", "urandom")
-
-
-def _libc():
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mount.argtypes = [ctypes.c_char_p] * 3 + [ctypes.c_ulong, ctypes.c_char_p]
-    return libc
-
-
-def _check(ret: int, what: str) -> None:
-    if ret != 0:
-        import ctypes
-
-        err = ctypes.get_errno()
-        raise OSError(err, f"{what}: {os.strerror(err)}")
-
-
-def _mount(libc, src, dst, fstype, flags, data=None) -> None:
-    enc = (lambda s: None if s is None else s.encode())
-    _check(libc.mount(enc(src), enc(dst), enc(fstype), flags, enc(data)), f"mount {dst}")
-
-
-def _locked_flags(path: str) -> int:
-    """Mount flags a user namespace may not clear on remount (else EPERM)."""
-    f = os.statvfs(path).f_flag
-    out = f & (MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_NOATIME | MS_NODIRATIME)
-    return out | (MS_RELATIME if f & 4096 else 0)  # ST_RELATIME is 4096, MS_RELATIME is not
-
-
-def _mounts_under(root: str) -> list[str]:
-    out = []
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            mp = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), line.split()[4])
-            if mp.startswith(root + "/"):
-                out.append(mp)
-    return out
-
-
-def _build_root(libc, spec: dict) -> None:
-    """Fresh tmpfs root with read-only binds of the system, rw work dir, then pivot_root."""
-    root, work = spec["newroot"], spec["work"]
-    _mount(libc, None, "/", None, MS_REC | MS_PRIVATE)  # nothing we do propagates back
-    _mount(libc, "tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "size=4m,mode=0755")
-    for p in spec["ro_paths"]:
-        dest = root + p
-        if os.path.islink(p):  # e.g. /bin -> usr/bin on merged-/usr systems
-            os.makedirs(os.path.dirname(dest), exist_ok=True)
-            if not os.path.lexists(dest):
-                os.symlink(os.readlink(p), dest)
-            continue
-        if not os.path.exists(p) or os.path.exists(dest):
-            continue
-        if os.path.isdir(p):
-            os.makedirs(dest, exist_ok=True)
-        else:
-            os.makedirs(os.path.dirname(dest), exist_ok=True)
-            open(dest, "w").close()
-        _mount(libc, p, dest, None, MS_BIND | MS_REC)
-    for mp in _mounts_under(root):  # every bind (and submount) read-only, no setuid
-        _mount(libc, None, mp, None,
-               MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | _locked_flags(mp))
-    os.makedirs(root + "/dev")
-    for name in _DEV_NODES:
-        open(f"{root}/dev/{name}", "w").close()
-        _mount(libc, f"/dev/{name}", f"{root}/dev/{name}", None, MS_BIND)
-    for i, name in enumerate(("stdin", "stdout", "stderr")):
-        os.symlink(f"/proc/self/fd/{i}", f"{root}/dev/{name}")
-    os.symlink("/proc/self/fd", f"{root}/dev/fd")
-    if spec["flags"] & CLONE_NEWPID:
-        os.makedirs(root + "/proc")
-        _mount(libc, "proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-    os.makedirs(root + work)
-    _mount(libc, work, root + work, None, MS_BIND | MS_REC)
-    _mount(libc, None, root + work, None,
-           MS_BIND | MS_REMOUNT | MS_NOSUID | MS_NODEV | _locked_flags(root + work))
-    _mount(libc, None, root, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
-    os.chdir(root)
-    nr = _SYS_PIVOT_ROOT.get(os.uname().machine)
-    if nr is not None:  # pivot_root(".", ".") then detach the old root stacked under it
-        _check(libc.syscall(nr, b".", b"."), "pivot_root")
-        _check(libc.umount2(b".", MNT_DETACH), "umount old root")
-    else:  # safe enough: the child is unprivileged and has no CAP_SYS_CHROOT to break out
-        os.chroot(".")
-    os.chdir("/")
-
-
-def _exec_target(libc, spec: dict, status_fd: int) -> None:
-    import resource
-
-    try:
-        os.set_inheritable(status_fd, False)  # the exec closes it
-        for name, (soft, hard) in spec["rlimits"].items():
-            resource.setrlimit(getattr(resource, name), (soft, hard))
-        if spec["uid"] is not None:
-            os.setgroups([])
-            os.setresgid(spec["uid"], spec["uid"], spec["uid"])
-            os.setresuid(spec["uid"], spec["uid"], spec["uid"])
-        _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        os.chdir(spec["work"])
-        os.umask(0o022)
-        os.execvpe(spec["argv"][0], spec["argv"], spec["env"])
-    except BaseException as e:  # noqa: BLE001 - report anything, then die without cleanup
-        os.write(status_fd, (json.dumps({"error": f"exec {spec['argv'][0]!r}: {e!r}"})
-                             + "\n").encode())
-        os._exit(127)
-
-
-def _wait_for(pid: int) -> int:
-    """Reap children (as a pid-namespace init we inherit orphans) until `pid` exits."""
-    while True:
-        got, status = os.waitpid(-1, 0)
-        if got == pid:
-            return status
-
-
-def _bootstrap(spec: dict) -> None:
-    import resource
-
-    status_fd = spec["status_fd"]
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    try:
-        libc = _libc()
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if spec["cgroup_procs"]:
-            try:
-                with open(spec["cgroup_procs"], "w") as f:
-                    f.write(str(os.getpid()))
-            except OSError as e:  # not fatal: the uid's RLIMIT_NPROC still caps processes
-                os.write(status_fd, (json.dumps({"warning": f"cgroup join: {e!r}"}) + "\n")
-                         .encode())
-        flags = spec["flags"]
-        if flags:
-            outer_uid, outer_gid = os.geteuid(), os.getegid()
-            _check(libc.unshare(flags), "unshare")
-            if flags & CLONE_NEWUSER:  # map ourselves to root inside, to be allowed to mount
-                with open("/proc/self/setgroups", "w") as f:
-                    f.write("deny")
-                with open("/proc/self/uid_map", "w") as f:
-                    f.write(f"0 {outer_uid} 1")
-                with open("/proc/self/gid_map", "w") as f:
-                    f.write(f"0 {outer_gid} 1")
-        if flags & CLONE_NEWPID:  # the next child is the namespace's init
-            pid = os.fork()
-            if pid:
-                _wait_for(pid)
-                os._exit(0)
-            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if flags & CLONE_NEWNS:
-            _build_root(libc, spec)
-    except BaseException as e:  # noqa: BLE001
-        os.write(status_fd, (json.dumps({"error": f"sandbox setup: {e!r}"}) + "\n").encode())
-        os._exit(1)
-    pid = os.fork()
-    if pid == 0:
-        _exec_target(libc, spec, status_fd)
-    status = _wait_for(pid)
-    msg = ({"signal": os.WTERMSIG(status)} if os.WIFSIGNALED(status)
-           else {"exit": os.WEXITSTATUS(status)})
-    os.write(status_fd, (json.dumps(msg) + "\n").encode())
-    os._exit(0)  # as a pid-namespace init, this kills whatever the target left behind
-
-
-if __name__ == "__main__":
-    _bootstrap(json.loads(sys.argv[1]))
-    raise SystemExit(0)
-
-# ---------------------------------------------------------------------------------------------
-# The parent side. Its imports live here so that the bootstrap above, which runs before every
-# sandboxed command, starts without loading them.
-
-import functools  # noqa: E402
-import logging  # noqa: E402
-import secrets  # noqa: E402
-import selectors  # noqa: E402
-import shutil  # noqa: E402
-import subprocess  # noqa: E402
-import tempfile  # noqa: E402
-import threading  # noqa: E402
-import time  # noqa: E402
-from collections.abc import Mapping, Sequence  # noqa: E402
-from pathlib import Path, PurePosixPath  # noqa: E402
-
-log = logging.getLogger(__name__)
+log = logging.getLogger(__package__)  # "locojax.envs.sandbox", as before the split
 
 _NS_FLAGS = CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS
 _SYSTEM_RO = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32",
@@ -410,7 +91,7 @@ class _Tail:
 
 
 class Sandbox:
-    """Runs commands in isolated children; see the module docstring for what "isolated" means.
+    """Runs commands in isolated children; see `locojax.envs.sandbox` for what "isolated" means.
 
     One instance is cheap to share across threads: each `run` is independent.
     """
@@ -615,7 +296,8 @@ class Sandbox:
         spec["status_fd"] = w
         try:
             proc = subprocess.Popen(
-                [sys.executable, "-I", "-S", "-B", os.path.abspath(__file__), json.dumps(spec)],
+                [sys.executable, "-I", "-S", "-B", os.path.abspath(bootstrap.__file__),
+                 json.dumps(spec)],
                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                 pass_fds=(w,), start_new_session=True, env={}, close_fds=True)
         finally:
