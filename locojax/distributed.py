@@ -2,7 +2,8 @@
 
 Three ways in, tried in order:
 1. `locojax launch` sets LOCOJAX_COORDINATOR / LOCOJAX_NUM_PROCESSES / LOCOJAX_PROCESS_ID
-   (and LOCOJAX_DEVICES_PER_HOST for simulated CPU hosts) for each local process.
+   (and LOCOJAX_DEVICES_PER_HOST / LOCOJAX_CPUS for simulated CPU hosts) for each local
+   process.
 2. The usual JAX variables (JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID) on a
    hand-rolled cluster.
 3. `auto=True` on a real TPU pod / SLURM / Kubernetes cluster: `jax.distributed.initialize()`
@@ -22,6 +23,7 @@ ENV_NUM_PROCESSES = "LOCOJAX_NUM_PROCESSES"
 ENV_PROCESS_ID = "LOCOJAX_PROCESS_ID"
 ENV_DEVICES_PER_HOST = "LOCOJAX_DEVICES_PER_HOST"
 ENV_HEARTBEAT = "LOCOJAX_HEARTBEAT_S"
+ENV_CPUS = "LOCOJAX_CPUS"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,10 +54,26 @@ def set_cpu_devices(n: int | None) -> None:
         jax.config.update("jax_num_cpu_devices", int(n))
 
 
+def pin_cpus(spec: str | None) -> None:
+    """Restrict this process to the CPUs in `spec` ("0,1"), e.g. one simulated host's share.
+
+    Before the backend starts, so XLA:CPU sizes its thread pools to this share rather than
+    to the whole machine (N hosts on one machine would otherwise each run a pool per core).
+    """
+    if not spec:
+        return
+    try:
+        cpus = {int(c) for c in spec.split(",")}
+    except ValueError as e:
+        raise ValueError(f"environment variable {ENV_CPUS}={spec!r} is not a CPU list") from e
+    os.sched_setaffinity(0, cpus)
+
+
 def initialize(devices_per_host: int | None = None, auto: bool = False) -> HostInfo:
     """Join the run described by the environment; a single process when nothing describes one."""
     import jax
 
+    pin_cpus(os.environ.get(ENV_CPUS))
     set_cpu_devices(_env_int(ENV_DEVICES_PER_HOST, devices_per_host))
     coordinator = os.environ.get(ENV_COORDINATOR) or os.environ.get("JAX_COORDINATOR_ADDRESS")
     num = _env_int(ENV_NUM_PROCESSES) or _env_int("JAX_NUM_PROCESSES")

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from locojax.commands.launch import LaunchArgs, launch
+from locojax.commands.launch import LaunchArgs, cpu_shares, launch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -27,6 +27,16 @@ def test_two_hosts_all_reduce_over_gloo():
     for host in (0, 1):
         assert f"[host {host}] process {host}/2: 2 local / 4 global cpu devices" in out.stdout
     assert out.stdout.count("all-reduce 4102 (expected 4102)") == 2
+    shares = cpu_shares(2, sorted(os.sched_getaffinity(0)))
+    for host, share in enumerate(shares):  # each host pinned to its own CPUs (when there are 2+)
+        if share is not None:
+            assert f"[host {host}] " in out.stdout and f"cpus {share}\n" in out.stdout
+
+
+def test_cpu_shares_split_evenly_and_never_overlap():
+    assert cpu_shares(2, [0, 1, 2, 3]) == ["0,1", "2,3"]
+    assert cpu_shares(3, [0, 1, 2, 3]) == ["0", "1", "2"]  # the odd CPU is left idle
+    assert cpu_shares(4, [0, 1]) == [None] * 4  # more hosts than CPUs: no pinning
 
 
 def _script(body: str) -> list[str]:
@@ -67,7 +77,7 @@ def test_ctrl_c_stops_every_host(tmp_path):
     """))
     driver = textwrap.dedent(f"""
         import sys
-        from locojax.commands.launch import LaunchArgs, launch
+        from locojax.commands.launch import LaunchArgs, cpu_shares, launch
         child = [sys.executable, {str(host)!r}]
         sys.exit(launch(LaunchArgs(hosts=2, grace_s=1.0), child))
     """)

@@ -7,6 +7,7 @@ a long job: each host prints its devices and the result of one all-reduce over e
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import tyro
 
@@ -42,6 +43,7 @@ def main(argv: list[str]) -> int:
     print(
         f"process {host.process_id}/{host.num_processes}: {jax.local_device_count()} local / "
         f"{jax.device_count()} global {jax.default_backend()} devices; "
-        f"all-reduce {float(total):g} (expected {expected})"
+        f"all-reduce {float(total):g} (expected {expected}); "
+        f"cpus {','.join(map(str, sorted(os.sched_getaffinity(0))))}"
     )
     return 0 if float(total) == expected else 1

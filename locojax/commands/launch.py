@@ -37,6 +37,17 @@ class LaunchArgs:
     """jax.distributed heartbeat timeout: how long survivors wait for a lost peer."""
     grace_s: float = 10.0
     """After asking processes to stop, how long to wait before killing them."""
+    pin_cpus: bool = True
+    """Give each host its own equal share of this machine's CPUs, as real hosts have their
+    own cores (only when there are at least as many CPUs as hosts)."""
+
+
+def cpu_shares(hosts: int, cpus: list[int]) -> list[str | None]:
+    """Per host, a comma-separated CPU list of an equal share, or None when hosts > CPUs."""
+    if hosts > len(cpus):
+        return [None] * hosts
+    share = len(cpus) // hosts
+    return [",".join(map(str, cpus[i * share:(i + 1) * share])) for i in range(hosts)]
 
 
 def free_port() -> int:
@@ -74,6 +85,11 @@ def launch(args: LaunchArgs, child_argv: list[str], out=sys.stdout) -> int:
     if args.hosts < 1 or args.devices_per_host < 1:
         raise ValueError(f"--hosts and --devices-per-host must be >= 1, got {args}")
     port = args.port or free_port()
+    shares = cpu_shares(args.hosts, sorted(os.sched_getaffinity(0))) if args.pin_cpus \
+        else [None] * args.hosts
+    if args.pin_cpus and shares[0] is None:
+        out.write(f"[launch] {args.hosts} hosts share {len(os.sched_getaffinity(0))} CPUs "
+                  "(not pinned)\n")
     procs, pumps = [], []
     for host in range(args.hosts):
         env = dict(
@@ -87,6 +103,8 @@ def launch(args: LaunchArgs, child_argv: list[str], out=sys.stdout) -> int:
                 "PYTHONUNBUFFERED": "1",
             },
         )
+        if shares[host]:
+            env[distributed.ENV_CPUS] = shares[host]
         p = subprocess.Popen(
             child_argv, env=env, text=True,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
