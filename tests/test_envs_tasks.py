@@ -66,6 +66,17 @@ def test_arith_levels_demos_and_rewards(level):
     assert len(t.demos("test")) == 100 and len(t.demos("train", n=5)) == 5
 
 
+@pytest.mark.parametrize("level", [2, 4])
+def test_loose_format_demos_are_right_but_fail_the_strict_reward(level):
+    t = arith.task(level=level, test_size=20)
+    for ex in t.test:
+        loose = arith.loose_format_demo(ex).completion
+        gold = t.demo(ex).completion
+        assert loose.splitlines()[:-1] == gold.splitlines()[:-1]  # same chain lines
+        assert loose.splitlines()[-1] == f"The answer is {ex.answer}"
+        assert t.score(loose, ex)[0] == 0.0 and t.score(gold, ex)[0] == 1.0
+
+
 @pytest.mark.parametrize("level", sorted(calc.LEVELS))
 def test_calc_demos(level):
     t = calc.task(level=level, test_size=50)

@@ -2,7 +2,7 @@
 
 This is how the embedded checkpoint (`locojax/assets/tiny-arith`) was made:
 
-    locojax sft --task arith --out locojax/assets/tiny-arith
+    locojax sft --out locojax/assets/tiny-arith --level 2 --sft.steps 1150 --loose-format 0.6
 
 The output is an HF-format Qwen3 directory plus `locojax.json` naming the tokenizer and
 recording how it was made, so `locojax train --model DIR` can start GRPO from it.
@@ -35,6 +35,10 @@ class SFTArgs:
     """Optimisation settings."""
     eval_examples: int = 200
     """Held-out problems for the greedy accuracy printed at the end (0 to skip)."""
+    loose_format: float = 0.0
+    """arith only: the fraction of demonstrations whose last line reads `The answer is N`
+    instead of the `#### N` the strict reward requires. The embedded checkpoint learned from
+    such a mix, which leaves GRPO a format to enforce (README, "The embedded checkpoint")."""
 
 
 def main(argv: list[str]) -> int:
@@ -43,6 +47,7 @@ def main(argv: list[str]) -> int:
 
     from locojax import sft
     from locojax.envs.registry import make_task
+    from locojax.envs.tasks import arith
     from locojax.model import config as model_config
     from locojax import models
     from locojax.model import params
@@ -50,6 +55,10 @@ def main(argv: list[str]) -> int:
 
     try:
         task = make_task(args.task, level=args.level, seed=args.sft.seed)
+        if not 0.0 <= args.loose_format <= 1.0:
+            raise ValueError(f"--loose-format must be in [0, 1], got {args.loose_format}")
+        if args.loose_format and args.task != "arith":
+            raise ValueError(f"--loose-format applies to the arith task only, not {args.task!r}")
         if args.arch not in model_config.PRESETS:
             raise ValueError(f"unknown arch {args.arch!r}; choose from {list(model_config.PRESETS)}")
     except (ValueError, TypeError) as e:
@@ -59,9 +68,14 @@ def main(argv: list[str]) -> int:
     cfg = model_config.PRESETS[args.arch]()
     weights = params.init(cfg, jax.random.key(args.sft.seed))
 
+    def demo(example, rng):
+        if args.loose_format and rng.random() < args.loose_format:
+            return arith.loose_format_demo(example)
+        return task.demo(example)
+
     def sample_batch(rng, n):
         idx = rng.integers(0, len(task.train), n)
-        return [sft.demo_sequence(tok, task.demo(task.train[int(i)])) for i in idx]
+        return [sft.demo_sequence(tok, demo(task.train[int(i)], rng)) for i in idx]
 
     start = time.perf_counter()
 
@@ -71,7 +85,8 @@ def main(argv: list[str]) -> int:
 
     weights = sft.train(weights, cfg, args.sft, sample_batch, tok.pad_id, on_step)
     meta = {"tokenizer": "char", "task": args.task, "level": args.level, "arch": args.arch,
-            "made_by": "locojax sft " + " ".join(argv), "sft": dataclasses.asdict(args.sft)}
+            "loose_format": args.loose_format, "made_by": "locojax sft " + " ".join(argv),
+            "sft": dataclasses.asdict(args.sft)}
     out = models.save(args.out, cfg, weights, args.arch, meta)
     print(f"saved {out}")
     if args.eval_examples:

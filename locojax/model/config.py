@@ -100,8 +100,8 @@ def small(**overrides) -> ModelConfig:
 
 
 def char_demo(**overrides) -> ModelConfig:
-    """The embedded demo model: a char-level Qwen3 (~0.8M params) that SFTs in a minute on
-    two CPU cores. Vocab 128 covers the 100-id CharTokenizer."""
+    """The embedded demo model: a char-level Qwen3 (~0.8M params) that SFTs in a few minutes
+    on two CPU cores. Vocab 128 covers the 100-id CharTokenizer."""
     base = ModelConfig(
         vocab_size=128, hidden_size=128, intermediate_size=384, num_hidden_layers=4,
         num_attention_heads=4, num_key_value_heads=2, head_dim=32, rope_theta=10_000.0,

@@ -194,7 +194,7 @@ def demo() -> RunConfig:
     the policy in the first updates; 1e-4 with a 20-update warmup improves steadily.
     """
     return RunConfig(
-        task=TaskConfig(name="arith", level=2), steps=150,
+        task=TaskConfig(name="arith", level=2), steps=200,
         rollout=RolloutConfig(prompts_per_step=32, max_new_tokens=12, max_prompt_tokens=8),
         optim=OptimConfig(lr=1e-4, warmup_steps=20), eval=EvalConfig(every=25),
     )

@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import random
 
-from locojax.envs.base import ANSWER_PREFIX, Example, Task, single_turn_demo
+from locojax.envs.base import ANSWER_PREFIX, Demo, Example, Segment, Task, single_turn_demo
 from locojax.envs.gsm8k import reward as gsm8k_reward
 from locojax.envs.tasks.procedural import ProceduralSplit
 
@@ -82,6 +82,20 @@ def solve(nums: list[int], ops: list[str]) -> tuple[list[str], int]:
         lines.append(f"{value}{op}{n}={new}")
         value = new
     return lines, value
+
+
+LOOSE_ANSWER = "The answer is "
+
+
+def loose_format_demo(example: Example) -> Demo:
+    """The gold demonstration with its last line written `The answer is N`, not `#### N`.
+
+    Right arithmetic in a format the strict reward does not accept: SFT data that mixes
+    these with `#### N` demonstrations leaves a model that can answer but often does not
+    say it the verifiable way, the first thing GRPO fixes in real runs too.
+    """
+    head, _, answer = example.solution.rpartition(ANSWER_PREFIX)
+    return Demo(example.prompt, (Segment(f"{head}{LOOSE_ANSWER}{answer}", True),))
 
 
 def sample(rng: random.Random, cfg: ArithConfig) -> tuple[str, Example]:
