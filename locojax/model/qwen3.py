@@ -111,7 +111,7 @@ def attention(q, parts):
 
 
 def dense(x, w, contract: int = 1):
-    """x [B, T, *in] @ w [*in, *out] -> [B, T, *out], contracting the `contract` trailing dims of x.
+    """x [B, T, *in] @ w [*in, *out] -> [B, T, *out]; `contract`: how many trailing dims are in.
 
     Written as one 2-D matmul over B*T rows. The einsum form ("btd,dnh->btnh") gives the
     same forward, but its weight gradient contracts over two dims (b, t), which XLA:CPU
