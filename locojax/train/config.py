@@ -190,8 +190,10 @@ def check(cfg: RunConfig, num_processes: int, num_devices: int) -> None:
 def demo() -> RunConfig:
     """The embedded default: GRPO on 2-digit add/subtract from the shipped tiny checkpoint.
 
-    Settings from a small sweep on 2 CPU cores (docs/demo.md): lr 1e-3 and 3e-4 collapsed
-    the policy in the first updates; 1e-4 with a 20-update warmup improves steadily.
+    The checkpoint mostly answers in a format the strict reward rejects, so GRPO first
+    enforces `#### N`, then improves the arithmetic: 0.000 -> 0.320 held-out in 200 steps,
+    about 3 minutes as 2 colocated hosts on 2 CPU cores (docs/demo.md). The lr comes from a
+    sweep on an earlier clean checkpoint, where lr >= 2e-4 set the policy back.
     """
     return RunConfig(
         task=TaskConfig(name="arith", level=2), steps=200,
