@@ -20,7 +20,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def test_two_hosts_all_reduce_over_gloo():
     out = subprocess.run(
         [sys.executable, "-m", "locojax.cli", "launch", "--hosts", "2", "--devices-per-host", "2",
-         "--heartbeat-s", "10", "--", "devices"],
+         "--heartbeat-s", "10", "--pin-cpus", "--", "devices"],
         capture_output=True, text=True, timeout=180, cwd=ROOT,
     )
     assert out.returncode == 0, out.stdout + out.stderr

@@ -37,9 +37,11 @@ class LaunchArgs:
     """jax.distributed heartbeat timeout: how long survivors wait for a lost peer."""
     grace_s: float = 10.0
     """After asking processes to stop, how long to wait before killing them."""
-    pin_cpus: bool = True
+    pin_cpus: bool = False
     """Give each host its own equal share of this machine's CPUs, as real hosts have their
-    own cores (only when there are at least as many CPUs as hosts)."""
+    own cores (only when there are at least as many CPUs as hosts). Off by default: on a
+    2-core machine it made 2-host steps slower (TINY 0.119 -> 0.160 s, the demo 0.66 ->
+    0.79 s), as each small gloo collective then waits for its I/O thread to get the one core."""
 
 
 def cpu_shares(hosts: int, cpus: list[int]) -> list[str | None]:
