@@ -92,7 +92,8 @@ def loose_format_demo(example: Example) -> Demo:
 
     Right arithmetic in a format the strict reward does not accept: SFT data that mixes
     these with `#### N` demonstrations leaves a model that can answer but often does not
-    say it the verifiable way, the first thing GRPO fixes in real runs too.
+    say it the verifiable way: a format for GRPO to enforce, as in the first steps of many
+    real GRPO runs.
     """
     head, _, answer = example.solution.rpartition(ANSWER_PREFIX)
     return Demo(example.prompt, (Segment(f"{head}{LOOSE_ANSWER}{answer}", True),))
