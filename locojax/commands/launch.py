@@ -87,11 +87,10 @@ def launch(args: LaunchArgs, child_argv: list[str], out=sys.stdout) -> int:
     if args.hosts < 1 or args.devices_per_host < 1:
         raise ValueError(f"--hosts and --devices-per-host must be >= 1, got {args}")
     port = args.port or free_port()
-    shares = cpu_shares(args.hosts, sorted(os.sched_getaffinity(0))) if args.pin_cpus \
-        else [None] * args.hosts
+    cpus = sorted(os.sched_getaffinity(0))
+    shares = cpu_shares(args.hosts, cpus) if args.pin_cpus else [None] * args.hosts
     if args.pin_cpus and shares[0] is None:
-        out.write(f"[launch] {args.hosts} hosts share {len(os.sched_getaffinity(0))} CPUs "
-                  "(not pinned)\n")
+        out.write(f"[launch] {args.hosts} hosts share {len(cpus)} CPUs (not pinned)\n")
     procs, pumps = [], []
     for host in range(args.hosts):
         env = dict(
