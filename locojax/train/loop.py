@@ -1,7 +1,8 @@
 """The RL loop: sample prompts → generate → score → advantages → train → log, per step.
 
-The whole step reads top to bottom in `Trainer.step`. What differs between coordination
-modes lives in `wiring.py`; everything else is shared.
+The whole step reads top to bottom in `Trainer.step`: the host-local producer half
+(admission → generate → score → advantages → rows, `producer.py`), then the global update.
+What differs between coordination modes lives in `wiring.py`; everything else is shared.
 
 Randomness: step s samples with `fold_in(key(seed), s)`, and the engine draws row r with a
 key folded from its global row index, so tokens do not depend on which host or device
@@ -28,14 +29,13 @@ from locojax.evaluate import evaluate
 from locojax.metrics import MetricsLogger
 from locojax.model.sharding import TRAIN_DP, weight_shardings
 from locojax.profiler import StepTimer, TraceWindow
-from locojax.rl import algorithms, train_state
-from locojax.rl import batch as batch_lib
+from locojax.rl import train_state
 from locojax.rl.train_step import update
-from locojax.rollout.single_turn import rollout
 from locojax.train import wiring as wiring_lib
 from locojax.train.comm_probe import AllReduceProbe
 from locojax.train.config import RunConfig, TaskConfig, check
 from locojax.train.data import PromptStream
+from locojax.train.producer import Producer, rollout_metrics
 from locojax.train.progress import Progress
 
 log = logging.getLogger(__name__)
@@ -80,13 +80,16 @@ class Trainer:
             max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature,
             top_k=cfg.rollout.top_k, top_p=cfg.rollout.top_p, ignore_eos=cfg.rollout.ignore_eos,
             stop_token_ids=tuple(self.tokenizer.stop_ids), pad_token_id=self.tokenizer.pad_id)
-        self.stream = PromptStream(self.task.train, cfg.seed)
         self.runner = RewardRunner(cfg.reward)
         self.root_key = jax.random.key(cfg.seed)
         self.logger = MetricsLogger(cfg.run_dir, enabled=self.is_main, tensorboard=cfg.tensorboard)
         self.ckpt = Checkpointer(os.path.join(os.path.abspath(cfg.run_dir), "checkpoints"),
                                  keep=cfg.checkpoint.keep)
         self.start_step = self._maybe_resume()
+        self.producer = Producer(self.engine, self.tokenizer, self.task, self.runner,
+                                 PromptStream(self.task.train, cfg.seed), self.learner_cfg.algo,
+                                 self.sampling, cfg.rollout.prompts_per_step,
+                                 cfg.rollout.max_prompt_tokens, self.root_key)
 
     # --- checkpoints -------------------------------------------------------------------------
 
@@ -116,28 +119,19 @@ class Trainer:
     def step(self, step: int, timer: StepTimer) -> dict[str, float]:
         """Rollout, update and (when due) evaluation of one step; returns its metrics."""
         cfg = self.cfg
-        b, g = cfg.rollout.prompts_per_step, cfg.group_size
-        start, stop = self.wiring.host_slice(b)
-        with timer.phase("admission"):
-            examples = self.stream.take(step, b, start, stop)
-        out = rollout(self.engine, self.wiring.rollout_weights(self.state.params),
-                      self.tokenizer, self.task, self.runner, examples, first_group=step * b + start,
-                      key=jax.random.fold_in(self.root_key, step), sampling=self.sampling,
-                      group_size=g, max_prompt_tokens=cfg.rollout.max_prompt_tokens, timer=timer)
+        start, stop = self.wiring.host_slice(cfg.rollout.prompts_per_step)
+        record = self.producer.produce(step, self.wiring.rollout_weights(self.state.params),
+                                       start, stop, timer)
         with timer.phase("batch") as ph:
-            adv, _ = algorithms.compute_advantages(self.learner_cfg.algo, out.rewards, out.group_ids)
-            local = batch_lib.from_rollout(
-                out.rows(out.prompt_tokens), out.rows(out.prompt_mask), out.tokens, out.mask,
-                out.logprobs, np.asarray(adv), out.group_ids)
-            batch = self.wiring.global_batch(local)
+            batch = self.wiring.global_batch(record.batch)
             ph.sync(batch)
         with timer.phase("train") as ph:
             self.state, metrics = update(self.state, batch, self.model_cfg, self.learner_cfg,
                                          self.ref_params, mesh=self.wiring.train_mesh)
             ph.sync(self.state.params)
-        metrics.update(self._rollout_metrics(out))
+        metrics.update(rollout_metrics(self.wiring.sum_over_hosts(record.sums)))
         if cfg.dump_rollouts:
-            self._dump(step, out)
+            self._dump(step, record.rollouts)
         if cfg.eval.every and ((step + 1) % cfg.eval.every == 0 or step + 1 == cfg.steps):
             with timer.phase("eval"):
                 metrics.update(self.evaluate())
@@ -153,33 +147,6 @@ class Trainer:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         np.savez(path, group_ids=out.group_ids, tokens=out.tokens, mask=out.mask,
                  logprobs=out.logprobs, rewards=out.rewards, texts=np.asarray(out.texts))
-
-    def _rollout_metrics(self, out) -> dict[str, float]:
-        g = self.cfg.group_size
-        grouped = out.rewards.reshape(-1, g)
-        sums = {
-            "rows": len(out.rewards),
-            "reward": float(out.rewards.sum()),
-            "correct": float(np.sum(out.rewards >= 1.0 - 1e-6)),
-            "length": float(out.mask.sum()),
-            "groups": grouped.shape[0],
-            "zero_std": float(np.sum(grouped.max(1) == grouped.min(1))),
-            **{f"part/{k}": float(v.sum()) for k, v in out.reward_parts.items()},
-            **{k: v for k, v in self.runner.metrics().items()
-               if k in ("reward/errors", "reward/timeouts")},
-        }
-        s = self.wiring.sum_over_hosts(sums)
-        n = float(s["rows"])
-        m = {
-            "reward/mean": float(s["reward"]) / n,
-            "rollout/accuracy": float(s["correct"]) / n,
-            "rollout/response_length/mean": float(s["length"]) / n,
-            "rollout/frac_zero_std": float(s["zero_std"]) / float(s["groups"]),
-            "reward/errors": float(s["reward/errors"]),
-            "reward/timeouts": float(s["reward/timeouts"]),
-        }
-        m.update({f"reward/{k[5:]}/mean": float(v) / n for k, v in s.items() if k.startswith("part/")})
-        return m
 
     def evaluate(self) -> dict[str, float]:
         cfg = self.cfg.eval
