@@ -78,7 +78,8 @@ def main(argv=None) -> int:
         adv, _ = algorithms.compute_advantages(learner.algo, rewards, group_ids)
         rows = lambda x: np.repeat(x, s.group, axis=0)  # noqa: E731
         local = batch_lib.from_rollout(rows(prompt_tokens), rows(prompt_mask), tokens, mask,
-                                       logprobs, np.asarray(adv), group_ids)
+                                       logprobs, np.asarray(adv), group_ids,
+                                       group_size=s.group)
         batch = wiring.global_batch(local)
         t1 = time.perf_counter()
         box["state"], _ = update(box["state"], batch, cfg, learner, ref,

@@ -128,7 +128,7 @@ class Trainer:
             adv, _ = algorithms.compute_advantages(self.learner_cfg.algo, out.rewards, out.group_ids)
             local = batch_lib.from_rollout(
                 out.rows(out.prompt_tokens), out.rows(out.prompt_mask), out.tokens, out.mask,
-                out.logprobs, np.asarray(adv), out.group_ids)
+                out.logprobs, np.asarray(adv), out.group_ids, group_size=g)
             batch = self.wiring.global_batch(local)
             ph.sync(batch)
         with timer.phase("train") as ph:
