@@ -43,7 +43,7 @@ def synthetic_batch(cfg, shape, seed: int = 0) -> batch_lib.TrainBatch:
     adv = rng.standard_normal(r).astype(np.float32)
     lp = -rng.random((r, n)).astype(np.float32) * 8
     return batch_lib.from_rollout(prompts, np.ones((r, p), bool), resp, np.ones((r, n), bool),
-                                  lp, adv, np.repeat(np.arange(b), g))
+                                  lp, adv, np.repeat(np.arange(b), g), group_size=g)
 
 
 def trace_summary(trace_dir: Path, top: int) -> str:

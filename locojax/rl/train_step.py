@@ -31,9 +31,11 @@ import functools
 import logging
 
 import jax
+import jax.flatten_util
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.sharding import PartitionSpec as P
 
 from locojax.model import qwen3
 from locojax.model.config import ModelConfig
@@ -172,8 +174,11 @@ def _micro_loss(params, data, counts: Counts, first, fresh_tokens, s: LossSettin
     return loss, (metrics, extremes)
 
 
-def _accumulate(params, micro, counts, first, fresh_tokens, s, model_cfg, cfg):
-    """Σ over micro-batches (leading axis of `micro`) of loss, gradients and metric shares."""
+def _accumulate(params, micro, counts, first, fresh_tokens, s, model_cfg, cfg,
+                keep_f32: bool = False):
+    """Σ over micro-batches (leading axis of `micro`) of loss, gradients and metric shares.
+
+    Gradients come back in the params' dtype, or in the f32 accumulator with `keep_f32`."""
     loss_fn = functools.partial(_micro_loss, counts=counts, first=first,
                                 fresh_tokens=fresh_tokens, s=s, model_cfg=model_cfg, cfg=cfg)
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
@@ -199,8 +204,57 @@ def _accumulate(params, micro, counts, first, fresh_tokens, s, model_cfg, cfg):
         (grads, loss, metrics, extremes), _ = body(init, one)
     else:
         (grads, loss, metrics, extremes), _ = jax.lax.scan(body, init, micro)
-    grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
+    if not keep_f32:
+        grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
     return grads, loss, {**metrics, **extremes}
+
+
+def _flat_allreduce_axis(mesh, cfg: LearnerConfig) -> str | None:
+    """The mesh axis to all-reduce gradients over by hand, or None to leave it to XLA.
+
+    Data parallel with replicated params (train_dp) on a mesh whose only axis is `data`,
+    of more than one device. XLA would all-reduce every gradient leaf (and metric) as its
+    own operand, and XLA:CPU's AllReduceThunk runs a tuple operand by operand: one gloo
+    round trip each across hosts. `_accumulate_flat` sends one flat buffer instead.
+    """
+    if mesh is None or cfg.rules != "train_dp" or tuple(mesh.shape) != ("data",):
+        return None
+    return "data" if mesh.shape["data"] > 1 else None
+
+
+def _accumulate_flat(params, micro, counts, first, fresh_tokens, s, model_cfg, cfg, mesh,
+                     axis: str):
+    """`_accumulate` per device on its own rows, then ONE psum of a flat buffer holding every
+    gradient, the loss and the metric sums (and one pmax for the extremes).
+
+    Exactly the sums XLA's partitioner would take (every share is already divided by the
+    global counts), only packed: gradients and metrics are those of `_accumulate`."""
+    def local(params, micro, counts, first, fresh_tokens):
+        rows = jax.tree.leaves(micro)[0].shape[1]
+        sp = micro["batch"].shared_prefix
+        if sp is not None and rows % sp.group:  # a device holding part of a group
+            micro = {**micro, "batch": dataclasses.replace(
+                micro["batch"], shared_prefix=batch_lib.SharedPrefix(sp.columns, 1))}
+        grads, loss, metrics = _accumulate(params, micro, counts, first, fresh_tokens, s,
+                                           model_cfg, cfg, keep_f32=True)
+        lo = [k for k in metrics if k.endswith("_min")]
+        hi = [k for k in metrics if k.endswith("_max")]
+        sums = {k: v for k, v in metrics.items() if k not in lo and k not in hi}
+        flat, unflatten = jax.flatten_util.ravel_pytree((grads, loss, sums))
+        grads, loss, sums = unflatten(jax.lax.psum(flat, axis))
+        ext = jax.lax.pmax(jnp.stack([metrics[k] for k in hi] + [-metrics[k] for k in lo]), axis)
+        sums.update({k: ext[i] for i, k in enumerate(hi)})
+        sums.update({k: -ext[len(hi) + i] for i, k in enumerate(lo)})
+        return grads, loss, sums
+
+    rows = P(None, axis)  # micro leaves are [k, rows, ...]
+    # check_vma off: the grad-accum scan starts from replicated zeros and carries per-device
+    # sums; the outputs are replicated by the psum / pmax above, which out_specs P() states.
+    grads, loss, metrics = jax.shard_map(
+        local, mesh=mesh, in_specs=(P(), rows, P(), P(), P()), out_specs=P(), check_vma=False,
+    )(params, micro, counts, first, fresh_tokens)
+    grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
+    return grads, loss, metrics
 
 
 def _apply(state: TrainState, grads, loss, model_cfg, cfg: LearnerConfig):
@@ -266,12 +320,17 @@ def _train_step(state: TrainState, batch: TrainBatch, ref_params=None, *,
                                                     cfg)
     n_mini = cfg.algo.num_minibatches
 
+    axis = _flat_allreduce_axis(mesh, cfg)
+
     def update(state, i):
         m = i % n_mini
         pick = lambda x: x[m]  # noqa: E731
-        grads, loss, metrics = _accumulate(state.params, jax.tree.map(pick, data),
-                                           jax.tree.map(pick, counts), i == 0, fresh_tokens, s,
-                                           model_cfg, cfg)
+        args = (state.params, jax.tree.map(pick, data), jax.tree.map(pick, counts), i == 0,
+                fresh_tokens, s, model_cfg, cfg)
+        if axis is None:
+            grads, loss, metrics = _accumulate(*args)
+        else:
+            grads, loss, metrics = _accumulate_flat(*args, mesh, axis)
         state, opt_metrics = _apply(state, grads, loss, model_cfg, cfg)
         if mesh is not None:
             state = pin(state, model_cfg, mesh, cfg.rules)
