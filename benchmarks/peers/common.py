@@ -149,10 +149,11 @@ def worker_args(argv=None):
     return ap.parse_args(argv)
 
 
-def serve(channel: Channel, run_steps, setup_s: float, versions: dict, warmup: int) -> None:
+def serve(channel: Channel, run_steps, setup_s: float, versions: dict, warmup: int,
+          **extra) -> None:
     """The worker's main loop around `run_steps(n) -> [step records]` (for step-driven sides)."""
     first = run_steps(warmup)
-    channel.send(ready=True, versions=versions, setup_s=setup_s, warmup=first)
+    channel.send(ready=True, versions=versions, setup_s=setup_s, warmup=first, **extra)
     while True:
         cmd = channel.receive()
         if cmd.get("quit"):

@@ -15,7 +15,29 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import bench_engine  # noqa: E402
 import common  # noqa: E402
+
+
+def step_flops(cfg, s, beta: float) -> dict:
+    """Matmul FLOPs of one locojax GRPO step at shape `s`, as its code does them.
+
+    generate: `bench_engine.generate_flops` (each prompt prefilled once, R·(N-1) decode
+    tokens). train: the shared-prefix path of `train_step` (each group's prompt forward once:
+    B·P tokens; each row's N - 1 response positions; the LM head on the N positions that
+    predict a target), times 3 for forward + backward, plus one forward of the reference
+    policy when β > 0. Attention context is exact (causal).
+    """
+    head = 2 * cfg.hidden_size * cfg.vocab_size
+    body = lambda ctx: cfg.flops_per_token(ctx) - head  # noqa: E731
+    p, n = s.prompt_tokens, s.new_tokens
+    prefix = s.prompts * sum(body(t + 1) for t in range(p))
+    suffix = s.rows * sum(body(p + i + 1) for i in range(n - 1))
+    forward = prefix + suffix + s.rows * n * head
+    train = 3 * forward + (forward if beta else 0)
+    generate = bench_engine.generate_flops(cfg, s)
+    return {"generate": float(generate), "train": float(train), "total": float(generate + train)}
 
 
 def main(argv=None) -> int:
@@ -96,7 +118,8 @@ def main(argv=None) -> int:
     versions = {"locojax": locojax.__dict__.get("__version__", "0.1.0"), "jax": jax.__version__,
                 "jaxlib": jax.lib.__version__ if hasattr(jax.lib, "__version__") else ""}
     try:
-        common.serve(channel, run_steps, setup_s, versions, args.warmup)
+        common.serve(channel, run_steps, setup_s, versions, args.warmup,
+                     flops=step_flops(cfg, s, args.beta))
     except Exception as e:  # the driver reports it and goes on with the other sides
         channel.send(error=f"{type(e).__name__}: {e}")
         raise
