@@ -42,8 +42,12 @@ def synthetic_batch(cfg, shape, seed: int = 0) -> batch_lib.TrainBatch:
     resp = rng.integers(0, cfg.vocab_size, (r, n))
     adv = rng.standard_normal(r).astype(np.float32)
     lp = -rng.random((r, n)).astype(np.float32) * 8
-    return batch_lib.from_rollout(prompts, np.ones((r, p), bool), resp, np.ones((r, n), bool),
-                                  lp, adv, np.repeat(np.arange(b), g), group_size=g)
+    args = (prompts, np.ones((r, p), bool), resp, np.ones((r, n), bool), lp, adv,
+            np.repeat(np.arange(b), g))
+    try:
+        return batch_lib.from_rollout(*args, group_size=g)
+    except TypeError:  # a locojax without shared prefixes (an A/B against an older tree)
+        return batch_lib.from_rollout(*args)
 
 
 def trace_summary(trace_dir: Path, top: int) -> str:
