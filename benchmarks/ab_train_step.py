@@ -10,7 +10,8 @@ per round for `--rounds` rounds, so load drifts hit every arm alike. Prints each
 Usage:
     .venv/bin/python benchmarks/ab_train_step.py --shape tiny \\
         --arm base= --arm onednn=XLA_FLAGS=--xla_cpu_use_onednn=true
-    .venv/bin/python benchmarks/ab_train_step.py --shape small --arm new= --arm old=@/path/to/old/tree
+    .venv/bin/python benchmarks/ab_train_step.py --shape small \\
+        --arm new= --arm old=@/path/to/old/tree
 An arm spec is NAME=[@CODE_DIR][;VAR=VALUE...] (no @: this tree).
 """
 

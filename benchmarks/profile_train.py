@@ -98,7 +98,8 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     state, m = train_step(state, batch, ref, model_cfg=cfg, cfg=lcfg)
     jax.block_until_ready(state)
-    print(f"{args.shape} beta={args.beta}: first step (compile + run) {time.perf_counter() - t0:.2f}s")
+    print(f"{args.shape} beta={args.beta}: first step (compile + run) "
+          f"{time.perf_counter() - t0:.2f}s")
     times = []
     for _ in range(args.steps):
         t0 = time.perf_counter()
