@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 STAMP := .venv/.installed
 
-.PHONY: demo test test-fast bench clean
+.PHONY: demo test test-fast bench bench-peers clean
 
 $(STAMP): pyproject.toml constraints.txt
 	python3 -m venv .venv
@@ -21,6 +21,11 @@ test-fast: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_engine.py
+
+# locojax vs Tunix vs TRL, interleaved in one run; installs the peers' pinned venvs under
+# ~/.cache/locojax/peers on first use (pass ARGS=--no-install to use only existing ones).
+bench-peers: $(STAMP)
+	$(PY) benchmarks/bench_peers.py $(ARGS)
 
 clean:
 	rm -rf .venv

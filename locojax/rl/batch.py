@@ -7,7 +7,13 @@ Column 0 is therefore never a target. Values under a False mask are ignored, NaN
 
 Building the global batch: a single controller calls `shard`; in multi-host runs each host
 passes its own rows to `from_process_local` (`jax.make_array_from_process_local_data`).
-Legend: B rows, T columns, P prompt columns, R response columns.
+
+`shared_prefix` (static) records what a GRPO rollout guarantees: its first P columns hold the
+prompt, never a target, and rows come in consecutive groups of G that share that prompt.
+The trainer then skips the logits of the first P - 1 positions (none of them predicts a
+target) and, when a micro-batch holds whole groups, runs the prompt's forward and backward
+once per group rather than G times. Both leave the objective and its gradient unchanged.
+Legend: B rows, T columns, P prompt columns, R response columns, G rows per group.
 """
 
 from __future__ import annotations
@@ -20,6 +26,15 @@ import numpy as np
 from jax.sharding import Mesh
 
 from locojax.model.sharding import TRAIN_DP, Rules, batch_sharding
+
+@dataclasses.dataclass(frozen=True)
+class SharedPrefix:
+    """Rows come in consecutive groups of `group` with identical first `columns` columns
+    (tokens, positions, attn_mask), and no loss target lies in those columns."""
+
+    columns: int  # P
+    group: int  # G
+
 
 PER_TOKEN = ("tokens", "positions", "attn_mask", "loss_mask", "old_logprobs", "ref_logprobs")
 PER_ROW = ("group_id", "staleness")
@@ -37,6 +52,8 @@ class TrainBatch:
     group_id: jax.Array  # [B] int32: rows of one prompt share an id
     ref_logprobs: jax.Array | None = None  # [B, T] f32: reference policy; only read when β > 0
     staleness: jax.Array | None = None  # [B] int32: policy versions between sampler and learner
+    shared_prefix: SharedPrefix | None = dataclasses.field(default=None,
+                                                           metadata={"static": True})
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -66,21 +83,49 @@ def validate(batch: TrainBatch) -> None:
     for name in ("attn_mask", "loss_mask"):
         if getattr(batch, name).dtype != jnp.bool_:
             raise ValueError(f"TrainBatch.{name} must be bool, got {getattr(batch, name).dtype}")
+    sp = batch.shared_prefix
+    if sp is not None and not (0 < sp.columns < t and sp.group >= 1 and b % sp.group == 0):
+        raise ValueError(f"TrainBatch.shared_prefix {sp} does not fit a batch of shape {(b, t)}: "
+                         "need 0 < columns < T and group dividing B")
+    if sp is not None and isinstance(batch.loss_mask, np.ndarray):
+        check_shared_prefix(batch.tokens, batch.positions, batch.attn_mask, batch.loss_mask, sp)
+
+
+def check_shared_prefix(tokens, positions, attn_mask, loss_mask, sp: SharedPrefix) -> None:
+    """Host-side (numpy): raise unless the rows really have the prefix `sp` promises."""
+    if np.any(np.asarray(loss_mask)[:, :sp.columns]):
+        raise ValueError(f"shared_prefix: a loss target lies in the first {sp.columns} columns")
+    for name, x in (("tokens", tokens), ("positions", positions), ("attn_mask", attn_mask)):
+        head = np.asarray(x)[:, :sp.columns]
+        grouped = head.reshape(-1, sp.group, sp.columns)
+        if not (grouped == grouped[:, :1]).all():
+            raise ValueError(f"shared_prefix: {name} differ within a group of {sp.group} rows "
+                             f"in the first {sp.columns} columns")
 
 
 def from_rollout(prompt_tokens, prompt_mask, response_tokens, response_mask, response_logprobs,
-                 advantages, group_id, staleness=None, ref_logprobs=None) -> TrainBatch:
+                 advantages, group_id, staleness=None, ref_logprobs=None,
+                 group_size: int = 0) -> TrainBatch:
     """Host-side (numpy) assembly from the sampler's outputs.
 
     prompt_*: [B, P], left-padded. response_*: [B, R], right-padded; response_logprobs[b, j]
     is the sampler's log π(response_tokens[b, j]). ref_logprobs, if given, is [B, P + R].
     Positions count real tokens, so a left-padded prompt starts at 0 (as the sampler's do).
+    group_size: G of a GRPO rollout (rows r·G .. r·G + G - 1 repeat one prompt). The batch
+    then records its `shared_prefix`, which is checked here, so a wrong G is an error.
     """
     pm = np.asarray(prompt_mask, bool)
     rm = np.asarray(response_mask, bool)
     attn = np.concatenate([pm, rm], axis=1)
     positions = np.maximum(np.cumsum(attn, axis=1) - 1, 0).astype(np.int32)
     resp_lp = np.where(rm, np.asarray(response_logprobs, np.float32), 0.0)
+    shared = None
+    if pm.shape[1] and group_size >= 1:
+        if pm.shape[0] % group_size:
+            raise ValueError(f"{pm.shape[0]} rows do not split into groups of {group_size}")
+        shared = SharedPrefix(columns=pm.shape[1], group=group_size)
+        tokens = np.asarray(prompt_tokens)
+        check_shared_prefix(tokens, positions[:, :pm.shape[1]], pm, np.zeros_like(pm), shared)
     return TrainBatch(
         tokens=np.concatenate([np.asarray(prompt_tokens), np.asarray(response_tokens)], 1)
         .astype(np.int32),
@@ -92,6 +137,7 @@ def from_rollout(prompt_tokens, prompt_mask, response_tokens, response_mask, res
         group_id=np.asarray(group_id, np.int32),
         staleness=None if staleness is None else np.asarray(staleness, np.int32),
         ref_logprobs=None if ref_logprobs is None else np.asarray(ref_logprobs, np.float32),
+        shared_prefix=shared,
     )
 
 
@@ -110,6 +156,11 @@ def pad_rows(batch: TrainBatch, multiple: int) -> TrainBatch:
         return np.concatenate([x, np.zeros((extra,) + x.shape[1:], x.dtype)], axis=0)
 
     padded = jax.tree.map(pad, batch)
+    if batch.shared_prefix is not None and extra % batch.shared_prefix.group:
+        # The inert rows share the (empty) prefix only among themselves: keep the skipped
+        # prompt logits, drop the group structure.
+        padded = dataclasses.replace(padded, shared_prefix=SharedPrefix(
+            batch.shared_prefix.columns, 1))
     return dataclasses.replace(padded, group_id=np.concatenate(
         [np.asarray(batch.group_id), np.full((extra,), -1, np.int32)]).astype(np.int32))
 

@@ -31,9 +31,11 @@ import functools
 import logging
 
 import jax
+import jax.flatten_util
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.sharding import PartitionSpec as P
 
 from locojax.model import qwen3
 from locojax.model.config import ModelConfig
@@ -62,22 +64,68 @@ class NonFiniteError(RuntimeError):
 
 
 def sequence_logprobs(params: Weights, tokens, positions, attn_mask, model_cfg: ModelConfig,
-                      temperature: float = 1.0, chunk: int = 0, unroll: bool = False):
+                      temperature: float = 1.0, chunk: int = 0, unroll: bool = False,
+                      prefix: batch_lib.SharedPrefix | None = None):
     """log π(tokens[b, t] | tokens[b, :t]) and the entropy of that distribution, [B, T] each.
 
     Aligned with `tokens`; column 0 (no context to predict it from) is 0. The hidden state
     at t predicts token t + 1, so the forward runs on tokens[:, :-1]. `unroll`: see
     `qwen3.forward` (set where the result is differentiated).
+
+    `prefix` (a `TrainBatch.shared_prefix`, P columns): columns 1..P-1 hold no target, so
+    their logits are skipped and they read 0. With groups of G > 1 rows the prompt's forward
+    runs once per group (`_prefix_hidden`): same objective, same gradients, a third fewer
+    FLOPs at SMALL. Only valid for whole groups: the caller passes None otherwise.
     """
-    hidden, _ = qwen3.forward(params, tokens[:, :-1], positions[:, :-1], model_cfg,
-                              mask=attn_mask[:, :-1], unroll=unroll)  # [B, T-1, D]
-    logp, ent = qwen3.token_logprobs(params, hidden, tokens[:, 1:], model_cfg, temperature, chunk)
-    zero = jnp.zeros((tokens.shape[0], 1), jnp.float32)
+    b = tokens.shape[0]
+    if prefix is None:
+        hidden, _ = qwen3.forward(params, tokens[:, :-1], positions[:, :-1], model_cfg,
+                                  mask=attn_mask[:, :-1], unroll=unroll)  # [B, T-1, D]
+        logp, ent = qwen3.token_logprobs(params, hidden, tokens[:, 1:], model_cfg, temperature,
+                                         chunk)
+        zero = jnp.zeros((b, 1), logp.dtype)
+        return jnp.concatenate([zero, logp], axis=1), jnp.concatenate([zero, ent], axis=1)
+    p = prefix.columns
+    if prefix.group > 1:
+        hidden = _prefix_hidden(params, tokens, positions, attn_mask, model_cfg, p,
+                                prefix.group, unroll)
+    else:
+        hidden, _ = qwen3.forward(params, tokens[:, :-1], positions[:, :-1], model_cfg,
+                                  mask=attn_mask[:, :-1], unroll=unroll)
+        hidden = hidden[:, p - 1:]  # [B, T-P, D]: the positions that predict targets
+    logp, ent = qwen3.token_logprobs(params, hidden, tokens[:, p:], model_cfg, temperature,
+                                     chunk)
+    zero = jnp.zeros((b, p), logp.dtype)
     return jnp.concatenate([zero, logp], axis=1), jnp.concatenate([zero, ent], axis=1)
 
 
+def _prefix_hidden(params, tokens, positions, attn_mask, model_cfg, p: int, g: int, unroll):
+    """Hidden states [B, T-P, D] of positions P-1 .. T-2, the prompt run once per group.
+
+    The first row of each group holds the group's prompt: its forward gives the keys and
+    values the group's responses attend to (repeated G times, so the backward sums the G
+    rows' cotangents into one prompt backward) and the hidden state at P - 1, which predicts
+    every row's first response token. Reshapes keep groups inside a device's rows.
+    """
+    b = tokens.shape[0]
+    first = lambda x: x.reshape(b // g, g, *x.shape[1:])[:, 0, :p]  # noqa: E731  [B/G, P]
+    hidden_p, kv = qwen3.forward(params, first(tokens), first(positions), model_cfg,
+                                 mask=first(attn_mask), keep_kv=True, unroll=unroll)
+
+    def rows(x, axis):  # [..., B/G, ...] → [..., B, ...], each group's entry G times
+        x = jnp.expand_dims(x, axis + 1)
+        shape = x.shape[:axis + 1] + (g,) + x.shape[axis + 2:]
+        return jnp.broadcast_to(x, shape).reshape(*shape[:axis], b, *shape[axis + 2:])
+
+    kv = qwen3.KVCache(rows(kv.k, 1), rows(kv.v, 1), rows(kv.valid, 0), kv.index)
+    rest = qwen3.forward_after(params, kv, tokens[:, p:-1], positions[:, p:-1], model_cfg,
+                               mask=attn_mask[:, p:-1], unroll=unroll)  # [B, T-P-1, D]
+    return jnp.concatenate([rows(hidden_p[:, -1:], 0), rest], axis=1)
+
+
 compute_logprobs = jax.jit(sequence_logprobs,
-                           static_argnames=("model_cfg", "temperature", "chunk"))
+                           static_argnames=("model_cfg", "temperature", "chunk", "unroll",
+                                            "prefix"))
 """Jitted `sequence_logprobs`, e.g. for reference logprobs outside the step."""
 
 
@@ -86,12 +134,22 @@ def _unsplit(x):
     return x.swapaxes(0, 1).reshape(x.shape[0] * x.shape[1], *x.shape[2:])
 
 
+def _prefix(shared: batch_lib.SharedPrefix | None, parts: int):
+    """The prefix a strided split into `parts` leaves usable: split_rows interleaves the
+    rows, so a part holds whole groups only when there is one part."""
+    if shared is None or parts == 1:
+        return shared
+    return batch_lib.SharedPrefix(shared.columns, 1)
+
+
 def _scan_logprobs(params, batch: TrainBatch, parts: int, model_cfg, cfg: LearnerConfig):
     """No-grad logprobs of the whole batch, `parts` rows-chunks at a time (bounded memory)."""
+    prefix = _prefix(batch.shared_prefix, parts)
+
     def one(rows):
         tokens, positions, attn = rows
         return sequence_logprobs(params, tokens, positions, attn, model_cfg, cfg.temperature,
-                                 cfg.logprob_chunk)[0]
+                                 cfg.logprob_chunk, prefix=prefix)[0]
 
     rows = tuple(split_rows(x, parts) for x in (batch.tokens, batch.positions, batch.attn_mask))
     return jax.lax.stop_gradient(_unsplit(jax.lax.map(one, rows)))
@@ -103,7 +161,8 @@ def _micro_loss(params, data, counts: Counts, first, fresh_tokens, s: LossSettin
     b: TrainBatch = data["batch"]
     logp, ent = sequence_logprobs(params, b.tokens, b.positions, b.attn_mask, model_cfg,
                                   cfg.temperature, cfg.logprob_chunk,
-                                  unroll=qwen3.unroll_for_grad(model_cfg))
+                                  unroll=qwen3.unroll_for_grad(model_cfg),
+                                  prefix=_prefix(b.shared_prefix, cfg.rows_multiple))
     own = jax.lax.stop_gradient(logp)  # π_θ before any update of this step, bitwise
     old = own if data["prox"] is None else jnp.where(first, own, data["prox"])
     loss, metrics, extremes = objective(logp, ent, old, b.old_logprobs, b.ref_logprobs,
@@ -115,8 +174,11 @@ def _micro_loss(params, data, counts: Counts, first, fresh_tokens, s: LossSettin
     return loss, (metrics, extremes)
 
 
-def _accumulate(params, micro, counts, first, fresh_tokens, s, model_cfg, cfg):
-    """Σ over micro-batches (leading axis of `micro`) of loss, gradients and metric shares."""
+def _accumulate(params, micro, counts, first, fresh_tokens, s, model_cfg, cfg,
+                keep_f32: bool = False):
+    """Σ over micro-batches (leading axis of `micro`) of loss, gradients and metric shares.
+
+    Gradients come back in the params' dtype, or in the f32 accumulator with `keep_f32`."""
     loss_fn = functools.partial(_micro_loss, counts=counts, first=first,
                                 fresh_tokens=fresh_tokens, s=s, model_cfg=model_cfg, cfg=cfg)
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
@@ -142,8 +204,57 @@ def _accumulate(params, micro, counts, first, fresh_tokens, s, model_cfg, cfg):
         (grads, loss, metrics, extremes), _ = body(init, one)
     else:
         (grads, loss, metrics, extremes), _ = jax.lax.scan(body, init, micro)
-    grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
+    if not keep_f32:
+        grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
     return grads, loss, {**metrics, **extremes}
+
+
+def _flat_allreduce_axis(mesh, cfg: LearnerConfig) -> str | None:
+    """The mesh axis to all-reduce gradients over by hand, or None to leave it to XLA.
+
+    Data parallel with replicated params (train_dp) on a mesh whose only axis is `data`,
+    of more than one device. XLA would all-reduce every gradient leaf (and metric) as its
+    own operand, and XLA:CPU's AllReduceThunk runs a tuple operand by operand: one gloo
+    round trip each across hosts. `_accumulate_flat` sends one flat buffer instead.
+    """
+    if mesh is None or cfg.rules != "train_dp" or tuple(mesh.shape) != ("data",):
+        return None
+    return "data" if mesh.shape["data"] > 1 else None
+
+
+def _accumulate_flat(params, micro, counts, first, fresh_tokens, s, model_cfg, cfg, mesh,
+                     axis: str):
+    """`_accumulate` per device on its own rows, then ONE psum of a flat buffer holding every
+    gradient, the loss and the metric sums (and one pmax for the extremes).
+
+    Exactly the sums XLA's partitioner would take (every share is already divided by the
+    global counts), only packed: gradients and metrics are those of `_accumulate`."""
+    def local(params, micro, counts, first, fresh_tokens):
+        rows = jax.tree.leaves(micro)[0].shape[1]
+        sp = micro["batch"].shared_prefix
+        if sp is not None and rows % sp.group:  # a device holding part of a group
+            micro = {**micro, "batch": dataclasses.replace(
+                micro["batch"], shared_prefix=batch_lib.SharedPrefix(sp.columns, 1))}
+        grads, loss, metrics = _accumulate(params, micro, counts, first, fresh_tokens, s,
+                                           model_cfg, cfg, keep_f32=True)
+        lo = [k for k in metrics if k.endswith("_min")]
+        hi = [k for k in metrics if k.endswith("_max")]
+        sums = {k: v for k, v in metrics.items() if k not in lo and k not in hi}
+        flat, unflatten = jax.flatten_util.ravel_pytree((grads, loss, sums))
+        grads, loss, sums = unflatten(jax.lax.psum(flat, axis))
+        ext = jax.lax.pmax(jnp.stack([metrics[k] for k in hi] + [-metrics[k] for k in lo]), axis)
+        sums.update({k: ext[i] for i, k in enumerate(hi)})
+        sums.update({k: -ext[len(hi) + i] for i, k in enumerate(lo)})
+        return grads, loss, sums
+
+    rows = P(None, axis)  # micro leaves are [k, rows, ...]
+    # check_vma off: the grad-accum scan starts from replicated zeros and carries per-device
+    # sums; the outputs are replicated by the psum / pmax above, which out_specs P() states.
+    grads, loss, metrics = jax.shard_map(
+        local, mesh=mesh, in_specs=(P(), rows, P(), P(), P()), out_specs=P(), check_vma=False,
+    )(params, micro, counts, first, fresh_tokens)
+    grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
+    return grads, loss, metrics
 
 
 def _apply(state: TrainState, grads, loss, model_cfg, cfg: LearnerConfig):
@@ -209,12 +320,17 @@ def _train_step(state: TrainState, batch: TrainBatch, ref_params=None, *,
                                                     cfg)
     n_mini = cfg.algo.num_minibatches
 
+    axis = _flat_allreduce_axis(mesh, cfg)
+
     def update(state, i):
         m = i % n_mini
         pick = lambda x: x[m]  # noqa: E731
-        grads, loss, metrics = _accumulate(state.params, jax.tree.map(pick, data),
-                                           jax.tree.map(pick, counts), i == 0, fresh_tokens, s,
-                                           model_cfg, cfg)
+        args = (state.params, jax.tree.map(pick, data), jax.tree.map(pick, counts), i == 0,
+                fresh_tokens, s, model_cfg, cfg)
+        if axis is None:
+            grads, loss, metrics = _accumulate(*args)
+        else:
+            grads, loss, metrics = _accumulate_flat(*args, mesh, axis)
         state, opt_metrics = _apply(state, grads, loss, model_cfg, cfg)
         if mesh is not None:
             state = pin(state, model_cfg, mesh, cfg.rules)

@@ -75,7 +75,7 @@ class Producer:
             adv, _ = algorithms.compute_advantages(self.algo, out.rewards, out.group_ids)
             local = batch_lib.from_rollout(
                 out.rows(out.prompt_tokens), out.rows(out.prompt_mask), out.tokens, out.mask,
-                out.logprobs, np.asarray(adv), out.group_ids)
+                out.logprobs, np.asarray(adv), out.group_ids, group_size=g)
         return RolloutRecord(step=step, version=step if version is None else version,
                              batch=local, sums=self._sums(out), rollouts=out)
 

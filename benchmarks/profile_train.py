@@ -1,0 +1,121 @@
+"""Where a GRPO train step's time goes: a per-op trace of `train_step`, summed by op.
+
+Builds a synthetic batch at a DESIGN.md shape (random f32 weights, every prompt and response
+token real, random advantages), compiles `train_step`, times steady steps, then traces a
+few steps with `jax.profiler` and sums the XLA:CPU events of the trace by op name (and by
+op kind: the name without its numeric suffix). Totals are wall time of the events on all
+threads, so concurrent ops add up; compare rows against each other, not with the step time.
+
+Usage:  .venv/bin/python benchmarks/profile_train.py --shape small [--beta 0.04] [--top 40]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import re
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from locojax.model import config as model_config
+from locojax.model import params as params_lib
+from locojax.rl import batch as batch_lib
+from locojax.rl import train_state
+from locojax.rl.config import AlgoConfig, LearnerConfig, OptimConfig
+from locojax.rl.train_step import train_step
+
+SHAPES = {"tiny": (8, 4, 16, 32), "small": (16, 8, 32, 64)}  # B prompts, G, P, N
+
+
+def synthetic_batch(cfg, shape, seed: int = 0) -> batch_lib.TrainBatch:
+    b, g, p, n = shape
+    rng = np.random.default_rng(seed)
+    r = b * g
+    prompts = np.repeat(rng.integers(0, cfg.vocab_size, (b, p)), g, axis=0)
+    resp = rng.integers(0, cfg.vocab_size, (r, n))
+    adv = rng.standard_normal(r).astype(np.float32)
+    lp = -rng.random((r, n)).astype(np.float32) * 8
+    args = (prompts, np.ones((r, p), bool), resp, np.ones((r, n), bool), lp, adv,
+            np.repeat(np.arange(b), g))
+    try:
+        return batch_lib.from_rollout(*args, group_size=g)
+    except TypeError:  # a locojax without shared prefixes (an A/B against an older tree)
+        return batch_lib.from_rollout(*args)
+
+
+def trace_summary(trace_dir: Path, top: int) -> str:
+    files = sorted(trace_dir.rglob("*.xplane.pb"))
+    if not files:
+        return "no trace written"
+    data = jax.profiler.ProfileData.from_file(str(files[-1]))
+    by_name, by_kind = collections.Counter(), collections.Counter()
+    counts = collections.Counter()
+    for plane in data.planes:
+        for line in plane.lines:
+            for ev in line.events:
+                name = ev.name
+                if name.startswith(("$", "PjRt", "Thunk", "ThunkExecutor")):
+                    continue
+                by_name[name] += ev.duration_ns
+                counts[name] += 1
+                by_kind[re.sub(r"[.\d]+$", "", name)] += ev.duration_ns
+    total = sum(by_kind.values()) or 1
+    out = [f"{'op kind':<40} {'ms':>9} {'share':>6}"]
+    for k, v in by_kind.most_common(top):
+        out.append(f"{k[:40]:<40} {v / 1e6:9.2f} {100 * v / total:5.1f}%")
+    out.append(f"\n{'op':<60} {'ms':>9} {'calls':>6}")
+    for k, v in by_name.most_common(top):
+        out.append(f"{k[:60]:<60} {v / 1e6:9.2f} {counts[k]:6d}")
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="small")
+    ap.add_argument("--beta", type=float, default=0.0)
+    ap.add_argument("--steps", type=int, default=4, help="steady steps timed")
+    ap.add_argument("--traced", type=int, default=2, help="steps traced")
+    ap.add_argument("--top", type=int, default=30)
+    ap.add_argument("--hlo", default="", help="write the optimized HLO text here")
+    args = ap.parse_args(argv)
+    cfg = model_config.PRESETS[args.shape]()
+    weights = params_lib.init(cfg, jax.random.key(0))
+    ref = jax.tree.map(jnp.copy, weights) if args.beta else None
+    lcfg = LearnerConfig(algo=AlgoConfig(group_size=SHAPES[args.shape][1], beta=args.beta),
+                         optim=OptimConfig(lr=1e-5))
+    state = train_state.init(weights, lcfg.optim, cfg)
+    batch = jax.device_put(synthetic_batch(cfg, SHAPES[args.shape]))
+    if args.hlo:
+        lowered = train_step.lower(state, batch, ref, model_cfg=cfg, cfg=lcfg)
+        Path(args.hlo).write_text(lowered.compile().as_text())
+    t0 = time.perf_counter()
+    state, m = train_step(state, batch, ref, model_cfg=cfg, cfg=lcfg)
+    jax.block_until_ready(state)
+    print(f"{args.shape} beta={args.beta}: first step (compile + run) "
+          f"{time.perf_counter() - t0:.2f}s")
+    times = []
+    for _ in range(args.steps):
+        t0 = time.perf_counter()
+        state, m = train_step(state, batch, ref, model_cfg=cfg, cfg=lcfg)
+        jax.block_until_ready(state)
+        times.append(time.perf_counter() - t0)
+    print("steady steps: " + " ".join(f"{t:.4f}" for t in times) +
+          f"  median {statistics.median(times):.4f}s")
+    with tempfile.TemporaryDirectory() as d:
+        with jax.profiler.trace(d):
+            for _ in range(args.traced):
+                state, m = train_step(state, batch, ref, model_cfg=cfg, cfg=lcfg)
+                jax.block_until_ready(state)
+        print(trace_summary(Path(d), args.top))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
