@@ -40,7 +40,9 @@ class ModelConfig:
     param_dtype: str = "float32"
     """Storage dtype of the weights (the optimizer's master copy in training)."""
     compute_dtype: str = "float32"
-    """Dtype of activations and matmuls: float32 or bfloat16. Softmax and norms stay in f32."""
+    """Dtype of activations and matmuls: float32 or bfloat16. Softmax and norms stay in f32.
+    float64 (both dtypes, under `jax_enable_x64`) computes everything in f64: what the
+    tests use where f32 rounding would hide a bug."""
 
     def __post_init__(self):
         if self.num_attention_heads % self.num_key_value_heads:
@@ -49,8 +51,9 @@ class ModelConfig:
                 f"num_key_value_heads={self.num_key_value_heads}"
             )
         for name in ("param_dtype", "compute_dtype"):
-            if getattr(self, name) not in ("float32", "bfloat16"):
-                raise ValueError(f"{name} must be float32 or bfloat16, got {getattr(self, name)!r}")
+            if getattr(self, name) not in ("float32", "bfloat16", "float64"):
+                raise ValueError(f"{name} must be float32, bfloat16 or float64, got "
+                                 f"{getattr(self, name)!r}")
 
     @property
     def q_per_kv(self) -> int:
