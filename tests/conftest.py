@@ -27,8 +27,8 @@ def _cpu() -> str:
               (line.split(":", 1) for line in first.splitlines() if ":" in line)}
     flags = set(fields.get("flags", "").split())
     isa = next((n for n in ("avx512f", "avx2", "avx", "sse4_2") if n in flags), "no avx/sse4_2")
-    name = fields.get("model name", platform.machine())
-    return f"{name} (family {fields.get('cpu family', '?')} model {fields.get('model', '?')}, {isa})"
+    name, family = fields.get("model name", platform.machine()), fields.get("cpu family", "?")
+    return f"{name} (family {family} model {fields.get('model', '?')}, {isa})"
 
 
 def _where() -> list[str]:

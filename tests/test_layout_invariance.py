@@ -126,6 +126,7 @@ def compare(got: dict, ref: dict, where: str, mode: str, dtype: str) -> float:
         if not err <= bound:
             failures.append(f"{name}: relative error {err:.2e} > {bound:.1e} (got "
                             f"{got[name].ravel()[:3]}, ref {ref[name].ravel()[:3]})")
+    print(f"\nWORST {where} {dtype}: {max(errs.values()):.2e} bound {bound:.1e} ", max(errs, key=errs.get))  # TEMP
     assert not failures, f"{where} ({dtype}):\n  " + "\n  ".join(failures)
     return max(errs.values())
 
