@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 LAMBDA = 10.0  # probabilistic bound's confidence factor: failure probability ≤ 2n·e^-50
@@ -34,7 +35,7 @@ LAMBDA = 10.0  # probabilistic bound's confidence factor: failure probability �
 
 def unit_roundoff(dtype) -> float:
     """u: half the machine epsilon (2^-24 for f32, 2^-53 for f64, 2^-8 for bf16)."""
-    return float(np.finfo(np.dtype(dtype)).eps) / 2
+    return float(jnp.finfo(dtype).eps) / 2  # jnp's finfo knows bfloat16
 
 
 def worst_case(depth: int, dtype=np.float32) -> float:
