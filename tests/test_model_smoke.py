@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from locojax.model import config, params, qwen3
+from tests.hf_reference import logit_tol
 
 
 def test_param_count_matches_declarations():
@@ -23,5 +24,8 @@ def test_padding_does_not_change_real_positions():
     pos = jnp.concatenate([jnp.zeros((1, 3), jnp.int32), jnp.arange(6)[None]], axis=1)
     mask = jnp.arange(9)[None] >= 3
     hp, _ = qwen3.forward(w, padded, pos, cfg, mask=mask)
-    np.testing.assert_allclose(np.asarray(hp[:, 3:]), np.asarray(h), atol=1e-5)
+    # Two programs' final hidden states: the logits' chain up to the final norm, at the
+    # hidden states' own scale (O(1) after the norm), so the logits' bound covers them.
+    np.testing.assert_allclose(np.asarray(hp[:, 3:]), np.asarray(h), rtol=0,
+                               atol=logit_tol("float32", h))
     assert np.isfinite(np.asarray(hp)).all()
