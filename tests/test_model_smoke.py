@@ -3,6 +3,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from locojax.model import config, params, qwen3
 from tests.hf_reference import logit_tol
@@ -29,3 +30,15 @@ def test_padding_does_not_change_real_positions():
     np.testing.assert_allclose(np.asarray(hp[:, 3:]), np.asarray(h), rtol=0,
                                atol=logit_tol("float32", h))
     assert np.isfinite(np.asarray(hp)).all()
+
+
+def test_dtypes_are_checked():
+    with pytest.raises(ValueError, match="param_dtype must be float32, bfloat16 or float64"):
+        config.tiny(param_dtype="float16")
+    f64 = config.tiny(param_dtype="float64", compute_dtype="float64")
+    with pytest.raises(ValueError, match="float64 needs jax_enable_x64"):
+        params.init(f64, jax.random.key(0))  # would otherwise silently be f32
+    with jax.enable_x64(True):
+        w = params.init(f64, jax.random.key(0))
+        h, _ = qwen3.forward(w, jnp.zeros((1, 3), jnp.int32), jnp.arange(3)[None], f64)
+    assert h.dtype == jnp.float64 and w["embed"].dtype == jnp.float64

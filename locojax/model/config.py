@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
 import jax.numpy as jnp
 
 
@@ -62,11 +63,11 @@ class ModelConfig:
 
     @property
     def dtype(self):
-        return jnp.dtype(self.compute_dtype)
+        return _available(self.compute_dtype, "compute_dtype")
 
     @property
     def weight_dtype(self):
-        return jnp.dtype(self.param_dtype)
+        return _available(self.param_dtype, "param_dtype")
 
     def num_params(self) -> int:
         d, f, n, k, h, v = (
@@ -86,6 +87,14 @@ class ModelConfig:
         proj = d * (n * h + 2 * k * h) + n * h * d + 3 * d * f
         attn = 2 * n * h * context  # q.k and p.v
         return 2 * (self.num_hidden_layers * (proj + attn) + d * v)
+
+
+def _available(name: str, field: str):
+    """The dtype, refusing float64 where jax would silently compute in float32 instead."""
+    if name == "float64" and not jax.config.jax_enable_x64:
+        raise ValueError(f"{field}=float64 needs jax_enable_x64 "
+                         "(e.g. `with jax.enable_x64(True):`)")
+    return jnp.dtype(name)
 
 
 def tiny(**overrides) -> ModelConfig:
