@@ -164,6 +164,8 @@ def test_killed_and_resumed_run_is_bitwise_identical(sft_model, tmp_path, mode, 
 
     (sa, pa), (sb, pb) = _final_params(str(straight)), _final_params(str(resumed))
     assert sa == sb == 6
+    # Bitwise: the same programs on the same layout, from a bitwise-restored state (params,
+    # optimizer, step, data cursor, RNG): no rounding can differ.
     for x, y in zip(jax.tree.leaves(pa), jax.tree.leaves(pb)):
         assert np.asarray(x).tobytes() == np.asarray(y).tobytes()
     a = (straight / "metrics.jsonl").read_bytes()
