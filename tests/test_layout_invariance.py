@@ -41,7 +41,8 @@ The bound, REL(dtype) = 2 · 2 · probabilistic(DEPTH) (see `tolerance.py`):
   planted bugs measure 3e-2 to 4e-1, far above either bound.
 The policy loss is a sum of terms of both signs that largely cancel, so its error is judged
 against Σ|terms| (`pg_loss_scale`); every other scalar metric sums non-negative terms (or is
-a max / min), so its own magnitude is that sum.
+a max / min), so its own magnitude is that sum (a k3 KL term cancels inside itself, e^-δ - 1
++ δ at |δ| ≲ 1: a factor ~20, well inside the bound's slack over the measured errors).
 """
 
 from __future__ import annotations
@@ -146,8 +147,8 @@ def test_reference_is_a_real_update():
     assert ref["actor/kl"] > 0 and ref["rollout/logprob_mismatch"] > 0
     grads = [v for k, v in ref.items() if k.startswith("grads")]
     assert all(g.dtype == np.float64 and np.isfinite(g).all() for g in grads)
-    assert sum(float(np.abs(g).sum()) for g in grads) > 1e-2
-    assert ref["actor/grad_norm"] > 1.0  # so global-norm clipping (at 1.0) is active
+    assert sum(float(np.abs(g).sum()) for g in grads) > 1e-2  # 259: far from nothing
+    assert ref["actor/grad_norm"] > 1.0  # 1.68, so global-norm clipping (at 1.0) is active
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
