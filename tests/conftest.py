@@ -1,13 +1,58 @@
-"""Test-session setup: 8 simulated CPU devices, set before anything touches the backend.
+"""Test-session setup: 8 simulated CPU devices, set before anything touches the backend, and
+a report header saying where the run happened.
 
 Layout tests build meshes over subsets of these (1, 2, 4 or 8 devices); everything else
 runs on device 0.
 """
 
 import os
+import platform
 
 os.environ.setdefault("XLA_FLAGS", "")
 import jax  # noqa: E402
 
 jax.config.update("jax_num_cpu_devices", 8)
 jax.config.update("jax_enable_x64", False)
+
+
+def _cpu() -> str:
+    """Model name, family/model numbers (a VM may name only the vendor) and the widest
+    vector ISA, from the first processor in /proc/cpuinfo where there is one."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            first = f.read().split("\n\n")[0]
+    except OSError:
+        return platform.processor() or platform.machine()
+    fields = {k.strip(): v.strip() for k, v in
+              (line.split(":", 1) for line in first.splitlines() if ":" in line)}
+    flags = set(fields.get("flags", "").split())
+    isa = next((n for n in ("avx512f", "avx2", "avx", "sse4_2") if n in flags), "no avx/sse4_2")
+    name, family = fields.get("model name", platform.machine()), fields.get("cpu family", "?")
+    return f"{name} (family {family} model {fields.get('model', '?')}, {isa})"
+
+
+def _where() -> list[str]:
+    """Where this run happens: float results depend on the CPU (XLA:CPU picks kernels by
+    model and ISA), the threads it may use and the XLA flags."""
+    import jaxlib
+
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else "?"
+    return [
+        f"cpu: {_cpu()}; {usable} usable of {os.cpu_count()} cores",
+        f"jax {jax.__version__}, jaxlib {jaxlib.__version__}; "
+        f"XLA_FLAGS={os.environ.get('XLA_FLAGS') or '(none)'}; "
+        f"JAX_PLATFORMS={os.environ.get('JAX_PLATFORMS') or '(unset)'}",
+    ]
+
+
+def pytest_report_header(config):
+    return _where()
+
+
+def pytest_sessionstart(session):
+    """`pytest -q` (what `make test` runs) hides the report header: print it anyway, so a
+    failure report says where it ran."""
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None and session.config.get_verbosity() < 0:
+        for line in _where():
+            reporter.write_line(line)

@@ -1,18 +1,58 @@
 """Random-weight HF Qwen3 models built offline, converted to locojax weights.
 
-Shared by every parity test: transformers is the reference implementation.
+Shared by every parity test: transformers is the reference implementation. `float64_model`
+runs it in float64 throughout, so that parity can be checked far below f32 rounding;
+`logit_tol` is the bound on two implementations' (or two programs') logits.
 """
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import dataclasses
+from unittest import mock
 
 import numpy as np
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
+from transformers.models.qwen3 import modeling_qwen3
 
 from locojax.model.config import ModelConfig
 from locojax.model.hf_io import from_state_dict
+from tests.tolerance import probabilistic
+
+# `logit_tol`: each implementation is off by rounding along a chain of FWD_DEPTH = 2048 ≥
+# ~1.2k reduction terms in sequence for TINY-shaped models (2 layers × (norm 64,
+# projections 64, q/k norm 16, scores 16, softmax ≤ 20, p·v ≤ 20, o-proj 64, norm 64,
+# gate/up 64, down 128), final norm 64, logits 64), relative to a logit's Σ_d |h_d e_vd|,
+# which is ≤ TERMS_PER_LOGIT · max|logit| for weights at this module's scale (N(0, 0.1)
+# matrices, 1 + N(0, 0.1) norms: 1.8, a property of the weights, not of the CPU; checked
+# in test_model_parity).
+FWD_DEPTH = 2048
+TERMS_PER_LOGIT = 2.0
+
+
+def logit_tol(dtype, ref) -> float:
+    """Absolute bound on |a - b| between two computations of logits `ref` in `dtype`:
+    2 · probabilistic(FWD_DEPTH) · TERMS_PER_LOGIT · max|ref| (f32: ~1e-4 · max|logit|)."""
+    return 2 * probabilistic(FWD_DEPTH, dtype) * TERMS_PER_LOGIT * float(np.abs(ref).max())
+
+
+def logprob_tol(dtype, logits, temperature: float = 1.0) -> float:
+    """Absolute bound on |a - b| between two computations of log softmax(logits / τ): the
+    token's logit and the log-sum-exp each move by ≤ logit_tol / τ, and the sum of V ≤
+    FWD_DEPTH positive terms adds its own rounding (relative to the sum, so absolute on its
+    log) in each computation."""
+    return 2 * logit_tol(dtype, logits) / temperature + 2 * probabilistic(FWD_DEPTH, dtype)
+
+
+def assert_decisive_argmax(logits, dtype="float32"):
+    """Every position's top logit leads the runner-up by more than two programs (or two
+    implementations) can disagree (2 · logit_tol), so its argmax is the same in every
+    program on every CPU: what makes greedy tokens comparable exactly."""
+    top2 = np.sort(np.asarray(logits, np.float64), axis=-1)[..., -2:]
+    gap = (top2[..., 1] - top2[..., 0]).min()
+    assert gap > 2 * logit_tol(dtype, logits), (gap, 2 * logit_tol(dtype, logits))
 
 
 def hf_config(cfg: ModelConfig) -> Qwen3Config:
@@ -50,3 +90,33 @@ def paired(cfg: ModelConfig, seed: int = 0):
 def tiny_cfg(**kw) -> ModelConfig:
     from locojax.model.config import tiny
     return dataclasses.replace(tiny(), **kw)
+
+
+def _rms_norm_in_input_dtype(self, hidden_states):
+    """HF `Qwen3RMSNorm.forward` without its cast to f32 (a no-op for f32 input)."""
+    variance = hidden_states.pow(2).mean(-1, keepdim=True)
+    return self.weight * (hidden_states * torch.rsqrt(variance + self.variance_epsilon))
+
+
+def _rope_in_input_dtype(self, x, position_ids):
+    """HF `Qwen3RotaryEmbedding.forward` (default RoPE) with inverse frequencies, angles,
+    cos and sin in x's dtype instead of f32."""
+    base = self.config.rope_parameters["rope_theta"]
+    dim = self.config.head_dim
+    inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=x.dtype) / dim))
+    freqs = position_ids[..., None].to(x.dtype) * inv_freq
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos() * self.attention_scaling, emb.sin() * self.attention_scaling
+
+
+@contextlib.contextmanager
+def float64_model(model):
+    """A float64 copy of `model` whose f32 islands (RMSNorm and RoPE compute in f32 whatever
+    the model dtype) are widened to f64; everything else is HF's own code. Attention must be
+    SDPA: the eager path's softmax also casts to f32."""
+    assert model.config._attn_implementation == "sdpa", model.config._attn_implementation
+    assert model.config.rope_parameters["rope_type"] == "default"
+    with mock.patch.object(modeling_qwen3.Qwen3RMSNorm, "forward", _rms_norm_in_input_dtype), \
+            mock.patch.object(modeling_qwen3.Qwen3RotaryEmbedding, "forward",
+                              _rope_in_input_dtype):
+        yield copy.deepcopy(model).double()

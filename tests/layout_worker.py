@@ -1,17 +1,21 @@
-"""The layout-invariance harness's fixed problem, and its multi-process worker.
+"""The layout-invariance harness's fixed problem, its planted bugs, and its multi-process
+worker.
 
 Imported by `test_layout_invariance.py` for the fixed global batch and the one-update
 runner; run as a script it is one process of a 2-process jax.distributed job on CPU:
 
-    python tests/layout_worker.py PORT PROCESS_ID NUM_PROCESSES DEVICES_PER_PROCESS OUT.npz MODE...
+    python tests/layout_worker.py PORT PROCESS_ID NPROCESSES DEVICES_PER_PROCESS OUT.npz JOB...
 
-Process 0 writes every mode's results to OUT.npz (keys `MODE|name`) for the test to compare
-against its single-device reference.
+A JOB is `DTYPE/MODE` or `DTYPE/MODE/PLANT` (e.g. `float64/token-mean/host`); a float64 job
+runs under `jax.enable_x64`. Process 0 writes every job's results to OUT.npz (keys
+`JOB|name`) for the test to compare against its single-device reference.
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
+from unittest import mock
 
 import numpy as np
 
@@ -86,6 +90,58 @@ def pg_loss_scale(mode: str) -> float:
     }[mode])
 
 
+def planted_aggregate(groups: int, micro_batches: int):
+    """A known normalisation bug, for proving that the harness reports it: the loss's
+    denominators are counted over the rows in reach instead of the whole update batch.
+
+    The micro-batch's rows are split into `groups` consecutive blocks (each device's or each
+    host's rows: `split_rows` keeps every device's rows local, so a micro-batch is laid out
+    like the batch), each block is aggregated with counts of its own rows, and the block
+    losses are averaged over blocks and micro-batches, as a trainer does that takes a local
+    mean on each device (or host, or micro-batch) and then averages gradients. With equal
+    counts in every block this is the correct objective; with uneven ones it is not.
+    `groups=1` is the micro-batch-local denominator, `groups=devices` the per-device one,
+    `groups=hosts` the per-host one.
+    """
+    import jax
+
+    from locojax.rl import aggregation
+
+    def buggy(values, mask, counts, mode, max_len=0):
+        del counts  # the global counts the library computed: the bug ignores them
+        split = lambda x: x.reshape(groups, -1, *x.shape[1:])  # noqa: E731  [G, B/G, T]
+        local = lambda v, m: aggregation.aggregate(  # noqa: E731
+            v, m, aggregation.global_counts(m), mode, max_len)
+        return jax.vmap(local)(split(values), split(mask)).sum() / (groups * micro_batches)
+
+    return buggy
+
+
+PLANTS = ("device", "micro-batch", "host")
+
+
+def block_token_counts(plant: str, blocks: int) -> list[int]:
+    """Response tokens of each block a planted bug normalises by on the fixed batch (each
+    device's or host's contiguous rows, or each micro-batch's strided rows): if they were
+    all equal, the bug would change nothing and could not be caught."""
+    n = np.asarray(make_batch().loss_mask).sum(1)
+    parts = n.reshape(blocks, -1) if plant in ("device", "host") else n.reshape(-1, blocks).T
+    return [int(x) for x in parts.sum(1)]
+
+
+@contextlib.contextmanager
+def planted(plant: str | None, mesh, grad_accum: int):
+    """Patch one of `PLANTS` into the loss's aggregation (see `planted_aggregate`)."""
+    if plant is None:
+        yield
+        return
+    import jax
+
+    groups = {"device": mesh.shape["data"], "micro-batch": 1, "host": jax.process_count()}[plant]
+    with mock.patch("locojax.rl.losses.aggregate", planted_aggregate(groups, grad_accum)):
+        yield
+
+
 def host_value(x) -> np.ndarray:
     """A global array's full value on this host (gathering it if other hosts hold parts)."""
     from jax.experimental import multihost_utils
@@ -105,8 +161,13 @@ def flat(tree, prefix: str) -> dict[str, np.ndarray]:
 
 
 def run_layout(mesh, mode: str, grad_accum: int = 1, extra_left: int = 0, extra_right: int = 0,
-               process_local: bool = False, rules: str = "train_dp") -> dict[str, np.ndarray]:
-    """One update of the fixed problem on `mesh`: grads, optimizer moments, counts, params."""
+               process_local: bool = False, rules: str = "train_dp", dtype: str = "float32",
+               plant: str | None = None) -> dict[str, np.ndarray]:
+    """One update of the fixed problem on `mesh`: grads, optimizer moments, counts, params.
+
+    dtype: params and compute (float64 needs `jax_enable_x64`); the same initial values
+    either way (f32 draws, cast). plant: one of `PLANTS`, a known bug (see `planted`).
+    """
     import jax
 
     from locojax.model import config, params
@@ -114,7 +175,9 @@ def run_layout(mesh, mode: str, grad_accum: int = 1, extra_left: int = 0, extra_
     from locojax.rl import batch as batch_lib
     from locojax.rl import train_state, train_step
 
-    model_cfg = config.tiny()
+    if dtype == "float64" and not jax.config.jax_enable_x64:
+        raise RuntimeError("run_layout(dtype='float64') needs jax_enable_x64")
+    model_cfg = config.tiny(param_dtype=dtype, compute_dtype=dtype)
     cfg = learner_config(mode, grad_accum, rules)
     shardings = weight_shardings(model_cfg, mesh, RULES[rules])
     weights = jax.device_put(params.init(model_cfg, jax.random.key(0)), shardings)
@@ -128,8 +191,14 @@ def run_layout(mesh, mode: str, grad_accum: int = 1, extra_left: int = 0, extra_
         batch = batch_lib.shard(full, mesh, RULES[rules])
     train_step.check(batch, cfg)
     state = train_state.init(weights, cfg.optim, model_cfg)
-    state, metrics, grads = train_step.train_step(state, batch, model_cfg=model_cfg, cfg=cfg,
-                                                  mesh=mesh, return_grads=True)
+    step = train_step.train_step
+    if plant is not None:  # a jit of its own, so no compiled correct step is reused
+        step = jax.jit(lambda *a, **k: train_step._train_step(*a, **k),
+                       static_argnames=("model_cfg", "cfg", "mesh", "return_grads"))
+    with planted(plant, mesh, grad_accum):
+        state, metrics, grads = step(state, batch, model_cfg=model_cfg, cfg=cfg, mesh=mesh,
+                                     return_grads=True)
+    assert jax.tree.leaves(state.params)[0].dtype == np.dtype(dtype)
     # The step keeps every weight and moment where it was (what makes donation useful).
     for tree in (state.params, state.opt_state[1][0].mu, state.opt_state[1][0].nu):
         for got, want in zip(jax.tree.leaves(tree), jax.tree.leaves(shardings)):
@@ -143,7 +212,7 @@ def run_layout(mesh, mode: str, grad_accum: int = 1, extra_left: int = 0, extra_
 
 
 def main(argv: list[str]) -> int:
-    port, pid, nproc, ndev, out_path, *modes = argv
+    port, pid, nproc, ndev, out_path, *jobs = argv
     import jax
 
     # Both before the backend starts: devices per process, and gloo for cross-process
@@ -160,9 +229,12 @@ def main(argv: list[str]) -> int:
     assert jax.process_count() == int(nproc) and len(jax.devices()) == int(nproc) * int(ndev)
     mesh = make_mesh({"data": len(jax.devices())})
     results = {}
-    for mode in modes:
-        for name, value in run_layout(mesh, mode, process_local=True).items():
-            results[f"{mode}|{name}"] = value
+    for job in jobs:
+        dtype, mode, *plant = job.split("/")
+        with jax.enable_x64(dtype == "float64"):
+            got = run_layout(mesh, mode, process_local=True, dtype=dtype,
+                             plant=plant[0] if plant else None)
+        results.update({f"{job}|{name}": value for name, value in got.items()})
     if jax.process_index() == 0:
         np.savez(out_path, **results)
     jax.distributed.shutdown()

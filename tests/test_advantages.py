@@ -2,6 +2,9 @@
 
 The toy batch interleaves its groups (ids 0,1,0,1,...) so grouping must be by id, not by
 position. Group 0 rewards are [1, 0, 0, 0]; group 1 rewards are [3, 1, 1, 1].
+
+Bounds: sums of these small integers, their means (/4, /8) and the stds (1/2, 1) are exact
+in f32, so a result is off by its last one or two roundings (u = 6e-8) unless noted.
 """
 
 import jax.numpy as jnp
@@ -26,7 +29,8 @@ def test_grpo_group_mean_and_unbiased_std():
     # g1: mean 6/4 = 1.5; deviations 1.5, -0.5 ×3; var (2.25 + 0.75)/3 = 1, std 1 → 1.5, -0.5.
     a, m = adv.grpo(REWARDS, GROUP_ID, eps=1e-6)
     expected = interleave([1.5, -0.5, -0.5, -0.5], [1.5, -0.5, -0.5, -0.5])
-    np.testing.assert_allclose(np.asarray(a), expected, rtol=3e-6)  # ε=1e-6 in the denominator
+    # ε = 1e-6 in the denominator moves the exact values by ε/std ≤ 2e-6, plus 2 roundings.
+    np.testing.assert_allclose(np.asarray(a), expected, rtol=2e-6 + 2 * 2 ** -24)
     assert float(m["rollout/frac_zero_std"]) == 0.0
 
 
@@ -34,21 +38,24 @@ def test_dr_grpo_only_centres():
     # Dr.GRPO: r - mean. g0: 1 - 1/4 = 0.75, 0 - 1/4 = -0.25; g1: 3 - 1.5 = 1.5, 1 - 1.5 = -0.5.
     a, _ = adv.grpo(REWARDS, GROUP_ID, scale_by_std=False)
     np.testing.assert_allclose(np.asarray(a), interleave([0.75, -0.25, -0.25, -0.25],
-                                                         [1.5, -0.5, -0.5, -0.5]), rtol=1e-7)
+                                                         [1.5, -0.5, -0.5, -0.5]),
+                               rtol=2 ** -24)  # r - mean is exact in binary; 1 ulp for the /4
 
 
 def test_rloo_leave_one_out():
     # g0: row with 1 → 1 - mean(0,0,0) = 1; a 0 → 0 - mean(1,0,0) = -1/3.
     # g1: row with 3 → 3 - mean(1,1,1) = 2; a 1 → 1 - mean(3,1,1) = 1 - 5/3 = -2/3.
     a, _ = adv.rloo(REWARDS, GROUP_ID)
+    # (total - r) / 3 rounds once; r - 5/3 = -2/3 cancels it by 2.5x, then rounds: ≤ 4u.
     np.testing.assert_allclose(np.asarray(a), interleave([1, -1 / 3, -1 / 3, -1 / 3],
-                                                         [2, -2 / 3, -2 / 3, -2 / 3]), rtol=1e-6)
+                                                         [2, -2 / 3, -2 / 3, -2 / 3]),
+                               rtol=4 * 2 ** -24)
 
 
 def test_reinforce_batch_baseline():
     # mean over all 8 rows = (1+3+0+1+0+1+0+1)/8 = 7/8; advantage r - 7/8.
     a, _ = adv.batch_baseline(REWARDS, GROUP_ID)
-    np.testing.assert_allclose(np.asarray(a), np.asarray(REWARDS) - 0.875, rtol=1e-7)
+    np.testing.assert_allclose(np.asarray(a), np.asarray(REWARDS) - 0.875, rtol=2 ** -24)  # exact; 1 ulp
 
 
 def test_zero_std_groups_get_exact_zero_and_are_counted():
@@ -61,7 +68,8 @@ def test_zero_std_groups_get_exact_zero_and_are_counted():
         a = np.asarray(a)
         assert (a[[0, 2, 3, 5]] == 0.0).all(), (fn.__name__, a)
         assert a[1] > 0 > a[4]
-        np.testing.assert_allclose(float(m["rollout/frac_zero_std"]), 2 / 3, rtol=1e-6)
+        # Σ of 1/count over 6 rows (thirds, halves): ≤ 8 roundings in the two sums, a division.
+        np.testing.assert_allclose(float(m["rollout/frac_zero_std"]), 2 / 3, rtol=9 * 2 ** -24)
 
 
 def test_registry_maps_names_to_estimators():
@@ -76,7 +84,7 @@ def test_registry_maps_names_to_estimators():
     assert set(expected) == set(ALGORITHMS)
     for name, want in expected.items():
         a, _ = compute_advantages(AlgoConfig(name=name, max_response_len=8), REWARDS, GROUP_ID)
-        np.testing.assert_allclose(np.asarray(a), want, rtol=3e-6, err_msg=name)
+        np.testing.assert_allclose(np.asarray(a), want, rtol=2e-6 + 4 * 2 ** -24, err_msg=name)
 
 
 def test_resolve_defaults_and_overrides():
@@ -88,7 +96,8 @@ def test_resolve_defaults_and_overrides():
     assert (s.eps_high, s.loss_agg) == (0.3, "seq-mean-token-sum")
     # Overriding scale_by_std turns GRPO into a centred-only estimator.
     fn, _ = resolve(AlgoConfig(name="grpo", scale_by_std=False))
-    np.testing.assert_allclose(np.asarray(fn(REWARDS, GROUP_ID)[0])[:2], [0.75, 1.5])
+    np.testing.assert_allclose(np.asarray(fn(REWARDS, GROUP_ID)[0])[:2], [0.75, 1.5],
+                               rtol=2 ** -24)  # as in test_dr_grpo_only_centres
 
 
 def test_bad_config_names_the_field():

@@ -7,6 +7,12 @@ r = π_θ / π_old given directly through log r = logp - old_logp:
   group 1: row 2  A = +0.5  r = [0.5, 1.5, 1.0] (3 tokens)
            row 3  A = -0.5  r = [4.0, -, -]     (1 token)
 "-" is masked out; NaN is stored there to prove masked garbage is inert.
+
+Bounds: every expected value is exact (a fraction, or the formula in numpy f64); the f32
+result is off by a few roundings of its terms, so |got - want| ≤ k·u·Σ|terms| with k the
+roundings along the way, counting 4 for each exp or log (XLA's are polynomial
+approximations of a few ulp, not correctly rounded) and Σ|terms| the scale before any
+cancellation (`close`).
 """
 
 import jax
@@ -17,6 +23,17 @@ import pytest
 from locojax.rl import aggregation as agg
 from locojax.rl.losses import (LossSettings, clipped_pg, kl_penalty, log_ratio, objective,
                                truncated_is_weight)
+from tests.tolerance import unit_roundoff
+
+U = unit_roundoff("float32")
+
+
+def close(got, want, roundings: int, scale=None):
+    """|got - want| ≤ roundings · u · scale, scale Σ|terms| (default |want|: no cancelling)."""
+    want = np.asarray(want, np.float64)
+    scale = np.abs(want) if scale is None else scale
+    np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=0,
+                               atol=np.max(roundings * U * scale))
 
 NAN = float("nan")
 RATIOS = np.array([[1.5, 1.1, NAN], [0.5, NAN, NAN], [0.5, 1.5, 1.0], [4.0, NAN, NAN]])
@@ -44,11 +61,12 @@ def test_clipped_pg_each_case():
     # (1.1,+1) → -1.1 | (0.5,+1) → max(-0.5, -0.8) = -0.5, r low but A > 0: not clipped
     # (1.5,-1) → max(1.5, 1.28) = 1.5 | (4,-1) → 4.0; dual-clip c=3 caps it at -cA = 3 | A=0 → 0
     loss, low, high = clipped_pg(ratio, adv, 0.2, 0.28)
-    np.testing.assert_allclose(np.asarray(loss), [-1.28, 0.8, -1.1, -0.5, 1.5, 4.0, 0.0], rtol=1e-6)
+    # f32 of each ratio or clip bound (1 ± ε: two roundings), times A = ±1 (exact)
+    close(loss, [-1.28, 0.8, -1.1, -0.5, 1.5, 4.0, 0.0], 3)
     assert np.asarray(high).tolist() == [True, False, False, False, False, False, False]
     assert np.asarray(low).tolist() == [False, True, False, False, False, False, False]
     loss, _, _ = clipped_pg(ratio, adv, 0.2, 0.28, dual_clip=3.0)
-    np.testing.assert_allclose(np.asarray(loss), [-1.28, 0.8, -1.1, -0.5, 1.5, 3.0, 0.0], rtol=1e-6)
+    close(loss, [-1.28, 0.8, -1.1, -0.5, 1.5, 3.0, 0.0], 3)
 
 
 def test_kl_estimators():
@@ -56,10 +74,11 @@ def test_kl_estimators():
     # δ = ln 2 → 1/2 - 1 + 0.6931472 = 0.1931472; δ = -ln 2 → 2 - 1 - 0.6931472 = 0.3068528.
     ln2 = float(np.log(2.0))
     logp, ref = jnp.array([0.0, 0.0]), jnp.array([-ln2, ln2])
-    np.testing.assert_allclose(np.asarray(kl_penalty(logp, ref, "k1")), [ln2, -ln2], rtol=1e-6)
-    np.testing.assert_allclose(np.asarray(kl_penalty(logp, ref, "k2")), [0.2402265] * 2, rtol=1e-6)
-    np.testing.assert_allclose(np.asarray(kl_penalty(logp, ref, "k3")), [0.1931472, 0.3068528],
-                               rtol=1e-6)
+    close(kl_penalty(logp, ref, "k1"), [ln2, -ln2], 1)  # f32(ln 2)
+    close(kl_penalty(logp, ref, "k2"), [ln2 ** 2 / 2] * 2, 4)  # δ's rounding, doubled; δ²
+    # exp (4), δ's rounding and two sums, at the scale e^{-δ} + 1 + |δ| ≤ 3.7 (the result
+    # 0.19 cancels most of it: a bound of 1e-6 relative would be tighter than XLA's exp).
+    close(kl_penalty(logp, ref, "k3"), [0.5 - 1 + ln2, 2 - 1 - ln2], 8, scale=2 + 1 + ln2)
     with pytest.raises(ValueError, match="k4"):
         kl_penalty(logp, ref, "k4")
 
@@ -73,9 +92,11 @@ def test_truncated_is_weight():
     mask = jnp.ones((2, 2), bool)
     stale = jnp.array([True, False])
     w = truncated_is_weight(old, behav, mask, stale, 2.0)
-    np.testing.assert_allclose(np.asarray(w), [[2.0, 0.5], [1.0, 1.0]], rtol=1e-6)
+    close(w, [[2.0, 0.5], [1.0, 1.0]], 8)  # log then exp; 2 and 1 are exact (cap, fresh)
     w = truncated_is_weight(old, behav, mask, stale, 2.0, level="sequence")
-    np.testing.assert_allclose(np.asarray(w), [[1.2247449] * 2, [1.0, 1.0]], rtol=1e-6)
+    # two logs, their mean (cancelling: Σ|terms| = ln 3 + ln 2 = 1.8 against 0.41) and exp:
+    # the exponent's absolute error is w's relative error.
+    close(w, [[1.5 ** 0.5] * 2, [1.0, 1.0]], 16, scale=1.5 ** 0.5 * 1.8)
     assert (np.asarray(truncated_is_weight(old, behav, mask, stale, 0.0)) == 1.0).all()
 
 
@@ -83,10 +104,12 @@ def test_gspo_sequence_ratio_is_length_normalised_geometric_mean():
     # Row 0 token log-ratios [ln 1.5, ln 1.1] → exp(mean) = sqrt(1.65) = 1.2845233;
     # row 2 [ln .5, ln 1.5, 0] → 0.75^(1/3) = 0.9085603; masked NaNs do not enter.
     lr = log_ratio(jnp.zeros(MASK.shape), jnp.asarray(-np.log(RATIOS)), MASK, "sequence")
-    s = np.exp(np.asarray(lr))
-    np.testing.assert_allclose(s[0], [1.2845233] * 3, rtol=1e-6)
-    np.testing.assert_allclose(s[2], [0.9085603] * 3, rtol=1e-6)
-    np.testing.assert_allclose(s[3, 0], 4.0, rtol=1e-6)
+    s = np.exp(np.asarray(lr, np.float64))
+    # f32 inputs (one rounding of each |log r| ≤ 1.4), a ≤ 3-term mean: the exponent's
+    # absolute error, ≤ 4u·Σ|log r| / n, is s's relative error.
+    close(s[0], [1.65 ** 0.5] * 3, 4, scale=1.65 ** 0.5 * (np.log(1.5) + np.log(1.1)) / 2)
+    close(s[2], [0.75 ** (1 / 3)] * 3, 4, scale=0.75 ** (1 / 3) * np.log(3) / 3)
+    close(s[3, 0], 4.0, 4, scale=4.0 * np.log(4))
 
 
 # Aggregation toy: per-token loss L (NaN under the mask), n_b = [3, 1, 0, 4]; row 2 has no
@@ -106,13 +129,15 @@ def test_aggregation_modes(mode):
     counts = agg.global_counts(AGG_M)
     assert (float(counts.tokens), float(counts.seqs)) == (8.0, 3.0)
     got = agg.aggregate(AGG_L, AGG_M, counts, mode, max_len=5)
-    np.testing.assert_allclose(float(got), AGG_EXPECTED[mode], rtol=1e-6)
-    # Split the rows in two micro-batches: partial sums over global counts add up exactly...
+    close(got, AGG_EXPECTED[mode], 2)  # sums of small integers are exact; ≤ 2 divisions
+    # Split the rows in two micro-batches: partial sums over global counts add up exactly
+    # (up to rounding: two parts of ≤ 2 divisions each, one add)...
     halves = (np.array([0, 3]), np.array([1, 2]))
     parts = [agg.aggregate(AGG_L[i], AGG_M[i], counts, mode, max_len=5) for i in halves]
-    np.testing.assert_allclose(float(sum(parts)), AGG_EXPECTED[mode], rtol=1e-6)
+    close(sum(parts), AGG_EXPECTED[mode], 5)
     # ...while the classic bug, each micro-batch normalised by its own counts and averaged,
-    # does not (the negative control: the layout harness would catch it).
+    # does not (the negative control, off by arithmetic, ≥ 0.02, not by rounding; the
+    # layout harness catches it: test_layout_invariance's planted bugs).
     local = [agg.aggregate(AGG_L[i], AGG_M[i], agg.global_counts(AGG_M[i]), mode, max_len=5)
              for i in halves]
     assert abs(float(sum(local)) / 2 - AGG_EXPECTED[mode]) > 0.02
@@ -128,6 +153,7 @@ def test_aggregation_norm_needs_max_len():
 # row 2: (0.5,+.5) → max(-.25, -.4) = -0.25, (1.5,+.5) → max(-.75, -.64) = -0.64 [high],
 #        (1,+.5) → -0.5                                 row 3: (4,-.5) → max(2, .64) = 2.0
 # Σ = -0.97 over 7 tokens and 4 sequences; per-row means -1.19, 0.8, -1.39/3, 2.0.
+DAPO_TOKENS = np.array([[-1.28, -1.1, 0], [0.8, 0, 0], [-0.25, -0.64, -0.5], [2.0, 0, 0]])
 DAPO_EXPECTED = {
     "token-mean": -0.97 / 7,
     "seq-mean-token-mean": (-1.19 + 0.8 - 1.39 / 3 + 2.0) / 4,
@@ -136,23 +162,36 @@ DAPO_EXPECTED = {
 }
 
 
+def _abs_scale(mode, tokens=DAPO_TOKENS, max_len=4):
+    """The aggregate of |per-token loss|: Σ|terms| of the loss, the scale of its rounding."""
+    return float(agg.aggregate(jnp.abs(jnp.asarray(tokens, jnp.float32)), MASK,
+                               agg.global_counts(MASK), mode, max_len))
+
+
+# Per token: f32(-log r) (1 rounding of |log r| ≤ 1.4), exp (4), a clip bound (2), ×A
+# (exact or 1); then the aggregate's sums and divisions (≤ 7 + 2): 16 roundings at most.
+OBJECTIVE_ROUNDINGS = 16
+
+
 @pytest.mark.parametrize("mode", list(DAPO_EXPECTED))
 def test_ppo_objective_each_mode(mode):
     s = LossSettings(eps_low=0.2, eps_high=0.28, loss_agg=mode, max_response_len=4)
     loss, m, e = toy(s)
-    np.testing.assert_allclose(float(loss), DAPO_EXPECTED[mode], rtol=1e-5)
-    np.testing.assert_allclose(float(m["actor/pg_loss"]), DAPO_EXPECTED[mode], rtol=1e-5)
-    np.testing.assert_allclose(float(m["actor/clip_frac_high"]), 2 / 7, rtol=1e-6)
-    np.testing.assert_allclose(float(m["actor/clip_frac_low"]), 1 / 7, rtol=1e-6)
-    np.testing.assert_allclose(float(e["actor/ratio_max"]), 4.0, rtol=1e-6)
-    np.testing.assert_allclose(float(e["actor/ratio_min"]), 0.5, rtol=1e-6)
+    close(loss, DAPO_EXPECTED[mode], OBJECTIVE_ROUNDINGS, scale=_abs_scale(mode))
+    close(m["actor/pg_loss"], DAPO_EXPECTED[mode], OBJECTIVE_ROUNDINGS, scale=_abs_scale(mode))
+    close(m["actor/clip_frac_high"], 2 / 7, 1)  # an exact count over an exact count
+    close(m["actor/clip_frac_low"], 1 / 7, 1)
+    close(e["actor/ratio_max"], 4.0, 6)  # exp of f32(log 4): 4 + |log 4|·u relative
+    close(e["actor/ratio_min"], 0.5, 6)
     assert "actor/kl" not in m  # β = 0: no KL term at all
 
 
 def test_dual_clip_in_objective():
     # Row 3's 2.0 is capped at -c A = 3 · 0.5 = 1.5: Σ = -0.97 - 0.5 = -1.47 over 7 tokens.
     s = LossSettings(eps_low=0.2, eps_high=0.28, dual_clip=3.0, loss_agg="token-mean")
-    np.testing.assert_allclose(float(toy(s)[0]), -1.47 / 7, rtol=1e-5)
+    capped = DAPO_TOKENS.copy()
+    capped[3, 0] = 1.5
+    close(toy(s)[0], -1.47 / 7, OBJECTIVE_ROUNDINGS, scale=_abs_scale("token-mean", capped))
 
 
 def test_gspo_objective():
@@ -164,9 +203,12 @@ def test_gspo_objective():
     s = LossSettings(ratio_level="sequence", eps_low=3e-4, eps_high=4e-4,
                      loss_agg="seq-mean-token-mean")
     loss, m, _ = toy(s)
-    np.testing.assert_allclose(float(loss), (-1.0004 + 0.9997 - 0.4542801 + 2.0) / 4, rtol=1e-5)
-    np.testing.assert_allclose(float(m["actor/clip_frac_high"]), 2 / 7, rtol=1e-6)
-    np.testing.assert_allclose(float(m["actor/clip_frac_low"]), 1 / 7, rtol=1e-6)
+    row2 = -0.5 * 0.75 ** (1 / 3)
+    # The sequence ratio's mean of logs adds ≤ 3 roundings to OBJECTIVE_ROUNDINGS.
+    close(loss, (-1.0004 + 0.9997 + row2 + 2.0) / 4, OBJECTIVE_ROUNDINGS + 3,
+          scale=(1.0004 + 0.9997 - row2 + 2.0) / 4)
+    close(m["actor/clip_frac_high"], 2 / 7, 1)
+    close(m["actor/clip_frac_low"], 1 / 7, 1)
 
 
 def test_kl_and_is_weight_in_objective():
@@ -181,10 +223,16 @@ def test_kl_and_is_weight_in_objective():
     s = LossSettings(beta=0.1, kl_estimator="k3", loss_agg="token-mean", is_cap=2.0)
     loss, m, e = objective(logp, jnp.ones((2, 2)), logp, behav, ref, jnp.array([1.0, -0.5]),
                            mask, jnp.array([False, True]), agg.global_counts(mask), s)
-    np.testing.assert_allclose(float(m["actor/pg_loss"]), -1 / 3, rtol=1e-6)
-    np.testing.assert_allclose(float(m["actor/kl"]), 0.1931472, rtol=1e-5)
-    np.testing.assert_allclose(float(loss), -1 / 3 + 0.1 * 0.1931472, rtol=1e-5)
-    np.testing.assert_allclose(float(m["actor/is_weight_mean"]), 4 / 3, rtol=1e-6)
+    close(m["actor/pg_loss"], -1 / 3, 1)  # ratio exp(0) = 1 and w = 2 exact: one division
+    # k3 as in test_kl_estimators (8 roundings at scale 1/2 + 1 + ln 2), plus δ's own error:
+    # ref = logp - f32(ln 2) rounds at |ref| ≤ 3.7 (δ = logp - ref is then exact, Sterbenz),
+    # passed on with dk3/dδ = 1 - e^{-δ} = 1/2.
+    ln2 = float(np.log(2.0))
+    kl, kl_tol = 0.5 - 1 + ln2, U * (8 * (1.5 + ln2) + 0.5 * 3.7)
+    np.testing.assert_allclose(float(m["actor/kl"]), kl, rtol=0, atol=kl_tol)
+    np.testing.assert_allclose(float(loss), -1 / 3 + 0.1 * kl, rtol=0,
+                               atol=U * (1 / 3 + 0.4) + 0.1 * kl_tol)  # + β·kl, one add
+    close(m["actor/is_weight_mean"], 4 / 3, 1)  # w = 1, 1, 2 exactly: one division
     assert float(e["actor/is_weight_max"]) == 2.0
 
 
@@ -202,7 +250,7 @@ def test_on_policy_ratio_exactly_one_and_gradient():
     assert float(e["actor/ratio_max"]) == 1.0 and float(e["actor/ratio_min"]) == 1.0
     assert float(m["actor/clip_frac_low"]) == 0.0 and float(m["actor/clip_frac_high"]) == 0.0
     expected = np.where(np.asarray(MASK), -np.asarray(ADV)[:, None] / 7, 0.0)
-    np.testing.assert_allclose(np.asarray(g), expected, rtol=1e-6)
+    close(g, expected, 2)  # -A · 1 / 7: a division and a product
 
 
 @pytest.mark.parametrize("estimator", ["k1", "k2", "k3"])

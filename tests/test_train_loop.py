@@ -91,6 +91,9 @@ def test_single_and_colocated_give_the_same_run(sft_model, tmp_path):
     assert all(p[f"perf/phase/{name}"] > 0 for p in perf for name in ("prefill", "decode", "train"))
     ra, rb = _rollouts(str(tmp_path / "single")), _rollouts(str(tmp_path / "colo"))
     assert sorted(ra) == sorted(rb) and len(ra) == 3
+    # Bitwise: each row draws from its own key (its global index folded in), and each device
+    # generates its own rows with the same local computation (the batch axis is split and no
+    # reduction crosses rows), in single's SPMD generate as on each colocated host.
     for step in ra:
         for x, y in zip(ra[step], rb[step]):
             np.testing.assert_array_equal(x, y)
@@ -98,9 +101,15 @@ def test_single_and_colocated_give_the_same_run(sft_model, tmp_path):
     assert mask.sum() > 0
     (sa, pa), (sb, pb) = _final_params(str(tmp_path / "single")), _final_params(str(tmp_path / "colo"))
     assert sa == sb == 3
+    # Bitwise, not a tolerance: with the same rollouts (above) both modes run one SPMD train
+    # step over the same 2-device global mesh, each device the same local program on the same
+    # rows; only the all-reduce's transport differs (in-process or gloo), and a 2-way sum is
+    # one IEEE add, commutative. Any difference is a difference in what the modes compute.
+    # (No f32 tolerance would do: Adam's first steps are ≈ lr·sign(g), so a rounding-level
+    # gradient change can move an entry by the same ~lr as a real bug.)
     moved = False
     for x, y in zip(jax.tree.leaves(pa), jax.tree.leaves(pb)):
-        np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=1e-5, rtol=0)
+        assert np.asarray(x).tobytes() == np.asarray(y).tobytes()
     _, p0 = _final_params_at_start(sft_model)
     for x, y in zip(jax.tree.leaves(pa), jax.tree.leaves(p0)):
         moved |= not np.array_equal(np.asarray(x), np.asarray(y))
@@ -155,6 +164,8 @@ def test_killed_and_resumed_run_is_bitwise_identical(sft_model, tmp_path, mode, 
 
     (sa, pa), (sb, pb) = _final_params(str(straight)), _final_params(str(resumed))
     assert sa == sb == 6
+    # Bitwise: the same programs on the same layout, from a bitwise-restored state (params,
+    # optimizer, step, data cursor, RNG): no rounding can differ.
     for x, y in zip(jax.tree.leaves(pa), jax.tree.leaves(pb)):
         assert np.asarray(x).tobytes() == np.asarray(y).tobytes()
     a = (straight / "metrics.jsonl").read_bytes()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
 import jax.numpy as jnp
 
 
@@ -40,7 +41,9 @@ class ModelConfig:
     param_dtype: str = "float32"
     """Storage dtype of the weights (the optimizer's master copy in training)."""
     compute_dtype: str = "float32"
-    """Dtype of activations and matmuls: float32 or bfloat16. Softmax and norms stay in f32."""
+    """Dtype of activations and matmuls: float32 or bfloat16. Softmax and norms stay in f32.
+    float64 (both dtypes, under `jax_enable_x64`) computes everything in f64: what the
+    tests use where f32 rounding would hide a bug."""
 
     def __post_init__(self):
         if self.num_attention_heads % self.num_key_value_heads:
@@ -49,8 +52,9 @@ class ModelConfig:
                 f"num_key_value_heads={self.num_key_value_heads}"
             )
         for name in ("param_dtype", "compute_dtype"):
-            if getattr(self, name) not in ("float32", "bfloat16"):
-                raise ValueError(f"{name} must be float32 or bfloat16, got {getattr(self, name)!r}")
+            if getattr(self, name) not in ("float32", "bfloat16", "float64"):
+                raise ValueError(f"{name} must be float32, bfloat16 or float64, got "
+                                 f"{getattr(self, name)!r}")
 
     @property
     def q_per_kv(self) -> int:
@@ -59,11 +63,11 @@ class ModelConfig:
 
     @property
     def dtype(self):
-        return jnp.dtype(self.compute_dtype)
+        return _available(self.compute_dtype, "compute_dtype")
 
     @property
     def weight_dtype(self):
-        return jnp.dtype(self.param_dtype)
+        return _available(self.param_dtype, "param_dtype")
 
     def num_params(self) -> int:
         d, f, n, k, h, v = (
@@ -83,6 +87,14 @@ class ModelConfig:
         proj = d * (n * h + 2 * k * h) + n * h * d + 3 * d * f
         attn = 2 * n * h * context  # q.k and p.v
         return 2 * (self.num_hidden_layers * (proj + attn) + d * v)
+
+
+def _available(name: str, field: str):
+    """The dtype, refusing float64 where jax would silently compute in float32 instead."""
+    if name == "float64" and not jax.config.jax_enable_x64:
+        raise ValueError(f"{field}=float64 needs jax_enable_x64 "
+                         "(e.g. `with jax.enable_x64(True):`)")
+    return jnp.dtype(name)
 
 
 def tiny(**overrides) -> ModelConfig:

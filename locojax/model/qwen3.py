@@ -54,22 +54,27 @@ class KVCache:
         )
 
 
+def _wide(dtype):
+    """Where softmax, norms, RoPE and accumulation run: f32, or f64 for f64 compute."""
+    return jnp.promote_types(dtype, jnp.float32)
+
+
 def rms_norm(x, scale, eps):
-    """HF Qwen3RMSNorm: normalise in f32, cast back, then scale."""
-    x32 = x.astype(jnp.float32)
+    """HF Qwen3RMSNorm: normalise in f32 (f64 for f64 x), cast back, then scale."""
+    x32 = x.astype(_wide(x.dtype))
     x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
     return scale.astype(x.dtype) * x32.astype(x.dtype)
 
 
 def rope(x, positions, theta):
     """Rotate-half RoPE (HF `apply_rotary_pos_emb`). x: [B, T, heads, H], positions: [B, T]."""
-    h = x.shape[-1]
-    inv_freq = 1.0 / (theta ** (jnp.arange(0, h, 2, dtype=jnp.float32) / h))  # [H/2]
-    angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, H/2]
+    h, wide = x.shape[-1], _wide(x.dtype)
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, h, 2, dtype=wide) / h))  # [H/2]
+    angles = positions.astype(wide)[..., None] * inv_freq  # [B, T, H/2]
     angles = jnp.concatenate([angles, angles], axis=-1)[:, :, None, :]  # [B, T, 1, H]
-    x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+    x1, x2 = jnp.split(x.astype(wide), 2, axis=-1)
     rotated = jnp.concatenate([-x2, x1], axis=-1)
-    return (x.astype(jnp.float32) * jnp.cos(angles) + rotated * jnp.sin(angles)).astype(x.dtype)
+    return (x.astype(wide) * jnp.cos(angles) + rotated * jnp.sin(angles)).astype(x.dtype)
 
 
 def attention(q, parts):
@@ -79,7 +84,7 @@ def attention(q, parts):
     slots and the new tokens. Only the small scores are concatenated, never the keys.
     """
     b, t, n, h = q.shape
-    kv_heads = parts[0][0].shape[1]
+    kv_heads, wide = parts[0][0].shape[1], _wide(q.dtype)
     q = q.reshape(b, t, kv_heads, n // kv_heads, h)  # [B, T, K, G, H]
     # Decode (T = 1): broadcast multiply-reduces, which XLA:CPU runs several times faster
     # than B*K tiny batched matmuls; the barriers stop it fusing the reductions into the
@@ -87,20 +92,20 @@ def attention(q, parts):
     decode = t == 1
     barrier = jax.lax.optimization_barrier if decode else (lambda x: x)
     if decode:
-        q1 = q[:, 0, :, :, :, None].astype(jnp.float32)  # [B, K, G, H, 1]
+        q1 = q[:, 0, :, :, :, None].astype(wide)  # [B, K, G, H, 1]
 
         def score(k):  # [B, K, G, 1, S]
-            return jnp.sum(q1 * k[:, :, None].astype(jnp.float32), axis=3)[:, :, :, None]
+            return jnp.sum(q1 * k[:, :, None].astype(wide), axis=3)[:, :, :, None]
 
         def mix(p, v):  # [B, 1, K, G, H]
-            return jnp.sum(p[:, :, :, 0, :, None] * v[:, :, None].astype(jnp.float32),
+            return jnp.sum(p[:, :, :, 0, :, None] * v[:, :, None].astype(wide),
                            axis=3)[:, None]
     else:
         def score(k):  # f32 scores; XLA:CPU has no bf16 x bf16 -> f32 dot, so upcast first
-            return jnp.einsum("btkgh,bkhs->bkgts", q.astype(jnp.float32), k.astype(jnp.float32))
+            return jnp.einsum("btkgh,bkhs->bkgts", q.astype(wide), k.astype(wide))
 
         def mix(p, v):
-            return jnp.einsum("bkgts,bksh->btkgh", p.astype(v.dtype), v).astype(jnp.float32)
+            return jnp.einsum("bkgts,bksh->btkgh", p.astype(v.dtype), v).astype(wide)
 
     scores = [jnp.where(vis[:, None, None], score(k) * (h ** -0.5), _MASKED)  # [B, K, G, T, S]
               for k, _, vis in parts]
@@ -240,7 +245,8 @@ def unroll_for_grad(cfg: ModelConfig) -> bool:
 
 
 def logits(weights: Weights, hidden: jax.Array, cfg: ModelConfig) -> jax.Array:
-    """[B, T, D] hidden → [B, T, V] f32 logits (tied: the embedding; else lm_head).
+    """[B, T, D] hidden → [B, T, V] f32 logits (f64 for f64 hidden; tied: the embedding;
+    else lm_head).
 
     One 2-D matmul over B*T rows, like `dense`: with the batched einsum, XLA:CPU materialised
     a transposed copy of the [B, T, V] logit gradient for the embedding's gradient.
@@ -248,7 +254,7 @@ def logits(weights: Weights, hidden: jax.Array, cfg: ModelConfig) -> jax.Array:
     b, t, d = hidden.shape
     head = weights["embed"].T if cfg.tie_word_embeddings else weights["lm_head"]  # [D, V]
     out = jnp.matmul(hidden.reshape(b * t, d), head.astype(hidden.dtype),
-                     preferred_element_type=jnp.float32)
+                     preferred_element_type=_wide(hidden.dtype))
     return out.reshape(b, t, -1)
 
 

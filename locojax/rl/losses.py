@@ -99,7 +99,7 @@ def truncated_is_weight(old_logp, behav_logp, mask, stale, cap: float, level: st
     samples and is not differentiated. C = 0 turns it off (w = 1 everywhere).
     """
     if not cap:
-        return jnp.ones(old_logp.shape, jnp.float32)
+        return jnp.ones(old_logp.shape, old_logp.dtype)
     w = jnp.minimum(jnp.exp(log_ratio(old_logp, behav_logp, mask, level)), cap)
     w = jnp.where(stale[:, None], w, 1.0)
     return jax.lax.stop_gradient(w)

@@ -183,18 +183,20 @@ def _accumulate(params, micro, counts, first, fresh_tokens, s, model_cfg, cfg,
                                 fresh_tokens=fresh_tokens, s=s, model_cfg=model_cfg, cfg=cfg)
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
     one = jax.tree.map(lambda x: x[0], micro)
-    (_, (m_shape, e_shape)), _ = jax.eval_shape(grad_fn, params, one)
+    (l_shape, (m_shape, e_shape)), _ = jax.eval_shape(grad_fn, params, one)
+    wide = lambda p: jnp.promote_types(p.dtype, jnp.float32)  # noqa: E731  (f64 stays f64)
     init = (
-        jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params),
-        jnp.zeros((), jnp.float32),
+        jax.tree.map(lambda p: jnp.zeros(p.shape, wide(p)), params),
+        jnp.zeros((), l_shape.dtype),
         jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), m_shape),
-        {k: jnp.full((), -jnp.inf if k.endswith("_max") else jnp.inf) for k in e_shape},
+        {k: jnp.full((), -jnp.inf if k.endswith("_max") else jnp.inf, e.dtype)
+         for k, e in e_shape.items()},
     )
 
     def body(acc, data):
         grads, loss, metrics, extremes = acc
         (l, (m, e)), g = grad_fn(params, data)
-        grads = jax.tree.map(lambda a, b: a + b.astype(jnp.float32), grads, g)
+        grads = jax.tree.map(lambda a, b: a + b.astype(a.dtype), grads, g)
         metrics = jax.tree.map(jnp.add, metrics, m)
         extremes = {k: (jnp.maximum if k.endswith("_max") else jnp.minimum)(v, e[k])
                     for k, v in extremes.items()}
