@@ -44,7 +44,7 @@ from locojax.rl.algorithms import resolve
 from locojax.rl.batch import TrainBatch, split_rows
 from locojax.rl.config import LearnerConfig
 from locojax.rl.losses import LossSettings, objective
-from locojax.rl.train_state import TrainState, adam_count, optimizer, pin, schedule
+from locojax.rl.train_state import TrainState, adam_count, apply_in_place, pin, schedule
 
 logger = logging.getLogger(__name__)
 
@@ -62,15 +62,16 @@ class NonFiniteError(RuntimeError):
 
 
 def sequence_logprobs(params: Weights, tokens, positions, attn_mask, model_cfg: ModelConfig,
-                      temperature: float = 1.0, chunk: int = 0, unroll: bool = False):
+                      temperature: float = 1.0, chunk: int = qwen3.AUTO_CHUNK,
+                      unroll: bool = False, remat: bool = False):
     """log π(tokens[b, t] | tokens[b, :t]) and the entropy of that distribution, [B, T] each.
 
     Aligned with `tokens`; column 0 (no context to predict it from) is 0. The hidden state
-    at t predicts token t + 1, so the forward runs on tokens[:, :-1]. `unroll`: see
-    `qwen3.forward` (set where the result is differentiated).
+    at t predicts token t + 1, so the forward runs on tokens[:, :-1]. `unroll`, `remat`: see
+    `qwen3.forward` (set where the result is differentiated); `chunk`: `qwen3.token_logprobs`.
     """
     hidden, _ = qwen3.forward(params, tokens[:, :-1], positions[:, :-1], model_cfg,
-                              mask=attn_mask[:, :-1], unroll=unroll)  # [B, T-1, D]
+                              mask=attn_mask[:, :-1], unroll=unroll, remat=remat)  # [B, T-1, D]
     logp, ent = qwen3.token_logprobs(params, hidden, tokens[:, 1:], model_cfg, temperature, chunk)
     zero = jnp.zeros((tokens.shape[0], 1), jnp.float32)
     return jnp.concatenate([zero, logp], axis=1), jnp.concatenate([zero, ent], axis=1)
@@ -103,7 +104,7 @@ def _micro_loss(params, data, counts: Counts, first, fresh_tokens, s: LossSettin
     b: TrainBatch = data["batch"]
     logp, ent = sequence_logprobs(params, b.tokens, b.positions, b.attn_mask, model_cfg,
                                   cfg.temperature, cfg.logprob_chunk,
-                                  unroll=qwen3.unroll_for_grad(model_cfg))
+                                  unroll=qwen3.unroll_for_grad(model_cfg), remat=cfg.remat)
     own = jax.lax.stop_gradient(logp)  # π_θ before any update of this step, bitwise
     old = own if data["prox"] is None else jnp.where(first, own, data["prox"])
     loss, metrics, extremes = objective(logp, ent, old, b.old_logprobs, b.ref_logprobs,
@@ -151,12 +152,9 @@ def _apply(state: TrainState, grads, loss, model_cfg, cfg: LearnerConfig):
     grad_norm = optax.tree.norm(grads)
     ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
     lr = schedule(cfg.optim)(adam_count(state.opt_state))
-    updates, opt_state = optimizer(cfg.optim, model_cfg).update(grads, state.opt_state,
-                                                                  state.params)
-    params = optax.apply_updates(state.params, updates)
-    keep = functools.partial(jax.tree.map, lambda new, old: jnp.where(ok, new, old))
-    state = dataclasses.replace(state, params=keep(params, state.params),
-                                opt_state=keep(opt_state, state.opt_state),
+    params, opt_state = apply_in_place(state.params, state.opt_state, grads, grad_norm, ok,
+                                       cfg.optim, model_cfg)
+    state = dataclasses.replace(state, params=params, opt_state=opt_state,
                                 skipped=state.skipped + (~ok).astype(jnp.int32))
     metrics = {"actor/grad_norm": grad_norm, "actor/lr": lr,
                "actor/nonfinite_loss": (~jnp.isfinite(loss)).astype(jnp.float32),
