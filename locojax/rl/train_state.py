@@ -17,6 +17,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from locojax.model.config import ModelConfig
 from locojax.model.params import Weights, declare, is_decl
+from locojax.model.params import abstract as abstract_weights
 from locojax.model.sharding import RULES, weight_shardings
 from locojax.rl.config import OptimConfig
 
@@ -135,6 +136,29 @@ def init(params: Weights, cfg: OptimConfig, model_cfg: ModelConfig) -> TrainStat
         opt_state = jax.tree.map(put, opt_state)
         step, skipped = put(step), put(skipped)
     return TrainState(params=params, opt_state=opt_state, step=step, skipped=skipped)
+
+
+def abstract(model_cfg: ModelConfig, cfg: OptimConfig, mesh, rules: str = "train_dp"):
+    """ShapeDtypeStructs of `init(params, cfg, model_cfg)` for params placed by the `rules`
+    shardings on `mesh`, placed as `init` places them (moments like their params, scalars
+    replicated): what lowering `train_step` for this state needs, without any weights."""
+    shardings = weight_shardings(model_cfg, mesh, RULES[rules])
+    weights = jax.tree.map(lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
+                           abstract_weights(model_cfg), shardings)
+    shaped = jax.eval_shape(lambda p: optimizer(cfg, model_cfg).init(p), weights)
+    treedef = jax.tree.structure(shardings)
+    is_params = lambda x: jax.tree.structure(x) == treedef  # noqa: E731
+    replicated = NamedSharding(mesh, P())
+
+    def place(x):
+        if is_params(x):
+            return jax.tree.map(lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
+                                x, shardings)
+        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated)
+
+    scalar = jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated)
+    return TrainState(params=weights, opt_state=jax.tree.map(place, shaped, is_leaf=is_params),
+                      step=scalar, skipped=scalar)
 
 
 def pin(state: TrainState, model_cfg: ModelConfig, mesh, rules: str) -> TrainState:

@@ -269,6 +269,21 @@ def _kind(x: float) -> str:
     return "nan" if np.isnan(x) else "inf" if np.isinf(x) else "non-finite"
 
 
+def _program_cfg(cfg: LearnerConfig) -> LearnerConfig:
+    """The policy on non-finite steps is applied by `update`, not in the program: one
+    compiled step serves both settings."""
+    return dataclasses.replace(cfg, skip_nonfinite=False)
+
+
+def compile_update(state, batch: TrainBatch, model_cfg: ModelConfig, cfg: LearnerConfig,
+                   ref_params=None, mesh=None) -> jax.stages.Compiled:
+    """Compile, without running it, the `train_step` that `update` calls for arguments like
+    these (arrays, or ShapeDtypeStructs placed as the real ones will be). It lands in the
+    jit cache `update` then hits; its `memory_analysis()` is the step's per-device need."""
+    return train_step.lower(state, batch, ref_params, model_cfg=model_cfg,
+                            cfg=_program_cfg(cfg), mesh=mesh).compile()
+
+
 def update(state: TrainState, batch: TrainBatch, model_cfg: ModelConfig, cfg: LearnerConfig,
            ref_params=None, mesh=None) -> tuple[TrainState, dict[str, float]]:
     """Check, run one `train_step` (donating `state`), fetch metrics as floats.
@@ -278,10 +293,8 @@ def update(state: TrainState, batch: TrainBatch, model_cfg: ModelConfig, cfg: Le
     optimizer state, and `actor/skipped_steps` counts it.
     """
     check(batch, cfg, ref_params)
-    # The policy is applied here, not in the program: one compiled step serves both.
-    traced_cfg = dataclasses.replace(cfg, skip_nonfinite=False)
-    state, metrics = train_step(state, batch, ref_params, model_cfg=model_cfg, cfg=traced_cfg,
-                                mesh=mesh)
+    state, metrics = train_step(state, batch, ref_params, model_cfg=model_cfg,
+                                cfg=_program_cfg(cfg), mesh=mesh)
     metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
     bad_loss, bad_grad = metrics["actor/nonfinite_loss"], metrics["actor/nonfinite_grad"]
     if (bad_loss or bad_grad) and not cfg.skip_nonfinite:
