@@ -231,33 +231,37 @@ def logits(weights: Weights, hidden: jax.Array, cfg: ModelConfig) -> jax.Array:
     tied = cfg.tie_word_embeddings
     head = weights["embed"] if tied else weights["lm_head"]  # [V, D] or [D, V]
     dims = (((1,), (1 if tied else 0,)), ((), ()))
+    acc = jnp.promote_types(hidden.dtype, jnp.float32)  # f32 for bf16/f32; f64 stays f64
     out = jax.lax.dot_general(hidden.reshape(b * t, d), head.astype(hidden.dtype), dims,
-                              preferred_element_type=jnp.float32)
+                              preferred_element_type=acc)
     return out.reshape(b, t, -1)
 
 
 AUTO_CHUNK = -1
 """`token_logprobs(chunk=AUTO_CHUNK)`: chunk only when the whole logits buffer is too big."""
-LOGITS_CHUNK_BYTES = 128 * 2**20
-"""Automatic chunking keeps one chunk's [B, C, V] logits under this many bytes (f32), and
-does not chunk at all when the whole [B, T, V] fits. Each chunk also has a softmax and, in
-the backward, a logit gradient of the same size, so a step holds ~3x this at a time."""
+LOGITS_WHOLE_BYTES = 256 * 2**20
+"""Automatic chunking starts when the whole [B, T, V] f32 logits would exceed this (SMALL's
+199 MB stay whole: chunking costs one more logits matmul in the backward)."""
+LOGITS_CHUNK_BYTES = 64 * 2**20
+"""...and then keeps each chunk's [B, C, V] logits under this. A chunk also has its softmax
+and, in the backward, a logit gradient of the same size: a step holds a few times this."""
 
 
 def logprob_chunk_size(rows: int, positions: int, vocab: int, chunk: int = AUTO_CHUNK,
                        itemsize: int = 4) -> int:
     """Positions per chunk that `token_logprobs` uses for [rows, positions] targets; 0 = one piece.
 
-    chunk: positions per chunk as asked (0 = never chunk), or AUTO_CHUNK: the fewest equal
-    chunks whose [rows, C, vocab] logits stay under LOGITS_CHUNK_BYTES (at least 1 position).
-    The sizes are of the traced (global) batch, so the choice does not depend on the layout.
+    chunk: positions per chunk as asked (0 = never chunk), or AUTO_CHUNK: one piece up to
+    LOGITS_WHOLE_BYTES of [rows, positions, vocab] logits, else the fewest equal chunks whose
+    [rows, C, vocab] logits stay under LOGITS_CHUNK_BYTES (at least 1 position). The sizes are
+    of the traced (global) batch, so the choice does not depend on the layout.
     """
     if chunk != AUTO_CHUNK:
         if chunk < 0:
             raise ValueError(f"logprob chunk must be >= 0 or {AUTO_CHUNK} (auto), got {chunk}")
         return 0 if chunk >= positions else chunk
     per_position = rows * vocab * itemsize
-    if positions * per_position <= LOGITS_CHUNK_BYTES:
+    if positions * per_position <= LOGITS_WHOLE_BYTES:
         return 0
     n = -(-positions // max(1, LOGITS_CHUNK_BYTES // per_position))  # chunks needed
     return -(-positions // n)  # equal chunks: the least padding

@@ -122,8 +122,8 @@ class LearnerConfig:
     logprob_chunk: int = -1
     """Compute logits in chunks of this many positions, each rematerialised in the backward,
     so no step holds more than one chunk's [B, chunk, V] logits. -1 (default): automatic,
-    chunks of at most `qwen3.LOGITS_CHUNK_BYTES` when a micro-batch's whole [B, T, V] f32
-    logits would be bigger (large vocabularies); 0 = never chunk."""
+    chunks of at most 64 MiB once a micro-batch's whole [B, T, V] f32 logits would exceed
+    256 MiB (large vocabularies; `qwen3.logprob_chunk_size`); 0 = never chunk."""
     remat: bool = False
     """Rematerialise each decoder layer in the backward (activation checkpointing): keep
     only each layer's input, recompute the rest; about one more forward of compute."""

@@ -134,7 +134,7 @@ class RunConfig:
     more forward of compute); see the memory plan's `activations`."""
     logprob_chunk: int = -1
     """Positions per chunk of the learner's logits (each rematerialised). -1: automatic,
-    whenever a micro-batch's [rows, T, V] f32 logits would exceed 128 MiB; 0: never."""
+    whenever a micro-batch's [rows, T, V] f32 logits would exceed 256 MiB; 0: never."""
     plan: bool = False
     """Print the memory plan (per device, from XLA's analysis of this run's programs compiled
     at its exact shapes) and exit without loading weights or running a step."""

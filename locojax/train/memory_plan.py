@@ -115,7 +115,8 @@ def expected_train_temporaries(cfg: ModelConfig, learner: LearnerConfig, rows: i
     replicated). An upper bound by construction, term by term:
     - gradients: one f32 copy of the params (two with grad_accum > 1: the running sum and a
       micro-batch's own); the optimizer then updates in place (`train_state.apply_in_place`);
-    - logits: the logits of one chunk, their softmax and their gradient, f32;
+    - logits: five f32 buffers of one chunk's size: logits, log-softmax, its exp, the
+      entropy's product, the logit gradient;
     - embedding-gradient partial: a chunk's [V, D] head gradient before it joins the sum;
     - activations: with remat, every layer's input plus one layer recomputed with its
       gradients (its residuals twice, its attention scores in 8 buffers: scores, masked,
@@ -130,7 +131,7 @@ def expected_train_temporaries(cfg: ModelConfig, learner: LearnerConfig, rows: i
     v, d, layers = cfg.vocab_size, cfg.hidden_size, cfg.num_hidden_layers
     out = {"gradients": cfg.num_params() * 4 * (2 if learner.grad_accum > 1 else 1)}
     chunk = qwen3.logprob_chunk_size(micro, t, v, learner.logprob_chunk)
-    out["logits"] = 3 * local * (chunk or t) * v * 4
+    out["logits"] = 5 * local * (chunk or t) * v * 4
     if chunk:
         out["embedding-gradient partial"] = v * d * 4
     scores, other = layer_activation_bytes(cfg, local, t)
@@ -243,7 +244,7 @@ class MemoryPlan:
         if not st["remat"]:
             found.append((acts, f"--remat: keep only each layer's input for the backward "
                                 f"(activations {size(acts)})"))
-        if st["logprob_chunk"] == 0 and logits > qwen3.LOGITS_CHUNK_BYTES:
+        if st["logprob_chunk"] == 0 and logits > 3 * qwen3.LOGITS_WHOLE_BYTES:
             found.append((logits, f"--logprob-chunk -1: chunk the logits ({size(logits)})"))
         if st["precision"] == "f32":
             found.append((acts + cache, "--precision bf16: bf16 activations and KV cache; "
