@@ -11,8 +11,12 @@ import subprocess
 import sys
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
+from safetensors import safe_open
 
+from locojax.checkpoint import Checkpointer
 from locojax.model import config
 from locojax.model.sharding import make_mesh
 from locojax.rl import batch as batch_lib
@@ -59,10 +63,12 @@ def _small_run(tmp_path, **overrides):
 
 
 def test_the_plans_compiles_are_the_runs_compiles(tmp_path, caplog):
+    """...in bf16, which also must checkpoint and export the f32 master weights."""
     from locojax.train.loop import Trainer
 
     caplog.set_level(logging.INFO, logger="locojax")
-    trainer = Trainer(_small_run(tmp_path))
+    trainer = Trainer(_small_run(tmp_path, precision="bf16"))
+    assert trainer.model_cfg.compute_dtype == "bfloat16"
     plan = trainer.memory
     compiled = [r.getMessage() for r in caplog.records if "compiling" in r.getMessage()]
     assert sum("train_step" in m for m in compiled) == 1
@@ -78,20 +84,31 @@ def test_the_plans_compiles_are_the_runs_compiles(tmp_path, caplog):
     assert "memory plan per device" in plan.format()
 
     caplog.clear()
-    trainer.run()  # evaluation before, one step, evaluation after
+    final = trainer.run()  # evaluation before, one step, evaluation after
     recompiled = [r.getMessage() for r in caplog.records if "compiling" in r.getMessage()]
     assert recompiled == []
+
+    # bf16 compute, f32 everywhere it is kept: the checkpoint and the exported model.
+    assert 0 < final["rollout/logprob_mismatch"] < 0.05  # see tests/test_precision.py
+    ckpt = Checkpointer(str(tmp_path / "run" / "checkpoints"))
+    restored, _ = ckpt.restore(None, trainer.state)
+    assert {x.dtype for x in jax.tree.leaves(restored.params)} == {jnp.dtype(jnp.float32)}
+    for a, b in zip(jax.tree.leaves(restored), jax.tree.leaves(trainer.state)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    with safe_open(str(tmp_path / "run" / "final_model" / "model.safetensors"), "np") as f:
+        assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"F32"}
 
 
 def test_plan_only_loads_and_runs_nothing(tmp_path):
     from locojax.train.loop import Trainer
 
-    trainer = Trainer(_small_run(tmp_path, plan=True))
+    trainer = Trainer(_small_run(tmp_path, plan=True, precision="bf16"))  # compiles cached
     assert not hasattr(trainer, "state")  # no weights were read
     with pytest.raises(RuntimeError, match="only plans"):
         trainer.run()
 
 
+@pytest.mark.slow  # a fresh process: imports and compiles again (~20 s)
 def test_a_run_that_does_not_fit_is_refused_before_its_first_step(tmp_path):
     run = tmp_path / "run"
     out = subprocess.run(
