@@ -226,8 +226,8 @@ def logits(weights: Weights, hidden: jax.Array, cfg: ModelConfig) -> jax.Array:
     a transposed copy of the [B, T, V] logit gradient for the embedding's gradient.
     """
     b, t, d = hidden.shape
-    # Tied: contract the embedding's own D axis ([V, D]), so no transposed [D, V] copy of
-    # it is made (XLA kept one for the whole step, as big as the embedding).
+    # Tied: contract the embedding's own D axis ([V, D]) rather than multiply by its
+    # transpose, for which XLA made a [D, V] copy as big as the embedding (622 MB at 0.6B).
     tied = cfg.tie_word_embeddings
     head = weights["embed"] if tied else weights["lm_head"]  # [V, D] or [D, V]
     dims = (((1,), (1 if tied else 0,)), ((), ()))
@@ -276,7 +276,7 @@ def token_logprobs(weights: Weights, hidden: jax.Array, targets: jax.Array, cfg:
     [B, C, V] logits: each chunk is rematerialised (`jax.checkpoint`), so the backward
     recomputes its logits from the chunk's hidden states. Without remat a scan keeps every
     chunk's softmax for the backward, stacked into one [N, B, C, V] buffer: the whole
-    [B, T, V] again (what `chunk` did before; measured in tests/test_memory_plan.py).
+    [B, T, V] again (what `chunk` did before: docs/real_size.md has the measurement).
     Chunks split positions, never rows, so rows stay sharded over the batch axis.
     """
     b, t = targets.shape

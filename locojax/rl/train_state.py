@@ -75,10 +75,10 @@ def apply_in_place(params: Weights, opt_state, grads: Weights, grad_norm, ok, cf
     add_decayed_weights, scale_by_schedule of -lr), written out so that every buffer is
     updated in place: each new moment is computed from its old value alone and the params
     from the new moments. Through optax, with a `where` keeping the old state on a
-    non-finite step, XLA kept copies of Adam's μ and ν and of the clipped gradients, three
-    params-sized buffers (7 GB at Qwen3-0.6B; tests/test_memory_plan.py). Departure: the
-    clip multiplies by max_norm / ‖g‖ (optax divides by ‖g‖, then multiplies), because XLA
-    materialises a divided copy of every gradient that two consumers read.
+    non-finite step, XLA kept a copy of Adam's μ and a divided copy of the gradients: 2.7 GB
+    more temporaries at Qwen3-0.6B (docs/real_size.md). Departure: the clip multiplies by
+    max_norm / ‖g‖ (optax divides by ‖g‖, then multiplies), because XLA materialises a
+    divided copy of every gradient that two consumers read.
     """
     is_counted = lambda x: isinstance(x, _COUNTED)  # noqa: E731
     found = [x for x in jax.tree.leaves(opt_state, is_leaf=is_counted) if is_counted(x)]

@@ -30,10 +30,13 @@ import os
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
+from locojax.model import params as params_lib
 from locojax.model import qwen3
 from locojax.model.config import ModelConfig
+from locojax.rl import train_step as train_step_lib
 from locojax.rl.config import LearnerConfig
 
 GB = 1e9
@@ -93,18 +96,32 @@ class Program:
                 + self.arguments - self.held_arguments)
 
 
-def layer_activation_bytes(cfg: ModelConfig, rows: int, t: int) -> tuple[int, int]:
-    """(attention score buffer, other activations) of one decoder layer on `rows` x `t`.
+def layer_residual_bytes(cfg: ModelConfig, rows: int, t: int, platform: str) -> int:
+    """Bytes autodiff keeps from one decoder layer's forward for its backward, on rows x t.
 
-    Counted from `qwen3._layer`: the f32 scores [rows, N, T, T]; and, per token, the norm
-    outputs and residuals (6 D), q and its norm and RoPE (3 N h), k likewise and v (4 K h),
-    SwiGLU's gate, up, silu and product (4 F), in the compute dtype.
+    Counted exactly from `jax.vjp` of `qwen3._layer` at these shapes (traced abstractly,
+    nothing runs): the pullback's residuals, less the layer's own inputs. On CPU a bf16
+    residual also gets an f32 copy, since XLA:CPU upcasts both operands of a bf16 dot.
     """
-    s = cfg.dtype.itemsize
-    q, kv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
-    scores = rows * cfg.num_attention_heads * t * t * 4
-    other = rows * t * s * (6 * cfg.hidden_size + 3 * q + 4 * kv + 4 * cfg.intermediate_size)
-    return scores, other
+    shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype),
+                          params_lib.abstract(cfg)["layers"])  # one layer's weights
+    x = jax.ShapeDtypeStruct((rows, t, cfg.hidden_size), cfg.dtype)
+    total = {}
+
+    def probe(x, w):
+        visible = (None, jnp.ones((rows, t, t), bool))
+        _, pullback = jax.vjp(
+            lambda x, w: qwen3._layer(cfg, x, w, jnp.zeros((rows, t), jnp.int32), visible)[0],
+            x, w)
+        inputs = {id(a) for a in jax.tree.leaves((x, w))}
+        upcast = platform == "cpu"
+        total["bytes"] = sum(
+            a.size * (a.dtype.itemsize + (4 if upcast and a.dtype == jnp.bfloat16 else 0))
+            for a in jax.tree.leaves(pullback) if id(a) not in inputs)
+        return 0
+
+    jax.eval_shape(probe, x, shapes)
+    return total["bytes"]
 
 
 def expected_train_temporaries(cfg: ModelConfig, learner: LearnerConfig, rows: int, columns: int,
@@ -112,16 +129,18 @@ def expected_train_temporaries(cfg: ModelConfig, learner: LearnerConfig, rows: i
     """Named buffers a train step needs per device beyond its state, derived from shapes.
 
     rows x columns: the global batch; devices: how many share its rows (data parallel, params
-    replicated). An upper bound by construction, term by term:
+    replicated). Meant as an upper bound, term by term; XLA:CPU's temporaries came to 0.65 to
+    0.96 of it in every configuration measured (f32 and bf16, remat or not, 2 to 28 layers,
+    grad_accum 2, β > 0, V up to 151,936: docs/real_size.md). The terms:
     - gradients: one f32 copy of the params (two with grad_accum > 1: the running sum and a
       micro-batch's own); the optimizer then updates in place (`train_state.apply_in_place`);
     - logits: five f32 buffers of one chunk's size: logits, log-softmax, its exp, the
       entropy's product, the logit gradient;
     - embedding-gradient partial: a chunk's [V, D] head gradient before it joins the sum;
-    - activations: with remat, every layer's input plus one layer recomputed with its
-      gradients (its residuals twice, its attention scores in 8 buffers: scores, masked,
-      exp, probs and their four gradients); without, every layer's residuals (scores twice)
-      plus one layer's gradients (6 score-sized buffers);
+    - activations: `layer_residual_bytes` per layer (what autodiff keeps), for every layer
+      plus one more for the gradients of the layer being differentiated; with remat only
+      every layer's input, plus one layer's residuals twice (recomputed, and their
+      gradients);
     - compute copy of the embedding (compute dtype below the params'), and on CPU its f32
       upcast: XLA:CPU has no bf16 x bf16 dot.
     """
@@ -134,11 +153,11 @@ def expected_train_temporaries(cfg: ModelConfig, learner: LearnerConfig, rows: i
     out["logits"] = 5 * local * (chunk or t) * v * 4
     if chunk:
         out["embedding-gradient partial"] = v * d * 4
-    scores, other = layer_activation_bytes(cfg, local, t)
+    residuals = layer_residual_bytes(cfg, local, t, platform)
     if learner.remat:
-        out["activations"] = layers * local * t * d * cfg.dtype.itemsize + 2 * other + 8 * scores
+        out["activations"] = layers * local * t * d * cfg.dtype.itemsize + 2 * residuals
     else:
-        out["activations"] = (layers + 1) * other + (2 * layers + 6) * scores
+        out["activations"] = (layers + 1) * residuals
     if cfg.dtype.itemsize < cfg.weight_dtype.itemsize:
         out["compute copy of the embedding"] = v * d * cfg.dtype.itemsize
         if platform == "cpu" and cfg.dtype.itemsize < 4:
@@ -296,8 +315,6 @@ def plan(model_cfg: ModelConfig, learner: LearnerConfig, state, batch, ref_param
     (`train_state.abstract`, `batch.abstract`); ref_params None when β = 0. engine: the
     run's `Engine`; engine_shapes: its generate calls.
     """
-    from locojax.rl import train_step as train_step_lib
-
     held = {"params": device_bytes(state.params), "optimizer": device_bytes(state.opt_state),
             "reference": device_bytes(ref_params) if ref_params is not None else 0}
     programs, caches = [], {}
