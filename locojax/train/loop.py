@@ -55,7 +55,11 @@ def build_task(cfg: TaskConfig, seed: int):
 
 
 class Trainer:
-    """Owns the run's state; `run()` executes the remaining steps."""
+    """Owns the run's state; `run()` executes the remaining steps.
+
+    Before reading any weight it compiles the step's programs at the run's shapes and plans
+    their memory (`memory_plan.py`), refusing a run that cannot fit; the run reuses them.
+    """
 
     def __init__(self, cfg: RunConfig):
         self.cfg = cfg
