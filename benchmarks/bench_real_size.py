@@ -161,7 +161,6 @@ def report(r: dict, args) -> None:
     plan = r["plan_peak"]
     p = r["held"]["params"]
     budget = p + r["held"]["optimizer"] + r["num_params"] * 4  # params + optimizer + grads
-    print("\n" + r["plan_text"])
     print(f"\nrows x tokens: {r['rows']} x {r['columns']}; precision {args.precision}, "
           f"remat {'on' if args.remat else 'off'}")
     print(f"RSS before jax: {to_bytes(r['baseline_kb']) / 1e9:.2f} GB; after imports "

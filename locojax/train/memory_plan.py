@@ -19,7 +19,8 @@ does not fit (with the settings that shrink each), and tests/test_memory_plan.py
 XLA's temporaries stay within it, e.g. that no [B, T, V] logits buffer appears at V = 151,936.
 
 Sizes are in GB = 10^9 bytes. On CPU, "device memory" is the host's RAM shared by its CPU
-devices (XLA:CPU reports no limit); `--device-memory-gb` overrides what is detected.
+devices (XLA:CPU reports no limit); other processes on the host (local `launch` hosts
+included) are not counted. `--device-memory-gb` overrides what is detected.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from locojax.engine.sampling import SamplingConfig
 from locojax.model import params as params_lib
 from locojax.model import qwen3
 from locojax.model.config import ModelConfig
@@ -303,7 +305,7 @@ class EngineShape:
     prompts: int
     prompt_len: int
     num_samples: int
-    sampling: object  # SamplingConfig
+    sampling: SamplingConfig
 
 
 def plan(model_cfg: ModelConfig, learner: LearnerConfig, state, batch, ref_params, mesh, engine,
