@@ -18,19 +18,28 @@ from locojax.profiler import StepTimer
 from locojax.rollout.single_turn import rollout
 
 
+def greedy_sampling(tokenizer, max_new_tokens: int) -> SamplingConfig:
+    """The decoding rules of an evaluation (also what the memory plan compiles)."""
+    return SamplingConfig(max_new_tokens=max_new_tokens, temperature=0.0,
+                          stop_token_ids=tuple(tokenizer.stop_ids), pad_token_id=tokenizer.pad_id)
+
+
+def batch_rows(num_examples: int, batch_size: int) -> int:
+    """Prompts per generate call of `evaluate`: one call for few examples, else full batches."""
+    return batch_size if num_examples > batch_size else num_examples
+
+
 def evaluate(engine: Engine, weights, tokenizer, task: Task, runner: RewardRunner,
              examples, max_new_tokens: int, max_prompt_tokens: int,
              batch_size: int = 256) -> dict[str, float]:
     """`eval/accuracy` and `eval/reward_mean` over `examples`, greedy, one sample each."""
-    sampling = SamplingConfig(max_new_tokens=max_new_tokens, temperature=0.0,
-                              stop_token_ids=tuple(tokenizer.stop_ids), pad_token_id=tokenizer.pad_id)
+    sampling = greedy_sampling(tokenizer, max_new_tokens)
     rewards = []
     timer = StepTimer()
     for start in range(0, len(examples), batch_size):
         chunk = list(examples[start:start + batch_size])
         # Pad the last chunk to a full batch so every chunk reuses one compiled shape.
-        padded = chunk + [chunk[-1]] * (batch_size - len(chunk)) if len(examples) > batch_size \
-            else chunk
+        padded = chunk + [chunk[-1]] * (batch_rows(len(examples), batch_size) - len(chunk))
         out = rollout(engine, weights, tokenizer, task, runner, padded, 0, jax.random.key(0),
                       sampling, 1, max_prompt_tokens, timer)
         rewards.extend(out.rewards[:len(chunk)].tolist())

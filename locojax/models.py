@@ -20,7 +20,7 @@ import numpy as np
 import jax
 
 from locojax.model import config as model_config
-from locojax.model import hf_io, params
+from locojax.model import hf_config, hf_io, params
 from locojax.model.config import ModelConfig
 from locojax.tokenizer import Tokenizer, load_tokenizer
 
@@ -67,6 +67,20 @@ def resolve_dir(spec: str) -> Path | None:
         raise ValueError(f"model {spec!r} is neither 'embedded', a preset "
                          f"({', '.join(model_config.PRESETS)}) nor a directory")
     return path
+
+
+def load_config(spec: str, **overrides) -> ModelConfig:
+    """The ModelConfig `load(spec, **overrides)` would give, without reading any weights."""
+    path = resolve_dir(spec)
+    if path is None:
+        return model_config.PRESETS[spec](**overrides)
+    return hf_config.load_config(path, **overrides)
+
+
+def load_tokenizer_of(spec: str) -> Tokenizer:
+    """The tokenizer `load(spec)` would give, without reading any weights."""
+    path = resolve_dir(spec)
+    return load_tokenizer("char") if path is None else tokenizer_for(path)
 
 
 def load(spec: str, seed: int = 0, shardings=None, **overrides) -> LoadedModel:

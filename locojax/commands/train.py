@@ -4,6 +4,7 @@
     locojax train demo --steps 80 --mode single
     locojax launch --hosts 2 -- train demo     # colocated over 2 local hosts
     locojax train gsm8k --model DIR --task.data train.jsonl
+    locojax train gsm8k --model DIR --task.data train.jsonl --plan   # memory plan, then exit
 """
 
 from __future__ import annotations
@@ -22,10 +23,12 @@ def main(argv: list[str]) -> int:
     from locojax.train.loop import Trainer
 
     try:
-        trainer = Trainer(cfg)
+        trainer = Trainer(cfg)  # prints the memory plan; refuses a run that does not fit
     except (ValueError, FileNotFoundError, TypeError) as e:
         print(f"locojax train: {e}", file=sys.stderr)
         return 2
+    if cfg.plan:
+        return 0
     final = trainer.run()
     if trainer.is_main and "eval/accuracy" in final:
         before = final.get("before/eval/accuracy")

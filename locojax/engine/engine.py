@@ -32,9 +32,10 @@ from typing import Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import Mesh, NamedSharding, SingleDeviceSharding
 
 from locojax.engine.sampling import SamplingConfig, sample_with_logprobs, uniform_draws
+from locojax.model import params as params_lib
 from locojax.model import qwen3, sharding
 from locojax.model.config import ModelConfig
 from locojax.model.params import Weights
@@ -278,23 +279,63 @@ class Engine:
             return weights
         return jax.device_put(weights, self._weight_shardings)
 
+    def _cache_shardings(self, cache) -> qwen3.KVCache:
+        """Where a cache buffer lives: committed from the start, as the buffer handed back by
+        the jit is; otherwise the second call sees a differently-placed argument and XLA
+        compiles generate again."""
+        if self.layout is None:
+            return jax.tree.map(lambda _: SingleDeviceSharding(jax.devices()[0]), cache)
+        return qwen3.KVCache(
+            self.layout.sharding(_K_AXES, cache.k.shape),
+            self.layout.sharding(_V_AXES, cache.v.shape),
+            self.layout.sharding(("batch", None), cache.valid.shape),
+            self.layout.sharding((), ()))
+
     def _buffer(self, rows: int, slots: int) -> qwen3.KVCache:
         c = self._cache
         self._cache = None  # donated below: never touch it again
-        cfg = self.model_cfg
         if c is None or (c.v.shape[1], c.v.shape[3]) != (rows, slots):
-            c = qwen3.KVCache.empty(cfg, rows, slots)
-            # Committed from the start, as the buffer handed back by the jit is: otherwise the
-            # second call sees a differently-placed argument and XLA compiles generate again.
-            if self.layout is None:
-                c = jax.device_put(c, jax.devices()[0])
-            else:
-                c = jax.device_put(c, qwen3.KVCache(
-                    self.layout.sharding(_K_AXES, c.k.shape),
-                    self.layout.sharding(_V_AXES, c.v.shape),
-                    self.layout.sharding(("batch", None), c.valid.shape),
-                    self.layout.sharding((), ())))
+            c = None  # freed before the new one is made: never two caches at once
+            c = qwen3.KVCache.empty(self.model_cfg, rows, slots)
+            c = jax.device_put(c, self._cache_shardings(c))
         return c
+
+    def compile(self, prompts: int, prompt_len: int, sampling: SamplingConfig,
+                num_samples: int = 1):
+        """Compile prefill and decode, without running them, for `prefill(...)` of `prompts`
+        prompts of `prompt_len` tokens; returns the two `jax.stages.Compiled`.
+
+        The arguments are abstract but placed exactly as `prefill` and `decode` place the
+        real ones, so the compiled programs land in the jit caches that those calls hit
+        (the memory plan's compiles are the run's compiles). Their `memory_analysis()` is
+        what each program needs per device besides the weights and the cache.
+        """
+        cfg = self.model_cfg
+        if self._weight_shardings is None:
+            weight_shardings = jax.tree.map(lambda _: None, params_lib.abstract(cfg))
+        else:
+            weight_shardings = self._weight_shardings
+        weights = jax.tree.map(lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
+                               params_lib.abstract(cfg), weight_shardings)
+        cache = jax.eval_shape(lambda: qwen3.KVCache.empty(
+            cfg, prompts * num_samples, prompt_len + sampling.max_new_tokens - 1))
+        cache = jax.tree.map(lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
+                             cache, self._cache_shardings(cache))
+        if self.layout is None:  # numpy prompts: uncommitted arguments
+            tokens = jax.ShapeDtypeStruct((prompts, prompt_len), jnp.int32)
+            mask = jax.ShapeDtypeStruct((prompts, prompt_len), jnp.bool_)
+        else:
+            placed = self.layout.sharding(("batch", None), (prompts, prompt_len))
+            tokens = jax.ShapeDtypeStruct((prompts, prompt_len), jnp.int32, sharding=placed)
+            mask = jax.ShapeDtypeStruct((prompts, prompt_len), jnp.bool_, sharding=placed)
+        key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype)
+        first_row = jax.ShapeDtypeStruct((), jnp.int32)
+        prefill = prefill_jit.lower(weights, tokens, mask, key, first_row, cache, model_cfg=cfg,
+                                    sampling=sampling, num_samples=num_samples,
+                                    layout=self.layout).compile()
+        decode = decode_jit.lower(weights, prefill.out_info, model_cfg=cfg, sampling=sampling,
+                                  layout=self.layout).compile()
+        return prefill, decode
 
     def generate(self, weights: Weights, prompts, key: jax.Array, sampling: SamplingConfig,
                  num_samples: int = 1, prompt_mask=None, first_row: int = 0) -> Generation:

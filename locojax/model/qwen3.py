@@ -166,6 +166,7 @@ def forward(
     cache: KVCache | None = None,
     keep_kv: bool = False,
     unroll: bool = False,
+    remat: bool = False,
 ) -> tuple[jax.Array, KVCache | None]:
     """Final hidden states [B, T, D] (after the last norm) and the updated cache.
 
@@ -176,6 +177,9 @@ def forward(
     which is how a sampler prefills (no empty cache to attend over).
     unroll (without a cache): unroll the layer loop, for a forward that is differentiated
     (see `unroll_for_grad`); a forward alone measured ~25% slower unrolled on XLA:CPU.
+    remat (without a cache): rematerialise each layer in the backward (`jax.checkpoint`):
+    a differentiated forward then keeps only each layer's input [B, T, D] instead of all
+    its activations (attention scores, SwiGLU), for about one more forward of compute.
     """
     b, t = tokens.shape
     mask = jnp.ones((b, t), bool) if mask is None else mask
@@ -188,6 +192,9 @@ def forward(
         def body(x, w):
             x, new_kv = _layer(cfg, x, w, positions, (None, causal))
             return x, (new_kv if keep_kv else None)
+
+        if remat:  # prevent_cse is needed only where the scan is unrolled into straight code
+            body = jax.checkpoint(body, prevent_cse=unroll)
 
         x, kv = jax.lax.scan(body, x, weights["layers"], unroll=unroll)
         x = rms_norm(x, weights["final_norm"], cfg.rms_norm_eps)
@@ -214,14 +221,14 @@ def forward(
 
 def forward_after(weights: Weights, prefix: KVCache, tokens: jax.Array, positions: jax.Array,
                   cfg: ModelConfig, mask: jax.Array | None = None,
-                  unroll: bool = False) -> jax.Array:
+                  unroll: bool = False, remat: bool = False) -> jax.Array:
     """Final hidden states [B, T, D] of T tokens that continue `prefix`, a `keep_kv` cache of
     the same B rows: they attend to its valid slots, then causally to each other.
 
     Nothing is written to the cache and it is not donated, so this is differentiable through
     the prefix's keys and values: the trainer's twin of the sampler's prefill-then-decode. With
     a prefix shared by a group of rows (its KV repeated), the prefix's forward and backward
-    run once per group. `unroll` as in `forward`.
+    run once per group. `unroll` and `remat` as in `forward`.
     """
     b, t = tokens.shape
     mask = jnp.ones((b, t), bool) if mask is None else mask
@@ -235,6 +242,8 @@ def forward_after(weights: Weights, prefix: KVCache, tokens: jax.Array, position
         x, _ = _layer(cfg, x, w, positions, visible, (k_i, v_i))
         return x, None
 
+    if remat:
+        body = jax.checkpoint(body, prevent_cse=unroll)
     x, _ = jax.lax.scan(body, x, (weights["layers"], prefix.k, prefix.v), unroll=unroll)
     return rms_norm(x, weights["final_norm"], cfg.rms_norm_eps)
 
@@ -252,35 +261,75 @@ def logits(weights: Weights, hidden: jax.Array, cfg: ModelConfig) -> jax.Array:
     a transposed copy of the [B, T, V] logit gradient for the embedding's gradient.
     """
     b, t, d = hidden.shape
-    head = weights["embed"].T if cfg.tie_word_embeddings else weights["lm_head"]  # [D, V]
-    out = jnp.matmul(hidden.reshape(b * t, d), head.astype(hidden.dtype),
-                     preferred_element_type=_wide(hidden.dtype))
+    # Tied: contract the embedding's own D axis ([V, D]) rather than multiply by its
+    # transpose, for which XLA made a [D, V] copy as big as the embedding (622 MB at 0.6B).
+    tied = cfg.tie_word_embeddings
+    head = weights["embed"] if tied else weights["lm_head"]  # [V, D] or [D, V]
+    dims = (((1,), (1 if tied else 0,)), ((), ()))
+    out = jax.lax.dot_general(hidden.reshape(b * t, d), head.astype(hidden.dtype), dims,
+                              preferred_element_type=_wide(hidden.dtype))
     return out.reshape(b, t, -1)
 
 
-def token_logprobs(weights: Weights, hidden: jax.Array, targets: jax.Array, cfg: ModelConfig,
-                   temperature: float = 1.0, chunk: int = 0):
-    """log p(targets) [B, T] from hidden [B, T, D], optionally over sequence chunks.
+AUTO_CHUNK = -1
+"""`token_logprobs(chunk=AUTO_CHUNK)`: chunk only when the whole logits buffer is too big."""
+LOGITS_WHOLE_BYTES = 256 * 2**20
+"""Automatic chunking starts when the whole [B, T, V] f32 logits would exceed this (SMALL's
+199 MB stay whole: chunking costs one more logits matmul in the backward)."""
+LOGITS_CHUNK_BYTES = 64 * 2**20
+"""...and then keeps each chunk's [B, C, V] logits under this. A chunk also has its softmax
+and, in the backward, a logit gradient of the same size: a step holds a few times this."""
 
-    Chunking bounds the [B, chunk, V] logits buffer, which for a 151k vocab is most of the
-    memory of a training step. Also returns the entropy of each position's distribution.
+
+def logprob_chunk_size(rows: int, positions: int, vocab: int, chunk: int = AUTO_CHUNK,
+                       itemsize: int = 4) -> int:
+    """Positions per chunk that `token_logprobs` uses for [rows, positions] targets; 0 = one piece.
+
+    chunk: positions per chunk as asked (0 = never chunk), or AUTO_CHUNK: one piece up to
+    LOGITS_WHOLE_BYTES of [rows, positions, vocab] logits, else the fewest equal chunks whose
+    [rows, C, vocab] logits stay under LOGITS_CHUNK_BYTES (at least 1 position). The sizes are
+    of the traced (global) batch, so the choice does not depend on the layout.
     """
-    t = hidden.shape[1]
-    if not chunk or chunk >= t:
-        return _logprobs_and_entropy(logits(weights, hidden, cfg) / temperature, targets)
+    if chunk != AUTO_CHUNK:
+        if chunk < 0:
+            raise ValueError(f"logprob chunk must be >= 0 or {AUTO_CHUNK} (auto), got {chunk}")
+        return 0 if chunk >= positions else chunk
+    per_position = rows * vocab * itemsize
+    if positions * per_position <= LOGITS_WHOLE_BYTES:
+        return 0
+    n = -(-positions // max(1, LOGITS_CHUNK_BYTES // per_position))  # chunks needed
+    return -(-positions // n)  # equal chunks: the least padding
+
+
+def token_logprobs(weights: Weights, hidden: jax.Array, targets: jax.Array, cfg: ModelConfig,
+                   temperature: float = 1.0, chunk: int = AUTO_CHUNK):
+    """log p(targets) [B, T] from hidden [B, T, D], and the entropy of each position's
+    distribution; over position chunks when the [B, T, V] logits would be too big.
+
+    Chunked, neither the forward nor the backward ever holds more than one chunk's
+    [B, C, V] logits: each chunk is rematerialised (`jax.checkpoint`), so the backward
+    recomputes its logits from the chunk's hidden states. Without remat a scan keeps every
+    chunk's softmax for the backward, stacked into one [N, B, C, V] buffer: the whole
+    [B, T, V] again (what `chunk` did before: docs/real_size.md has the measurement).
+    Chunks split positions, never rows, so rows stay sharded over the batch axis.
+    """
+    b, t = targets.shape
+    chunk = logprob_chunk_size(b, t, cfg.vocab_size, chunk)
+
+    def one(h, tg):
+        return _logprobs_and_entropy(logits(weights, h, cfg) / temperature, tg)
+
+    if not chunk:
+        return one(hidden, targets)
     pad = -t % chunk
     hidden = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0)))
     targets = jnp.pad(targets, ((0, 0), (0, pad)))
     n = hidden.shape[1] // chunk
-    hs = hidden.reshape(hidden.shape[0], n, chunk, -1).swapaxes(0, 1)  # [N, B, C, D]
-    ts = targets.reshape(targets.shape[0], n, chunk).swapaxes(0, 1)  # [N, B, C]
-
-    def one(_, xs):
-        h, tg = xs
-        return None, _logprobs_and_entropy(logits(weights, h, cfg) / temperature, tg)
-
-    _, (lp, ent) = jax.lax.scan(one, None, (hs, ts))
-    unchunk = lambda a: a.swapaxes(0, 1).reshape(a.shape[1], -1)[:, :t]  # noqa: E731
+    hs = hidden.reshape(b, n, chunk, -1).swapaxes(0, 1)  # [N, B, C, D]
+    ts = targets.reshape(b, n, chunk).swapaxes(0, 1)  # [N, B, C]
+    remat = jax.checkpoint(one, prevent_cse=False)  # inside a scan CSE cannot undo remat
+    _, (lp, ent) = jax.lax.scan(lambda _, xs: (None, remat(*xs)), None, (hs, ts))
+    unchunk = lambda a: a.swapaxes(0, 1).reshape(b, -1)[:, :t]  # noqa: E731  [B, T]
     return unchunk(lp), unchunk(ent)
 
 

@@ -197,3 +197,20 @@ def split_rows(x: jax.Array, parts: int) -> jax.Array:
     if b % parts:
         raise ValueError(f"batch of {b} rows does not split into {parts} equal parts")
     return x.reshape(b // parts, parts, *x.shape[1:]).swapaxes(0, 1)
+
+
+def abstract(rows: int, columns: int, mesh: Mesh, rules: Rules = TRAIN_DP,
+             shared_prefix: SharedPrefix | None = None) -> TrainBatch:
+    """ShapeDtypeStructs of the global batch that `from_rollout` then `shard` or
+    `from_process_local` make (outcome advantages, no staleness or reference logprobs):
+    what lowering `train_step` for a run's batch needs. `shared_prefix` is static, so it
+    must be the one the run's batches carry for a compile to be reused."""
+    def one(shape, dtype):
+        return jax.ShapeDtypeStruct(shape, dtype,
+                                    sharding=batch_sharding(mesh, rules, len(shape), rows))
+
+    per_token = lambda dtype: one((rows, columns), dtype)  # noqa: E731
+    return TrainBatch(tokens=per_token(jnp.int32), positions=per_token(jnp.int32),
+                      attn_mask=per_token(jnp.bool_), loss_mask=per_token(jnp.bool_),
+                      advantages=one((rows,), jnp.float32), old_logprobs=per_token(jnp.float32),
+                      group_id=one((rows,), jnp.int32), shared_prefix=shared_prefix)

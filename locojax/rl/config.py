@@ -119,9 +119,14 @@ class LearnerConfig:
     unchanged: every denominator is a global count of the whole mini-batch)."""
     temperature: float = 1.0
     """Sampling temperature; must equal the sampler's so logprobs are of the same policy."""
-    logprob_chunk: int = 0
-    """Compute logits in chunks of this many positions (bounds the [B, chunk, V] buffer).
-    0 = all at once."""
+    logprob_chunk: int = -1
+    """Compute logits in chunks of this many positions, each rematerialised in the backward,
+    so no step holds more than one chunk's [B, chunk, V] logits. -1 (default): automatic,
+    chunks of at most 64 MiB once a micro-batch's whole [B, T, V] f32 logits would exceed
+    256 MiB (large vocabularies; `qwen3.logprob_chunk_size`); 0 = never chunk."""
+    remat: bool = False
+    """Rematerialise each decoder layer in the backward (activation checkpointing): keep
+    only each layer's input, recompute the rest; about one more forward of compute."""
     rules: str = "train_dp"
     """How params are sharded in training (`model.sharding.RULES`): train_dp replicates them,
     train_fsdp also shards them over the mesh's `fsdp` axis. With a mesh given to
@@ -135,6 +140,8 @@ class LearnerConfig:
             raise ValueError(f"grad_accum must be >= 1, got {self.grad_accum}")
         if self.temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {self.temperature}")
+        if self.logprob_chunk < -1:
+            raise ValueError(f"logprob_chunk must be >= 0 or -1 (auto), got {self.logprob_chunk}")
         if self.rules not in ("train_dp", "train_fsdp"):
             raise ValueError(f"rules must be 'train_dp' or 'train_fsdp', got {self.rules!r}")
 

@@ -17,6 +17,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from locojax.model.config import ModelConfig
 from locojax.model.params import Weights, declare, is_decl
+from locojax.model.params import abstract as abstract_weights
 from locojax.model.sharding import RULES, weight_shardings
 from locojax.rl.config import OptimConfig
 
@@ -62,6 +63,54 @@ def optimizer(cfg: OptimConfig, model_cfg: ModelConfig) -> optax.GradientTransfo
     return optax.chain(clip, adamw)
 
 
+_COUNTED = (optax.ScaleByAdamState, optax.ScaleByScheduleState)
+
+
+def apply_in_place(params: Weights, opt_state, grads: Weights, grad_norm, ok, cfg: OptimConfig,
+                   model_cfg: ModelConfig):
+    """`optimizer(cfg)`'s update then `optax.apply_updates`, or no change at all where `ok`
+    is False; returns (params, opt_state) in `optimizer(cfg)`'s own state structure.
+
+    The same arithmetic as optax's chain (clip_by_global_norm, scale_by_adam, masked
+    add_decayed_weights, scale_by_schedule of -lr), written out so that every buffer is
+    updated in place: each new moment is computed from its old value alone and the params
+    from the new moments. Through optax, with a `where` keeping the old state on a
+    non-finite step, XLA kept a copy of Adam's μ and a divided copy of the gradients: 2.7 GB
+    more temporaries at Qwen3-0.6B (docs/real_size.md). Departure: the clip multiplies by
+    max_norm / ‖g‖ (optax divides by ‖g‖, then multiplies), because XLA materialises a
+    divided copy of every gradient that two consumers read.
+    """
+    is_counted = lambda x: isinstance(x, _COUNTED)  # noqa: E731
+    found = [x for x in jax.tree.leaves(opt_state, is_leaf=is_counted) if is_counted(x)]
+    adam = next(x for x in found if isinstance(x, optax.ScaleByAdamState))
+    sched = next(x for x in found if isinstance(x, optax.ScaleByScheduleState))
+    keep = lambda new, old: jnp.where(ok, new, old)  # noqa: E731
+    if cfg.max_grad_norm:
+        scale = cfg.max_grad_norm / grad_norm
+        grads = jax.tree.map(lambda g: jax.lax.select(
+            grad_norm < cfg.max_grad_norm, g, g * scale.astype(g.dtype)), grads)
+    mu = jax.tree.map(lambda g, m: keep((1 - cfg.b1) * g + cfg.b1 * m, m), grads, adam.mu)
+    nu = jax.tree.map(lambda g, v: keep((1 - cfg.b2) * (g ** 2) + cfg.b2 * v, v), grads, adam.nu)
+    count = optax.safe_increment(adam.count)
+    step_size = -1 * schedule(cfg)(sched.count)
+
+    def new_param(p, m, v, decay):
+        m_hat = optax.tree.bias_correction(m, cfg.b1, count)
+        v_hat = optax.tree.bias_correction(v, cfg.b2, count)
+        u = m_hat / (jnp.sqrt(v_hat + 0.0) + cfg.eps)
+        if decay and cfg.weight_decay:
+            u = u + cfg.weight_decay * p
+        return keep(jnp.asarray(p + jnp.array(step_size, u.dtype) * u).astype(p.dtype), p)
+
+    params = jax.tree.map(new_param, params, mu, nu, decay_mask(model_cfg))
+    counts = {id(adam): adam._replace(count=keep(count, adam.count), mu=mu, nu=nu),
+              id(sched): sched._replace(count=keep(optax.safe_increment(sched.count),
+                                                   sched.count))}
+    opt_state = jax.tree.map(lambda x: counts[id(x)] if is_counted(x) else x, opt_state,
+                             is_leaf=is_counted)
+    return params, opt_state
+
+
 def adam_count(opt_state) -> jax.Array:
     """Optimizer updates applied so far (Adam's bias-correction count)."""
     found = [s for s in jax.tree.leaves(opt_state, is_leaf=lambda x: isinstance(
@@ -87,6 +136,29 @@ def init(params: Weights, cfg: OptimConfig, model_cfg: ModelConfig) -> TrainStat
         opt_state = jax.tree.map(put, opt_state)
         step, skipped = put(step), put(skipped)
     return TrainState(params=params, opt_state=opt_state, step=step, skipped=skipped)
+
+
+def abstract(model_cfg: ModelConfig, cfg: OptimConfig, mesh, rules: str = "train_dp"):
+    """ShapeDtypeStructs of `init(params, cfg, model_cfg)` for params placed by the `rules`
+    shardings on `mesh`, placed as `init` places them (moments like their params, scalars
+    replicated): what lowering `train_step` for this state needs, without any weights."""
+    shardings = weight_shardings(model_cfg, mesh, RULES[rules])
+    weights = jax.tree.map(lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
+                           abstract_weights(model_cfg), shardings)
+    shaped = jax.eval_shape(lambda p: optimizer(cfg, model_cfg).init(p), weights)
+    treedef = jax.tree.structure(shardings)
+    is_params = lambda x: jax.tree.structure(x) == treedef  # noqa: E731
+    replicated = NamedSharding(mesh, P())
+
+    def place(x):
+        if is_params(x):
+            return jax.tree.map(lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
+                                x, shardings)
+        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated)
+
+    scalar = jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated)
+    return TrainState(params=weights, opt_state=jax.tree.map(place, shaped, is_leaf=is_params),
+                      step=scalar, skipped=scalar)
 
 
 def pin(state: TrainState, model_cfg: ModelConfig, mesh, rules: str) -> TrainState:

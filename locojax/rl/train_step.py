@@ -46,7 +46,7 @@ from locojax.rl.algorithms import resolve
 from locojax.rl.batch import TrainBatch, split_rows
 from locojax.rl.config import LearnerConfig
 from locojax.rl.losses import LossSettings, objective
-from locojax.rl.train_state import TrainState, adam_count, optimizer, pin, schedule
+from locojax.rl.train_state import TrainState, adam_count, apply_in_place, pin, schedule
 
 logger = logging.getLogger(__name__)
 
@@ -64,13 +64,14 @@ class NonFiniteError(RuntimeError):
 
 
 def sequence_logprobs(params: Weights, tokens, positions, attn_mask, model_cfg: ModelConfig,
-                      temperature: float = 1.0, chunk: int = 0, unroll: bool = False,
+                      temperature: float = 1.0, chunk: int = qwen3.AUTO_CHUNK,
+                      unroll: bool = False, remat: bool = False,
                       prefix: batch_lib.SharedPrefix | None = None):
     """log π(tokens[b, t] | tokens[b, :t]) and the entropy of that distribution, [B, T] each.
 
     Aligned with `tokens`; column 0 (no context to predict it from) is 0. The hidden state
-    at t predicts token t + 1, so the forward runs on tokens[:, :-1]. `unroll`: see
-    `qwen3.forward` (set where the result is differentiated).
+    at t predicts token t + 1, so the forward runs on tokens[:, :-1]. `unroll`, `remat`: see
+    `qwen3.forward` (set where the result is differentiated); `chunk`: `qwen3.token_logprobs`.
 
     `prefix` (a `TrainBatch.shared_prefix`, P columns): columns 1..P-1 hold no target, so
     their logits are skipped and they read 0. With groups of G > 1 rows the prompt's forward
@@ -80,7 +81,7 @@ def sequence_logprobs(params: Weights, tokens, positions, attn_mask, model_cfg: 
     b = tokens.shape[0]
     if prefix is None:
         hidden, _ = qwen3.forward(params, tokens[:, :-1], positions[:, :-1], model_cfg,
-                                  mask=attn_mask[:, :-1], unroll=unroll)  # [B, T-1, D]
+                                  mask=attn_mask[:, :-1], unroll=unroll, remat=remat)  # [B, T-1, D]
         logp, ent = qwen3.token_logprobs(params, hidden, tokens[:, 1:], model_cfg, temperature,
                                          chunk)
         zero = jnp.zeros((b, 1), logp.dtype)
@@ -88,10 +89,10 @@ def sequence_logprobs(params: Weights, tokens, positions, attn_mask, model_cfg: 
     p = prefix.columns
     if prefix.group > 1:
         hidden = _prefix_hidden(params, tokens, positions, attn_mask, model_cfg, p,
-                                prefix.group, unroll)
+                                prefix.group, unroll, remat)
     else:
         hidden, _ = qwen3.forward(params, tokens[:, :-1], positions[:, :-1], model_cfg,
-                                  mask=attn_mask[:, :-1], unroll=unroll)
+                                  mask=attn_mask[:, :-1], unroll=unroll, remat=remat)
         hidden = hidden[:, p - 1:]  # [B, T-P, D]: the positions that predict targets
     logp, ent = qwen3.token_logprobs(params, hidden, tokens[:, p:], model_cfg, temperature,
                                      chunk)
@@ -99,7 +100,8 @@ def sequence_logprobs(params: Weights, tokens, positions, attn_mask, model_cfg: 
     return jnp.concatenate([zero, logp], axis=1), jnp.concatenate([zero, ent], axis=1)
 
 
-def _prefix_hidden(params, tokens, positions, attn_mask, model_cfg, p: int, g: int, unroll):
+def _prefix_hidden(params, tokens, positions, attn_mask, model_cfg, p: int, g: int, unroll,
+                   remat: bool = False):
     """Hidden states [B, T-P, D] of positions P-1 .. T-2, the prompt run once per group.
 
     The first row of each group holds the group's prompt: its forward gives the keys and
@@ -110,7 +112,8 @@ def _prefix_hidden(params, tokens, positions, attn_mask, model_cfg, p: int, g: i
     b = tokens.shape[0]
     first = lambda x: x.reshape(b // g, g, *x.shape[1:])[:, 0, :p]  # noqa: E731  [B/G, P]
     hidden_p, kv = qwen3.forward(params, first(tokens), first(positions), model_cfg,
-                                 mask=first(attn_mask), keep_kv=True, unroll=unroll)
+                                 mask=first(attn_mask), keep_kv=True, unroll=unroll,
+                                 remat=remat)
 
     def rows(x, axis):  # [..., B/G, ...] → [..., B, ...], each group's entry G times
         x = jnp.expand_dims(x, axis + 1)
@@ -119,12 +122,12 @@ def _prefix_hidden(params, tokens, positions, attn_mask, model_cfg, p: int, g: i
 
     kv = qwen3.KVCache(rows(kv.k, 1), rows(kv.v, 1), rows(kv.valid, 0), kv.index)
     rest = qwen3.forward_after(params, kv, tokens[:, p:-1], positions[:, p:-1], model_cfg,
-                               mask=attn_mask[:, p:-1], unroll=unroll)  # [B, T-P-1, D]
+                               mask=attn_mask[:, p:-1], unroll=unroll, remat=remat)  # [B, T-P-1, D]
     return jnp.concatenate([rows(hidden_p[:, -1:], 0), rest], axis=1)
 
 
 compute_logprobs = jax.jit(sequence_logprobs,
-                           static_argnames=("model_cfg", "temperature", "chunk", "unroll",
+                           static_argnames=("model_cfg", "temperature", "chunk", "unroll", "remat",
                                             "prefix"))
 """Jitted `sequence_logprobs`, e.g. for reference logprobs outside the step."""
 
@@ -161,7 +164,7 @@ def _micro_loss(params, data, counts: Counts, first, fresh_tokens, s: LossSettin
     b: TrainBatch = data["batch"]
     logp, ent = sequence_logprobs(params, b.tokens, b.positions, b.attn_mask, model_cfg,
                                   cfg.temperature, cfg.logprob_chunk,
-                                  unroll=qwen3.unroll_for_grad(model_cfg),
+                                  unroll=qwen3.unroll_for_grad(model_cfg), remat=cfg.remat,
                                   prefix=_prefix(b.shared_prefix, cfg.rows_multiple))
     own = jax.lax.stop_gradient(logp)  # π_θ before any update of this step, bitwise
     old = own if data["prox"] is None else jnp.where(first, own, data["prox"])
@@ -264,12 +267,9 @@ def _apply(state: TrainState, grads, loss, model_cfg, cfg: LearnerConfig):
     grad_norm = optax.tree.norm(grads)
     ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
     lr = schedule(cfg.optim)(adam_count(state.opt_state))
-    updates, opt_state = optimizer(cfg.optim, model_cfg).update(grads, state.opt_state,
-                                                                  state.params)
-    params = optax.apply_updates(state.params, updates)
-    keep = functools.partial(jax.tree.map, lambda new, old: jnp.where(ok, new, old))
-    state = dataclasses.replace(state, params=keep(params, state.params),
-                                opt_state=keep(opt_state, state.opt_state),
+    params, opt_state = apply_in_place(state.params, state.opt_state, grads, grad_norm, ok,
+                                       cfg.optim, model_cfg)
+    state = dataclasses.replace(state, params=params, opt_state=opt_state,
                                 skipped=state.skipped + (~ok).astype(jnp.int32))
     metrics = {"actor/grad_norm": grad_norm, "actor/lr": lr,
                "actor/nonfinite_loss": (~jnp.isfinite(loss)).astype(jnp.float32),
@@ -389,6 +389,21 @@ def _kind(x: float) -> str:
     return "nan" if np.isnan(x) else "inf" if np.isinf(x) else "non-finite"
 
 
+def _program_cfg(cfg: LearnerConfig) -> LearnerConfig:
+    """The policy on non-finite steps is applied by `update`, not in the program: one
+    compiled step serves both settings."""
+    return dataclasses.replace(cfg, skip_nonfinite=False)
+
+
+def compile_update(state, batch: TrainBatch, model_cfg: ModelConfig, cfg: LearnerConfig,
+                   ref_params=None, mesh=None) -> jax.stages.Compiled:
+    """Compile, without running it, the `train_step` that `update` calls for arguments like
+    these (arrays, or ShapeDtypeStructs placed as the real ones will be). It lands in the
+    jit cache `update` then hits; its `memory_analysis()` is the step's per-device need."""
+    return train_step.lower(state, batch, ref_params, model_cfg=model_cfg,
+                            cfg=_program_cfg(cfg), mesh=mesh).compile()
+
+
 def update(state: TrainState, batch: TrainBatch, model_cfg: ModelConfig, cfg: LearnerConfig,
            ref_params=None, mesh=None) -> tuple[TrainState, dict[str, float]]:
     """Check, run one `train_step` (donating `state`), fetch metrics as floats.
@@ -398,10 +413,8 @@ def update(state: TrainState, batch: TrainBatch, model_cfg: ModelConfig, cfg: Le
     optimizer state, and `actor/skipped_steps` counts it.
     """
     check(batch, cfg, ref_params)
-    # The policy is applied here, not in the program: one compiled step serves both.
-    traced_cfg = dataclasses.replace(cfg, skip_nonfinite=False)
-    state, metrics = train_step(state, batch, ref_params, model_cfg=model_cfg, cfg=traced_cfg,
-                                mesh=mesh)
+    state, metrics = train_step(state, batch, ref_params, model_cfg=model_cfg,
+                                cfg=_program_cfg(cfg), mesh=mesh)
     metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
     bad_loss, bad_grad = metrics["actor/nonfinite_loss"], metrics["actor/nonfinite_grad"]
     if (bad_loss or bad_grad) and not cfg.skip_nonfinite:

@@ -16,6 +16,10 @@ from locojax.envs.rewards import RewardConfig
 from locojax.rl.config import AlgoConfig, LearnerConfig, OptimConfig
 
 
+COMPUTE_DTYPES = {"f32": "float32", "bf16": "bfloat16"}
+"""`RunConfig.precision` -> `ModelConfig.compute_dtype` (master weights are always f32)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class RolloutConfig:
     """How each step's completions are sampled."""
@@ -121,6 +125,23 @@ class RunConfig:
     """Also time a gradient-sized all-reduce each step, apart from the step (perf/comm/*)."""
     dump_rollouts: bool = False
     """Write every step's sampled tokens, texts and rewards to run_dir/rollouts/ (per host)."""
+    # Memory and precision (locojax/train/memory_plan.py, docs/real_size.md).
+    precision: Literal["f32", "bf16"] = "f32"
+    """Compute dtype of rollout and training. bf16: bf16 activations, matmuls and KV cache
+    (softmax, norms and accumulation in f32) over f32 master weights and optimizer state."""
+    remat: bool = False
+    """Recompute each layer's activations in the backward instead of keeping them (about one
+    more forward of compute); see the memory plan's `activations`."""
+    logprob_chunk: int = -1
+    """Positions per chunk of the learner's logits (each rematerialised). -1: automatic,
+    whenever a micro-batch's [rows, T, V] f32 logits would exceed 256 MiB; 0: never."""
+    plan: bool = False
+    """Print the memory plan (per device, from XLA's analysis of this run's programs compiled
+    at its exact shapes) and exit without loading weights or running a step."""
+    device_memory_gb: float = 0.0
+    """Memory per device in GB (10^9 bytes) that the plan must fit; a run that does not is
+    refused before its first step. 0: detected (accelerators: memory_stats; CPU: host RAM
+    divided among its CPU devices)."""
 
     @property
     def group_size(self) -> int:
@@ -131,7 +152,8 @@ class RunConfig:
         algo = dataclasses.replace(self.algo, max_response_len=self.rollout.max_new_tokens)
         return LearnerConfig(algo=algo, optim=self.optim, grad_accum=self.grad_accum,
                              temperature=self.rollout.temperature,
-                             skip_nonfinite=self.skip_nonfinite)
+                             skip_nonfinite=self.skip_nonfinite, remat=self.remat,
+                             logprob_chunk=self.logprob_chunk)
 
 
 def check(cfg: RunConfig, num_processes: int, num_devices: int) -> None:
@@ -179,6 +201,12 @@ def check(cfg: RunConfig, num_processes: int, num_devices: int) -> None:
         bad("checkpoint.every must be >= 0 and checkpoint.keep >= 1")
     if cfg.rollout.max_new_tokens < 1 or cfg.rollout.max_prompt_tokens < 1:
         bad("rollout.max_new_tokens and rollout.max_prompt_tokens must be >= 1")
+    if cfg.precision not in COMPUTE_DTYPES:
+        bad(f"precision must be one of {sorted(COMPUTE_DTYPES)}, got {cfg.precision!r}")
+    if cfg.logprob_chunk < -1:
+        bad(f"logprob_chunk must be >= 0, or -1 for automatic; got {cfg.logprob_chunk}")
+    if cfg.device_memory_gb < 0:
+        bad(f"device_memory_gb must be >= 0 (0: detect), got {cfg.device_memory_gb}")
     from locojax.rl.algorithms import resolve
 
     resolve(cfg.learner_config().algo)  # unknown algorithm, missing Dr.GRPO constant, ...

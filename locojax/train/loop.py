@@ -25,15 +25,17 @@ from locojax.checkpoint import Checkpointer
 from locojax.engine.sampling import SamplingConfig
 from locojax.envs.registry import make_task
 from locojax.envs.rewards import RewardRunner
-from locojax.evaluate import evaluate
+from locojax.evaluate import batch_rows, evaluate, greedy_sampling
 from locojax.metrics import MetricsLogger
 from locojax.model.sharding import TRAIN_DP, weight_shardings
 from locojax.profiler import StepTimer, TraceWindow
+from locojax.rl import batch as batch_lib
 from locojax.rl import train_state
 from locojax.rl.train_step import update
+from locojax.train import memory_plan
 from locojax.train import wiring as wiring_lib
 from locojax.train.comm_probe import AllReduceProbe
-from locojax.train.config import RunConfig, TaskConfig, check
+from locojax.train.config import COMPUTE_DTYPES, RunConfig, TaskConfig, check
 from locojax.train.data import PromptStream
 from locojax.train.producer import Producer, rollout_metrics
 from locojax.train.progress import Progress
@@ -54,7 +56,11 @@ def build_task(cfg: TaskConfig, seed: int):
 
 
 class Trainer:
-    """Owns the run's state; `run()` executes the remaining steps."""
+    """Owns the run's state; `run()` executes the remaining steps.
+
+    Before reading any weight it compiles the step's programs at the run's shapes and plans
+    their memory (`memory_plan.py`), refusing a run that cannot fit; the run reuses them.
+    """
 
     def __init__(self, cfg: RunConfig):
         self.cfg = cfg
@@ -67,19 +73,30 @@ class Trainer:
                              "single-turn tasks so far (arith, gsm8k, math)")
         self.learner_cfg = cfg.learner_config()
         self.wiring = wiring_lib.make(cfg.mode)
-        # Loaded straight into the training layout (replicated over every host's devices).
-        model = models.load(
-            cfg.model, seed=cfg.seed, param_dtype="float32",
-            shardings=lambda c: weight_shardings(c, self.wiring.train_mesh, TRAIN_DP))
-        self.model_cfg, self.tokenizer, params = model.cfg, model.tokenizer, model.weights
+        # f32 master weights whatever the checkpoint's dtype; `precision` sets the compute.
+        overrides = dict(param_dtype="float32", compute_dtype=COMPUTE_DTYPES[cfg.precision])
+        self.model_cfg = models.load_config(cfg.model, **overrides)
+        self.tokenizer = models.load_tokenizer_of(cfg.model)
         self.engine = self.wiring.make_engine(self.model_cfg)
-        # The reference policy is the starting point; copied because train_step donates state.
-        self.ref_params = jax.tree.map(jnp.copy, params) if cfg.algo.beta > 0 else None
-        self.state = train_state.init(params, self.learner_cfg.optim, self.model_cfg)
         self.sampling = SamplingConfig(
             max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature,
             top_k=cfg.rollout.top_k, top_p=cfg.rollout.top_p, ignore_eos=cfg.rollout.ignore_eos,
             stop_token_ids=tuple(self.tokenizer.stop_ids), pad_token_id=self.tokenizer.pad_id)
+        # Before any weight is read: compile the step's programs and check they fit.
+        self.memory = self._plan_memory()
+        if self.is_main:
+            print(self.memory.format(), flush=True)
+        if cfg.plan:  # `locojax train --plan`: print the plan, load nothing, run nothing
+            return
+        self.memory.check()
+        # Loaded straight into the training layout (replicated over every host's devices).
+        model = models.load(
+            cfg.model, seed=cfg.seed, **overrides,
+            shardings=lambda c: weight_shardings(c, self.wiring.train_mesh, TRAIN_DP))
+        params = model.weights
+        # The reference policy is the starting point; copied because train_step donates state.
+        self.ref_params = jax.tree.map(jnp.copy, params) if cfg.algo.beta > 0 else None
+        self.state = train_state.init(params, self.learner_cfg.optim, self.model_cfg)
         self.runner = RewardRunner(cfg.reward)
         self.root_key = jax.random.key(cfg.seed)
         self.logger = MetricsLogger(cfg.run_dir, enabled=self.is_main, tensorboard=cfg.tensorboard)
@@ -90,6 +107,29 @@ class Trainer:
                                  PromptStream(self.task.train, cfg.seed), self.learner_cfg.algo,
                                  self.sampling, cfg.rollout.prompts_per_step,
                                  cfg.rollout.max_prompt_tokens, self.root_key)
+
+    def _plan_memory(self) -> memory_plan.MemoryPlan:
+        """The run's memory plan, from its programs compiled at its exact shapes (the run then
+        reuses those compiles)."""
+        cfg, mesh = self.cfg, self.wiring.train_mesh
+        state = train_state.abstract(self.model_cfg, self.learner_cfg.optim, mesh,
+                                     self.learner_cfg.rules)
+        ref = state.params if cfg.algo.beta > 0 else None
+        rows = cfg.rollout.prompts_per_step * cfg.group_size
+        columns = cfg.rollout.max_prompt_tokens + cfg.rollout.max_new_tokens
+        prefix = batch_lib.SharedPrefix(cfg.rollout.max_prompt_tokens, cfg.group_size)
+        start, stop = self.wiring.host_slice(cfg.rollout.prompts_per_step)
+        shapes = [memory_plan.EngineShape("rollout", stop - start, cfg.rollout.max_prompt_tokens,
+                                          cfg.group_size, self.sampling)]
+        eval_prompts = batch_rows(len(self._eval_examples()),
+                                  cfg.eval.batch_size // self.host.num_processes)
+        if cfg.eval.every and eval_prompts:
+            shapes.append(memory_plan.EngineShape(
+                "eval", eval_prompts, cfg.rollout.max_prompt_tokens, 1,
+                greedy_sampling(self.tokenizer, cfg.rollout.max_new_tokens)))
+        return memory_plan.plan(self.model_cfg, self.learner_cfg, state,
+                                batch_lib.abstract(rows, columns, mesh, TRAIN_DP, prefix), ref,
+                                mesh, self.engine, shapes, cfg.precision, cfg.device_memory_gb)
 
     # --- checkpoints -------------------------------------------------------------------------
 
@@ -148,12 +188,17 @@ class Trainer:
         np.savez(path, group_ids=out.group_ids, tokens=out.tokens, mask=out.mask,
                  logprobs=out.logprobs, rewards=out.rewards, texts=np.asarray(out.texts))
 
-    def evaluate(self) -> dict[str, float]:
-        cfg = self.cfg.eval
-        n = min(cfg.num_examples, len(self.task.test))
+    def _eval_examples(self) -> list:
+        """This host's share of the held-out examples (equal shares on every host)."""
+        n = min(self.cfg.eval.num_examples, len(self.task.test))
         n -= n % self.host.num_processes
         start, stop = self.wiring.host_slice(n)
-        examples = [self.task.test[i] for i in range(start, stop)]
+        return [self.task.test[i] for i in range(start, stop)]
+
+    def evaluate(self) -> dict[str, float]:
+        cfg = self.cfg.eval
+        examples = self._eval_examples()
+        n = len(examples) * self.host.num_processes
         per_host = cfg.batch_size // self.host.num_processes
         local = evaluate(self.engine, self.wiring.rollout_weights(self.state.params),
                          self.tokenizer, self.task, self.runner, examples,
@@ -167,6 +212,8 @@ class Trainer:
 
     def run(self) -> dict[str, float]:
         cfg = self.cfg
+        if cfg.plan:
+            raise RuntimeError("a Trainer made with plan=True only plans; it has nothing to run")
         trace = TraceWindow(cfg.profile_dir or None)
         probe = AllReduceProbe(self.state.params, self.wiring.train_mesh) \
             if cfg.probe_allreduce else None

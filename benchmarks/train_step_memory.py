@@ -1,0 +1,110 @@
+"""The train step's memory as XLA compiles it, against the memory plan's expectation.
+
+    python benchmarks/train_step_memory.py                 # every configuration below
+    python benchmarks/train_step_memory.py 0.6b-remat 0.6b # some of them
+
+Compile only, from abstract shapes: nothing is allocated, so the 0.6B configurations need no
+more than a compile's memory. For each, XLA's per-device arguments, aliased outputs and
+temporaries (`compiled.memory_analysis()`), and `memory_plan.expected_train_temporaries`.
+
+`--xla-only` uses nothing newer than locojax's first train step (params.abstract,
+train_state.optimizer, TrainState, train_step.train_step), so it also measures an older
+checkout: `git archive REV locojax | tar -x -C DIR`, then run with PYTHONPATH=DIR.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import time
+
+import jax
+import jax.numpy as jnp
+
+from locojax.model import config, params
+from locojax.rl import batch as batch_lib
+from locojax.rl import train_state, train_step
+from locojax.rl.config import AlgoConfig, LearnerConfig, OptimConfig
+
+QWEN3_0_6B = dict(vocab_size=151_936, hidden_size=1024, intermediate_size=3072,
+                  num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
+                  head_dim=128)
+NARROW = dict(vocab_size=151_936, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+              num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+# name: (model overrides, rows, columns, learner overrides)
+CONFIGS = {
+    "0.6b": (QWEN3_0_6B, 8, 192, {}),
+    "0.6b-chunk32": (QWEN3_0_6B, 8, 192, {"logprob_chunk": 32}),
+    "0.6b-remat": (QWEN3_0_6B, 8, 192, {"remat": True}),
+    "0.6b-bf16": ({**QWEN3_0_6B, "compute_dtype": "bfloat16"}, 8, 192, {}),
+    "0.6b-remat-bf16": ({**QWEN3_0_6B, "compute_dtype": "bfloat16"}, 8, 192, {"remat": True}),
+    "0.6b-4l-accum2-beta": ({**QWEN3_0_6B, "num_hidden_layers": 4}, 8, 192,
+                            {"grad_accum": 2, "beta": 0.04}),
+    "gsm8k-narrow": (NARROW, 256, 768, {}),
+    "gsm8k-narrow-remat": (NARROW, 256, 768, {"remat": True}),
+    "gsm8k-narrow-remat-bf16": ({**NARROW, "compute_dtype": "bfloat16"}, 256, 768,
+                                {"remat": True}),
+    "small": (dataclasses.asdict(config.small()), 128, 96, {}),
+    "tiny": (dataclasses.asdict(config.tiny()), 32, 48, {}),
+}
+
+
+def _abstract_inputs(cfg, learner, rows, columns):
+    """State and batch as ShapeDtypeStructs, using only long-standing APIs."""
+    shapes = params.abstract(cfg)
+    opt = jax.eval_shape(train_state.optimizer(learner.optim, cfg).init, shapes)
+    scalar = jax.ShapeDtypeStruct((), jnp.int32)
+    state = train_state.TrainState(shapes, opt, scalar, scalar)
+
+    def per(shape, dtype):
+        return jax.ShapeDtypeStruct(shape, dtype)
+
+    tok = (rows, columns)
+    batch = batch_lib.TrainBatch(
+        tokens=per(tok, jnp.int32), positions=per(tok, jnp.int32), attn_mask=per(tok, bool),
+        loss_mask=per(tok, bool), advantages=per((rows,), jnp.float32),
+        old_logprobs=per(tok, jnp.float32), group_id=per((rows,), jnp.int32))
+    return state, batch
+
+
+def measure(name: str, xla_only: bool) -> None:
+    model, rows, columns, extra = CONFIGS[name]
+    cfg = config.ModelConfig(**model)
+    extra = dict(extra)
+    beta = extra.pop("beta", 0.0)
+    learner = LearnerConfig(algo=AlgoConfig(group_size=2, beta=beta), optim=OptimConfig(lr=1e-6),
+                            **extra)
+    state, batch = _abstract_inputs(cfg, learner, rows, columns)
+    t0 = time.perf_counter()
+    compiled = train_step.train_step.lower(state, batch, state.params if beta else None,
+                                           model_cfg=cfg, cfg=learner).compile()
+    seconds = time.perf_counter() - t0
+    m = compiled.memory_analysis()
+    gb = lambda b: f"{b / 1e9:6.2f}"  # noqa: E731
+    line = (f"{name:24s} {rows:4d} x {columns:<4d} args {gb(m.argument_size_in_bytes)} aliased "
+            f"{gb(m.alias_size_in_bytes)} temporaries {gb(m.temp_size_in_bytes)} GB")
+    if not xla_only:
+        from locojax.train.memory_plan import expected_train_temporaries
+
+        expected = expected_train_temporaries(cfg, learner, rows, columns, devices=1)
+        total = sum(expected.values())
+        line += (f" | expected {gb(total)} GB, XLA/expected {m.temp_size_in_bytes / total:.2f}"
+                 f" ({', '.join(f'{k} {v / 1e9:.2f}' for k, v in expected.items())})")
+    print(line + f" [compile {seconds:.0f} s]", flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("configs", nargs="*", help=f"some of {', '.join(CONFIGS)} (default: all)")
+    ap.add_argument("--xla-only", action="store_true", help="skip the plan's expectation")
+    args = ap.parse_args()
+    unknown = sorted(set(args.configs) - set(CONFIGS))
+    if unknown:
+        ap.error(f"unknown configuration(s) {unknown}; choose from {', '.join(CONFIGS)}")
+    print(f"jax {jax.__version__}, {jax.default_backend()}; per device, 1 device; GB = 1e9 B")
+    for name in args.configs or list(CONFIGS):
+        measure(name, args.xla_only)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,350 @@
+"""The memory plan of a run: what each device holds at its peak, known before the first step.
+
+Before any weight is read, `plan` compiles, without running, the programs of a step at the
+run's exact shapes: `train_step`, and the engine's prefill and decode for rollout (and for
+evaluation, at its own batch). XLA's per-device memory analysis of each gives its arguments,
+outputs, the part aliased through donation, and its temporaries. To that the plan adds what
+the run holds throughout: the f32 master params, the optimizer state, the reference copy
+(β > 0) and the engine's KV cache. A device's peak is that held memory plus the most any one
+program needs on top of it.
+
+The compiles are the run's own compiles: the abstract arguments are placed exactly as the
+real ones will be, so the jit caches that the first step hits already hold them and start-up
+compiles each program once (`Engine.compile`, `train_step.compile_update`).
+
+Next to XLA's total for the train step stands `expected_train_temporaries`, derived from the
+shapes alone: gradients, one chunk of logits with its softmax and gradient, the embedding
+gradient of a chunk, the activations autodiff keeps. It names the biggest buffers when a run
+does not fit (with the settings that shrink each), and tests/test_memory_plan.py checks that
+XLA's temporaries stay within it, e.g. that no [B, T, V] logits buffer appears at V = 151,936.
+
+Sizes are in GB = 10^9 bytes. On CPU, "device memory" is the host's RAM shared by its CPU
+devices (XLA:CPU reports no limit); other processes on the host (local `launch` hosts
+included) are not counted. `--device-memory-gb` overrides what is detected.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from locojax.engine.sampling import SamplingConfig
+from locojax.model import params as params_lib
+from locojax.model import qwen3
+from locojax.model.config import ModelConfig
+from locojax.rl import train_step as train_step_lib
+from locojax.rl.config import LearnerConfig
+
+GB = 1e9
+
+
+def size(b: float) -> str:
+    """Bytes as MB below 1 GB, else GB (10^6, 10^9)."""
+    return f"{b / GB:.2f} GB" if b >= GB else f"{b / 1e6:.1f} MB"
+
+
+class MemoryPlanError(ValueError):
+    """The run does not fit in device memory; the message says what to change."""
+
+
+def device_bytes(tree) -> int:
+    """Bytes one device holds of a tree of arrays or ShapeDtypeStructs (its shard of each)."""
+    total = 0
+    for x in jax.tree.leaves(tree):
+        sharding = getattr(x, "sharding", None)
+        shape = sharding.shard_shape(x.shape) if sharding is not None else x.shape
+        total += math.prod(shape) * np.dtype(x.dtype).itemsize
+    return total
+
+
+def _argument_bytes(compiled, index: int) -> int:
+    """Per-device bytes of a compiled program's positional argument `index`."""
+    infos, shardings = compiled.args_info[0][index], compiled.input_shardings[0][index]
+    return device_bytes(jax.tree.map(
+        lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh), infos, shardings,
+        is_leaf=lambda x: isinstance(x, jax.stages.ArgInfo)))
+
+
+@dataclasses.dataclass(frozen=True)
+class Program:
+    """One compiled program's memory on one device (XLA's `memory_analysis`)."""
+
+    name: str
+    phase: str  # which held cache is live while it runs: "rollout" or "eval"
+    arguments: int
+    outputs: int
+    aliased: int  # outputs written over donated arguments
+    temporaries: int
+    held_arguments: int  # of `arguments`, bytes that are part of the held set
+    compile_s: float
+
+    @classmethod
+    def of(cls, name: str, phase: str, compiled, held_arguments: int, compile_s: float):
+        m = compiled.memory_analysis()
+        return cls(name, phase, int(m.argument_size_in_bytes), int(m.output_size_in_bytes),
+                   int(m.alias_size_in_bytes), int(m.temp_size_in_bytes), held_arguments,
+                   compile_s)
+
+    @property
+    def extra(self) -> int:
+        """What it needs on top of the held set: temporaries, new outputs, other inputs."""
+        return (self.temporaries + self.outputs - self.aliased
+                + self.arguments - self.held_arguments)
+
+
+def layer_residual_bytes(cfg: ModelConfig, rows: int, t: int, platform: str) -> int:
+    """Bytes autodiff keeps from one decoder layer's forward for its backward, on rows x t.
+
+    Counted exactly from `jax.vjp` of `qwen3._layer` at these shapes (traced abstractly,
+    nothing runs): the pullback's residuals, less the layer's own inputs. On CPU a bf16
+    residual also gets an f32 copy, since XLA:CPU upcasts both operands of a bf16 dot.
+    """
+    shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype),
+                          params_lib.abstract(cfg)["layers"])  # one layer's weights
+    x = jax.ShapeDtypeStruct((rows, t, cfg.hidden_size), cfg.dtype)
+    total = {}
+
+    def probe(x, w):
+        visible = (None, jnp.ones((rows, t, t), bool))
+        _, pullback = jax.vjp(
+            lambda x, w: qwen3._layer(cfg, x, w, jnp.zeros((rows, t), jnp.int32), visible)[0],
+            x, w)
+        inputs = {id(a) for a in jax.tree.leaves((x, w))}
+        upcast = platform == "cpu"
+        total["bytes"] = sum(
+            a.size * (a.dtype.itemsize + (4 if upcast and a.dtype == jnp.bfloat16 else 0))
+            for a in jax.tree.leaves(pullback) if id(a) not in inputs)
+        return 0
+
+    jax.eval_shape(probe, x, shapes)
+    return total["bytes"]
+
+
+def expected_train_temporaries(cfg: ModelConfig, learner: LearnerConfig, rows: int, columns: int,
+                               devices: int, platform: str | None = None) -> dict[str, int]:
+    """Named buffers a train step needs per device beyond its state, derived from shapes.
+
+    rows x columns: the global batch; devices: how many share its rows (data parallel, params
+    replicated). Meant as an upper bound, term by term; XLA:CPU's temporaries came to 0.65 to
+    0.96 of it in every configuration measured (f32 and bf16, remat or not, 2 to 28 layers,
+    grad_accum 2, β > 0, V up to 151,936: docs/real_size.md). The terms:
+    - gradients: one f32 copy of the params (two with grad_accum > 1: the running sum and a
+      micro-batch's own); the optimizer then updates in place (`train_state.apply_in_place`);
+    - logits: five f32 buffers of one chunk's size: logits, log-softmax, its exp, the
+      entropy's product, the logit gradient;
+    - embedding-gradient partial: a chunk's [V, D] head gradient before it joins the sum;
+    - activations: `layer_residual_bytes` per layer (what autodiff keeps), for every layer
+      plus one more for the gradients of the layer being differentiated; with remat only
+      every layer's input, plus one layer's residuals twice (recomputed, and their
+      gradients);
+    - compute copy of the embedding (compute dtype below the params'), and on CPU its f32
+      upcast: XLA:CPU has no bf16 x bf16 dot.
+    """
+    platform = platform or jax.default_backend()
+    micro = rows // learner.rows_multiple  # rows of one micro-batch, all devices
+    local, t = max(1, micro // devices), columns - 1  # the forward runs on T - 1 positions
+    v, d, layers = cfg.vocab_size, cfg.hidden_size, cfg.num_hidden_layers
+    out = {"gradients": cfg.num_params() * 4 * (2 if learner.grad_accum > 1 else 1)}
+    chunk = qwen3.logprob_chunk_size(micro, t, v, learner.logprob_chunk)
+    out["logits"] = 5 * local * (chunk or t) * v * 4
+    if chunk:
+        out["embedding-gradient partial"] = v * d * 4
+    residuals = layer_residual_bytes(cfg, local, t, platform)
+    if learner.remat:
+        out["activations"] = layers * local * t * d * cfg.dtype.itemsize + 2 * residuals
+    else:
+        out["activations"] = (layers + 1) * residuals
+    if cfg.dtype.itemsize < cfg.weight_dtype.itemsize:
+        out["compute copy of the embedding"] = v * d * cfg.dtype.itemsize
+        if platform == "cpu" and cfg.dtype.itemsize < 4:
+            out["compute copy of the embedding"] += v * d * 4
+    return out
+
+
+def detect_device_memory(override_gb: float = 0.0) -> tuple[int | None, str]:
+    """(bytes per device, where that figure came from); None if it cannot be known."""
+    if override_gb > 0:
+        return int(override_gb * GB), "--device-memory-gb"
+    device = jax.local_devices()[0]
+    stats = device.memory_stats() or {}
+    if stats.get("bytes_limit"):
+        return int(stats["bytes_limit"]), f"{device.platform} memory_stats"
+    if device.platform == "cpu":
+        try:
+            ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError):
+            return None, "unknown"
+        n = jax.local_device_count()
+        return ram // n, f"host RAM shared by {n} CPU device{'s' * (n > 1)}"
+    return None, "unknown"
+
+
+@dataclasses.dataclass
+class MemoryPlan:
+    """Per-device memory of a run: held buffers, each program's needs on top, the peak."""
+
+    held: dict[str, int]  # name -> bytes, held all run (the KV caches by phase, see below)
+    caches: dict[str, int]  # phase -> bytes of the KV cache held during that phase
+    programs: list[Program]
+    expected: dict[str, int]  # `expected_train_temporaries`
+    settings: dict  # what the hints need: remat, grad_accum, rows per micro-batch, ...
+    device_memory: int | None
+    device_source: str
+    local_devices: int
+
+    def peak_of(self, p: Program) -> int:
+        return sum(self.held.values()) + self.caches.get(p.phase, 0) + p.extra
+
+    @property
+    def peak_program(self) -> Program:
+        return max(self.programs, key=self.peak_of)
+
+    @property
+    def peak(self) -> int:
+        return self.peak_of(self.peak_program)
+
+    @property
+    def fits(self) -> bool:
+        return self.device_memory is None or self.peak <= self.device_memory
+
+    def format(self) -> str:
+        """The plan as a short table (what `locojax train` prints at start-up)."""
+        st = self.settings
+        lines = [f"memory plan per device ({self.local_devices} local device"
+                 f"{'s' * (self.local_devices > 1)}; {st['precision']}, remat "
+                 f"{'on' if st['remat'] else 'off'}, logits in {st['logits']}):"]
+        held = ", ".join(f"{k} {size(v)}" for k, v in self.held.items() if v)
+        caches = ", ".join(f"{k} {size(v)}" for k, v in self.caches.items())
+        lines.append(f"  {'held':<16} {held}; KV cache: {caches}")
+        for p in self.programs:
+            compiled = (f"   [compiled in {p.compile_s:.1f} s]" if not p.name.startswith("decode")
+                        else "   [compiled with prefill]")
+            lines.append(f"  {p.name:<16} +{size(p.extra)} (XLA temporaries {size(p.temporaries)})"
+                         f" -> {size(self.peak_of(p))}{compiled}")
+            if p.name == "train_step":
+                parts = ", ".join(f"{k} {size(v)}" for k, v in self.expected.items())
+                lines.append(f"  {'':<16} expected temporaries <= "
+                             f"{size(sum(self.expected.values()))}: {parts}")
+        if self.device_memory is None:
+            total = f"device memory unknown ({self.device_source}): pass --device-memory-gb"
+        else:
+            total = (f"of {size(self.device_memory)} ({self.device_source}), "
+                     f"{100 * self.peak / self.device_memory:.0f}%")
+        lines.append(f"  {'peak':<16} {size(self.peak)} in {self.peak_program.name}, {total}")
+        if self.local_devices > 1:
+            lines.append(f"  {'this host':<16} {self.local_devices} devices x {size(self.peak)} "
+                         f"= {size(self.local_devices * self.peak)} at most")
+        return "\n".join(lines)
+
+    def biggest(self, n: int = 4) -> list[tuple[str, int]]:
+        """The largest named buffers at the peak (held ones and the train step's expected)."""
+        named = dict(self.held)
+        named["KV cache"] = max(self.caches.values(), default=0)
+        if self.peak_program.name == "train_step":
+            named.update({f"train step {k}": v for k, v in self.expected.items()})
+        else:
+            named[f"{self.peak_program.name} temporaries"] = self.peak_program.temporaries
+        return sorted(named.items(), key=lambda kv: -kv[1])[:n]
+
+    def hints(self) -> list[str]:
+        """Settings that shrink the buffers that matter (>= 5% of the peak), in this order."""
+        st, e = self.settings, self.expected
+        acts, logits = e.get("activations", 0), e.get("logits", 0)
+        cache = max(self.caches.values(), default=0)
+        state = self.held.get("params", 0) + self.held.get("optimizer", 0) + e["gradients"]
+        found = []  # (bytes it acts on, hint)
+        found.append((acts + logits, f"--grad-accum N: N micro-batches instead of one of "
+                                     f"{st['rows_per_micro']} rows per device divide the "
+                                     f"activations and logits ({size(acts + logits)}) by ~N"))
+        if not st["remat"]:
+            found.append((acts, f"--remat: keep only each layer's input for the backward "
+                                f"(activations {size(acts)})"))
+        if st["logprob_chunk"] == 0 and logits > 3 * qwen3.LOGITS_WHOLE_BYTES:
+            found.append((logits, f"--logprob-chunk -1: chunk the logits ({size(logits)})"))
+        if st["precision"] == "f32":
+            found.append((acts + cache, "--precision bf16: bf16 activations and KV cache; "
+                                        "master weights and optimizer stay f32 (on CPU its "
+                                        "bf16 embedding copy costs more than it saves)"))
+        found.append((cache, f"a smaller --rollout.prompts-per-step, --rollout.max-new-tokens "
+                             f"or --eval.batch-size (KV cache {size(cache)})"))
+        if self.held.get("reference", 0):
+            found.append((self.held["reference"], f"--algo.beta 0: no reference copy "
+                                                  f"({size(self.held['reference'])})"))
+        found.append((state, f"FSDP, to shard params, gradients and optimizer state "
+                             f"({size(state)}) over several devices: "
+                             "LearnerConfig.rules='train_fsdp' in the library, not yet a "
+                             "`locojax train` setting"))
+        return [h for b, h in found if b >= 0.05 * self.peak]
+
+    def check(self) -> None:
+        """Raise MemoryPlanError, naming the biggest buffers and the settings that shrink
+        them, when the peak exceeds the device's memory."""
+        if self.fits:
+            return
+        g = size
+        biggest = ", ".join(f"{k} {g(v)}" for k, v in self.biggest())
+        hints = "\n  ".join(self.hints())
+        raise MemoryPlanError(
+            f"this run needs {g(self.peak)} per device at its peak ({self.peak_program.name}), "
+            f"more than the {g(self.device_memory)} available ({self.device_source}); nothing "
+            f"was run. Biggest buffers: {biggest}. Settings that shrink them:\n  {hints}\n"
+            "(`--plan` prints the whole plan; `--device-memory-gb` overrides the detected size.)")
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineShape:
+    """One generate call of the run: B prompts of P tokens, G samples each."""
+
+    name: str  # "rollout" or "eval"
+    prompts: int
+    prompt_len: int
+    num_samples: int
+    sampling: SamplingConfig
+
+
+def plan(model_cfg: ModelConfig, learner: LearnerConfig, state, batch, ref_params, mesh, engine,
+         engine_shapes: list[EngineShape], precision: str = "f32",
+         device_memory_gb: float = 0.0) -> MemoryPlan:
+    """Compile the run's programs at its shapes (without running them) and plan its memory.
+
+    state, batch, ref_params: arrays or ShapeDtypeStructs placed as the run's will be
+    (`train_state.abstract`, `batch.abstract`); ref_params None when β = 0. engine: the
+    run's `Engine`; engine_shapes: its generate calls.
+    """
+    held = {"params": device_bytes(state.params), "optimizer": device_bytes(state.opt_state),
+            "reference": device_bytes(ref_params) if ref_params is not None else 0}
+    programs, caches = [], {}
+    t0 = time.perf_counter()
+    compiled = train_step_lib.compile_update(state, batch, model_cfg, learner, ref_params, mesh)
+    programs.append(Program.of("train_step", "rollout", compiled,
+                               device_bytes((state, ref_params)), time.perf_counter() - t0))
+    for shape in engine_shapes:
+        t0 = time.perf_counter()
+        prefill, decode = engine.compile(shape.prompts, shape.prompt_len, shape.sampling,
+                                         shape.num_samples)
+        seconds = time.perf_counter() - t0
+        weights, cache = _argument_bytes(prefill, 0), _argument_bytes(prefill, 5)
+        caches[shape.name] = max(caches.get(shape.name, 0), cache)
+        # The two compile together; the pair's time is reported once, on prefill.
+        programs.append(Program.of(f"prefill {shape.name}", shape.name, prefill,
+                                   weights + cache, seconds))
+        programs.append(Program.of(f"decode {shape.name}", shape.name, decode,
+                                   weights + cache, 0.0))
+    rows, columns = batch.tokens.shape
+    devices = int(np.prod(list(mesh.shape.values()))) if mesh is not None else 1
+    chunk = qwen3.logprob_chunk_size(rows // learner.rows_multiple, columns - 1,
+                                     model_cfg.vocab_size, learner.logprob_chunk)
+    settings = {"precision": precision, "remat": learner.remat, "grad_accum": learner.grad_accum,
+                "logprob_chunk": learner.logprob_chunk,
+                "logits": f"chunks of {chunk} positions" if chunk else "one piece",
+                "rows_per_micro": max(1, rows // learner.rows_multiple // devices)}
+    memory, source = detect_device_memory(device_memory_gb)
+    expected = expected_train_temporaries(model_cfg, learner, rows, columns, devices)
+    return MemoryPlan(held, caches, programs, expected, settings, memory, source,
+                      jax.local_device_count())

@@ -1,0 +1,126 @@
+"""The memory plan: XLA's compiled train step stays within the plan's expectation at a real
+vocabulary, the plan's compiles are the run's, and a run that does not fit is refused.
+
+Nothing large is ever allocated: the gsm8k-sized step is compiled from abstract shapes only.
+"""
+
+import dataclasses
+import logging
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from safetensors import safe_open
+
+from locojax.checkpoint import Checkpointer
+from locojax.model import config
+from locojax.model.sharding import make_mesh
+from locojax.rl import batch as batch_lib
+from locojax.rl import train_state, train_step
+from locojax.train import memory_plan
+from locojax.train.config import EvalConfig, RolloutConfig, demo, gsm8k_qwen3
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_gsm8k_sized_train_step_stays_within_the_plan():
+    """The gsm8k preset's batch (32 prompts x G 8 = 256 rows of 256 + 512 tokens) at
+    Qwen3's vocabulary (151,936) with a narrow 2-layer model, compiled only."""
+    preset = gsm8k_qwen3()
+    rows = preset.rollout.prompts_per_step * preset.group_size
+    columns = preset.rollout.max_prompt_tokens + preset.rollout.max_new_tokens
+    cfg = config.tiny(vocab_size=151_936)
+    learner = preset.learner_config()
+    mesh = make_mesh({"data": 1}, jax.devices()[:1])
+    compiled = train_step.compile_update(train_state.abstract(cfg, learner.optim, mesh),
+                                         batch_lib.abstract(rows, columns, mesh), cfg, learner,
+                                         mesh=mesh)
+    temps = compiled.memory_analysis().temp_size_in_bytes
+    expected = memory_plan.expected_train_temporaries(cfg, learner, rows, columns, devices=1)
+    whole_logits = rows * (columns - 1) * cfg.vocab_size * 4  # 119 GB of f32
+    # The logits the plan expects are single positions (chunked by default at this size).
+    assert expected["logits"] == 5 * rows * 1 * cfg.vocab_size * 4
+    # XLA's temporaries stay within the expectation (its terms summed), which is well below
+    # one whole [B, T, V] buffer: none is held, in the forward or the backward. (Most of the
+    # bound is attention: 256 x 4 heads x 767^2 f32 scores are 2.4 GB per buffer.)
+    assert temps <= sum(expected.values())
+    assert sum(expected.values()) < whole_logits / 2
+
+
+def _small_run(tmp_path, **overrides):
+    """A 1-step run of the embedded model that compiles in seconds: 4 prompts x G 2 on the
+    session's 8 CPU devices (one row each), with an evaluation (its own engine shape)."""
+    base = demo()
+    return dataclasses.replace(
+        base, mode="single", steps=1, run_dir=str(tmp_path / "run"), progress=False,
+        tensorboard=False, algo=dataclasses.replace(base.algo, group_size=2),
+        rollout=RolloutConfig(prompts_per_step=4, max_new_tokens=6, max_prompt_tokens=8),
+        eval=EvalConfig(every=1, num_examples=8, batch_size=8), **overrides)
+
+
+def test_the_plans_compiles_are_the_runs_compiles(tmp_path, caplog):
+    """...in bf16, which also must checkpoint and export the f32 master weights."""
+    from locojax.train.loop import Trainer
+
+    caplog.set_level(logging.INFO, logger="locojax")
+    trainer = Trainer(_small_run(tmp_path, precision="bf16"))
+    assert trainer.model_cfg.compute_dtype == "bfloat16"
+    plan = trainer.memory
+    compiled = [r.getMessage() for r in caplog.records if "compiling" in r.getMessage()]
+    assert sum("train_step" in m for m in compiled) == 1
+    assert sum("generate" in m for m in compiled) == 2  # rollout and eval shapes
+    names = [p.name for p in plan.programs]
+    assert names == ["train_step", "prefill rollout", "decode rollout", "prefill eval",
+                     "decode eval"]
+    # Held buffers are exact: f32 master params, Adam's two moments, replicated per device.
+    n = trainer.model_cfg.num_params()
+    assert plan.held["params"] == 4 * n and plan.held["reference"] == 0
+    assert 2 * 4 * n <= plan.held["optimizer"] < 2 * 4 * n + 64
+    assert plan.peak == max(plan.peak_of(p) for p in plan.programs) > sum(plan.held.values())
+    assert "memory plan per device" in plan.format()
+
+    caplog.clear()
+    final = trainer.run()  # evaluation before, one step, evaluation after
+    recompiled = [r.getMessage() for r in caplog.records if "compiling" in r.getMessage()]
+    assert recompiled == []
+
+    # bf16 compute, f32 everywhere it is kept: the checkpoint and the exported model.
+    assert 0 < final["rollout/logprob_mismatch"] < 0.05  # see tests/test_precision.py
+    ckpt = Checkpointer(str(tmp_path / "run" / "checkpoints"))
+    restored, _ = ckpt.restore(None, trainer.state)
+    assert {x.dtype for x in jax.tree.leaves(restored.params)} == {jnp.dtype(jnp.float32)}
+    for a, b in zip(jax.tree.leaves(restored), jax.tree.leaves(trainer.state)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    with safe_open(str(tmp_path / "run" / "final_model" / "model.safetensors"), "np") as f:
+        assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"F32"}
+
+
+def test_plan_only_loads_and_runs_nothing(tmp_path):
+    from locojax.train.loop import Trainer
+
+    trainer = Trainer(_small_run(tmp_path, plan=True, precision="bf16"))  # compiles cached
+    assert not hasattr(trainer, "state")  # no weights were read
+    with pytest.raises(RuntimeError, match="only plans"):
+        trainer.run()
+
+
+@pytest.mark.slow  # a fresh process: imports and compiles again (~20 s)
+def test_a_run_that_does_not_fit_is_refused_before_its_first_step(tmp_path):
+    run = tmp_path / "run"
+    out = subprocess.run(
+        [sys.executable, "-m", "locojax.cli", "train", "demo", "--mode", "single", "--steps", "1",
+         "--run-dir", str(run), "--rollout.prompts-per-step", "4", "--algo.group-size", "2",
+         "--rollout.max-new-tokens", "6", "--rollout.max-prompt-tokens", "8", "--eval.every",
+         "0", "--no-progress", "--no-tensorboard", "--device-memory-gb", "0.001"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "memory plan per device" in out.stdout  # printed before the refusal
+    err = out.stderr
+    assert "more than the 1.0 MB available (--device-memory-gb); nothing was run" in err
+    assert "Biggest buffers: " in err and "optimizer" in err
+    assert "--grad-accum N" in err and "--remat" in err
+    assert not (run / "metrics.jsonl").exists() and not (run / "checkpoints").exists()
