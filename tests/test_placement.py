@@ -18,6 +18,12 @@ def test_disaggregated_splits_the_hosts_by_the_fraction():
     assert p.schedule.versions_kept == 2
 
 
+@pytest.mark.parametrize("b,workers,per_lease", [(8, 2, 4), (32, 3, 8), (8, 3, 2), (2, 3, 1)])
+def test_default_lease_is_the_largest_divisor_that_feeds_every_worker(b, workers, per_lease):
+    p = plan("async", PlacementConfig(workers=workers, hosts=workers + 1), b, 1)
+    assert p.prompts_per_lease == per_lease
+
+
 def test_async_takes_the_newest_version_and_default_leases():
     p = plan("async", PlacementConfig(workers=2, max_staleness=4, hosts=4), 8, 2)
     assert (p.learner_hosts, p.workers, p.prompts_per_lease) == (1, 2, 4)
@@ -35,7 +41,6 @@ def test_async_takes_the_newest_version_and_default_leases():
      "--workers 4 + --learner-hosts 1 need 5 hosts of 1 device(s), more than the devices allow"),
     ("async", dict(workers=0), 8, "--workers and --learner-hosts must be >= 1"),
     ("async", dict(max_staleness=2, versions_kept=2), 8, "--versions-kept 2 is fewer than"),
-    ("async", dict(workers=3, hosts=4), 8, "does not split over 3 rollout workers"),
     ("async", dict(prompts_per_lease=3), 8, "--prompts-per-lease 3 does not divide"),
     ("async", dict(lease_timeout_s=0), 8, "--lease-timeout-s must be > 0"),
     ("async", dict(hosts=1), 8, "--hosts must be >= 2"),

@@ -41,7 +41,8 @@ class PlacementConfig:
     """K: weight versions the parameter server keeps (0: k + 1, the fewest that work)."""
     prompts_per_lease: int = 0
     """Prompts (whole groups) per leased unit of work, always generated as one batch
-    (0: prompts_per_step / workers, one unit per worker per step)."""
+    (0: the largest divisor of prompts_per_step up to prompts_per_step / workers, e.g. one
+    unit per worker per step when they divide)."""
     lease_timeout_s: float = 300.0
     """A worker that has not returned a lease after this long loses it (and is restarted)."""
     verifiers: int = 1
@@ -119,10 +120,8 @@ def plan(mode: str, p: PlacementConfig, prompts_per_step: int, devices_per_host:
                 f"--devices-per-host {d} = {p.hosts * d} devices")
     per_lease = p.prompts_per_lease
     if per_lease == 0:
-        if prompts_per_step % workers:
-            raise ValueError(f"rollout.prompts_per_step={prompts_per_step} does not split "
-                             f"over {workers} rollout workers; pass --prompts-per-lease")
-        per_lease = prompts_per_step // workers
+        per_lease = max([n for n in range(1, max(prompts_per_step // workers, 1) + 1)
+                         if prompts_per_step % n == 0])
     if per_lease < 1 or prompts_per_step % per_lease:
         raise ValueError(f"--prompts-per-lease {per_lease} does not divide "
                          f"rollout.prompts_per_step={prompts_per_step}")

@@ -201,13 +201,15 @@ class Dispatcher:
     def _dispatch(self) -> None:
         with self.cv:
             now = time.monotonic()
-            for lease in self.table.expire(now):
-                slot = self.slots[lease.worker]
-                log.warning("worker %d held lease %d (step %d unit %d) past its deadline: "
-                            "lease expired, unit redispatched, worker restarted",
-                            lease.worker, lease.id, lease.step, lease.unit)
-                ray.kill(slot.handle, no_restart=False)
-                slot.restart(RETRY_S)
+            self.table.expire(now)  # the units go back to the queue...
+            for slot in self.slots:  # ...and their holders, hung, are restarted
+                lease = slot.lease
+                if lease is not None and slot.ref is not None and lease.deadline <= now:
+                    log.warning("worker %d held lease %d (step %d unit %d) past its deadline: "
+                                "lease expired, unit redispatched, worker restarted",
+                                slot.index, lease.id, lease.step, lease.unit)
+                    ray.kill(slot.handle, no_restart=False)
+                    slot.restart(RETRY_S)
             for slot in self.slots:
                 slot.poll_ready()
             if self.newest is None or self.error is not None or not self.open:

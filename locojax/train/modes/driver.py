@@ -42,11 +42,16 @@ PLACEMENT_TIMEOUT_S = 120
 
 def check_settings(cfg: RunConfig) -> Plan:
     """Every check that needs no Ray; raises ValueError before any actor starts."""
-    if (distributed._env_int(distributed.ENV_NUM_PROCESSES) or 1) > 1:
+    if os.environ.get(distributed.ENV_NUM_PROCESSES, "1") not in ("", "1"):
         raise ValueError(f"mode {cfg.mode!r} places its own hosts through Ray: run it as one "
                          "process, not under `locojax launch`")
     plan = make_plan(cfg.mode, cfg.placement, cfg.rollout.prompts_per_step, cfg.devices_per_host)
     check(cfg, plan.learner_hosts, plan.learner_hosts * plan.devices_per_host)
+    ckpts = os.path.join(cfg.run_dir, "checkpoints")
+    if not cfg.checkpoint.resume and os.path.isdir(ckpts) and any(
+            name.isdigit() for name in os.listdir(ckpts)):
+        raise ValueError(f"{os.path.abspath(ckpts)} holds checkpoints of an earlier run; pass "
+                         "--checkpoint.resume to continue it, or choose another --run-dir")
     return plan
 
 
@@ -101,6 +106,7 @@ class _Cluster:
         cpus = ray.cluster_resources().get("CPU", 1.0)
         self.host_cpus = host_cpus(cpus, plan.hosts, plan.verifiers + 2)
         gpus = plan.devices_per_host if ray.cluster_resources().get("GPU", 0) else 0
+        self.gpus = gpus
         light = {"num_cpus": LIGHT_CPUS, "max_restarts": -1}
         self.actors, self.learners, self.group = [], [], None
         try:
@@ -137,7 +143,7 @@ class _Cluster:
         for attempt in range(MAX_LEARNER_RESTARTS + 1):
             ray.get(self.dispatcher.pause.remote())
             self.learners = [
-                Learner.options(num_cpus=self.host_cpus, max_restarts=0,
+                Learner.options(num_cpus=self.host_cpus, num_gpus=self.gpus, max_restarts=0,
                                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                                     self.group, placement_group_bundle_index=i)).remote(
                     i, self.plan.learner_hosts)

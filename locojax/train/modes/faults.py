@@ -25,14 +25,18 @@ log = logging.getLogger(__name__)
 
 @dataclasses.dataclass(frozen=True)
 class FaultPlan:
-    kill_worker: tuple[int, int] | None = None
-    """(worker, step): SIGKILL that worker when it starts decoding a lease of that step."""
-    hang_worker: tuple[int, int] | None = None
-    """(worker, step): that worker stops progressing (sleeps) when it starts decoding."""
+    kill_worker_at_step: int | None = None
+    """SIGKILL the first worker that starts decoding a lease of this step (whichever worker
+    that is: which worker gets which lease depends on timing)."""
+    hang_worker_at_step: int | None = None
+    """The first worker that starts decoding a lease of this step stops progressing."""
     kill_learner_after: int | None = None
     """Learner host 0 SIGKILLs itself after the update of this step, before its checkpoint."""
     kill_ps_at_version: int | None = None
     """The parameter server SIGKILLs itself on the first pull once it holds this version."""
+    corrupt_version: int | None = None
+    """The parameter server serves this version with one bit flipped (bad memory, a bad
+    link): the worker must refuse it."""
 
     def fire(self, run_dir: str, name: str) -> bool:
         """True exactly once per run for `name` (marker file created with O_EXCL)."""
@@ -67,10 +71,10 @@ class FaultyTimer(StepTimer):
     @contextlib.contextmanager
     def phase(self, name: str):
         if name == "decode":
-            here = (self.worker, self.step)
-            if self.plan.kill_worker == here and self.plan.fire(self.run_dir, "kill_worker"):
-                kill_self(f"worker {self.worker} mid-generation (step {self.step})")
-            if self.plan.hang_worker == here and self.plan.fire(self.run_dir, "hang_worker"):
-                hang(f"worker {self.worker} (step {self.step})")
+            p, step = self.plan, self.step
+            if p.kill_worker_at_step == step and p.fire(self.run_dir, "kill_worker"):
+                kill_self(f"worker {self.worker} mid-generation (step {step})")
+            if p.hang_worker_at_step == step and p.fire(self.run_dir, "hang_worker"):
+                hang(f"worker {self.worker} (step {step})")
         with super().phase(name) as ph:
             yield ph

@@ -16,7 +16,9 @@ dispatcher's versioned buffer instead of this host's engine (which only evaluate
   back; on resume host 0 rewinds the server and the dispatcher to the checkpoint.
 
 Metrics (host 0): `sync/bytes`, `sync/version`, `rollout/staleness/*` (mean, max, and the
-fraction of rows per staleness: the histogram), and, as wall-clock figures in perf.jsonl,
+fraction of rows per staleness: the histogram), `rollout/logprob_mismatch` as the workers
+measured it (sampler vs trainer forward at the row's own version, every row; the learner's
+own check sees only rows of its current version), and, as wall-clock figures in perf.jsonl,
 `perf/sync/seconds`, `perf/sync/worker_version_lag/{mean,max}`, the workers' phases.
 """
 
@@ -163,6 +165,9 @@ class RemoteSource:
         stale = {int(k.split("/")[1]): v for k, v in self._sums.items() if k.startswith("stale/")}
         rows = sum(stale.values())
         out = {}
+        if self._sums.get("logprob_tokens"):  # measured on the workers, over every row
+            out["rollout/logprob_mismatch"] = self._sums["logprob_gap"] / self._sums[
+                "logprob_tokens"]
         if rows:
             out["rollout/staleness/mean"] = sum(s * c for s, c in stale.items()) / rows
             out["rollout/staleness/max"] = float(max(s for s, c in stale.items() if c))

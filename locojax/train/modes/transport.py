@@ -22,6 +22,8 @@ import logging
 import time
 import uuid
 
+import jax
+import numpy as np
 import ray
 
 from locojax.train.modes.faults import FaultPlan, kill_self
@@ -73,10 +75,20 @@ class ParameterServer:
                 and self.faults.fire(self.run_dir, "kill_ps"):
             kill_self(f"parameter server holding versions {self.store.versions()}")
         ref, digest = self.store.get(version)
+        if self.faults.corrupt_version == version:
+            ref = ray.put(flip_one_bit(ray.get(ref)))
         return version, [ref], digest
 
     def versions(self) -> list[int]:
         return self.store.versions()
+
+
+def flip_one_bit(tree):
+    """A copy of `tree` with the lowest bit of its first leaf's first byte flipped."""
+    leaves, treedef = jax.tree.flatten(tree)
+    first = np.array(leaves[0])
+    first.reshape(-1).view(np.uint8)[0] ^= 1
+    return jax.tree.unflatten(treedef, [first, *leaves[1:]])
 
 
 class ObjectStoreTransport:

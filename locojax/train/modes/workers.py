@@ -134,6 +134,22 @@ class RolloutWorker:
         timer = FaultyTimer(self.faults, self.cfg.run_dir, self.index, lease.step)
         record = self.producer.produce(lease.step, self.weights, lease.start, lease.stop, timer,
                                        version=self.version)
+        with timer.phase("logprob_check"):
+            record.sums.update(self._logprob_gap(record))
         info = {"worker": self.index, "version": self.version, "pull": pull,
                 "perf": timer.finish_step()}
         return record, info
+
+    def _logprob_gap(self, record) -> dict[str, float]:
+        """Σ |sampler − trainer| logprob over the unit's response tokens, the trainer's forward
+        run here on the same version: `rollout/logprob_mismatch` for every row, where the
+        learner can only check rows of its own version (none, with the one-step overlap)."""
+        from locojax.rl.train_step import compute_logprobs
+
+        b = record.batch
+        trainer, _ = compute_logprobs(self.weights, b.tokens, b.positions, b.attn_mask,
+                                      model_cfg=self.engine.model_cfg,
+                                      temperature=self.cfg.rollout.temperature)
+        mask = np.asarray(b.loss_mask)
+        gap = np.where(mask, np.abs(np.asarray(trainer) - np.asarray(b.old_logprobs)), 0.0)
+        return {"logprob_gap": float(gap.sum()), "logprob_tokens": float(mask.sum())}
