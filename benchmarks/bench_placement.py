@@ -123,6 +123,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--skip", type=int, default=3, help="warm-up steps left out")
     ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--rotate", type=int, default=0,
+                    help="start the point order this many places later (a second invocation "
+                    "with another rotation interleaves differently)")
     ap.add_argument("--timeout", type=float, default=900)
     ap.add_argument("--work-dir", default="/tmp/locojax_bench_placement")
     ap.add_argument("--quick", action="store_true", help="--steps 6 --skip 2, one repeat")
@@ -147,11 +150,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# held fixed: B={args.prompts} prompts x G={args.group}, TINY random f32, "
           f"exactly {args.new_tokens} new tokens, 16 prompt columns, {args.steps} steps, "
           f"steady = steps {args.skip + 1}..{args.steps - 1}")
+    print(f"# load average before: {os.getloadavg()[0]:.1f}")
     results: dict[str, list[dict]] = {p.name: [] for p in pts}
     loads: dict[str, list[float]] = {p.name: [] for p in pts}
     try:
         for rep in range(args.repeats):
-            order = pts[rep % len(pts):] + pts[:rep % len(pts)]
+            first = (rep + args.rotate) % len(pts)
+            order = pts[first:] + pts[:first]
             for p in order:
                 run_dir = work / f"{p.name}-r{rep}"
                 argv = train_argv(p, args, run_dir, address)

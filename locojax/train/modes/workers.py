@@ -112,13 +112,16 @@ class RolloutWorker:
         return f"worker {self.index}"
 
     def ready(self, prompts_per_lease: int) -> int:
-        """Compile for the lease shape (one throw-away unit); returns this process's pid."""
+        """Compile for the lease shape (one throw-away unit, with the starting weights, and its
+        logprob check), so no lease's deadline pays for compiling; returns the pid."""
         if self._warm_weights is not None:
             from locojax.profiler import StepTimer
 
             t = time.perf_counter()
-            self.producer.produce(0, self._warm_weights, 0, prompts_per_lease, StepTimer())
-            self._warm_weights = None
+            self.weights = self._warm_weights  # the check below runs on `self.weights`
+            self._logprob_gap(self.producer.produce(0, self.weights, 0, prompts_per_lease,
+                                                    StepTimer()))
+            self.weights = self._warm_weights = None
             log.info("ready (warm-up %.1fs)", time.perf_counter() - t)
         return os.getpid()
 
