@@ -1,9 +1,11 @@
 """Run checkpoints: everything needed to continue a run bitwise (DESIGN.md, exact continuation).
 
-A checkpoint holds two items:
-- `state`: the array pytree (params, optimizer state, step counter, PRNG key data, and the
-  rollout buffer where a mode has one), written by Orbax shard by shard from every host;
-- `meta`: JSON (data cursor, config, run id, anything else plain).
+A checkpoint holds two items, and a third where a mode has one:
+- `state`: the array pytree (params, optimizer state, step counter, PRNG key data), written
+  by Orbax shard by shard from every host;
+- `meta`: JSON (data cursor, config, run id, anything else plain);
+- `rollout`: host-side numpy arrays of the asynchronous modes' rollout buffer and the weight
+  versions it still needs (`restore_rollout`); their JSON half lives in `meta`.
 
 Atomicity comes from Orbax: a step is written under a temporary name and renamed only once
 complete, and `latest_step` never returns an uncommitted step, so a crash mid-save leaves the
@@ -42,13 +44,13 @@ class Checkpointer:
         self._manager.reload()
         return list(self._manager.all_steps())
 
-    def save(self, step: int, state: Any, meta: dict) -> None:
-        """Write `state` (arrays) and `meta` (JSON) as checkpoint `step`; blocks unless async."""
-        self._manager.save(
-            step,
-            args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)),
-            force=True,
-        )
+    def save(self, step: int, state: Any, meta: dict, rollout: dict | None = None) -> None:
+        """Write `state` (arrays), `meta` (JSON) and, if given, `rollout` (a non-empty tree of
+        numpy arrays) as checkpoint `step`; blocks unless async."""
+        items = {"state": ocp.args.StandardSave(state), "meta": ocp.args.JsonSave(meta)}
+        if rollout:
+            items["rollout"] = ocp.args.StandardSave(rollout)
+        self._manager.save(step, args=ocp.args.Composite(**items), force=True)
 
     def wait(self) -> None:
         """Block until an async save has committed."""
@@ -68,6 +70,15 @@ class Checkpointer:
             ),
         )
         return restored["state"], dict(restored["meta"])
+
+    def restore_rollout(self, step: int) -> dict | None:
+        """The `rollout` arrays saved with checkpoint `step` (numpy), or None if it has none."""
+        try:
+            restored = self._manager.restore(
+                step, args=ocp.args.Composite(rollout=ocp.args.StandardRestore()))
+        except KeyError:  # saved without one (single, colocated)
+            return None
+        return restored["rollout"]
 
     def close(self) -> None:
         self._manager.wait_until_finished()

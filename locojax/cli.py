@@ -14,7 +14,8 @@ SUBCOMMANDS = {
     "demo": ("locojax.commands.demo", "the embedded default run (`make demo`)"),
     "launch": ("locojax.commands.launch", "run a subcommand as N local hosts (jax.distributed)"),
     "devices": ("locojax.commands.devices", "show devices and test cross-host collectives"),
-    "train": ("locojax.commands.train", "GRPO training (modes: single, colocated)"),
+    "train": ("locojax.commands.train",
+              "GRPO training (modes: single, colocated, disaggregated, async)"),
     "sft": ("locojax.commands.sft", "train a char-level model on built-in task demonstrations"),
     "plot": ("locojax.commands.plot", "write a PNG of a run's reward, accuracy and timings"),
 }

@@ -5,6 +5,8 @@
     locojax launch --hosts 2 -- train demo     # colocated over 2 local hosts
     locojax train gsm8k --model DIR --task.data train.jsonl
     locojax train gsm8k --model DIR --task.data train.jsonl --plan   # memory plan, then exit
+    locojax train demo --mode disaggregated --rollout-fraction 0.75   # Ray: 1 learner, 3 workers
+    locojax train demo --mode async --max-staleness 4 --workers 3     # Ray: parameter server
 """
 
 from __future__ import annotations
@@ -15,11 +17,14 @@ import sys
 import tyro
 
 from locojax.train.config import PRESETS
+from locojax.train.placement import RAY_MODES
 
 
 def main(argv: list[str]) -> int:
     cfg = tyro.extras.overridable_config_cli(PRESETS, args=argv, prog="locojax train")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if cfg.mode in RAY_MODES:
+        return _run_ray(cfg)
     from locojax.train.loop import Trainer
 
     try:
@@ -30,8 +35,26 @@ def main(argv: list[str]) -> int:
     if cfg.plan:
         return 0
     final = trainer.run()
-    if trainer.is_main and "eval/accuracy" in final:
+    if trainer.is_main:
+        _report(final)
+    return 0
+
+
+def _run_ray(cfg) -> int:
+    """The Ray modes: one driver process places the learner group and the workers."""
+    from locojax.train.modes import driver
+
+    try:
+        driver.check_settings(cfg)  # before Ray or any actor starts
+    except (ValueError, FileNotFoundError) as e:
+        print(f"locojax train: {e}", file=sys.stderr)
+        return 2
+    _report(driver.run(cfg))
+    return 0
+
+
+def _report(final: dict) -> None:
+    if "eval/accuracy" in final:
         before = final.get("before/eval/accuracy")
         prefix = f"{before:.3f} -> " if before is not None else ""
         print(f"held-out accuracy: {prefix}{final['eval/accuracy']:.3f}")
-    return 0

@@ -25,9 +25,11 @@ are combined with max / min instead.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from locojax.rl.aggregation import Counts, aggregate, token_mean
 
@@ -103,6 +105,45 @@ def truncated_is_weight(old_logp, behav_logp, mask, stale, cap: float, level: st
     w = jnp.minimum(jnp.exp(log_ratio(old_logp, behav_logp, mask, level)), cap)
     w = jnp.where(stale[:, None], w, 1.0)
     return jax.lax.stop_gradient(w)
+
+
+IS_HIST_LOW, IS_HIST_WIDTH = -1.0, 0.02
+"""Bins of the IS-weight histogram, in log w: [-1, log C] in steps of 0.02 (w within 2%),
+with everything below e^-1 in the first bin."""
+
+
+def is_weight_histogram(old_logp, behav_logp, mask, stale, counts: Counts, cap: float,
+                        level: str = "token"):
+    """Histogram [n_bins] of the truncated IS weight over stale rows' response tokens, each
+    bin as a fraction of the update's global token count (so micro-batches add up);
+    `is_weight_quantiles` turns it into quantiles on the host."""
+    n = is_weight_bins(cap)
+    w = truncated_is_weight(old_logp, behav_logp, mask, jnp.ones_like(stale), cap, level)
+    idx = jnp.clip(jnp.floor((jnp.log(w) - IS_HIST_LOW) / IS_HIST_WIDTH), 0, n - 1)
+    weight = (mask & stale[:, None]).astype(jnp.float32) / jnp.maximum(counts.tokens, 1.0)
+    return jnp.zeros((n,), jnp.float32).at[idx.astype(jnp.int32).reshape(-1)].add(
+        weight.reshape(-1))
+
+
+def is_weight_bins(cap: float) -> int:
+    top = math.log(cap) if cap else 0.0  # cap 0: w = 1 everywhere
+    return int(math.ceil((top - IS_HIST_LOW) / IS_HIST_WIDTH)) + 1
+
+
+def is_weight_quantiles(hist, qs=(0.1, 0.5, 0.9, 0.99)) -> dict[str, float]:
+    """`actor/is_weight/p<q>` from `is_weight_histogram` (bin midpoints, so to within 2%);
+    empty when no stale token was trained."""
+    hist = np.asarray(hist, np.float64)
+    total = hist.sum()
+    if total <= 0:
+        return {}
+    cdf = np.cumsum(hist) / total
+    out = {}
+    for q in qs:
+        i = int(np.searchsorted(cdf, q))
+        out[f"actor/is_weight/p{round(q * 100)}"] = float(
+            math.exp(IS_HIST_LOW + (min(i, len(hist) - 1) + 0.5) * IS_HIST_WIDTH))
+    return out
 
 
 def objective(logp, entropy, old_logp, behav_logp, ref_logp, adv, mask, stale,

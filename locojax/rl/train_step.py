@@ -45,7 +45,7 @@ from locojax.rl.aggregation import Counts, global_counts
 from locojax.rl.algorithms import resolve
 from locojax.rl.batch import TrainBatch, split_rows
 from locojax.rl.config import LearnerConfig
-from locojax.rl.losses import LossSettings, objective
+from locojax.rl.losses import LossSettings, is_weight_histogram, is_weight_quantiles, objective
 from locojax.rl.train_state import TrainState, adam_count, apply_in_place, pin, schedule
 
 logger = logging.getLogger(__name__)
@@ -170,6 +170,9 @@ def _micro_loss(params, data, counts: Counts, first, fresh_tokens, s: LossSettin
     old = own if data["prox"] is None else jnp.where(first, own, data["prox"])
     loss, metrics, extremes = objective(logp, ent, old, b.old_logprobs, b.ref_logprobs,
                                         b.advantages, b.loss_mask, data["stale"], counts, s)
+    if b.staleness is not None:  # asynchronous modes: the distribution of the IS weights
+        metrics["actor/is_weight_hist"] = is_weight_histogram(
+            old, b.old_logprobs, b.loss_mask, data["stale"], counts, s.is_cap, s.ratio_level)
     if data["prox"] is None:  # one update per step: `old` is the trainer's start-of-step π
         fresh = b.loss_mask & data["fresh"][:, None]
         gap = jnp.where(fresh, jnp.abs(jnp.where(fresh, b.old_logprobs, 0.0) - old), 0.0)
@@ -351,6 +354,8 @@ def _train_step(state: TrainState, batch: TrainBatch, ref_params=None, *,
             metrics[name] = v.max()
         elif name.endswith("_min"):
             metrics[name] = v.min()
+        elif name.endswith("_hist"):
+            metrics[name] = v.mean(axis=0)  # [U, bins] → [bins]
         elif name.startswith("actor/nonfinite") or name == "rollout/logprob_mismatch":
             metrics[name] = v.sum()  # counts; and the mismatch share of the one update
         else:
@@ -415,7 +420,11 @@ def update(state: TrainState, batch: TrainBatch, model_cfg: ModelConfig, cfg: Le
     check(batch, cfg, ref_params)
     state, metrics = train_step(state, batch, ref_params, model_cfg=model_cfg,
                                 cfg=_program_cfg(cfg), mesh=mesh)
-    metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+    metrics = jax.device_get(metrics)
+    hist = metrics.pop("actor/is_weight_hist", None)
+    metrics = {k: float(v) for k, v in metrics.items()}
+    if hist is not None:
+        metrics.update(is_weight_quantiles(hist))
     bad_loss, bad_grad = metrics["actor/nonfinite_loss"], metrics["actor/nonfinite_grad"]
     if (bad_loss or bad_grad) and not cfg.skip_nonfinite:
         step = int(np.asarray(jax.device_get(state.step))) - 1

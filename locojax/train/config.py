@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
+
+import tyro
 
 from locojax.envs.rewards import RewardConfig
 from locojax.rl.config import AlgoConfig, LearnerConfig, OptimConfig
+from locojax.train.placement import PlacementConfig
 
 
 COMPUTE_DTYPES = {"f32": "float32", "bf16": "bfloat16"}
@@ -84,9 +87,12 @@ class TaskConfig:
 class RunConfig:
     """A GRPO run: sample → score → advantages → update, for `steps` steps."""
 
-    mode: Literal["single", "colocated"] = "colocated"
+    mode: Literal["single", "colocated", "disaggregated", "async"] = "colocated"
     """single: one controller drives every device. colocated: one process per host, each
-    admitting, generating and scoring its own prompts, then one synchronous train step."""
+    admitting, generating and scoring its own prompts, then one synchronous train step.
+    disaggregated (Ray): a learner group and rollout workers on separate hosts, rollout of
+    step s+1 overlapping training of step s. async (Ray): a parameter server and N rollout
+    workers pulling the newest version, samples at most --max-staleness versions old."""
     model: str = "embedded"
     """embedded (the shipped tiny checkpoint), tiny / small (random), or an HF Qwen3 dir."""
     task: TaskConfig = TaskConfig()
@@ -142,6 +148,8 @@ class RunConfig:
     """Memory per device in GB (10^9 bytes) that the plan must fit; a run that does not is
     refused before its first step. 0: detected (accelerators: memory_stats; CPU: host RAM
     divided among its CPU devices)."""
+    placement: Annotated[PlacementConfig, tyro.conf.OmitArgPrefixes] = PlacementConfig()
+    """Ray modes: placement, staleness, leases (flags without a prefix: --max-staleness)."""
 
     @property
     def group_size(self) -> int:

@@ -1,8 +1,10 @@
 """The RL loop: sample prompts → generate → score → advantages → train → log, per step.
 
-The whole step reads top to bottom in `Trainer.step`: the host-local producer half
-(admission → generate → score → advantages → rows, `producer.py`), then the global update.
-What differs between coordination modes lives in `wiring.py`; everything else is shared.
+The whole step reads top to bottom in `Trainer.step`: take the step's rollouts from the
+rollout source (`source.py`: the producer half, `producer.py`, run inline or by remote
+workers into a versioned buffer), run the global update, publish the new weights as the
+next version. What differs between coordination modes lives in the wiring (`wiring.py`;
+the Ray modes' in `modes/`); everything else is shared.
 
 Randomness: step s samples with `fold_in(key(seed), s)`, and the engine draws row r with a
 key folded from its global row index, so tokens do not depend on which host or device
@@ -39,6 +41,7 @@ from locojax.train.config import COMPUTE_DTYPES, RunConfig, TaskConfig, check
 from locojax.train.data import PromptStream
 from locojax.train.producer import Producer, rollout_metrics
 from locojax.train.progress import Progress
+from locojax.train.source import RolloutSource
 
 log = logging.getLogger(__name__)
 
@@ -55,14 +58,31 @@ def build_task(cfg: TaskConfig, seed: int):
     return make_task(cfg.name, train_path=cfg.data, test_path=cfg.test_data or cfg.data)
 
 
+def sampling_config(cfg: RunConfig, tokenizer) -> SamplingConfig:
+    """How the run's rollouts are sampled (the learner's plan and every producer use it)."""
+    return SamplingConfig(
+        max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature,
+        top_k=cfg.rollout.top_k, top_p=cfg.rollout.top_p, ignore_eos=cfg.rollout.ignore_eos,
+        stop_token_ids=tuple(tokenizer.stop_ids), pad_token_id=tokenizer.pad_id)
+
+
+def build_producer(cfg: RunConfig, engine, tokenizer, task, runner, root_key) -> Producer:
+    """The producer half of a step on `engine`; the same on the learner and on rollout workers."""
+    return Producer(engine, tokenizer, task, runner, PromptStream(task.train, cfg.seed),
+                    cfg.learner_config().algo, sampling_config(cfg, tokenizer),
+                    cfg.rollout.prompts_per_step, cfg.rollout.max_prompt_tokens, root_key)
+
+
 class Trainer:
     """Owns the run's state; `run()` executes the remaining steps.
 
     Before reading any weight it compiles the step's programs at the run's shapes and plans
     their memory (`memory_plan.py`), refusing a run that cannot fit; the run reuses them.
+    `make_wiring` builds the mode's wiring once this process has joined its hosts (the Ray
+    modes pass theirs; default: `wiring.make(cfg.mode)`).
     """
 
-    def __init__(self, cfg: RunConfig):
+    def __init__(self, cfg: RunConfig, make_wiring=None):
         self.cfg = cfg
         self.host = distributed.initialize(devices_per_host=cfg.devices_per_host or None)
         check(cfg, self.host.num_processes, jax.device_count())
@@ -72,16 +92,13 @@ class Trainer:
             raise ValueError(f"task {self.task.name!r} is multi-turn; `locojax train` runs "
                              "single-turn tasks so far (arith, gsm8k, math)")
         self.learner_cfg = cfg.learner_config()
-        self.wiring = wiring_lib.make(cfg.mode)
+        self.wiring = make_wiring() if make_wiring else wiring_lib.make(cfg.mode)
         # f32 master weights whatever the checkpoint's dtype; `precision` sets the compute.
         overrides = dict(param_dtype="float32", compute_dtype=COMPUTE_DTYPES[cfg.precision])
         self.model_cfg = models.load_config(cfg.model, **overrides)
         self.tokenizer = models.load_tokenizer_of(cfg.model)
         self.engine = self.wiring.make_engine(self.model_cfg)
-        self.sampling = SamplingConfig(
-            max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature,
-            top_k=cfg.rollout.top_k, top_p=cfg.rollout.top_p, ignore_eos=cfg.rollout.ignore_eos,
-            stop_token_ids=tuple(self.tokenizer.stop_ids), pad_token_id=self.tokenizer.pad_id)
+        self.sampling = sampling_config(cfg, self.tokenizer)
         # Before any weight is read: compile the step's programs and check they fit.
         self.memory = self._plan_memory()
         if self.is_main:
@@ -102,11 +119,10 @@ class Trainer:
         self.logger = MetricsLogger(cfg.run_dir, enabled=self.is_main, tensorboard=cfg.tensorboard)
         self.ckpt = Checkpointer(os.path.join(os.path.abspath(cfg.run_dir), "checkpoints"),
                                  keep=cfg.checkpoint.keep)
-        self.start_step = self._maybe_resume()
-        self.producer = Producer(self.engine, self.tokenizer, self.task, self.runner,
-                                 PromptStream(self.task.train, cfg.seed), self.learner_cfg.algo,
-                                 self.sampling, cfg.rollout.prompts_per_step,
-                                 cfg.rollout.max_prompt_tokens, self.root_key)
+        self.start_step, self.saved_rollouts = self._maybe_resume()
+        self.producer = build_producer(cfg, self.engine, self.tokenizer, self.task, self.runner,
+                                       self.root_key)
+        self.rollouts: RolloutSource = self.wiring.rollout_source(self.producer)
 
     def _plan_memory(self) -> memory_plan.MemoryPlan:
         """The run's memory plan, from its programs compiled at its exact shapes (the run then
@@ -133,10 +149,11 @@ class Trainer:
 
     # --- checkpoints -------------------------------------------------------------------------
 
-    def _maybe_resume(self) -> int:
+    def _maybe_resume(self) -> tuple[int, tuple | None]:
+        """(first step, the rollout source's checkpointed (arrays, JSON) or None)."""
         if self.ckpt.latest_step() is None:
             self.logger.truncate_after(-1)  # a fresh run owns its logs
-            return 0
+            return 0, None
         if not self.cfg.checkpoint.resume:
             raise ValueError(f"{self.ckpt.directory} holds checkpoints of an earlier run; pass "
                              "--checkpoint.resume to continue it, or choose another --run-dir")
@@ -146,22 +163,23 @@ class Trainer:
         step = int(meta["next_step"])
         self.logger.truncate_after(step)  # lines are labelled 1..step for steps done
         log.info("resumed from %s at step %d", self.ckpt.directory, step)
-        return step
+        saved = (self.ckpt.restore_rollout(step), meta["rollouts"]) if "rollouts" in meta \
+            else None
+        return step, saved
 
     def _save(self, step: int) -> None:
         meta = {"next_step": step + 1, "data_cursor": (step + 1) * self.cfg.rollout.prompts_per_step,
                 "rng": np.asarray(jax.random.key_data(self.root_key)).tolist(),
                 "config": dataclasses.asdict(self.cfg), "mode": self.cfg.mode}
-        self.ckpt.save(step + 1, self.state, meta)
+        arrays, meta["rollouts"] = self.rollouts.state(step + 1)  # buffer, leases, versions
+        self.ckpt.save(step + 1, self.state, meta, arrays)
 
     # --- one step ----------------------------------------------------------------------------
 
     def step(self, step: int, timer: StepTimer) -> dict[str, float]:
         """Rollout, update and (when due) evaluation of one step; returns its metrics."""
         cfg = self.cfg
-        start, stop = self.wiring.host_slice(cfg.rollout.prompts_per_step)
-        record = self.producer.produce(step, self.wiring.rollout_weights(self.state.params),
-                                       start, stop, timer)
+        record = self.rollouts.take(step, self.state.params, timer)  # generated by version ≤ step
         with timer.phase("batch") as ph:
             batch = self.wiring.global_batch(record.batch)
             ph.sync(batch)
@@ -169,6 +187,7 @@ class Trainer:
             self.state, metrics = update(self.state, batch, self.model_cfg, self.learner_cfg,
                                          self.ref_params, mesh=self.wiring.train_mesh)
             ph.sync(self.state.params)
+        metrics.update(self.rollouts.publish(step + 1, self.state.params, timer))
         metrics.update(rollout_metrics(self.wiring.sum_over_hosts(record.sums)))
         if cfg.dump_rollouts:
             self._dump(step, record.rollouts)
@@ -214,6 +233,8 @@ class Trainer:
         cfg = self.cfg
         if cfg.plan:
             raise RuntimeError("a Trainer made with plan=True only plans; it has nothing to run")
+        # First, so that remote workers can start generating while this host evaluates.
+        self.rollouts.begin(self.start_step, self.state.params, self.saved_rollouts)
         trace = TraceWindow(cfg.profile_dir or None)
         probe = AllReduceProbe(self.state.params, self.wiring.train_mesh) \
             if cfg.probe_allreduce else None
@@ -229,13 +250,14 @@ class Trainer:
                 trace.before_step(step)
                 timer = StepTimer()
                 last = self.step(step, timer)
+                timings = {k: last.pop(k) for k in list(last) if k.startswith("perf/")}
                 # Metrics are logged before the checkpoint that covers them, so a run killed
                 # right after a save has already logged every step that save contains.
                 self.logger.log(step + 1, last)
                 if self._checkpoint_due(step):
                     with timer.phase("checkpoint"):
                         self._save(step)
-                perf = timer.finish_step()
+                perf = {**timings, **timer.finish_step()}
                 generated = last["rollout/response_length/mean"] * cfg.rollout.prompts_per_step \
                     * cfg.group_size
                 perf["perf/tokens_per_s"] = generated / max(perf["perf/step_time"], 1e-9)
@@ -246,6 +268,7 @@ class Trainer:
                 last.update(perf)
                 progress.update(step + 1, last)
         trace.close()
+        self.rollouts.close()
         if self.is_main and self.start_step < cfg.steps:
             models.save(os.path.join(cfg.run_dir, FINAL_MODEL), self.model_cfg, self.state.params,
                         cfg.model, {"made_by": "locojax train", "steps": cfg.steps})

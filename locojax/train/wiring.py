@@ -1,6 +1,7 @@
 """Coordination modes as wirings of the same parts (STYLE.md 8: a wiring, not a rewrite).
 
-A wiring answers four questions for the loop:
+A wiring answers five questions for the loop:
+- where does the producer run, and how deep is the buffer?     `rollout_source`
 - which of the step's prompts does this process admit?        `host_slice`
 - on which devices does its engine generate, with which params? `engine`, `rollout_weights`
 - how do the hosts' rows become one global training batch?     `global_batch`
@@ -15,6 +16,10 @@ prompts (whole groups), generates on its local devices with its host-local repli
 params (the addressable shards of the replicated training params: no copy, no cross-host
 collective during decode), scores locally, then joins one synchronous train step through
 `make_array_from_process_local_data`.
+
+Both run the producer inline at depth 0 (`source.InlineSource`). `disaggregated` and `async`
+are wirings too, of a learner group fed by remote rollout workers (`modes/learner.py`); only
+those modules import Ray.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from locojax.engine.engine import Engine
 from locojax.model.config import ModelConfig
 from locojax.model.sharding import ROLLOUT_REPLICATED, TRAIN_DP, make_mesh
 from locojax.rl import batch as batch_lib
+from locojax.train.source import InlineSource
 
 
 class Single:
@@ -38,6 +44,9 @@ class Single:
 
     def make_engine(self, model_cfg: ModelConfig) -> Engine:
         return Engine(model_cfg, mesh=self.train_mesh, rules=ROLLOUT_REPLICATED)
+
+    def rollout_source(self, producer) -> InlineSource:
+        return InlineSource(producer, self)
 
     def host_slice(self, n: int) -> tuple[int, int]:
         return 0, n
@@ -64,6 +73,9 @@ class Colocated:
 
     def make_engine(self, model_cfg: ModelConfig) -> Engine:
         return Engine(model_cfg, mesh=self.local_mesh, rules=ROLLOUT_REPLICATED)
+
+    def rollout_source(self, producer) -> InlineSource:
+        return InlineSource(producer, self)
 
     def host_slice(self, n: int) -> tuple[int, int]:
         share = n // jax.process_count()
@@ -99,5 +111,6 @@ WIRINGS = {"single": Single, "colocated": Colocated}
 
 def make(mode: str):
     if mode not in WIRINGS:
-        raise ValueError(f"unknown mode {mode!r}; choose from {sorted(WIRINGS)}")
+        raise ValueError(f"mode {mode!r} has no in-process wiring; choose from "
+                         f"{sorted(WIRINGS)} (the Ray modes start through modes/driver.py)")
     return WIRINGS[mode]()

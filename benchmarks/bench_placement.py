@@ -1,0 +1,223 @@
+"""Placement: disaggregated (DA) vs colocated step time at 4 hosts, and async throughput vs k.
+
+Every point is a real `locojax train` run in a subprocess, exactly as a user would start it:
+
+    colocated        locojax launch --hosts 4 -- train ... --mode colocated
+    DA, fraction f   locojax train ... --mode disaggregated --hosts 4 --rollout-fraction f
+                     (f x 4 rollout workers, the rest one learner group; k = 1: the rollout
+                     of step s + 1 overlaps training step s)
+    async, k         locojax train ... --mode async --hosts 4 --workers 3 --learner-hosts 1
+                     --max-staleness k  (workers pull the newest version)
+
+The Ray runs join one local Ray cluster this script starts (`--ray-address`), so cluster
+start-up is paid once and is not in any figure. Runs are interleaved: every repeat runs
+every point once, in a rotated order, so machine load falls on all points alike.
+
+Held fixed (strong scaling): the global batch (B prompts x G samples per step), the model,
+the sampling, 4 hosts of 1 device. The workload is rollout-heavy: TINY (random f32 weights)
+with --rollout.ignore-eos, so every completion is exactly --new-tokens long, much longer
+than the prompt; training is one AdamW step on those rows.
+
+Timing: the learner host 0's `perf/step_time` (compile excluded): for DA and async that is
+the wall time between updates, waiting for rollouts included. Medians over steady steps
+(the first --skip steps and the last, checkpoint, step dropped). Trained samples/s = B x G /
+step time.
+
+**On a machine with fewer cores than hosts the simulated hosts share the cores.** Then DA
+cannot win by parallel hardware: its rollout workers and learner compete for the same CPUs,
+so overlapping them only fills the time one of them would leave a core idle (Python,
+gloo waits, small kernels that do not use both cores). Colocated's 4 processes share the
+cores the same way. The script prints the machine's CPU count and load so the tables are
+read with that in mind.
+
+Usage:
+    .venv/bin/python benchmarks/bench_placement.py --quick        # 1 repeat, few steps
+    .venv/bin/python benchmarks/bench_placement.py --repeats 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import shlex
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+PY = sys.executable
+CLI = [PY, "-m", "locojax.cli"]
+HOSTS = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class Point:
+    name: str  # colocated | da-0.25 | ... | async-k1 | ...
+    mode: str
+    extra: tuple[str, ...]
+
+
+def points(fractions, ks) -> list[Point]:
+    out = [Point("colocated", "colocated", ())]
+    out += [Point(f"da-{f:g}", "disaggregated", ("--hosts", str(HOSTS), "--rollout-fraction",
+                                                 str(f))) for f in fractions]
+    out += [Point(f"async-k{k}", "async", ("--hosts", str(HOSTS), "--workers", str(HOSTS - 1),
+                                           "--learner-hosts", "1", "--max-staleness", str(k)))
+            for k in ks]
+    return out
+
+
+def train_argv(p: Point, args, run_dir: Path, ray_address: str) -> list[str]:
+    train = ["train", "demo", "--mode", p.mode, "--model", "tiny", "--task.name", "arith",
+             "--task.level", "3", "--rollout.prompts-per-step", str(args.prompts),
+             "--algo.group-size", str(args.group), "--rollout.max-prompt-tokens", "16",
+             "--rollout.max-new-tokens", str(args.new_tokens), "--rollout.ignore-eos",
+             "--steps", str(args.steps), "--eval.every", "0", "--no-progress",
+             "--no-tensorboard", "--run-dir", str(run_dir), *p.extra]
+    if p.mode == "colocated":
+        return [*CLI, "launch", "--hosts", str(HOSTS), "--devices-per-host", "1", "--", *train]
+    return [*CLI, *train, "--ray-address", ray_address]
+
+
+def run(argv: list[str], log: Path, timeout: float) -> int:
+    with open(log, "w") as f:
+        proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT,
+                                start_new_session=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+        try:
+            return proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGINT)
+            try:
+                return proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                return -9
+
+
+def steady(run_dir: Path, steps: int, skip: int) -> list[dict]:
+    rows: dict[int, dict] = {}
+    for line in (run_dir / "perf.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        rows.setdefault(r["step"], {}).update(r)
+    return [rows[s] for s in range(skip + 1, steps)]
+
+
+def med(rows: list[dict], key: str) -> float:
+    vals = [float(r[key]) for r in rows if key in r]
+    return statistics.median(vals) if vals else float("nan")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--fractions", nargs="+", type=float, default=[0.25, 0.5, 0.75])
+    ap.add_argument("--ks", nargs="+", type=int, default=[1, 2, 4])
+    ap.add_argument("--prompts", type=int, default=12, help="B (splits over 1-4 hosts)")
+    ap.add_argument("--group", type=int, default=4, help="G")
+    ap.add_argument("--new-tokens", type=int, default=128, help="exact completion length")
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--skip", type=int, default=3, help="warm-up steps left out")
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--rotate", type=int, default=0,
+                    help="start the point order this many places later (a second invocation "
+                    "with another rotation interleaves differently)")
+    ap.add_argument("--timeout", type=float, default=900)
+    ap.add_argument("--work-dir", default="/tmp/locojax_bench_placement")
+    ap.add_argument("--quick", action="store_true", help="--steps 6 --skip 2, one repeat")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.steps, args.skip, args.repeats = 6, 2, 1
+    if args.steps < args.skip + 2:
+        ap.error("--steps must leave a steady step after --skip and before the last step")
+    import ray
+
+    work = Path(args.work_dir)
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(work / "jax_cache"))
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+    os.environ["RAY_DEDUP_LOGS"] = "0"
+    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, logging_level="WARNING")
+    address = ray.get_runtime_context().gcs_address
+    pts = points(args.fractions, args.ks)
+    print(f"# {os.cpu_count()} CPUs, {HOSTS} simulated hosts of 1 device: "
+          f"{'the hosts share the cores' if os.cpu_count() < HOSTS else 'a core per host'}")
+    print(f"# held fixed: B={args.prompts} prompts x G={args.group}, TINY random f32, "
+          f"exactly {args.new_tokens} new tokens, 16 prompt columns, {args.steps} steps, "
+          f"steady = steps {args.skip + 1}..{args.steps - 1}")
+    print(f"# load average before: {os.getloadavg()[0]:.1f}")
+    results: dict[str, list[dict]] = {p.name: [] for p in pts}
+    loads: dict[str, list[float]] = {p.name: [] for p in pts}
+    try:
+        for rep in range(args.repeats):
+            first = (rep + args.rotate) % len(pts)
+            order = pts[first:] + pts[:first]
+            for p in order:
+                run_dir = work / f"{p.name}-r{rep}"
+                argv = train_argv(p, args, run_dir, address)
+                print(f"$ {shlex.join(argv)}", flush=True)
+                loads[p.name].append(os.getloadavg()[0])
+                t = time.perf_counter()
+                code = run(argv, work / f"{p.name}-r{rep}.log", args.timeout)
+                if code:
+                    print(f"# FAILED (exit {code}); see {work / f'{p.name}-r{rep}.log'}")
+                    continue
+                rows = steady(run_dir, args.steps, args.skip)
+                results[p.name] += rows
+                print(f"# {med(rows, 'perf/step_time'):.3f} s/step, wall "
+                      f"{time.perf_counter() - t:.0f}s, load {loads[p.name][-1]:.1f}", flush=True)
+    finally:
+        ray.shutdown()
+
+    rows_per_step = args.prompts * args.group
+    colo = med(results["colocated"], "perf/step_time")
+
+    def line(name: str, extra: str = "") -> str:
+        r = results[name]
+        st = med(r, "perf/step_time")
+        return (f"| {name} | {st:.3f} | {colo / st:.2f} | {rows_per_step / st:.1f} "
+                f"| {med(r, 'perf/phase/wait_rollouts'):.3f} | {med(r, 'perf/phase/train'):.3f} "
+                f"| {med(r, 'perf/rollout/step_time'):.3f} | {med(r, 'perf/sync/seconds'):.4f} "
+                f"| {extra}{statistics.mean(loads[name]) if loads[name] else float('nan'):.1f} |")
+
+    head = ("| point | s/step | colocated / point | trained samples/s | wait rollouts | train "
+            "| rollout unit (worker) | weight sync | load avg |\n"
+            "|---|---|---|---|---|---|---|---|---|")
+    print(f"\n## DA vs colocated at {HOSTS} hosts (median s/step; > 1 in column 3: DA faster)\n")
+    print(head)
+    print(line("colocated"))
+    for f in args.fractions:
+        print(line(f"da-{f:g}", f"{int(f * HOSTS + 0.5)} workers, "))
+    # What a core per host would give: colocated's measured phases, rescaled by the share of
+    # hosts each side gets (perfect strong scaling assumed), overlapped as DA overlaps them.
+    c = results["colocated"]
+    roll = sum(med(c, f"perf/phase/{k}") for k in ("admission", "prefill", "decode",
+                                                    "detokenize_reward"))
+    train = med(c, "perf/phase/train") + med(c, "perf/phase/batch")
+    print(f"\n# model, not a measurement: with a core per host DA's step would be about "
+          f"max(R/f, T/(1-f)) from colocated's rollout R = {roll:.3f} s and train T = "
+          f"{train:.3f} s at {HOSTS} hosts:")
+    for f in args.fractions:
+        ideal = max(roll / f, train / (1 - f))
+        print(f"#   f={f:g}: {ideal:.3f} s, colocated / DA = {(roll + train) / ideal:.2f} "
+              f"(measured here on {os.cpu_count()} shared cores: "
+              f"{colo / med(results[f'da-{f:g}'], 'perf/step_time'):.2f})")
+    best = min((f"da-{f:g}" for f in args.fractions),
+               key=lambda n: med(results[n], "perf/step_time"))
+    ratio = colo / med(results[best], "perf/step_time")
+    print(f"\n# best DA point: {best}, {'faster' if ratio > 1 else 'slower'} than colocated by "
+          f"{abs(ratio - 1) * 100:.0f}% (colocated / DA = {ratio:.2f})")
+    print(f"\n## async throughput vs max staleness k ({HOSTS - 1} workers, 1 learner host)\n")
+    print(head)
+    for k in args.ks:
+        print(line(f"async-k{k}"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,199 @@
+"""Leased units of rollout work, and the admission gate that bounds staleness.
+
+The asynchronous modes (DESIGN.md, "Asynchrony") hand rollout work to workers as leases. A
+lease is a fixed unit: `prompts_per_lease` consecutive prompt slots of one step, i.e. whole
+groups, always generated as one batch of the same shape. A row's tokens depend on its
+sampling key and, through matmul blocking, on the shape of the batch it was generated in,
+so a lease that is redispatched after its worker died or hung regenerates exactly the same
+rows. A lease belongs to one worker until it completes or its deadline passes; a result
+that arrives for a lease that is no longer held is dropped, so no prompt is trained twice,
+and an expired or failed lease goes back to the queue, so no prompt is lost.
+
+Three settings describe every mode (`Schedule`):
+- max staleness k: step s may be dispatched once the newest weight version v satisfies
+  s - v <= k. Admission is paced by this gate (workers wait); nothing is ever dropped for
+  being stale, so long completions are not filtered out (no length bias).
+- the version a lease names: `max(0, s - k)` under the deterministic schedule (LoCoJAX-DA:
+  k = 1 overlaps the rollout of step s + 1 with training step s), or the newest version at
+  dispatch (RLAX-style async). With k = 0 both are `s`: lock-step, as colocated.
+- versions kept: the schedule may still need versions s - k .. s, so at least k + 1.
+
+This module is plain Python (no Ray, no JAX): the mode modules drive it, tests drive it
+directly. Its state is JSON and goes into the checkpoint. References: RLAX (leased,
+preemptible inference workers), PipelineRL / AReaL (staleness bound by admission control).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    """Which steps may be generated, and with which weight version."""
+
+    max_staleness: int
+    """k: a sample trains at most k versions after the one that generated it."""
+    versions_kept: int
+    """K: weight versions the parameter server keeps (>= k + 1)."""
+    newest: bool
+    """True: a lease takes the newest version (async). False: `max(0, step - k)`, the
+    deterministic schedule (disaggregated), so a run's tokens do not depend on timing."""
+
+    def __post_init__(self):
+        if self.max_staleness < 0:
+            raise ValueError(f"max staleness k must be >= 0, got {self.max_staleness}")
+        if self.versions_kept < self.max_staleness + 1:
+            raise ValueError(f"versions kept ({self.versions_kept}) must be at least max "
+                             f"staleness + 1 = {self.max_staleness + 1}: the schedule may "
+                             f"still need versions s - {self.max_staleness} .. s")
+
+    def admits(self, step: int, newest_version: int) -> bool:
+        return step - newest_version <= self.max_staleness
+
+    def version_for(self, step: int, newest_version: int) -> int:
+        if not self.admits(step, newest_version):
+            raise ValueError(f"step {step} is not admitted at version {newest_version} "
+                             f"(k={self.max_staleness})")
+        return newest_version if self.newest else max(0, step - self.max_staleness)
+
+
+@dataclasses.dataclass(frozen=True)
+class Lease:
+    """One unit of work, held by one worker until `deadline` (monotonic seconds)."""
+
+    id: int
+    step: int
+    unit: int
+    start: int  # global prompt slots [start, stop) of `step`
+    stop: int
+    version: int  # the weight version the worker must generate with
+    worker: int
+    deadline: float
+    attempt: int  # 0 the first time this unit is dispatched, +1 per redispatch
+
+
+class LeaseTable:
+    """The units of steps [first_step, last_step) and who holds them.
+
+    `acquire` hands out the oldest admitted unit; `complete` accepts a result only from the
+    lease's current holder; `release` (worker died, transient error) and `expire` (deadline
+    passed) put a unit back, at the front because the queue is ordered by (step, unit).
+    `consume(step)` retires a step once the learner has taken it.
+    """
+
+    def __init__(self, prompts_per_step: int, prompts_per_lease: int, schedule: Schedule,
+                 last_step: int, first_step: int = 0):
+        if prompts_per_lease < 1 or prompts_per_step % prompts_per_lease:
+            raise ValueError(f"prompts_per_lease={prompts_per_lease} does not divide "
+                             f"prompts_per_step={prompts_per_step}")
+        self.prompts_per_lease = prompts_per_lease
+        self.units_per_step = prompts_per_step // prompts_per_lease
+        self.schedule, self.last_step = schedule, last_step
+        self.next_step = first_step  # the learner's next step: older steps are retired
+        self._opened = first_step  # steps [next_step, _opened) have their units queued
+        self._pending: list[tuple[int, int]] = []  # heap of (step, unit)
+        self._active: dict[int, Lease] = {}
+        self._done: set[tuple[int, int]] = set()
+        self._attempts: dict[tuple[int, int], int] = {}
+        self._next_id = 0
+        self.redispatched = 0  # units put back after a dispatch (died, hung, failed)
+        self.late = 0  # results dropped because their lease was no longer held
+
+    # --- dispatch ---------------------------------------------------------------------------
+
+    def _open(self, newest_version: int) -> None:
+        while self._opened < self.last_step and self.schedule.admits(self._opened, newest_version):
+            for u in range(self.units_per_step):
+                heapq.heappush(self._pending, (self._opened, u))
+            self._opened += 1
+
+    def acquire(self, worker: int, newest_version: int, now: float,
+                timeout_s: float) -> Lease | None:
+        """The oldest admitted unit, leased to `worker` until now + timeout_s; None if the
+        gate admits nothing more yet (admission is paced, not dropped)."""
+        self._open(newest_version)
+        if not self._pending:
+            return None
+        step, unit = heapq.heappop(self._pending)
+        attempt = self._attempts.get((step, unit), 0)
+        self._attempts[(step, unit)] = attempt + 1
+        start = unit * self.prompts_per_lease
+        lease = Lease(self._next_id, step, unit, start, start + self.prompts_per_lease,
+                      self.schedule.version_for(step, newest_version), worker,
+                      now + timeout_s, attempt)
+        self._next_id += 1
+        self._active[lease.id] = lease
+        return lease
+
+    def complete(self, lease_id: int) -> Lease | None:
+        """Mark a lease's unit done; None (and counted as late) if it is no longer held."""
+        lease = self._active.pop(lease_id, None)
+        if lease is None:
+            self.late += 1
+            return None
+        key = (lease.step, lease.unit)
+        if key in self._done:  # cannot happen while each unit has one holder; guard anyway
+            raise RuntimeError(f"unit {key} completed twice")
+        self._done.add(key)
+        return lease
+
+    def release(self, lease_id: int) -> Lease | None:
+        """Put a held lease's unit back in the queue (its worker died or failed)."""
+        lease = self._active.pop(lease_id, None)
+        if lease is not None:
+            heapq.heappush(self._pending, (lease.step, lease.unit))
+            self.redispatched += 1
+        return lease
+
+    def expire(self, now: float) -> list[Lease]:
+        """Release every lease whose deadline has passed; returns them."""
+        gone = [x for x in self._active.values() if x.deadline <= now]
+        for x in gone:
+            self.release(x.id)
+        return gone
+
+    def active(self) -> list[Lease]:
+        return list(self._active.values())
+
+    def next_deadline(self) -> float | None:
+        return min((x.deadline for x in self._active.values()), default=None)
+
+    # --- consumption ------------------------------------------------------------------------
+
+    def step_done(self, step: int) -> bool:
+        return all((step, u) in self._done for u in range(self.units_per_step))
+
+    def consume(self, step: int) -> None:
+        """Retire `step` (the learner took it). Steps are consumed in order, each once."""
+        if step != self.next_step:
+            raise RuntimeError(f"consuming step {step}, but the next step is {self.next_step}")
+        if not self.step_done(step):
+            raise RuntimeError(f"step {step} is not complete")
+        for u in range(self.units_per_step):
+            self._done.discard((step, u))
+            self._attempts.pop((step, u), None)
+        self.next_step += 1
+
+    # --- checkpoint -------------------------------------------------------------------------
+
+    def state(self) -> dict:
+        """JSON. Held leases are saved as not done: after a restore they are dispatched again
+        (their old holders' results are then late and dropped)."""
+        return {"next_step": self.next_step, "opened": self._opened,
+                "done": sorted([list(k) for k in self._done]),
+                "attempts": sorted([[s, u, n] for (s, u), n in self._attempts.items()]),
+                "redispatched": self.redispatched, "late": self.late}
+
+    def restore(self, state: dict) -> None:
+        """Replace everything by `state`. Lease ids keep counting up, so a result for a lease
+        handed out before the restore can never match a lease handed out after it."""
+        self.next_step, self._opened = int(state["next_step"]), int(state["opened"])
+        self._done = {(int(s), int(u)) for s, u in state["done"]}
+        self._attempts = {(int(s), int(u)): int(n) for s, u, n in state["attempts"]}
+        self.redispatched, self.late = int(state["redispatched"]), int(state["late"])
+        self._active = {}
+        self._pending = [(s, u) for s in range(self.next_step, self._opened)
+                         for u in range(self.units_per_step) if (s, u) not in self._done]
+        heapq.heapify(self._pending)

@@ -1,0 +1,269 @@
+"""The dispatcher: leases units to rollout workers and keeps the versioned buffer.
+
+The queue between producers and the consumer (STYLE.md 13). It owns a `LeaseTable` (who
+holds which unit, until when), a `RolloutBuffer` (finished units, tagged with their
+version) and the newest published version (the admission gate). One thread runs the
+dispatch loop; learner hosts call `take` from others (a threaded actor):
+
+    loop: expire leases past their deadline (the hung worker is restarted)
+          → hand each idle worker the oldest admitted unit
+          → wait for any result: a record goes to the buffer if its lease is still held
+            (else it is late and dropped); a dead worker's lease goes back to the queue
+            and Ray restarts the worker; a parameter server that is down makes the lease
+            go back and the worker wait a moment; anything else stops the run.
+
+Learner host p's `take(step)` blocks until every unit of `step` is in and returns its rows;
+once every host has taken a step, it is retired. `snapshot` gives the state a checkpoint
+holds and `begin` restores it (or starts afresh), with `pause` in between while a learner
+group restarts, so no host takes from a buffer that is about to be rewound.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import numpy as np
+import ray
+
+from locojax.train.buffer import RolloutBuffer
+from locojax.train.leases import Lease, LeaseTable
+from locojax.train.modes.roles import setup_logging
+from locojax.train.placement import Plan
+from locojax.train.versions import VersionUnavailable
+
+log = logging.getLogger(__name__)
+
+_DEAD = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError)
+RETRY_S = 0.5
+"""Pause before a worker retries after a transient failure (server down, restarting)."""
+READY_ATTEMPTS = 120
+"""How many times (RETRY_S apart, after its first failure) a restarting worker is asked
+whether it is up before the run gives up on it."""
+
+
+class _Slot:
+    """The dispatcher's view of one worker: starting (not known to be up), idle, or holding
+    one lease. `ref` is the call in flight: `ready` while starting, else `produce`."""
+
+    def __init__(self, index: int, handle, prompts_per_lease: int):
+        self.index, self.handle, self.prompts_per_lease = index, handle, prompts_per_lease
+        self.lease: Lease | None = None
+        self.ref = None
+        self.starting = True
+        self.not_before = 0.0  # wait until then before the next call (after a failure)
+        self.failures = 0
+        self.version: int | None = None  # the version it last generated with
+
+    def restart(self, delay: float = 0.0) -> None:
+        """Forget any call in flight; ask whether it is up again once `delay` has passed."""
+        self.lease, self.ref, self.starting = None, None, True
+        self.not_before = time.monotonic() + delay
+
+    def poll_ready(self) -> None:
+        if self.starting and self.ref is None and time.monotonic() >= self.not_before:
+            self.ref = self.handle.ready.remote(self.prompts_per_lease)
+
+    @property
+    def idle(self) -> bool:
+        return not self.starting and self.ref is None and time.monotonic() >= self.not_before
+
+
+@ray.remote(max_concurrency=16)
+class Dispatcher:
+    def __init__(self, plan: Plan, prompts_per_step: int, steps: int, workers: list):
+        setup_logging()
+        self.plan = plan
+        self.table = LeaseTable(prompts_per_step, plan.prompts_per_lease, plan.schedule, steps)
+        self.buffer = RolloutBuffer(self.table.units_per_step, plan.schedule.max_staleness)
+        self.newest: int | None = None  # no version published yet: nothing is admitted
+        self.open = False  # learners may take (False while a learner group (re)starts)
+        self.error: str | None = None
+        self.cv = threading.Condition()
+        self.slots = [_Slot(i, w, plan.prompts_per_lease) for i, w in enumerate(workers)]
+        for slot in self.slots:
+            slot.poll_ready()
+        self._taken: dict[int, set[int]] = {}
+        self._info: dict[int, list[dict]] = {}  # step → infos of its units
+        self._snapshot: tuple[int, tuple] | None = None
+        self._stopping = False
+        self._thread = threading.Thread(target=self._loop, name="dispatch", daemon=True)
+        self._thread.start()
+
+    def __repr__(self) -> str:
+        return "dispatcher"
+
+    # --- the learner's side -----------------------------------------------------------------
+
+    def pause(self) -> None:
+        with self.cv:
+            self.open = False
+
+    def begin(self, step: int, state: dict | None, arrays: dict | None) -> None:
+        """Continue from checkpoint `state` (JSON) + `arrays`, or start afresh at `step`."""
+        with self.cv:
+            if state:
+                self.table.restore(state["leases"])
+                self.buffer.restore(arrays or {}, state["buffer"])
+            else:
+                self.table.restore({"next_step": step, "opened": step, "done": [],
+                                    "attempts": [], "redispatched": 0, "late": 0})
+                self.buffer.restore({}, {"records": []})
+            if self.table.next_step != step:
+                raise RuntimeError(f"checkpoint of step {step} holds a lease table at step "
+                                   f"{self.table.next_step}")
+            self.newest, self._taken, self._info, self._snapshot = None, {}, {}, None
+            self.error, self.open = None, True
+            self.cv.notify_all()
+        log.info("begin at step %d (%d buffered unit(s))", step,
+                 sum(1 for _ in self.buffer.steps()))
+
+    def published(self, version: int) -> None:
+        with self.cv:
+            self.newest = version if self.newest is None else max(self.newest, version)
+            self.cv.notify_all()
+
+    def take(self, step: int, host: int, num_hosts: int, timeout_s: float):
+        """(record, info) of learner host `host`'s rows of `step`, or None after timeout_s."""
+        deadline = time.monotonic() + timeout_s
+        with self.cv:
+            while self.error is None and not (self.open and self.buffer.ready(step)):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                self.cv.wait(left)
+            if self.error is not None:
+                raise RuntimeError(self.error)
+            record = self.buffer.take(step, host, num_hosts)
+            info = self._step_info(step) if host == 0 else {}
+            taken = self._taken.setdefault(step, set())
+            taken.add(host)
+            if len(taken) == num_hosts:
+                self.buffer.drop(step)
+                self.table.consume(step)
+                self._taken.pop(step)
+                self._info.pop(step, None)
+            return record, info
+
+    def snapshot(self, next_step: int) -> tuple[dict, dict]:
+        """(arrays, JSON) of the buffer and leases, the same for every host that asks."""
+        with self.cv:
+            if self._snapshot is None or self._snapshot[0] != next_step:
+                if self.table.next_step != next_step:
+                    raise RuntimeError(f"snapshot for step {next_step}, but the learner has "
+                                       f"not taken step {self.table.next_step} everywhere")
+                arrays, meta = self.buffer.state()
+                self._snapshot = (next_step, (arrays, {"buffer": meta,
+                                                       "leases": self.table.state()}))
+            return self._snapshot[1]
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._thread.join(timeout=5)
+
+    def _step_info(self, step: int) -> dict:
+        infos = self._info.get(step, [])
+        newest = self.newest or 0
+        lags = [newest - s.version for s in self.slots if s.version is not None]
+        out = {"redispatched": self.table.redispatched, "late": self.table.late,
+               "worker_lag_mean": float(np.mean(lags)) if lags else 0.0,
+               "worker_lag_max": float(max(lags)) if lags else 0.0,
+               "pull_seconds": float(sum(i["pull"]["seconds"] for i in infos)),
+               "pull_bytes": float(sum(i["pull"]["bytes"] for i in infos))}
+        phases = {}
+        for i in infos:
+            for k, v in i["perf"].items():
+                phases.setdefault(k, []).append(v)
+        out["perf"] = {k: float(np.mean(v)) for k, v in phases.items()}
+        return out
+
+    # --- the dispatch loop ------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while not self._stopping:
+            try:
+                self._dispatch()
+                refs = [s.ref for s in self.slots if s.ref is not None]
+                if not refs:
+                    time.sleep(0.02)
+                    continue
+                ready, _ = ray.wait(refs, num_returns=1, timeout=0.05)
+                for ref in ready:
+                    self._finish(next(s for s in self.slots if s.ref == ref))
+            except Exception as e:  # noqa: BLE001 - a bug here must stop the run, loudly
+                log.exception("dispatch loop failed")
+                with self.cv:
+                    self.error = f"dispatcher failed: {type(e).__name__}: {e}"
+                    self.cv.notify_all()
+                return
+
+    def _dispatch(self) -> None:
+        with self.cv:
+            now = time.monotonic()
+            self.table.expire(now)  # the units go back to the queue...
+            for slot in self.slots:  # ...and their holders, hung, are restarted
+                lease = slot.lease
+                if lease is not None and slot.ref is not None and lease.deadline <= now:
+                    log.warning("worker %d held lease %d (step %d unit %d) past its deadline: "
+                                "lease expired, unit redispatched, worker restarted",
+                                slot.index, lease.id, lease.step, lease.unit)
+                    ray.kill(slot.handle, no_restart=False)
+                    slot.restart(RETRY_S)
+            for slot in self.slots:
+                slot.poll_ready()
+            if self.newest is None or self.error is not None or not self.open:
+                return
+            for slot in self.slots:
+                if not slot.idle:
+                    continue
+                lease = self.table.acquire(slot.index, self.newest, now,
+                                           self.plan.lease_timeout_s)
+                if lease is None:
+                    break  # the gate admits nothing more until the next version
+                slot.lease, slot.ref = lease, slot.handle.produce.remote(lease)
+
+    def _finish(self, slot: _Slot) -> None:
+        ref, lease = slot.ref, slot.lease
+        slot.ref = None
+        try:
+            out = ray.get(ref)
+        except _DEAD as e:
+            with self.cv:
+                if lease is not None and self.table.release(lease.id) is not None:
+                    log.warning("worker %d died holding lease %d (step %d unit %d): unit "
+                                "redispatched; Ray restarts the worker", slot.index, lease.id,
+                                lease.step, lease.unit)
+                slot.failures += 1
+                if slot.failures > READY_ATTEMPTS:
+                    self.error = f"worker {slot.index} did not come back: {e}"
+                    self.cv.notify_all()
+                    return
+                slot.restart(RETRY_S)
+            return
+        except VersionUnavailable as e:
+            with self.cv:
+                self.table.release(lease.id)
+                slot.lease, slot.not_before = None, time.monotonic() + RETRY_S
+                log.info("lease %d: %s; retrying", lease.id, e)
+            return
+        except Exception as e:  # noqa: BLE001 - a bad version, a bug in the producer, ...
+            with self.cv:
+                self.error = f"worker {slot.index} failed on lease {lease}: {e}"
+                self.cv.notify_all()
+            return
+        with self.cv:
+            slot.failures = 0
+            if slot.starting:  # a `ready` call: the worker is up
+                slot.starting = False
+                return
+            slot.lease = None
+            record, info = out
+            slot.version = info["version"]
+            if self.table.complete(lease.id) is None:
+                log.info("late result of lease %d (step %d unit %d) dropped", lease.id,
+                         lease.step, lease.unit)
+                return
+            self.buffer.add(lease, record)
+            self._info.setdefault(lease.step, []).append(info)
+            self.cv.notify_all()

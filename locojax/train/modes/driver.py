@@ -1,0 +1,197 @@
+"""`locojax train --mode disaggregated | async`: start the actors, supervise, clean up.
+
+    run(cfg) ── plan (checked before anything starts) ── Ray: local cluster or --ray-address
+        ├─ ParameterServer (newest K versions)         ├─ Verifier × V (reward pool)
+        ├─ RolloutWorker × W (engine on own devices)   ├─ Dispatcher (leases + buffer)
+        └─ Learner × L (jax.distributed group running the `Trainer` loop)
+
+Ray restarts a dead worker, verifier or parameter server by itself (`max_restarts=-1`); the
+dispatcher and the learner deal with what they lost (leases, versions). A learner host that
+dies takes its whole jax.distributed group with it, so the driver kills the survivors,
+pauses the dispatcher and starts a new group, which resumes from the newest checkpoint:
+the params, optimizer state, buffer, leases and kept versions (at most `MAX_LEARNER_RESTARTS`
+times). Every actor this run started is killed when it ends, however it ends; a local
+cluster it started is shut down.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+
+import ray
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from locojax import distributed
+from locojax.train.config import RunConfig, check
+from locojax.train.modes.dispatcher import Dispatcher
+from locojax.train.modes.faults import FaultPlan
+from locojax.train.modes.learner import Handles, Learner
+from locojax.train.modes.roles import LIGHT_CPUS, forwarded_env, host_cpus
+from locojax.train.modes.transport import ParameterServer
+from locojax.train.modes.workers import RolloutWorker, Verifier
+from locojax.train.placement import Plan, plan as make_plan
+
+log = logging.getLogger(__name__)
+
+MAX_LEARNER_RESTARTS = 3
+PLACEMENT_TIMEOUT_S = 120
+
+
+def check_settings(cfg: RunConfig) -> Plan:
+    """Every check that needs no Ray; raises ValueError before any actor starts."""
+    if os.environ.get(distributed.ENV_NUM_PROCESSES, "1") not in ("", "1"):
+        raise ValueError(f"mode {cfg.mode!r} places its own hosts through Ray: run it as one "
+                         "process, not under `locojax launch`")
+    plan = make_plan(cfg.mode, cfg.placement, cfg.rollout.prompts_per_step, cfg.devices_per_host)
+    check(cfg, plan.learner_hosts, plan.learner_hosts * plan.devices_per_host)
+    ckpts = os.path.join(cfg.run_dir, "checkpoints")
+    if not cfg.checkpoint.resume and os.path.isdir(ckpts) and any(
+            name.isdigit() for name in os.listdir(ckpts)):
+        raise ValueError(f"{os.path.abspath(ckpts)} holds checkpoints of an earlier run; pass "
+                         "--checkpoint.resume to continue it, or choose another --run-dir")
+    return plan
+
+
+def run(cfg: RunConfig, faults: FaultPlan = FaultPlan()) -> dict[str, float]:
+    """Train `cfg` in a Ray mode; returns learner host 0's final metrics (as `Trainer.run`)."""
+    plan = check_settings(cfg)
+    cfg = dataclasses.replace(cfg, run_dir=os.path.abspath(cfg.run_dir))
+    started = _connect(cfg)
+    cluster = None
+    try:
+        _check_cluster(plan)
+        print(f"locojax train: {plan.describe()}", flush=True)
+        cluster = _Cluster(cfg, plan, faults)
+        return cluster.train()
+    finally:
+        if cluster is not None:
+            cluster.stop()
+        if started:
+            ray.shutdown()
+
+
+def _connect(cfg: RunConfig) -> bool:
+    """Join `--ray-address`, or start a local cluster; True if this call started one."""
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")  # workers print alike lines: keep them all
+    runtime_env = {"env_vars": forwarded_env()}
+    if ray.is_initialized():  # e.g. a test's cluster
+        return False
+    if cfg.placement.ray_address:
+        ray.init(address=cfg.placement.ray_address, runtime_env=runtime_env,
+                 logging_level=logging.WARNING)
+        return False
+    ray.init(num_cpus=cfg.placement.ray_cpus or os.cpu_count(), include_dashboard=False,
+             runtime_env=runtime_env, logging_level=logging.WARNING)
+    return True
+
+
+def _check_cluster(plan: Plan) -> None:
+    """On a cluster with GPUs every host takes --devices-per-host of them."""
+    gpus = ray.cluster_resources().get("GPU", 0)
+    if gpus and plan.hosts * plan.devices_per_host > gpus:
+        raise ValueError(f"{plan.learner_hosts} learner host(s) + {plan.workers} worker(s) x "
+                         f"{plan.devices_per_host} device(s) need "
+                         f"{plan.hosts * plan.devices_per_host} GPUs, more than the devices "
+                         f"allow: the cluster has {gpus:g}")
+
+
+class _Cluster:
+    """The actors of one run, and the supervision of its learner group."""
+
+    def __init__(self, cfg: RunConfig, plan: Plan, faults: FaultPlan):
+        self.cfg, self.plan, self.faults = cfg, plan, faults
+        cpus = ray.cluster_resources().get("CPU", 1.0)
+        self.host_cpus = host_cpus(cpus, plan.hosts, plan.verifiers + 2)
+        gpus = plan.devices_per_host if ray.cluster_resources().get("GPU", 0) else 0
+        self.gpus = gpus
+        light = {"num_cpus": LIGHT_CPUS, "max_restarts": -1}
+        self.actors, self.learners, self.group = [], [], None
+        try:
+            self._start(cfg, plan, faults, gpus, light)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self, cfg, plan, faults, gpus, light) -> None:
+        self.server = ParameterServer.options(**light).remote(
+            plan.schedule.versions_kept, cfg.run_dir, faults)
+        self.verifiers = [Verifier.options(**light, max_task_retries=3).remote(i, cfg.reward)
+                          for i in range(plan.verifiers)]
+        self.workers = [
+            RolloutWorker.options(num_cpus=self.host_cpus, num_gpus=gpus, max_restarts=-1,
+                                  max_task_retries=0).remote(
+                i, cfg, plan.devices_per_host, self.server, self.verifiers, faults)
+            for i in range(plan.workers)]
+        self.actors = [self.server, *self.verifiers, *self.workers]
+        self.dispatcher = Dispatcher.options(num_cpus=LIGHT_CPUS).remote(
+            plan, cfg.rollout.prompts_per_step, cfg.steps, self.workers)
+        self.actors.append(self.dispatcher)
+        # The learner group is gang-scheduled: all of its hosts, or none.
+        self.group = placement_group([{"CPU": self.host_cpus, **({"GPU": gpus} if gpus else {})}]
+                                     * plan.learner_hosts, strategy="SPREAD")
+        try:
+            ray.get(self.group.ready(), timeout=PLACEMENT_TIMEOUT_S)
+        except ray.exceptions.GetTimeoutError:
+            raise RuntimeError(f"the cluster cannot place {plan.learner_hosts} learner host(s) "
+                               f"of {self.host_cpus} CPU(s) each") from None
+
+    def train(self) -> dict[str, float]:
+        cfg = self.cfg
+        for attempt in range(MAX_LEARNER_RESTARTS + 1):
+            ray.get(self.dispatcher.pause.remote())
+            self.learners = [
+                Learner.options(num_cpus=self.host_cpus, num_gpus=self.gpus, max_restarts=0,
+                                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                                    self.group, placement_group_bundle_index=i)).remote(
+                    i, self.plan.learner_hosts)
+                for i in range(self.plan.learner_hosts)]
+            coordinator = ray.get(self.learners[0].address.remote())
+            handles = Handles(self.dispatcher, self.server)
+            runs = [a.run.remote(cfg, coordinator, handles, self.plan, self.faults)
+                    for a in self.learners]
+            try:
+                return _first_failure_or_all(runs)[0]
+            except ray.exceptions.RayActorError as e:
+                self._kill(self.learners)
+                if attempt == MAX_LEARNER_RESTARTS:
+                    raise RuntimeError(f"the learner group died {attempt + 1} times") from e
+                log.warning("a learner host died (%s); restarting the learner group from "
+                            "the newest checkpoint", type(e).__name__)
+                print("locojax train: a learner host died; restarting the learner group from "
+                      "the newest checkpoint", flush=True)
+                # A restarted group resumes this run's own checkpoints.
+                cfg = dataclasses.replace(cfg, checkpoint=dataclasses.replace(
+                    cfg.checkpoint, resume=True))
+        raise AssertionError("unreachable")
+
+    def stop(self) -> None:
+        if getattr(self, "dispatcher", None) is not None:
+            try:
+                ray.get(self.dispatcher.stop.remote(), timeout=10)
+            except Exception:  # noqa: BLE001 - stopping anyway
+                pass
+        self._kill(self.learners + self.actors)
+        if self.group is not None:
+            remove_placement_group(self.group)
+
+    @staticmethod
+    def _kill(actors) -> None:
+        for a in actors:
+            try:
+                ray.kill(a, no_restart=True)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+
+
+def _first_failure_or_all(refs: list) -> list:
+    """Wait for every ref, but raise as soon as any of them fails (a dead learner host would
+    otherwise leave the others blocked in a collective until the heartbeat timeout)."""
+    pending, done = list(refs), {}
+    while pending:
+        ready, pending = ray.wait(pending, num_returns=1)
+        for r in ready:
+            done[r] = ray.get(r)  # raises the first failure
+    return [done[r] for r in refs]

@@ -1,0 +1,80 @@
+"""Fault injection for the Ray modes' preemption tests: each fault fires once per run.
+
+A dead or hung actor is an expected event with its own test (STYLE.md 13). The tests pass a
+`FaultPlan` to `driver.run`; the actors consult it at fixed points and fire a fault the
+first time its point is reached, recording that under `run_dir/faults/` (an atomically
+created marker file), so an actor that Ray restarts, or a learner group that resumes,
+does not fire it again. Kills are SIGKILL of the actor's own process: as abrupt as
+`kill -9` from outside, but at a chosen point (a worker "mid-generation" is one that
+finished prefill and entered decode).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+import signal
+import time
+
+from locojax.profiler import StepTimer
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class FaultPlan:
+    kill_worker_at_step: int | None = None
+    """SIGKILL the first worker that starts decoding a lease of this step (whichever worker
+    that is: which worker gets which lease depends on timing)."""
+    hang_worker_at_step: int | None = None
+    """The first worker that starts decoding a lease of this step stops progressing."""
+    kill_learner_after: int | None = None
+    """Learner host 0 SIGKILLs itself after the update of this step, before its checkpoint."""
+    kill_ps_at_version: int | None = None
+    """The parameter server SIGKILLs itself on the first pull once it holds this version."""
+    corrupt_version: int | None = None
+    """The parameter server serves this version with one bit flipped (bad memory, a bad
+    link): the worker must refuse it."""
+
+    def fire(self, run_dir: str, name: str) -> bool:
+        """True exactly once per run for `name` (marker file created with O_EXCL)."""
+        folder = os.path.join(run_dir, "faults")
+        os.makedirs(folder, exist_ok=True)
+        try:
+            fd = os.open(os.path.join(folder, name), os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            return False
+        os.close(fd)
+        return True
+
+
+def kill_self(what: str) -> None:
+    log.warning("fault injection: SIGKILL %s (pid %d)", what, os.getpid())
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def hang(what: str) -> None:
+    log.warning("fault injection: %s hangs (pid %d)", what, os.getpid())
+    while True:  # alive, not progressing, until its lease expires and it is killed
+        time.sleep(60)
+
+
+class FaultyTimer(StepTimer):
+    """A step timer whose `decode` phase fires a worker's kill or hang fault."""
+
+    def __init__(self, plan: FaultPlan, run_dir: str, worker: int, step: int):
+        super().__init__()
+        self.plan, self.run_dir, self.worker, self.step = plan, run_dir, worker, step
+
+    @contextlib.contextmanager
+    def phase(self, name: str):
+        if name == "decode":
+            p, step = self.plan, self.step
+            if p.kill_worker_at_step == step and p.fire(self.run_dir, "kill_worker"):
+                kill_self(f"worker {self.worker} mid-generation (step {step})")
+            if p.hang_worker_at_step == step and p.fire(self.run_dir, "hang_worker"):
+                hang(f"worker {self.worker} (step {step})")
+        with super().phase(name) as ph:
+            yield ph

@@ -1,0 +1,230 @@
+"""The learner group of the Ray modes: the same `Trainer` loop, fed by a remote rollout source.
+
+Each `Learner` actor is one learner host. The group is joined by jax.distributed among
+themselves (host 0 picks the coordinator address and Ray passes it to the others), and then
+runs `loop.Trainer` exactly as colocated hosts do, with one difference in the wiring:
+`LearnerWiring.rollout_source` is a `RemoteSource`, so a step's rollouts come from the
+dispatcher's versioned buffer instead of this host's engine (which only evaluates).
+
+`RemoteSource`:
+- `take(step)`: this host's rows of the oldest step, waiting until all its units are in;
+  host 0 meanwhile watches the parameter server and restores it if Ray restarted it;
+- `publish(v)`: every host keeps the newest K versions host-side (numpy, checksummed: they
+  go into the checkpoint and restore a restarted parameter server); host 0 pushes version
+  v to the server and tells the dispatcher, which opens the gate for step v + k;
+- `state` / `begin`: the buffer, the leases and the kept versions, into the checkpoint and
+  back; on resume host 0 rewinds the server and the dispatcher to the checkpoint.
+
+Metrics (host 0): `sync/bytes`, `sync/version`, `rollout/staleness/*` (mean, max, and the
+fraction of rows per staleness: the histogram), `rollout/logprob_mismatch` as the workers
+measured it (sampler vs trainer forward at the row's own version, every row; the learner's
+own check sees only rows of its current version), and, as wall-clock figures in perf.jsonl,
+`perf/sync/seconds`, `perf/sync/worker_version_lag/{mean,max}`, the workers' phases.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import time
+
+import jax
+import numpy as np
+import ray
+
+from locojax import distributed, models
+from locojax.train.modes.faults import FaultPlan, kill_self
+from locojax.train.modes.roles import free_port, setup_logging
+from locojax.train.modes.transport import TRANSIENT, ObjectStoreTransport
+from locojax.train.placement import Plan
+from locojax.train.producer import RolloutRecord
+from locojax.train.versions import VersionStore, nbytes, verify
+from locojax.train.wiring import Colocated
+
+log = logging.getLogger(__name__)
+
+POLL_S = 1.0
+"""How often a waiting learner host 0 checks that the parameter server is still the one it
+published to."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Handles:
+    """The actors a learner talks to."""
+
+    dispatcher: object
+    server: object
+
+
+class RemoteSource:
+    """`source.RolloutSource` of a learner host in the Ray modes."""
+
+    def __init__(self, handles: Handles, plan: Plan, run_dir: str, faults: FaultPlan):
+        self.dispatcher, self.server = handles.dispatcher, handles.server
+        self.plan, self.run_dir, self.faults = plan, run_dir, faults
+        self.host, self.num_hosts = jax.process_index(), jax.process_count()
+        self.is_main = self.host == 0
+        self.kept = VersionStore(plan.schedule.versions_kept)
+        self.transport = ObjectStoreTransport(self.server)
+        self._incarnation: str | None = None
+        self._sums: dict[str, float] = {}
+        self._info: dict = {}
+
+    # --- begin / checkpoint -----------------------------------------------------------------
+
+    def begin(self, step: int, params, saved) -> None:
+        arrays, state = saved if saved and saved[1] else ({}, {})
+        tree = models.host_local(params)
+        if state:
+            for v, digest in sorted((int(v), d) for v, d in state["versions"].items()):
+                kept = jax.tree.map(np.asarray, arrays["versions"][f"v{v}"])
+                verify(kept, v, v, digest)
+                self.kept.add(v, kept, digest)
+            # The restored params must be the newest kept version, bit for bit.
+            verify(tree, step, self.kept.newest(), self.kept.get(self.kept.newest())[1])
+        else:
+            self.kept.add(step, tree)
+        if self.is_main:
+            self._restore_ps()
+            ray.get(self.dispatcher.begin.remote(step, state or None, arrays.get("buffer")))
+            ray.get(self.dispatcher.published.remote(self.kept.newest()))
+
+    def state(self, next_step: int) -> tuple[dict, dict]:
+        arrays, state = ray.get(self.dispatcher.snapshot.remote(next_step))
+        versions = {f"v{v}": self.kept.get(v)[0] for v in self.kept.versions()}
+        state = dict(state, versions={str(v): self.kept.get(v)[1] for v in self.kept.versions()})
+        out = {"versions": versions}
+        if arrays:
+            out["buffer"] = arrays
+        return out, state
+
+    # --- the step ---------------------------------------------------------------------------
+
+    def take(self, step: int, params, timer) -> RolloutRecord:
+        with timer.phase("wait_rollouts"):
+            while True:
+                out = ray.get(self.dispatcher.take.remote(step, self.host, self.num_hosts,
+                                                          POLL_S))
+                if out is not None:
+                    break
+                if self.is_main:
+                    self._check_ps()
+        record, self._info = out
+        self._sums = record.sums
+        return record
+
+    def publish(self, version: int, params, timer) -> dict[str, float]:
+        if self.faults.kill_learner_after == version - 1 and self.is_main \
+                and self.faults.fire(self.run_dir, "kill_learner"):
+            kill_self(f"learner host 0 after the update of step {version - 1}")
+        with timer.phase("weight_sync"):
+            tree = models.host_local(params)
+            digest = self.kept.add(version, tree)
+            if not self.is_main:
+                return {}
+            t = time.perf_counter()
+            try:
+                self.transport.push(version, tree, digest)
+            except TRANSIENT:  # the server died: restore it with every kept version
+                self._restore_ps()
+            seconds = time.perf_counter() - t
+            self.dispatcher.published.remote(version)
+        return {**self._metrics(), "sync/version": float(version),
+                "sync/bytes": float(nbytes(tree)), "perf/sync/seconds": seconds}
+
+    def close(self) -> None:
+        pass
+
+    # --- the parameter server ---------------------------------------------------------------
+
+    def _check_ps(self) -> None:
+        try:
+            now = ray.get(self.server.incarnation.remote(), timeout=POLL_S * 5)
+        except TRANSIENT:
+            return  # down or restarting: check again at the next poll
+        if now != self._incarnation:
+            log.warning("parameter server restarted: restoring versions %s",
+                        self.kept.versions())
+            self._restore_ps()
+
+    def _restore_ps(self, attempts: int = 120) -> None:
+        """Make the server hold exactly the kept versions (after a restart, or a rewind)."""
+        versions = [(v, *self.kept.get(v)) for v in self.kept.versions()]
+        for i in range(attempts):
+            try:
+                ray.get(self.server.reset.remote(versions), timeout=120)
+                self._incarnation = ray.get(self.server.incarnation.remote(), timeout=30)
+                return
+            except TRANSIENT:
+                time.sleep(0.5)
+        raise RuntimeError(f"the parameter server did not come back after {attempts} tries")
+
+    def _metrics(self) -> dict[str, float]:
+        """Host 0's staleness histogram and the workers' figures for the step just taken."""
+        stale = {int(k.split("/")[1]): v for k, v in self._sums.items() if k.startswith("stale/")}
+        rows = sum(stale.values())
+        out = {}
+        if self._sums.get("logprob_tokens"):  # measured on the workers, over every row
+            out["rollout/logprob_mismatch"] = self._sums["logprob_gap"] / self._sums[
+                "logprob_tokens"]
+        if rows:
+            out["rollout/staleness/mean"] = sum(s * c for s, c in stale.items()) / rows
+            out["rollout/staleness/max"] = float(max(s for s, c in stale.items() if c))
+            out.update({f"rollout/staleness/frac_{s}": c / rows for s, c in stale.items()})
+        info = self._info
+        if info:
+            out.update({"perf/sync/worker_version_lag/mean": info["worker_lag_mean"],
+                        "perf/sync/worker_version_lag/max": info["worker_lag_max"],
+                        "perf/sync/pull_seconds": info["pull_seconds"],
+                        "perf/rollout/redispatched_leases": float(info["redispatched"]),
+                        "perf/rollout/late_results": float(info["late"])})
+            out.update({f"perf/rollout/{k[5:]}": v for k, v in info["perf"].items()
+                        if k.startswith("perf/")})
+        return out
+
+
+class LearnerWiring(Colocated):
+    """Colocated's learner half over the learner hosts; rollouts from the remote workers."""
+
+    name = "learner"
+
+    def __init__(self, handles: Handles, plan: Plan, run_dir: str, faults: FaultPlan):
+        super().__init__()
+        self.handles, self.plan, self.run_dir, self.faults = handles, plan, run_dir, faults
+
+    def rollout_source(self, producer) -> RemoteSource:
+        return RemoteSource(self.handles, self.plan, self.run_dir, self.faults)
+
+
+@ray.remote
+class Learner:
+    """One learner host: joins the group, then runs the `Trainer` loop."""
+
+    def __init__(self, index: int, count: int):
+        setup_logging()
+        self.index, self.count = index, count
+
+    def __repr__(self) -> str:
+        return f"learner {self.index}"
+
+    def address(self) -> str:
+        """A coordinator address for the group (called on host 0)."""
+        return f"{ray.util.get_node_ip_address()}:{free_port()}"
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def run(self, cfg, coordinator: str, handles: Handles, plan: Plan,
+            faults: FaultPlan) -> dict:
+        from locojax.train.loop import Trainer
+
+        if self.count > 1:
+            os.environ.update({distributed.ENV_COORDINATOR: coordinator,
+                               distributed.ENV_NUM_PROCESSES: str(self.count),
+                               distributed.ENV_PROCESS_ID: str(self.index)})
+        cfg = dataclasses.replace(cfg, devices_per_host=plan.devices_per_host,
+                                  progress=cfg.progress and self.index == 0)
+        trainer = Trainer(cfg, make_wiring=lambda: LearnerWiring(handles, plan, cfg.run_dir,
+                                                                 faults))
+        return trainer.run()

@@ -1,0 +1,64 @@
+"""Where a learner step's rollouts come from: the producer → buffer → consumer seam.
+
+`Trainer.step` asks its `RolloutSource` for the step's `RolloutRecord` (this host's rows)
+and, after the update, hands it the new weights as the next version. Every mode runs that
+same loop; what differs is where the producer runs and how deep the buffer is:
+
+- `InlineSource` (single, colocated): the producer runs right here, on this host's replica
+  of the params, when the step asks for it. The buffer has depth 0 and the weights need no
+  transport: staleness is 0 by construction.
+- `modes.learner.RemoteSource` (disaggregated, async): rollout workers produce into a
+  versioned buffer under a staleness bound k; `take` waits for the oldest step, `publish`
+  pushes the new version to the parameter server.
+
+A source's `state` goes into the checkpoint (the buffer, the leases, the versions), and
+`begin` gets it back on resume, so a resumed run continues exactly.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from locojax.profiler import StepTimer
+from locojax.train.producer import Producer, RolloutRecord
+
+
+class RolloutSource(Protocol):
+    def begin(self, step: int, params, saved: tuple[dict | None, dict] | None) -> None:
+        """Before the first step `step`, with the checkpointed (arrays, JSON) if resumed."""
+
+    def take(self, step: int, params, timer: StepTimer) -> RolloutRecord:
+        """This host's rows of step `step`; `params` are the learner's, version `step`."""
+
+    def publish(self, version: int, params, timer: StepTimer) -> dict[str, float]:
+        """The params after an update, as `version`; returns sync metrics (`sync/*`)."""
+
+    def state(self, next_step: int) -> tuple[dict, dict]:
+        """(numpy arrays, JSON) for the checkpoint taken before step `next_step`."""
+
+    def close(self) -> None:
+        ...
+
+
+class InlineSource:
+    """The producer inline, at depth 0: step s is generated with version s, when asked."""
+
+    def __init__(self, producer: Producer, wiring):
+        self.producer, self.wiring = producer, wiring
+
+    def begin(self, step, params, saved) -> None:
+        pass
+
+    def take(self, step: int, params, timer: StepTimer) -> RolloutRecord:
+        start, stop = self.wiring.host_slice(self.producer.prompts_per_step)
+        return self.producer.produce(step, self.wiring.rollout_weights(params), start, stop,
+                                     timer)
+
+    def publish(self, version: int, params, timer: StepTimer) -> dict[str, float]:
+        return {}  # the next take reads the params directly
+
+    def state(self, next_step: int) -> tuple[dict, dict]:
+        return {}, {}
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,219 @@
+"""The Ray modes end to end: equivalence with colocated, a deterministic DA schedule, and
+preemption (a killed or hung worker, a killed learner, a killed parameter server) that
+changes nothing.
+
+All runs share one local Ray cluster (2 CPUs) and one JAX compilation cache, so an actor
+that Ray restarts, and every run after the first, loads its programs instead of compiling
+them. The model is the embedded checkpoint, whose rewards vary within groups from the
+first step, so every step really moves the params and a comparison of params is not
+vacuous. Runs are 3 steps of 8 prompts x 4 samples.
+
+Bitwise comparisons hold because every run here has the same shapes everywhere: a lease of
+4 prompts is generated as one batch of 16 rows on one device, like each colocated host's
+share, and the learner trains the same global batch on the same devices.
+"""
+
+import glob
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+ray = pytest.importorskip("ray")
+
+from locojax.train.config import PRESETS  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STEPS = 3
+COMMON = [
+    "--rollout.prompts-per-step", "8", "--algo.group-size", "4", "--eval.every", "0",
+    "--optim.lr", "3e-4", "--optim.warmup-steps", "0", "--no-progress", "--no-tensorboard",
+    "--dump-rollouts", "--checkpoint.every", "1", "--steps", str(STEPS),
+]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    cache = tmp_path_factory.mktemp("jax_cache")
+    env = {"JAX_COMPILATION_CACHE_DIR": str(cache), "RAY_DEDUP_LOGS": "0",
+           "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+           "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0", "LOCOJAX_HEARTBEAT_S": "10"}
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)  # inherited by the cluster's workers and by subprocesses
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
+    try:
+        yield ray.get_runtime_context().gcs_address
+    finally:
+        ray.shutdown()
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def config(run_dir, *args):
+    import tyro
+
+    return tyro.extras.overridable_config_cli(
+        PRESETS, args=["demo", "--run-dir", str(run_dir), *COMMON, *args])
+
+
+def train(run_dir, *args, faults=None):
+    from locojax.train.modes import driver
+    from locojax.train.modes.faults import FaultPlan
+
+    return driver.run(config(run_dir, *args), faults or FaultPlan())
+
+
+DA = ("--mode", "disaggregated", "--hosts", "3", "--rollout-fraction", "0.67",
+      "--lease-timeout-s", "60")  # 1 learner host, 2 rollout workers
+
+
+def params(run_dir):
+    from locojax.models import load
+
+    return jax.tree.leaves(load(os.path.join(run_dir, "final_model"),
+                                param_dtype="float32").weights)
+
+
+def assert_bitwise_equal(a, b):
+    pa, pb = params(a), params(b)
+    assert len(pa) == len(pb)
+    for x, y in zip(pa, pb):
+        assert np.asarray(x).tobytes() == np.asarray(y).tobytes()
+
+
+def jsonl(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f]
+
+
+def trained_groups(run_dir):
+    """{step: sorted group ids of every row trained at that step} from the rollout dumps."""
+    out = {}
+    for path in glob.glob(os.path.join(run_dir, "rollouts", "*.npz")):
+        step = int(os.path.basename(path)[4:9])
+        out.setdefault(step, []).extend(np.load(path)["group_ids"].tolist())
+    return {s: sorted(v) for s, v in out.items()}
+
+
+@pytest.fixture(scope="module")
+def reference(cluster, tmp_path_factory):
+    """An uninterrupted disaggregated run (k = 1): the run every fault run must reproduce."""
+    run_dir = tmp_path_factory.mktemp("reference")
+    train(run_dir, *DA)
+    return str(run_dir)
+
+
+def test_lock_step_modes_equal_colocated(cluster, tmp_path):
+    """async with k = 0 and disaggregated with k = 0 (no overlap) give colocated's params,
+    bitwise: 2 hosts x 1 device, each admitting, generating and training half the batch."""
+    colo = tmp_path / "colocated"
+    out = subprocess.run(
+        [sys.executable, "-m", "locojax.cli", "launch", "--hosts", "2", "--heartbeat-s", "10",
+         "--", "train", "demo", "--mode", "colocated", "--run-dir", str(colo), *COMMON],
+        cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+    # disaggregated, no overlap: 2 learner hosts joined by jax.distributed, 2 workers.
+    train(tmp_path / "da", "--mode", "disaggregated", "--hosts", "4", "--rollout-fraction",
+          "0.5", "--max-staleness", "0")
+    assert_bitwise_equal(colo, tmp_path / "da")
+    # async, k = 0, through the CLI joining this cluster: 1 worker makes both leases.
+    out = subprocess.run(
+        [sys.executable, "-m", "locojax.cli", "train", "demo", "--mode", "async",
+         "--max-staleness", "0", "--workers", "1", "--learner-hosts", "2", "--hosts", "3",
+         "--prompts-per-lease", "4", "--ray-address", cluster,
+         "--run-dir", str(tmp_path / "async"), *COMMON],
+        cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert_bitwise_equal(colo, tmp_path / "async")
+    text = out.stdout + out.stderr
+    assert "async: 2 learner host(s) + 1 rollout worker(s)" in text
+    for prefix in ("(learner 0 pid=", "(learner 1 pid=", "(worker 0 pid=", "(dispatcher pid="):
+        assert prefix in text  # logs are prefixed by role and index
+    rows = jsonl(tmp_path / "async" / "metrics.jsonl")
+    assert [r["sync/version"] for r in rows] == [1.0, 2.0, 3.0]
+    assert all(r["rollout/staleness/max"] == 0 for r in rows) and rows[0]["sync/bytes"] > 0
+    # Every metric colocated logs (rewards, losses, ...) is the same number, but the
+    # logprob mismatch: here the workers measure it with their own forward.
+    mismatch = "rollout/logprob_mismatch"
+    for c, a in zip(jsonl(colo / "metrics.jsonl"), rows, strict=True):
+        assert {k: a[k] for k in c if k != mismatch} == {k: c[k] for k in c if k != mismatch}
+        # A full forward vs the engine's cached decode: f32 rounding of logits of magnitude
+        # ~10 through d=128 dot products gives gaps ~1e-5 per token at most; the mean is far
+        # below that. A sampler/trainer disagreement (wrong temperature, version) is >= 1e-2.
+        assert 0 <= a[mismatch] < 1e-4
+
+
+def test_disaggregated_schedule_is_deterministic(reference, tmp_path):
+    """k = 1: step s trains rows generated by version s - 1 while step s + 1 is being
+    generated; the version schedule, hence the whole run, does not depend on timing."""
+    train(tmp_path, *DA)
+    assert_bitwise_equal(reference, tmp_path)
+    a, b = jsonl(os.path.join(reference, "metrics.jsonl")), jsonl(tmp_path / "metrics.jsonl")
+    assert a == b
+    assert [r["rollout/staleness/mean"] for r in a] == [0.0, 1.0, 1.0]
+    assert all("actor/is_weight/p50" in r for r in a[1:])  # stale rows: IS weights at work
+    perf = jsonl(tmp_path / "perf.jsonl")
+    assert all(p["perf/sync/seconds"] > 0 for p in perf)
+
+
+@pytest.mark.parametrize("fault", ["kill_worker", "hang_worker", "kill_learner", "kill_ps"])
+def test_faults_change_nothing(reference, tmp_path, fault):
+    """kill -9 a worker mid-generation, hang one, kill -9 the learner, kill -9 the parameter
+    server: every prompt is trained once, and the final params are bitwise the reference's."""
+    from locojax.train.modes.faults import FaultPlan
+
+    plan, extra = {
+        "kill_worker": (FaultPlan(kill_worker_at_step=1), ()),
+        # Alive but not progressing: found out only by its lease's deadline.
+        "hang_worker": (FaultPlan(hang_worker_at_step=2), ("--lease-timeout-s", "8")),
+        # After the update of step 1, before its checkpoint: resumes from checkpoint 1.
+        "kill_learner": (FaultPlan(kill_learner_after=1), ()),
+        # At the first pull once it holds version 1: a worker fetching it for step 2.
+        "kill_ps": (FaultPlan(kill_ps_at_version=1), ()),
+    }[fault]
+    train(tmp_path, *DA, *extra, faults=plan)
+    assert os.path.exists(tmp_path / "faults" / fault)  # it did fire
+    assert_bitwise_equal(reference, tmp_path)
+    assert jsonl(tmp_path / "metrics.jsonl") == jsonl(os.path.join(reference, "metrics.jsonl"))
+    groups = trained_groups(str(tmp_path))
+    assert groups == {s + 1: sorted(np.repeat(np.arange(8 * s, 8 * s + 8), 4).tolist())
+                      for s in range(STEPS)}  # every prompt once: none lost, none twice
+    if fault in ("kill_worker", "hang_worker"):
+        perf = jsonl(tmp_path / "perf.jsonl")
+        assert max(p.get("perf/rollout/redispatched_leases", 0) for p in perf) >= 1
+
+
+def test_a_corrupted_version_stops_the_run(cluster, tmp_path):
+    """A worker that receives a version whose bytes do not match its checksum refuses it,
+    and the run stops with that error rather than train on it."""
+    from locojax.train.modes.faults import FaultPlan
+
+    with pytest.raises(Exception, match="checksum .* expected .*corrupted or mixed"):
+        train(tmp_path, *DA, faults=FaultPlan(corrupt_version=0))
+    assert not (tmp_path / "final_model").exists()
+
+
+def test_async_keeps_every_sample_within_k_versions(cluster, tmp_path):
+    """k = 2, workers pulling the newest version: a row may be up to 2 versions old (which
+    rows are depends on timing), never more, and still every prompt trains exactly once."""
+    train(tmp_path, "--mode", "async", "--max-staleness", "2", "--workers", "2", "--hosts", "3",
+          "--lease-timeout-s", "60")
+    rows = jsonl(tmp_path / "metrics.jsonl")
+    assert len(rows) == STEPS
+    for r in rows:
+        assert r["rollout/staleness/max"] <= 2
+        # Ratios of row counts out of 32: only f64 rounding (1e-16) separates the sum from 1.
+        assert sum(r[f"rollout/staleness/frac_{s}"] for s in range(3)) == pytest.approx(1.0)
+    assert rows[0]["rollout/staleness/max"] == 0  # step 0 can only be made by version 0
+    groups = trained_groups(str(tmp_path))
+    assert groups == {s + 1: sorted(np.repeat(np.arange(8 * s, 8 * s + 8), 4).tolist())
+                      for s in range(STEPS)}
