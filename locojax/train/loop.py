@@ -25,12 +25,13 @@ from locojax.checkpoint import Checkpointer
 from locojax.engine.sampling import SamplingConfig
 from locojax.envs.registry import make_task
 from locojax.envs.rewards import RewardRunner
-from locojax.evaluate import evaluate
+from locojax.evaluate import derived, evaluate
 from locojax.metrics import MetricsLogger
 from locojax.model.sharding import TRAIN_DP, weight_shardings
 from locojax.profiler import StepTimer, TraceWindow
 from locojax.rl import train_state
 from locojax.rl.train_step import update
+from locojax.rollout import limits as limits_lib
 from locojax.train import wiring as wiring_lib
 from locojax.train.comm_probe import AllReduceProbe
 from locojax.train.config import RunConfig, TaskConfig, check
@@ -47,6 +48,9 @@ FINAL_MODEL = "final_model"
 def build_task(cfg: TaskConfig, seed: int):
     if cfg.name in ("arith", "calc"):
         return make_task(cfg.name, level=cfg.level, seed=seed)
+    if cfg.name == "swe":
+        return make_task("swe", level=cfg.level, seed=seed, train_dir=cfg.data or None,
+                         test_dir=cfg.test_data or None, autosubmit=cfg.autosubmit)
     if cfg.name == "gsm8k":
         return make_task("gsm8k", train_path=cfg.data, test_path=cfg.test_data or cfg.data,
                          template=cfg.template)
@@ -62,9 +66,6 @@ class Trainer:
         check(cfg, self.host.num_processes, jax.device_count())
         self.is_main = self.host.process_id == 0
         self.task = build_task(cfg.task, cfg.seed)
-        if self.task.multi_turn:
-            raise ValueError(f"task {self.task.name!r} is multi-turn; `locojax train` runs "
-                             "single-turn tasks so far (arith, gsm8k, math)")
         self.learner_cfg = cfg.learner_config()
         self.wiring = wiring_lib.make(cfg.mode)
         # Loaded straight into the training layout (replicated over every host's devices).
@@ -73,6 +74,12 @@ class Trainer:
             shardings=lambda c: weight_shardings(c, self.wiring.train_mesh, TRAIN_DP))
         self.model_cfg, self.tokenizer, params = model.cfg, model.tokenizer, model.weights
         self.engine = self.wiring.make_engine(self.model_cfg)
+        # Multi-turn limits must fit the engine's cache and the model's positions: checked
+        # here, before any step.
+        self.limits = limits_lib.resolve(
+            cfg.multiturn, self.task.max_turns, cfg.rollout.max_new_tokens,
+            cfg.rollout.max_prompt_tokens, self.model_cfg.max_position_embeddings) \
+            if self.task.multi_turn else None
         # The reference policy is the starting point; copied because train_step donates state.
         self.ref_params = jax.tree.map(jnp.copy, params) if cfg.algo.beta > 0 else None
         self.state = train_state.init(params, self.learner_cfg.optim, self.model_cfg)
@@ -89,7 +96,8 @@ class Trainer:
         self.producer = Producer(self.engine, self.tokenizer, self.task, self.runner,
                                  PromptStream(self.task.train, cfg.seed), self.learner_cfg.algo,
                                  self.sampling, cfg.rollout.prompts_per_step,
-                                 cfg.rollout.max_prompt_tokens, self.root_key)
+                                 cfg.rollout.max_prompt_tokens, self.root_key,
+                                 cfg.multiturn, self.limits)
 
     # --- checkpoints -------------------------------------------------------------------------
 
@@ -145,8 +153,9 @@ class Trainer:
         path = os.path.join(self.cfg.run_dir, "rollouts",
                             f"step{step + 1:05d}.host{self.host.process_id}.npz")
         os.makedirs(os.path.dirname(path), exist_ok=True)
+        extra = {} if out.env_mask is None else {"env_mask": out.env_mask}
         np.savez(path, group_ids=out.group_ids, tokens=out.tokens, mask=out.mask,
-                 logprobs=out.logprobs, rewards=out.rewards, texts=np.asarray(out.texts))
+                 logprobs=out.logprobs, rewards=out.rewards, texts=np.asarray(out.texts), **extra)
 
     def evaluate(self) -> dict[str, float]:
         cfg = self.cfg.eval
@@ -158,10 +167,11 @@ class Trainer:
         local = evaluate(self.engine, self.wiring.rollout_weights(self.state.params),
                          self.tokenizer, self.task, self.runner, examples,
                          self.cfg.rollout.max_new_tokens, self.cfg.rollout.max_prompt_tokens,
-                         batch_size=per_host)
+                         batch_size=per_host, pool=self.producer.envs, limits=self.limits)
         self.runner.metrics()  # eval scoring is not rollout scoring: keep counters per step
         sums = self.wiring.sum_over_hosts({k: v * len(examples) for k, v in local.items()})
-        return {k: float(v) / n for k, v in sums.items()}
+        out = {k: float(v) / n for k, v in sums.items()}
+        return {**out, **derived(out)}
 
     # --- the run -----------------------------------------------------------------------------
 
@@ -204,6 +214,8 @@ class Trainer:
                         cfg.model, {"made_by": "locojax train", "steps": cfg.steps})
         self.ckpt.close()
         self.runner.close()
+        if self.producer.envs is not None:
+            self.producer.envs.close()
         self.logger.close()
         return {**{f"before/{k}": v for k, v in before.items()}, **last}
 
