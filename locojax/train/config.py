@@ -239,10 +239,11 @@ def calc_demo() -> RunConfig:
 
 def swe() -> RunConfig:
     """Multi-turn bug fixing: generated repositories (or `--task.data DIR` of your own tasks),
-    view/replace/run_tests/submit tools, tests in the sandbox. The default model is the
-    random TINY preset, which exercises the pipeline only; pass `--model` for a real one."""
+    view/replace/run_tests/submit tools, tests in the sandbox; at the turn limit the
+    repository is tested as it stands (autosubmit). The default model is the random TINY
+    preset, which exercises the pipeline only; pass `--model` for a real one."""
     return RunConfig(
-        model="tiny", task=TaskConfig(name="swe", level=1), steps=20,
+        model="tiny", task=TaskConfig(name="swe", level=1, autosubmit=True), steps=20,
         rollout=RolloutConfig(prompts_per_step=4, max_new_tokens=64, max_prompt_tokens=768),
         algo=AlgoConfig(group_size=4),
         multiturn=MultiTurnConfig(max_turns=4, max_obs_tokens=256, max_trajectory_tokens=640),

@@ -45,12 +45,13 @@ FINAL_MODEL = "final_model"
 """run_dir/final_model: the trained params as an HF checkpoint (`--model` can load it)."""
 
 
-def build_task(cfg: TaskConfig, seed: int):
+def build_task(cfg: TaskConfig, seed: int, max_turns: int = 0):
     if cfg.name in ("arith", "calc"):
         return make_task(cfg.name, level=cfg.level, seed=seed)
-    if cfg.name == "swe":
+    if cfg.name == "swe":  # the env's own turn limit follows --multiturn.max-turns
         return make_task("swe", level=cfg.level, seed=seed, train_dir=cfg.data or None,
-                         test_dir=cfg.test_data or None, autosubmit=cfg.autosubmit)
+                         test_dir=cfg.test_data or None, autosubmit=cfg.autosubmit,
+                         **({"max_turns": max_turns} if max_turns else {}))
     if cfg.name == "gsm8k":
         return make_task("gsm8k", train_path=cfg.data, test_path=cfg.test_data or cfg.data,
                          template=cfg.template)
@@ -65,7 +66,7 @@ class Trainer:
         self.host = distributed.initialize(devices_per_host=cfg.devices_per_host or None)
         check(cfg, self.host.num_processes, jax.device_count())
         self.is_main = self.host.process_id == 0
-        self.task = build_task(cfg.task, cfg.seed)
+        self.task = build_task(cfg.task, cfg.seed, cfg.multiturn.max_turns)
         self.learner_cfg = cfg.learner_config()
         self.wiring = wiring_lib.make(cfg.mode)
         # Loaded straight into the training layout (replicated over every host's devices).
