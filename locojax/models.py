@@ -93,14 +93,15 @@ def host_local(weights: params.Weights) -> params.Weights:
 
 
 def save(model_dir: str | Path, cfg: ModelConfig, weights: params.Weights, source: str,
-         meta: dict | None = None) -> Path:
+         meta: dict | None = None, dtype: str | None = None) -> Path:
     """Write an HF checkpoint that `load` reads back with the same tokenizer as `source`.
 
     weights: replicated arrays or numpy. source: the spec the model was loaded from; its
     tokenizer files are copied, or (char-level models) `locojax.json` names the tokenizer.
+    dtype: the stored dtype (default the config's param dtype; bfloat16 halves the file).
     """
     model_dir = Path(model_dir)
-    hf_io.save_weights(host_local(weights), cfg, model_dir)
+    hf_io.save_weights(host_local(weights), cfg, model_dir, dtype=dtype)
     src = resolve_dir(source)
     meta = dict(meta or {})
     if src is not None and (src / "tokenizer.json").exists():

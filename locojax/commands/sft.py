@@ -43,6 +43,9 @@ class SFTArgs:
     """calc only: the fraction of demonstrations that answer at once (`#### N`) instead of
     calling the calculator first. The tiny-calc checkpoint learned from such a mix, which
     leaves GRPO a tool call to discover (docs/calc_demo.md)."""
+    save_dtype: str = "float32"
+    """dtype of the saved weights: float32, or bfloat16 (half the size; the tiny-calc
+    checkpoint ships so, to stay under 2 MB). They load as float32 either way."""
 
 
 def main(argv: list[str]) -> int:
@@ -67,6 +70,8 @@ def main(argv: list[str]) -> int:
             raise ValueError(f"--direct must be in [0, 1], got {args.direct}")
         if args.direct and args.task != "calc":
             raise ValueError(f"--direct applies to the calc task only, not {args.task!r}")
+        if args.save_dtype not in ("float32", "bfloat16"):
+            raise ValueError(f"--save-dtype must be float32 or bfloat16, got {args.save_dtype!r}")
         if args.arch not in model_config.PRESETS:
             raise ValueError(f"unknown arch {args.arch!r}; choose from {list(model_config.PRESETS)}")
     except (ValueError, TypeError) as e:
@@ -96,10 +101,12 @@ def main(argv: list[str]) -> int:
     weights = sft.train(weights, cfg, args.sft, sample_batch, tok.pad_id, on_step)
     meta = {"tokenizer": "char", "task": args.task, "level": args.level, "arch": args.arch,
             "loose_format": args.loose_format, "direct": args.direct,
-            "made_by": "locojax sft " + " ".join(argv),
+            "save_dtype": args.save_dtype, "made_by": "locojax sft " + " ".join(argv),
             "sft": dataclasses.asdict(args.sft)}
-    out = models.save(args.out, cfg, weights, args.arch, meta)
+    out = models.save(args.out, cfg, weights, args.arch, meta, dtype=args.save_dtype)
     print(f"saved {out}")
+    if args.save_dtype != "float32":  # evaluate what was saved, not the f32 weights
+        weights = models.load(str(out), param_dtype="float32").weights
     if args.eval_examples:
         from locojax.evaluate import greedy_eval
 

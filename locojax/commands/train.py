@@ -4,6 +4,8 @@
     locojax train demo --steps 80 --mode single
     locojax launch --hosts 2 -- train demo     # colocated over 2 local hosts
     locojax train gsm8k --model DIR --task.data train.jsonl
+    locojax launch --hosts 2 -- train calc-demo   # multi-turn tool use (docs/calc_demo.md)
+    locojax train swe --model DIR               # multi-turn bug fixing in the sandbox
 """
 
 from __future__ import annotations
@@ -31,4 +33,10 @@ def main(argv: list[str]) -> int:
         before = final.get("before/eval/accuracy")
         prefix = f"{before:.3f} -> " if before is not None else ""
         print(f"held-out accuracy: {prefix}{final['eval/accuracy']:.3f}")
+        for key, what in (("eval/tool_call_rate", "tool-call rate"),
+                          ("eval/accuracy_no_tool", "accuracy without a tool call")):
+            if key in final:  # multi-turn tasks: where the accuracy came from
+                was = final.get(f"before/{key}")
+                print(f"held-out {what}: {'' if was is None else f'{was:.3f} -> '}"
+                      f"{final[key]:.3f}")
     return 0
