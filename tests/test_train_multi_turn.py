@@ -107,3 +107,12 @@ def test_multi_turn_single_and_colocated_give_the_same_run(tmp_path):
         np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=1e-5, rtol=0)
     rows = _metrics(str(tmp_path / "single"))
     assert any(r.get("env/tool_call_rate", 0) > 0 for r in rows)
+
+
+def test_limits_that_cannot_fit_fail_before_any_work(tmp_path):
+    """The CLI path of `limits.resolve` (its other refusals: test_multi_turn_rollout)."""
+    out = locojax("train", "calc-demo", "--model", "tiny", "--run-dir", str(tmp_path / "r"),
+                  "--multiturn.max-turns", "400", check=False, timeout=120)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "KV-cache slots per row" in out.stderr
+    assert not (tmp_path / "r" / "metrics.jsonl").exists()

@@ -308,8 +308,9 @@ class Conversation:
                              f"{self.max_block - 1}")
         w = _block_width(need, self.max_block)
         if self._index + w + s.max_new_tokens - 1 > self.slots:
-            raise ValueError(f"the next turn needs slots up to {self._index + w + s.max_new_tokens - 1}"
-                             f", more than the {self.slots} allocated (see slots_needed)")
+            raise ValueError(f"the next turn needs slots up to "
+                             f"{self._index + w + s.max_new_tokens - 1}, more than the "
+                             f"{self.slots} allocated (see slots_needed)")
         # The batch after this extend: compacted (live rows only, in the order asked, then
         # filler), or the same rows with the ones not asked for masked.
         size = len(self._rows)

@@ -1,7 +1,7 @@
 """One host's multi-turn rollout: model turns in the KV cache, environment turns on the host.
 
-    prompt ─ begin ─ decode ─┬─ env steps (pool, parallel over rows) ─ extend ─ decode ─┬─ ...
-                             └─ done / error / timeout / out of turns or tokens: row ends ┘
+    prompt ─ begin ─ decode ─┬─ env steps (pool, parallel) ─ extend ─ decode ─┬─ ...
+                             └─ done / error / timeout / out of turns, tokens ┘ (row ends)
 
 Each row is one trajectory with its own environment (`task.make_env()`). A model turn
 ends at EOS, at the tokens of `</tool>` (the engine stops there, inside its loop), or at
