@@ -57,12 +57,12 @@ def evaluate(engine: Engine, weights, tokenizer, task: Task, runner: RewardRunne
 
 
 def derived(shares: dict[str, float]) -> dict[str, float]:
-    """Ratios of summed shares: accuracy among the answers given without a tool call."""
-    if "eval/tool_call_rate" not in shares:
+    """Ratios of summed shares: accuracy among the answers given without a tool call (absent
+    when every answer called a tool)."""
+    if "eval/tool_call_rate" not in shares or shares["eval/tool_call_rate"] >= 1.0:
         return {}
-    no_tool = 1.0 - shares["eval/tool_call_rate"]
-    return {"eval/accuracy_no_tool": shares["eval/correct_no_tool"] / no_tool if no_tool > 0
-            else 0.0}
+    return {"eval/accuracy_no_tool": shares["eval/correct_no_tool"]
+            / (1.0 - shares["eval/tool_call_rate"])}
 
 
 def greedy_eval(weights, model_cfg, tokenizer, task: Task, num_examples: int,

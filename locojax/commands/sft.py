@@ -114,6 +114,7 @@ def main(argv: list[str]) -> int:
         print(f"held-out greedy accuracy: {res['eval/accuracy']:.3f} on {args.eval_examples} "
               "problems")
         if task.multi_turn:
+            alone = res.get("eval/accuracy_no_tool")  # absent when every answer used a tool
             print(f"tool-call rate {res['eval/tool_call_rate']:.3f}, accuracy without a tool "
-                  f"call {res['eval/accuracy_no_tool']:.3f}")
+                  f"call {'n/a' if alone is None else f'{alone:.3f}'}")
     return 0

@@ -33,10 +33,10 @@ def main(argv: list[str]) -> int:
         before = final.get("before/eval/accuracy")
         prefix = f"{before:.3f} -> " if before is not None else ""
         print(f"held-out accuracy: {prefix}{final['eval/accuracy']:.3f}")
-        for key, what in (("eval/tool_call_rate", "tool-call rate"),
-                          ("eval/accuracy_no_tool", "accuracy without a tool call")):
-            if key in final:  # multi-turn tasks: where the accuracy came from
-                was = final.get(f"before/{key}")
-                print(f"held-out {what}: {'' if was is None else f'{was:.3f} -> '}"
-                      f"{final[key]:.3f}")
+        if "eval/tool_call_rate" in final:  # multi-turn tasks: where the accuracy came from
+            fmt = lambda k: "n/a" if k not in final else f"{final[k]:.3f}"  # noqa: E731
+            for key, what in (("eval/tool_call_rate", "tool-call rate"),
+                              ("eval/accuracy_no_tool", "accuracy without a tool call")):
+                was = "" if "before/eval/accuracy" not in final else f"{fmt('before/' + key)} -> "
+                print(f"held-out {what}: {was}{fmt(key)}")
     return 0

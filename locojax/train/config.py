@@ -229,10 +229,11 @@ def calc_demo() -> RunConfig:
     tiny-calc checkpoint, which mostly answers without its calculator tool; GRPO learns to
     call it (docs/calc_demo.md has the measured run)."""
     return RunConfig(
-        model="embedded-calc", task=TaskConfig(name="calc", level=2), steps=100,
+        model="embedded-calc", task=TaskConfig(name="calc", level=2), steps=40,
         rollout=RolloutConfig(prompts_per_step=32, max_new_tokens=32, max_prompt_tokens=8),
-        multiturn=MultiTurnConfig(max_obs_tokens=32, max_trajectory_tokens=96),
-        optim=OptimConfig(lr=1e-4, warmup_steps=10), eval=EvalConfig(every=20),
+        # One call and its answer take ~58 tokens; a second call no longer fits (truncated).
+        multiturn=MultiTurnConfig(max_obs_tokens=32, max_trajectory_tokens=72),
+        optim=OptimConfig(lr=1e-4, warmup_steps=10), eval=EvalConfig(every=5),
         run_dir="runs/calc-demo",
     )
 
