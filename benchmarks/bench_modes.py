@@ -24,6 +24,12 @@ Workloads:
   "#### 57" and stops at EOS after ~7-9 tokens, with an occasional sample that never stops and
   runs to the cap. Decode stops when every row of a generate call is done, so here a mode pays
   for its slowest row: one generate over all rows (single) or one per host (colocated).
+- `swe`: multi-turn and host-heavy (`locojax train swe`, generated level-1 repositories). The
+  random model writes no tool call, so every trajectory is two model turns of the shape's new
+  tokens around an error observation, and then autosubmit runs the repository's tests in the
+  sandbox: one sandboxed test run per row per step, on the env worker pool of the host that
+  owns the row (single: the controller's pool runs every row's). Prompts are the real SWE
+  prompts (~620-670 characters, padded to 768). Not in the default `--workloads`.
 
 Timing: `perf/step_time` from each run's `perf.jsonl` (compile time excluded by the profiler).
 The median is over the steady steps: the first `--skip` steps are dropped (warm-up) and so is
@@ -74,7 +80,9 @@ SHAPES = {
     "tiny": Shape("TINY", "tiny", 8, 4, 16, 32, steps=20),
     "small": Shape("SMALL", "small", 16, 8, 32, 64, steps=7),
 }
-WORKLOADS = ("arith", "arith-var")
+WORKLOADS = ("arith", "arith-var", "swe")
+SWE_PROMPT_TOKENS = 768  # the char tokenizer's SWE prompts are 620-670 characters
+SWE_OBS_TOKENS = 64
 SFT_LEVEL = 1  # arith level of the variable-length workload's SFT and prompts
 FIXED_LEVEL = 3  # arith level of the fixed-length workload (content only: lengths are forced)
 
@@ -142,6 +150,22 @@ def sft_model(shape: Shape, work_dir: Path, sft_steps: int, timeout: float) -> t
 def train_argv(shape: Shape, workload: str, model: str, mode: str, n: int, steps: int,
                beta: float, run_dir: Path) -> list[str]:
     fixed = workload == "arith"
+    if workload == "swe":
+        n_tok = shape.new_tokens
+        train = [
+            "train", "swe", "--mode", mode, "--model", model, "--task.level", "1",
+            "--rollout.prompts-per-step", str(shape.prompts),
+            "--algo.group-size", str(shape.group),
+            "--rollout.max-prompt-tokens", str(SWE_PROMPT_TOKENS),
+            "--rollout.max-new-tokens", str(n_tok), "--multiturn.max-turns", "2",
+            "--multiturn.max-obs-tokens", str(SWE_OBS_TOKENS),
+            "--multiturn.max-trajectory-tokens", str(2 * n_tok + SWE_OBS_TOKENS),
+            "--algo.beta", str(beta), "--steps", str(steps), "--eval.every", "0",
+            "--no-progress", "--no-tensorboard", "--run-dir", str(run_dir),
+        ]
+        if mode == "single":
+            return [*CLI, *train, "--devices-per-host", str(n)]
+        return [*CLI, "launch", "--hosts", str(n), "--devices-per-host", "1", "--", *train]
     train = [
         "train", "demo", "--mode", mode, "--model", model, "--task.name", "arith",
         "--task.level", str(FIXED_LEVEL if fixed else SFT_LEVEL),
@@ -251,8 +275,9 @@ def print_tables(results: list[Result]) -> None:
               f"| {fmt(st / ct, '.2f')} | {fmt(sl, '.2f')} / {fmt(cl, '.2f')} |")
     print("\n## Phase breakdown (medians over steady steps, process 0's view, seconds)\n")
     print("| shape | workload | β | N | mode | step | host share | prefill | decode | train "
-          "| detok+reward | batch | admission | per-run medians | compile/run | load avg |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| detok+reward | batch | admission | env | extend | per-run medians | compile/run "
+          "| load avg |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for key in points:
         for mode in ("single", "colocated"):
             if (*key, mode) not in groups:
@@ -261,7 +286,7 @@ def print_tables(results: list[Result]) -> None:
             head = f"| {key[0]} | {key[1]} | {key[2]:g} | {key[3]} | {mode} "
             if p is None:
                 err = groups[(*key, mode)][-1].error.replace("|", "/")
-                print(f"{head}| FAILED: {err} ||||||||||")
+                print(f"{head}| FAILED: {err} ||||||||||||")
                 continue
             ph = lambda name: fmt(p["phases"].get(name, nan))  # noqa: E731
             runs = ", ".join(fmt(t) for t in p["runs"]) + (f" ({p['failed']} failed)"
@@ -269,7 +294,8 @@ def print_tables(results: list[Result]) -> None:
             print(f"{head}| {fmt(p['step'])} | {fmt(100 * p['host'], '.1f')}% | {ph('prefill')} "
                   f"| {ph('decode')} "
                   f"| {ph('train')} | {ph('detokenize_reward')} | {ph('batch')} "
-                  f"| {ph('admission')} | {runs} | {fmt(p['compile'], '.1f')} "
+                  f"| {ph('admission')} | {ph('env')} | {ph('extend')} | {runs} "
+                  f"| {fmt(p['compile'], '.1f')} "
                   f"| {fmt(p['load'], '.2f')} |")
 
 
@@ -278,7 +304,9 @@ def main(argv: list[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", nargs="+", choices=sorted(SHAPES),
                     help="default: tiny small (--quick: tiny)")
-    ap.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
+    ap.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=["arith", "arith-var"],
+                    help="default: arith arith-var (swe, multi-turn with sandboxed test runs, "
+                    "on request)")
     ap.add_argument("--hosts", nargs="+", type=int,
                     help="N: simulated hosts, i.e. colocated processes / single-controller "
                     "devices (default: 1 2 4; --quick: 1 2)")

@@ -2,7 +2,8 @@
 
 Specs:
 - `embedded`: the tiny character-level checkpoint shipped inside the package (made by
-  `locojax sft`, see README), the default for the demo;
+  `locojax sft`, see README), the default for the demo; `embedded-calc`: its sibling that
+  learned calculator tool use (the `calc-demo` preset);
 - `tiny` / `small`: DESIGN.md's benchmark shapes with random weights and the char tokenizer;
 - a directory: an HF Qwen3 checkpoint. Its tokenizer is `tokenizer.json` if present, else the
   one named in `locojax.json` (written by `locojax sft` for char-level checkpoints).
@@ -25,6 +26,8 @@ from locojax.model.config import ModelConfig
 from locojax.tokenizer import Tokenizer, load_tokenizer
 
 EMBEDDED_DIR = Path(__file__).parent / "assets" / "tiny-arith"
+EMBEDDED = {"embedded": EMBEDDED_DIR, "embedded-calc": EMBEDDED_DIR.with_name("tiny-calc")}
+"""Checkpoints shipped in locojax/assets, by spec."""
 META_FILE = "locojax.json"
 
 
@@ -58,13 +61,13 @@ def tokenizer_for(model_dir: str | Path) -> Tokenizer:
 
 def resolve_dir(spec: str) -> Path | None:
     """The checkpoint directory of a spec, or None for random-init presets."""
-    if spec == "embedded":
-        return EMBEDDED_DIR
+    if spec in EMBEDDED:
+        return EMBEDDED[spec]
     if spec in model_config.PRESETS:
         return None
     path = Path(spec)
     if not path.is_dir():
-        raise ValueError(f"model {spec!r} is neither 'embedded', a preset "
+        raise ValueError(f"model {spec!r} is neither 'embedded' / 'embedded-calc', a preset "
                          f"({', '.join(model_config.PRESETS)}) nor a directory")
     return path
 
@@ -104,14 +107,15 @@ def host_local(weights: params.Weights) -> params.Weights:
 
 
 def save(model_dir: str | Path, cfg: ModelConfig, weights: params.Weights, source: str,
-         meta: dict | None = None) -> Path:
+         meta: dict | None = None, dtype: str | None = None) -> Path:
     """Write an HF checkpoint that `load` reads back with the same tokenizer as `source`.
 
     weights: replicated arrays or numpy. source: the spec the model was loaded from; its
     tokenizer files are copied, or (char-level models) `locojax.json` names the tokenizer.
+    dtype: the stored dtype (default the config's param dtype; bfloat16 halves the file).
     """
     model_dir = Path(model_dir)
-    hf_io.save_weights(host_local(weights), cfg, model_dir)
+    hf_io.save_weights(host_local(weights), cfg, model_dir, dtype=dtype)
     src = resolve_dir(source)
     meta = dict(meta or {})
     if src is not None and (src / "tokenizer.json").exists():

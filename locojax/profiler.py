@@ -27,7 +27,7 @@ _COMPILE_EVENTS = (
 )
 
 # Which phases are host work (Python, tokenisation, rewards) rather than device work.
-HOST_PHASES = ("admission", "detokenize_reward", "batch")
+HOST_PHASES = ("admission", "detokenize_reward", "batch", "env")
 
 
 class _CompileClock:

@@ -280,3 +280,23 @@ def test_two_processes_two_devices_each(tmp_path):
         with pytest.raises(AssertionError, match=r"grads\["):
             compare(got, refs[job], f"planted per-host bug: {where}", mode, dtype)
         assert_far_above_rounding(errors(got, refs[job], mode))
+
+
+def test_layout_invariance_with_multi_turn_masks(monkeypatch):
+    """The fixed problem with observations cut into its responses (`multiturn_batch`): the
+    environment tokens are attended to but are not targets, so every normaliser counts
+    only model tokens, on every layout alike (the fast tier's layout, the subtlest mode)."""
+    from multiturn_batch import to_multi_turn
+
+    mode = "seq-mean-token-mean"
+    single_turn = reference(mode)
+    make_batch = lw.make_batch
+    monkeypatch.setattr(lw, "make_batch", lambda *a, **kw: to_multi_turn(make_batch(*a, **kw)))
+    ref = run({"data": 1}, mode)
+    got = run({"data": 4}, mode, accum=2, left=2, right=3)
+    compare(got, ref, f"{mode} with multi-turn masks on 4 devices x grad-accum 2 x padding",
+            mode, "float64")
+    # Not vacuous: the masks changed the update (a different objective from the same rows).
+    g = np.concatenate([np.ravel(v) for k, v in ref.items() if k.startswith("grads")])
+    g0 = np.concatenate([np.ravel(v) for k, v in single_turn.items() if k.startswith("grads")])
+    assert np.linalg.norm(g - g0) > 1e-2 * np.linalg.norm(g0)

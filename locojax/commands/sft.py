@@ -39,6 +39,13 @@ class SFTArgs:
     """arith only: the fraction of demonstrations whose last line reads `The answer is N`
     instead of the `#### N` the strict reward requires. The embedded checkpoint learned from
     such a mix, which leaves GRPO a format to enforce (README, "The embedded checkpoint")."""
+    direct: float = 0.0
+    """calc only: the fraction of demonstrations that answer at once (`#### N`) instead of
+    calling the calculator first. The tiny-calc checkpoint learned from such a mix, which
+    leaves GRPO a tool call to discover (docs/calc_demo.md)."""
+    save_dtype: str = "float32"
+    """dtype of the saved weights: float32, or bfloat16 (half the size; the tiny-calc
+    checkpoint ships so, to stay under 2 MB). They load as float32 either way."""
 
 
 def main(argv: list[str]) -> int:
@@ -47,7 +54,7 @@ def main(argv: list[str]) -> int:
 
     from locojax import sft
     from locojax.envs.registry import make_task
-    from locojax.envs.tasks import arith
+    from locojax.envs.tasks import arith, calc
     from locojax.model import config as model_config
     from locojax import models
     from locojax.model import params
@@ -59,6 +66,12 @@ def main(argv: list[str]) -> int:
             raise ValueError(f"--loose-format must be in [0, 1], got {args.loose_format}")
         if args.loose_format and args.task != "arith":
             raise ValueError(f"--loose-format applies to the arith task only, not {args.task!r}")
+        if not 0.0 <= args.direct <= 1.0:
+            raise ValueError(f"--direct must be in [0, 1], got {args.direct}")
+        if args.direct and args.task != "calc":
+            raise ValueError(f"--direct applies to the calc task only, not {args.task!r}")
+        if args.save_dtype not in ("float32", "bfloat16"):
+            raise ValueError(f"--save-dtype must be float32 or bfloat16, got {args.save_dtype!r}")
         if args.arch not in model_config.PRESETS:
             raise ValueError(f"unknown arch {args.arch!r}; choose from {list(model_config.PRESETS)}")
     except (ValueError, TypeError) as e:
@@ -71,6 +84,8 @@ def main(argv: list[str]) -> int:
     def demo(example, rng):
         if args.loose_format and rng.random() < args.loose_format:
             return arith.loose_format_demo(example)
+        if args.direct and rng.random() < args.direct:
+            return calc.direct_demo(example)
         return task.demo(example)
 
     def sample_batch(rng, n):
@@ -85,13 +100,21 @@ def main(argv: list[str]) -> int:
 
     weights = sft.train(weights, cfg, args.sft, sample_batch, tok.pad_id, on_step)
     meta = {"tokenizer": "char", "task": args.task, "level": args.level, "arch": args.arch,
-            "loose_format": args.loose_format, "made_by": "locojax sft " + " ".join(argv),
+            "loose_format": args.loose_format, "direct": args.direct,
+            "save_dtype": args.save_dtype, "made_by": "locojax sft " + " ".join(argv),
             "sft": dataclasses.asdict(args.sft)}
-    out = models.save(args.out, cfg, weights, args.arch, meta)
+    out = models.save(args.out, cfg, weights, args.arch, meta, dtype=args.save_dtype)
     print(f"saved {out}")
+    if args.save_dtype != "float32":  # evaluate what was saved, not the f32 weights
+        weights = models.load(str(out), param_dtype="float32").weights
     if args.eval_examples:
-        from locojax.evaluate import greedy_accuracy
+        from locojax.evaluate import greedy_eval
 
-        acc = greedy_accuracy(weights, cfg, tok, task, args.eval_examples)
-        print(f"held-out greedy accuracy: {acc:.3f} on {args.eval_examples} problems")
+        res = greedy_eval(weights, cfg, tok, task, args.eval_examples)
+        print(f"held-out greedy accuracy: {res['eval/accuracy']:.3f} on {args.eval_examples} "
+              "problems")
+        if task.multi_turn:
+            alone = res.get("eval/accuracy_no_tool")  # absent when every answer used a tool
+            print(f"tool-call rate {res['eval/tool_call_rate']:.3f}, accuracy without a tool "
+                  f"call {'n/a' if alone is None else f'{alone:.3f}'}")
     return 0

@@ -7,6 +7,8 @@
     locojax train gsm8k --model DIR --task.data train.jsonl --plan   # memory plan, then exit
     locojax train demo --mode disaggregated --rollout-fraction 0.75   # Ray: 1 learner, 3 workers
     locojax train demo --mode async --max-staleness 4 --workers 3     # Ray: parameter server
+    locojax launch --hosts 2 -- train calc-demo   # multi-turn tool use (docs/calc_demo.md)
+    locojax train swe --model DIR               # multi-turn bug fixing in the sandbox
 """
 
 from __future__ import annotations
@@ -58,3 +60,9 @@ def _report(final: dict) -> None:
         before = final.get("before/eval/accuracy")
         prefix = f"{before:.3f} -> " if before is not None else ""
         print(f"held-out accuracy: {prefix}{final['eval/accuracy']:.3f}")
+        if "eval/tool_call_rate" in final:  # multi-turn tasks: where the accuracy came from
+            fmt = lambda k: "n/a" if k not in final else f"{final[k]:.3f}"  # noqa: E731
+            for key, what in (("eval/tool_call_rate", "tool-call rate"),
+                              ("eval/accuracy_no_tool", "accuracy without a tool call")):
+                was = "" if "before/eval/accuracy" not in final else f"{fmt('before/' + key)} -> "
+                print(f"held-out {what}: {was}{fmt(key)}")

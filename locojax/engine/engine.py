@@ -337,6 +337,14 @@ class Engine:
                                   layout=self.layout).compile()
         return prefill, decode
 
+    def take_cache(self, rows: int, slots: int) -> qwen3.KVCache:
+        """The engine's cache buffer for [rows, slots] (reused when the shape fits), handed
+        out to be donated; give it back with `return_cache` (multi-turn, `extend.py`)."""
+        return self._buffer(rows, slots)
+
+    def return_cache(self, cache: qwen3.KVCache) -> None:
+        self._cache = cache
+
     def generate(self, weights: Weights, prompts, key: jax.Array, sampling: SamplingConfig,
                  num_samples: int = 1, prompt_mask=None, first_row: int = 0) -> Generation:
         """Sample `num_samples` completions per prompt: `decode(prefill(...))`.

@@ -1,4 +1,9 @@
-"""The multi-turn rollout driver: batches of episodes, one policy call per turn.
+"""The text-level multi-turn driver: batches of episodes, one policy call per turn.
+
+`locojax train` does not use it: its rollouts are token-level and continue each row in the
+KV cache (`locojax.rollout.multi_turn`). This driver is for any policy that maps text to
+text (scripted policies in tests, an external inference server), where re-encoding the
+transcript every turn is the policy's business.
 
     transcript = prompt, then alternating model turns and environment observations:
       "374*29=" | "<tool>calc 374*29</tool>" | "<result>10846</result>\\n" | "#### 10846"

@@ -105,7 +105,7 @@ def check_shared_prefix(tokens, positions, attn_mask, loss_mask, sp: SharedPrefi
 
 def from_rollout(prompt_tokens, prompt_mask, response_tokens, response_mask, response_logprobs,
                  advantages, group_id, staleness=None, ref_logprobs=None,
-                 group_size: int = 0) -> TrainBatch:
+                 group_size: int = 0, context_mask=None) -> TrainBatch:
     """Host-side (numpy) assembly from the sampler's outputs.
 
     prompt_*: [B, P], left-padded. response_*: [B, R], right-padded; response_logprobs[b, j]
@@ -113,10 +113,14 @@ def from_rollout(prompt_tokens, prompt_mask, response_tokens, response_mask, res
     Positions count real tokens, so a left-padded prompt starts at 0 (as the sampler's do).
     group_size: G of a GRPO rollout (rows r·G .. r·G + G - 1 repeat one prompt). The batch
     then records its `shared_prefix`, which is checked here, so a wrong G is an error.
+    context_mask [B, R] (multi-turn): response columns that are real tokens but not the
+    model's (environment output): attended to, never targets, so no loss, KL or count
+    sees them. A trajectory's positions run on through its environment tokens.
     """
     pm = np.asarray(prompt_mask, bool)
     rm = np.asarray(response_mask, bool)
-    attn = np.concatenate([pm, rm], axis=1)
+    real = rm if context_mask is None else rm | np.asarray(context_mask, bool)
+    attn = np.concatenate([pm, real], axis=1)
     positions = np.maximum(np.cumsum(attn, axis=1) - 1, 0).astype(np.int32)
     resp_lp = np.where(rm, np.asarray(response_logprobs, np.float32), 0.0)
     shared = None

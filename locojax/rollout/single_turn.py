@@ -35,6 +35,8 @@ class Rollouts:
     rewards: np.ndarray  # [R] f32
     reward_parts: dict[str, np.ndarray]  # part name -> [R]
     group_ids: np.ndarray  # [R] int32: the global index of the row's prompt
+    env_mask: np.ndarray | None = None  # [R, N] bool: environment tokens (multi-turn only)
+    stats: dict[str, float] = dataclasses.field(default_factory=dict)  # per-host env sums
 
     @property
     def group_size(self) -> int:

@@ -16,6 +16,7 @@ import tyro
 
 from locojax.envs.rewards import RewardConfig
 from locojax.rl.config import AlgoConfig, LearnerConfig, OptimConfig
+from locojax.rollout.limits import MultiTurnConfig
 from locojax.train.placement import PlacementConfig
 
 
@@ -72,15 +73,19 @@ class TaskConfig:
     """The workload."""
 
     name: str = "arith"
-    """Task: arith, calc, gsm8k, math (see locojax.envs.registry)."""
+    """Task: arith, calc, gsm8k, math, swe (see locojax.envs.registry)."""
     level: int = 3
-    """Difficulty level of procedural tasks (arith, calc)."""
+    """Difficulty level of procedural tasks (arith, calc, swe)."""
     data: str = ""
-    """Training data file (jsonl/parquet) for gsm8k / math."""
+    """Training data file (jsonl/parquet) for gsm8k / math; for swe a directory of your own
+    tasks (layout in locojax/envs/swe/tasks.py; empty: generated repositories)."""
     test_data: str = ""
-    """Held-out data file for gsm8k / math (default: the training file)."""
+    """Held-out data file for gsm8k / math (default: the training file); swe: a task
+    directory (default: none held out for your tasks)."""
     template: str = "plain"
     """Prompt template of gsm8k: plain or qwen (chat)."""
+    autosubmit: bool = False
+    """swe: at the env's turn limit, score the repository as if the model had submitted."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,7 +99,8 @@ class RunConfig:
     step s+1 overlapping training of step s. async (Ray): a parameter server and N rollout
     workers pulling the newest version, samples at most --max-staleness versions old."""
     model: str = "embedded"
-    """embedded (the shipped tiny checkpoint), tiny / small (random), or an HF Qwen3 dir."""
+    """embedded / embedded-calc (shipped tiny checkpoints), tiny / small (random), or an HF
+    Qwen3 dir."""
     task: TaskConfig = TaskConfig()
     """The workload."""
     steps: int = 40
@@ -115,6 +121,8 @@ class RunConfig:
     """On a NaN/inf loss or gradient: False stops the run; True skips the update and counts it."""
     reward: RewardConfig = RewardConfig()
     """Reward execution (timeouts, isolation)."""
+    multiturn: MultiTurnConfig = MultiTurnConfig()
+    """Multi-turn rollouts: turn and token limits, env timeouts and workers."""
     eval: EvalConfig = EvalConfig()
     """Held-out evaluation."""
     checkpoint: CheckpointConfig = CheckpointConfig()
@@ -198,9 +206,13 @@ def check(cfg: RunConfig, num_processes: int, num_devices: int) -> None:
         for path in (cfg.task.data, cfg.task.test_data):
             if path and not Path(path).is_file():
                 bad(f"data file {path!r} does not exist")
-    if cfg.model not in ("embedded", *PRESETS) and not Path(cfg.model).is_dir():
+    if cfg.model not in ("embedded", "embedded-calc", *PRESETS) and not Path(cfg.model).is_dir():
         bad(f"model {cfg.model!r} is neither 'embedded', a preset ({', '.join(PRESETS)}) nor "
-            "a directory")
+            "a directory (shipped checkpoints: embedded, embedded-calc)")
+    if cfg.task.name == "swe":
+        for path in (cfg.task.data, cfg.task.test_data):
+            if path and not Path(path).is_dir():
+                bad(f"swe task directory {path!r} does not exist")
     if cfg.eval.every < 0 or cfg.eval.num_examples < 0:
         bad("eval.every and eval.num_examples must be >= 0")
     if cfg.eval.every and cfg.eval.batch_size % num_processes:
@@ -248,7 +260,38 @@ def gsm8k_qwen3(model_dir: str = "", data: str = "") -> RunConfig:
     )
 
 
+def calc_demo() -> RunConfig:
+    """Multi-turn tool use: GRPO on `calc` (3-digit x 2-digit products) from the shipped
+    tiny-calc checkpoint, which mostly answers without its calculator tool; GRPO learns to
+    call it (docs/calc_demo.md has the measured run)."""
+    return RunConfig(
+        model="embedded-calc", task=TaskConfig(name="calc", level=2), steps=40,
+        rollout=RolloutConfig(prompts_per_step=32, max_new_tokens=32, max_prompt_tokens=8),
+        # One call and its answer take ~58 tokens; a second call no longer fits (truncated).
+        multiturn=MultiTurnConfig(max_obs_tokens=32, max_trajectory_tokens=72),
+        optim=OptimConfig(lr=1e-4, warmup_steps=10), eval=EvalConfig(every=5),
+        run_dir="runs/calc-demo",
+    )
+
+
+def swe() -> RunConfig:
+    """Multi-turn bug fixing: generated repositories (or `--task.data DIR` of your own tasks),
+    view/replace/run_tests/submit tools, tests in the sandbox; at the turn limit the
+    repository is tested as it stands (autosubmit). The default model is the random TINY
+    preset, which exercises the pipeline only; pass `--model` for a real one."""
+    return RunConfig(
+        model="tiny", task=TaskConfig(name="swe", level=1, autosubmit=True), steps=20,
+        rollout=RolloutConfig(prompts_per_step=4, max_new_tokens=64, max_prompt_tokens=768),
+        algo=AlgoConfig(group_size=4),
+        multiturn=MultiTurnConfig(max_turns=4, max_obs_tokens=256, max_trajectory_tokens=640),
+        eval=EvalConfig(every=0, num_examples=16, batch_size=16), run_dir="runs/swe",
+    )
+
+
 PRESETS = {
     "demo": ("GRPO on built-in arith from the embedded tiny checkpoint", demo()),
     "gsm8k": ("an HF Qwen3 checkpoint on GSM8K (pass --model and --task.data)", gsm8k_qwen3()),
+    "calc-demo": ("multi-turn tool use (calc) from the embedded tiny-calc checkpoint",
+                  calc_demo()),
+    "swe": ("multi-turn bug fixing in the sandbox (generated repos or --task.data DIR)", swe()),
 }

@@ -27,13 +27,14 @@ from locojax.checkpoint import Checkpointer
 from locojax.engine.sampling import SamplingConfig
 from locojax.envs.registry import make_task
 from locojax.envs.rewards import RewardRunner
-from locojax.evaluate import batch_rows, evaluate, greedy_sampling
+from locojax.evaluate import batch_rows, derived, evaluate, greedy_sampling
 from locojax.metrics import MetricsLogger
 from locojax.model.sharding import TRAIN_DP, weight_shardings
 from locojax.profiler import StepTimer, TraceWindow
 from locojax.rl import batch as batch_lib
 from locojax.rl import train_state
 from locojax.rl.train_step import update
+from locojax.rollout import limits as limits_lib
 from locojax.train import memory_plan
 from locojax.train import wiring as wiring_lib
 from locojax.train.comm_probe import AllReduceProbe
@@ -49,9 +50,13 @@ FINAL_MODEL = "final_model"
 """run_dir/final_model: the trained params as an HF checkpoint (`--model` can load it)."""
 
 
-def build_task(cfg: TaskConfig, seed: int):
+def build_task(cfg: TaskConfig, seed: int, max_turns: int = 0):
     if cfg.name in ("arith", "calc"):
         return make_task(cfg.name, level=cfg.level, seed=seed)
+    if cfg.name == "swe":  # the env's own turn limit follows --multiturn.max-turns
+        return make_task("swe", level=cfg.level, seed=seed, train_dir=cfg.data or None,
+                         test_dir=cfg.test_data or None, autosubmit=cfg.autosubmit,
+                         **({"max_turns": max_turns} if max_turns else {}))
     if cfg.name == "gsm8k":
         return make_task("gsm8k", train_path=cfg.data, test_path=cfg.test_data or cfg.data,
                          template=cfg.template)
@@ -66,11 +71,21 @@ def sampling_config(cfg: RunConfig, tokenizer) -> SamplingConfig:
         stop_token_ids=tuple(tokenizer.stop_ids), pad_token_id=tokenizer.pad_id)
 
 
+def multi_turn_limits(cfg: RunConfig, task, model_cfg) -> limits_lib.Limits | None:
+    """A multi-turn task's resolved limits (refused here if they cannot fit the engine's cache
+    or the model's positions); None for a single-turn task."""
+    if not task.multi_turn:
+        return None
+    return limits_lib.resolve(cfg.multiturn, task.max_turns, cfg.rollout.max_new_tokens,
+                              cfg.rollout.max_prompt_tokens, model_cfg.max_position_embeddings)
+
+
 def build_producer(cfg: RunConfig, engine, tokenizer, task, runner, root_key) -> Producer:
     """The producer half of a step on `engine`; the same on the learner and on rollout workers."""
     return Producer(engine, tokenizer, task, runner, PromptStream(task.train, cfg.seed),
                     cfg.learner_config().algo, sampling_config(cfg, tokenizer),
-                    cfg.rollout.prompts_per_step, cfg.rollout.max_prompt_tokens, root_key)
+                    cfg.rollout.prompts_per_step, cfg.rollout.max_prompt_tokens, root_key,
+                    cfg.multiturn, multi_turn_limits(cfg, task, engine.model_cfg))
 
 
 class Trainer:
@@ -87,10 +102,7 @@ class Trainer:
         self.host = distributed.initialize(devices_per_host=cfg.devices_per_host or None)
         check(cfg, self.host.num_processes, jax.device_count())
         self.is_main = self.host.process_id == 0
-        self.task = build_task(cfg.task, cfg.seed)
-        if self.task.multi_turn:
-            raise ValueError(f"task {self.task.name!r} is multi-turn; `locojax train` runs "
-                             "single-turn tasks so far (arith, gsm8k, math)")
+        self.task = build_task(cfg.task, cfg.seed, cfg.multiturn.max_turns)
         self.learner_cfg = cfg.learner_config()
         self.wiring = make_wiring() if make_wiring else wiring_lib.make(cfg.mode)
         # f32 master weights whatever the checkpoint's dtype; `precision` sets the compute.
@@ -99,6 +111,9 @@ class Trainer:
         self.tokenizer = models.load_tokenizer_of(cfg.model)
         self.engine = self.wiring.make_engine(self.model_cfg)
         self.sampling = sampling_config(cfg, self.tokenizer)
+        # Multi-turn limits must fit the engine's cache and the model's positions: checked
+        # here, before any compile or step.
+        self.limits = multi_turn_limits(cfg, self.task, self.model_cfg)
         # Before any weight is read: compile the step's programs and check they fit.
         self.memory = self._plan_memory()
         if self.is_main:
@@ -132,11 +147,16 @@ class Trainer:
                                      self.learner_cfg.rules)
         ref = state.params if cfg.algo.beta > 0 else None
         rows = cfg.rollout.prompts_per_step * cfg.group_size
-        columns = cfg.rollout.max_prompt_tokens + cfg.rollout.max_new_tokens
-        prefix = batch_lib.SharedPrefix(cfg.rollout.max_prompt_tokens, cfg.group_size)
+        p, sampling = cfg.rollout.max_prompt_tokens, self.sampling
+        columns = p + cfg.rollout.max_new_tokens
+        if self.limits is not None:
+            # Multi-turn: the batch holds whole trajectories, and the rollout's cache has the
+            # limits' slots; planned as one generate call with a cache of that size.
+            columns = p + self.limits.max_trajectory_tokens
+            sampling = dataclasses.replace(sampling, max_new_tokens=self.limits.slots - p + 1)
+        prefix = batch_lib.SharedPrefix(p, cfg.group_size)
         start, stop = self.wiring.host_slice(cfg.rollout.prompts_per_step)
-        shapes = [memory_plan.EngineShape("rollout", stop - start, cfg.rollout.max_prompt_tokens,
-                                          cfg.group_size, self.sampling)]
+        shapes = [memory_plan.EngineShape("rollout", stop - start, p, cfg.group_size, sampling)]
         eval_prompts = batch_rows(len(self._eval_examples()),
                                   cfg.eval.batch_size // self.host.num_processes)
         if cfg.eval.every and eval_prompts:
@@ -204,8 +224,9 @@ class Trainer:
         path = os.path.join(self.cfg.run_dir, "rollouts",
                             f"step{step + 1:05d}.host{self.host.process_id}.npz")
         os.makedirs(os.path.dirname(path), exist_ok=True)
+        extra = {} if out.env_mask is None else {"env_mask": out.env_mask}
         np.savez(path, group_ids=out.group_ids, tokens=out.tokens, mask=out.mask,
-                 logprobs=out.logprobs, rewards=out.rewards, texts=np.asarray(out.texts))
+                 logprobs=out.logprobs, rewards=out.rewards, texts=np.asarray(out.texts), **extra)
 
     def _eval_examples(self) -> list:
         """This host's share of the held-out examples (equal shares on every host)."""
@@ -222,10 +243,11 @@ class Trainer:
         local = evaluate(self.engine, self.wiring.rollout_weights(self.state.params),
                          self.tokenizer, self.task, self.runner, examples,
                          self.cfg.rollout.max_new_tokens, self.cfg.rollout.max_prompt_tokens,
-                         batch_size=per_host)
+                         batch_size=per_host, pool=self.producer.envs, limits=self.limits)
         self.runner.metrics()  # eval scoring is not rollout scoring: keep counters per step
         sums = self.wiring.sum_over_hosts({k: v * len(examples) for k, v in local.items()})
-        return {k: float(v) / n for k, v in sums.items()}
+        out = {k: float(v) / n for k, v in sums.items()}
+        return {**out, **derived(out)}
 
     # --- the run -----------------------------------------------------------------------------
 
@@ -274,6 +296,8 @@ class Trainer:
                         cfg.model, {"made_by": "locojax train", "steps": cfg.steps})
         self.ckpt.close()
         self.runner.close()
+        if self.producer.envs is not None:
+            self.producer.envs.close()
         self.logger.close()
         return {**{f"before/{k}": v for k, v in before.items()}, **last}
 

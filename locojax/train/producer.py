@@ -25,11 +25,14 @@ import numpy as np
 from locojax.engine.engine import Engine
 from locojax.engine.sampling import SamplingConfig
 from locojax.envs.base import Task
+from locojax.envs.pool import EnvPool
 from locojax.envs.rewards import RewardRunner
 from locojax.profiler import StepTimer
 from locojax.rl import algorithms
 from locojax.rl import batch as batch_lib
 from locojax.rl.config import AlgoConfig
+from locojax.rollout import multi_turn
+from locojax.rollout.limits import Limits, MultiTurnConfig
 from locojax.rollout.single_turn import Rollouts, rollout
 from locojax.tokenizer import Tokenizer
 from locojax.train.data import PromptStream
@@ -50,15 +53,23 @@ class RolloutRecord:
 
 
 class Producer:
-    """Owns a host's engine, reward runner and view of the data; holds no per-step state."""
+    """Owns a host's engine, reward runner (multi-turn: env pool) and view of the data;
+    holds no per-step state."""
 
     def __init__(self, engine: Engine, tokenizer: Tokenizer, task: Task, runner: RewardRunner,
                  stream: PromptStream, algo: AlgoConfig, sampling: SamplingConfig,
-                 prompts_per_step: int, max_prompt_tokens: int, root_key: jax.Array):
+                 prompts_per_step: int, max_prompt_tokens: int, root_key: jax.Array,
+                 multi: MultiTurnConfig | None = None, limits: Limits | None = None):
         self.engine, self.tokenizer, self.task, self.runner = engine, tokenizer, task, runner
         self.stream, self.algo, self.sampling = stream, algo, sampling
         self.prompts_per_step, self.max_prompt_tokens = prompts_per_step, max_prompt_tokens
         self.root_key = root_key
+        self.multi, self.limits, self.envs = multi, limits, None
+        if task.multi_turn:  # this host's environments run here, on its own worker pool
+            if multi is None or limits is None:
+                raise ValueError(f"task {task.name!r} is multi-turn: pass its MultiTurnConfig "
+                                 "and resolved Limits")
+            self.envs = EnvPool(multi.env_workers, multi.env_timeout_s)
 
     def produce(self, step: int, weights, start: int, stop: int, timer: StepTimer,
                 version: int | None = None) -> RolloutRecord:
@@ -67,15 +78,23 @@ class Producer:
         b, g = self.prompts_per_step, self.algo.group_size
         with timer.phase("admission"):
             examples = self.stream.take(step, b, start, stop)
-        out = rollout(self.engine, weights, self.tokenizer, self.task, self.runner, examples,
-                      first_group=step * b + start, key=jax.random.fold_in(self.root_key, step),
-                      sampling=self.sampling, group_size=g,
-                      max_prompt_tokens=self.max_prompt_tokens, timer=timer)
+        key = jax.random.fold_in(self.root_key, step)
+        if self.envs is not None:
+            out = multi_turn.rollout(self.engine, weights, self.tokenizer, self.task, self.envs,
+                                     examples, first_group=step * b + start, key=key,
+                                     sampling=self.sampling, group_size=g, limits=self.limits,
+                                     timer=timer, compact=self.multi.compact)
+        else:
+            out = rollout(self.engine, weights, self.tokenizer, self.task, self.runner,
+                          examples, first_group=step * b + start, key=key,
+                          sampling=self.sampling, group_size=g,
+                          max_prompt_tokens=self.max_prompt_tokens, timer=timer)
         with timer.phase("batch"):
             adv, _ = algorithms.compute_advantages(self.algo, out.rewards, out.group_ids)
             local = batch_lib.from_rollout(
                 out.rows(out.prompt_tokens), out.rows(out.prompt_mask), out.tokens, out.mask,
-                out.logprobs, np.asarray(adv), out.group_ids, group_size=g)
+                out.logprobs, np.asarray(adv), out.group_ids, group_size=g,
+                context_mask=out.env_mask)
         return RolloutRecord(step=step, version=step if version is None else version,
                              batch=local, sums=self._sums(out), rollouts=out)
 
@@ -91,6 +110,7 @@ class Producer:
             "zero_std": float(np.sum(grouped.max(1) == grouped.min(1))),
             **{f"part/{k}": float(v.sum()) for k, v in out.reward_parts.items()},
             **{k: float(counters.get(k, 0.0)) for k in REWARD_COUNTERS},
+            **out.stats,  # multi-turn: env counters and sums
         }
 
 
@@ -106,4 +126,5 @@ def rollout_metrics(sums: dict[str, float]) -> dict[str, float]:
     }
     m.update({f"reward/{k[5:]}/mean": float(v) / n for k, v in sums.items()
               if k.startswith("part/")})
+    m.update(multi_turn.env_metrics(sums))
     return m

@@ -105,6 +105,13 @@ def demo(example: Example) -> Demo:
     ))
 
 
+def direct_demo(example: Example) -> Demo:
+    """Answer at once, without the tool (the tiny-calc checkpoint learned from a mix of these
+    and `demo`: a char-level model cannot multiply 3-digit by 2-digit numbers in its head,
+    so it guesses, and GRPO has a tool call to discover)."""
+    return Demo(example.prompt, (Segment(f"{ANSWER_PREFIX}{example.answer}", True),))
+
+
 def make_env(score: Callable[[Reward, str, Example], float] | None = None) -> ToolEnv:
     """One episode: the calculator tool, at most two calls, final turn scored `#### N`.
 
