@@ -14,6 +14,8 @@ from typing import Literal
 
 from locojax.envs.rewards import RewardConfig
 from locojax.rl.config import AlgoConfig, LearnerConfig, OptimConfig
+from locojax.train.curation import CurationConfig
+from locojax.train.dynamic_sampling import DynamicSamplingConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +76,11 @@ class TaskConfig:
     """Held-out data file for gsm8k / math (default: the training file)."""
     template: str = "plain"
     """Prompt template of gsm8k: plain or qwen (chat)."""
+    train_size: int = 100_000
+    """Training problems of procedural tasks (arith, calc): a smaller pool is seen for more
+    epochs, which is where pass-rate curation has prompts to hold back."""
+    skip_invalid: bool = False
+    """gsm8k / math: skip malformed rows (and count them) instead of stopping at the first."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,6 +112,10 @@ class RunConfig:
     """On a NaN/inf loss or gradient: False stops the run; True skips the update and counts it."""
     reward: RewardConfig = RewardConfig()
     """Reward execution (timeouts, isolation)."""
+    curation: CurationConfig = CurationConfig()
+    """Pass-rate curation of the training prompts (RLAX)."""
+    dynamic: DynamicSamplingConfig = DynamicSamplingConfig()
+    """Dynamic sampling and overlong shaping (DAPO's rollout side)."""
     eval: EvalConfig = EvalConfig()
     """Held-out evaluation."""
     checkpoint: CheckpointConfig = CheckpointConfig()
@@ -121,6 +132,9 @@ class RunConfig:
     """Also time a gradient-sized all-reduce each step, apart from the step (perf/comm/*)."""
     dump_rollouts: bool = False
     """Write every step's sampled tokens, texts and rewards to run_dir/rollouts/ (per host)."""
+    time_limit_s: float = 0.0
+    """Stop (evaluate, save, export) after the first step that ends this many seconds after
+    the trainer started; `steps` stays the upper bound. 0 = no limit. Hosts agree on it."""
 
     @property
     def group_size(self) -> int:
@@ -179,6 +193,15 @@ def check(cfg: RunConfig, num_processes: int, num_devices: int) -> None:
         bad("checkpoint.every must be >= 0 and checkpoint.keep >= 1")
     if cfg.rollout.max_new_tokens < 1 or cfg.rollout.max_prompt_tokens < 1:
         bad("rollout.max_new_tokens and rollout.max_prompt_tokens must be >= 1")
+    if cfg.task.train_size < 1:
+        bad(f"task.train_size must be >= 1, got {cfg.task.train_size}")
+    if cfg.dynamic.overlong_buffer > cfg.rollout.max_new_tokens:
+        bad(f"dynamic.overlong_buffer={cfg.dynamic.overlong_buffer} exceeds "
+            f"rollout.max_new_tokens={cfg.rollout.max_new_tokens}")
+    if (cfg.dynamic.overlong_filter or cfg.dynamic.overlong_buffer) and cfg.rollout.ignore_eos:
+        bad("overlong shaping needs stop tokens: with rollout.ignore_eos every response is cut off")
+    if cfg.time_limit_s < 0:
+        bad(f"time_limit_s must be >= 0, got {cfg.time_limit_s}")
     from locojax.rl.algorithms import resolve
 
     resolve(cfg.learner_config().algo)  # unknown algorithm, missing Dr.GRPO constant, ...
