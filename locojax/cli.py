@@ -16,6 +16,7 @@ SUBCOMMANDS = {
     "devices": ("locojax.commands.devices", "show devices and test cross-host collectives"),
     "train": ("locojax.commands.train", "GRPO training (modes: single, colocated)"),
     "sft": ("locojax.commands.sft", "train a char-level model on built-in task demonstrations"),
+    "curate": ("locojax.commands.curate", "score a dataset's pass rates with a model and filter it"),
     "plot": ("locojax.commands.plot", "write a PNG of a run's reward, accuracy and timings"),
 }
 
