@@ -191,6 +191,7 @@ def test_killed_and_resumed_run_is_bitwise_identical(sft_model, tmp_path, mode, 
     (["--task.name", "gsm8k", "--task.data", "/no/such.jsonl"], "does not exist"),
     (["--steps", "0"], "steps must be >= 1"),
     (["--algo.name", "ppo2"], "unknown algorithm"),
+    (["--dynamic.overlong-buffer", "99"], "exceeds rollout.max_new_tokens"),
 ])
 def test_bad_config_fails_before_any_work(args, message, tmp_path):
     out = locojax("train", "demo", "--model", "tiny", "--run-dir", str(tmp_path / "r"), *args,
