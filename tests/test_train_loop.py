@@ -207,3 +207,18 @@ def test_help_documents_fields():
                   "--eval.every", "--mode"):
         assert field in out.stdout
     assert "prompts per step, over all hosts" in out.stdout
+
+
+@pytest.mark.slow
+def test_time_limit_stops_after_a_step_with_eval_and_checkpoint(tmp_path):
+    """A limit that has run out before the first step ends: one step, then the last-step
+    duties (evaluation, checkpoint, exported model), and the elapsed time in perf.jsonl."""
+    run = tmp_path / "r"
+    locojax("train", "demo", "--model", "tiny", "--mode", "single", "--steps", "50",
+            "--time-limit-s", "0.001", "--run-dir", str(run), *COMMON, timeout=300)
+    rows = [json.loads(line) for line in open(run / "metrics.jsonl")]
+    assert [r["step"] for r in rows] == [0, 1] and "eval/accuracy" in rows[1]
+    assert Checkpointer(os.path.join(run, "checkpoints")).latest_step() == 1
+    perf = [json.loads(line) for line in open(run / "perf.jsonl")]
+    assert perf[0]["perf/elapsed_s"] > 0
+    assert json.loads((run / "final_model" / "locojax.json").read_text())["steps"] == 1
