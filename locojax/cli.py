@@ -17,6 +17,7 @@ SUBCOMMANDS = {
     "train": ("locojax.commands.train",
               "GRPO training (modes: single, colocated, disaggregated, async)"),
     "sft": ("locojax.commands.sft", "train a char-level model on built-in task demonstrations"),
+    "curate": ("locojax.commands.curate", "score a dataset's pass rates with a model and filter it"),
     "plot": ("locojax.commands.plot", "write a PNG of a run's reward, accuracy and timings"),
 }
 

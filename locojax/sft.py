@@ -40,17 +40,25 @@ class SFTConfig:
     """Global-norm gradient clip."""
     seed: int = 0
     """Seed for init and batch order."""
+    schedule_steps: int = 0
+    """Length of the lr schedule, if not `steps` (0): with schedule_steps > steps the run
+    stops early on a longer run's schedule, and its weights equal that run's at step `steps`
+    (the data order depends only on the seed)."""
 
     def __post_init__(self):
         if self.steps < 1 or self.batch_size < 1:
             raise ValueError(f"steps and batch_size must be >= 1, got {self}")
+        if self.schedule_steps and self.schedule_steps < self.steps:
+            raise ValueError(f"schedule_steps={self.schedule_steps} is shorter than "
+                             f"steps={self.steps}")
         if not self.lr > 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
 
 
 def make_optimizer(cfg: SFTConfig) -> optax.GradientTransformation:
+    total = cfg.schedule_steps or cfg.steps
     schedule = optax.warmup_cosine_decay_schedule(
-        0.0, cfg.lr, cfg.warmup_steps, max(cfg.steps, cfg.warmup_steps + 1), cfg.lr * 0.1)
+        0.0, cfg.lr, cfg.warmup_steps, max(total, cfg.warmup_steps + 1), cfg.lr * 0.1)
     return optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm),
                        optax.adamw(schedule, weight_decay=cfg.weight_decay))
 

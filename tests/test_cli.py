@@ -17,7 +17,7 @@ def locojax(*args, timeout=300):
 def test_help_lists_every_subcommand():
     out = locojax("--help")
     assert out.returncode == 0
-    for name in ("train", "launch", "demo", "sft", "generate", "plot", "devices"):
+    for name in ("train", "launch", "demo", "sft", "curate", "generate", "plot", "devices"):
         assert f"  {name}" in out.stdout
 
 

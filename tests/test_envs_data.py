@@ -85,13 +85,16 @@ def test_parquet_rows_validated_with_row_numbers(tmp_path):
 
 
 MATH_BAD = [
-    ({"problem": "p"}, "field 'solution' is missing"),
+    ({"problem": "p"}, "no 'solution' (nor an assistant message) and no 'answer'"),
+    ({"problem": "", "answer": "1"}, "field 'problem' is empty"),
     ({"problem": "p", "solution": "no box"}, "no 'answer' field and no \\boxed{}"),
     ({"problem": "p", "solution": "$\\boxed{1}$", "answer": ""}, "field 'answer' is empty"),
     ({"problem": "p", "solution": 3}, "field 'solution' should be str, got int"),
-    ({"messages": [{"role": "user", "content": "p"}]}, "needs a user and an assistant"),
+    ({"messages": [{"role": "user", "content": "p"}]}, "no 'solution' (nor an assistant"),
+    ({"messages": [{"role": "assistant", "content": "p"}], "answer": "1"}, "needs a user message"),
+    ({"problem": "p", "answer": True}, "field 'answer' should be str or int or float, got bool"),
     ({"messages": "hi"}, "field 'messages' should be list"),
-    ({"title": "x"}, "needs 'problem' and 'solution', or 'messages'"),
+    ({"title": "x"}, "needs 'problem' and 'solution' or 'answer', or 'messages'"),
 ]
 
 
@@ -104,3 +107,25 @@ def test_math_malformed_rows(tmp_path, bad, phrase):
     assert f"{path}:2:" in str(err.value) and phrase in str(err.value), str(err.value)
     ds = math_boxed.load(path, skip_invalid=True)
     assert len(ds) == 1 and ds.skipped == 1 and ds[0].answer == "2"
+
+
+def test_math_rows_without_solution_and_numeric_answers(tmp_path):
+    """Evaluation-set rows (problem + answer, no solution) load; a JSON number answer is read
+    as the text the file wrote, in .jsonl and .parquet alike (parquet stores no text: a
+    float column reads as Python's rendering, an int column as the integer)."""
+    path = tmp_path / "eval.jsonl"
+    path.write_text('{"problem": "3^3?", "answer": 27.0}\n'
+                    '{"problem": "1.5 as text?", "answer": 1.50}\n'
+                    '{"problem": "int?", "answer": 12, "level": 2}\n'
+                    '{"messages": [{"role": "user", "content": "1+1?"}], "answer": "2"}\n')
+    exs = math_boxed.load(path)
+    assert [e.answer for e in exs] == ["27.0", "1.50", "12", "2"]
+    assert [e.solution for e in exs] == ["", "", "", ""]
+    assert exs[0].prompt == "Problem: 3^3?\nSolution:" and exs[2].meta == {"level": 2}
+    task = math_boxed.task(str(path), str(path))
+    assert task.reward("so $\\boxed{27}$", exs[0]) == 1.0  # 27.0 and 27 are one answer
+    assert task.reward("so $\\boxed{1.5}$", exs[1]) == 1.0
+    pq.write_table(pa.Table.from_pylist([{"problem": "p", "answer": 27.0},
+                                         {"problem": "q", "answer": 3.5}]),
+                   tmp_path / "eval.parquet")
+    assert [e.answer for e in math_boxed.load(tmp_path / "eval.parquet")] == ["27.0", "3.5"]

@@ -168,3 +168,18 @@ def test_messages_format_and_templates(tmp_path):
     assert mb.boxed_correct(ex.solution, ex) == 1.0
     (ex,) = mb.load(path)
     assert ex.prompt == "Problem: What is 1/2+1/2?\nSolution:"
+
+
+def test_math500_without_solutions_loads_and_scores(math500, tmp_path):
+    """MATH-500 reduced to the evaluation-set shape (problem + answer) loads, row for row,
+    with the same answers; a gold box of each answer scores 1."""
+    import json
+
+    rows = [json.loads(line) for line in open(DATA / "math500" / "test.jsonl")]
+    path = tmp_path / "test.jsonl"
+    path.write_text("".join(json.dumps({"problem": r["problem"], "answer": r["answer"]}) + "\n"
+                            for r in rows))
+    bare = mb.load(path)
+    assert [e.answer for e in bare] == [e.answer for e in math500]
+    assert all(e.solution == "" for e in bare)
+    assert all(mb.boxed_correct("\\boxed{" + e.answer + "}", e) == 1.0 for e in bare[:50])

@@ -1,7 +1,9 @@
 """`locojax train` end to end: mode equivalence, exact resume, bad config, the HF path.
 
 The runs use a TINY-shaped model given a short SFT on arith level 1 (a module fixture), so
-that rewards vary within groups and every step really moves the params.
+that rewards vary within groups and every step really moves the params. The colocated runs
+also turn on pass-rate curation and dynamic sampling (`CURATED`) over a pool of 12 training
+problems, so prompts recur and get held back, and groups without signal get refilled.
 """
 
 import glob
@@ -26,6 +28,10 @@ COMMON = [
     "--eval.every", "3", "--eval.num-examples", "16", "--eval.batch-size", "16",
     "--optim.lr", "3e-4", "--optim.warmup-steps", "0", "--no-progress", "--no-tensorboard", "--dump-rollouts",
 ]
+
+
+CURATED = ("--task.train-size", "12", "--curation.enabled", "--curation.readmit-after", "2",
+           "--dynamic.max-rounds", "2")
 
 
 def locojax(*args, timeout=600, check=True):
@@ -79,12 +85,13 @@ def _rollouts(run_dir):
 @pytest.mark.slow
 @pytest.mark.multiprocess
 def test_single_and_colocated_give_the_same_run(sft_model, tmp_path):
-    """1 process x 2 devices (single) vs 2 processes x 1 device (colocated), 3 steps."""
+    """1 process x 2 devices (single) vs 2 processes x 1 device (colocated), 3 steps, with
+    curation and dynamic sampling on: admission and refills are the same on both layouts."""
     # The single run also writes a profiler trace and probes the all-reduce: both are
     # outside the computation, so they must not change the outcome.
     _train(sft_model, tmp_path / "single", "single", 3, devices=2,
-           extra=("--profile-dir", str(tmp_path / "trace"), "--probe-allreduce"))
-    _train(sft_model, tmp_path / "colo", "colocated", 3, hosts=2, devices=1)
+           extra=("--profile-dir", str(tmp_path / "trace"), "--probe-allreduce", *CURATED))
+    _train(sft_model, tmp_path / "colo", "colocated", 3, hosts=2, devices=1, extra=CURATED)
     assert glob.glob(str(tmp_path / "trace" / "**" / "*.xplane.pb"), recursive=True)
     perf = [json.loads(line) for line in open(tmp_path / "single" / "perf.jsonl")]
     assert all(p["perf/comm/allreduce_grads"] > 0 for p in perf)
@@ -114,9 +121,16 @@ def test_single_and_colocated_give_the_same_run(sft_model, tmp_path):
     for x, y in zip(jax.tree.leaves(pa), jax.tree.leaves(p0)):
         moved |= not np.array_equal(np.asarray(x), np.asarray(y))
     assert moved, "3 steps did not change the params: the comparison would be vacuous"
-    # The rewards varied, so the policy gradient was not zero.
+    # The rewards varied, so the policy gradient was not zero; curation held prompts back
+    # and skipped them, and dynamic sampling replaced groups: the features were exercised.
     rows = [json.loads(line) for line in open(tmp_path / "single" / "metrics.jsonl")]
     assert any(r.get("rollout/frac_zero_std", 1.0) < 1.0 for r in rows)
+    assert any(r.get("curation/frac_filtered", 0) > 0 for r in rows)
+    assert any(r.get("rollout/refill/replaced", 0) > 0 for r in rows)
+    colo = [json.loads(line) for line in open(tmp_path / "colo" / "metrics.jsonl")]
+    for a, b in zip(rows, colo):  # the table is the same, so are its metrics
+        assert {k: v for k, v in a.items() if k.startswith("curation/")} == \
+            {k: v for k, v in b.items() if k.startswith("curation/")}
 
 
 def _final_params_at_start(model_dir):
@@ -147,10 +161,12 @@ def _kill_after_checkpoint(proc, run_dir, step, timeout=600):
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("mode,hosts", [("single", 1), ("colocated", 2)])
-def test_killed_and_resumed_run_is_bitwise_identical(sft_model, tmp_path, mode, hosts):
+@pytest.mark.parametrize("mode,hosts,features", [("single", 1, ()), ("colocated", 2, CURATED)])
+def test_killed_and_resumed_run_is_bitwise_identical(sft_model, tmp_path, mode, hosts, features):
+    """Killed right after the step-3 checkpoint and resumed: the same params and logs as a
+    run that never stopped (colocated with curation state and dynamic sampling)."""
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    extra = ("--checkpoint.every", "3")
+    extra = ("--checkpoint.every", "3", *features)
     _train(sft_model, straight, mode, 6, extra, hosts=hosts)
 
     args = ["train", "demo", "--model", sft_model, "--mode", mode, "--steps", "6",
@@ -171,6 +187,10 @@ def test_killed_and_resumed_run_is_bitwise_identical(sft_model, tmp_path, mode, 
     a = (straight / "metrics.jsonl").read_bytes()
     assert a == (resumed / "metrics.jsonl").read_bytes()
     assert [json.loads(line)["step"] for line in a.decode().splitlines()] == [0, 1, 2, 3, 4, 5, 6]
+    if features:  # the curation state was in play across the kill: the logs above agree on
+        # its metrics (table size, held prompts), which a lost table would change.
+        rows = [json.loads(line) for line in a.decode().splitlines()]
+        assert rows[3]["curation/held"] > 0 and rows[4]["curation/table_size"] > 0
 
 
 @pytest.mark.parametrize("args,message", [
@@ -182,6 +202,7 @@ def test_killed_and_resumed_run_is_bitwise_identical(sft_model, tmp_path, mode, 
     (["--task.name", "gsm8k", "--task.data", "/no/such.jsonl"], "does not exist"),
     (["--steps", "0"], "steps must be >= 1"),
     (["--algo.name", "ppo2"], "unknown algorithm"),
+    (["--dynamic.overlong-buffer", "99"], "exceeds rollout.max_new_tokens"),
 ])
 def test_bad_config_fails_before_any_work(args, message, tmp_path):
     out = locojax("train", "demo", "--model", "tiny", "--run-dir", str(tmp_path / "r"), *args,
@@ -197,3 +218,18 @@ def test_help_documents_fields():
                   "--eval.every", "--mode"):
         assert field in out.stdout
     assert "prompts per step, over all hosts" in out.stdout
+
+
+@pytest.mark.slow
+def test_time_limit_stops_after_a_step_with_eval_and_checkpoint(tmp_path):
+    """A limit that has run out before the first step ends: one step, then the last-step
+    duties (evaluation, checkpoint, exported model), and the elapsed time in perf.jsonl."""
+    run = tmp_path / "r"
+    locojax("train", "demo", "--model", "tiny", "--mode", "single", "--steps", "50",
+            "--time-limit-s", "0.001", "--run-dir", str(run), *COMMON, timeout=300)
+    rows = [json.loads(line) for line in open(run / "metrics.jsonl")]
+    assert [r["step"] for r in rows] == [0, 1] and "eval/accuracy" in rows[1]
+    assert Checkpointer(os.path.join(run, "checkpoints")).latest_step() == 1
+    perf = [json.loads(line) for line in open(run / "perf.jsonl")]
+    assert perf[0]["perf/elapsed_s"] > 0
+    assert json.loads((run / "final_model" / "locojax.json").read_text())["steps"] == 1

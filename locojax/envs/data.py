@@ -7,6 +7,10 @@ row is skipped instead, and the count and the first few reasons are kept on the 
 
 Example ids are `<file name>:<line>` (1-based; for parquet, the 1-based row number), so a
 reward log can always be traced back to its source row.
+
+A JSON number with a fraction or exponent is read as a `NumberText`: a float whose `str` is
+the text the file wrote, so an answer stored as `27.0` or `1.50` compares as that text, not
+as Python's rendering of the parsed float.
 """
 
 from __future__ import annotations
@@ -18,6 +22,24 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from locojax.envs.base import Example
+
+
+class NumberText(float):
+    """A float parsed from JSON that remembers its source text: `str(NumberText("1.50"))` is
+    "1.50", where `str(1.50)` would be "1.5"."""
+
+    __slots__ = ("text",)
+
+    def __new__(cls, text: str):
+        obj = super().__new__(cls, text)
+        obj.text = str(text)
+        return obj
+
+    def __str__(self) -> str:
+        return self.text
+
+    def __getnewargs__(self):  # pickles (e.g. to reward worker processes) keep the text
+        return (self.text,)
 
 
 class DataError(ValueError):
@@ -82,7 +104,7 @@ def read_rows(path: str | os.PathLike) -> Iterator[tuple[int, Any]]:
             if not line.strip():
                 continue
             try:
-                yield line_no, json.loads(line)
+                yield line_no, json.loads(line, parse_float=NumberText)
             except json.JSONDecodeError as e:
                 yield line_no, DataError(f"broken JSON line ({e.msg} at column {e.colno})")
 

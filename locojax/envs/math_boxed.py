@@ -2,7 +2,10 @@ r"""Boxed-answer math (MATH, NuminaMath-CoT): loader, prompts, and a math-verify
 
 Rows are either `problem` + `solution` (+ optional `answer`), as in MATH / MATH-500 and
 NuminaMath-CoT, or `messages` (a user turn with the problem, an assistant turn with the
-solution). Without an `answer` field the gold answer is the last `\boxed{...}` of the solution.
+solution). Without an `answer` field the gold answer is the last `\boxed{...}` of the solution;
+without a solution (`problem` + `answer`, or a user turn + `answer`, the shape of many
+evaluation sets) the example has no demonstration (`solution == ""`). An answer stored as a
+JSON number is read as the text the file wrote (`27.0` stays "27.0"; see `data.NumberText`).
 
 The reward takes the LAST `\boxed{...}` of the completion (braces may nest) and checks it
 against the gold answer:
@@ -134,42 +137,55 @@ def make_prompt(problem: str, template: Literal["plain", "qwen"] = "plain") -> P
     raise ValueError(f"template must be 'plain' or 'qwen', got {template!r}")
 
 
-def _from_messages(messages: list) -> tuple[str, str]:
+def _from_messages(messages: list) -> tuple[str, str | None]:
     users = [m for m in messages if isinstance(m, dict) and m.get("role") == "user"]
     bots = [m for m in messages if isinstance(m, dict) and m.get("role") == "assistant"]
-    if not users or not bots:
-        raise RowError("field 'messages' needs a user and an assistant message")
-    problem, solution = users[0].get("content"), bots[-1].get("content")
-    if not isinstance(problem, str) or not isinstance(solution, str):
+    if not users:
+        raise RowError("field 'messages' needs a user message")
+    problem = users[0].get("content")
+    solution = bots[-1].get("content") if bots else None
+    if not isinstance(problem, str) or not (solution is None or isinstance(solution, str)):
         raise RowError("message 'content' must be a string")
     return problem, solution
 
 
+def _text_field(row, name: str) -> str:
+    if not isinstance(row.get(name), str) or not row[name].strip():
+        what = "missing" if row.get(name) is None else "empty or not a string"
+        raise RowError(f"field {name!r} is {what}")
+    return row[name]
+
+
 def load(path: str | os.PathLike, template: Literal["plain", "qwen"] = "plain",
          skip_invalid: bool = False, limit: int | None = None) -> Dataset:
-    """Boxed-math rows (problem/solution[/answer] or messages) from .jsonl or .parquet."""
+    """Boxed-math rows (problem/solution[/answer], problem/answer, or messages[/answer])
+    from .jsonl or .parquet."""
     make_prompt("", template)
 
     def convert(row, ex_id: str) -> Example:
         if row.get("problem") is not None or row.get("solution") is not None:
-            for name in ("problem", "solution"):
-                if not isinstance(row.get(name), str) or not row[name].strip():
-                    what = "missing" if row.get(name) is None else "empty or not a string"
-                    raise RowError(f"field {name!r} is {what}")
-            problem, solution = row["problem"], row["solution"]
+            problem = _text_field(row, "problem")
+            solution = None if row.get("solution") is None else _text_field(row, "solution")
         elif row.get("messages") is not None:
             problem, solution = _from_messages(row["messages"])
         else:
-            raise RowError(f"needs 'problem' and 'solution', or 'messages' (have: {sorted(row)})")
+            raise RowError(f"needs 'problem' and 'solution' or 'answer', or 'messages' "
+                           f"(have: {sorted(row)})")
         answer = row.get("answer")
         if answer is None:
+            if solution is None:
+                raise RowError("no 'solution' (nor an assistant message) and no 'answer': "
+                               "nothing to check an answer against")
             answer = last_boxed(solution)
             if answer is None:
                 raise RowError("no 'answer' field and no \\boxed{} in the solution")
         if not str(answer).strip():
             raise RowError("field 'answer' is empty")
         meta = {k: row[k] for k in ("subject", "level", "unique_id", "source") if k in row}
-        sol = " " + solution.strip() if template == "plain" else solution.strip()
+        if solution is None:
+            sol = ""  # no demonstration known: rewards and evaluation need only the answer
+        else:
+            sol = " " + solution.strip() if template == "plain" else solution.strip()
         return Example(ex_id, make_prompt(problem, template), str(answer).strip(), sol, meta)
 
     return load_examples(path, convert, {}, {"problem": str, "solution": str, "messages": list,

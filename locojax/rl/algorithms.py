@@ -54,9 +54,9 @@ def dapo() -> Algorithm:
     """DAPO (Yu et al. 2025): GRPO advantages, clip-higher and token-level averaging,
     J = (1 / Σ_i |o_i|) Σ_i Σ_t min(r A_i, clip(r, 1-ε_low, 1+ε_high) A_i),
     ε_low = 0.2, ε_high = 0.28, no KL.
-    Departures: dynamic sampling (dropping groups with zero reward variance) and overlong
-    reward shaping belong to the rollout side and are not done here; `rollout/frac_zero_std`
-    reports how many groups dynamic sampling would drop.
+    Departures: dynamic sampling (refilling groups with zero reward variance) and overlong
+    filtering / soft punishment belong to the rollout side: `--dynamic.*` of `locojax train`
+    (`train/dynamic_sampling.py`), off by default, for any algorithm.
     """
     return Algorithm("grpo", True, "token", "token-mean", eps_low=0.2, eps_high=0.28)
 

@@ -17,6 +17,8 @@ import tyro
 from locojax.envs.rewards import RewardConfig
 from locojax.rl.config import AlgoConfig, LearnerConfig, OptimConfig
 from locojax.rollout.limits import MultiTurnConfig
+from locojax.train.curation import CurationConfig
+from locojax.train.dynamic_sampling import DynamicSamplingConfig
 from locojax.train.placement import PlacementConfig
 
 
@@ -86,6 +88,11 @@ class TaskConfig:
     """Prompt template of gsm8k: plain or qwen (chat)."""
     autosubmit: bool = False
     """swe: at the env's turn limit, score the repository as if the model had submitted."""
+    train_size: int = 100_000
+    """Training problems of procedural tasks (arith, calc): a smaller pool is seen for more
+    epochs, which is where pass-rate curation has prompts to hold back."""
+    skip_invalid: bool = False
+    """gsm8k / math: skip malformed rows (and count them) instead of stopping at the first."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,6 +130,10 @@ class RunConfig:
     """Reward execution (timeouts, isolation)."""
     multiturn: MultiTurnConfig = MultiTurnConfig()
     """Multi-turn rollouts: turn and token limits, env timeouts and workers."""
+    curation: CurationConfig = CurationConfig()
+    """Pass-rate curation of the training prompts (RLAX)."""
+    dynamic: DynamicSamplingConfig = DynamicSamplingConfig()
+    """Dynamic sampling and overlong shaping (DAPO's rollout side)."""
     eval: EvalConfig = EvalConfig()
     """Held-out evaluation."""
     checkpoint: CheckpointConfig = CheckpointConfig()
@@ -158,6 +169,9 @@ class RunConfig:
     divided among its CPU devices)."""
     placement: Annotated[PlacementConfig, tyro.conf.OmitArgPrefixes] = PlacementConfig()
     """Ray modes: placement, staleness, leases (flags without a prefix: --max-staleness)."""
+    time_limit_s: float = 0.0
+    """Stop (evaluate, save, export) after the first step that ends this many seconds after
+    the trainer started; `steps` stays the upper bound. 0 = no limit. Hosts agree on it."""
 
     @property
     def group_size(self) -> int:
@@ -227,6 +241,15 @@ def check(cfg: RunConfig, num_processes: int, num_devices: int) -> None:
         bad(f"logprob_chunk must be >= 0, or -1 for automatic; got {cfg.logprob_chunk}")
     if cfg.device_memory_gb < 0:
         bad(f"device_memory_gb must be >= 0 (0: detect), got {cfg.device_memory_gb}")
+    if cfg.task.train_size < 1:
+        bad(f"task.train_size must be >= 1, got {cfg.task.train_size}")
+    if cfg.dynamic.overlong_buffer > cfg.rollout.max_new_tokens:
+        bad(f"dynamic.overlong_buffer={cfg.dynamic.overlong_buffer} exceeds "
+            f"rollout.max_new_tokens={cfg.rollout.max_new_tokens}")
+    if (cfg.dynamic.overlong_filter or cfg.dynamic.overlong_buffer) and cfg.rollout.ignore_eos:
+        bad("overlong shaping needs stop tokens: with rollout.ignore_eos every response is cut off")
+    if cfg.time_limit_s < 0:
+        bad(f"time_limit_s must be >= 0, got {cfg.time_limit_s}")
     from locojax.rl.algorithms import resolve
 
     resolve(cfg.learner_config().algo)  # unknown algorithm, missing Dr.GRPO constant, ...

@@ -2,7 +2,9 @@
 
 Global prompt slot i of step s is the (s·B + i)-th draw of an endless stream that walks the
 training split in a fresh seeded permutation each epoch. The data cursor is therefore just
-the step, and any host can compute its own slots without talking to the others.
+the step, and any host can compute its own slots without talking to the others. With
+pass-rate curation on (`curation.py`), held prompts are skipped, and the cursor (the next
+draw) is kept by the curator and saved in the checkpoint.
 """
 
 from __future__ import annotations
@@ -27,10 +29,12 @@ class PromptStream:
                 len(self.examples))}
         return self._perm[epoch]
 
+    def index(self, draw: int) -> int:
+        """The training-split index of the stream's `draw`-th prompt (0-based)."""
+        n = len(self.examples)
+        return int(self._permutation(draw // n)[draw % n])
+
     def take(self, step: int, per_step: int, start: int, stop: int) -> list[Example]:
         """Slots [start, stop) of step `step`'s `per_step` prompts."""
-        n = len(self.examples)
-        out = []
-        for i in range(step * per_step + start, step * per_step + stop):
-            out.append(self.examples[int(self._permutation(i // n)[i % n])])
-        return out
+        return [self.examples[self.index(i)]
+                for i in range(step * per_step + start, step * per_step + stop)]

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import time
 
 import jax
 import jax.numpy as jnp
@@ -39,6 +40,7 @@ from locojax.train import memory_plan
 from locojax.train import wiring as wiring_lib
 from locojax.train.comm_probe import AllReduceProbe
 from locojax.train.config import COMPUTE_DTYPES, RunConfig, TaskConfig, check
+from locojax.train.curation import Curator
 from locojax.train.data import PromptStream
 from locojax.train.producer import Producer, rollout_metrics
 from locojax.train.progress import Progress
@@ -52,15 +54,16 @@ FINAL_MODEL = "final_model"
 
 def build_task(cfg: TaskConfig, seed: int, max_turns: int = 0):
     if cfg.name in ("arith", "calc"):
-        return make_task(cfg.name, level=cfg.level, seed=seed)
+        return make_task(cfg.name, level=cfg.level, seed=seed, train_size=cfg.train_size)
     if cfg.name == "swe":  # the env's own turn limit follows --multiturn.max-turns
         return make_task("swe", level=cfg.level, seed=seed, train_dir=cfg.data or None,
                          test_dir=cfg.test_data or None, autosubmit=cfg.autosubmit,
                          **({"max_turns": max_turns} if max_turns else {}))
     if cfg.name == "gsm8k":
         return make_task("gsm8k", train_path=cfg.data, test_path=cfg.test_data or cfg.data,
-                         template=cfg.template)
-    return make_task(cfg.name, train_path=cfg.data, test_path=cfg.test_data or cfg.data)
+                         template=cfg.template, skip_invalid=cfg.skip_invalid)
+    return make_task(cfg.name, train_path=cfg.data, test_path=cfg.test_data or cfg.data,
+                     skip_invalid=cfg.skip_invalid)
 
 
 def sampling_config(cfg: RunConfig, tokenizer) -> SamplingConfig:
@@ -80,12 +83,21 @@ def multi_turn_limits(cfg: RunConfig, task, model_cfg) -> limits_lib.Limits | No
                               cfg.rollout.max_prompt_tokens, model_cfg.max_position_embeddings)
 
 
-def build_producer(cfg: RunConfig, engine, tokenizer, task, runner, root_key) -> Producer:
-    """The producer half of a step on `engine`; the same on the learner and on rollout workers."""
-    return Producer(engine, tokenizer, task, runner, PromptStream(task.train, cfg.seed),
+def build_curator(cfg: RunConfig, task) -> Curator:
+    """The run's admission state (pass-rate table, re-admission queue, data cursor)."""
+    return Curator(cfg.curation, PromptStream(task.train, cfg.seed), cfg.rollout.prompts_per_step,
+                   cfg.seed)
+
+
+def build_producer(cfg: RunConfig, engine, tokenizer, task, runner, root_key,
+                   curator: Curator | None = None) -> Producer:
+    """The producer half of a step on `engine`; the same on the learner and on rollout workers.
+    `curator`: the learner's, which it advances once per step; a rollout worker's own (curation
+    off: step s's plan is a function of s alone) by default."""
+    return Producer(engine, tokenizer, task, runner, curator or build_curator(cfg, task),
                     cfg.learner_config().algo, sampling_config(cfg, tokenizer),
                     cfg.rollout.prompts_per_step, cfg.rollout.max_prompt_tokens, root_key,
-                    cfg.multiturn, multi_turn_limits(cfg, task, engine.model_cfg))
+                    cfg.multiturn, multi_turn_limits(cfg, task, engine.model_cfg), cfg.dynamic)
 
 
 class Trainer:
@@ -98,6 +110,7 @@ class Trainer:
     """
 
     def __init__(self, cfg: RunConfig, make_wiring=None):
+        self.started = time.monotonic()
         self.cfg = cfg
         self.host = distributed.initialize(devices_per_host=cfg.devices_per_host or None)
         check(cfg, self.host.num_processes, jax.device_count())
@@ -134,9 +147,13 @@ class Trainer:
         self.logger = MetricsLogger(cfg.run_dir, enabled=self.is_main, tensorboard=cfg.tensorboard)
         self.ckpt = Checkpointer(os.path.join(os.path.abspath(cfg.run_dir), "checkpoints"),
                                  keep=cfg.checkpoint.keep)
+        # Admission state (pass-rate table, re-admission queue, data cursor): the same on
+        # every host, advanced once per step, saved with the checkpoint.
+        self.curator = build_curator(cfg, self.task)
         self.start_step, self.saved_rollouts = self._maybe_resume()
+        self.last_step = cfg.steps  # moved earlier when time_limit_s runs out
         self.producer = build_producer(cfg, self.engine, self.tokenizer, self.task, self.runner,
-                                       self.root_key)
+                                       self.root_key, self.curator)
         self.rollouts: RolloutSource = self.wiring.rollout_source(self.producer)
 
     def _plan_memory(self) -> memory_plan.MemoryPlan:
@@ -181,6 +198,10 @@ class Trainer:
         # The key is tiny and host-side: it travels in the JSON meta, identical on every host.
         self.root_key = jax.random.wrap_key_data(np.asarray(meta["rng"], np.uint32))
         step = int(meta["next_step"])
+        if "curation" in meta:
+            self.curator.load_state(meta["curation"])
+        else:  # a checkpoint from before curation: the cursor was always step x B
+            self.curator.step, self.curator.cursor = step, int(meta["data_cursor"])
         self.logger.truncate_after(step)  # lines are labelled 1..step for steps done
         log.info("resumed from %s at step %d", self.ckpt.directory, step)
         saved = (self.ckpt.restore_rollout(step), meta["rollouts"]) if "rollouts" in meta \
@@ -188,7 +209,8 @@ class Trainer:
         return step, saved
 
     def _save(self, step: int) -> None:
-        meta = {"next_step": step + 1, "data_cursor": (step + 1) * self.cfg.rollout.prompts_per_step,
+        meta = {"next_step": step + 1, "data_cursor": self.curator.cursor,
+                "curation": self.curator.state(),
                 "rng": np.asarray(jax.random.key_data(self.root_key)).tolist(),
                 "config": dataclasses.asdict(self.cfg), "mode": self.cfg.mode}
         arrays, meta["rollouts"] = self.rollouts.state(step + 1)  # buffer, leases, versions
@@ -209,16 +231,27 @@ class Trainer:
             ph.sync(self.state.params)
         metrics.update(self.rollouts.publish(step + 1, self.state.params, timer))
         metrics.update(rollout_metrics(self.wiring.sum_over_hosts(record.sums)))
+        with timer.phase("admission"):  # every host folds in every host's pass counts
+            observations = record.observations if not cfg.curation.enabled \
+                else self.wiring.gather_over_hosts(record.observations)
+            metrics.update(self.curator.update(record.plan, observations))
         if cfg.dump_rollouts:
             self._dump(step, record.rollouts)
-        if cfg.eval.every and ((step + 1) % cfg.eval.every == 0 or step + 1 == cfg.steps):
+        if cfg.time_limit_s and self._out_of_time():
+            self.last_step = step + 1  # this step is the run's last: evaluate and save it
+        if cfg.eval.every and ((step + 1) % cfg.eval.every == 0 or step + 1 == self.last_step):
             with timer.phase("eval"):
                 metrics.update(self.evaluate())
         return metrics
 
+    def _out_of_time(self) -> bool:
+        """Past time_limit_s on any host: decided together, so every host stops at one step."""
+        late = float(time.monotonic() - self.started >= self.cfg.time_limit_s)
+        return bool(self.wiring.sum_over_hosts({"late": np.float32(late)})["late"] > 0)
+
     def _checkpoint_due(self, step: int) -> bool:
         every = self.cfg.checkpoint.every
-        return (every and (step + 1) % every == 0) or step + 1 == self.cfg.steps
+        return (every and (step + 1) % every == 0) or step + 1 == self.last_step
 
     def _dump(self, step: int, out) -> None:
         path = os.path.join(self.cfg.run_dir, "rollouts",
@@ -283,17 +316,20 @@ class Trainer:
                 generated = last["rollout/response_length/mean"] * cfg.rollout.prompts_per_step \
                     * cfg.group_size
                 perf["perf/tokens_per_s"] = generated / max(perf["perf/step_time"], 1e-9)
+                perf["perf/elapsed_s"] = time.monotonic() - self.started
                 if probe is not None:
                     perf.update(probe.measure())
                 self.logger.log(step + 1, perf)
                 trace.after_step(step)
                 last.update(perf)
                 progress.update(step + 1, last)
+                if step + 1 == self.last_step:
+                    break
         trace.close()
         self.rollouts.close()
         if self.is_main and self.start_step < cfg.steps:
             models.save(os.path.join(cfg.run_dir, FINAL_MODEL), self.model_cfg, self.state.params,
-                        cfg.model, {"made_by": "locojax train", "steps": cfg.steps})
+                        cfg.model, {"made_by": "locojax train", "steps": self.last_step})
         self.ckpt.close()
         self.runner.close()
         if self.producer.envs is not None:

@@ -5,7 +5,8 @@ A wiring answers five questions for the loop:
 - which of the step's prompts does this process admit?        `host_slice`
 - on which devices does its engine generate, with which params? `engine`, `rollout_weights`
 - how do the hosts' rows become one global training batch?     `global_batch`
-- how are per-host statistics combined?                        `sum_over_hosts`
+- how are per-host statistics combined?                        `sum_over_hosts`,
+                                                               `gather_over_hosts`
 
 `single` (the Pathways-style baseline): one process owns every device. It admits all prompts,
 runs one SPMD generate over the global mesh (rows sharded over `data`), scores everything on
@@ -60,6 +61,9 @@ class Single:
     def sum_over_hosts(self, values: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return values
 
+    def gather_over_hosts(self, rows: np.ndarray) -> np.ndarray:
+        return rows
+
 
 class Colocated:
     name = "colocated"
@@ -104,6 +108,13 @@ class Colocated:
         stacked = multihost_utils.process_allgather(
             np.stack([np.asarray(values[k], np.float32) for k in keys]))
         return dict(zip(keys, np.asarray(stacked).sum(axis=0)))
+
+    def gather_over_hosts(self, rows: np.ndarray) -> np.ndarray:
+        """Every host's [n, ...] rows (the same n on each), concatenated in process order."""
+        if jax.process_count() == 1:
+            return rows
+        stacked = np.asarray(multihost_utils.process_allgather(rows))
+        return stacked.reshape(-1, *rows.shape[1:])
 
 
 WIRINGS = {"single": Single, "colocated": Colocated}

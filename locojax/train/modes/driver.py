@@ -47,6 +47,11 @@ def check_settings(cfg: RunConfig) -> Plan:
                          "process, not under `locojax launch`")
     plan = make_plan(cfg.mode, cfg.placement, cfg.rollout.prompts_per_step, cfg.devices_per_host)
     check(cfg, plan.learner_hosts, plan.learner_hosts * plan.devices_per_host)
+    if cfg.curation.enabled or cfg.dynamic.max_rounds:
+        # Workers plan each step's prompts on their own: exact only while step s's plan is a
+        # function of s alone, i.e. with no pass-rate table learnt on the learner.
+        raise ValueError(f"mode {cfg.mode!r}: --curation.enabled and --dynamic.max-rounds run in "
+                         "the single and colocated modes so far")
     ckpts = os.path.join(cfg.run_dir, "checkpoints")
     if not cfg.checkpoint.resume and os.path.isdir(ckpts) and any(
             name.isdigit() for name in os.listdir(ckpts)):
