@@ -97,7 +97,7 @@ def build_producer(cfg: RunConfig, engine, tokenizer, task, runner, root_key,
     return Producer(engine, tokenizer, task, runner, curator or build_curator(cfg, task),
                     cfg.learner_config().algo, sampling_config(cfg, tokenizer),
                     cfg.rollout.prompts_per_step, cfg.rollout.max_prompt_tokens, root_key,
-                    cfg.multiturn, multi_turn_limits(cfg, task, engine.model_cfg), cfg.dynamic)
+                    cfg.dynamic, cfg.multiturn, multi_turn_limits(cfg, task, engine.model_cfg))
 
 
 class Trainer:

@@ -72,8 +72,8 @@ class Producer:
     def __init__(self, engine: Engine, tokenizer: Tokenizer, task: Task, runner: RewardRunner,
                  curator: Curator, algo: AlgoConfig, sampling: SamplingConfig,
                  prompts_per_step: int, max_prompt_tokens: int, root_key: jax.Array,
-                 multi: MultiTurnConfig | None = None, limits: Limits | None = None,
                  dynamic: ds.DynamicSamplingConfig = ds.DynamicSamplingConfig(),
+                 multi: MultiTurnConfig | None = None, limits: Limits | None = None,
                  rollout_fn=rollout):
         self.engine, self.tokenizer, self.task, self.runner = engine, tokenizer, task, runner
         self.curator, self.algo, self.sampling, self.dynamic = curator, algo, sampling, dynamic
