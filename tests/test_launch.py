@@ -75,8 +75,12 @@ def test_ctrl_c_stops_every_host(tmp_path):
         open(os.path.join(pid_dir, os.environ["LOCOJAX_PROCESS_ID"]), "w").write(str(os.getpid()))
         time.sleep(120)
     """))
+    # The driver stands for `locojax launch` in a terminal, where Ctrl-C raises
+    # KeyboardInterrupt. A test run started in the background (nohup, `&` in a script) has
+    # SIGINT ignored, which children inherit: restore the terminal's default first.
     driver = textwrap.dedent(f"""
-        import sys
+        import signal, sys
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         from locojax.commands.launch import LaunchArgs, cpu_shares, launch
         child = [sys.executable, {str(host)!r}]
         sys.exit(launch(LaunchArgs(hosts=2, grace_s=1.0), child))
