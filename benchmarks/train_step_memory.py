@@ -96,7 +96,8 @@ def measure(name: str, xla_only: bool) -> None:
     gb = lambda b: f"{b / 1e9:6.2f}"  # noqa: E731
     shared = f"P {prefix[0]:3d} G {prefix[1]}" if prefix else "no prefix"
     line = (f"{name:28s} {rows:4d} x {columns:<4d} {shared:9s} args "
-            f"{gb(m.argument_size_in_bytes)} aliased {gb(m.alias_size_in_bytes)} temporaries {gb(m.temp_size_in_bytes)} GB")
+            f"{gb(m.argument_size_in_bytes)} aliased {gb(m.alias_size_in_bytes)} temporaries "
+            f"{gb(m.temp_size_in_bytes)} GB")
     if not xla_only:
         from locojax.train.memory_plan import expected_train_temporaries
 
