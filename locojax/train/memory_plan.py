@@ -146,8 +146,7 @@ def _forward_residual_bytes(cfg: ModelConfig, rows: int, columns: int, group: in
                             remat: bool, platform: str) -> int:
     """Bytes autodiff keeps from the whole differentiated forward of `sequence_logprobs` (the
     hidden states the logits read), exactly as the train step runs it: with `group` > 1 the
-    prompt once per group (`train_step._prefix_hidden`), its keys and values repeated to
-    every row; with remat, every layer's input (and the repeated keys and values)."""
+    prompt once per group (`train_step._prefix_hidden`); with remat, every layer's input."""
     w = params_lib.abstract(cfg)
     tok = jax.ShapeDtypeStruct((rows, columns), jnp.int32)
     mask = jax.ShapeDtypeStruct((rows, columns), bool)
@@ -191,16 +190,15 @@ def expected_train_temporaries(cfg: ModelConfig, learner: LearnerConfig, rows: i
     - activations: what autodiff keeps of the whole forward (`_forward_residual_bytes`: all
       of every layer's residuals, or with remat only every layer's input), plus one layer's
       residuals for the gradients of the layer being differentiated (twice with remat: it is
-      recomputed, and its gradients);
-    - prompt KV gradients (prompt shared by a group): the gradients of the prompt's keys and
-      values, one per row, before each group's are summed;
+      recomputed, and its gradients); with the prompt shared by a group, a layer step is the
+      prompt's layer, its keys and values repeated to every row, and the responses' layer;
     - compute copy of the embedding (compute dtype below the params'), and on CPU its f32
       upcast: XLA:CPU has no bf16 x bf16 dot.
     """
     platform = platform or jax.default_backend()
     micro = rows // learner.rows_multiple  # rows of one micro-batch, all devices
     local = max(1, micro // devices)
-    v, d, layers = cfg.vocab_size, cfg.hidden_size, cfg.num_hidden_layers
+    v, d = cfg.vocab_size, cfg.hidden_size
     out = {"gradients": cfg.num_params() * 4 * (2 if learner.grad_accum > 1 else 1)}
     targets = logit_positions(columns, prefix)
     chunk = qwen3.logprob_chunk_size(micro, targets, v, learner.logprob_chunk)
@@ -208,19 +206,17 @@ def expected_train_temporaries(cfg: ModelConfig, learner: LearnerConfig, rows: i
     if chunk:
         out["embedding-gradient partial"] = v * d * 4
     group = _group_in_step(prefix, learner, local)
-    if group > 1:
+    if group > 1:  # a layer step runs the prompt's rows, then every row's response
         p = prefix.columns
-        one_layer = max(layer_residual_bytes(cfg, local // group, p, platform),
-                        layer_residual_bytes(cfg, local, columns - p - 1, platform, slots=p))
+        repeated_kv = 2 * local * cfg.num_key_value_heads * cfg.head_dim * p * cfg.dtype.itemsize
+        one_layer = (layer_residual_bytes(cfg, local // group, p, platform) + repeated_kv
+                     + layer_residual_bytes(cfg, local, columns - p - 1, platform, slots=p))
     else:
         p = 0
         one_layer = layer_residual_bytes(cfg, local, columns - 1, platform)
     out["activations"] = (_forward_residual_bytes(cfg, local, columns, group, p, learner.remat,
                                                   platform)
                           + (2 if learner.remat else 1) * one_layer)
-    if group > 1:
-        out["prompt KV gradients"] = (2 * layers * local * cfg.num_key_value_heads
-                                      * cfg.head_dim * p * cfg.dtype.itemsize)
     if cfg.dtype.itemsize < cfg.weight_dtype.itemsize:
         out["compute copy of the embedding"] = v * d * cfg.dtype.itemsize
         if platform == "cpu" and cfg.dtype.itemsize < 4:
