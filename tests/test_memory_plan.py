@@ -28,25 +28,30 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_gsm8k_sized_train_step_stays_within_the_plan():
-    """The gsm8k preset's batch (32 prompts x G 8 = 256 rows of 256 + 512 tokens) at
-    Qwen3's vocabulary (151,936) with a narrow 2-layer model, compiled only."""
+    """The gsm8k preset's batch (32 prompts x G 8 = 256 rows of 256 + 512 tokens, with the
+    shared prefix a run's batch has) at Qwen3's vocabulary (151,936) with a narrow 2-layer
+    model, compiled only."""
     preset = gsm8k_qwen3()
     rows = preset.rollout.prompts_per_step * preset.group_size
-    columns = preset.rollout.max_prompt_tokens + preset.rollout.max_new_tokens
+    p = preset.rollout.max_prompt_tokens
+    columns = p + preset.rollout.max_new_tokens
+    prefix = batch_lib.SharedPrefix(p, preset.group_size)
     cfg = config.tiny(vocab_size=151_936)
     learner = preset.learner_config()
     mesh = make_mesh({"data": 1}, jax.devices()[:1])
     compiled = train_step.compile_update(train_state.abstract(cfg, learner.optim, mesh),
-                                         batch_lib.abstract(rows, columns, mesh), cfg, learner,
-                                         mesh=mesh)
+                                         batch_lib.abstract(rows, columns, mesh,
+                                                            shared_prefix=prefix),
+                                         cfg, learner, mesh=mesh)
     temps = compiled.memory_analysis().temp_size_in_bytes
-    expected = memory_plan.expected_train_temporaries(cfg, learner, rows, columns, devices=1)
-    whole_logits = rows * (columns - 1) * cfg.vocab_size * 4  # 119 GB of f32
+    expected = memory_plan.expected_train_temporaries(cfg, learner, rows, columns, devices=1,
+                                                      prefix=prefix)
+    whole_logits = rows * (columns - p) * cfg.vocab_size * 4  # 80 GB of f32 response logits
     # The logits the plan expects are single positions (chunked by default at this size).
     assert expected["logits"] == 5 * rows * 1 * cfg.vocab_size * 4
     # XLA's temporaries stay within the expectation (its terms summed), which is well below
-    # one whole [B, T, V] buffer: none is held, in the forward or the backward. (Most of the
-    # bound is attention: 256 x 4 heads x 767^2 f32 scores are 2.4 GB per buffer.)
+    # one whole [B, T - P, V] buffer: none is held, in the forward or the backward. (Most of
+    # the bound is attention: 256 rows x 4 heads x 511 x 767 f32 scores are 1.6 GB each.)
     assert temps <= sum(expected.values())
     assert sum(expected.values()) < whole_logits / 2
 

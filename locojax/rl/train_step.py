@@ -104,26 +104,44 @@ def _prefix_hidden(params, tokens, positions, attn_mask, model_cfg, p: int, g: i
                    remat: bool = False):
     """Hidden states [B, T-P, D] of positions P-1 .. T-2, the prompt run once per group.
 
-    The first row of each group holds the group's prompt: its forward gives the keys and
-    values the group's responses attend to (repeated G times, so the backward sums the G
-    rows' cotangents into one prompt backward) and the hidden state at P - 1, which predicts
-    every row's first response token. Reshapes keep groups inside a device's rows.
+    The first row of each group holds the group's prompt. One scan over the layers runs, per
+    layer, the prompt's rows [B/G, P], then the responses [B, T-P-1], which attend to that
+    layer's prompt keys and values (repeated G times, so the backward sums the G rows'
+    cotangents into one prompt backward), then causally to each other: `qwen3.forward_after`'s
+    attention, with the prompt's forward in the same layer step. One scan, not a prompt scan
+    then a response scan: two scans over the same layers each stacked a gradient of every
+    layer's weights before their sum (1.76 GB more at 0.6B, docs/real_size.md), and the
+    repeated keys and values of all layers at once. The hidden state at P - 1 predicts every
+    row's first response token. Reshapes keep groups inside a device's rows.
     """
-    b = tokens.shape[0]
+    cfg, b = model_cfg, tokens.shape[0]
     first = lambda x: x.reshape(b // g, g, *x.shape[1:])[:, 0, :p]  # noqa: E731  [B/G, P]
-    hidden_p, kv = qwen3.forward(params, first(tokens), first(positions), model_cfg,
-                                 mask=first(attn_mask), keep_kv=True, unroll=unroll,
-                                 remat=remat)
 
-    def rows(x, axis):  # [..., B/G, ...] → [..., B, ...], each group's entry G times
-        x = jnp.expand_dims(x, axis + 1)
-        shape = x.shape[:axis + 1] + (g,) + x.shape[axis + 2:]
-        return jnp.broadcast_to(x, shape).reshape(*shape[:axis], b, *shape[axis + 2:])
+    def rows(x):  # [B/G, ...] → [B, ...], each group's entry G times
+        return jnp.broadcast_to(x[:, None], (x.shape[0], g, *x.shape[1:])).reshape(b, *x.shape[1:])
 
-    kv = qwen3.KVCache(rows(kv.k, 1), rows(kv.v, 1), rows(kv.valid, 0), kv.index)
-    rest = qwen3.forward_after(params, kv, tokens[:, p:-1], positions[:, p:-1], model_cfg,
-                               mask=attn_mask[:, p:-1], unroll=unroll, remat=remat)  # [B, T-P-1, D]
-    return jnp.concatenate([rows(hidden_p[:, -1:], 0), rest], axis=1)
+    def embed(t):
+        return jnp.take(params["embed"], t, axis=0).astype(cfg.dtype)  # [., ., D]
+
+    pos_p, mask_p = first(positions), first(attn_mask)  # [B/G, P]
+    pos_r, mask_r = positions[:, p:-1], attn_mask[:, p:-1]  # [B, R-1]
+    r = pos_r.shape[1]
+    causal_p = jnp.tril(jnp.ones((p, p), bool))[None] & mask_p[:, None, :]  # [B/G, P, P]
+    causal_r = jnp.tril(jnp.ones((r, r), bool))[None] & mask_r[:, None, :]  # [B, R-1, R-1]
+    visible_r = (jnp.broadcast_to(rows(mask_p)[:, None], (b, r, p)), causal_r)
+
+    def body(carry, w):
+        x_p, x_r = carry
+        x_p, (k, v) = qwen3._layer(cfg, x_p, w, pos_p, (None, causal_p))
+        x_r, _ = qwen3._layer(cfg, x_r, w, pos_r, visible_r, (rows(k), rows(v)))
+        return (x_p, x_r), None
+
+    if remat:  # prevent_cse is needed only where the scan is unrolled into straight code
+        body = jax.checkpoint(body, prevent_cse=unroll)
+    (x_p, x_r), _ = jax.lax.scan(body, (embed(first(tokens)), embed(tokens[:, p:-1])),
+                                 params["layers"], unroll=unroll)
+    norm = lambda x: qwen3.rms_norm(x, params["final_norm"], cfg.rms_norm_eps)  # noqa: E731
+    return jnp.concatenate([rows(norm(x_p[:, -1:])), norm(x_r)], axis=1)
 
 
 compute_logprobs = jax.jit(sequence_logprobs,

@@ -98,73 +98,136 @@ class Program:
                 + self.arguments - self.held_arguments)
 
 
-def layer_residual_bytes(cfg: ModelConfig, rows: int, t: int, platform: str) -> int:
-    """Bytes autodiff keeps from one decoder layer's forward for its backward, on rows x t.
-
-    Counted exactly from `jax.vjp` of `qwen3._layer` at these shapes (traced abstractly,
-    nothing runs): the pullback's residuals, less the layer's own inputs. On CPU a bf16
-    residual also gets an f32 copy, since XLA:CPU upcasts both operands of a bf16 dot.
-    """
-    shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype),
-                          params_lib.abstract(cfg)["layers"])  # one layer's weights
-    x = jax.ShapeDtypeStruct((rows, t, cfg.hidden_size), cfg.dtype)
+def _residual_bytes(fn, args, platform: str, consts=()) -> int:
+    """Bytes `jax.vjp(fn, *args)` keeps for the backward (its pullback's residuals), less the
+    arguments themselves; `consts`: more arguments of `fn`, not differentiated. Traced
+    abstractly: nothing runs. On CPU a bf16 residual also gets an f32 copy, since XLA:CPU
+    upcasts both operands of a bf16 dot."""
     total = {}
 
-    def probe(x, w):
-        visible = (None, jnp.ones((rows, t, t), bool))
-        _, pullback = jax.vjp(
-            lambda x, w: qwen3._layer(cfg, x, w, jnp.zeros((rows, t), jnp.int32), visible)[0],
-            x, w)
-        inputs = {id(a) for a in jax.tree.leaves((x, w))}
+    def probe(args, consts):
+        _, pullback = jax.vjp(lambda *a: fn(*a, *consts), *args)
+        inputs = {id(a) for a in jax.tree.leaves((args, consts))}
         upcast = platform == "cpu"
         total["bytes"] = sum(
             a.size * (a.dtype.itemsize + (4 if upcast and a.dtype == jnp.bfloat16 else 0))
             for a in jax.tree.leaves(pullback) if id(a) not in inputs)
         return 0
 
-    jax.eval_shape(probe, x, shapes)
+    jax.eval_shape(probe, args, consts)
     return total["bytes"]
 
 
+def layer_residual_bytes(cfg: ModelConfig, rows: int, t: int, platform: str,
+                         slots: int = 0) -> int:
+    """Bytes autodiff keeps from one decoder layer's forward for its backward, on rows x t
+    (attending to `slots` prompt keys first, as `qwen3.forward_after` does, when > 0).
+
+    Counted exactly from `jax.vjp` of `qwen3._layer` at these shapes, less the layer's own
+    inputs (weights, and the prompt's keys and values)."""
+    shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype),
+                          params_lib.abstract(cfg)["layers"])  # one layer's weights
+    x = jax.ShapeDtypeStruct((rows, t, cfg.hidden_size), cfg.dtype)
+    pos = jnp.zeros((rows, t), jnp.int32)
+    causal = jnp.ones((rows, t, t), bool)
+    if not slots:
+        return _residual_bytes(lambda x, w: qwen3._layer(cfg, x, w, pos, (None, causal))[0],
+                               (x, shapes), platform)
+    kv = (rows, cfg.num_key_value_heads, cfg.head_dim, slots)
+    k = jax.ShapeDtypeStruct(kv, cfg.dtype)
+    v = jax.ShapeDtypeStruct((*kv[:2], slots, kv[2]), cfg.dtype)
+    visible = (jnp.ones((rows, t, slots), bool), causal)
+    return _residual_bytes(
+        lambda x, w, k, v: qwen3._layer(cfg, x, w, pos, visible, (k, v))[0],
+        (x, shapes, k, v), platform)
+
+
+def _forward_residual_bytes(cfg: ModelConfig, rows: int, columns: int, group: int, p: int,
+                            remat: bool, platform: str) -> int:
+    """Bytes autodiff keeps from the whole differentiated forward of `sequence_logprobs` (the
+    hidden states the logits read), exactly as the train step runs it: with `group` > 1 the
+    prompt once per group (`train_step._prefix_hidden`); with remat, every layer's input."""
+    w = params_lib.abstract(cfg)
+    tok = jax.ShapeDtypeStruct((rows, columns), jnp.int32)
+    mask = jax.ShapeDtypeStruct((rows, columns), bool)
+    if group > 1:
+        def hidden(w, tokens, positions, attn):
+            return train_step_lib._prefix_hidden(w, tokens, positions, attn, cfg, p, group,
+                                                 False, remat)
+    else:
+        def hidden(w, tokens, positions, attn):
+            return qwen3.forward(w, tokens[:, :-1], positions[:, :-1], cfg, mask=attn[:, :-1],
+                                 remat=remat)[0]
+    return _residual_bytes(hidden, (w,), platform, consts=(tok, tok, mask))
+
+
+def _group_in_step(prefix, learner: LearnerConfig, local: int) -> int:
+    """Rows per group that the step's forward shares its prompt over (1: none shared).
+
+    As in `train_step`: a strided split into several micro-batches, or a device holding part
+    of a group, leaves no whole group."""
+    if prefix is None or learner.rows_multiple > 1 or local % prefix.group:
+        return 1
+    return prefix.group
+
+
 def expected_train_temporaries(cfg: ModelConfig, learner: LearnerConfig, rows: int, columns: int,
-                               devices: int, platform: str | None = None) -> dict[str, int]:
+                               devices: int, platform: str | None = None,
+                               prefix=None) -> dict[str, int]:
     """Named buffers a train step needs per device beyond its state, derived from shapes.
 
     rows x columns: the global batch; devices: how many share its rows (data parallel, params
-    replicated). Meant as an upper bound, term by term; XLA:CPU's temporaries came to 0.65 to
-    0.96 of it in every configuration measured (f32 and bf16, remat or not, 2 to 28 layers,
-    grad_accum 2, β > 0, V up to 151,936: docs/real_size.md). The terms:
+    replicated); prefix: the batch's `TrainBatch.shared_prefix` (what a run's batch has).
+    Meant as an upper bound, term by term: docs/real_size.md has XLA:CPU's temporaries
+    against it in every configuration measured (f32 and bf16, remat or not, 2 to 28 layers,
+    grad_accum 2, β > 0, V up to 151,936, shared prefix or not). The terms:
     - gradients: one f32 copy of the params (two with grad_accum > 1: the running sum and a
       micro-batch's own); the optimizer then updates in place (`train_state.apply_in_place`);
     - logits: five f32 buffers of one chunk's size: logits, log-softmax, its exp, the
-      entropy's product, the logit gradient;
+      entropy's product, the logit gradient; over the positions that predict a target (the
+      response's, with a shared prefix);
     - embedding-gradient partial: a chunk's [V, D] head gradient before it joins the sum;
-    - activations: `layer_residual_bytes` per layer (what autodiff keeps), for every layer
-      plus one more for the gradients of the layer being differentiated; with remat only
-      every layer's input, plus one layer's residuals twice (recomputed, and their
-      gradients);
+    - activations: what autodiff keeps of the whole forward (`_forward_residual_bytes`: all
+      of every layer's residuals, or with remat only every layer's input), plus one layer's
+      residuals for the gradients of the layer being differentiated (twice with remat: it is
+      recomputed, and its gradients); with the prompt shared by a group, a layer step is the
+      prompt's layer, its keys and values repeated to every row, and the responses' layer;
     - compute copy of the embedding (compute dtype below the params'), and on CPU its f32
       upcast: XLA:CPU has no bf16 x bf16 dot.
     """
     platform = platform or jax.default_backend()
     micro = rows // learner.rows_multiple  # rows of one micro-batch, all devices
-    local, t = max(1, micro // devices), columns - 1  # the forward runs on T - 1 positions
-    v, d, layers = cfg.vocab_size, cfg.hidden_size, cfg.num_hidden_layers
+    local = max(1, micro // devices)
+    v, d = cfg.vocab_size, cfg.hidden_size
     out = {"gradients": cfg.num_params() * 4 * (2 if learner.grad_accum > 1 else 1)}
-    chunk = qwen3.logprob_chunk_size(micro, t, v, learner.logprob_chunk)
-    out["logits"] = 5 * local * (chunk or t) * v * 4
+    targets = logit_positions(columns, prefix)
+    chunk = qwen3.logprob_chunk_size(micro, targets, v, learner.logprob_chunk)
+    out["logits"] = 5 * local * (chunk or targets) * v * 4
     if chunk:
         out["embedding-gradient partial"] = v * d * 4
-    residuals = layer_residual_bytes(cfg, local, t, platform)
-    if learner.remat:
-        out["activations"] = layers * local * t * d * cfg.dtype.itemsize + 2 * residuals
+    group = _group_in_step(prefix, learner, local)
+    if group > 1:  # a layer step runs the prompt's rows, then every row's response
+        p = prefix.columns
+        repeated_kv = 2 * local * cfg.num_key_value_heads * cfg.head_dim * p * cfg.dtype.itemsize
+        one_layer = (layer_residual_bytes(cfg, local // group, p, platform) + repeated_kv
+                     + layer_residual_bytes(cfg, local, columns - p - 1, platform, slots=p))
     else:
-        out["activations"] = (layers + 1) * residuals
+        p = 0
+        one_layer = layer_residual_bytes(cfg, local, columns - 1, platform)
+    out["activations"] = (_forward_residual_bytes(cfg, local, columns, group, p, learner.remat,
+                                                  platform)
+                          + (2 if learner.remat else 1) * one_layer)
     if cfg.dtype.itemsize < cfg.weight_dtype.itemsize:
         out["compute copy of the embedding"] = v * d * cfg.dtype.itemsize
         if platform == "cpu" and cfg.dtype.itemsize < 4:
             out["compute copy of the embedding"] += v * d * 4
     return out
+
+
+def logit_positions(columns: int, prefix=None) -> int:
+    """Positions per row whose logits the train step computes: all T - 1 that predict a
+    token, or with a shared prefix of P columns only the T - P that predict the response."""
+    return columns - prefix.columns if prefix is not None else columns - 1
 
 
 def detect_device_memory(override_gb: float = 0.0) -> tuple[int | None, str]:
@@ -338,13 +401,15 @@ def plan(model_cfg: ModelConfig, learner: LearnerConfig, state, batch, ref_param
                                    weights + cache, 0.0))
     rows, columns = batch.tokens.shape
     devices = int(np.prod(list(mesh.shape.values()))) if mesh is not None else 1
-    chunk = qwen3.logprob_chunk_size(rows // learner.rows_multiple, columns - 1,
+    chunk = qwen3.logprob_chunk_size(rows // learner.rows_multiple,
+                                     logit_positions(columns, batch.shared_prefix),
                                      model_cfg.vocab_size, learner.logprob_chunk)
     settings = {"precision": precision, "remat": learner.remat, "grad_accum": learner.grad_accum,
                 "logprob_chunk": learner.logprob_chunk,
                 "logits": f"chunks of {chunk} positions" if chunk else "one piece",
                 "rows_per_micro": max(1, rows // learner.rows_multiple // devices)}
     memory, source = detect_device_memory(device_memory_gb)
-    expected = expected_train_temporaries(model_cfg, learner, rows, columns, devices)
+    expected = expected_train_temporaries(model_cfg, learner, rows, columns, devices,
+                                          prefix=batch.shared_prefix)
     return MemoryPlan(held, caches, programs, expected, settings, memory, source,
                       jax.local_device_count())
