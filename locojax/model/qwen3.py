@@ -219,35 +219,6 @@ def forward(
     return x, KVCache(ks, vs, valid, cache.index + t)
 
 
-def forward_after(weights: Weights, prefix: KVCache, tokens: jax.Array, positions: jax.Array,
-                  cfg: ModelConfig, mask: jax.Array | None = None,
-                  unroll: bool = False, remat: bool = False) -> jax.Array:
-    """Final hidden states [B, T, D] of T tokens that continue `prefix`, a `keep_kv` cache of
-    the same B rows: they attend to its valid slots, then causally to each other.
-
-    Nothing is written to the cache and it is not donated, so this is differentiable through
-    the prefix's keys and values: the trainer's twin of the sampler's prefill-then-decode. With
-    a prefix shared by a group of rows (its KV repeated), the prefix's forward and backward
-    run once per group. `unroll` and `remat` as in `forward`.
-    """
-    b, t = tokens.shape
-    mask = jnp.ones((b, t), bool) if mask is None else mask
-    x = jnp.take(weights["embed"], tokens, axis=0).astype(cfg.dtype)  # [B, T, D]
-    causal = jnp.tril(jnp.ones((t, t), bool))[None] & mask[:, None, :]  # [B, T, T]
-    s = prefix.v.shape[3]
-    visible = (jnp.broadcast_to(prefix.valid[:, None], (b, t, s)), causal)
-
-    def body(x, layer):
-        w, k_i, v_i = layer
-        x, _ = _layer(cfg, x, w, positions, visible, (k_i, v_i))
-        return x, None
-
-    if remat:
-        body = jax.checkpoint(body, prevent_cse=unroll)
-    x, _ = jax.lax.scan(body, x, (weights["layers"], prefix.k, prefix.v), unroll=unroll)
-    return rms_norm(x, weights["final_norm"], cfg.rms_norm_eps)
-
-
 def unroll_for_grad(cfg: ModelConfig) -> bool:
     """Whether a differentiated forward of this model should unroll its layers."""
     return cfg.num_hidden_layers <= UNROLL_MAX_LAYERS

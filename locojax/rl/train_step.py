@@ -107,12 +107,11 @@ def _prefix_hidden(params, tokens, positions, attn_mask, model_cfg, p: int, g: i
     The first row of each group holds the group's prompt. One scan over the layers runs, per
     layer, the prompt's rows [B/G, P], then the responses [B, T-P-1], which attend to that
     layer's prompt keys and values (repeated G times, so the backward sums the G rows'
-    cotangents into one prompt backward), then causally to each other: `qwen3.forward_after`'s
-    attention, with the prompt's forward in the same layer step. One scan, not a prompt scan
-    then a response scan: two scans over the same layers each stacked a gradient of every
-    layer's weights before their sum (1.76 GB more at 0.6B, docs/real_size.md), and the
-    repeated keys and values of all layers at once. The hidden state at P - 1 predicts every
-    row's first response token. Reshapes keep groups inside a device's rows.
+    cotangents into one prompt backward), then causally to each other. One scan, not a
+    prompt scan then a response scan: two scans over the same layers each stacked a gradient
+    of every layer's weights before their sum (1.76 GB more at 0.6B, docs/real_size.md), and
+    the repeated keys and values of all layers at once. The hidden state at P - 1 predicts
+    every row's first response token. Reshapes keep groups inside a device's rows.
     """
     cfg, b = model_cfg, tokens.shape[0]
     first = lambda x: x.reshape(b // g, g, *x.shape[1:])[:, 0, :p]  # noqa: E731  [B/G, P]

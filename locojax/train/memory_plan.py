@@ -121,7 +121,8 @@ def _residual_bytes(fn, args, platform: str, consts=()) -> int:
 def layer_residual_bytes(cfg: ModelConfig, rows: int, t: int, platform: str,
                          slots: int = 0) -> int:
     """Bytes autodiff keeps from one decoder layer's forward for its backward, on rows x t
-    (attending to `slots` prompt keys first, as `qwen3.forward_after` does, when > 0).
+    (attending to `slots` prompt keys first, as the shared-prefix forward's responses do,
+    when > 0).
 
     Counted exactly from `jax.vjp` of `qwen3._layer` at these shapes, less the layer's own
     inputs (weights, and the prompt's keys and values)."""
