@@ -99,7 +99,7 @@ def test_trajectory_loss_is_the_loss_of_its_model_tokens(mode):
     state = train_state.init(jax.tree.map(jnp.copy, w), cfg.optim, model_cfg)
     _, metrics, grads = train_step(state, batch, model_cfg=model_cfg, cfg=cfg,
                                    return_grads=True)
-    got = {k: float(v) for k, v in metrics.items()}
+    got = {k: float(v) for k, v in metrics.items() if k != "actor/is_weight_hist"}  # [bins]
     for name in ("actor/pg_loss", "actor/kl", "actor/is_weight_mean", "actor/entropy"):
         assert abs(got[name] - ref_m[name]) <= RTOL * max(abs(ref_m[name]), 1.0), name
     g, rg = jax.tree.leaves(grads), jax.tree.leaves(ref_g)

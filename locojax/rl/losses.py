@@ -120,8 +120,9 @@ def is_weight_histogram(old_logp, behav_logp, mask, stale, counts: Counts, cap: 
     n = is_weight_bins(cap)
     w = truncated_is_weight(old_logp, behav_logp, mask, jnp.ones_like(stale), cap, level)
     idx = jnp.clip(jnp.floor((jnp.log(w) - IS_HIST_LOW) / IS_HIST_WIDTH), 0, n - 1)
-    weight = (mask & stale[:, None]).astype(jnp.float32) / jnp.maximum(counts.tokens, 1.0)
-    return jnp.zeros((n,), jnp.float32).at[idx.astype(jnp.int32).reshape(-1)].add(
+    dtype = jnp.promote_types(w.dtype, jnp.float32)  # an f64 run sums its fractions in f64
+    weight = (mask & stale[:, None]).astype(dtype) / jnp.maximum(counts.tokens, 1.0)
+    return jnp.zeros((n,), dtype).at[idx.astype(jnp.int32).reshape(-1)].add(
         weight.reshape(-1))
 
 
