@@ -9,6 +9,7 @@ from locojax.envs.base import Example
 from locojax.rl import batch as batch_lib
 from locojax.rollout.single_turn import Rollouts
 from locojax.train.buffer import RolloutBuffer, staleness_sums
+from locojax.train.curation import Plan
 from locojax.train.leases import LeaseTable, Schedule
 from locojax.train.producer import RolloutRecord
 
@@ -32,9 +33,14 @@ def record(step, start, stop, version):
         group_ids=(step * 100 + rows).astype(np.int32))
     batch = batch_lib.from_rollout(ro.rows(ro.prompt_tokens), ro.rows(ro.prompt_mask),
                                    ro.tokens, ro.mask, ro.logprobs,
-                                   np.float32(0.5) * rows, ro.group_ids)
+                                   np.float32(0.5) * rows, ro.group_ids, group_size=G)
     sums = {"rows": float(b * G), "reward": float(ro.rewards.sum())}
-    return RolloutRecord(step=step, version=version, batch=batch, sums=sums, rollouts=ro)
+    # The step's plan (every unit carries all 8 slots') and one pass-count row per slot:
+    # (slot, round 0, prompt index 100·step + slot, solved = slot % 3, samples G).
+    plan = Plan(step, tuple(100 * step + np.arange(8)), 8 * step, 8 * step + 8, 0, 0)
+    obs = np.stack([slots, 0 * slots, 100 * step + slots, slots % 3, 0 * slots + G], 1)
+    return RolloutRecord(step=step, version=version, batch=batch, sums=sums, rollouts=ro,
+                         plan=plan, observations=obs.astype(np.int32))
 
 
 def filled(k=2, step=3, versions=(1, 2)):
@@ -57,6 +63,9 @@ def test_take_is_slot_ordered_and_carries_per_row_staleness():
     assert r.sums["rows"] == 16 and r.sums["stale/1"] == 8 and r.sums["stale/2"] == 8
     assert r.sums["stale/0"] == 0  # every bucket 0..k present
     assert r.rollouts.texts == [f"t{x}" for x in np.repeat(np.arange(8), G)]
+    assert r.plan.step == 3 and r.plan.indices == tuple(300 + np.arange(8))
+    np.testing.assert_array_equal(r.observations[:, 0], np.arange(8))  # every slot, in order
+    assert r.batch.shared_prefix == batch_lib.SharedPrefix(columns=P, group=G)
     batch_lib.validate(r.batch)
 
 
@@ -72,6 +81,9 @@ def test_host_shares_tile_the_step_and_sums_count_once():
     for key, value in whole.sums.items():  # summing over hosts, as the loop does, is exact
         assert sum(s.sums[key] for s in shares) == value
     assert all(v == 0 for s in shares[1:] for v in s.sums.values())
+    for h, s in enumerate(shares):  # each host: the pass counts of its own 2 slots, once
+        np.testing.assert_array_equal(s.observations, whole.observations[2 * h:2 * h + 2])
+        assert s.plan == whole.plan and s.batch.shared_prefix == whole.batch.shared_prefix
     with pytest.raises(ValueError, match="whole groups"):
         buf.take(3, host=0, num_hosts=16)
 
@@ -109,5 +121,21 @@ def test_state_round_trip_gives_the_same_records():
         assert x.dtype == y.dtype and x.tobytes() == y.tobytes(), name
     assert a.sums == b.sums and a.rollouts.texts == b.rollouts.texts
     assert a.rollouts.examples == b.rollouts.examples
+    assert a.plan == b.plan and a.batch.shared_prefix == b.batch.shared_prefix
+    np.testing.assert_array_equal(a.observations, b.observations)
     np.testing.assert_array_equal(a.rollouts.reward_parts["correct"],
                                   b.rollouts.reward_parts["correct"])
+
+
+def test_units_that_disagree_on_the_plan_are_refused():
+    """Workers plan a step on their own: units whose plans differ would train prompts that
+    the learner's curator never admitted, so the take fails rather than mix them."""
+    t = LeaseTable(8, 4, Schedule(0, 1, newest=False), 10)
+    buf = RolloutBuffer(2, 0)
+    for lease in (t.acquire(0, 0, 0.0, 9.0), t.acquire(0, 0, 0.0, 9.0)):
+        r = record(0, lease.start, lease.stop, 0)
+        if lease.unit:
+            r = dataclasses.replace(r, plan=dataclasses.replace(r.plan, end=9))
+        buf.add(lease, r)
+    with pytest.raises(RuntimeError, match="disagree on the step's plan"):
+        buf.take(0)

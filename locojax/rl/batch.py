@@ -204,11 +204,12 @@ def split_rows(x: jax.Array, parts: int) -> jax.Array:
 
 
 def abstract(rows: int, columns: int, mesh: Mesh, rules: Rules = TRAIN_DP,
-             shared_prefix: SharedPrefix | None = None) -> TrainBatch:
+             shared_prefix: SharedPrefix | None = None, staleness: bool = False) -> TrainBatch:
     """ShapeDtypeStructs of the global batch that `from_rollout` then `shard` or
-    `from_process_local` make (outcome advantages, no staleness or reference logprobs):
-    what lowering `train_step` for a run's batch needs. `shared_prefix` is static, so it
-    must be the one the run's batches carry for a compile to be reused."""
+    `from_process_local` make (outcome advantages, no reference logprobs; per-row staleness
+    only if `staleness`, as the buffered modes' batches carry it): what lowering
+    `train_step` for a run's batch needs. `shared_prefix` is static, so it must be the one
+    the run's batches carry for a compile to be reused."""
     def one(shape, dtype):
         return jax.ShapeDtypeStruct(shape, dtype,
                                     sharding=batch_sharding(mesh, rules, len(shape), rows))
@@ -217,4 +218,6 @@ def abstract(rows: int, columns: int, mesh: Mesh, rules: Rules = TRAIN_DP,
     return TrainBatch(tokens=per_token(jnp.int32), positions=per_token(jnp.int32),
                       attn_mask=per_token(jnp.bool_), loss_mask=per_token(jnp.bool_),
                       advantages=one((rows,), jnp.float32), old_logprobs=per_token(jnp.float32),
-                      group_id=one((rows,), jnp.int32), shared_prefix=shared_prefix)
+                      group_id=one((rows,), jnp.int32),
+                      staleness=one((rows,), jnp.int32) if staleness else None,
+                      shared_prefix=shared_prefix)

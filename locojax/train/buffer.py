@@ -20,8 +20,9 @@ import dataclasses
 import numpy as np
 
 from locojax.envs.base import Example
-from locojax.rl.batch import TrainBatch
+from locojax.rl.batch import SharedPrefix, TrainBatch
 from locojax.rollout.single_turn import Rollouts
+from locojax.train.curation import Plan
 from locojax.train.leases import Lease
 from locojax.train.producer import RolloutRecord
 
@@ -71,28 +72,41 @@ class RolloutBuffer:
         arrays, meta = {}, []
         for (step, unit), r in sorted(self._records.items()):
             name = f"s{step}_u{unit}"
+            ro = r.rollouts
             arrays[name] = {
-                "batch": {k: v for k, v in _fields(r.batch).items() if v is not None},
-                "rollouts": {k: getattr(r.rollouts, k) for k in _ROLLOUT_ARRAYS},
-                "parts": dict(r.rollouts.reward_parts),
+                "batch": {k: v for k, v in _fields(r.batch).items()
+                          if v is not None and k != "shared_prefix"},
+                "rollouts": {k: getattr(ro, k) for k in _ROLLOUT_ARRAYS},
+                "parts": dict(ro.reward_parts),
+                "observations": r.observations,
+                **({} if ro.env_mask is None else {"env_mask": ro.env_mask}),
             }
+            prefix = r.batch.shared_prefix
             meta.append({"name": name, "step": step, "unit": unit, "version": r.version,
-                         "sums": r.sums, "texts": r.rollouts.texts,
-                         "examples": [dataclasses.asdict(e) for e in r.rollouts.examples]})
+                         "sums": r.sums, "texts": ro.texts, "stats": ro.stats,
+                         "examples": [dataclasses.asdict(e) for e in ro.examples],
+                         "plan": dataclasses.asdict(r.plan),
+                         "shared_prefix": None if prefix is None else dataclasses.asdict(prefix)})
         return arrays, {"records": meta}
 
     def restore(self, arrays: dict, meta: dict) -> None:
         self._records = {}
         for m in meta["records"]:
             a = arrays[m["name"]]
-            batch = TrainBatch(**{k: np.asarray(v) for k, v in a["batch"].items()})
+            prefix = m["shared_prefix"] and SharedPrefix(**m["shared_prefix"])
+            batch = TrainBatch(**{k: np.asarray(v) for k, v in a["batch"].items()},
+                               shared_prefix=prefix)
             ro = {k: np.asarray(v) for k, v in a["rollouts"].items()}
             rollouts = Rollouts(
                 examples=[Example(**e) for e in m["examples"]], texts=list(m["texts"]),
-                reward_parts={k: np.asarray(v) for k, v in a.get("parts", {}).items()}, **ro)
+                reward_parts={k: np.asarray(v) for k, v in a.get("parts", {}).items()},
+                env_mask=None if "env_mask" not in a else np.asarray(a["env_mask"]),
+                stats={k: float(v) for k, v in m["stats"].items()}, **ro)
+            plan = Plan(**{**m["plan"], "indices": tuple(m["plan"]["indices"])})
             self._records[(m["step"], m["unit"])] = RolloutRecord(
                 step=m["step"], version=m["version"], batch=batch,
-                sums={k: float(v) for k, v in m["sums"].items()}, rollouts=rollouts)
+                sums={k: float(v) for k, v in m["sums"].items()}, rollouts=rollouts, plan=plan,
+                observations=np.asarray(a["observations"], np.int32))
 
 
 def _fields(batch: TrainBatch) -> dict:
@@ -113,15 +127,25 @@ def merge(parts: list[RolloutRecord], step: int, host: int, num_hosts: int,
     """Concatenate a step's units in slot order; host `host` of `num_hosts` gets its rows.
 
     The step's sums (and its staleness histogram) go to host 0 and zeros to the others, so
-    that summing over learner hosts, as the loop does, counts every row once.
+    that summing over learner hosts, as the loop does, counts every row once. Every unit
+    carries the step's whole admission plan (a function of the step alone: workers plan on
+    their own), which must agree; a host gets the pass-count observations of its own slots.
     """
     g = parts[0].rollouts.group_size
+    plan, prefix = parts[0].plan, parts[0].batch.shared_prefix
+    for p in parts[1:]:
+        if p.plan != plan or p.batch.shared_prefix != prefix:
+            raise RuntimeError(f"the units of step {step} disagree on the step's plan or "
+                               f"prompt layout: {p.plan} / {p.batch.shared_prefix} vs {plan} / "
+                               f"{prefix}")
     staleness = np.concatenate([np.full(len(p.rollouts.texts), step - p.version, np.int32)
                                 for p in parts])
     fields = {}
     for name, first in _fields(parts[0].batch).items():
         if name == "staleness":
             fields[name] = staleness
+        elif name == "shared_prefix":  # static: the same for every unit (checked above)
+            fields[name] = prefix
         else:
             fields[name] = None if first is None else np.concatenate(
                 [np.asarray(getattr(p.batch, name)) for p in parts])
@@ -130,19 +154,28 @@ def merge(parts: list[RolloutRecord], step: int, host: int, num_hosts: int,
         raise ValueError(f"{rows} rows of step {step} do not split into whole groups over "
                          f"{num_hosts} learner hosts")
     lo, hi = host * rows // num_hosts, (host + 1) * rows // num_hosts
-    batch = TrainBatch(**{k: None if v is None else v[lo:hi] for k, v in fields.items()})
+    batch = TrainBatch(**{k: v if v is None or k == "shared_prefix" else v[lo:hi]
+                          for k, v in fields.items()})
 
     sums: dict[str, float] = {}
     for p in parts:
         for k, v in p.sums.items():
             sums[k] = sums.get(k, 0.0) + float(v)
     sums.update(staleness_sums(staleness, max_staleness))
-    if host:
-        sums = dict.fromkeys(sums, 0.0)
-
     ro = [p.rollouts for p in parts]
+    stats: dict[str, float] = {}
+    for r in ro:
+        for k, v in r.stats.items():
+            stats[k] = stats.get(k, 0.0) + float(v)
+    if host:
+        sums, stats = dict.fromkeys(sums, 0.0), dict.fromkeys(stats, 0.0)
+
     cat = lambda name: np.concatenate([getattr(r, name) for r in ro])  # noqa: E731
     p_lo, p_hi = lo // g, hi // g
+    obs = np.concatenate([p.observations for p in parts])
+    per_slot = len(obs) // (rows // g)  # 1 + refill rounds
+    mine = obs[(obs[:, 0] >= p_lo) & (obs[:, 0] < p_hi)]
+    pad = np.full(((p_hi - p_lo) * per_slot - len(mine), obs.shape[1]), -1, np.int32)
     rollouts = Rollouts(
         examples=[e for r in ro for e in r.examples][p_lo:p_hi],
         prompt_tokens=cat("prompt_tokens")[p_lo:p_hi], prompt_mask=cat("prompt_mask")[p_lo:p_hi],
@@ -150,6 +183,8 @@ def merge(parts: list[RolloutRecord], step: int, host: int, num_hosts: int,
         texts=[t for r in ro for t in r.texts][lo:hi], rewards=cat("rewards")[lo:hi],
         reward_parts={k: np.concatenate([r.reward_parts[k] for r in ro])[lo:hi]
                       for k in ro[0].reward_parts},
-        group_ids=cat("group_ids")[lo:hi])
+        group_ids=cat("group_ids")[lo:hi],
+        env_mask=None if ro[0].env_mask is None else cat("env_mask")[lo:hi], stats=stats)
     version = min(p.version for p in parts)
-    return RolloutRecord(step=step, version=version, batch=batch, sums=sums, rollouts=rollouts)
+    return RolloutRecord(step=step, version=version, batch=batch, sums=sums, rollouts=rollouts,
+                         plan=plan, observations=np.concatenate([mine, pad]).astype(np.int32))

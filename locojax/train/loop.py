@@ -173,7 +173,11 @@ class Trainer:
             sampling = dataclasses.replace(sampling, max_new_tokens=self.limits.slots - p + 1)
         prefix = batch_lib.SharedPrefix(p, cfg.group_size)
         start, stop = self.wiring.host_slice(cfg.rollout.prompts_per_step)
-        shapes = [memory_plan.EngineShape("rollout", stop - start, p, cfg.group_size, sampling)]
+        # Remote rollouts (the Ray modes): the workers generate, this engine never does, and
+        # every batch carries its rows' staleness (a different train_step program).
+        remote = self.wiring.remote_rollouts
+        shapes = [] if remote else [
+            memory_plan.EngineShape("rollout", stop - start, p, cfg.group_size, sampling)]
         eval_prompts = batch_rows(len(self._eval_examples()),
                                   cfg.eval.batch_size // self.host.num_processes)
         if cfg.eval.every and eval_prompts:
@@ -181,7 +185,8 @@ class Trainer:
                 "eval", eval_prompts, cfg.rollout.max_prompt_tokens, 1,
                 greedy_sampling(self.tokenizer, cfg.rollout.max_new_tokens)))
         return memory_plan.plan(self.model_cfg, self.learner_cfg, state,
-                                batch_lib.abstract(rows, columns, mesh, TRAIN_DP, prefix), ref,
+                                batch_lib.abstract(rows, columns, mesh, TRAIN_DP, prefix,
+                                                   staleness=remote), ref,
                                 mesh, self.engine, shapes, cfg.precision, cfg.device_memory_gb)
 
     # --- checkpoints -------------------------------------------------------------------------

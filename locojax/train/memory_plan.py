@@ -285,7 +285,7 @@ class MemoryPlan:
                  f"{'on' if st['remat'] else 'off'}, logits in {st['logits']}):"]
         held = ", ".join(f"{k} {size(v)}" for k, v in self.held.items() if v)
         caches = ", ".join(f"{k} {size(v)}" for k, v in self.caches.items())
-        lines.append(f"  {'held':<16} {held}; KV cache: {caches}")
+        lines.append(f"  {'held':<16} {held}; KV cache: {caches or 'none'}")
         for p in self.programs:
             compiled = (f"   [compiled in {p.compile_s:.1f} s]" if not p.name.startswith("decode")
                         else "   [compiled with prefill]")

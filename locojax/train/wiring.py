@@ -39,6 +39,7 @@ from locojax.train.source import InlineSource
 
 class Single:
     name = "single"
+    remote_rollouts = False  # the producer runs inline, here: see `source.InlineSource`
 
     def __init__(self):
         self.train_mesh = make_mesh({"data": jax.device_count()})
@@ -67,6 +68,7 @@ class Single:
 
 class Colocated:
     name = "colocated"
+    remote_rollouts = False  # the producer runs inline, here: see `source.InlineSource`
 
     def __init__(self):
         # Global devices in process order, so process p's rows land on process p's devices.

@@ -188,6 +188,7 @@ class LearnerWiring(Colocated):
     """Colocated's learner half over the learner hosts; rollouts from the remote workers."""
 
     name = "learner"
+    remote_rollouts = True  # this host's engine only evaluates; batches carry staleness
 
     def __init__(self, handles: Handles, plan: Plan, run_dir: str, faults: FaultPlan):
         super().__init__()

@@ -98,7 +98,7 @@ class RolloutWorker:
 
         self.index, self.cfg, self.faults = index, cfg, faults
         mesh = make_mesh({"data": jax.local_device_count()}, jax.local_devices())
-        task = build_task(cfg.task, cfg.seed)
+        task = build_task(cfg.task, cfg.seed, cfg.multiturn.max_turns)
         # The starting weights, on this host's devices: only to compile before any lease.
         # Computing in the run's precision, as the learner's engine does.
         model = models.load(cfg.model, seed=cfg.seed, param_dtype="float32",
