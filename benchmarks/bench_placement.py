@@ -33,6 +33,8 @@ read with that in mind.
 Usage:
     .venv/bin/python benchmarks/bench_placement.py --quick        # 1 repeat, few steps
     .venv/bin/python benchmarks/bench_placement.py --repeats 2
+    .venv/bin/python benchmarks/bench_placement.py --report-only  # the tables again, from the
+                                                                  # runs in --work-dir
 """
 
 from __future__ import annotations
@@ -129,14 +131,45 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=900)
     ap.add_argument("--work-dir", default="/tmp/locojax_bench_placement")
     ap.add_argument("--quick", action="store_true", help="--steps 6 --skip 2, one repeat")
+    ap.add_argument("--report-only", action="store_true",
+                    help="run nothing: print the tables from the finished runs in --work-dir "
+                    "(same --steps/--skip/--prompts/--group as the run)")
     args = ap.parse_args(argv)
     if args.quick:
         args.steps, args.skip, args.repeats = 6, 2, 1
     if args.steps < args.skip + 2:
         ap.error("--steps must leave a steady step after --skip and before the last step")
+    work = Path(args.work_dir)
+    pts = points(args.fractions, args.ks)
+    if args.report_only:
+        results, loads = collect(work, pts, args)
+    else:
+        results, loads = measure(work, pts, args)
+    report(results, loads, args)
+    return 0
+
+
+def collect(work: Path, pts: list[Point], args) -> tuple[dict, dict]:
+    """The steady rows and start loads of every finished run in `work`."""
+    loads_file = work / "loads.json"
+    saved = json.loads(loads_file.read_text()) if loads_file.exists() else {}
+    results: dict[str, list[dict]] = {p.name: [] for p in pts}
+    loads: dict[str, list[float]] = {p.name: [] for p in pts}
+    for p in pts:
+        for run_dir in sorted(work.glob(f"{p.name}-r*")):
+            if run_dir.is_dir() and (run_dir / "final_model").exists():
+                results[p.name] += steady(run_dir, args.steps, args.skip)
+                if run_dir.name in saved:
+                    loads[p.name].append(saved[run_dir.name])
+    per_run = args.steps - args.skip - 1
+    print(f"# report from {work}: runs per point "
+          + ", ".join(f"{k} x{len(v) // per_run}" for k, v in results.items()))
+    return results, loads
+
+
+def measure(work: Path, pts: list[Point], args) -> tuple[dict, dict]:
     import ray
 
-    work = Path(args.work_dir)
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(work / "jax_cache"))
@@ -144,7 +177,6 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["RAY_DEDUP_LOGS"] = "0"
     ray.init(num_cpus=os.cpu_count(), include_dashboard=False, logging_level="WARNING")
     address = ray.get_runtime_context().gcs_address
-    pts = points(args.fractions, args.ks)
     print(f"# {os.cpu_count()} CPUs, {HOSTS} simulated hosts of 1 device: "
           f"{'the hosts share the cores' if os.cpu_count() < HOSTS else 'a core per host'}")
     print(f"# held fixed: B={args.prompts} prompts x G={args.group}, TINY random f32, "
@@ -153,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# load average before: {os.getloadavg()[0]:.1f}")
     results: dict[str, list[dict]] = {p.name: [] for p in pts}
     loads: dict[str, list[float]] = {p.name: [] for p in pts}
+    by_run: dict[str, float] = {}
     try:
         for rep in range(args.repeats):
             first = (rep + args.rotate) % len(pts)
@@ -162,6 +195,8 @@ def main(argv: list[str] | None = None) -> int:
                 argv = train_argv(p, args, run_dir, address)
                 print(f"$ {shlex.join(argv)}", flush=True)
                 loads[p.name].append(os.getloadavg()[0])
+                by_run[run_dir.name] = loads[p.name][-1]
+                (work / "loads.json").write_text(json.dumps(by_run))
                 t = time.perf_counter()
                 code = run(argv, work / f"{p.name}-r{rep}.log", args.timeout)
                 if code:
@@ -173,7 +208,10 @@ def main(argv: list[str] | None = None) -> int:
                       f"{time.perf_counter() - t:.0f}s, load {loads[p.name][-1]:.1f}", flush=True)
     finally:
         ray.shutdown()
+    return results, loads
 
+
+def report(results: dict, loads: dict, args) -> None:
     rows_per_step = args.prompts * args.group
     colo = med(results["colocated"], "perf/step_time")
 
@@ -216,7 +254,6 @@ def main(argv: list[str] | None = None) -> int:
     print(head)
     for k in args.ks:
         print(line(f"async-k{k}"))
-    return 0
 
 
 if __name__ == "__main__":

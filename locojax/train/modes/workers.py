@@ -132,7 +132,9 @@ class RolloutWorker:
         """Generate `lease`'s unit with exactly the version it names; (record, info)."""
         pull = {"bytes": 0, "seconds": 0.0}
         if self.version != lease.version:
-            self.weights = None  # never keep two versions: the old one is gone before the new
+            # Never keep two versions: the old one is gone before the new arrives. If the pull
+            # fails (server down), the worker holds no version, not a stale label on None.
+            self.weights, self.version = None, None
             tree, stats = self.transport.pull(lease.version)
             self.weights = self.engine.place_weights(tree)
             self.version = lease.version
