@@ -13,11 +13,21 @@ $(STAMP): pyproject.toml constraints.txt
 demo: $(STAMP)
 	.venv/bin/locojax demo
 
+# Two phases. The in-process tests on TEST_WORKERS pytest workers: XLA:CPU compiles on one
+# thread, and compiling is most of their time. Then the multi-process and Ray tests one at a
+# time: each starts its own processes, and its heartbeats and lease deadlines should not
+# share the cores with another test. Both phases always run; the exit status is the worse.
+TEST_WORKERS ?= 2
+IN_PROCESS := not multiprocess and not ray
+
 test: $(STAMP)
-	$(PY) -m pytest -q
+	@status=0; \
+	$(PY) -m pytest -q -n $(TEST_WORKERS) -m "$(IN_PROCESS)" || status=$$?; \
+	$(PY) -m pytest -q -m "not ($(IN_PROCESS))" || status=$$?; \
+	exit $$status
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -n $(TEST_WORKERS) -m "not slow"
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_engine.py
