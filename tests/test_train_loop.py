@@ -1,9 +1,10 @@
 """`locojax train` end to end: mode equivalence, exact resume, bad config, the HF path.
 
 The runs use a TINY-shaped model given a short SFT on arith level 1 (a module fixture), so
-that rewards vary within groups and every step really moves the params. The colocated runs
-also turn on pass-rate curation and dynamic sampling (`CURATED`) over a pool of 12 training
-problems, so prompts recur and get held back, and groups without signal get refilled.
+that rewards vary within groups and every step really moves the params. The mode-equivalence
+and resume runs also turn on pass-rate curation and dynamic sampling (`CURATED`) over a pool
+of 12 training problems, so prompts recur and get held back, and groups without signal get
+refilled. One uninterrupted run per mode serves both (`straight_runs`).
 """
 
 import glob
@@ -82,22 +83,42 @@ def _rollouts(run_dir):
     return out
 
 
+STEPS = 6
+RESUMABLE = ("--checkpoint.every", "3")
+LAYOUTS = {"single": dict(hosts=1, devices=2), "colocated": dict(hosts=2, devices=1)}
+"""1 process x 2 devices (single) vs 2 processes x 1 device (colocated)."""
+
+
+def _extra(mode, root):
+    # The single runs also write a profiler trace and probe the all-reduce: both are outside
+    # the computation, so they must change neither the outcome nor a resumed run.
+    outside = ("--profile-dir", str(root / "trace"), "--probe-allreduce") if mode == "single" else ()
+    return (*outside, *RESUMABLE, *CURATED)
+
+
+@pytest.fixture(scope="module")
+def straight_runs(sft_model, tmp_path_factory):
+    """The uninterrupted runs, one per mode, with curation and dynamic sampling on: compared
+    with each other, and each with its killed-and-resumed twin (one run serves both)."""
+    runs = {}
+    for mode, layout in LAYOUTS.items():
+        root = tmp_path_factory.mktemp(f"straight-{mode}")
+        _train(sft_model, root / "run", mode, STEPS, _extra(mode, root), **layout)
+        runs[mode] = root / "run"
+    return runs
+
+
 @pytest.mark.slow
 @pytest.mark.multiprocess
-def test_single_and_colocated_give_the_same_run(sft_model, tmp_path):
-    """1 process x 2 devices (single) vs 2 processes x 1 device (colocated), 3 steps, with
-    curation and dynamic sampling on: admission and refills are the same on both layouts."""
-    # The single run also writes a profiler trace and probes the all-reduce: both are
-    # outside the computation, so they must not change the outcome.
-    _train(sft_model, tmp_path / "single", "single", 3, devices=2,
-           extra=("--profile-dir", str(tmp_path / "trace"), "--probe-allreduce", *CURATED))
-    _train(sft_model, tmp_path / "colo", "colocated", 3, hosts=2, devices=1, extra=CURATED)
-    assert glob.glob(str(tmp_path / "trace" / "**" / "*.xplane.pb"), recursive=True)
-    perf = [json.loads(line) for line in open(tmp_path / "single" / "perf.jsonl")]
+def test_single_and_colocated_give_the_same_run(sft_model, straight_runs):
+    """Admission, refills and updates are the same on both layouts."""
+    single, colo = straight_runs["single"], straight_runs["colocated"]
+    assert glob.glob(str(single.parent / "trace" / "**" / "*.xplane.pb"), recursive=True)
+    perf = [json.loads(line) for line in open(single / "perf.jsonl")]
     assert all(p["perf/comm/allreduce_grads"] > 0 for p in perf)
     assert all(p[f"perf/phase/{name}"] > 0 for p in perf for name in ("prefill", "decode", "train"))
-    ra, rb = _rollouts(str(tmp_path / "single")), _rollouts(str(tmp_path / "colo"))
-    assert sorted(ra) == sorted(rb) and len(ra) == 3
+    ra, rb = _rollouts(str(single)), _rollouts(str(colo))
+    assert sorted(ra) == sorted(rb) and len(ra) == STEPS
     # Bitwise: each row draws from its own key (its global index folded in), and each device
     # generates its own rows with the same local computation (the batch axis is split and no
     # reduction crosses rows), in single's SPMD generate as on each colocated host.
@@ -106,8 +127,8 @@ def test_single_and_colocated_give_the_same_run(sft_model, tmp_path):
             np.testing.assert_array_equal(x, y)
     mask = ra[sorted(ra)[0]][2]
     assert mask.sum() > 0
-    (sa, pa), (sb, pb) = _final_params(str(tmp_path / "single")), _final_params(str(tmp_path / "colo"))
-    assert sa == sb == 3
+    (sa, pa), (sb, pb) = _final_params(str(single)), _final_params(str(colo))
+    assert sa == sb == STEPS
     # Bitwise, not a tolerance: with the same rollouts (above) both modes run one SPMD train
     # step over the same 2-device global mesh, each device the same local program on the same
     # rows; only the all-reduce's transport differs (in-process or gloo), and a 2-way sum is
@@ -120,15 +141,15 @@ def test_single_and_colocated_give_the_same_run(sft_model, tmp_path):
     _, p0 = _final_params_at_start(sft_model)
     for x, y in zip(jax.tree.leaves(pa), jax.tree.leaves(p0)):
         moved |= not np.array_equal(np.asarray(x), np.asarray(y))
-    assert moved, "3 steps did not change the params: the comparison would be vacuous"
+    assert moved, "the steps did not change the params: the comparison would be vacuous"
     # The rewards varied, so the policy gradient was not zero; curation held prompts back
     # and skipped them, and dynamic sampling replaced groups: the features were exercised.
-    rows = [json.loads(line) for line in open(tmp_path / "single" / "metrics.jsonl")]
+    rows = [json.loads(line) for line in open(single / "metrics.jsonl")]
     assert any(r.get("rollout/frac_zero_std", 1.0) < 1.0 for r in rows)
     assert any(r.get("curation/frac_filtered", 0) > 0 for r in rows)
     assert any(r.get("rollout/refill/replaced", 0) > 0 for r in rows)
-    colo = [json.loads(line) for line in open(tmp_path / "colo" / "metrics.jsonl")]
-    for a, b in zip(rows, colo):  # the table is the same, so are its metrics
+    colo_rows = [json.loads(line) for line in open(colo / "metrics.jsonl")]
+    for a, b in zip(rows, colo_rows, strict=True):  # the same table, so the same metrics
         assert {k: v for k, v in a.items() if k.startswith("curation/")} == \
             {k: v for k, v in b.items() if k.startswith("curation/")}
 
@@ -161,36 +182,37 @@ def _kill_after_checkpoint(proc, run_dir, step, timeout=600):
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("mode,hosts,features", [("single", 1, ()), ("colocated", 2, CURATED)])
-def test_killed_and_resumed_run_is_bitwise_identical(sft_model, tmp_path, mode, hosts, features):
-    """Killed right after the step-3 checkpoint and resumed: the same params and logs as a
-    run that never stopped (colocated with curation state and dynamic sampling)."""
-    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    extra = ("--checkpoint.every", "3", *features)
-    _train(sft_model, straight, mode, 6, extra, hosts=hosts)
-
-    args = ["train", "demo", "--model", sft_model, "--mode", mode, "--steps", "6",
+@pytest.mark.parametrize("mode", list(LAYOUTS))
+def test_killed_and_resumed_run_is_bitwise_identical(sft_model, straight_runs, tmp_path, mode):
+    """Killed right after the step-3 checkpoint and resumed, with the curation state and
+    dynamic sampling in play: the same params and logs as the run that never stopped."""
+    straight, resumed = straight_runs[mode], tmp_path / "resumed"
+    layout, extra = LAYOUTS[mode], _extra(mode, tmp_path)
+    args = ["train", "demo", "--model", sft_model, "--mode", mode, "--steps", str(STEPS),
             "--run-dir", str(resumed), *COMMON, *extra]
-    if hosts > 1:
-        args = ["launch", "--hosts", str(hosts), "--heartbeat-s", "10", "--", *args]
+    if layout["hosts"] > 1:
+        args = ["launch", "--hosts", str(layout["hosts"]), "--devices-per-host",
+                str(layout["devices"]), "--heartbeat-s", "10", "--", *args]
+    else:
+        args += ["--devices-per-host", str(layout["devices"])]
     proc = subprocess.Popen([sys.executable, "-m", "locojax.cli", *args], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     _kill_after_checkpoint(proc, str(resumed), 3)
-    _train(sft_model, resumed, mode, 6, extra, hosts=hosts)
+    _train(sft_model, resumed, mode, STEPS, extra, **layout)
 
     (sa, pa), (sb, pb) = _final_params(str(straight)), _final_params(str(resumed))
-    assert sa == sb == 6
+    assert sa == sb == STEPS
     # Bitwise: the same programs on the same layout, from a bitwise-restored state (params,
     # optimizer, step, data cursor, RNG): no rounding can differ.
     for x, y in zip(jax.tree.leaves(pa), jax.tree.leaves(pb)):
         assert np.asarray(x).tobytes() == np.asarray(y).tobytes()
     a = (straight / "metrics.jsonl").read_bytes()
     assert a == (resumed / "metrics.jsonl").read_bytes()
-    assert [json.loads(line)["step"] for line in a.decode().splitlines()] == [0, 1, 2, 3, 4, 5, 6]
-    if features:  # the curation state was in play across the kill: the logs above agree on
-        # its metrics (table size, held prompts), which a lost table would change.
-        rows = [json.loads(line) for line in a.decode().splitlines()]
-        assert rows[3]["curation/held"] > 0 and rows[4]["curation/table_size"] > 0
+    rows = [json.loads(line) for line in a.decode().splitlines()]
+    assert [r["step"] for r in rows] == list(range(STEPS + 1))
+    # The curation state was in play across the kill: the logs above agree on its metrics
+    # (table size, held prompts), which a lost table would change.
+    assert rows[3]["curation/held"] > 0 and rows[4]["curation/table_size"] > 0
 
 
 @pytest.mark.parametrize("args,message", [
