@@ -35,9 +35,9 @@ CURATED = ("--task.train-size", "12", "--curation.enabled", "--curation.readmit-
            "--dynamic.max-rounds", "2")
 
 
-def locojax(*args, timeout=600, check=True):
+def locojax(*args, timeout=600, check=True, env=None):
     out = subprocess.run([sys.executable, "-m", "locojax.cli", *args], cwd=ROOT,
-                         capture_output=True, text=True, timeout=timeout)
+                         capture_output=True, text=True, timeout=timeout, env=env)
     if check and out.returncode != 0:
         raise AssertionError(f"locojax {' '.join(args)} failed:\n{out.stdout}\n{out.stderr}")
     return out
@@ -97,13 +97,22 @@ def _extra(mode, root):
 
 
 @pytest.fixture(scope="module")
-def straight_runs(sft_model, tmp_path_factory):
+def compile_cache(tmp_path_factory):
+    """The environment of the runs below: one JAX compilation cache, so a killed-and-resumed
+    twin loads the programs its uninterrupted run compiled (about 10 s a run). Every host of
+    a twin finds every program there, so the hosts stay in step as without a cache."""
+    return dict(os.environ, JAX_COMPILATION_CACHE_DIR=str(tmp_path_factory.mktemp("jax_cache")))
+
+
+@pytest.fixture(scope="module")
+def straight_runs(sft_model, compile_cache, tmp_path_factory):
     """The uninterrupted runs, one per mode, with curation and dynamic sampling on: compared
     with each other, and each with its killed-and-resumed twin (one run serves both)."""
     runs = {}
     for mode, layout in LAYOUTS.items():
         root = tmp_path_factory.mktemp(f"straight-{mode}")
-        _train(sft_model, root / "run", mode, STEPS, _extra(mode, root), **layout)
+        _train(sft_model, root / "run", mode, STEPS, _extra(mode, root), **layout,
+               env=compile_cache)
         runs[mode] = root / "run"
     return runs
 
@@ -183,7 +192,8 @@ def _kill_after_checkpoint(proc, run_dir, step, timeout=600):
 @pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("mode", list(LAYOUTS))
-def test_killed_and_resumed_run_is_bitwise_identical(sft_model, straight_runs, tmp_path, mode):
+def test_killed_and_resumed_run_is_bitwise_identical(sft_model, straight_runs, compile_cache,
+                                                      tmp_path, mode):
     """Killed right after the step-3 checkpoint and resumed, with the curation state and
     dynamic sampling in play: the same params and logs as the run that never stopped."""
     straight, resumed = straight_runs[mode], tmp_path / "resumed"
@@ -196,9 +206,10 @@ def test_killed_and_resumed_run_is_bitwise_identical(sft_model, straight_runs, t
     else:
         args += ["--devices-per-host", str(layout["devices"])]
     proc = subprocess.Popen([sys.executable, "-m", "locojax.cli", *args], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=compile_cache)
     _kill_after_checkpoint(proc, str(resumed), 3)
-    _train(sft_model, resumed, mode, STEPS, extra, **layout)
+    _train(sft_model, resumed, mode, STEPS, extra, **layout, env=compile_cache)
 
     (sa, pa), (sb, pb) = _final_params(str(straight)), _final_params(str(resumed))
     assert sa == sb == STEPS
