@@ -15,8 +15,9 @@ demo: $(STAMP)
 
 # Two phases. The in-process tests on TEST_WORKERS pytest workers: XLA:CPU compiles on one
 # thread, and compiling is most of their time. Then the multi-process and Ray tests one at a
-# time: each starts its own processes, and its heartbeats and lease deadlines should not
-# share the cores with another test. Both phases always run; the exit status is the worse.
+# time: each starts its own processes, which keep the cores busy (two at a time measured no
+# faster), and its heartbeats and lease deadlines should not share the cores with another
+# test. Both phases always run; the exit status is the worse.
 TEST_WORKERS ?= 2
 IN_PROCESS := not multiprocess and not ray
 
