@@ -2,22 +2,23 @@
 a report header saying where the run happened.
 
 Layout tests build meshes over subsets of these (1, 2, 4 or 8 devices); everything else
-runs on device 0.
+runs on device 0. Also the one fixture two modules share: the multi-turn reference run.
 """
 
 import os
 import platform
 
+import pytest
+
 # A cheaper XLA:CPU code generator unless the caller chose XLA flags: the suite's programs
-# are tiny, so its time is XLA compiling them, not running them. LLVM at -O0 and the classic
-# fusion emitters instead of the MLIR ones compile its programs faster (a TINY `locojax train`
-# of 6 steps, interleaved runs: 16.5 s against 22.3 s with -O0 alone, and -O0 alone 17.3 s
-# against 25.7 s with the defaults). It is another code path for the same HLO (issue 9's
-# point: every bound holds on any CPU and code path; bitwise checks compare one program with
-# itself). Inherited by every subprocess a test starts; the header prints it.
-# `XLA_FLAGS= make test` runs the default code generator.
-os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0 "
-                                   "--xla_cpu_use_fusion_emitters=false")
+# are tiny, so its time is XLA compiling them, not running them, and LLVM at -O0 compiles
+# them faster (a TINY `locojax train` of 6 steps: 17.3 s against 25.7 s with the defaults,
+# interleaved runs). It is another code path for the same HLO (issue 9's point: every bound
+# holds on any CPU and code path; bitwise checks compare one program with itself).
+# Inherited by every subprocess a test starts; the header prints it. `make test` adds the
+# classic fusion emitters for the in-process phase (see the Makefile), and
+# `XLA_FLAGS= make test` runs XLA's defaults.
+os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0")
 import jax  # noqa: E402
 
 jax.config.update("jax_num_cpu_devices", 8)
@@ -65,3 +66,12 @@ def pytest_sessionstart(session):
     if reporter is not None and session.config.get_verbosity() < 0:
         for line in _where():
             reporter.write_line(line)
+
+
+@pytest.fixture(scope="session")
+def calc_demo_colocated(tmp_path_factory):
+    """The multi-turn reference run (calc_demo_run), made once: single (test_train_multi_turn)
+    and lock-step disaggregated (test_ray_modes) must reproduce it."""
+    from calc_demo_run import run_colocated
+
+    return run_colocated(tmp_path_factory.mktemp("calc_demo_colocated") / "run")

@@ -27,6 +27,7 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 ray = pytest.importorskip("ray")
 
+from calc_demo_run import CALC_DEMO_ARGS  # noqa: E402
 from locojax.train.config import PRESETS  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -150,6 +151,44 @@ def test_lock_step_modes_equal_colocated(cluster, tmp_path):
         # ~10 through d=128 dot products gives gaps ~1e-5 per token at most; the mean is far
         # below that. A sampler/trainer disagreement (wrong temperature, version) is >= 1e-2.
         assert 0 <= a[mismatch] < 1e-4
+
+
+def test_multi_turn_lock_step_equals_colocated(cluster, calc_demo_colocated, tmp_path):
+    """calc-demo, disaggregated with k = 0 (2 learner hosts, 2 workers running the calculator
+    tool on their own hosts): the same trajectories, tool calls included, and bitwise the
+    same params as the colocated reference (same lease shapes as each colocated host's)."""
+    import tyro
+
+    from locojax.train.modes import driver
+    from locojax.train.modes.faults import FaultPlan
+
+    cfg = tyro.extras.overridable_config_cli(PRESETS, args=[
+        "calc-demo", "--run-dir", str(tmp_path), *CALC_DEMO_ARGS, "--mode", "disaggregated",
+        "--hosts", "4", "--rollout-fraction", "0.5", "--max-staleness", "0"])
+    driver.run(cfg, FaultPlan())
+    assert_bitwise_equal(calc_demo_colocated, tmp_path)
+    a, b = dumped_rows(str(calc_demo_colocated)), dumped_rows(str(tmp_path))
+    assert sorted(a) == sorted(b) and len(a) == 2
+    for step in a:
+        for key in ("tokens", "mask", "env_mask"):
+            np.testing.assert_array_equal(a[step][key], b[step][key])
+    assert sum(rows["env_mask"].any(1).sum() for rows in b.values()) >= 2  # tools were called
+    assert all(r["env/errors"] == 0 for r in jsonl(tmp_path / "metrics.jsonl"))
+
+
+def dumped_rows(run_dir):
+    """{step: {field: rows in group-id order}} from a run's rollout dumps (one file per host)."""
+    out = {}
+    for path in sorted(glob.glob(os.path.join(run_dir, "rollouts", "*.npz"))):
+        step = int(os.path.basename(path)[4:9])
+        d = np.load(path)
+        parts = out.setdefault(step, {k: [] for k in ("group_ids", "tokens", "mask", "env_mask")})
+        for k in parts:
+            parts[k].append(d[k])
+    for step, parts in out.items():
+        order = np.argsort(np.concatenate(parts["group_ids"]), kind="stable")
+        out[step] = {k: np.concatenate(v)[order] for k, v in parts.items()}
+    return out
 
 
 def test_disaggregated_schedule_is_deterministic(reference, tmp_path):

@@ -10,6 +10,7 @@ import os
 import numpy as np
 import pytest
 
+from calc_demo_run import CALC_DEMO_ARGS
 from test_train_loop import _final_params, _rollouts, locojax
 
 TASK_JSON = {"description": "f() should return 1.", "tests": ["test_m.py"], "runner": "minitest"}
@@ -77,26 +78,21 @@ def test_swe_two_steps_colocated_with_the_sandbox(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-def test_multi_turn_single_and_colocated_give_the_same_run(tmp_path):
+def test_multi_turn_single_and_colocated_give_the_same_run(calc_demo_colocated, tmp_path):
     """calc-demo from the shipped checkpoint, 2 steps: 1 process x 2 devices (single) vs
-    2 processes x 1 device (colocated): the same trajectories, tool calls included, and
-    the same final params."""
-    common = ["--rollout.prompts-per-step", "8", "--algo.group-size", "4", "--steps", "2",
-              "--eval.every", "0", "--no-progress", "--no-tensorboard", "--dump-rollouts"]
+    2 processes x 1 device (colocated, the shared reference run): the same trajectories,
+    tool calls included, and the same final params."""
     locojax("train", "calc-demo", "--mode", "single", "--devices-per-host", "2",
-            "--run-dir", str(tmp_path / "single"), *common)
-    locojax("launch", "--hosts", "2", "--devices-per-host", "1", "--heartbeat-s", "10", "--",
-            "train", "calc-demo", "--mode", "colocated", "--run-dir", str(tmp_path / "colo"),
-            *common)
-    a, b = _rollouts(str(tmp_path / "single")), _rollouts(str(tmp_path / "colo"))
+            "--run-dir", str(tmp_path / "single"), *CALC_DEMO_ARGS)
+    colo = str(calc_demo_colocated)
+    a, b = _rollouts(str(tmp_path / "single")), _rollouts(colo)
     assert sorted(a) == sorted(b) and len(a) == 2
     for step in a:
         for x, y in zip(a[step], b[step]):
             np.testing.assert_array_equal(x, y)
     envs = [np.load(p)["env_mask"] for p in glob.glob(str(tmp_path / "single/rollouts/*.npz"))]
     assert sum(e.any(1).sum() for e in envs) >= 2  # some trajectories called the calculator
-    (sa, pa), (sb, pb) = _final_params(str(tmp_path / "single")), _final_params(
-        str(tmp_path / "colo"))
+    (sa, pa), (sb, pb) = _final_params(str(tmp_path / "single")), _final_params(colo)
     assert sa == sb == 2
     import jax
 
