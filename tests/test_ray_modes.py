@@ -1,12 +1,13 @@
-"""The Ray modes end to end: equivalence with colocated, a deterministic DA schedule, and
-preemption (a killed or hung worker, a killed learner, a killed parameter server) that
-changes nothing.
+"""The Ray modes end to end: equivalence with colocated (single- and multi-turn), a
+deterministic DA schedule, and preemption (a killed or hung worker, a killed learner, a
+killed parameter server) that changes nothing.
 
 All runs share one local Ray cluster (2 CPUs) and one JAX compilation cache, so an actor
 that Ray restarts, and every run after the first, loads its programs instead of compiling
 them. The model is the embedded checkpoint, whose rewards vary within groups from the
 first step, so every step really moves the params and a comparison of params is not
-vacuous. Runs are 3 steps of 8 prompts x 4 samples.
+vacuous. Runs are 3 steps of 8 prompts x 4 samples (the multi-turn one: calc-demo's
+embedded tiny-calc checkpoint, 2 steps, see calc_demo_run).
 
 Bitwise comparisons hold because every run here has the same shapes everywhere: a lease of
 4 prompts is generated as one batch of 16 rows on one device, like each colocated host's
