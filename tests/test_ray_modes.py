@@ -29,6 +29,7 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow]
 ray = pytest.importorskip("ray")
 
 from calc_demo_run import CALC_DEMO_ARGS  # noqa: E402
+from test_train_loop import _rollouts  # noqa: E402
 from locojax.train.config import PRESETS  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -60,18 +61,19 @@ def cluster(tmp_path_factory):
                 os.environ[k] = v
 
 
-def config(run_dir, *args):
+def config(run_dir, *args, preset=("demo", *COMMON)):
     import tyro
 
+    name, *common = preset
     return tyro.extras.overridable_config_cli(
-        PRESETS, args=["demo", "--run-dir", str(run_dir), *COMMON, *args])
+        PRESETS, args=[name, "--run-dir", str(run_dir), *common, *args])
 
 
-def train(run_dir, *args, faults=None):
+def train(run_dir, *args, faults=None, preset=("demo", *COMMON)):
     from locojax.train.modes import driver
     from locojax.train.modes.faults import FaultPlan
 
-    return driver.run(config(run_dir, *args), faults or FaultPlan())
+    return driver.run(config(run_dir, *args, preset=preset), faults or FaultPlan())
 
 
 DA = ("--mode", "disaggregated", "--hosts", "3", "--rollout-fraction", "0.67",
@@ -158,38 +160,17 @@ def test_multi_turn_lock_step_equals_colocated(cluster, calc_demo_colocated, tmp
     """calc-demo, disaggregated with k = 0 (2 learner hosts, 2 workers running the calculator
     tool on their own hosts): the same trajectories, tool calls included, and bitwise the
     same params as the colocated reference (same lease shapes as each colocated host's)."""
-    import tyro
-
-    from locojax.train.modes import driver
-    from locojax.train.modes.faults import FaultPlan
-
-    cfg = tyro.extras.overridable_config_cli(PRESETS, args=[
-        "calc-demo", "--run-dir", str(tmp_path), *CALC_DEMO_ARGS, "--mode", "disaggregated",
-        "--hosts", "4", "--rollout-fraction", "0.5", "--max-staleness", "0"])
-    driver.run(cfg, FaultPlan())
+    train(tmp_path, "--mode", "disaggregated", "--hosts", "4", "--rollout-fraction", "0.5",
+          "--max-staleness", "0", preset=("calc-demo", *CALC_DEMO_ARGS))
     assert_bitwise_equal(calc_demo_colocated, tmp_path)
-    a, b = dumped_rows(str(calc_demo_colocated)), dumped_rows(str(tmp_path))
+    fields = ("group_ids", "tokens", "mask", "env_mask")
+    a, b = _rollouts(str(calc_demo_colocated), fields), _rollouts(str(tmp_path), fields)
     assert sorted(a) == sorted(b) and len(a) == 2
     for step in a:
-        for key in ("tokens", "mask", "env_mask"):
-            np.testing.assert_array_equal(a[step][key], b[step][key])
-    assert sum(rows["env_mask"].any(1).sum() for rows in b.values()) >= 2  # tools were called
+        for x, y in zip(a[step], b[step], strict=True):
+            np.testing.assert_array_equal(x, y)
+    assert sum(rows[3].any(1).sum() for rows in b.values()) >= 2  # tools were called
     assert all(r["env/errors"] == 0 for r in jsonl(tmp_path / "metrics.jsonl"))
-
-
-def dumped_rows(run_dir):
-    """{step: {field: rows in group-id order}} from a run's rollout dumps (one file per host)."""
-    out = {}
-    for path in sorted(glob.glob(os.path.join(run_dir, "rollouts", "*.npz"))):
-        step = int(os.path.basename(path)[4:9])
-        d = np.load(path)
-        parts = out.setdefault(step, {k: [] for k in ("group_ids", "tokens", "mask", "env_mask")})
-        for k in parts:
-            parts[k].append(d[k])
-    for step, parts in out.items():
-        order = np.argsort(np.concatenate(parts["group_ids"]), kind="stable")
-        out[step] = {k: np.concatenate(v)[order] for k, v in parts.items()}
-    return out
 
 
 def test_disaggregated_schedule_is_deterministic(reference, tmp_path):

@@ -51,13 +51,18 @@ def sft_model(tmp_path_factory):
     return str(out)
 
 
-def _train(model, run_dir, mode, steps, extra=(), hosts=1, devices=1, **kw):
+def _train_argv(model, run_dir, mode, steps, extra=(), hosts=1, devices=1):
+    """The CLI arguments of a `train demo` run: under `launch` when it has several hosts."""
     args = ["train", "demo", "--model", model, "--mode", mode, "--steps", str(steps),
             "--run-dir", str(run_dir), *COMMON, *extra]
     if hosts > 1:
-        return locojax("launch", "--hosts", str(hosts), "--devices-per-host", str(devices),
-                       "--heartbeat-s", "10", "--", *args, **kw)
-    return locojax(*args, "--devices-per-host", str(devices), **kw)
+        return ["launch", "--hosts", str(hosts), "--devices-per-host", str(devices),
+                "--heartbeat-s", "10", "--", *args]
+    return [*args, "--devices-per-host", str(devices)]
+
+
+def _train(model, run_dir, mode, steps, extra=(), hosts=1, devices=1, **kw):
+    return locojax(*_train_argv(model, run_dir, mode, steps, extra, hosts, devices), **kw)
 
 
 def _final_params(run_dir):
@@ -68,18 +73,19 @@ def _final_params(run_dir):
     return step, load(os.path.join(run_dir, "final_model"), param_dtype="float32").weights
 
 
-def _rollouts(run_dir):
+def _rollouts(run_dir, fields=("group_ids", "tokens", "mask")):
+    """{step name: (one array per field, rows in group-id order)} from a run's rollout dumps
+    (one file per host and step)."""
     by_step = {}
     for path in sorted(glob.glob(os.path.join(run_dir, "rollouts", "*.npz"))):
         step = os.path.basename(path).split(".")[0]
         d = np.load(path)
-        by_step.setdefault(step, []).append((d["group_ids"], d["tokens"], d["mask"]))
+        by_step.setdefault(step, []).append([d[f] for f in ("group_ids", *fields)])
     out = {}
     for step, parts in by_step.items():
-        gids = np.concatenate([p[0] for p in parts])
-        order = np.argsort(gids, kind="stable")
-        out[step] = (gids[order], np.concatenate([p[1] for p in parts])[order],
-                     np.concatenate([p[2] for p in parts])[order])
+        order = np.argsort(np.concatenate([p[0] for p in parts]), kind="stable")
+        out[step] = tuple(np.concatenate([p[i + 1] for p in parts])[order]
+                          for i in range(len(fields)))
     return out
 
 
@@ -198,13 +204,7 @@ def test_killed_and_resumed_run_is_bitwise_identical(sft_model, straight_runs, c
     dynamic sampling in play: the same params and logs as the run that never stopped."""
     straight, resumed = straight_runs[mode], tmp_path / "resumed"
     layout, extra = LAYOUTS[mode], _extra(mode, tmp_path)
-    args = ["train", "demo", "--model", sft_model, "--mode", mode, "--steps", str(STEPS),
-            "--run-dir", str(resumed), *COMMON, *extra]
-    if layout["hosts"] > 1:
-        args = ["launch", "--hosts", str(layout["hosts"]), "--devices-per-host",
-                str(layout["devices"]), "--heartbeat-s", "10", "--", *args]
-    else:
-        args += ["--devices-per-host", str(layout["devices"])]
+    args = _train_argv(sft_model, resumed, mode, STEPS, extra, **layout)
     proc = subprocess.Popen([sys.executable, "-m", "locojax.cli", *args], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=compile_cache)
