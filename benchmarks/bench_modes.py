@@ -147,22 +147,28 @@ def sft_model(shape: Shape, work_dir: Path, sft_steps: int, timeout: float) -> t
     return out, cmd
 
 
+def swe_train(mode: str, model: str, prompts: int, group: int, turn_tokens: int, steps: int,
+              run_dir: Path, beta: float = 0.0) -> list[str]:
+    """`train swe` on generated level-1 repositories: 2 model turns of at most `turn_tokens`
+    around one error observation, then the sandboxed test run (also bench_placement's)."""
+    return [
+        "train", "swe", "--mode", mode, "--model", model, "--task.level", "1",
+        "--rollout.prompts-per-step", str(prompts), "--algo.group-size", str(group),
+        "--rollout.max-prompt-tokens", str(SWE_PROMPT_TOKENS),
+        "--rollout.max-new-tokens", str(turn_tokens), "--multiturn.max-turns", "2",
+        "--multiturn.max-obs-tokens", str(SWE_OBS_TOKENS),
+        "--multiturn.max-trajectory-tokens", str(2 * turn_tokens + SWE_OBS_TOKENS),
+        "--algo.beta", str(beta), "--steps", str(steps), "--eval.every", "0",
+        "--no-progress", "--no-tensorboard", "--run-dir", str(run_dir),
+    ]
+
+
 def train_argv(shape: Shape, workload: str, model: str, mode: str, n: int, steps: int,
                beta: float, run_dir: Path) -> list[str]:
     fixed = workload == "arith"
     if workload == "swe":
-        n_tok = shape.new_tokens
-        train = [
-            "train", "swe", "--mode", mode, "--model", model, "--task.level", "1",
-            "--rollout.prompts-per-step", str(shape.prompts),
-            "--algo.group-size", str(shape.group),
-            "--rollout.max-prompt-tokens", str(SWE_PROMPT_TOKENS),
-            "--rollout.max-new-tokens", str(n_tok), "--multiturn.max-turns", "2",
-            "--multiturn.max-obs-tokens", str(SWE_OBS_TOKENS),
-            "--multiturn.max-trajectory-tokens", str(2 * n_tok + SWE_OBS_TOKENS),
-            "--algo.beta", str(beta), "--steps", str(steps), "--eval.every", "0",
-            "--no-progress", "--no-tensorboard", "--run-dir", str(run_dir),
-        ]
+        train = swe_train(mode, model, shape.prompts, shape.group, shape.new_tokens, steps,
+                          run_dir, beta)
         if mode == "single":
             return [*CLI, *train, "--devices-per-host", str(n)]
         return [*CLI, "launch", "--hosts", str(n), "--devices-per-host", "1", "--", *train]

@@ -14,9 +14,13 @@ start-up is paid once and is not in any figure. Runs are interleaved: every repe
 every point once, in a rotated order, so machine load falls on all points alike.
 
 Held fixed (strong scaling): the global batch (B prompts x G samples per step), the model,
-the sampling, 4 hosts of 1 device. The workload is rollout-heavy: TINY (random f32 weights)
-with --rollout.ignore-eos, so every completion is exactly --new-tokens long, much longer
-than the prompt; training is one AdamW step on those rows.
+the sampling, 4 hosts of 1 device. Two workloads, both TINY (random f32 weights):
+- `--workload arith` (default): --rollout.ignore-eos, so every completion is exactly
+  --new-tokens long, much longer than the prompt; on XLA:CPU this stays train-dominated;
+- `--workload swe`: multi-turn (`train swe`, level-1 repositories), 2 model turns around an
+  error observation, then a sandboxed test run for every row: rollout-heavy through its env
+  phase (the test runs), which DA moves off the learner hosts.
+Training is one AdamW step on those rows.
 
 Timing: the learner host 0's `perf/step_time` (compile excluded): for DA and async that is
 the wall time between updates, waiting for rollouts included. Medians over steady steps
@@ -33,6 +37,7 @@ read with that in mind.
 Usage:
     .venv/bin/python benchmarks/bench_placement.py --quick        # 1 repeat, few steps
     .venv/bin/python benchmarks/bench_placement.py --repeats 2
+    .venv/bin/python benchmarks/bench_placement.py --workload swe --steps 6 --skip 2
     .venv/bin/python benchmarks/bench_placement.py --report-only  # the tables again, from the
                                                                   # runs in --work-dir
 """
@@ -52,9 +57,13 @@ import sys
 import time
 from pathlib import Path
 
+from bench_modes import swe_train  # noqa: E402  (the script's folder is on sys.path)
+
 PY = sys.executable
 CLI = [PY, "-m", "locojax.cli"]
 HOSTS = 4
+# Colocated's rollout phases (what DA moves to its workers); swe adds extend and env.
+ROLLOUT_PHASES = ("admission", "prefill", "decode", "extend", "env", "detokenize_reward")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +71,13 @@ class Point:
     name: str  # colocated | da-0.25 | ... | async-k1 | ...
     mode: str
     extra: tuple[str, ...]
+
+
+def workload_line(args) -> str:
+    if args.workload == "swe":
+        return (f"swe level 1 (2 turns of <= {args.new_tokens} tokens, then a sandboxed test "
+                f"run per row: {args.prompts * args.group} per step)")
+    return f"arith level 3, exactly {args.new_tokens} new tokens, 16 prompt columns"
 
 
 def points(fractions, ks) -> list[Point]:
@@ -75,15 +91,23 @@ def points(fractions, ks) -> list[Point]:
 
 
 def train_argv(p: Point, args, run_dir: Path, ray_address: str) -> list[str]:
-    train = ["train", "demo", "--mode", p.mode, "--model", "tiny", "--task.name", "arith",
+    if args.workload == "swe":
+        train = [*swe_train(p.mode, "tiny", args.prompts, args.group, args.new_tokens,
+                            args.steps, run_dir), *p.extra]
+    else:
+        train = arith_train(p, args, run_dir)
+    if p.mode == "colocated":
+        return [*CLI, "launch", "--hosts", str(HOSTS), "--devices-per-host", "1", "--", *train]
+    return [*CLI, *train, "--ray-address", ray_address]
+
+
+def arith_train(p: Point, args, run_dir: Path) -> list[str]:
+    return ["train", "demo", "--mode", p.mode, "--model", "tiny", "--task.name", "arith",
              "--task.level", "3", "--rollout.prompts-per-step", str(args.prompts),
              "--algo.group-size", str(args.group), "--rollout.max-prompt-tokens", "16",
              "--rollout.max-new-tokens", str(args.new_tokens), "--rollout.ignore-eos",
              "--steps", str(args.steps), "--eval.every", "0", "--no-progress",
              "--no-tensorboard", "--run-dir", str(run_dir), *p.extra]
-    if p.mode == "colocated":
-        return [*CLI, "launch", "--hosts", str(HOSTS), "--devices-per-host", "1", "--", *train]
-    return [*CLI, *train, "--ray-address", ray_address]
 
 
 def run(argv: list[str], log: Path, timeout: float) -> int:
@@ -117,11 +141,17 @@ def med(rows: list[dict], key: str) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--workload", choices=("arith", "swe"), default="arith",
+                    help="arith: exactly --new-tokens per completion; swe: multi-turn, 2 turns "
+                    "of at most --new-tokens around an error observation, then a sandboxed test "
+                    "run per row (host-heavy: its env phase dominates)")
     ap.add_argument("--fractions", nargs="+", type=float, default=[0.25, 0.5, 0.75])
     ap.add_argument("--ks", nargs="+", type=int, default=[1, 2, 4])
     ap.add_argument("--prompts", type=int, default=12, help="B (splits over 1-4 hosts)")
     ap.add_argument("--group", type=int, default=4, help="G")
-    ap.add_argument("--new-tokens", type=int, default=128, help="exact completion length")
+    ap.add_argument("--new-tokens", type=int, default=None,
+                    help="arith: exact completion length (default 128); swe: tokens per turn "
+                    "(default 32)")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--skip", type=int, default=3, help="warm-up steps left out")
     ap.add_argument("--repeats", type=int, default=1)
@@ -135,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="run nothing: print the tables from the finished runs in --work-dir "
                     "(same --steps/--skip/--prompts/--group as the run)")
     args = ap.parse_args(argv)
+    if args.new_tokens is None:
+        args.new_tokens = 32 if args.workload == "swe" else 128
     if args.quick:
         args.steps, args.skip, args.repeats = 6, 2, 1
     if args.steps < args.skip + 2:
@@ -180,7 +212,7 @@ def measure(work: Path, pts: list[Point], args) -> tuple[dict, dict]:
     print(f"# {os.cpu_count()} CPUs, {HOSTS} simulated hosts of 1 device: "
           f"{'the hosts share the cores' if os.cpu_count() < HOSTS else 'a core per host'}")
     print(f"# held fixed: B={args.prompts} prompts x G={args.group}, TINY random f32, "
-          f"exactly {args.new_tokens} new tokens, 16 prompt columns, {args.steps} steps, "
+          f"{workload_line(args)}, {args.steps} steps, "
           f"steady = steps {args.skip + 1}..{args.steps - 1}")
     print(f"# load average before: {os.getloadavg()[0]:.1f}")
     results: dict[str, list[dict]] = {p.name: [] for p in pts}
@@ -234,8 +266,8 @@ def report(results: dict, loads: dict, args) -> None:
     # What a core per host would give: colocated's measured phases, rescaled by the share of
     # hosts each side gets (perfect strong scaling assumed), overlapped as DA overlaps them.
     c = results["colocated"]
-    roll = sum(med(c, f"perf/phase/{k}") for k in ("admission", "prefill", "decode",
-                                                    "detokenize_reward"))
+    roll = sum(med(c, f"perf/phase/{k}") for k in ROLLOUT_PHASES
+               if any(f"perf/phase/{k}" in r for r in c))
     train = med(c, "perf/phase/train") + med(c, "perf/phase/batch")
     print(f"\n# model, not a measurement: with a core per host DA's step would be about "
           f"max(R/f, T/(1-f)) from colocated's rollout R = {roll:.3f} s and train T = "
