@@ -203,7 +203,7 @@ def plot(results: dict, path: Path) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--model", default="embedded", help="a checkpoint that writes `#### N`")
+    p.add_argument("--model", default="embedded-strict", help="a checkpoint that writes `#### N`")
     p.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--time-limit-s", type=float, default=280.0)

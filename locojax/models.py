@@ -2,7 +2,9 @@
 
 Specs:
 - `embedded`: the tiny character-level checkpoint shipped inside the package (made by
-  `locojax sft`, see README), the default for the demo; `embedded-calc`: its sibling that
+  `locojax sft`, see README) that mostly answers in a format the strict reward rejects;
+  `embedded-strict`: one that answers in the `#### N` format but has only half learned the
+  arithmetic (the `demo` preset's: its gain is the task); `embedded-calc`: a sibling that
   learned calculator tool use (the `calc-demo` preset);
 - `tiny` / `small`: DESIGN.md's benchmark shapes with random weights and the char tokenizer;
 - a directory: an HF Qwen3 checkpoint. Its tokenizer is `tokenizer.json` if present, else the
@@ -26,7 +28,9 @@ from locojax.model.config import ModelConfig
 from locojax.tokenizer import Tokenizer, load_tokenizer
 
 EMBEDDED_DIR = Path(__file__).parent / "assets" / "tiny-arith"
-EMBEDDED = {"embedded": EMBEDDED_DIR, "embedded-calc": EMBEDDED_DIR.with_name("tiny-calc")}
+EMBEDDED = {"embedded": EMBEDDED_DIR,
+            "embedded-strict": EMBEDDED_DIR.with_name("tiny-arith-strict"),
+            "embedded-calc": EMBEDDED_DIR.with_name("tiny-calc")}
 """Checkpoints shipped in locojax/assets, by spec."""
 META_FILE = "locojax.json"
 
@@ -67,7 +71,8 @@ def resolve_dir(spec: str) -> Path | None:
         return None
     path = Path(spec)
     if not path.is_dir():
-        raise ValueError(f"model {spec!r} is neither 'embedded' / 'embedded-calc', a preset "
+        raise ValueError(f"model {spec!r} is neither a shipped checkpoint "
+                         f"({', '.join(EMBEDDED)}), a preset "
                          f"({', '.join(model_config.PRESETS)}) nor a directory")
     return path
 

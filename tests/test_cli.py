@@ -45,3 +45,13 @@ def test_generate_from_the_embedded_checkpoint_answers_in_format():
     assert "12+34=The answer" in out.stdout
     assert "tokens/s" in out.stdout and "compile" in out.stdout
 
+
+
+@pytest.mark.slow
+def test_the_demo_checkpoint_answers_in_the_strict_format():
+    out = locojax("generate", "--model", "embedded-strict", "--prompt", "12+34=", "--batch",
+                  "2", "--temperature", "0", "--max-new-tokens", "12")
+    assert out.returncode == 0, out.stderr
+    # All its SFT data end on the `#### N` line the strict reward reads, so what the demo's
+    # GRPO can improve is the number on that line, not the format.
+    assert "12+34=#### " in out.stdout

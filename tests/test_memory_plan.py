@@ -61,8 +61,8 @@ def _small_run(tmp_path, **overrides):
     session's 8 CPU devices (one row each), with an evaluation (its own engine shape)."""
     base = demo()
     return dataclasses.replace(
-        base, mode="single", steps=1, run_dir=str(tmp_path / "run"), progress=False,
-        tensorboard=False, algo=dataclasses.replace(base.algo, group_size=2),
+        base, model="embedded", mode="single", steps=1, run_dir=str(tmp_path / "run"),
+        progress=False, tensorboard=False, algo=dataclasses.replace(base.algo, group_size=2),
         rollout=RolloutConfig(prompts_per_step=4, max_new_tokens=6, max_prompt_tokens=8),
         eval=EvalConfig(every=1, num_examples=8, batch_size=8), **overrides)
 
@@ -117,8 +117,9 @@ def test_plan_only_loads_and_runs_nothing(tmp_path):
 def test_a_run_that_does_not_fit_is_refused_before_its_first_step(tmp_path):
     run = tmp_path / "run"
     out = subprocess.run(
-        [sys.executable, "-m", "locojax.cli", "train", "demo", "--mode", "single", "--steps", "1",
-         "--run-dir", str(run), "--rollout.prompts-per-step", "4", "--algo.group-size", "2",
+        [sys.executable, "-m", "locojax.cli", "train", "demo", "--model", "embedded", "--mode",
+         "single", "--steps", "1", "--run-dir", str(run), "--rollout.prompts-per-step", "4",
+         "--algo.group-size", "2",
          "--rollout.max-new-tokens", "6", "--rollout.max-prompt-tokens", "8", "--eval.every",
          "0", "--no-progress", "--no-tensorboard", "--device-memory-gb", "0.001"],
         cwd=ROOT, capture_output=True, text=True, timeout=600)

@@ -35,6 +35,7 @@ from locojax.train.config import PRESETS  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 3
 COMMON = [
+    "--model", "embedded",  # the loose-format checkpoint: its rewards vary within groups
     "--rollout.prompts-per-step", "8", "--algo.group-size", "4", "--eval.every", "0",
     "--optim.lr", "3e-4", "--optim.warmup-steps", "0", "--no-progress", "--no-tensorboard",
     "--dump-rollouts", "--checkpoint.every", "1", "--steps", str(STEPS),

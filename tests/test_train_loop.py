@@ -230,7 +230,7 @@ def test_killed_and_resumed_run_is_bitwise_identical(sft_model, straight_runs, c
     (["--algo.group-size", "3", "--rollout.prompts-per-step", "5", "--devices-per-host", "2"],
      "do not split over 2 devices"),
     (["--task.name", "nope"], "unknown task 'nope'"),
-    (["--model", "/no/such/dir"], "neither 'embedded', a preset"),
+    (["--model", "/no/such/dir"], "neither a shipped checkpoint (embedded, "),
     (["--task.name", "gsm8k"], "needs --task.data"),
     (["--task.name", "gsm8k", "--task.data", "/no/such.jsonl"], "does not exist"),
     (["--steps", "0"], "steps must be >= 1"),

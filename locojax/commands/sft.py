@@ -1,8 +1,11 @@
 """`locojax sft`: train a fresh char-level model on a built-in task's demonstrations.
 
-This is how the embedded checkpoint (`locojax/assets/tiny-arith`) was made:
+This is how the shipped arith checkpoints were made: `embedded` (mostly the loose answer
+format) and `embedded-strict` (the `demo` preset's: strict format, arithmetic half learned):
 
     locojax sft --out locojax/assets/tiny-arith --level 2 --sft.steps 1150 --loose-format 0.6
+    locojax sft --out locojax/assets/tiny-arith-strict --arch tiny --level 2 --sft.steps 600 \
+        --sft.schedule-steps 1150
 
 The output is an HF-format Qwen3 directory plus `locojax.json` naming the tokenizer and
 recording how it was made, so `locojax train --model DIR` can start GRPO from it.
