@@ -41,7 +41,7 @@ class SFTArgs:
     loose_format: float = 0.0
     """arith only: the fraction of demonstrations whose last line reads `The answer is N`
     instead of the `#### N` the strict reward requires. The embedded checkpoint learned from
-    such a mix, which leaves GRPO a format to enforce (README, "The embedded checkpoint")."""
+    such a mix, which leaves GRPO a format to enforce (README, "The embedded checkpoints")."""
     direct: float = 0.0
     """calc only: the fraction of demonstrations that answer at once (`#### N`) instead of
     calling the calculator first. The tiny-calc checkpoint learned from such a mix, which
