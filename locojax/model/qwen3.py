@@ -288,7 +288,9 @@ def token_logprobs(weights: Weights, hidden: jax.Array, targets: jax.Array, cfg:
     chunk = logprob_chunk_size(b, t, cfg.vocab_size, chunk)
 
     def one(h, tg):
-        return _logprobs_and_entropy(logits(weights, h, cfg) / temperature, tg)
+        wide = h.dtype == _wide(h.dtype)
+        picked = target_logits(weights, h, tg, cfg) / temperature if wide else None
+        return _logprobs_and_entropy(logits(weights, h, cfg) / temperature, tg, picked)
 
     if not chunk:
         return one(hidden, targets)
@@ -304,8 +306,37 @@ def token_logprobs(weights: Weights, hidden: jax.Array, targets: jax.Array, cfg:
     return unchunk(lp), unchunk(ent)
 
 
-def _logprobs_and_entropy(logits_btv, targets):
-    logp = jax.nn.log_softmax(logits_btv, axis=-1)
-    picked = jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
+def target_logits(weights: Weights, hidden: jax.Array, targets: jax.Array,
+                  cfg: ModelConfig) -> jax.Array:
+    """[B, T] logits of `targets` alone: each position's hidden state · its target's head row,
+    the dot products of those entries of `logits`. Only for wide (f32, f64) hidden states:
+    XLA:CPU rounds a bf16 matmul's output to bf16, which an exact dot would not match.
+    """
+    tied = cfg.tie_word_embeddings
+    if tied:
+        rows = jnp.take(weights["embed"], targets, axis=0)  # [B, T, D]
+    else:
+        rows = jnp.moveaxis(jnp.take(weights["lm_head"], targets, axis=1), 0, -1)
+    return jnp.sum(hidden * rows.astype(hidden.dtype), axis=-1)
+
+
+def _logprobs_and_entropy(logits_btv, targets, target_btv=None):
+    """log p(target) and the entropy of each position, from the [B, T, V] logits.
+
+    Given the targets' own logits (`target_logits`), as `jax.nn.log_softmax` computes it
+    (shifted by the stopped max), the target's logprob is its logit minus the normaliser:
+    its gradient reaches the [B, T, V] logits through the softmax alone. Picking it out of
+    the log-softmax instead (`take_along_axis`, narrow dtypes) makes the backward build a
+    one-hot [B, T, V] gradient: a zero fill and a scatter as big as the logits, ~10% of a
+    SMALL train step (docs/peers_benchmark.md)."""
+    if target_btv is None:
+        logp = jax.nn.log_softmax(logits_btv, axis=-1)
+        picked = jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
+    else:
+        top = jax.lax.stop_gradient(jnp.max(logits_btv, axis=-1, keepdims=True))
+        shifted = logits_btv - top
+        norm = jnp.log(jnp.sum(jnp.exp(shifted), axis=-1, keepdims=True))  # [B, T, 1]
+        logp = shifted - norm
+        picked = target_btv - top[..., 0] - norm[..., 0]
     entropy = -jnp.sum(jnp.exp(logp) * logp, axis=-1)
     return picked, entropy
