@@ -277,6 +277,10 @@ class Engine:
         """Weights laid out for this engine's mesh (a no-op without one)."""
         if self._weight_shardings is None:
             return weights
+        placed = zip(jax.tree.leaves(weights), jax.tree.leaves(self._weight_shardings))
+        if all(isinstance(x, jax.Array) and x.sharding.is_equivalent_to(s, x.ndim)
+               for x, s in placed):
+            return weights  # already laid out so: device_put's own path costs ~1 ms a call
         return jax.device_put(weights, self._weight_shardings)
 
     def _cache_shardings(self, cache) -> qwen3.KVCache:

@@ -75,5 +75,8 @@ def batch_baseline(rewards, group_id, **_):
     return r - jnp.mean(r), {"rollout/frac_zero_std": frac_zero_std(rewards, group_id)}
 
 
-ESTIMATORS = {"grpo": grpo, "rloo": rloo, "batch": batch_baseline}
-"""Advantage estimators by name; `algorithms.py` picks one per algorithm."""
+_SETTINGS = ("scale_by_std", "eps")
+ESTIMATORS = {name: jax.jit(fn, static_argnames=_SETTINGS)
+              for name, fn in (("grpo", grpo), ("rloo", rloo), ("batch", batch_baseline))}
+"""Advantage estimators by name, jitted; `algorithms.py` picks one per algorithm. Run
+eagerly, their ~20 small ops were dispatched one by one: 2 ms of a TINY step's host time."""
