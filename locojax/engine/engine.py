@@ -163,9 +163,14 @@ def _prefill(weights: Weights, prompt_tokens, prompt_mask, key, first_row, cache
     return Prefilled(state, draws, pos0)
 
 
-def _decode(weights: Weights, pre: Prefilled, *, model_cfg: ModelConfig,
+def _decode(weights: Weights, pre: Prefilled, cache: qwen3.KVCache, *, model_cfg: ModelConfig,
             sampling: SamplingConfig, layout: _Layout | None):
-    """Tokens 1..N-1 in a `lax.while_loop` that exits once every row has stopped."""
+    """Tokens 1..N-1 in a `lax.while_loop` that exits once every row has stopped.
+
+    `pre.state.cache` is None: the cache travels apart, as the one donated argument. Donating
+    all of `pre` also gave its per-row flags, which no output can reuse, and JAX warned of it
+    at every compile."""
+    pre = dataclasses.replace(pre, state=dataclasses.replace(pre.state, cache=cache))
     n = sampling.max_new_tokens
     pad = jnp.int32(sampling.pad_token_id)
     pos0, draws = pre.pos0, pre.draws
@@ -216,10 +221,17 @@ prefill_jit = jax.jit(
     donate_argnames=("cache",),
 )
 decode_jit = jax.jit(_decode, static_argnames=("model_cfg", "sampling", "layout"),
-                     donate_argnames=("pre",))
+                     donate_argnames=("cache",))
 """The two jit boundaries, static configs: the cache is donated into prefill, travels in
-`Prefilled` (donated into decode) and is handed back. Two programs rather than one cost one
-dispatch and let a profiler time prefill and decode apart at a device-synchronised boundary."""
+`Prefilled`, is donated into decode on its own (`_without_cache`) and is handed back. Two
+programs rather than one cost one dispatch and let a profiler time prefill and decode apart
+at a device-synchronised boundary."""
+
+
+def _without_cache(pre: Prefilled) -> tuple[Prefilled, qwen3.KVCache]:
+    """`pre` with its cache taken out, and the cache: `decode_jit`'s two arguments."""
+    rest = dataclasses.replace(pre, state=dataclasses.replace(pre.state, cache=None))
+    return rest, pre.state.cache
 
 
 def pad_prompts(prompts: Sequence[Sequence[int]], pad_id: int = 0, length: int | None = None):
@@ -337,7 +349,8 @@ class Engine:
         prefill = prefill_jit.lower(weights, tokens, mask, key, first_row, cache, model_cfg=cfg,
                                     sampling=sampling, num_samples=num_samples,
                                     layout=self.layout).compile()
-        decode = decode_jit.lower(weights, prefill.out_info, model_cfg=cfg, sampling=sampling,
+        pre, cache = _without_cache(prefill.out_info)
+        decode = decode_jit.lower(weights, pre, cache, model_cfg=cfg, sampling=sampling,
                                   layout=self.layout).compile()
         return prefill, decode
 
@@ -403,7 +416,8 @@ class Engine:
         prefilled, pending.prefilled = pending.prefilled, None  # donated: usable once
         if prefilled is None:
             raise ValueError("this prefill was already decoded")
-        out, self._cache = decode_jit(pending.weights, prefilled, model_cfg=self.model_cfg,
+        prefilled, cache = _without_cache(prefilled)
+        out, self._cache = decode_jit(pending.weights, prefilled, cache, model_cfg=self.model_cfg,
                                       sampling=pending.sampling, layout=self.layout)
         return out
 
