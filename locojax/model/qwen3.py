@@ -310,7 +310,8 @@ def target_logits(weights: Weights, hidden: jax.Array, targets: jax.Array,
                   cfg: ModelConfig) -> jax.Array:
     """[B, T] logits of `targets` alone: each position's hidden state · its target's head row,
     the dot products of those entries of `logits`. Only for wide (f32, f64) hidden states:
-    XLA:CPU rounds a bf16 matmul's output to bf16, which an exact dot would not match.
+    with bf16 ones, inside a jitted program the logprobs it gave moved by ~7e-4 (the scale of
+    a bf16 rounding) from those picked out of the matmul; which op rounds was not traced.
     """
     tied = cfg.tie_word_embeddings
     if tied:
