@@ -19,6 +19,7 @@ forward recomputes, up to the bound (`_assert_draws_explain_tokens`).
 """
 
 import logging
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -283,6 +284,20 @@ def test_cache_is_donated_and_reused_and_compiles_once(tied, caplog):
     assert len(compiles) <= 1  # 0 if an earlier test compiled this exact shape
     # Nor compiled again without a retrace (the handed-back buffer is placed like the first).
     assert (prefill_jit._cache_size(), decode_jit._cache_size()) == compiled
+
+
+def test_generate_compiles_without_unusable_donations(tied, caplog):
+    """Decode donates the KV cache alone: donating all of the prefill's state also gave its
+    per-row flags, which no output reuses, and JAX warned at every compile."""
+    cfg, _, w = tied
+    sampling = SamplingConfig(max_new_tokens=7, temperature=0.0)  # a shape no other test uses
+    prompts = _prompts(cfg.vocab_size, seed=11, lengths=[3, 5, 1])
+    with caplog.at_level(logging.INFO, logger="locojax.engine.engine"), \
+            warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        Engine(cfg).generate(w, prompts, jax.random.key(0), sampling, num_samples=3)
+    assert any("compiling generate" in r.getMessage() for r in caplog.records)  # it compiled
+    assert not [c for c in caught if "donated buffers" in str(c.message)]
 
 
 def test_prefill_then_decode_equals_generate_and_decodes_once(tied):

@@ -1,4 +1,5 @@
-"""Chunked `qwen3.token_logprobs` (rematerialised per chunk) equals the one-piece path.
+"""Chunked `qwen3.token_logprobs` (rematerialised per chunk) equals the one-piece path, and
+its wide-dtype path (the target's own logit minus the normaliser) equals log_softmax + pick.
 
 Compared in float64, values and gradients (w.r.t. the hidden states and the tied embedding,
 through a loss over both logprobs and entropy), with a sequence length the chunk does not
@@ -48,6 +49,39 @@ def test_chunked_values_and_gradients_equal_one_piece(chunk):
             assert a.shape == b.shape
             np.testing.assert_allclose(a, b, rtol=0, atol=1e-10 * np.abs(b).max())
         assert np.abs(np.asarray(ge0)).max() > 1e-3  # the gradients compared are not ~0
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_target_logit_path_equals_log_softmax_and_pick(tied):
+    """The f32/f64 path (`target_logits` - max - log-normaliser, whose backward reaches the
+    logits only through the softmax) against the textbook `take_along_axis(log_softmax)`,
+    values and gradients, tied and untied head. Same math in another order, so in f64 the
+    module bound above holds; a lost stop-gradient, a wrong head row or a dropped one-hot
+    term in the gradient is O(1)."""
+    cfg = config.tiny(vocab_size=97, tie_word_embeddings=tied)
+    with jax.enable_x64(True):
+        embed, hidden, targets, weights = _inputs()
+        head = {"embed": embed} if tied else {"lm_head": embed.T}
+
+        def ours(head, hidden):
+            lp, ent = qwen3.token_logprobs(head, hidden, targets, cfg, temperature=0.7, chunk=0)
+            return jnp.sum(weights[0] * lp) + jnp.sum(weights[1] * ent), lp
+
+        def textbook(head, hidden):
+            logp = jax.nn.log_softmax(qwen3.logits(head, hidden, cfg) / 0.7, axis=-1)
+            lp = jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
+            ent = -jnp.sum(jnp.exp(logp) * logp, axis=-1)
+            return jnp.sum(weights[0] * lp) + jnp.sum(weights[1] * ent), lp
+
+        grad = lambda f: jax.jit(jax.value_and_grad(f, argnums=(0, 1), has_aux=True))  # noqa: E731
+        (_, lp0), (gw0, gh0) = grad(textbook)(head, hidden)
+        (_, lp1), (gw1, gh1) = grad(ours)(head, hidden)
+        gw0, gw1 = jax.tree.leaves(gw0)[0], jax.tree.leaves(gw1)[0]
+        for a, b in ((lp1, lp0), (gw1, gw0), (gh1, gh0)):
+            a, b = np.asarray(a), np.asarray(b)
+            assert a.dtype == np.float64 and a.shape == b.shape
+            np.testing.assert_allclose(a, b, rtol=0, atol=1e-10 * np.abs(b).max())
+        assert np.abs(np.asarray(gw0)).max() > 1e-3  # the gradients compared are not ~0
 
 
 def test_auto_chunk_size():
