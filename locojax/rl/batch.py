@@ -191,16 +191,27 @@ def from_process_local(local: TrainBatch, mesh: Mesh, rules: Rules = TRAIN_DP) -
     return jax.tree.map(one, local)
 
 
-def split_rows(x: jax.Array, parts: int) -> jax.Array:
-    """[B, ...] → [parts, B / parts, ...], part i holding rows i, i + parts, i + 2·parts, ...
+def split_rows(x: jax.Array, parts: int, group: int = 1) -> jax.Array:
+    """[B, ...] → [parts, B / parts, ...], part i holding blocks i, i + parts, i + 2·parts, ...
+    of `group` consecutive rows (group 1: rows i, i + parts, ...).
 
-    Strided, so each device's contiguous block of rows splits locally: micro-batch i is a
-    slice of every device's shard and no rows move between devices.
+    Strided, so each device's contiguous block of rows splits locally (when it holds a
+    multiple of parts · group rows): micro-batch i is a slice of every device's shard and no
+    rows move between devices. With `group` = G, every part holds whole groups.
     """
     b = x.shape[0]
-    if b % parts:
-        raise ValueError(f"batch of {b} rows does not split into {parts} equal parts")
-    return x.reshape(b // parts, parts, *x.shape[1:]).swapaxes(0, 1)
+    if b % (parts * group):
+        raise ValueError(f"batch of {b} rows does not split into {parts} equal parts of "
+                         f"whole {group}-row blocks")
+    x = x.reshape(b // (parts * group), parts, group, *x.shape[1:]).swapaxes(0, 1)
+    return x.reshape(parts, b // parts, *x.shape[3:])
+
+
+def unsplit_rows(x: jax.Array, group: int = 1) -> jax.Array:
+    """Inverse of `split_rows`: [parts, B / parts, ...] → [B, ...]."""
+    parts, rows = x.shape[:2]
+    x = x.reshape(parts, rows // group, group, *x.shape[2:]).swapaxes(0, 1)
+    return x.reshape(parts * rows, *x.shape[3:])
 
 
 def abstract(rows: int, columns: int, mesh: Mesh, rules: Rules = TRAIN_DP,

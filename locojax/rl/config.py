@@ -106,6 +106,10 @@ class OptimConfig:
                 f"decay_steps={self.decay_steps} must exceed warmup_steps={self.warmup_steps}")
 
 
+AUTO_ACCUM = 0
+"""`LearnerConfig.grad_accum`: let the train step choose (`rl.micro_batches`)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class LearnerConfig:
     """Everything `train_step` needs besides the model config. Hashable: a jit static arg."""
@@ -114,9 +118,11 @@ class LearnerConfig:
     """The objective."""
     optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
     """The optimizer."""
-    grad_accum: int = 1
+    grad_accum: int = 0
     """Micro-batches per mini-batch; gradients are summed over them (the objective is
-    unchanged: every denominator is a global count of the whole mini-batch)."""
+    unchanged: every denominator is a global count of the whole mini-batch). 0 (AUTO_ACCUM,
+    the default): chosen per step from its shapes, on CPU so a micro-batch's logits stay in
+    cache, elsewhere 1 (`rl.micro_batches`)."""
     temperature: float = 1.0
     """Sampling temperature; must equal the sampler's so logprobs are of the same policy."""
     logprob_chunk: int = -1
@@ -136,8 +142,9 @@ class LearnerConfig:
     True leaves params and optimizer state unchanged and counts `actor/skipped_steps`."""
 
     def __post_init__(self):
-        if self.grad_accum < 1:
-            raise ValueError(f"grad_accum must be >= 1, got {self.grad_accum}")
+        if self.grad_accum < 0:
+            raise ValueError(f"grad_accum must be >= 1, or {AUTO_ACCUM} (auto), got "
+                             f"{self.grad_accum}")
         if self.temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {self.temperature}")
         if self.logprob_chunk < -1:
@@ -153,4 +160,4 @@ class LearnerConfig:
     @property
     def rows_multiple(self) -> int:
         """The global batch size must be a multiple of this (mini- × micro-batches)."""
-        return self.algo.num_minibatches * self.grad_accum
+        return self.algo.num_minibatches * max(1, self.grad_accum)  # auto picks a divisor

@@ -41,9 +41,10 @@ from locojax.model import qwen3
 from locojax.model.config import ModelConfig
 from locojax.model.params import Weights
 from locojax.rl import batch as batch_lib
+from locojax.rl import micro_batches
 from locojax.rl.aggregation import Counts, global_counts
 from locojax.rl.algorithms import resolve
-from locojax.rl.batch import TrainBatch, split_rows
+from locojax.rl.batch import TrainBatch, split_rows, unsplit_rows
 from locojax.rl.config import LearnerConfig
 from locojax.rl.losses import LossSettings, is_weight_histogram, is_weight_quantiles, objective
 from locojax.rl.train_state import TrainState, adam_count, apply_in_place, pin, schedule
@@ -149,30 +150,33 @@ compute_logprobs = jax.jit(sequence_logprobs,
 """Jitted `sequence_logprobs`, e.g. for reference logprobs outside the step."""
 
 
-def _unsplit(x):
-    """Inverse of `split_rows`: [parts, B / parts, ...] → [B, ...]."""
-    return x.swapaxes(0, 1).reshape(x.shape[0] * x.shape[1], *x.shape[2:])
+def _for_split(batch: TrainBatch, parts: int) -> tuple[TrainBatch, int]:
+    """The batch as a split into `parts` row-parts leaves it, and the rows per block that the
+    split keeps together (`split_rows`' group).
+
+    With a shared prefix, a split of whole groups (B a multiple of parts · G) keeps it: every
+    part still runs each prompt once per group. Otherwise the split interleaves single rows,
+    which breaks the groups, so the prefix is kept for its skipped logits alone (group 1)."""
+    sp = batch.shared_prefix
+    if sp is None or parts == 1:
+        return batch, 1
+    if batch.tokens.shape[0] % (parts * sp.group) == 0:
+        return batch, sp.group
+    return dataclasses.replace(batch, shared_prefix=batch_lib.SharedPrefix(sp.columns, 1)), 1
 
 
-def _prefix(shared: batch_lib.SharedPrefix | None, parts: int):
-    """The prefix a strided split into `parts` leaves usable: split_rows interleaves the
-    rows, so a part holds whole groups only when there is one part."""
-    if shared is None or parts == 1:
-        return shared
-    return batch_lib.SharedPrefix(shared.columns, 1)
-
-
-def _scan_logprobs(params, batch: TrainBatch, parts: int, model_cfg, cfg: LearnerConfig):
-    """No-grad logprobs of the whole batch, `parts` rows-chunks at a time (bounded memory)."""
-    prefix = _prefix(batch.shared_prefix, parts)
-
+def _scan_logprobs(params, batch: TrainBatch, parts: int, group: int, model_cfg,
+                   cfg: LearnerConfig):
+    """No-grad logprobs of the whole batch, `parts` rows-chunks at a time (bounded memory);
+    `batch` and `group` as `_for_split` gives them."""
     def one(rows):
         tokens, positions, attn = rows
         return sequence_logprobs(params, tokens, positions, attn, model_cfg, cfg.temperature,
-                                 cfg.logprob_chunk, prefix=prefix)[0]
+                                 cfg.logprob_chunk, prefix=batch.shared_prefix)[0]
 
-    rows = tuple(split_rows(x, parts) for x in (batch.tokens, batch.positions, batch.attn_mask))
-    return jax.lax.stop_gradient(_unsplit(jax.lax.map(one, rows)))
+    rows = tuple(split_rows(x, parts, group)
+                 for x in (batch.tokens, batch.positions, batch.attn_mask))
+    return jax.lax.stop_gradient(unsplit_rows(jax.lax.map(one, rows), group))
 
 
 def _micro_loss(params, data, counts: Counts, first, fresh_tokens, s: LossSettings,
@@ -182,7 +186,7 @@ def _micro_loss(params, data, counts: Counts, first, fresh_tokens, s: LossSettin
     logp, ent = sequence_logprobs(params, b.tokens, b.positions, b.attn_mask, model_cfg,
                                   cfg.temperature, cfg.logprob_chunk,
                                   unroll=qwen3.unroll_for_grad(model_cfg), remat=cfg.remat,
-                                  prefix=_prefix(b.shared_prefix, cfg.rows_multiple))
+                                  prefix=b.shared_prefix)  # as `_for_split` left it
     own = jax.lax.stop_gradient(logp)  # π_θ before any update of this step, bitwise
     old = own if data["prox"] is None else jnp.where(first, own, data["prox"])
     loss, metrics, extremes = objective(logp, ent, old, b.old_logprobs, b.ref_logprobs,
@@ -303,6 +307,7 @@ def _prepare(params, batch: TrainBatch, ref_params, model_cfg, cfg: LearnerConfi
     [M, k, B / (M k), ...] (mini-batch, micro-batch, rows)."""
     _, s = resolve(cfg.algo)
     n_mini, k = cfg.algo.num_minibatches, cfg.grad_accum
+    batch, group = _for_split(batch, n_mini * k)
     rows = batch.tokens.shape[0]
     stale = (jnp.zeros((rows,), bool) if batch.staleness is None else batch.staleness > 0)
     fresh = ~stale
@@ -311,7 +316,7 @@ def _prepare(params, batch: TrainBatch, ref_params, model_cfg, cfg: LearnerConfi
     if not s.beta:
         batch = dataclasses.replace(batch, ref_logprobs=None)  # never read, never computed
     elif batch.ref_logprobs is None:
-        ref = _scan_logprobs(ref_params, batch, n_mini * k, model_cfg, cfg)
+        ref = _scan_logprobs(ref_params, batch, n_mini * k, group, model_cfg, cfg)
         batch = dataclasses.replace(batch, ref_logprobs=ref)
     fresh_mask = batch.loss_mask & fresh[:, None]
     fresh_tokens = jnp.sum(fresh_mask.astype(jnp.float32))
@@ -319,23 +324,24 @@ def _prepare(params, batch: TrainBatch, ref_params, model_cfg, cfg: LearnerConfi
     extra = {}
     prox = None
     if cfg.updates_per_step > 1:  # later updates need π_old of the start-of-step params
-        prox = _scan_logprobs(params, batch, n_mini * k, model_cfg, cfg)
+        prox = _scan_logprobs(params, batch, n_mini * k, group, model_cfg, cfg)
         gap = jnp.where(fresh_mask, jnp.abs(jnp.where(fresh_mask, batch.old_logprobs, 0) - prox),
                         0.0)
         extra["rollout/logprob_mismatch"] = jnp.sum(gap) / jnp.maximum(fresh_tokens, 1.0)
 
     def layout(x):  # [B, ...] → [M, k, B/(M k), ...]; both splits strided, so device-local
-        x = split_rows(x, n_mini)
-        return jax.vmap(lambda y: split_rows(y, k))(x)
+        x = split_rows(x, n_mini, group)
+        return jax.vmap(lambda y: split_rows(y, k, group))(x)
 
     data = jax.tree.map(layout, {"batch": batch, "prox": prox, "stale": stale, "fresh": fresh})
-    counts = jax.vmap(global_counts)(split_rows(batch.loss_mask, n_mini))  # [M] each
+    counts = jax.vmap(global_counts)(split_rows(batch.loss_mask, n_mini, group))  # [M] each
     return data, counts, fresh_tokens, extra, s
 
 
 def _train_step(state: TrainState, batch: TrainBatch, ref_params=None, *,
                 model_cfg: ModelConfig, cfg: LearnerConfig, mesh=None,
                 return_grads: bool = False):
+    cfg = micro_batches.resolve(cfg, batch, model_cfg.vocab_size, mesh)
     logger.info("compiling train_step: batch %s, algo %s, %d update(s) x %d micro-batch(es)",
                 batch.tokens.shape, cfg.algo.name, cfg.updates_per_step, cfg.grad_accum)
     data, counts, fresh_tokens, extra, s = _prepare(state.params, batch, ref_params, model_cfg,

@@ -122,8 +122,9 @@ class RunConfig:
     """The RL objective (algo.group_size is G)."""
     optim: OptimConfig = OptimConfig(lr=1e-4)
     """The optimizer."""
-    grad_accum: int = 1
-    """Micro-batches per optimizer update (the objective does not change)."""
+    grad_accum: int = 0
+    """Micro-batches per optimizer update (the objective does not change); 0: automatic
+    (on CPU, micro-batches whose logits stay in cache; elsewhere 1)."""
     skip_nonfinite: bool = False
     """On a NaN/inf loss or gradient: False stops the run; True skips the update and counts it."""
     reward: RewardConfig = RewardConfig()
@@ -210,7 +211,7 @@ def check(cfg: RunConfig, num_processes: int, num_devices: int) -> None:
     if rows % num_devices:
         bad(f"prompts_per_step x group_size = {b} x {g} = {rows} rows do not split over "
             f"{num_devices} devices")
-    if (rows // num_devices) % (cfg.grad_accum * cfg.algo.num_minibatches):
+    if (rows // num_devices) % (max(1, cfg.grad_accum) * cfg.algo.num_minibatches):
         bad(f"{rows // num_devices} rows per device do not split into num_minibatches="
             f"{cfg.algo.num_minibatches} x grad_accum={cfg.grad_accum} micro-batches")
     if cfg.task.name not in task_names():

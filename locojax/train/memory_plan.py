@@ -38,6 +38,7 @@ from locojax.engine.sampling import SamplingConfig
 from locojax.model import params as params_lib
 from locojax.model import qwen3
 from locojax.model.config import ModelConfig
+from locojax.rl import micro_batches
 from locojax.rl import train_step as train_step_lib
 from locojax.rl.config import LearnerConfig
 
@@ -162,12 +163,12 @@ def _forward_residual_bytes(cfg: ModelConfig, rows: int, columns: int, group: in
     return _residual_bytes(hidden, (w,), platform, consts=(tok, tok, mask))
 
 
-def _group_in_step(prefix, learner: LearnerConfig, local: int) -> int:
+def _group_in_step(prefix, learner: LearnerConfig, rows: int, local: int) -> int:
     """Rows per group that the step's forward shares its prompt over (1: none shared).
 
-    As in `train_step`: a strided split into several micro-batches, or a device holding part
-    of a group, leaves no whole group."""
-    if prefix is None or learner.rows_multiple > 1 or local % prefix.group:
+    As in `train_step`: a split into micro-batches of single rows (rows not a multiple of
+    micro-batches x G), or a device holding part of a group, leaves no whole group."""
+    if prefix is None or rows % (learner.rows_multiple * prefix.group) or local % prefix.group:
         return 1
     return prefix.group
 
@@ -197,16 +198,18 @@ def expected_train_temporaries(cfg: ModelConfig, learner: LearnerConfig, rows: i
       upcast: XLA:CPU has no bf16 x bf16 dot.
     """
     platform = platform or jax.default_backend()
+    targets = logit_positions(columns, prefix)
+    learner = dataclasses.replace(learner, grad_accum=micro_batches.micro_batches(
+        learner, rows, targets, cfg.vocab_size, devices, prefix.group if prefix else 1, platform))
     micro = rows // learner.rows_multiple  # rows of one micro-batch, all devices
     local = max(1, micro // devices)
     v, d = cfg.vocab_size, cfg.hidden_size
     out = {"gradients": cfg.num_params() * 4 * (2 if learner.grad_accum > 1 else 1)}
-    targets = logit_positions(columns, prefix)
     chunk = qwen3.logprob_chunk_size(micro, targets, v, learner.logprob_chunk)
     out["logits"] = 5 * local * (chunk or targets) * v * 4
     if chunk:
         out["embedding-gradient partial"] = v * d * 4
-    group = _group_in_step(prefix, learner, local)
+    group = _group_in_step(prefix, learner, rows, local)
     if group > 1:  # a layer step runs the prompt's rows, then every row's response
         p = prefix.columns
         repeated_kv = 2 * local * cfg.num_key_value_heads * cfg.head_dim * p * cfg.dtype.itemsize
@@ -402,6 +405,7 @@ def plan(model_cfg: ModelConfig, learner: LearnerConfig, state, batch, ref_param
                                    weights + cache, 0.0))
     rows, columns = batch.tokens.shape
     devices = int(np.prod(list(mesh.shape.values()))) if mesh is not None else 1
+    learner = micro_batches.resolve(learner, batch, model_cfg.vocab_size, mesh)  # as the step
     chunk = qwen3.logprob_chunk_size(rows // learner.rows_multiple,
                                      logit_positions(columns, batch.shared_prefix),
                                      model_cfg.vocab_size, learner.logprob_chunk)
