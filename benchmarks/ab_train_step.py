@@ -12,7 +12,10 @@ Usage:
         --arm base= --arm onednn=XLA_FLAGS=--xla_cpu_use_onednn=true
     .venv/bin/python benchmarks/ab_train_step.py --shape small \\
         --arm new= --arm old=@/path/to/old/tree
-An arm spec is NAME=[@CODE_DIR][;VAR=VALUE...] (no @: this tree).
+An arm spec is NAME=[@CODE_DIR][;VAR=VALUE...] (no @: this tree). AB_GRAD_ACCUM=k in an
+arm's environment sets its `LearnerConfig.grad_accum` (unset: the default), e.g.
+    .venv/bin/python benchmarks/ab_train_step.py --shape small \
+        --arm auto= --arm k1=AB_GRAD_ACCUM=1 --arm k16=AB_GRAD_ACCUM=16
 """
 
 from __future__ import annotations
@@ -44,8 +47,10 @@ def worker(shape: str, beta: float) -> int:
     cfg = model_config.PRESETS[shape]()
     w = params_lib.init(cfg, jax.random.key(0))
     ref = jax.tree.map(jnp.copy, w) if beta else None
+    accum = os.environ.get("AB_GRAD_ACCUM")
+    accum = {"grad_accum": int(accum)} if accum else {}
     lcfg = LearnerConfig(algo=AlgoConfig(group_size=SHAPES[shape][1], beta=beta),
-                         optim=OptimConfig(lr=1e-5))
+                         optim=OptimConfig(lr=1e-5), **accum)
     state = train_state.init(w, lcfg.optim, cfg)
     batch = jax.device_put(synthetic_batch(cfg, SHAPES[shape]))
     out = os.fdopen(os.dup(1), "w", buffering=1)

@@ -28,9 +28,10 @@ from locojax.model.sharding import RULES, batch_sharding
 from locojax.rl.config import AUTO_ACCUM, LearnerConfig
 
 CPU_MICRO_LOGITS_BYTES = 16 * 2**20
-"""Per device, one micro-batch's f32 logits stay under this on CPU. At SMALL (1 MiB a row) on
-a 32 MB-L3 EPYC, micro-batches of 8 and 16 rows measured alike, 32 rows 9% slower and the
-whole 128 rows 25-30% slower (a train step each, /tmp scripts, 2026-12-02)."""
+"""Per device, one micro-batch's f32 logits stay under this on CPU. At SMALL (1 MiB of logits a
+row, 128 rows) on a 32 MB-L3 EPYC, a train step took 2.06 s in micro-batches of 16 rows (this
+rule), 2.22 s of 8 rows, 2.25 s of 32 rows and 2.98 s whole (`benchmarks/ab_train_step.py
+--shape small --arm auto= --arm k1=AB_GRAD_ACCUM=1 --arm k4=... --arm k16=...`, 2026-12-02)."""
 
 
 def micro_batches(cfg: LearnerConfig, rows: int, targets_per_row: int, vocab: int,
