@@ -14,7 +14,7 @@ Usage:
         --arm new= --arm old=@/path/to/old/tree
 An arm spec is NAME=[@CODE_DIR][;VAR=VALUE...] (no @: this tree). AB_GRAD_ACCUM=k in an
 arm's environment sets its `LearnerConfig.grad_accum` (unset: the default), e.g.
-    .venv/bin/python benchmarks/ab_train_step.py --shape small \
+    .venv/bin/python benchmarks/ab_train_step.py --shape small \\
         --arm auto= --arm k1=AB_GRAD_ACCUM=1 --arm k16=AB_GRAD_ACCUM=16
 """
 
