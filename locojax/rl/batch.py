@@ -36,6 +36,21 @@ class SharedPrefix:
     group: int  # G
 
 
+def logit_positions(columns: int, prefix: SharedPrefix | None = None) -> int:
+    """Positions per row whose logits the train step computes: all T - 1 that predict a
+    token, or with a shared prefix of P columns only the T - P that predict the response."""
+    return columns - prefix.columns if prefix is not None else columns - 1
+
+
+def split_group(prefix: SharedPrefix | None, rows: int, parts: int) -> int:
+    """Rows per block that splitting `rows` rows into `parts` parts keeps together: the
+    prefix's G when the parts can hold whole groups (rows a multiple of parts x G; always so
+    for one part), else 1 (single rows interleaved, every group broken)."""
+    if prefix is None or rows % (parts * prefix.group):
+        return 1
+    return prefix.group
+
+
 PER_TOKEN = ("tokens", "positions", "attn_mask", "loss_mask", "old_logprobs", "ref_logprobs")
 PER_ROW = ("group_id", "staleness")
 

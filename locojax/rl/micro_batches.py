@@ -25,6 +25,7 @@ import jax
 import numpy as np
 
 from locojax.model.sharding import RULES, batch_sharding
+from locojax.rl.batch import SharedPrefix, logit_positions
 from locojax.rl.config import AUTO_ACCUM, LearnerConfig
 
 CPU_MICRO_LOGITS_BYTES = 16 * 2**20
@@ -66,8 +67,14 @@ def batch_shards(mesh, rules: str, rows: int) -> int:
 def resolve(cfg: LearnerConfig, batch, vocab: int, mesh=None) -> LearnerConfig:
     """`cfg` with `grad_accum` fixed for this batch (a `TrainBatch` or its abstract twin)."""
     rows, columns = batch.tokens.shape
-    prefix = batch.shared_prefix
-    targets = columns - (prefix.columns if prefix is not None else 1)
-    k = micro_batches(cfg, rows, targets, vocab, batch_shards(mesh, cfg.rules, rows),
-                      prefix.group if prefix is not None else 1)
+    return resolve_shape(cfg, rows, columns, batch.shared_prefix, vocab,
+                         batch_shards(mesh, cfg.rules, rows))
+
+
+def resolve_shape(cfg: LearnerConfig, rows: int, columns: int, prefix: SharedPrefix | None,
+                  vocab: int, devices: int = 1, platform: str | None = None) -> LearnerConfig:
+    """`resolve` from the batch's shape: rows x columns, its shared prefix (or None), and the
+    devices its rows are sharded over."""
+    k = micro_batches(cfg, rows, logit_positions(columns, prefix), vocab, devices,
+                      prefix.group if prefix is not None else 1, platform)
     return dataclasses.replace(cfg, grad_accum=k)

@@ -158,10 +158,9 @@ def _for_split(batch: TrainBatch, parts: int) -> tuple[TrainBatch, int]:
     part still runs each prompt once per group. Otherwise the split interleaves single rows,
     which breaks the groups, so the prefix is kept for its skipped logits alone (group 1)."""
     sp = batch.shared_prefix
-    if sp is None or parts == 1:
-        return batch, 1
-    if batch.tokens.shape[0] % (parts * sp.group) == 0:
-        return batch, sp.group
+    group = batch_lib.split_group(sp, batch.tokens.shape[0], parts)
+    if sp is None or group > 1:
+        return batch, group
     return dataclasses.replace(batch, shared_prefix=batch_lib.SharedPrefix(sp.columns, 1)), 1
 
 

@@ -211,7 +211,7 @@ def check(cfg: RunConfig, num_processes: int, num_devices: int) -> None:
     if rows % num_devices:
         bad(f"prompts_per_step x group_size = {b} x {g} = {rows} rows do not split over "
             f"{num_devices} devices")
-    if (rows // num_devices) % (max(1, cfg.grad_accum) * cfg.algo.num_minibatches):
+    if (rows // num_devices) % cfg.learner_config().rows_multiple:
         bad(f"{rows // num_devices} rows per device do not split into num_minibatches="
             f"{cfg.algo.num_minibatches} x grad_accum={cfg.grad_accum} micro-batches")
     if cfg.task.name not in task_names():

@@ -39,6 +39,7 @@ from locojax.model import params as params_lib
 from locojax.model import qwen3
 from locojax.model.config import ModelConfig
 from locojax.rl import micro_batches
+from locojax.rl.batch import logit_positions, split_group
 from locojax.rl import train_step as train_step_lib
 from locojax.rl.config import LearnerConfig
 
@@ -168,9 +169,9 @@ def _group_in_step(prefix, learner: LearnerConfig, rows: int, local: int) -> int
 
     As in `train_step`: a split into micro-batches of single rows (rows not a multiple of
     micro-batches x G), or a device holding part of a group, leaves no whole group."""
-    if prefix is None or rows % (learner.rows_multiple * prefix.group) or local % prefix.group:
+    if local % (prefix.group if prefix is not None else 1):
         return 1
-    return prefix.group
+    return split_group(prefix, rows, learner.rows_multiple)
 
 
 def expected_train_temporaries(cfg: ModelConfig, learner: LearnerConfig, rows: int, columns: int,
@@ -198,9 +199,9 @@ def expected_train_temporaries(cfg: ModelConfig, learner: LearnerConfig, rows: i
       upcast: XLA:CPU has no bf16 x bf16 dot.
     """
     platform = platform or jax.default_backend()
+    learner = micro_batches.resolve_shape(learner, rows, columns, prefix, cfg.vocab_size, devices,
+                                          platform)
     targets = logit_positions(columns, prefix)
-    learner = dataclasses.replace(learner, grad_accum=micro_batches.micro_batches(
-        learner, rows, targets, cfg.vocab_size, devices, prefix.group if prefix else 1, platform))
     micro = rows // learner.rows_multiple  # rows of one micro-batch, all devices
     local = max(1, micro // devices)
     v, d = cfg.vocab_size, cfg.hidden_size
@@ -226,12 +227,6 @@ def expected_train_temporaries(cfg: ModelConfig, learner: LearnerConfig, rows: i
         if platform == "cpu" and cfg.dtype.itemsize < 4:
             out["compute copy of the embedding"] += v * d * 4
     return out
-
-
-def logit_positions(columns: int, prefix=None) -> int:
-    """Positions per row whose logits the train step computes: all T - 1 that predict a
-    token, or with a shared prefix of P columns only the T - P that predict the response."""
-    return columns - prefix.columns if prefix is not None else columns - 1
 
 
 def detect_device_memory(override_gb: float = 0.0) -> tuple[int | None, str]:
