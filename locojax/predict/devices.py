@@ -1,0 +1,104 @@
+"""How long locojax's programs take on one host's chips: a roofline for accelerators, a fit
+measured at N = 1 for this machine's CPU.
+
+Program kinds: `prefill`, `decode_step` (one iteration of the decode loop), `train` (one
+update), `forward` (a no-grad forward, e.g. a reference model's).
+
+Roofline (accelerators; Williams, Waterman & Patterson 2009): a program moving `bytes` and
+doing `flops` on c chips takes
+    max(flops / (c · peak · η_mxu), bytes / (c · bw_hbm · η_hbm)) + t_iter
+with η_mxu, η_hbm and t_iter the profile's stated efficiency factors and per-call overhead.
+
+CPU fit (`cpu-here`): per kind, t(1 core) = a + flops / F1: a fixed cost per call (Python
+dispatch, the small ops between matmuls) and a single-core FLOP rate, fitted by least
+squares to runs of `locojax train` at N = 1 and several batch sizes; on c cores the FLOP part
+splits as Amdahl's law, a serial share (1 - φ) and a parallel share φ / c, with φ fitted to
+the same runs on 2 cores. Below one core (more busy processes than cores, each getting
+c < 1 of one) a program is time-sliced: t(c) = t(1) / c. `benchmarks/calibrate_predict.py`
+measures and fits these; the profile records the runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from locojax.predict.flops import Costs
+from locojax.predict.hardware import Hardware
+from locojax.predict.origin import Const, Ledger
+
+KINDS = ("prefill", "decode_step", "train", "forward")
+
+
+@dataclasses.dataclass
+class Roofline:
+    """An accelerator's program times from its profile (see the module docstring)."""
+
+    hw: Hardware
+    dtype: str
+    ledger: Ledger
+
+    def seconds(self, kind: str, c: Costs, chips: float = 1.0, cores: float = 0.0) -> float:
+        g = self.ledger.get
+        h = self.hw
+        peak = g(f"{h.name}.peak_flops.{self.dtype}", h.peak(self.dtype))
+        eta = g(f"{h.name}.matmul_efficiency", h.matmul_efficiency)
+        bw = g(f"{h.name}.hbm_bandwidth", h.hbm_bandwidth)
+        eta_m = g(f"{h.name}.hbm_efficiency", h.hbm_efficiency)
+        t_iter = g(f"{h.name}.loop_iteration_s", h.loop_iteration_s)
+        return max(c.flops / (chips * peak * eta), c.bytes / (chips * bw * eta_m)) + t_iter
+
+    def split(self, kind: str, c: Costs, chips: float = 1.0) -> tuple[float, float]:
+        """(compute-bound seconds, memory-bound seconds): which side of the roofline."""
+        h = self.hw
+        return (c.flops / (chips * float(h.peak(self.dtype)) * float(h.matmul_efficiency)),
+                c.bytes / (chips * float(h.hbm_bandwidth) * float(h.hbm_efficiency)))
+
+
+@dataclasses.dataclass(frozen=True)
+class KindFit:
+    """t(c) for one program kind on the CPU (see the module docstring)."""
+
+    fixed_s: Const  # a
+    flops_per_s: Const  # F1, single core
+    parallel: Const  # φ
+
+    def seconds(self, flops: float, cores: float) -> float:
+        a, f1, phi = float(self.fixed_s), float(self.flops_per_s), float(self.parallel)
+        one = a + flops / f1
+        if cores < 1.0:
+            return one / max(cores, 1e-9)
+        return a + flops / f1 * ((1 - phi) + phi / cores)
+
+
+@dataclasses.dataclass
+class CpuFit:
+    """This machine's program times from the fits in its profile, per model shape (the
+    `fits` entry of cpu-here.json: {model name: {kind: KindFit}}, with a `default`)."""
+
+    hw: Hardware
+    model: str
+    ledger: Ledger
+
+    def _fit(self, kind: str) -> KindFit:
+        fits = self.hw.extra.get("fits", {})
+        by_model = fits.get(self.model) or fits.get("default")
+        if not by_model or kind not in by_model:
+            raise ValueError(f"{self.hw.path}: no fit for {kind!r} (run "
+                             "benchmarks/calibrate_predict.py)")
+        e = by_model[kind]
+        from locojax.predict.origin import from_json
+
+        where = f"{self.hw.path}: fits.{self.model}.{kind}"
+        fit = KindFit(from_json(e["fixed_s"], where), from_json(e["flops_per_s"], where),
+                      from_json(e["parallel"], where))
+        for name in ("fixed_s", "flops_per_s", "parallel"):
+            self.ledger.get(f"cpu.{self.model}.{kind}.{name}", getattr(fit, name))
+        return fit
+
+    def seconds(self, kind: str, c: Costs, chips: float = 1.0, cores: float = 0.0) -> float:
+        cores = cores or float(self.hw.host_cores.value)
+        return self._fit(kind).seconds(c.flops / max(chips, 1.0), cores)
+
+
+def device_model(hw: Hardware, dtype: str, model: str, ledger: Ledger):
+    return CpuFit(hw, model, ledger) if hw.kind == "cpu" else Roofline(hw, dtype, ledger)

@@ -1,0 +1,152 @@
+"""FLOPs and bytes of a dense decoder's programs: prefill, decode and the GRPO train step.
+
+One token through a dense decoder costs, per layer (2 FLOPs per multiply-accumulate):
+- projections: 2 (d (n h + 2 k h) + n h d + 3 d f), the q/k/v/o and SwiGLU matmuls;
+- attention: 4 n h c for a query reading c keys (q·k, then p·v);
+and once per token the LM head, 2 d v, wherever logits are taken. Backward is twice the
+forward's matmuls (the input and the weight gradient of each), so a train step is 3x a
+forward, plus one more forward with remat and one no-grad forward for the reference (β > 0).
+
+The totals follow what locojax's programs actually compute (`engine.py`, `train_step.py`),
+so that they can be checked against XLA's `cost_analysis()` of those programs
+(tests/test_predict_flops.py):
+- prefill runs each prompt once (not once per sample), dense masked attention over its P
+  columns, and the LM head on the last position only;
+- a decode step runs every row of the call (finished rows too: shapes are static) and reads
+  `kv_slots` keys per row: the whole fixed-size cache, S = P + N - 1, in locojax's engine
+  (`kv_read="static"`), or only the filled part, P + i at step i, in a paged engine
+  (`kv_read="actual"`);
+- the train step runs each group's prompt once (`train_step._prefix_hidden`), the responses'
+  N - 1 columns attending to the prompt's P keys and to each other (dense masked), and the
+  LM head on the N positions that predict response tokens.
+
+Bytes are what a step must move between memory and the compute units at least: every
+weight once per program call (per decode step), the KV cache read, activations in and out.
+
+Reference: Kaplan et al. 2020 (C_forward ≈ 2N + 2 n_layer n_ctx d_attn); Chinchilla
+appendix F; jax-ml "How to Scale Your Model", ch. "All about Transformer math".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from locojax.model.config import ModelConfig
+
+ITEMSIZE = {"float32": 4, "bfloat16": 2, "float64": 8, "float16": 2, "float8": 1, "int8": 1}
+
+
+@dataclasses.dataclass(frozen=True)
+class Costs:
+    """FLOPs (2 per multiply-accumulate) and the least bytes a program moves."""
+
+    flops: float = 0.0
+    bytes: float = 0.0
+
+    def __add__(self, other: "Costs") -> "Costs":
+        return Costs(self.flops + other.flops, self.bytes + other.bytes)
+
+    def scale(self, k: float) -> "Costs":
+        return Costs(self.flops * k, self.bytes * k)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelCosts:
+    """Per-token costs of one dense decoder, from its `ModelConfig`."""
+
+    cfg: ModelConfig
+    dtype: str = "bfloat16"
+    """Dtype of weights and KV cache as the programs read them (compute dtype)."""
+
+    @property
+    def itemsize(self) -> int:
+        return ITEMSIZE[self.dtype]
+
+    def proj_flops(self) -> float:
+        """Matmul FLOPs of one token through one layer's projections (q, k, v, o, SwiGLU)."""
+        c = self.cfg
+        d, f, n, k, h = (c.hidden_size, c.intermediate_size, c.num_attention_heads,
+                         c.num_key_value_heads, c.head_dim)
+        return 2.0 * (d * (n * h + 2 * k * h) + n * h * d + 3 * d * f)
+
+    def attn_flops(self, keys: float) -> float:
+        """FLOPs of one query reading `keys` keys in one layer (scores, then the mix)."""
+        c = self.cfg
+        return 4.0 * c.num_attention_heads * c.head_dim * keys
+
+    def head_flops(self) -> float:
+        return 2.0 * self.cfg.hidden_size * self.cfg.vocab_size
+
+    def token_flops(self, keys: float, head: bool = True) -> float:
+        """Forward FLOPs of one token attending to `keys` keys in every layer."""
+        body = self.cfg.num_hidden_layers * (self.proj_flops() + self.attn_flops(keys))
+        return body + (self.head_flops() if head else 0.0)
+
+    def weight_bytes(self, itemsize: int | None = None) -> float:
+        return float(self.cfg.num_params()) * (itemsize or self.itemsize)
+
+    def kv_bytes_per_token(self) -> float:
+        """Bytes of keys and values one token leaves in the cache (all layers)."""
+        c = self.cfg
+        return 2.0 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * self.itemsize
+
+    # --- locojax's programs ----------------------------------------------------------------
+
+    def prefill(self, prompts: float, prompt_len: int) -> Costs:
+        """One prefill of `prompts` prompts of P columns (dense masked attention over P keys,
+        the head on the last position only): every weight read once, the KV written."""
+        p = prompt_len
+        flops = prompts * (p * self.token_flops(p, head=False) + self.head_flops())
+        moved = self.weight_bytes() + prompts * p * self.kv_bytes_per_token()
+        return Costs(flops, moved)
+
+    def decode_step(self, rows: float, keys: float) -> Costs:
+        """One decode step of `rows` rows each reading `keys` cached keys: weights read once,
+        every row's keys and values read."""
+        flops = rows * self.token_flops(keys)
+        moved = self.weight_bytes() + rows * keys * self.kv_bytes_per_token()
+        return Costs(flops, moved)
+
+    def decode(self, rows: float, prompt_len: int, steps: int, max_new: int,
+               kv_read: str = "static") -> Costs:
+        """`steps` decode steps (tokens 1..steps of every row; at most max_new - 1).
+
+        kv_read "static": every step reads all S = P + N - 1 slots (locojax's engine, whose
+        cache has a fixed size); "actual": step i reads the P + i filled slots (paged)."""
+        if kv_read not in ("static", "actual"):
+            raise ValueError(f"kv_read must be 'static' or 'actual', got {kv_read!r}")
+        if kv_read == "static":
+            return self.decode_step(rows, prompt_len + max_new - 1).scale(steps)
+        i = np.arange(1, steps + 1, dtype=np.float64)
+        keys = prompt_len + i  # the fed token's own slot included
+        flops = rows * float(np.sum(self.token_flops(0) + self.cfg.num_hidden_layers
+                                    * self.attn_flops(1) * keys))
+        moved = steps * self.weight_bytes() + rows * float(np.sum(keys)) * self.kv_bytes_per_token()
+        return Costs(flops, moved)
+
+    def train_forward(self, rows: float, group: int, prompt_len: int, new: int) -> float:
+        """Forward FLOPs of `sequence_logprobs` over rows of P + N columns, the prompt shared
+        by each group of G rows (G = 1: no sharing; the forward then runs every row's P + N - 1
+        columns, causal over all of them, and the head on the N response positions)."""
+        p, r = prompt_len, new - 1
+        if group > 1:
+            prompt = (rows / group) * p * self.token_flops(p, head=False)
+            response = rows * r * self.token_flops(p + r, head=False)
+        else:
+            t = p + new - 1
+            prompt, response = 0.0, rows * t * self.token_flops(t, head=False)
+        return prompt + response + rows * new * self.head_flops()
+
+    def train_step(self, rows: float, group: int, prompt_len: int, new: int,
+                   reference: bool = False, remat: bool = False) -> Costs:
+        """One GRPO update: forward + backward (3 forwards), one more forward with remat,
+        one no-grad reference forward with β > 0. Bytes: weights read in the forward and the
+        backward, gradients written, AdamW reading params, both moments and the gradient and
+        writing params and moments (all f32 master copies)."""
+        fwd = self.train_forward(rows, group, prompt_len, new)
+        flops = fwd * (3 + (1 if remat else 0) + (1 if reference else 0))
+        n = float(self.cfg.num_params())
+        moved = n * self.itemsize * (2 + (1 if reference else 0)) + n * 4 * (1 + 4 + 3)
+        return Costs(flops, moved)

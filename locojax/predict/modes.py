@@ -1,0 +1,157 @@
+"""Step time per coordination mode, from the phase equations (`phases.py`).
+
+Synchronous modes: the step is the sum of its phases on the critical path.
+- colocated (LoCoJAX-CO): every host admits, generates and scores its own B/H prompts, then
+  one data-parallel update whose gradient all-reduce spans all chips; a decode loop runs to
+  the longest row of its host, and the step waits for the slowest host: the longest row of
+  all R rows.
+- controller (Pathways, verl's driver; issue 24): one controller admits every prompt, sends
+  each host its rows, runs the decode loop as rounds of `decode_chunk` iterations (one
+  controller round trip each: a dispatch to every host, whose results come back), gathers
+  tokens and logprobs, detokenizes and scores all R rows, builds the batch and scatters it;
+  then the hosts train as in colocated. Host work is central (one process), network bytes
+  cross the controller's NIC.
+- single: one process drives every local device: host work for all rows in that process, no
+  cross-process collective (one host only; on cpu-here, N simulated devices).
+The buffered modes (disaggregated, async) run the discrete-event simulation
+(`placement.py`).
+
+On cpu-here, where every simulated host is a process on one machine, a phase's processes
+share `shared_cores`: N concurrent processes get cores / N each (`devices.KindFit`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from locojax.predict.phases import Ctx
+
+DEVICE = ("prefill", "decode", "extend", "train")
+HOST = ("admission", "env", "detokenize_reward", "batch", "dispatch", "other")
+NETWORK = ("allreduce", "collectives", "tp_comm", "dispatch_latency", "gather", "scatter",
+           "weight_sync")
+
+
+@dataclasses.dataclass
+class Prediction:
+    """One mode's predicted step: phases on the critical path (seconds) and their sum."""
+
+    mode: str
+    layout: str
+    phases: dict[str, float]
+    staleness: list[float] | None = None  # share of samples at staleness 0..k
+    wait: float = 0.0  # learner idle per step (buffered modes)
+    notes: list[str] = dataclasses.field(default_factory=list)
+    step_override: float | None = None  # buffered modes: the simulation's step time
+
+    @property
+    def step(self) -> float:
+        if self.step_override is not None:
+            return self.step_override
+        return sum(self.phases.values())
+
+    def share(self, names) -> float:
+        return sum(self.phases.get(n, 0.0) for n in names) / self.step if self.step else 0.0
+
+    @property
+    def shares(self) -> dict[str, float]:
+        """compute / host / network shares of the step (the paper's split)."""
+        return {"compute": self.share(DEVICE), "host": self.share(HOST),
+                "network": self.share(NETWORK)}
+
+
+def cores_each(ctx: Ctx, processes: float) -> float:
+    """Cores per busy process: shared cores split N ways on cpu-here, else the host's own."""
+    if ctx.cluster.shared_cores:
+        return ctx.cluster.shared_cores / max(processes, 1.0)
+    return float(ctx.cluster.hw.host_cores.value)
+
+
+def _rollout(ctx: Ctx, prompts: float, rows: float, chips: float, steps: float, cores: float,
+             host_cores: float) -> dict[str, float]:
+    """A host's rollout phases for its prompts/rows (device phases on `cores` per process,
+    host phases on `host_cores`)."""
+    decode = ctx.decode(rows, chips, steps, cores)
+    tp = steps * ctx.tp_comm(rows / max(1.0, chips / ctx.model_parallel()),
+                             ctx.model_parallel())
+    return {"admission": ctx.admission(prompts, host_cores),
+            "prefill": ctx.prefill(prompts, chips, cores),
+            "decode": decode - tp, "tp_comm": tp,
+            "extend": ctx.extend(rows, chips, cores),
+            "env": ctx.env(rows, host_cores),
+            "detokenize_reward": ctx.reward(rows, host_cores),
+            "batch": ctx.batch(rows, host_cores)}
+
+
+def _train(ctx: Ctx, rows_per_host: float, chips_per_host: float, chips: int, hosts: int,
+           cores: float) -> dict[str, float]:
+    ici, dcn = ctx.train_network(chips, hosts)
+    return {"train": ctx.train_compute(rows_per_host, chips_per_host, cores),
+            "allreduce": ici + dcn}
+
+
+def colocated(ctx: Ctx) -> Prediction:
+    cl, wl = ctx.cluster, ctx.wl
+    h = cl.hosts
+    per_host = min(cl.chips, cl.chips_per_host)
+    c = cores_each(ctx, h)
+    steps = wl.decode_steps(wl.rows)  # the step waits for the longest row of any host
+    ph = _rollout(ctx, wl.prompts / h, wl.rows / h, per_host, steps, c, c)
+    ph.update(_train(ctx, wl.rows / h, per_host, cl.chips, h, c))
+    ph["collectives"] = ctx.small_collectives(h, 2)  # metric sums, non-finite flags
+    ph["other"] = ctx.step_fixed(c)
+    return Prediction("colocated", cl.describe(), ph)
+
+
+def single(ctx: Ctx) -> Prediction:
+    cl, wl = ctx.cluster, ctx.wl
+    if cl.hosts > 1 and not cl.shared_cores:
+        return Prediction("single", cl.describe(), {}, notes=[
+            f"single is one process on one host; {cl.chips} chips span {cl.hosts} hosts"])
+    n = cl.chips
+    c = cores_each(ctx, n)  # N device programs at once in one process
+    steps = wl.decode_steps(wl.rows)
+    if cl.shared_cores:  # simulated devices: one per "chip", each its share of rows
+        ph = _rollout(ctx, wl.prompts / n, wl.rows / n, 1, steps, c, c)
+        ph["train"] = ctx.train_compute(wl.rows / n, 1, c)
+    else:
+        ph = _rollout(ctx, wl.prompts, wl.rows, n, steps, c, c)
+        ph["train"] = ctx.train_compute(wl.rows, n, c)
+    # Host work of all rows in the one process (devices idle meanwhile: a whole core).
+    full = 1.0
+    ph.update(admission=ctx.admission(wl.prompts, full), env=ctx.env(wl.rows, full),
+              detokenize_reward=ctx.reward(wl.rows, full), batch=ctx.batch(wl.rows, full))
+    ici, _ = ctx.train_network(n, 1)
+    ph["allreduce"] = 0.0 if cl.shared_cores else ici  # in-process sum on cpu-here
+    ph["other"] = ctx.step_fixed(full)
+    return Prediction("single", cl.describe() + ", one process", ph)
+
+
+def controller(ctx: Ctx, decode_chunk: int = 0) -> Prediction:
+    """decode_chunk: decode iterations per controller round trip (0: the whole loop)."""
+    cl, wl = ctx.cluster, ctx.wl
+    h = cl.hosts
+    per_host = min(cl.chips, cl.chips_per_host)
+    c = cores_each(ctx, h + 1)  # the controller is one more process on cpu-here
+    steps = wl.decode_steps(wl.rows)
+    ph = _rollout(ctx, wl.prompts / h, wl.rows / h, per_host, steps, c, c)
+    full = 1.0  # central host work: the hosts wait, the controller's process runs
+    ph.update(admission=ctx.admission(wl.prompts, full), env=ctx.env(wl.rows, full),
+              detokenize_reward=ctx.reward(wl.rows, full), batch=ctx.batch(wl.rows, full))
+    rounds = 1 if decode_chunk <= 0 else math.ceil(max(steps, 1.0) / decode_chunk)
+    # Per round (the decode rounds, the prefill call, the train call): the controller's
+    # dispatch to each host (host orchestration) and a round trip on the wire (network).
+    dispatch = h * ctx.c("host.controller_dispatch_s", ctx.rates["controller_dispatch_s"])
+    ph["dispatch"] = (rounds + 2) * dispatch
+    ph["dispatch_latency"] = (rounds + 2) * 2 * ctx.dcn_latency(h + 1)
+    nic, a = ctx.hw("dcn_bandwidth"), ctx.dcn_latency(h + 1)
+    cols = wl.prompt_columns + wl.max_new
+    ph["scatter"] = (2 * a + wl.prompts * wl.prompt_columns * 4 / nic  # prompts out
+                     + wl.rows * cols * 18 / nic)  # batch out: ids, positions, masks, logprobs
+    ph["gather"] = a + wl.rows * wl.max_new * 8 / nic  # tokens and logprobs back
+    ph.update(_train(ctx, wl.rows / h, per_host, cl.chips, h, c))
+    ph["other"] = ctx.step_fixed(full)
+    chunk = "whole loop" if decode_chunk <= 0 else f"{decode_chunk} iteration(s)"
+    return Prediction("controller", f"1 controller + {cl.describe()}, decode dispatch per "
+                      f"{chunk}", ph)

@@ -1,0 +1,232 @@
+"""Per-phase equations of one RL step, shared by every mode.
+
+`Ctx` holds the three inputs (model, workload, cluster) and the constants. Its methods give
+the time of each phase for a group of hosts doing a share of the step's work:
+- rollout phases per host: admission (tokenize the host's prompts), prefill, decode
+  (iterations x one decode step, the loop running to the longest of its rows), env turns
+  (tool time per row per turn, over the host's env workers) with the extend prefill of the
+  observations, detokenize + reward, batch assembly;
+- the train step: compute (roofline, or the CPU fit), the gradient all-reduce (ring/tree
+  over ICI inside a domain, DCN across domains; `collectives.py`), and with sharded weights
+  FSDP's parameter all-gathers and gradient reduce-scatter;
+- tensor parallelism in rollout when the weights do not fit one chip: two activation
+  all-reduces per layer per decode step, over ICI;
+- weight transfer to rollout hosts (DA, async): a pipelined broadcast over DCN.
+Host work runs on host cores at the measured rates of this machine's core
+(`host_rates.json`), scaled by the profile's `host_core_speed`.
+
+Static shapes: as locojax's engine, prompts are padded to P columns and every row of a
+decode loop is computed until the longest stops.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+
+from locojax.model.config import ModelConfig
+from locojax.predict import collectives as coll
+from locojax.predict.devices import device_model
+from locojax.predict.flops import ITEMSIZE, ModelCosts
+from locojax.predict.hardware import Cluster
+from locojax.predict.origin import Const, Ledger, from_json
+from locojax.predict.workload import Workload
+
+HOST_RATES = Path(__file__).parent / "host_rates.json"
+
+
+def host_rates(path: Path = HOST_RATES) -> dict:
+    with open(path) as f:
+        d = json.load(f)
+    out = {}
+    for k, v in d.items():
+        if "value" in v:
+            out[k] = from_json(v, f"{path}: {k}")
+        else:
+            out[k] = {t: from_json(e, f"{path}: {k}.{t}") for t, e in v.items()}
+    return out
+
+
+@dataclasses.dataclass
+class Ctx:
+    """Everything a prediction reads; `ledger` records every constant it used."""
+
+    cfg: ModelConfig
+    model_name: str
+    wl: Workload
+    cluster: Cluster
+    dtype: str = "bfloat16"
+    kv_read: str = "static"
+    remat: bool = False
+    rates: dict = dataclasses.field(default_factory=host_rates)
+    ledger: Ledger = dataclasses.field(default_factory=Ledger)
+
+    def __post_init__(self):
+        self.mc = ModelCosts(self.cfg, self.dtype)
+        self.dev = device_model(self.cluster.hw, self.dtype, self.model_name, self.ledger)
+
+    # --- constants ----------------------------------------------------------------------
+
+    def c(self, name: str, const: Const) -> float:
+        return self.ledger.get(name, const)
+
+    def hw(self, field: str) -> float:
+        h = self.cluster.hw
+        return self.c(f"{h.name}.{field}", getattr(h, field))
+
+    def rate(self, key: str, task: str | None = None) -> float:
+        table = self.rates[key]
+        if task is None:
+            return self.c(f"host.{key}", table)
+        const = table.get(task) or table.get("arith")
+        return self.c(f"host.{key}.{task if task in table else 'arith'}", const)
+
+    # --- host work ----------------------------------------------------------------------
+
+    def host_seconds(self, seconds_here: float, cores: float = 1.0) -> float:
+        """Host Python work measured on this machine's core, on one core of this host
+        (time-sliced below one core)."""
+        speed = self.hw("host_core_speed")
+        return seconds_here / speed / min(1.0, max(cores, 1e-9))
+
+    def admission(self, prompts: float, cores: float = 1.0) -> float:
+        return self.host_seconds(self.rate("admission_per_prompt") * prompts, cores)
+
+    def reward(self, rows: float, cores: float = 1.0) -> float:
+        return self.host_seconds(self.rate("reward_per_row", self.wl.task) * rows, cores)
+
+    def batch(self, rows: float, cores: float = 1.0) -> float:
+        return self.host_seconds(self.rate("batch_per_row") * rows, cores)
+
+    def step_fixed(self, cores: float = 1.0) -> float:
+        return self.host_seconds(self.rate("step_fixed"), cores)
+
+    def env(self, rows: float, cores: float = 1.0) -> float:
+        """Tool time of the env turns of `rows` rows over the host's env workers."""
+        turns = self.wl.turns - 1
+        if turns <= 0:
+            return 0.0
+        per = self.wl.tool_s or self.rate("env_per_row_turn", self.wl.task)
+        workers = min(self.c("host.env_workers", self.rates["env_workers"]),
+                      float(self.cluster.hw.host_cores.value))
+        if self.cluster.shared_cores:
+            workers = min(workers, max(cores, 1e-9))
+        return self.host_seconds(per * rows * turns / max(1.0, workers), min(cores, 1.0))
+
+    # --- device work --------------------------------------------------------------------
+
+    def model_parallel(self) -> int:
+        """Chips that share one copy of the weights in rollout (tensor parallel): the
+        fewest, a power of two, whose weights take at most half a chip's HBM."""
+        hbm = float(self.cluster.hw.hbm_bytes.value)
+        mp = 1
+        while self.mc.weight_bytes() / mp > 0.5 * hbm and mp < self.cluster.chips:
+            mp *= 2
+        return mp
+
+    def prefill(self, prompts: float, chips: float, cores: float = 0.0) -> float:
+        mp = self.model_parallel()
+        groups = max(1.0, chips / mp)
+        per = self.mc.prefill(max(prompts / groups, 1e-9), self.wl.prompt_columns)
+        t = self.dev.seconds("prefill", per, chips=mp, cores=cores)
+        return t + self.tp_comm(prompts / groups * self.wl.prompt_columns, mp)
+
+    def decode_keys(self, steps: float) -> float:
+        if self.kv_read == "static":
+            return self.wl.prompt_columns + self.wl.max_new - 1
+        return self.wl.prompt_columns + steps / 2
+
+    def decode(self, rows: float, chips: float, steps: float, cores: float = 0.0) -> float:
+        """`steps` iterations of a decode loop over `rows` rows spread over `chips` chips."""
+        if steps <= 0:
+            return 0.0
+        mp = self.model_parallel()
+        groups = max(1.0, chips / mp)
+        per = self.mc.decode_step(max(rows / groups, 1e-9), self.decode_keys(steps))
+        one = self.dev.seconds("decode_step", per, chips=mp, cores=cores)
+        return steps * (one + self.tp_comm(rows / groups, mp))
+
+    def extend(self, rows: float, chips: float, cores: float = 0.0) -> float:
+        """Prefill of the observation tokens written after each env turn (multi-turn)."""
+        turns = self.wl.turns - 1
+        if turns <= 0 or not self.wl.obs_tokens:
+            return 0.0
+        groups = max(1.0, chips / self.model_parallel())
+        per = self.mc.prefill(max(rows / groups, 1e-9), self.wl.obs_tokens)
+        return turns * self.dev.seconds("prefill", per, chips=self.model_parallel(), cores=cores)
+
+    def tp_comm(self, tokens: float, mp: int) -> float:
+        """Two activation all-reduces per layer for `tokens` tokens over mp chips (ICI)."""
+        if mp <= 1:
+            return 0.0
+        m = tokens * self.cfg.hidden_size * ITEMSIZE[self.dtype]
+        one = coll.ici_allreduce(mp, m, self.hw("ici_bandwidth"), self.hw("ici_latency"),
+                                 self.cluster.hw.ici_topology)
+        return 2 * self.cfg.num_hidden_layers * one
+
+    def train_compute(self, rows: float, chips: float, cores: float = 0.0) -> float:
+        wl = self.wl
+        per = self.mc.train_step(rows / chips, wl.group, wl.prompt_columns, wl.max_new,
+                                 reference=wl.beta > 0, remat=self.remat)
+        return self.dev.seconds("train", per, chips=1, cores=cores)
+
+    def fsdp(self, chips: float) -> int:
+        """Chips the train state is sharded over: the fewest (power of two) whose share of
+        params, gradients, AdamW moments and the bf16 copy (18 bytes a parameter) fits in
+        half a chip's HBM."""
+        hbm = float(self.cluster.hw.hbm_bytes.value)
+        state = 18.0 * self.cfg.num_params()
+        n = 1
+        while state / n > 0.5 * hbm and n < chips:
+            n *= 2
+        return n
+
+    def train_network(self, chips: int, hosts: int) -> tuple[float, float]:
+        """(ICI seconds, DCN seconds) of one update's collectives over `chips` learner chips
+        on `hosts` hosts: the f32 gradient all-reduce (data parallel), plus with FSDP two
+        all-gathers of the compute-dtype weights and the gradients' reduce-scatter."""
+        if chips <= 1 and hosts <= 1:
+            return 0.0, 0.0
+        h = self.cluster.hw
+        grads = 4.0 * self.cfg.num_params()
+        domain = int(min(self.hw("ici_domain"), chips))
+        per_host = max(1, min(self.cluster.chips_per_host, chips))
+        ici, dcn = coll.data_parallel_allreduce(
+            int(chips), domain, grads, self.hw("ici_bandwidth"), self.hw("ici_latency"),
+            h.ici_topology, self.hw("dcn_bandwidth"), self.dcn_latency(hosts), per_host)
+        n = self.fsdp(chips)
+        if n > 1:
+            w = self.mc.weight_bytes()
+            bw, a = self.hw("ici_bandwidth"), self.hw("ici_latency")
+            ici += 2 * coll.ring_allgather(min(n, domain), w, bw, a)
+        return ici, dcn
+
+    def dcn_latency(self, processes: float) -> float:
+        """Per-message latency between hosts; on cpu-here, where hosts are processes sharing
+        the cores, the latency measured with more processes than cores once oversubscribed."""
+        h = self.cluster.hw
+        over = h.extra.get("dcn_latency_oversubscribed")
+        if over is not None and self.cluster.shared_cores and processes > self.cluster.shared_cores:
+            return self.c(f"{h.name}.dcn_latency_oversubscribed", over)
+        return self.hw("dcn_latency")
+
+    def small_collectives(self, hosts: int, count: int) -> float:
+        """`count` small cross-host collectives (metric sums, flags) per step."""
+        if hosts <= 1:
+            return 0.0
+        return count * 2 * math.ceil(math.log2(hosts)) * self.dcn_latency(hosts)
+
+    def weight_push(self, receivers: int) -> float:
+        """Learner → rollout hosts: the compute-dtype weights, one pipelined broadcast over
+        the DCN (the parameter server's pull is the same bytes)."""
+        if receivers <= 0:
+            return 0.0
+        m = self.mc.weight_bytes()
+        return coll.broadcast(receivers + 1, m, self.hw("dcn_bandwidth"),
+                              self.dcn_latency(receivers + 1)) + self.sync_fixed()
+
+    def sync_fixed(self) -> float:
+        over = self.cluster.hw.extra.get("weight_sync_fixed_s")
+        return self.c(f"{self.cluster.hw.name}.weight_sync_fixed_s", over) if over else 0.0

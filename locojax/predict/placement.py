@@ -1,0 +1,132 @@
+"""Disaggregated (LoCoJAX-DA) and async (RLAX-style) step times by simulation, and the best
+placement: the DA rollout fraction f, and async workers and k with the staleness to expect.
+
+Layout (locojax/fleet, `placement.plan`): DA splits H hosts into round(f H) rollout workers
+and the rest one learner group; async has `workers` workers and `learner_hosts` learners.
+A lease is `per_lease` prompts (default: the largest divisor of B up to B / W, one unit per
+worker per step when they divide). Each lease's time is drawn: its decode loop runs to the
+longest of its per_lease x G rows, drawn from the workload's completion lengths.
+The learner's update trains all R rows over the learner chips, then pushes the new version.
+Per lease a fixed dispatch cost is paid (`lease_fixed_s`: a Ray call and its result's
+transfer; two DCN latencies plus a controller dispatch where the profile has none).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from locojax.predict import simulate
+from locojax.predict.modes import Prediction, _rollout, _train, cores_each
+from locojax.predict.phases import Ctx
+
+SIM_STEPS = 12  # simulated steps; the first SKIP and the last are left out, as the benchmark
+SKIP = 3
+
+
+def per_lease(prompts: int, workers: int) -> int:
+    return max(n for n in range(1, max(prompts // workers, 1) + 1) if prompts % n == 0)
+
+
+def lease_fixed(ctx: Ctx) -> float:
+    hw = ctx.cluster.hw
+    if "lease_fixed_s" in hw.extra:
+        return ctx.c(f"{hw.name}.lease_fixed_s", hw.extra["lease_fixed_s"])
+    return 2 * ctx.hw("dcn_latency") + ctx.c("host.controller_dispatch_s",
+                                             ctx.rates["controller_dispatch_s"])
+
+
+def _spec(ctx: Ctx, workers: int, learners: int, k: int, newest: bool, seed: int,
+          steps: int) -> tuple[simulate.Spec, dict]:
+    cl, wl = ctx.cluster, ctx.wl
+    per_host = min(cl.chips, cl.chips_per_host)
+    u = per_lease(wl.prompts, workers)
+    rows = u * wl.group
+    fixed = lease_fixed(ctx)
+    shared = cl.shared_cores
+
+    def lease(rng):
+        steps_ = min(wl.max_new - 1, max(0.0, float(wl.completion.sample(rng, rows).max()) - 1))
+
+        def seconds(c: float) -> float:
+            c = c or cores_each(ctx, 1)
+            return fixed + sum(_rollout(ctx, u, rows, per_host, steps_, c, c).values())
+        return simulate.Task(seconds, 1)
+
+    learner_chips = learners * per_host
+
+    def train(rng):
+        def seconds(c: float) -> float:
+            c = c or cores_each(ctx, 1)
+            ph = _train(ctx, wl.rows / learners, per_host, learner_chips, learners, c)
+            return (sum(ph.values()) + ctx.batch(wl.rows / learners, c)
+                    + ctx.small_collectives(learners, 2) + ctx.step_fixed(c))
+        return simulate.Task(seconds, learners)
+
+    push = ctx.weight_push(workers)
+
+    def sync(rng):
+        return simulate.Task.fixed(push, 1)
+
+    spec = simulate.Spec(steps, wl.prompts // u, workers, k, newest, lease, train, sync,
+                         shared_cores=shared, seed=seed)
+    return spec, {"per_lease": u, "weight_sync": push}
+
+
+def buffered(ctx: Ctx, mode: str, workers: int, learners: int, k: int, seed: int = 0,
+             steps: int = SIM_STEPS) -> Prediction:
+    """`disaggregated` (deterministic versions) or `async` (newest) by simulation."""
+    spec, info = _spec(ctx, workers, learners, k, mode == "async", seed, steps)
+    res = simulate.run(spec)
+    times = res.step_times()[SKIP:steps - 1]
+    step = float(np.median(times))
+    wait = float(np.median(res.wait[SKIP:steps - 1]))
+    train = float(np.median(res.train_s[SKIP:steps - 1]))
+    phases = {"wait_rollouts": wait, "train": train, "weight_sync": info["weight_sync"]}
+    phases["other"] = max(0.0, step - sum(phases.values()))
+    layout = (f"{learners} learner host(s) + {workers} rollout worker(s) on "
+              f"{ctx.cluster.describe()}, k={k}, {info['per_lease']} prompt(s) per lease")
+    return Prediction(mode, layout, phases, staleness=res.staleness_hist(k), wait=wait,
+                      step_override=step)
+
+
+def disaggregated(ctx: Ctx, fraction: float, k: int = 1, seed: int = 0) -> Prediction:
+    h = ctx.cluster.hosts
+    workers = int(np.floor(fraction * h + 0.5))
+    if workers < 1 or workers >= h:
+        return Prediction("disaggregated", f"f={fraction:g} of {h} hosts", {}, notes=[
+            f"rollout fraction {fraction:g} of {h} hosts leaves no worker or no learner"])
+    p = buffered(ctx, "disaggregated", workers, h - workers, k, seed)
+    p.notes.append(f"f={fraction:g}")
+    return p
+
+
+def async_(ctx: Ctx, workers: int, learners: int, k: int, seed: int = 0) -> Prediction:
+    return buffered(ctx, "async", workers, learners, k, seed)
+
+
+@dataclasses.dataclass
+class Advice:
+    da: list[tuple[float, Prediction]]
+    best_da: tuple[float, Prediction] | None
+    asyncs: list[tuple[int, int, Prediction]]
+    best_async: tuple[int, int, Prediction] | None
+
+
+def advise(ctx: Ctx, fractions=(0.25, 0.375, 0.5, 0.625, 0.75, 0.875),
+           ks=(1, 2, 4)) -> Advice:
+    """Every DA fraction that gives both sides a host, and async with W workers (1 learner
+    group of the rest) at each k: the fastest of each."""
+    h = ctx.cluster.hosts
+    da = [(f, disaggregated(ctx, f)) for f in fractions if 1 <= round(f * h) < h]
+    da = [(f, p) for f, p in da if p.phases]
+    seen, asyncs = set(), []
+    for f in fractions:
+        w = int(np.floor(f * h + 0.5))
+        if 1 <= w < h and w not in seen:
+            seen.add(w)
+            asyncs += [(w, k, async_(ctx, w, h - w, k)) for k in ks]
+    best_da = min(da, key=lambda x: x[1].step) if da else None
+    best_async = min(asyncs, key=lambda x: x[2].step) if asyncs else None
+    return Advice(da, best_da, asyncs, best_async)

@@ -1,0 +1,106 @@
+"""Which model to cost: a shipped config name, a preset, a checkpoint directory or a
+`config.json`, read into a `ModelConfig` for its shapes only.
+
+The cost model covers any dense decoder whose layer is attention (GQA, full context) plus a
+gated MLP of three matrices: Qwen2/2.5/3, Llama, Mistral. It does not run the model, so
+what `hf_config.py` must refuse for the forward (another `model_type`, RoPE scaling, q/k/v
+biases) is accepted here when it does not change a FLOP count by more than a bias add.
+What would change the count without the model knowing is refused, naming the field:
+mixture-of-experts (`num_experts`, ...), sliding-window layers, a non-gated MLP.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from locojax.model import config as model_config
+from locojax.model.config import ModelConfig
+
+MODELS_DIR = Path(__file__).parent / "models"
+ASSETS_DIR = Path(__file__).parent.parent / "assets"
+EMBEDDED = {"embedded": "tiny-arith", "embedded-strict": "tiny-arith-strict",
+            "embedded-calc": "tiny-calc"}
+"""`locojax train --model` names of the shipped checkpoints (locojax/model/loader.py)."""
+
+_REQUIRED = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+             "vocab_size")
+# Fields whose presence (non-empty, non-zero) means the FLOPs per token are not a dense
+# decoder's: experts route each token through a subset of MLPs.
+_MOE = ("num_experts", "num_local_experts", "n_routed_experts", "moe_intermediate_size",
+        "num_experts_per_tok")
+_GATED_ACTS = ("silu", "swish", "gelu", "gelu_pytorch_tanh", "gelu_new")
+
+
+class UncostableModel(ValueError):
+    """The config describes a model the cost model cannot cost; the message names the field."""
+
+
+def shipped() -> list[str]:
+    """Names `--model` accepts without a path: shipped configs, presets, embedded checkpoints."""
+    return sorted([p.stem for p in MODELS_DIR.glob("*.json")] + list(model_config.PRESETS)
+                  + list(EMBEDDED))
+
+
+def from_dict(d: dict, source: str = "config.json") -> ModelConfig:
+    """A `ModelConfig` with the shapes of the config dict, or `UncostableModel` naming the
+    field that stops it."""
+    def refuse(field: str, why: str):
+        raise UncostableModel(f"{source}: cannot cost field {field}={d.get(field)!r}: {why}")
+
+    for field in _REQUIRED:
+        if field not in d:
+            raise UncostableModel(f"{source}: cannot cost without field {field!r} (needed: "
+                                  f"{', '.join(_REQUIRED)})")
+    for field in _MOE:
+        if d.get(field):
+            refuse(field, "mixture-of-experts; the cost model counts dense decoders only")
+    window = d.get("sliding_window")
+    windowed = d.get("use_sliding_window", "sliding_window_pattern" in d or "gemma" in
+                     str(d.get("model_type", "")))
+    if window and windowed:
+        refuse("sliding_window", "sliding-window layers read fewer keys than the context; the "
+               "cost model assumes full attention in every layer")
+    for i, kind in enumerate(d.get("layer_types") or ()):
+        if kind != "full_attention":
+            raise UncostableModel(f"{source}: cannot cost field layer_types[{i}]={kind!r}: only "
+                                  "full-attention layers are costed")
+    act = d.get("hidden_act", d.get("hidden_activation", "silu"))
+    if act not in _GATED_ACTS:
+        refuse("hidden_act" if "hidden_act" in d else "hidden_activation",
+               f"the MLP is costed as gated with three matrices ({', '.join(_GATED_ACTS)})")
+    heads = int(d["num_attention_heads"])
+    kv = int(d.get("num_key_value_heads") or heads)
+    if heads % kv:
+        refuse("num_key_value_heads", f"{heads} query heads do not share {kv} kv heads evenly")
+    head_dim = d.get("head_dim") or int(d["hidden_size"]) // heads
+    dtype = str(d.get("torch_dtype", d.get("dtype")) or "bfloat16").removeprefix("torch.")
+    return ModelConfig(
+        vocab_size=int(d["vocab_size"]), hidden_size=int(d["hidden_size"]),
+        intermediate_size=int(d["intermediate_size"]),
+        num_hidden_layers=int(d["num_hidden_layers"]), num_attention_heads=heads,
+        num_key_value_heads=kv, head_dim=int(head_dim),
+        tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
+        param_dtype=dtype if dtype in ("float32", "bfloat16") else "float32",
+        compute_dtype=dtype if dtype in ("float32", "bfloat16") else "float32")
+
+
+def load(name: str) -> tuple[ModelConfig, str]:
+    """(config, what it was read from) for a `--model` value: a shipped config name
+    (`qwen3-0.6b`), a preset (`tiny`, `small`), an embedded checkpoint name, a directory
+    holding `config.json`, or a `.json` file."""
+    if name in model_config.PRESETS:
+        return model_config.PRESETS[name](), f"preset {name} (locojax.model.config)"
+    path = Path(name)
+    if name in EMBEDDED:
+        path = ASSETS_DIR / EMBEDDED[name]
+    elif (MODELS_DIR / f"{name}.json").is_file():
+        path = MODELS_DIR / f"{name}.json"
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.is_file():
+        raise UncostableModel(f"model {name!r} is neither a shipped config, a preset nor a "
+                              f"directory or file with a config.json; shipped: "
+                              f"{', '.join(shipped())}")
+    with open(path) as f:
+        return from_dict(json.load(f), str(path)), str(path)
