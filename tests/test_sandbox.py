@@ -1,34 +1,72 @@
-"""The sandbox contains real escape attempts: reading/writing outside, network, fork bomb, runaway
-CPU, huge allocations and huge files, and processes that leave the process group.
+"""The sandbox contains real escape attempts, and each guarantee is asserted, never skipped.
 
-Each escape test runs under the strongest isolation this machine allows (`Sandbox()`), plus
-bubblewrap when it is installed (or pointed to by LOCOJAX_TEST_BWRAP). A test is skipped, with
-the reason, only when the active isolation does not claim the guarantee under test. Limits are
-tiny (8 processes, 1-2 CPU seconds, a few seconds of wall time) so the aggressive tests cannot
-hurt the machine; `test_process_cap_probe` checks the process cap with a bounded loop first.
+Every escape test runs under `auto` (namespaces here, or bubblewrap when it is installed or
+pointed to by LOCOJAX_TEST_BWRAP), and the ones whose guarantee mode "none" also claims run
+under "none" too. A host where no isolation works fails these tests, with the reason: `auto`
+never resolves to "none", so a test cannot pass by meeting an unisolated child.
+
+`make test` runs this file twice: as the caller (root in CI) and as `nobody` (the non-root
+path: a user namespace, no writable cgroup), see tests/sandbox_unprivileged.sh.
+
+Each test below fails if its defence is removed (named in its docstring). Limits are tiny (8
+processes, 1-2 CPU seconds, a few seconds of wall time, 128-512 MiB) so that the aggressive
+tests cannot hurt the machine; `test_process_cap_probe` checks the process cap with a bounded
+loop before the fork bomb runs.
 """
 
+import glob
+import logging
 import os
+import secrets
 import shutil
 import signal
 import socket
 import sys
+import tempfile
+import threading
 import time
+from pathlib import Path
 
 import pytest
 
-from locojax.envs.sandbox import Limits, Sandbox, SandboxConfig, SandboxError, SandboxResult
+import locojax
+from locojax.envs.sandbox import (HOW_TO_ISOLATE, Limits, Sandbox, SandboxConfig, SandboxError,
+                                  SandboxResult)
 
 SMALL = Limits(cpu_seconds=2, wall_seconds=8, memory_bytes=512 << 20, file_size_bytes=1 << 20,
                max_processes=8, max_output_bytes=8 << 10)
+ROOT = os.geteuid() == 0
 
 _BWRAP = os.environ.get("LOCOJAX_TEST_BWRAP") or shutil.which("bwrap")
 _MODES = ["auto"] + (["bwrap"] if _BWRAP else [])
 
 
+def _python_for_other_uids() -> str:
+    """An interpreter a fresh unprivileged uid can run: mode "none" as root runs the code as
+    one, and this venv's interpreter may live under /root (mode 0700)."""
+    for p in (sys.executable, "/usr/bin/python3", "/usr/local/bin/python3"):
+        real = os.path.realpath(p)
+        parents = [real] + [str(d) for d in Path(real).parents]
+        if os.path.exists(real) and os.stat(real).st_mode & 0o001 and all(
+                os.stat(d).st_mode & 0o001 for d in parents[1:]):
+            return p
+    pytest.fail("no interpreter runnable by an unprivileged uid (needed by mode none as root)")
+
+
 @pytest.fixture(scope="module", params=_MODES)
 def sb(request) -> Sandbox:
     return Sandbox(SandboxConfig(mode=request.param, bwrap_path=_BWRAP), SMALL)
+
+
+@pytest.fixture(scope="module")
+def none_sb() -> Sandbox:
+    return Sandbox(SandboxConfig(mode="none", python=_python_for_other_uids()), SMALL)
+
+
+@pytest.fixture(scope="module", params=["isolated", "none"])
+def any_sb(request, sb, none_sb) -> Sandbox:
+    """Guarantees every mode has (no capabilities, a non-zero uid, the limits)."""
+    return sb if request.param == "isolated" else none_sb
 
 
 def _uids_alive(uid: int) -> list[int]:
@@ -46,21 +84,56 @@ def _uids_alive(uid: int) -> list[int]:
     return out
 
 
-def _require(sb: Sandbox, guarantee: str):
-    if not getattr(sb.isolation, guarantee):
-        pytest.skip(f"active isolation does not provide {guarantee}: {sb.isolation.describe()}")
+# -- modes ----------------------------------------------------------------------------------------
+
+
+def test_auto_is_isolated_and_says_what_it_enforces(sb):
+    """`auto` resolved to a mode with every namespace guarantee, and a process and memory cap,
+    for root and non-root alike."""
+    iso = sb.isolation
+    assert iso.mode in ("namespaces", "bwrap")
+    assert iso.filesystem and iso.network and iso.pid
+    assert iso.uid == ROOT  # a fresh host uid per run is a root-only guarantee
+    assert iso.process_cap in ("cgroup", "rlimit") and iso.memory_cap in ("cgroup", "rlimit")
+    desc = iso.describe(SMALL)
+    assert f"mode={iso.mode}" in desc and "no capabilities" in desc and "process cap 8" in desc
+    assert ("aggregate memory cap 512 MiB" in desc if iso.memory_cap == "cgroup"
+            else "aggregate memory bound 8 x 512 MiB" in desc)
+    assert "NOT enforced" not in desc or desc.endswith("NOT enforced: per-run uid")
+
+
+def test_auto_never_resolves_to_none(monkeypatch):
+    """With every isolated mode failing, `auto` refuses and says what is missing and how to get
+    it; it does not fall back to running the code unisolated."""
+    def refuse(self, *a, **k):
+        raise SandboxError("unshare: Operation not permitted")
+
+    monkeypatch.setattr(Sandbox, "run", refuse)
+    with pytest.raises(SandboxError, match="no sandbox isolation works here") as e:
+        Sandbox(SandboxConfig(mode="auto", bwrap_path="/nonexistent/bwrap"))
+    msg = str(e.value)
+    assert "unshare: Operation not permitted" in msg and HOW_TO_ISOLATE in msg
+    assert "--sandbox none" in msg and "bubblewrap" in msg and "root" in msg
+
+
+def test_none_runs_only_by_name_and_says_so_in_one_line(caplog, monkeypatch):
+    from locojax.envs.sandbox import runner
+
+    monkeypatch.setattr(runner, "_logged", set())  # said once per process: forget the fixture's
+    with caplog.at_level(logging.WARNING, logger="locojax.envs.sandbox"):
+        sb = Sandbox(SandboxConfig(mode="none", python=_python_for_other_uids()),
+                     Limits(max_processes=7))
+    iso = sb.isolation
+    assert iso.mode == "none" and not (iso.filesystem or iso.network or iso.pid)
+    lines = [r.getMessage() for r in caplog.records if "mode=none" in r.getMessage()]
+    assert len(lines) == 1 and "\n" not in lines[0]
+    assert "asked for by name" in lines[0] and "WITHOUT filesystem, network or pid" in lines[0]
+    assert "NOT enforced: filesystem, network, pid" in lines[0]
+    if not ROOT:  # no uid of its own, no writable cgroup here: it must not claim caps
+        assert iso.process_cap in ("", "cgroup") and "process cap" in iso.describe()
 
 
 # -- plain behaviour ------------------------------------------------------------------------------
-
-
-def test_isolation_is_probed_and_described(sb):
-    iso = sb.isolation
-    assert iso.mode in ("namespaces", "bwrap", "none")
-    desc = iso.describe()
-    assert f"mode={iso.mode}" in desc and "rlimits" in desc
-    if iso.mode != "none":
-        assert iso.filesystem and iso.network and iso.pid
 
 
 def test_runs_argv_and_source_with_files_and_read_back(sb):
@@ -70,9 +143,19 @@ def test_runs_argv_and_source_with_files_and_read_back(sb):
     assert isinstance(r, SandboxResult)
     assert (r.returncode, r.stdout, r.stderr) == (0, "HELLO\n", "warn")
     assert r.files == {"out.txt": "42"} and r.ok and not r.timed_out and r.killed_reason is None
+    assert r.channel is None
     r = sb.run("import os, sys\nprint(os.getcwd() == os.environ['HOME'] == os.environ['TMPDIR'])\n"
                "sys.exit(3)")
     assert r.returncode == 3 and r.stdout == "True\n" and not r.ok
+
+
+def test_private_channel_is_fd_3_and_not_a_file(sb):
+    r = sb.run("import os\nos.write(3, b'verdict')\nprint(sorted(os.listdir('.')))",
+               channel=True)
+    assert r.returncode == 0, r.stderr
+    assert r.channel == b"verdict" and r.stdout == "['__sandbox_main__.py']\n"
+    r = sb.run("import os\nos.write(3, b'x' * (5 << 20))", channel=True)
+    assert r.channel is None  # over its cap: void, never silently cut
 
 
 def test_files_from_directory(sb, tmp_path):
@@ -100,7 +183,7 @@ def test_bad_input_is_rejected(sb):
         sb.run(["true"], files="/nonexistent/dir")
     with pytest.raises(ValueError, match="cpu_seconds"):
         Limits(cpu_seconds=-1)
-    with pytest.raises(ValueError, match="mode"):
+    with pytest.raises(ValueError, match="auto|namespaces|bwrap|none"):
         SandboxConfig(mode="docker")
 
 
@@ -113,11 +196,62 @@ def test_missing_executable_is_reported(sb):
         sb.run(["no-such-binary-xyz"])
 
 
+# -- privileges -----------------------------------------------------------------------------------
+
+_STATUS = ("import os\nst = dict(l.split(':', 1) for l in open('/proc/self/status')"
+           ".read().splitlines())\n"
+           "print(*(st[k].split()[0] for k in ('CapInh', 'CapPrm', 'CapEff', 'CapAmb', 'CapBnd',"
+           " 'NoNewPrivs')), *os.getresuid(), *os.getresgid())\n")
+
+
+def test_code_has_no_capability_and_no_uid_0(any_sb):
+    """Defence: the inner uid is not 0 and every capability set is emptied before exec.
+    Mapping the trainer to inner uid 0 (as before) gives CapEff = 1ff..f here."""
+    r = any_sb.run(_STATUS)
+    assert r.returncode == 0, r.stderr
+    inh, prm, eff, amb, bnd, nnp, *ids = r.stdout.split()
+    assert int(inh, 16) == int(prm, 16) == int(eff, 16) == int(amb, 16) == 0, r.stdout
+    assert nnp == "1" and all(int(i) != 0 for i in ids), r.stdout
+    if any_sb.isolation.mode == "namespaces" or ROOT:  # it had capabilities to give up
+        assert int(bnd, 16) == 0, r.stdout
+
+
+def test_remount_read_write_is_refused(sb):
+    """Defence: no capability in the sandbox's mount namespace, and a nested user namespace
+    is refused (non-root) or only gets locked mounts. With inner uid 0 (the old mapping) the
+    first remount succeeds and the venv's site-packages become writable."""
+    target = os.path.realpath(os.path.dirname(sys.executable))
+    code = f"""
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mount.argtypes = [ctypes.c_char_p] * 3 + [ctypes.c_ulong, ctypes.c_char_p]
+MS_REMOUNT, MS_BIND = 32, 4096
+def remount(path):
+    r = libc.mount(None, path.encode(), None, MS_REMOUNT | MS_BIND, None)
+    return 'REMOUNTED' if r == 0 else 'refused %d' % ctypes.get_errno()
+def write(path):
+    try:
+        open(os.path.join(path, 'pwned'), 'w').write('x')
+        return 'WROTE'
+    except OSError as e:
+        return 'blocked %d' % e.errno
+print(remount({target!r}), write({target!r}), remount('/'))
+if libc.unshare(0x10000000 | 0x00020000) == 0:  # a nested user + mount namespace
+    print('nested', remount({target!r}), write({target!r}))
+else:
+    print('nested refused', ctypes.get_errno())
+"""
+    r = sb.run(code)
+    assert r.returncode == 0, r.stderr
+    assert "REMOUNTED" not in r.stdout and "WROTE" not in r.stdout, r.stdout
+    assert r.stdout.count("refused") >= 2 and not os.path.exists(os.path.join(target, "pwned"))
+
+
 # -- escape attempts ------------------------------------------------------------------------------
 
 
 def test_reading_a_planted_file_fails(sb, tmp_path):
-    _require(sb, "filesystem")
+    """Defence: the fresh root holds only the system paths and the work dir."""
     secret_dir = tmp_path / "planted"
     secret_dir.mkdir()
     secret = secret_dir / "secret.txt"
@@ -134,8 +268,20 @@ def test_reading_a_planted_file_fails(sb, tmp_path):
     assert "TOP-SECRET-7731" not in r.stdout + r.stderr
 
 
+def test_projects_files_are_absent(sb):
+    """Defence: the project directory (its source, .git, the trainer's run dirs) is not
+    mounted; only the interpreter's directories are."""
+    project = Path(locojax.__file__).resolve().parent.parent
+    probes = [project / "locojax" / "__init__.py", project / "pyproject.toml", project / ".git"]
+    code = (f"import os\nfor p in {[str(p) for p in probes]!r}:\n"
+            "    print(os.path.exists(p))\n")
+    r = sb.run(code)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["False"] * len(probes), r.stdout
+    assert all(p.exists() for p in probes[:2])  # they are there outside
+
+
 def test_writing_outside_fails(sb, tmp_path):
-    _require(sb, "filesystem")
     target_dir = tmp_path / "open"
     target_dir.mkdir()
     os.chmod(tmp_path, 0o777)
@@ -155,8 +301,52 @@ def test_writing_outside_fails(sb, tmp_path):
     assert not os.path.exists(r.stdout.split()[-1])  # and is removed after the run
 
 
+def test_another_runs_work_dir_is_out_of_reach(any_sb):
+    """Defence: each run sees only its own work dir (namespaces), or, as root in mode none,
+    owns it alone (a uid per run, mode 0700). Run A keeps a secret in its work dir while run B
+    looks for it in every sandbox work dir it can name."""
+    token = secrets.token_hex(8)
+    pattern = os.path.join(tempfile.gettempdir(), "locojax-sbx-*", "work", "secret.txt")
+    holder = threading.Thread(target=any_sb.run, args=(
+        f"import time\nopen('secret.txt', 'w').write({token!r})\ntime.sleep(4)",),
+        kwargs={"limits": Limits(wall_seconds=6)})
+    holder.start()
+    try:
+        deadline = time.monotonic() + 5
+        while not any(Path(p).read_text() == token for p in glob.glob(pattern)):
+            assert time.monotonic() < deadline, "run A never wrote its secret"
+            time.sleep(0.05)
+        code = (f"import glob\nfor p in glob.glob({pattern!r}):\n    try:\n"
+                "        print(open(p).read())\n    except OSError as e:\n"
+                "        print('denied', e.errno)\n")
+        if not ROOT and any_sb.isolation.mode == "none":
+            return  # the same uid as run A: mode none promises nothing here (security.md)
+        r = any_sb.run(code)
+        assert r.returncode == 0, r.stderr
+        assert token not in r.stdout, r.stdout
+    finally:
+        holder.join()
+
+
+def test_trainers_environment_is_out_of_reach(any_sb, monkeypatch):
+    """Defence: the child's environment is built from scratch, and the trainer's
+    /proc/PID/environ is hidden (pid namespace) or another uid's (as root). The child looks in
+    its own environment and in every /proc/*/environ it can read."""
+    token = secrets.token_hex(8)
+    monkeypatch.setenv("LOCOJAX_TEST_SECRET", token)
+    code = ("import glob, os\nfound = [k for k, v in os.environ.items() if v == "
+            f"{token!r}]\nfor p in glob.glob('/proc/[0-9]*/environ'):\n    try:\n"
+            f"        found += [p] if {token!r}.encode() in open(p, 'rb').read() else []\n"
+            "    except OSError:\n        pass\nprint('found', found)\n")
+    if not ROOT and any_sb.isolation.mode == "none":
+        return  # the trainer's own uid: mode none promises nothing here (security.md)
+    r = any_sb.run(code)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "found []\n" and token not in r.stderr
+
+
 def test_network_is_unreachable(sb):
-    _require(sb, "network")
+    """Defence: a network namespace with no interface up."""
     server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     server.bind(("127.0.0.1", 0))
     server.listen(4)
@@ -177,7 +367,8 @@ def test_network_is_unreachable(sb):
 
 
 def test_process_cap_probe(sb):
-    """Harmless check of the cap before the fork bomb: 20 sleepers asked, fewer than 8 start."""
+    """Harmless check of the cap before the fork bomb: 20 sleepers asked, fewer than 8 start.
+    Defence: pids.max or RLIMIT_NPROC of a uid only the run has (without them all 20 start)."""
     code = ("import subprocess\nps, err = [], None\nfor _ in range(20):\n    try:\n"
             "        ps.append(subprocess.Popen(['sleep', '5']))\n    except OSError as e:\n"
             "        err = e\n        break\nprint(len(ps), type(err).__name__)\n"
@@ -194,17 +385,65 @@ def test_fork_bomb_is_contained(sb):
     limits = Limits(cpu_seconds=1, wall_seconds=3, max_processes=8)
     t0 = time.monotonic()
     r = sb.run(bomb, limits=limits)
-    assert time.monotonic() - t0 < 10
+    elapsed = time.monotonic() - t0
+    assert 0.9 < elapsed < 10  # ended by a limit (1 s CPU or 3 s wall), not at once
     assert r.killed_reason in ("wall_time", "cpu_time"), r
-    uid = int(r.stdout.split()[0])
     if sb.isolation.uid:
-        assert _uids_alive(uid) == []  # every forked process is gone
+        assert _uids_alive(int(r.stdout.split()[0])) == []  # every forked process is gone
     assert sb.run("print('alive')").stdout == "alive\n"  # and the machine carries on
+
+
+def test_memory_bomb_across_processes_stays_under_the_stated_bound(sb):
+    """Many processes, each under RLIMIT_AS, together asking for far more than the run's
+    memory. Defence: the memory cgroup (aggregate `memory_bytes`) or the process cap (bound
+    `max_processes * memory_bytes`). The bomb counts its children still alive holding a
+    written 48 MiB block at the end; without either defence all 18 would be (864 MiB, over
+    both bounds)."""
+    limits = Limits(cpu_seconds=5, wall_seconds=12, memory_bytes=128 << 20, max_processes=6)
+    chunk, tries = 48 << 20, 3 * limits.max_processes
+    code = f"""
+import os, signal, time
+r, w = os.pipe()
+kids = []
+for _ in range({tries}):
+    try:
+        pid = os.fork()
+    except OSError:
+        break
+    if pid == 0:
+        os.close(r)
+        try:
+            block = b'x' * {chunk}  # written: resident, not only reserved
+        except MemoryError:
+            os._exit(1)
+        os.write(w, b'%d\\n' % os.getpid())
+        time.sleep(30)
+        os._exit(0)
+    kids.append(pid)
+os.close(w)
+time.sleep(2)
+os.set_blocking(r, False)
+try:
+    reported = [int(x) for x in os.read(r, 1 << 16).split()]
+except BlockingIOError:
+    reported = []
+alive = [p for p in reported if os.waitpid(p, os.WNOHANG) == (0, 0)]
+print(len(kids), len(reported), len(alive), flush=True)
+for p in kids:
+    os.kill(p, signal.SIGKILL)
+"""
+    r = sb.run(code, limits=limits)
+    assert r.returncode == 0, (r.stdout, r.stderr, r.killed_reason)
+    forked, reported, alive = map(int, r.stdout.split())
+    bound = (limits.memory_bytes if sb.isolation.memory_cap == "cgroup"
+             else limits.max_processes * limits.memory_bytes)
+    assert alive >= 1 and alive * chunk <= bound, r.stdout
+    assert forked < tries or sb.isolation.memory_cap == "cgroup", r.stdout
 
 
 def test_process_that_leaves_the_group_is_killed(sb, tmp_path):
     """A grandchild that calls setsid (new process group) still dies with the run."""
-    _require(sb, "pid")
+    assert sb.isolation.pid
     code = ("import os, subprocess, sys, time\n"
             "subprocess.Popen([sys.executable, '-c', 'import os, time; os.setsid(); "
             "time.sleep(60)'])\nprint(os.getuid(), flush=True)\ntime.sleep(0.3)\n")
@@ -215,50 +454,42 @@ def test_process_that_leaves_the_group_is_killed(sb, tmp_path):
         assert _uids_alive(int(r.stdout.split()[0])) == []
 
 
-def test_cpu_loop_is_killed_at_the_cpu_limit(sb):
+def test_cpu_loop_is_killed_at_the_cpu_limit(any_sb):
     t0 = time.monotonic()
-    r = sb.run("while True:\n    pass\n", limits=Limits(cpu_seconds=1, wall_seconds=10))
-    assert time.monotonic() - t0 < 12
+    r = any_sb.run("while True:\n    pass\n", limits=Limits(cpu_seconds=1, wall_seconds=10))
+    elapsed = time.monotonic() - t0
+    assert 0.9 < elapsed < 12  # 1 CPU second at least (the loop burns one core)
     assert r.killed_reason == "cpu_time", r
     assert r.returncode in (-signal.SIGXCPU, -signal.SIGKILL)
 
 
-def test_sleeping_loop_is_killed_at_the_wall_limit(sb):
+def test_sleeping_loop_is_killed_at_the_wall_limit(any_sb):
+    """A child that sleeps (no CPU) is ended by the wall clock, not before."""
     t0 = time.monotonic()
-    r = sb.run("import time\nprint('start', flush=True)\nwhile True:\n    time.sleep(0.05)\n",
-               limits=Limits(cpu_seconds=5, wall_seconds=2))
+    r = any_sb.run("import time\nprint('start', flush=True)\nwhile True:\n    time.sleep(0.05)\n",
+                   limits=Limits(cpu_seconds=5, wall_seconds=2))
     elapsed = time.monotonic() - t0
     assert r.timed_out and r.killed_reason == "wall_time" and r.returncode == -signal.SIGKILL
     assert 1.9 < elapsed < 5 and r.stdout == "start\n"
 
 
-def test_huge_allocation_fails_inside_the_child(sb):
-    r = sb.run("try:\n    x = bytearray(10 * 2**30)\n    print('ALLOCATED')\n"
-               "except MemoryError:\n    print('MemoryError')\n")
+def test_huge_allocation_fails_inside_the_child(any_sb):
+    r = any_sb.run("try:\n    x = bytearray(10 * 2**30)\n    print('ALLOCATED')\n"
+                   "except MemoryError:\n    print('MemoryError')\n")
     assert r.returncode == 0 and r.stdout == "MemoryError\n"
 
 
-def test_huge_file_write_is_stopped(sb):
+def test_huge_file_write_is_stopped(any_sb):
     code = ("import os\nf = open('big.bin', 'wb')\ntry:\n    for _ in range(1024):\n"
             "        f.write(b'x' * (1 << 20))\n        f.flush()\n"
             "except OSError as e:\n    print('stopped', e.errno)\n"
             "f.close()\nprint(os.path.getsize('big.bin'), os.getcwd())\n")
-    r = sb.run(code)
+    r = any_sb.run(code)
     assert r.returncode == 0, r.stderr
     words = r.stdout.split()
     assert words[0] == "stopped" and words[1] == "27"  # EFBIG
     assert int(words[2]) <= SMALL.file_size_bytes
     assert not os.path.exists(words[3])  # the work dir, with the file, is gone
-
-
-def test_none_mode_still_enforces_limits():
-    sb = Sandbox(SandboxConfig(mode="none"), SMALL)
-    assert not sb.isolation.filesystem and not sb.isolation.network
-    assert "NOT isolated" in sb.isolation.describe()
-    r = sb.run("try:\n    bytearray(10 * 2**30)\nexcept MemoryError:\n    print('MemoryError')\n")
-    assert r.stdout == "MemoryError\n"
-    r = sb.run("import time\nwhile True:\n    time.sleep(0.05)\n", limits=Limits(wall_seconds=1))
-    assert r.timed_out
 
 
 def test_extra_read_only_paths(tmp_path):
@@ -269,11 +500,11 @@ def test_extra_read_only_paths(tmp_path):
         os.chmod(p, 0o755)
     os.chmod(data / "x.txt", 0o644)
     sb = Sandbox(SandboxConfig(ro_paths=(str(data),)), SMALL)
-    _require(sb, "filesystem")
+    assert sb.isolation.filesystem
     code = (f"p = {str(data / 'x.txt')!r}\nprint(open(p).read())\ntry:\n"
             "    open(p, 'w')\nexcept OSError as e:\n    print('blocked', e.errno)\n")
     r = sb.run(code)
-    assert r.stdout.split() == ["visible", "blocked", "30"]  # EROFS, even for root-owned files
+    assert r.stdout.split() == ["visible", "blocked", "30"]  # EROFS, even for the owner
     assert (data / "x.txt").read_text() == "visible"
 
 

@@ -22,7 +22,20 @@ MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
 MS_NOATIME, MS_NODIRATIME, MS_RELATIME = 1024, 2048, 1 << 21
 MNT_DETACH = 2
-PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS = 1, 4, 38
+PR_CAPBSET_READ, PR_CAPBSET_DROP, PR_SET_SECUREBITS = 23, 24, 28
+PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
+# Securebits: uid 0 gains no capabilities at exec (NOROOT), a uid change clears them
+# (NO_SETUID_FIXUP stays off), they cannot be kept across one (KEEP_CAPS stays off) and no
+# ambient capability can be raised; each setting locked so the code cannot undo it.
+SECUREBITS = ((1 << 0) | (1 << 1)  # NOROOT, locked
+              | (1 << 3)  # NO_SETUID_FIXUP locked (off)
+              | (1 << 5)  # KEEP_CAPS locked (off)
+              | (1 << 6) | (1 << 7))  # NO_CAP_AMBIENT_RAISE, locked
+INNER_UID = 1000
+"""The uid the code has inside its own user namespace (non-root trainer): not 0, so exec
+leaves it no capabilities, and every uid it could switch to is unmapped."""
+_LINUX_CAPABILITY_VERSION_3 = 0x20080522
 _SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "riscv64": 41, "ppc64le": 203, "s390x": 217}
 _DEV_NODES = ("null", "zero", "full", "random", "urandom")
 
@@ -32,7 +45,53 @@ def _libc():
 
     libc = ctypes.CDLL(None, use_errno=True)
     libc.mount.argtypes = [ctypes.c_char_p] * 3 + [ctypes.c_ulong, ctypes.c_char_p]
+    libc.prctl.argtypes = [ctypes.c_int] + [ctypes.c_ulong] * 4
     return libc
+
+
+def _caps(libc, set_to_zero: bool = False) -> tuple[int, int, int]:
+    """(effective, permitted, inheritable) of this thread, after zeroing them if asked."""
+    import ctypes
+
+    class Header(ctypes.Structure):
+        _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+    class Data(ctypes.Structure):
+        _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
+                    ("inheritable", ctypes.c_uint32)]
+
+    hdr, data = Header(_LINUX_CAPABILITY_VERSION_3, 0), (Data * 2)()
+    if set_to_zero:
+        _check(libc.capset(ctypes.byref(hdr), data), "capset")
+    _check(libc.capget(ctypes.byref(hdr), data), "capget")
+    return tuple(getattr(data[0], f) | getattr(data[1], f) << 32
+                 for f in ("effective", "permitted", "inheritable"))
+
+
+def drop_privileges(libc, uid: int | None) -> None:
+    """Leave no way back to privilege before exec: lock securebits, empty the bounding and
+    ambient sets, switch to `uid` (when given), zero every capability set, then check.
+
+    Raises when the result still has a capability or a uid 0, so such code never runs.
+    """
+    has_caps = any(_caps(libc))
+    if has_caps:  # CAP_SETPCAP is needed for these two; without any capability there are none
+        _check(libc.prctl(PR_SET_SECUREBITS, SECUREBITS, 0, 0, 0), "securebits")
+        cap = 0
+        while libc.prctl(PR_CAPBSET_READ, cap, 0, 0, 0) >= 0:  # -1 (EINVAL) past the last
+            _check(libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0), f"drop bounding cap {cap}")
+            cap += 1
+    libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+    if uid is not None:
+        if os.getuid() == 0:  # as root; a user namespace that denies setgroups keeps its own
+            os.setgroups([])
+        os.setresgid(uid, uid, uid)
+        os.setresuid(uid, uid, uid)
+    left = _caps(libc, set_to_zero=True)
+    ids = os.getresuid() + os.getresgid()
+    if any(left) or 0 in os.getresuid():
+        raise PermissionError(f"refusing to run: capabilities {[hex(c) for c in left]}, "
+                              f"uids/gids {ids} after dropping privileges")
 
 
 def _check(ret: int, what: str) -> None:
@@ -118,12 +177,18 @@ def _exec_target(libc, spec: dict, status_fd: int) -> None:
 
     try:
         os.set_inheritable(status_fd, False)  # the exec closes it
+        channel = spec["channel_fd"]
+        if channel >= 0:  # the run's private channel becomes fd 3 of the command
+            if status_fd == 3:
+                status_fd = os.dup(status_fd)
+                os.set_inheritable(status_fd, False)
+            if channel != 3:
+                os.dup2(channel, 3)
+                os.close(channel)
+            os.set_inheritable(3, True)
         for name, (soft, hard) in spec["rlimits"].items():
             resource.setrlimit(getattr(resource, name), (soft, hard))
-        if spec["uid"] is not None:
-            os.setgroups([])
-            os.setresgid(spec["uid"], spec["uid"], spec["uid"])
-            os.setresuid(spec["uid"], spec["uid"], spec["uid"])
+        drop_privileges(libc, spec["uid"])
         _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         os.chdir(spec["work"])
@@ -146,32 +211,43 @@ def _wait_for(pid: int) -> int:
 def _bootstrap(spec: dict) -> None:
     import resource
 
-    status_fd = spec["status_fd"]
+    status_fd, channel = spec["status_fd"], spec["channel_fd"]
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     try:
         libc = _libc()
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if spec["cgroup_procs"]:
-            try:
-                with open(spec["cgroup_procs"], "w") as f:
-                    f.write(str(os.getpid()))
-            except OSError as e:  # not fatal: the uid's RLIMIT_NPROC still caps processes
-                os.write(status_fd, (json.dumps({"warning": f"cgroup join: {e!r}"}) + "\n")
-                         .encode())
+        for procs in spec["cgroup_procs"]:  # fatal: the isolation promised these caps
+            with open(procs, "w") as f:
+                f.write(str(os.getpid()))
         flags = spec["flags"]
         if flags:
             outer_uid, outer_gid = os.geteuid(), os.getegid()
             _check(libc.unshare(flags), "unshare")
-            if flags & CLONE_NEWUSER:  # map ourselves to root inside, to be allowed to mount
+            if flags & CLONE_NEWUSER:
+                # The trainer's uid becomes INNER_UID, not 0: we keep the capabilities the new
+                # namespace gave us until exec (enough to build the root), and the code exec'd
+                # as a non-zero uid gets none. RLIMIT_NPROC now counts this namespace's
+                # processes only, which makes it a per-run process cap.
                 with open("/proc/self/setgroups", "w") as f:
                     f.write("deny")
                 with open("/proc/self/uid_map", "w") as f:
-                    f.write(f"0 {outer_uid} 1")
+                    f.write(f"{INNER_UID} {outer_uid} 1")
                 with open("/proc/self/gid_map", "w") as f:
-                    f.write(f"0 {outer_gid} 1")
+                    f.write(f"{INNER_UID} {outer_gid} 1")
+                try:  # no nested user namespaces (a way to hold capabilities again)
+                    with open("/proc/sys/user/max_user_namespaces", "w") as f:
+                        f.write("0")
+                except OSError:
+                    pass
+        # Not dumpable (only now: /proc/self/uid_map of a non-dumpable process is root's): the
+        # code under test, which may share our uid, cannot open our fds (the status pipe, the
+        # channel) through /proc, nor trace us.
+        _check(libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "dumpable")
         if flags & CLONE_NEWPID:  # the next child is the namespace's init
             pid = os.fork()
             if pid:
+                if channel >= 0:
+                    os.close(channel)  # only the command holds the channel open
                 _wait_for(pid)
                 os._exit(0)
             libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
@@ -183,6 +259,8 @@ def _bootstrap(spec: dict) -> None:
     pid = os.fork()
     if pid == 0:
         _exec_target(libc, spec, status_fd)
+    if channel >= 0:
+        os.close(channel)
     status = _wait_for(pid)
     msg = ({"signal": os.WTERMSIG(status)} if os.WIFSIGNALED(status)
            else {"exit": os.WEXITSTATUS(status)})

@@ -21,6 +21,7 @@ from pathlib import Path, PurePosixPath
 from locojax.envs.sandbox import bootstrap
 from locojax.envs.sandbox.bootstrap import (CLONE_NEWIPC, CLONE_NEWNET, CLONE_NEWNS,
                                             CLONE_NEWPID, CLONE_NEWUSER, CLONE_NEWUTS)
+from locojax.envs.sandbox.cgroup import SANDBOX_PROCESSES, Cgroups
 from locojax.envs.sandbox.config import (Isolation, Limits, SandboxConfig, SandboxError,
                                          SandboxResult)
 
@@ -31,34 +32,25 @@ _SYSTEM_RO = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32",
               "/etc/alternatives", "/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d",
               "/etc/passwd", "/etc/group", "/etc/nsswitch.conf", "/etc/localtime")
 _UID_BASE, _UID_SPAN = 2_000_000_000, 100_000_000  # far above any real account or subuid range
+_CHANNEL_CAP = 4 << 20  # bytes kept of the private channel; beyond it the channel is void
 _logged: set[str] = set()
 _logged_lock = threading.Lock()
 
+HOW_TO_ISOLATE = (
+    "To isolate model-written code, do one of: run the trainer as root; allow unprivileged user "
+    "namespaces (sysctl kernel.unprivileged_userns_clone=1, or on Ubuntu 23.10+ "
+    "kernel.apparmor_restrict_unprivileged_userns=0; in Docker, a seccomp profile that allows "
+    "unshare/mount, e.g. --security-opt seccomp=unconfined); or install bubblewrap "
+    "(apt-get install bubblewrap). To run it without isolation, ask for that by name: "
+    "--sandbox none.")
 
-def _python_paths() -> list[str]:
+
+def _python_paths(python: str) -> list[str]:
     """The interpreter and its libraries: venv prefix, base prefix, the executable's real dir."""
     paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
-             os.path.dirname(os.path.realpath(sys.executable))}
+             os.path.dirname(os.path.realpath(sys.executable)),
+             os.path.dirname(os.path.realpath(python))}
     return sorted(os.path.realpath(p) for p in paths if p and os.path.isdir(p))
-
-
-def _cgroup_root() -> str | None:
-    """A pids-cgroup directory we may create children in (v1 `pids` hierarchy or v2 root)."""
-    if os.path.isdir("/sys/fs/cgroup/pids"):
-        root = "/sys/fs/cgroup/pids"
-    elif "pids" in _read("/sys/fs/cgroup/cgroup.subtree_control"):
-        root = "/sys/fs/cgroup"
-    else:
-        return None
-    return root if os.access(root, os.W_OK) else None
-
-
-def _read(path: str, limit: int = 1 << 16) -> str:
-    try:
-        with open(path, errors="replace") as f:
-            return f.read(limit)
-    except OSError:
-        return ""
 
 
 def _safe_relpath(path: str) -> str:
@@ -98,49 +90,57 @@ class Sandbox:
 
     def __init__(self, config: SandboxConfig = SandboxConfig(), limits: Limits = Limits()):
         self.config, self.limits = config, limits
+        self.python = config.python or sys.executable
         self._root = os.geteuid() == 0
-        self._ro_paths = list(_SYSTEM_RO) + _python_paths() + [
+        self._ro_paths = list(_SYSTEM_RO) + _python_paths(self.python) + [
             os.path.realpath(p) for p in config.ro_paths]
-        self._cgroup_root = _cgroup_root() if config.cgroup else None
+        self._cgroups = Cgroups(config.cgroup)
         self._bwrap = config.bwrap_path or shutil.which("bwrap")
         self.isolation = self._choose()
-        desc = self.isolation.describe()
-        _warn_once(desc, log.info if self.isolation.filesystem and self.isolation.network
-                   else log.warning)
+        desc = self.isolation.describe(limits)
+        if self.isolation.mode == "none":
+            _warn_once("sandbox mode=none, asked for by name: model-written code runs WITHOUT "
+                       "filesystem, network or pid isolation. " + desc)
+        else:
+            _warn_once(desc, log.info)
 
     # -- mode selection ------------------------------------------------------------------------
 
-    def _candidates(self) -> list[Isolation]:
-        modes = ["namespaces", "bwrap", "none"] if self.config.mode == "auto" else [
-            self.config.mode]
-        drop = self._root and self.config.unprivileged_uid
-        out = []
-        for mode in modes:
-            ns = mode in ("namespaces", "bwrap")
-            # Outside our own mount setup the interpreter may live where only root can reach
-            # it (e.g. under /root), so the other modes also try keeping the uid.
-            for uid in ([drop, False] if drop and mode != "namespaces" else [drop]):
-                out.append(Isolation(mode=mode, filesystem=ns, network=ns, pid=ns, uid=uid,
-                                     cgroup_pids=self._cgroup_root is not None))
-        return out
+    def _candidate(self, mode: str) -> Isolation:
+        ns = mode in ("namespaces", "bwrap")
+        # RLIMIT_NPROC counts processes per (user namespace, uid): a per-run cap only for a
+        # fresh host uid (as root) or our own user namespace (non-root namespaces mode).
+        per_run_uid = self._root or mode == "namespaces"
+        process_cap = "cgroup" if self._cgroups.pids else "rlimit" if per_run_uid else ""
+        memory_cap = "cgroup" if self._cgroups.memory else "rlimit" if process_cap else ""
+        return Isolation(mode=mode, filesystem=ns, network=ns, pid=ns, uid=self._root,
+                         process_cap=process_cap, memory_cap=memory_cap)
 
     def _choose(self) -> Isolation:
+        # "auto" never falls back to "none": unisolated runs are asked for by name.
+        modes = ["namespaces", "bwrap"] if self.config.mode == "auto" else [self.config.mode]
         errors = []
-        for iso in self._candidates():
-            if iso.mode == "bwrap" and not self._bwrap:
+        for mode in modes:
+            if mode == "bwrap" and not self._bwrap:
                 errors.append("bwrap: not installed")
                 continue
-            self.isolation = iso
+            self.isolation = self._candidate(mode)
             try:
-                r = self.run([sys.executable, "-c", "print('ok')"], limits=Limits(wall_seconds=30))
+                r = self.run([self.python, "-c", "print('ok')"], limits=Limits(wall_seconds=30))
             except SandboxError as e:
-                errors.append(f"{iso.mode}(uid={iso.uid}): {e}")
+                errors.append(f"{mode}: {e}")
                 continue
             if r.ok and r.stdout.strip() == "ok":
-                return iso
-            errors.append(f"{iso.mode}(uid={iso.uid}): probe failed rc={r.returncode} "
-                          f"{r.stderr[-300:]!r}")
-        raise SandboxError("no sandbox mode works here: " + "; ".join(errors))
+                return self.isolation
+            errors.append(f"{mode}: probe failed rc={r.returncode} {r.stderr[-300:]!r}")
+        if self.config.mode == "none":
+            raise SandboxError(
+                f"sandbox mode none does not work here ({'; '.join(errors)}). As root it runs "
+                f"the code as a fresh unprivileged uid, which must be able to run {self.python}"
+                " (an interpreter under /root is not): use one outside /root "
+                "(SandboxConfig.python), or a namespaces sandbox.")
+        raise SandboxError(f"no sandbox isolation works here ({'; '.join(errors)}). "
+                           + HOW_TO_ISOLATE)
 
     # -- one run -------------------------------------------------------------------------------
 
@@ -152,17 +152,20 @@ class Sandbox:
         read_back: Sequence[str] = (),
         env: Mapping[str, str] | None = None,
         read_back_bytes: int = 1 << 20,
+        channel: bool = False,
     ) -> SandboxResult:
         """Run `cmd` (argv, or Python source when a str) in a fresh work dir.
 
         `files` is either {relative path: content} or a host directory copied in. `read_back`
         names work-dir files returned in `SandboxResult.files` (missing ones are omitted; each
         is cut at `read_back_bytes`). `env` adds variables to the child's minimal environment.
+        `channel` opens fd 3 of the command as a pipe to the parent, returned in
+        `SandboxResult.channel`: a way out of the sandbox that is not a file in the work dir.
         """
         limits = limits or self.limits
         t0 = time.monotonic()
         run_dir = tempfile.mkdtemp(prefix="locojax-sbx-")
-        cgroup, uid = None, None
+        cgroups, uid = None, None
         try:
             os.chmod(run_dir, 0o711)  # in mode "none" the child's uid must traverse it
             work = os.path.join(run_dir, "work")
@@ -170,7 +173,7 @@ class Sandbox:
             if isinstance(cmd, str):
                 with open(os.path.join(work, "__sandbox_main__.py"), "w") as f:
                     f.write(cmd)
-                cmd = [sys.executable, "__sandbox_main__.py"]
+                cmd = [self.python, "__sandbox_main__.py"]
             if not cmd or not all(isinstance(c, str) for c in cmd):
                 raise ValueError(f"sandbox cmd must be a non-empty list of str, got {cmd!r}")
             uid = (_UID_BASE + secrets.randbelow(_UID_SPAN)) if self.isolation.uid else None
@@ -178,9 +181,12 @@ class Sandbox:
                 for dirpath, dirnames, filenames in os.walk(work):
                     for name in [dirpath] + [os.path.join(dirpath, n) for n in dirnames + filenames]:
                         os.lchown(name, uid, uid)
-            cgroup = self._make_cgroup(limits)
-            spec = self._spec(run_dir, work, list(cmd), limits, uid, cgroup, env or {})
-            rc, out, err, timed_out, status = self._launch(spec, limits, t0)
+            try:
+                cgroups = self._cgroups.make(int(limits.memory_bytes), int(limits.max_processes))
+            except OSError as e:
+                raise SandboxError(f"cannot create the run's cgroups: {e}") from e
+            spec = self._spec(run_dir, work, list(cmd), limits, uid, cgroups, env or {})
+            rc, out, err, chan, timed_out, status = self._launch(spec, limits, t0, channel)
             if status.get("error"):
                 raise SandboxError(status["error"])
             sig = status.get("signal")
@@ -193,6 +199,8 @@ class Sandbox:
             reason = None
             if timed_out:
                 reason = "wall_time"
+            elif sig == signal.SIGKILL and cgroups.oom_killed():
+                reason = "memory"
             elif sig == signal.SIGXCPU or (sig == signal.SIGKILL
                                            and time.monotonic() - t0 >= limits.cpu_seconds):
                 reason = "cpu_time"
@@ -209,12 +217,12 @@ class Sandbox:
                     with open(p, "rb") as f:
                         back[rel] = f.read(read_back_bytes).decode("utf-8", "replace")
             return SandboxResult(returncode, out, err, timed_out, reason,
-                                 time.monotonic() - t0, back)
+                                 time.monotonic() - t0, back, chan)
         finally:
-            if uid is not None and not self.isolation.pid and cgroup is None:
+            if uid is not None and not self.isolation.pid and not self._cgroups.pids:
                 _kill_uid(uid)  # stragglers that left the process group
-            if cgroup:
-                _remove_cgroup(cgroup)
+            if cgroups is not None:
+                cgroups.remove()
             shutil.rmtree(run_dir, ignore_errors=True)
 
     def _populate(self, work: str, files) -> None:
@@ -234,23 +242,11 @@ class Sandbox:
                     f.write(content.encode() if isinstance(content, str) else content)
         os.chmod(work, 0o700)
 
-    def _make_cgroup(self, limits: Limits) -> str | None:
-        if self._cgroup_root is None:
-            return None
-        path = os.path.join(self._cgroup_root, f"locojax-sbx-{secrets.token_hex(6)}")
-        try:
-            os.mkdir(path)
-            with open(os.path.join(path, "pids.max"), "w") as f:
-                f.write(str(int(limits.max_processes)))
-        except OSError as e:
-            log.warning("sandbox: cannot create pids cgroup %s (%s); relying on rlimits", path, e)
-            _remove_cgroup(path)
-            return None
-        return path
-
-    def _spec(self, run_dir, work, argv, limits, uid, cgroup, extra_env) -> dict:
+    def _spec(self, run_dir, work, argv, limits, uid, cgroups, extra_env) -> dict:
         cpu = max(1, int(limits.cpu_seconds + 0.999))
-        nproc = int(limits.max_processes)
+        userns = self.isolation.mode == "namespaces" and not self._root
+        # In our own user namespace the bootstrap and the namespace's init count too.
+        nproc = int(limits.max_processes) + (SANDBOX_PROCESSES if userns else 0)
         rlimits = {
             "RLIMIT_CPU": (cpu, cpu + 1),
             "RLIMIT_AS": (int(limits.memory_bytes),) * 2,
@@ -258,9 +254,9 @@ class Sandbox:
             "RLIMIT_NOFILE": (int(limits.max_open_files),) * 2,
             "RLIMIT_CORE": (0, 0),
         }
-        if uid is not None:  # per-uid count: only meaningful when the uid is ours alone
+        if uid is not None or userns:  # a per-uid count: a cap only where the uid is ours alone
             rlimits["RLIMIT_NPROC"] = (nproc, nproc)
-        pybin = os.path.dirname(sys.executable)
+        pybin = os.path.dirname(self.python)
         env = {"PATH": f"{pybin}:/usr/local/bin:/usr/bin:/bin", "HOME": work, "TMPDIR": work,
                "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "USER": "sandbox", "LOGNAME": "sandbox",
                "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1"}
@@ -275,11 +271,11 @@ class Sandbox:
             argv = self._bwrap_argv(work, env) + argv
         return {"flags": flags, "newroot": os.path.join(run_dir, "root"), "work": work,
                 "ro_paths": self._ro_paths, "rlimits": rlimits, "uid": uid, "argv": argv,
-                "env": env, "cgroup_procs": cgroup and os.path.join(cgroup, "cgroup.procs"),
-                "status_fd": -1}
+                "env": env, "cgroup_procs": cgroups.procs, "status_fd": -1, "channel_fd": -1}
 
     def _bwrap_argv(self, work: str, env: dict) -> list[str]:
-        a = [self._bwrap, "--unshare-all", "--die-with-parent", "--new-session"]
+        a = [self._bwrap, "--unshare-all", "--die-with-parent", "--new-session",
+             "--cap-drop", "ALL"]
         for p in self._ro_paths:
             if os.path.islink(p):
                 a += ["--symlink", os.readlink(p), p]
@@ -291,19 +287,25 @@ class Sandbox:
             a += ["--setenv", k, v]
         return a + ["--"]
 
-    def _launch(self, spec, limits, t0):
+    def _launch(self, spec, limits, t0, channel: bool):
         r, w = os.pipe()
-        spec["status_fd"] = w
+        cr, cw = os.pipe() if channel else (-1, -1)
+        spec["status_fd"], spec["channel_fd"] = w, cw
         try:
             proc = subprocess.Popen(
                 [sys.executable, "-I", "-S", "-B", os.path.abspath(bootstrap.__file__),
                  json.dumps(spec)],
                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                pass_fds=(w,), start_new_session=True, env={}, close_fds=True)
+                pass_fds=(w,) + ((cw,) if channel else ()), start_new_session=True, env={},
+                close_fds=True)
         finally:
             os.close(w)
+            if channel:
+                os.close(cw)
+        chan = _Head(_CHANNEL_CAP) if channel else None
         try:
-            out, err, timed_out = _collect(proc, t0 + limits.wall_seconds, limits.max_output_bytes)
+            out, err, timed_out = _collect(proc, t0 + limits.wall_seconds, limits.max_output_bytes,
+                                           cr, chan)
             if timed_out:
                 _killpg(proc.pid)
             try:
@@ -318,6 +320,8 @@ class Sandbox:
                 status_lines = []
         finally:
             os.close(r)
+            if channel:
+                os.close(cr)
             _killpg(proc.pid)  # anything still in the group (mode "none" leftovers)
         status: dict = {}
         for line in status_lines:
@@ -331,7 +335,7 @@ class Sandbox:
                 status["error"] = msg["error"]
             else:
                 status.update({k: v for k, v in msg.items() if k != "error"})
-        return rc, out.text(), err.text(), timed_out, status
+        return rc, out.text(), err.text(), chan and chan.value(), timed_out, status
 
 
 def _warn_once(msg: str, emit=None) -> None:
@@ -343,17 +347,37 @@ def _warn_once(msg: str, emit=None) -> None:
 
 
 @functools.cache
-def default_sandbox() -> Sandbox:
-    """One shared `Sandbox()` per process, so the isolation probe runs (and logs) once."""
-    return Sandbox()
+def default_sandbox(mode: str = "auto") -> Sandbox:
+    """One shared `Sandbox(SandboxConfig(mode=mode))` per process and mode, so the isolation
+    probe runs (and logs) once. Raises `SandboxError`, naming what is missing and how to get
+    it, when `mode` cannot work here; "auto" never resolves to "none"."""
+    return Sandbox(SandboxConfig(mode=mode))
 
 
-def _collect(proc, deadline: float, cap: int):
-    """Read stdout/stderr until both close or the deadline passes; True if it passed."""
+class _Head:
+    """The first `cap` bytes of a stream; past them the stream is void (`value()` is None)."""
+
+    def __init__(self, cap: int):
+        self.cap, self.data, self.over = cap, bytearray(), False
+
+    def add(self, data: bytes) -> None:
+        self.over = self.over or len(self.data) + len(data) > self.cap
+        if not self.over:
+            self.data += data
+
+    def value(self) -> bytes | None:
+        return None if self.over else bytes(self.data)
+
+
+def _collect(proc, deadline: float, cap: int, chan_fd: int = -1, chan: _Head | None = None):
+    """Read stdout/stderr (and the channel) until all close or the deadline passes; True if
+    it passed."""
     out, err = _Tail(cap), _Tail(cap)
     sel = selectors.DefaultSelector()
     sel.register(proc.stdout, selectors.EVENT_READ, out)
     sel.register(proc.stderr, selectors.EVENT_READ, err)
+    if chan is not None:
+        sel.register(chan_fd, selectors.EVENT_READ, chan)
     timed_out, exited_at = False, None
     try:
         while sel.get_map():
@@ -375,6 +399,13 @@ def _collect(proc, deadline: float, cap: int):
         sel.close()
         proc.stdout.close()
         proc.stderr.close()
+    if chan is not None and not timed_out:  # what is left after an exit; never blocks
+        os.set_blocking(chan_fd, False)
+        try:
+            while data := os.read(chan_fd, 1 << 16):
+                chan.add(data)
+        except BlockingIOError:
+            pass
     return out, err, timed_out
 
 
@@ -391,22 +422,3 @@ def _kill_uid(uid: int) -> None:
                     "import os, signal\ntry: os.kill(-1, signal.SIGKILL)\nexcept OSError: pass"],
                    user=uid, group=uid, extra_groups=[], env={}, timeout=10, check=False,
                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-
-def _remove_cgroup(path: str) -> None:
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        pids = _read(os.path.join(path, "cgroup.procs")).split()
-        for pid in pids:
-            try:
-                os.kill(int(pid), signal.SIGKILL)
-            except (ProcessLookupError, ValueError):
-                pass
-        try:
-            os.rmdir(path)
-            return
-        except FileNotFoundError:
-            return
-        except OSError:
-            time.sleep(0.02)
-    log.warning("sandbox: could not remove cgroup %s", path)

@@ -1,0 +1,53 @@
+#!/bin/sh
+# Re-run the sandbox tests as an unprivileged user (nobody), when the caller is root.
+#
+# The sandbox has two paths: as root (a fresh uid per run, writable cgroups) and non-root (a
+# user namespace whose inner uid is not 0, RLIMIT_NPROC in it as the process cap). `make test`
+# runs the suite as its caller, so as root this script covers the other path. A non-root
+# caller already ran that path, and this script does nothing.
+#
+# The venv's interpreter may live where nobody cannot go (pyenv under /root, mode 0700). The
+# sandbox modules are stdlib-only, so a system interpreter of the same minor version serves,
+# with the repository and the venv's site-packages (pytest, numpy) on PYTHONPATH. The SWE
+# harness tests that need pytest inside the sandbox are left out there (-k): that interpreter's
+# sandboxed children do not see the venv's site-packages.
+#
+# Usage: tests/sandbox_unprivileged.sh [PYTHON] [pytest args...]
+set -eu
+cd "$(dirname "$0")/.."
+PY=${1:-.venv/bin/python}
+[ $# -gt 0 ] && shift
+if [ "$(id -u)" != 0 ]; then
+	echo "sandbox_unprivileged: not root, so the suite already ran the non-root path"
+	exit 0
+fi
+REPO=$(pwd)
+as_nobody() {
+	setpriv --reuid=65534 --regid=65534 --clear-groups \
+		env -i HOME=/tmp PATH=/usr/local/bin:/usr/bin:/bin LANG=C.UTF-8 "$@"
+}
+if ! as_nobody test -r "$REPO/tests/test_sandbox.py"; then
+	echo "sandbox_unprivileged: nobody cannot read $REPO; clone it where other users can" >&2
+	exit 1
+fi
+ver=$($PY -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+vtuple=$(echo "$ver" | tr . ,)
+site=$($PY -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+interp=""
+for c in "$PY" "python$ver" "/usr/bin/python$ver" "/usr/local/bin/python$ver"; do
+	if as_nobody PYTHONPATH="$REPO:$site" "$c" -c \
+		"import sys, pytest; assert sys.version_info[:2] == ($vtuple), sys.version" 2>/dev/null; then
+		interp=$c
+		break
+	fi
+done
+if [ -z "$interp" ]; then
+	echo "sandbox_unprivileged: no python$ver that nobody can run (the venv's lives under" \
+		"a directory nobody cannot enter); install python$ver system-wide" >&2
+	exit 1
+fi
+echo "sandbox_unprivileged: as nobody with $interp"
+exec setpriv --reuid=65534 --regid=65534 --clear-groups env -i HOME=/tmp \
+	PATH=/usr/local/bin:/usr/bin:/bin LANG=C.UTF-8 PYTHONPATH="$REPO:$site" \
+	"$interp" -m pytest -q -p no:cacheprovider --noconftest \
+	tests/test_sandbox.py "$@"
