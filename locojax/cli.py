@@ -19,6 +19,7 @@ SUBCOMMANDS = {
     "sft": ("locojax.commands.sft", "train a char-level model on built-in task demonstrations"),
     "curate": ("locojax.commands.curate", "score a dataset's pass rates with a model and filter it"),
     "plot": ("locojax.commands.plot", "write a PNG of a run's reward, accuracy and timings"),
+    "predict": ("locojax.commands.predict", "step time, memory and placement before launch"),
 }
 
 

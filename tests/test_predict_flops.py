@@ -64,7 +64,8 @@ def _check_engine(name):
     cfg, b, g, p, n = SHAPES[name]
     one = dataclasses.replace(cfg, num_hidden_layers=1)  # scanned layers: body counted once
     costs = ModelCosts(one, "float32")
-    prefill, decode = Engine(one).compile(b, p, SamplingConfig(max_new_tokens=n, ignore_eos=True), g)
+    sampling = SamplingConfig(max_new_tokens=n, ignore_eos=True)
+    prefill, decode = Engine(one).compile(b, p, sampling, g)
     # Prefill: B prompts of P tokens (dense masked attention over P), the head on one position.
     _within(prefill.cost_analysis()["flops"], costs.prefill(b, p).flops,
             _elementwise_bound(one, b * p, p, b, False))

@@ -83,9 +83,11 @@ def ici_allreduce(p: int, m: float, bw_chip: float, alpha: float, topology: str)
 
 def data_parallel_allreduce(chips: int, domain: int, m: float, ici_bw: float, ici_alpha: float,
                             topology: str, dcn_bw_host: float, dcn_alpha: float,
-                            chips_per_host: int) -> tuple[float, float]:
+                            chips_per_host: int,
+                            dcn_algorithm: str = "best") -> tuple[float, float]:
     """(ICI seconds, DCN seconds) of all-reducing m bytes of gradients over `chips` chips,
-    domains of `domain` chips joined by the DCN (hierarchical; see the module docstring)."""
+    domains of `domain` chips joined by the DCN (hierarchical; see the module docstring).
+    dcn_algorithm: "best" (ring or tree, whichever is faster) or "ring" (what gloo runs)."""
     q = min(chips, domain)
     groups = math.ceil(chips / q)
     if groups <= 1:
@@ -94,5 +96,6 @@ def data_parallel_allreduce(chips: int, domain: int, m: float, ici_bw: float, ic
                  ici_allreduce(q, m, ici_bw, ici_alpha, topology) / 2)
     # Each chip's 1/q shard crosses the DCN; a host's chips share its NIC.
     shard, per_host = m / q, max(1, min(q, chips_per_host))
-    outer = best_allreduce(groups, shard * per_host, dcn_bw_host, dcn_alpha)
+    outer = (ring_allreduce if dcn_algorithm == "ring" else best_allreduce)(
+        groups, shard * per_host, dcn_bw_host, dcn_alpha)
     return inner, outer

@@ -73,7 +73,7 @@ class KindFit:
 @dataclasses.dataclass
 class CpuFit:
     """This machine's program times from the fits in its profile, per model shape (the
-    `fits` entry of cpu-here.json: {model name: {kind: KindFit}}, with a `default`)."""
+    `fits` entry of cpu-here.json: {shape_key: {kind: KindFit}}, with a `default`)."""
 
     hw: Hardware
     model: str
@@ -98,6 +98,14 @@ class CpuFit:
     def seconds(self, kind: str, c: Costs, chips: float = 1.0, cores: float = 0.0) -> float:
         cores = cores or float(self.hw.host_cores.value)
         return self._fit(kind).seconds(c.flops / max(chips, 1.0), cores)
+
+
+def shape_key(cfg) -> str:
+    """The key of a model's fits in cpu-here.json: its shapes, so that a checkpoint of the
+    TINY architecture uses TINY's fits whatever its name."""
+    return (f"L{cfg.num_hidden_layers}-d{cfg.hidden_size}-f{cfg.intermediate_size}-"
+            f"n{cfg.num_attention_heads}-k{cfg.num_key_value_heads}-h{cfg.head_dim}-"
+            f"v{cfg.vocab_size}")
 
 
 def device_model(hw: Hardware, dtype: str, model: str, ledger: Ledger):

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from locojax.model.config import ModelConfig
 from locojax.predict import collectives as coll
-from locojax.predict.devices import device_model
+from locojax.predict.devices import device_model, shape_key
 from locojax.predict.flops import ITEMSIZE, ModelCosts
 from locojax.predict.hardware import Cluster
 from locojax.predict.origin import Const, Ledger, from_json
@@ -60,12 +60,14 @@ class Ctx:
     dtype: str = "bfloat16"
     kv_read: str = "static"
     remat: bool = False
+    fsdp_chips: int = 0  # chips the train state is sharded over (0: the fewest that fit)
+    env_workers: int = 0  # env threads per host (0: host_rates' env_workers)
     rates: dict = dataclasses.field(default_factory=host_rates)
     ledger: Ledger = dataclasses.field(default_factory=Ledger)
 
     def __post_init__(self):
         self.mc = ModelCosts(self.cfg, self.dtype)
-        self.dev = device_model(self.cluster.hw, self.dtype, self.model_name, self.ledger)
+        self.dev = device_model(self.cluster.hw, self.dtype, shape_key(self.cfg), self.ledger)
 
     # --- constants ----------------------------------------------------------------------
 
@@ -109,8 +111,8 @@ class Ctx:
         if turns <= 0:
             return 0.0
         per = self.wl.tool_s or self.rate("env_per_row_turn", self.wl.task)
-        workers = min(self.c("host.env_workers", self.rates["env_workers"]),
-                      float(self.cluster.hw.host_cores.value))
+        workers = self.env_workers or self.c("host.env_workers", self.rates["env_workers"])
+        workers = min(workers, float(self.cluster.hw.host_cores.value))
         if self.cluster.shared_cores:
             workers = min(workers, max(cores, 1e-9))
         return self.host_seconds(per * rows * turns / max(1.0, workers), min(cores, 1.0))
@@ -176,6 +178,8 @@ class Ctx:
         """Chips the train state is sharded over: the fewest (power of two) whose share of
         params, gradients, AdamW moments and the bf16 copy (18 bytes a parameter) fits in
         half a chip's HBM."""
+        if self.fsdp_chips:
+            return self.fsdp_chips
         hbm = float(self.cluster.hw.hbm_bytes.value)
         state = 18.0 * self.cfg.num_params()
         n = 1
@@ -195,7 +199,8 @@ class Ctx:
         per_host = max(1, min(self.cluster.chips_per_host, chips))
         ici, dcn = coll.data_parallel_allreduce(
             int(chips), domain, grads, self.hw("ici_bandwidth"), self.hw("ici_latency"),
-            h.ici_topology, self.hw("dcn_bandwidth"), self.dcn_latency(hosts), per_host)
+            h.ici_topology, self.dcn_bandwidth(hosts), self.dcn_latency(hosts), per_host,
+            h.extra.get("collective_algorithm", "best"))
         n = self.fsdp(chips)
         if n > 1:
             w = self.mc.weight_bytes()
@@ -203,20 +208,34 @@ class Ctx:
             ici += 2 * coll.ring_allgather(min(n, domain), w, bw, a)
         return ici, dcn
 
+    def _oversubscribed(self, processes: float) -> bool:
+        shared = self.cluster.shared_cores
+        return bool(shared) and processes > shared
+
     def dcn_latency(self, processes: float) -> float:
         """Per-message latency between hosts; on cpu-here, where hosts are processes sharing
         the cores, the latency measured with more processes than cores once oversubscribed."""
         h = self.cluster.hw
         over = h.extra.get("dcn_latency_oversubscribed")
-        if over is not None and self.cluster.shared_cores and processes > self.cluster.shared_cores:
+        if over is not None and self._oversubscribed(processes):
             return self.c(f"{h.name}.dcn_latency_oversubscribed", over)
         return self.hw("dcn_latency")
 
+    def dcn_bandwidth(self, processes: float) -> float:
+        h = self.cluster.hw
+        over = h.extra.get("dcn_bandwidth_oversubscribed")
+        if over is not None and self._oversubscribed(processes):
+            return self.c(f"{h.name}.dcn_bandwidth_oversubscribed", over)
+        return self.hw("dcn_bandwidth")
+
     def small_collectives(self, hosts: int, count: int) -> float:
-        """`count` small cross-host collectives (metric sums, flags) per step."""
+        """`count` small cross-host collectives (metric sums, flags) per step: a ring's
+        p - 1 steps (gloo), or a tree's 2 log2 p where the profile picks the best."""
         if hosts <= 1:
             return 0.0
-        return count * 2 * math.ceil(math.log2(hosts)) * self.dcn_latency(hosts)
+        ring = self.cluster.hw.extra.get("collective_algorithm") == "ring"
+        steps = (hosts - 1) if ring else 2 * math.ceil(math.log2(hosts))
+        return count * steps * self.dcn_latency(hosts)
 
     def weight_push(self, receivers: int) -> float:
         """Learner → rollout hosts: the compute-dtype weights, one pipelined broadcast over

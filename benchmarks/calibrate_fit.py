@@ -1,0 +1,223 @@
+"""The fit and the writing half of calibrate_predict.py (see its docstring): from the probes
+and the N = 1 runs, the cpu-here profile, the host rates and the arith-var lengths."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from locojax.model import config as model_config
+from locojax.predict.devices import shape_key
+from locojax.predict.flops import ModelCosts
+
+ROOT = Path(__file__).resolve().parent.parent
+PREDICT = ROOT / "locojax" / "predict"
+KINDS = ("prefill", "decode_step", "train")
+
+
+def c(value, unit, origin, source):
+    return {"value": float(value), "unit": unit, "origin": origin, "source": source}
+
+
+def flops_of(point, rec) -> dict:
+    """Per program kind: (seconds measured, FLOPs) of one run, where the kind is timed."""
+    shape, workload = point[0], point[1]
+    cfg = model_config.PRESETS[shape.arch]()
+    mc = ModelCosts(cfg, "float32")
+    b, g, p, n = rec["prompts"], shape.group, shape.prompt_tokens, shape.new_tokens
+    perf = rec["perf"]
+    out = {"prefill": (perf["perf/phase/prefill"], mc.prefill(b, p).flops),
+           "train": (perf["perf/phase/train"], mc.train_step(b * g, g, p, n).flops)}
+    if workload == "arith":  # fixed length: N - 1 decode iterations, each over all slots
+        out["decode_step"] = (perf["perf/phase/decode"] / (n - 1),
+                              mc.decode_step(b * g, p + n - 1).flops)
+    return out, shape_key(cfg)
+
+
+def fit_kind(one: list[tuple[float, float]], two: list[tuple[float, float]]) -> dict:
+    """t1 = a + x / F1 by least squares on the 1-core points (a >= 0), then φ from the
+    2-core points: t2 - a = (x / F1)(1 - φ/2)."""
+    x1, t1 = np.array([p[1] for p in one]), np.array([p[0] for p in one])
+    slope, a = np.polyfit(x1, t1, 1) if len(set(x1)) > 1 else (t1.mean() / x1.mean(), 0.0)
+    if a < 0 or slope <= 0:
+        a, slope = 0.0, float(np.dot(x1, t1) / np.dot(x1, x1))
+    x2, t2 = np.array([p[1] for p in two]), np.array([p[0] for p in two])
+    work = slope * x2
+    ratio = float(np.dot(t2 - a, work) / np.dot(work, work))
+    phi = float(np.clip(2 * (1 - ratio), 0.0, 1.0))
+    pred1 = a + slope * x1
+    pred2 = a + slope * x2 * ((1 - phi) + phi / 2)
+    err = np.concatenate([(pred1 - t1) / t1, (pred2 - t2) / t2])
+    return {"a": float(a), "F1": float(1 / slope), "phi": phi, "points": len(one) + len(two),
+            "max_rel_err": float(np.max(np.abs(err)))}
+
+
+def fits(points: dict, recs: list[dict]) -> dict:
+    by: dict[str, dict[str, dict[int, list]]] = {}
+    for rec in recs:
+        timed, key = flops_of(points[rec["point"]], rec)
+        for kind, (t, x) in timed.items():
+            by.setdefault(key, {}).setdefault(kind, {1: [], 2: []})[rec["cores"]].append((t, x))
+    return {key: {kind: fit_kind(v[1], v[2]) for kind, v in kinds.items() if v[1] and v[2]}
+            for key, kinds in by.items()}
+
+
+def host_rates(points: dict, recs: list[dict]) -> dict:
+    """Per-item host rates through the origin (Σ t x / Σ x²) over the 2-core runs, and the
+    per-step remainder (step minus the phases)."""
+    two = [r for r in recs if r["cores"] == 2]
+
+    def through_origin(pairs):
+        x, t = np.array([p[0] for p in pairs]), np.array([p[1] for p in pairs])
+        return float(np.dot(x, t) / np.dot(x, x))
+
+    rows = lambda r: r["prompts"] * points[r["point"]][0].group  # noqa: E731
+    return {
+        "admission_per_prompt": through_origin([(r["prompts"], r["perf"]["perf/phase/admission"])
+                                                for r in two]),
+        "reward_per_row": through_origin([(rows(r), r["perf"]["perf/phase/detokenize_reward"])
+                                          for r in two]),
+        "batch_per_row": through_origin([(rows(r), r["perf"]["perf/phase/batch"]) for r in two]),
+        "step_fixed": statistics.median(
+            r["perf"]["perf/step_time"] - sum(v for k, v in r["perf"].items()
+                                              if k.startswith("perf/phase/")) for r in two),
+    }
+
+
+def ring_fit(probe: dict) -> tuple[float, float]:
+    """(α, β) of t = 2(p-1) α + 2(p-1)/p · m / β from the all-reduce probe's sizes."""
+    p = probe["n"]
+    m = np.array([float(k) for k in probe["allreduce_s_by_bytes"]])
+    t = np.array(list(probe["allreduce_s_by_bytes"].values()))
+    slope, intercept = np.polyfit(m, t, 1)
+    return float(intercept / (2 * (p - 1))), float(2 * (p - 1) / p / slope)
+
+
+def write(points: dict, probes: dict, recs: list[dict], command: str) -> None:
+    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    loads = [r["load"] for r in recs]
+    where = (f"`{command}` on {date}, {os.cpu_count()} cores ({platform.processor() or 'cpu'}),"
+             f" load {min(loads):.1f}-{max(loads):.1f}")
+    probe_src = f"benchmarks/predict_probes.py, run by {where}"
+    a2, b2 = ring_fit(probes["allreduce_2"])
+    a4, b4 = ring_fit(probes["allreduce_4"])
+    f = fits(points, recs)
+    fit_json = {}
+    for key, kinds in f.items():
+        fit_json[key] = {}
+        for kind, v in kinds.items():
+            src = (f"fitted to {v['points']} N = 1 runs ({kind} phase; 1 and 2 cores) of {where}; "
+                   f"max relative error of the fit {v['max_rel_err']:.0%}; no N > 1 run used")
+            fit_json[key][kind] = {"fixed_s": c(v["a"], "s per call", "fitted", src),
+                                   "flops_per_s": c(v["F1"], "FLOP/s on one core", "fitted", src),
+                                   "parallel": c(v["phi"], "share", "fitted", src)}
+    fit_json["default"] = fit_json.get(shape_key(model_config.small()), {})
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    na = "not used: cpu-here's program times come from `fits`"
+    profile = {
+        "name": "cpu-here", "kind": "cpu",
+        "peak_flops": {"float32": c(probes["matmul_2"]["matmul_flops_per_s"], "FLOP/s",
+                                    "measured", f"f32 2048^3 matmul, {probe_src}")},
+        "hbm_bytes": c(ram, "bytes", "measured", "host RAM (sysconf), shared by its processes"),
+        "hbm_bandwidth": c(probes["stream"]["copy_bytes_per_s"], "bytes/s", "measured",
+                           f"256 MB numpy copy, {probe_src}"),
+        "chips_per_host": c(1, "devices", "spec", "bench_modes/bench_placement hosts: "
+                            "`locojax launch --devices-per-host 1`"),
+        "host_cores": c(os.cpu_count(), "cores", "measured", "os.cpu_count()"),
+        "ici_bandwidth": c(probes["stream"]["copy_bytes_per_s"], "bytes/s", "measured",
+                           f"in-process copies between simulated devices: {probe_src}"),
+        "ici_latency": c(1e-5, "s", "assumed", "in-process hand-off between device threads"),
+        "ici_domain": c(1, "devices", "spec", "each simulated host is its own process: every "
+                        "cross-host collective goes over gloo (the dcn_* entries)"),
+        "ici_topology": "loopback",
+        "dcn_bandwidth": c(b2, "bytes/s", "fitted", f"ring all-reduce fit over 4 sizes, 2 "
+                           f"processes (no more processes than cores): {probe_src}"),
+        "dcn_latency": c(a2, "s", "fitted", f"same fit as dcn_bandwidth: {probe_src}"),
+        "dcn_bandwidth_oversubscribed": c(b4, "bytes/s", "fitted", "ring all-reduce fit, 4 "
+                                          f"processes on {os.cpu_count()} cores: {probe_src}"),
+        "dcn_latency_oversubscribed": c(a4, "s", "fitted", "same fit, 4 processes: "
+                                        f"{probe_src}"),
+        "collective_algorithm": "ring",
+        "matmul_efficiency": c(1.0, "fraction", "assumed", na),
+        "hbm_efficiency": c(1.0, "fraction", "assumed", na),
+        "loop_iteration_s": c(0.0, "s", "assumed", na + " (the fits' fixed_s per call)"),
+        "host_core_speed": c(1.0, "x this machine's core", "spec", "this machine, by definition"),
+        "shared_cores": os.cpu_count(),
+        "lease_fixed_s": c(probes["ray"]["ray_call_s"], "s per lease", "measured",
+                           f"Ray actor call round trip, {probe_src}"),
+        "weight_sync_fixed_s": c(probes["ray"]["ray_push_s"], "s per push", "measured",
+                                 f"Ray put + actor fetch of {probes['ray']['push_bytes']} bytes "
+                                 f"(TINY's f32 weights), {probe_src}"),
+        "fits": fit_json,
+        "matmul_one_core": c(probes["matmul_1"]["matmul_flops_per_s"], "FLOP/s", "measured",
+                             f"taskset -c 0, {probe_src}"),
+    }
+    (PREDICT / "hardware" / "cpu-here.json").write_text(json.dumps(profile, indent=1) + "\n")
+
+    rates_path = PREDICT / "host_rates.json"
+    rates = json.loads(rates_path.read_text())
+    h = host_rates(points, recs)
+    src = f"through-origin fit over the 2-core N = 1 runs of {where}"
+    rates["admission_per_prompt"] = c(h["admission_per_prompt"], "s per prompt", "measured", src)
+    rates["batch_per_row"] = c(h["batch_per_row"], "s per row", "measured", src)
+    rates["step_fixed"] = c(h["step_fixed"], "s per step per process", "measured",
+                            f"median of step minus its phases, 2-core N = 1 runs of {where}")
+    rates["reward_per_row"]["arith"] = c(h["reward_per_row"], "s per row", "measured", src)
+    rates["controller_dispatch_s"] = c(probes["ray"]["ray_call_s"], "s per host per controller "
+                                       "round trip", "measured", "Ray actor call round trip "
+                                       f"(issue 24's controller is a Ray driver): {probe_src}")
+    rates_path.write_text(json.dumps(rates, indent=1) + "\n")
+
+    wl_path = PREDICT / "workloads.json"
+    wls = json.loads(wl_path.read_text())
+    for rec in recs:
+        if rec.get("lengths"):
+            name = rec["point"]
+            wls[name]["completion"] = {"samples": rec["lengths"]}
+            wls[name]["source"] = (f"`--dump-rollouts` of the N = 1 calibration run "
+                                   f"({len(rec['lengths'])} rows): `{rec['command']}` ({where})")
+    wl_path.write_text(json.dumps(wls, indent=1) + "\n")
+    print("\n## fits (t(1 core) = a + flops / F1; parallel share φ)\n")
+    print("| model shape | kind | a (ms) | F1 (GFLOP/s, 1 core) | φ | points | max rel. err |")
+    print("|---|---|---|---|---|---|---|")
+    for key, kinds in f.items():
+        for kind, v in kinds.items():
+            print(f"| {key} | {kind} | {v['a'] * 1e3:.2f} | {v['F1'] / 1e9:.1f} | {v['phi']:.2f}"
+                  f" | {v['points']} | {v['max_rel_err']:.0%} |")
+    print(f"\nhost rates: {json.dumps(h)}")
+    print(f"gloo ring fit: 2 processes α {a2 * 1e3:.3f} ms β {b2 / 1e9:.2f} GB/s; "
+          f"4 processes α {a4 * 1e3:.3f} ms β {b4 / 1e9:.2f} GB/s")
+
+
+def main(points: dict, run_probes, run_points) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--points", nargs="+", default=["tiny-arith", "tiny-arith-var",
+                                                    "small-arith", "placement-arith"],
+                    choices=sorted(points))
+    ap.add_argument("--work-dir", default="/tmp/locojax_calibrate")
+    ap.add_argument("--refit", action="store_true", help="no runs: fit the saved ones again")
+    ap.add_argument("--no-probes", action="store_true", help="reuse the saved probes")
+    ap.add_argument("--sft-steps", type=int, default=150)
+    ap.add_argument("--timeout", type=float, default=1800)
+    args = ap.parse_args()
+    work = Path(args.work_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    saved = work / "calibration.json"
+    data = json.loads(saved.read_text()) if saved.exists() else {"runs": []}
+    if not args.refit:
+        if not args.no_probes or "probes" not in data:
+            data["probes"] = run_probes()
+        new = run_points(args.points, work, args.timeout, args.sft_steps)
+        data["runs"] = [r for r in data["runs"] if r["point"] not in args.points] + new
+        data["command"] = " ".join(["benchmarks/calibrate_predict.py", *sys.argv[1:]])
+        saved.write_text(json.dumps(data, indent=1))
+    write(points, data["probes"], data["runs"], data.get("command", "calibrate_predict.py"))
+    return 0

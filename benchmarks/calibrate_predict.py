@@ -1,0 +1,137 @@
+"""Calibrate `locojax predict`'s cpu-here profile from runs at N = 1 on this machine.
+
+Everything the validation (`validate_predict.py`) later predicts at N = 2 and 4 is fitted
+here from single-process runs only:
+1. probes (`predict_probes.py`): the f32 matmul peak on 2 cores and on 1 (`taskset -c 0`),
+   memory copy bandwidth, gloo all-reduce time over 2 and 4 local processes (the link
+   between simulated hosts), Ray call and weight-push round trips;
+2. `locojax train --mode single --devices-per-host 1` runs at N = 1 of the benchmarks'
+   shapes, at the rows each host gets at N = 1, 2 and 4 (B, B/2, B/4 prompts; B/3 for
+   bench_placement's 3-worker leases), on 2 cores and on 1 (`taskset -c 0`), interleaved;
+   their phase medians give, per model shape and program kind, t(1 core) = a + flops / F1
+   and the parallel share φ (locojax/predict/devices.py), and the host rates per prompt and
+   row; the arith-var run dumps its rollouts, whose lengths become the workload's;
+3. writes locojax/predict/hardware/cpu-here.json, host_rates.json and the arith-var length
+   samples in workloads.json, each number with this command, the date and the load.
+
+Usage:
+    .venv/bin/python benchmarks/calibrate_predict.py                # probes, runs, fit, write
+    .venv/bin/python benchmarks/calibrate_predict.py --refit        # fit again from the saved runs
+    .venv/bin/python benchmarks/calibrate_predict.py --points tiny-arith --no-probes
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_modes import SHAPES, Shape, run_command, sft_model, train_argv  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+PY = sys.executable
+PROBES = [PY, str(Path(__file__).parent / "predict_probes.py")]
+ONE_CORE = ["taskset", "-c", "0"]
+
+# name -> (shape, workload, prompts per run, steps, skip); prompts: B, and its shares per host.
+POINTS = {
+    "tiny-arith": (SHAPES["tiny"], "arith", (8, 4, 2), 12, 2),
+    "tiny-arith-var": (SHAPES["tiny"], "arith-var", (8, 4, 2), 12, 2),
+    "small-arith": (SHAPES["small"], "arith", (16, 8, 4), 6, 2),
+    "small-arith-var": (SHAPES["small"], "arith-var", (16, 8, 4), 6, 2),
+    "placement-arith": (Shape("PLACEMENT", "tiny", 12, 4, 16, 128, 8), "arith", (12, 6, 4, 3),
+                        8, 3),
+}
+
+
+def load() -> float:
+    return os.getloadavg()[0]
+
+
+def probe(args: list[str], prefix: list[str] = ()) -> dict:
+    out = subprocess.run([*prefix, *PROBES, *args], capture_output=True, text=True, timeout=900,
+                         cwd=ROOT)
+    if out.returncode:
+        raise RuntimeError(f"probe {args} failed:\n{out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def run_probes() -> dict:
+    res = {"load_before": load()}
+    res["matmul_2"] = probe(["matmul"])
+    res["matmul_1"] = probe(["matmul"], ONE_CORE)
+    res["stream"] = probe(["stream"])
+    res["allreduce_2"] = probe(["allreduce", "--n", "2"])
+    res["allreduce_4"] = probe(["allreduce", "--n", "4"])
+    res["ray"] = probe(["ray"])
+    res["load_after"] = load()
+    print(f"# probes: {json.dumps(res)}", flush=True)
+    return res
+
+
+def steady(run_dir: Path, steps: int, skip: int) -> dict:
+    rows: dict[int, dict] = {}
+    for line in (run_dir / "perf.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        rows.setdefault(r["step"], {}).update(r)
+    keep = [rows[s] for s in range(skip + 1, steps)]
+    keys = sorted({k for r in keep for k in r if k.startswith("perf/")})
+    return {k: statistics.median(float(r.get(k, 0.0)) for r in keep) for k in keys}
+
+
+def one_run(name: str, prompts: int, cores: int, work: Path, model: str, timeout: float,
+            dump: bool) -> dict:
+    shape, workload, _, steps, skip = POINTS[name]
+    sh = Shape(shape.name, shape.arch, prompts, shape.group, shape.prompt_tokens,
+               shape.new_tokens, steps)
+    run_dir = work / f"{name}-b{prompts}-c{cores}"
+    if run_dir.exists():
+        subprocess.run(["rm", "-rf", str(run_dir)], check=True)
+    run_dir.mkdir(parents=True)
+    argv = train_argv(sh, workload, model, "single", 1, steps, 0.0, run_dir)
+    if dump:
+        argv.append("--dump-rollouts")
+    argv = (ONE_CORE if cores == 1 else []) + argv
+    rec = {"point": name, "prompts": prompts, "cores": cores, "command": shlex.join(argv),
+           "load": load()}
+    print(f"$ {rec['command']}", flush=True)
+    t = time.perf_counter()
+    code, tail = run_command(argv, work / f"{run_dir.name}.log", timeout)
+    rec["wall"] = time.perf_counter() - t
+    if code:
+        raise RuntimeError(f"{name} b={prompts} c={cores} failed ({code}):\n{tail}")
+    rec["perf"] = steady(run_dir, steps, skip)
+    if dump:
+        files = sorted((run_dir / "rollouts").glob("*.npz"))
+        rec["lengths"] = [int(x) for f in files for x in np.load(f)["mask"].sum(axis=1)]
+    print(f"# {rec['perf']['perf/step_time']:.4f} s/step, load {rec['load']:.2f}", flush=True)
+    return rec
+
+
+def run_points(names: list[str], work: Path, timeout: float, sft_steps: int) -> list[dict]:
+    recs = []
+    for name in names:
+        shape, workload, prompt_list, _, _ = POINTS[name]
+        model = shape.arch
+        if workload == "arith-var":
+            model = str(sft_model(shape, work, sft_steps, timeout)[0])
+        for i, b in enumerate(prompt_list):
+            order = (2, 1) if i % 2 == 0 else (1, 2)  # interleave: alternate which goes first
+            for cores in order:
+                dump = workload == "arith-var" and cores == 2 and b == prompt_list[0]
+                recs.append(one_run(name, b, cores, work, model, timeout, dump))
+    return recs
+
+
+if __name__ == "__main__":
+    from calibrate_fit import main  # noqa: E402  (the fit and the writing, one file each)
+
+    sys.exit(main(POINTS, run_probes, run_points))

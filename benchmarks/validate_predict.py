@@ -1,0 +1,169 @@
+"""Validate `locojax predict` on this machine: predict bench_modes.py at N = 2 and 4 and
+bench_placement.py at 4 hosts from the cpu-here profile calibrated at N = 1
+(calibrate_predict.py), and print predicted against measured, per phase and per step.
+
+Each prediction goes through the command's own builder (`locojax.predict.from_train`), on
+the exact `train` arguments the benchmark ran: the pairing of docs/pod_scale.md. Target:
+step time within 25% at every held-out point; the table marks a miss and the term to blame
+(the phase with the largest absolute error).
+
+Usage:
+    .venv/bin/python benchmarks/validate_predict.py --measure        # run both benchmarks
+    .venv/bin/python benchmarks/validate_predict.py                  # report from saved runs
+    .venv/bin/python benchmarks/validate_predict.py --measure --shapes tiny --no-placement
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+import bench_modes  # noqa: E402
+import bench_placement  # noqa: E402
+
+from locojax.predict import from_train, modes, placement  # noqa: E402
+
+PY = sys.executable
+HERE = Path(__file__).parent
+CAL = Path("/tmp/locojax_calibrate")  # calibrate_predict.py's work dir: SFT models, dumps
+PHASES = ("admission", "prefill", "decode", "detokenize_reward", "batch", "train",
+          "wait_rollouts")
+TARGET = 0.25
+
+
+def measure(args) -> None:
+    out = Path(args.work_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.shapes:
+        cmd = [PY, str(HERE / "bench_modes.py"), "--shapes", *args.shapes, "--workloads",
+               *args.workloads, "--hosts", "2", "4", "--repeats", str(args.repeats),
+               "--work-dir", str(CAL), "--json", str(out / "modes.json")]
+        print(f"$ {shlex.join(cmd)}   # load {os.getloadavg()[0]:.2f}", flush=True)
+        subprocess.run(cmd, check=False)
+    if args.placement:
+        cmd = [PY, str(HERE / "bench_placement.py"), "--steps", "10", "--skip", "3",
+               "--repeats", "1", "--work-dir", str(out / "placement")]
+        print(f"$ {shlex.join(cmd)}   # load {os.getloadavg()[0]:.2f}", flush=True)
+        subprocess.run(cmd, check=False)
+
+
+def train_args(argv: list[str]) -> list[str]:
+    """The `train ...` part of a benchmark command (after `launch ... --`, or the CLI)."""
+    i = argv.index("train")
+    return argv[i + 1:]
+
+
+def lengths_dir(workload: str, shape: str) -> str:
+    if workload != "arith-var":
+        return ""
+    return str(CAL / f"{shape.lower()}-arith-var-b{bench_modes.SHAPES[shape.lower()].prompts}-c2")
+
+
+def med(rows: list[dict], key: str) -> float:
+    vals = [float(r[key]) for r in rows if key in r]
+    return statistics.median(vals) if vals else float("nan")
+
+
+def row(label: str, pred, measured: list[dict], load: float) -> tuple[str, float]:
+    step_m = med(measured, "perf/step_time")
+    err = pred.step / step_m - 1
+    cells = []
+    worst, worst_abs = "", 0.0
+    for ph in PHASES:
+        m = med(measured, f"perf/phase/{ph}")
+        p = pred.phases.get(ph)
+        if p is None and m != m:
+            continue
+        cells.append(f"{ph} {0 if p is None else p:.3f}/{m:.3f}")
+        if p is not None and m == m and abs(p - m) > worst_abs:
+            worst, worst_abs = ph, abs(p - m)
+    miss = "" if abs(err) <= TARGET else f" MISS ({worst})"
+    return (f"| {label} | {pred.step:.3f} | {step_m:.3f} | {err:+.0%}{miss} | "
+            f"{'; '.join(cells)} | {load:.2f} |"), err
+
+
+def report_modes(path: Path) -> list[float]:
+    results = json.loads(path.read_text())
+    groups: dict[tuple, list] = {}
+    for r in results:
+        if r["ok"]:
+            groups.setdefault((r["shape"], r["workload"], r["n"], r["mode"]), []).append(r)
+    print("\n## bench_modes.py: predicted / measured (s; process 0's phases, medians)\n")
+    print("| point | predicted step | measured step | error | phases predicted/measured | "
+          "load |")
+    print("|---|---|---|---|---|---|")
+    errs = []
+    for (shape, workload, n, mode), runs in sorted(groups.items()):
+        argv = shlex.split(runs[0]["command"])
+        run = from_train.parse(train_args(argv), f"cpu-here-{n}",
+                               lengths_from=lengths_dir(workload, shape))
+        pred = modes.single(run.ctx) if mode == "single" else modes.colocated(run.ctx)
+        rows = [s for r in runs for s in r["steady"]]
+        line, err = row(f"{shape} {workload} N={n} {mode}", pred, rows,
+                        statistics.mean(r["load_before"] for r in runs))
+        print(line)
+        errs.append(err)
+    return errs
+
+
+def report_placement(work: Path) -> list[float]:
+    args = argparse.Namespace(workload="arith", prompts=12, group=4, new_tokens=128, steps=10)
+    print("\n## bench_placement.py (4 hosts): predicted / measured\n")
+    print("| point | predicted step | measured step | error | phases predicted/measured | "
+          "load |")
+    print("|---|---|---|---|---|---|")
+    loads = json.loads((work / "loads.json").read_text()) if (work / "loads.json").exists() else {}
+    errs = []
+    for p in bench_placement.points([0.25, 0.5, 0.75], [1, 2, 4]):
+        run_dir = work / f"{p.name}-r0"
+        if not (run_dir / "perf.jsonl").exists():
+            continue
+        argv = bench_placement.train_argv(p, args, run_dir, "auto")
+        run = from_train.parse(train_args(argv), f"cpu-here-{bench_placement.HOSTS}")
+        pl, ctx = run.cfg.placement, run.ctx
+        if p.mode == "colocated":
+            pred = modes.colocated(ctx)
+        elif p.mode == "disaggregated":
+            pred = placement.disaggregated(ctx, pl.rollout_fraction, pl.max_staleness)
+        else:
+            pred = placement.async_(ctx, pl.workers, pl.learner_hosts, pl.max_staleness)
+        rows = bench_placement.steady(run_dir, args.steps, 3)
+        line, err = row(p.name, pred, rows, loads.get(run_dir.name, float("nan")))
+        print(line)
+        errs.append(err)
+    return errs
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--measure", action="store_true")
+    ap.add_argument("--shapes", nargs="*", default=["tiny", "small"])
+    ap.add_argument("--workloads", nargs="+", default=["arith", "arith-var"])
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--no-placement", dest="placement", action="store_false")
+    ap.add_argument("--work-dir", default="/tmp/locojax_validate")
+    args = ap.parse_args()
+    if args.measure:
+        measure(args)
+    work = Path(args.work_dir)
+    errs = []
+    if (work / "modes.json").exists():
+        errs += report_modes(work / "modes.json")
+    if (work / "placement").exists():
+        errs += report_placement(work / "placement")
+    if errs:
+        within = sum(abs(e) <= TARGET for e in errs)
+        print(f"\n{within} of {len(errs)} held-out points within {TARGET:.0%} "
+              f"(mean |error| {statistics.mean(abs(e) for e in errs):.0%})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

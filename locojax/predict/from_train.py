@@ -1,0 +1,48 @@
+"""The prediction context of a `locojax train` command line: one builder, used by
+`locojax predict train ...` and by benchmarks/validate_predict.py, so that what is validated
+on this machine is what the command prints.
+
+The run config is parsed by `locojax train`'s own parser (`locojax.train.config.PRESETS`
+through tyro), the only import of locojax.train here; fields are read by attribute.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from locojax.predict import hardware, presets, spec
+from locojax.predict.phases import Ctx
+
+
+@dataclasses.dataclass
+class TrainRun:
+    cfg: object  # locojax.train.config.RunConfig
+    ctx: Ctx
+    source: str  # where the model config was read
+    explicit_mode: bool  # --mode was given on the command line
+
+
+def default_hosts(cfg) -> int:
+    """Hosts of the run on this machine: the Ray modes' --hosts, single's devices, else 1
+    (colocated's hosts are `locojax launch --hosts`, which `train` does not see)."""
+    if cfg.mode in ("disaggregated", "async"):
+        return int(getattr(getattr(cfg, "placement", None), "hosts", 4))
+    if cfg.mode == "single":
+        return max(1, int(getattr(cfg, "devices_per_host", 0) or 1))
+    return 1
+
+
+def parse(argv: list[str], cluster: str = "", hardware_file: str = "", lengths_from: str = "",
+          chars_per_token: float = 0.0, kv_read: str = "static") -> TrainRun:
+    import tyro
+
+    from locojax.train.config import COMPUTE_DTYPES, PRESETS
+
+    cfg = tyro.extras.overridable_config_cli(PRESETS, args=argv, prog="locojax predict train")
+    wl = presets.from_run(cfg, lengths_from, chars_per_token)
+    model_cfg, source = spec.load(str(cfg.model))
+    cl = hardware.parse_cluster(cluster or f"cpu-here-{default_hosts(cfg)}", hardware_file)
+    ctx = Ctx(model_cfg, str(cfg.model), wl, cl, dtype=COMPUTE_DTYPES[cfg.precision],
+              kv_read=kv_read, remat=bool(cfg.remat))
+    explicit = any(a == "--mode" or a.startswith("--mode=") for a in argv)
+    return TrainRun(cfg, ctx, source, explicit)

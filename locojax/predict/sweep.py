@@ -1,0 +1,82 @@
+"""`--sweep sizes|chips`: the prediction over the shipped model sizes, or over chip counts.
+
+sizes: every shipped dense config on the given cluster (chips doubled where a model's train
+state does not fit), controller and colocated, with host / network / compute shares and a
+stacked-bar plot of the colocated step's split. chips: powers of two from one host's chips
+up to the given count, colocated, controller and the best DA fraction, step time plotted.
+"""
+
+from __future__ import annotations
+
+
+from locojax.predict import hardware, memory, modes, placement, report, spec
+from locojax.predict.phases import Ctx
+
+SIZES = ("qwen3-0.6b", "qwen3-1.7b", "qwen3-4b", "qwen3-8b", "qwen3-14b", "qwen3-32b",
+         "llama-3.1-405b")
+
+
+def _with(ctx: Ctx, model: str | None = None, chips: int | None = None) -> Ctx:
+    cfg = ctx.cfg if model is None else spec.load(model)[0]
+    cl = ctx.cluster if chips is None else hardware.Cluster(ctx.cluster.hw, chips)
+    new = Ctx(cfg, model or ctx.model_name, ctx.wl, cl, dtype=ctx.dtype, kv_read=ctx.kv_read,
+              env_workers=ctx.env_workers, rates=ctx.rates)
+    plan = memory.fit(new)
+    if cl.hw.kind != "cpu":
+        new.fsdp_chips, new.remat = plan.settings["fsdp"], plan.settings["remat"]
+    return new
+
+
+def run(kind: str, ctx: Ctx, plot: str, decode_chunk: int = 0) -> str:
+    if kind == "sizes":
+        return _sizes(ctx, plot, decode_chunk)
+    if kind == "chips":
+        return _chips(ctx, plot, decode_chunk)
+    raise ValueError(f"--sweep must be sizes or chips, got {kind!r}")
+
+
+def _sizes(ctx: Ctx, plot: str, decode_chunk: int) -> str:
+    lines = ["| model | params | chips | colocated s | controller s | colocated host / network "
+             "/ compute | controller host / network / compute |", "|---|---|---|---|---|---|---|"]
+    labels, preds = [], []
+    for m in SIZES:
+        chips = ctx.cluster.chips
+        c = _with(ctx, m, chips)
+        while not memory.fit(c).fits and chips < 65536:
+            chips *= 2
+            c = _with(ctx, m, chips)
+        co, ct = modes.colocated(c), modes.controller(c, decode_chunk)
+        f = lambda p: " / ".join(  # noqa: E731
+            f"{p.shares[k]:.0%}" for k in ("host", "network", "compute"))
+        lines.append(f"| {m} | {c.cfg.num_params() / 1e9:.1f}B | {chips} | {co.step:.3f} | "
+                     f"{ct.step:.3f} | {f(co)} | {f(ct)} |")
+        labels.append(m)
+        preds.append(co)
+    report.stacked_bars(labels, preds, f"colocated step split, {ctx.wl.name}, "
+                        f"{ctx.cluster.hw.name}", plot)
+    return "\n".join(lines) + f"\nplot: {plot}"
+
+
+def _chips(ctx: Ctx, plot: str, decode_chunk: int) -> str:
+    per_host = ctx.cluster.chips_per_host
+    counts, n = [], per_host
+    while n <= ctx.cluster.chips:
+        counts.append(n)
+        n *= 2
+    lines = ["| chips | hosts | colocated s | controller s | controller / colocated | best DA "
+             "| DA s |", "|---|---|---|---|---|---|---|"]
+    series = {"colocated": [], "controller": [], "best DA": []}
+    for n in counts:
+        c = _with(ctx, chips=n)
+        co, ct = modes.colocated(c), modes.controller(c, decode_chunk)
+        adv = placement.advise(c) if c.cluster.hosts >= 2 else None
+        best = adv.best_da if adv else None
+        da = best[1].step if best else float("nan")
+        lines.append(f"| {n} | {c.cluster.hosts} | {co.step:.3f} | {ct.step:.3f} | "
+                     f"{ct.step / co.step:.2f} | {best[0] if best else '-'} | {da:.3f} |")
+        series["colocated"].append(co.step)
+        series["controller"].append(ct.step)
+        series["best DA"].append(da)
+    report.lines_plot(counts, series, "chips", "s / step", f"{ctx.wl.name} on "
+                      f"{ctx.cluster.hw.name}", plot, logy=True)
+    return "\n".join(lines) + f"\nplot: {plot}"
