@@ -281,6 +281,28 @@ def test_generation_is_seeded_and_splits_never_overlap():
         generate_tasks(1, level=7)
 
 
+def test_task_refuses_to_start_without_isolation(monkeypatch):
+    """The task runs model code: building it resolves its sandbox, and `auto` with nothing to
+    isolate with is an error that says how to get isolation, or how to ask for none."""
+    from locojax.envs.sandbox import HOW_TO_ISOLATE, SandboxError
+    from locojax.envs.swe import workload
+
+    def nothing_works(mode="auto"):
+        raise SandboxError("no sandbox isolation works here (namespaces: unshare: EPERM). "
+                           + HOW_TO_ISOLATE)
+
+    monkeypatch.setattr(workload, "default_sandbox", nothing_works)
+    with pytest.raises(SandboxError, match="--sandbox none"):
+        task(level=1, train_size=10, test_size=2)
+    with pytest.raises(ValueError, match="sandbox must be one of"):
+        task(sandbox="docker")
+    asked = []  # by name: the task, its env and its reward all use the mode asked for
+    monkeypatch.setattr(workload, "default_sandbox", asked.append)
+    t = task(level=1, train_size=10, test_size=2, sandbox="none")
+    assert asked == ["none"] and t.reward.sandbox == "none"
+    assert t.make_env().config.sandbox == "none" and t.reward.name == "transcript_reward"
+
+
 def test_registry_task_demo_and_transcript_reward():
     t = task(level=1, train_size=100, test_size=10)
     assert t.name == "swe" and t.multi_turn and len(t.train) == 100 and len(t.test) == 10

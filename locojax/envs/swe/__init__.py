@@ -1,7 +1,9 @@
 """SWE-style workload: fix a bug in a small Python repository through tools, tests in a sandbox.
 
-Start at `env.py` (the episode rules), `workload.py` (the registry's `task`), then `tasks.py` (task record, user-task loader),
-`generate.py` (seeded bug-fix tasks), `tools.py` (view/replace) and `runner.py` (test verdicts).
+Start at `env.py` (the episode rules), `workload.py` (the registry's `task`), then `tasks.py`
+(task record, user-task loader), `generate.py` (seeded bug-fix tasks), `tools.py`
+(view/replace), `runner.py` (test verdicts) and `harness.py` + `remote.py` (the tests and the
+code under test in separate processes, the verdict on a channel the code cannot write).
 """
 
 from locojax.envs.swe.env import SWEConfig, SWEEnv, score_submission
@@ -18,11 +20,11 @@ from locojax.envs.swe.tasks import (
     to_example,
     validate_task,
 )
-from locojax.envs.swe.workload import demo, task, transcript_reward
+from locojax.envs.swe.workload import TranscriptReward, demo, task, transcript_reward
 
 __all__ = [
     "Edit", "SWEConfig", "SWEEnv", "SWETask", "TaskError", "TestOutcome", "generate_examples",
     "generate_tasks", "load_task", "load_tasks", "make_task", "oracle_actions", "render_prompt",
-    "run_tests", "score_submission", "task", "demo", "to_example", "transcript_reward",
-    "validate_task",
+    "run_tests", "score_submission", "task", "demo", "to_example", "TranscriptReward",
+    "transcript_reward", "validate_task",
 ]

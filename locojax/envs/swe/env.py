@@ -12,7 +12,9 @@ Rules:
   costs a turn and yields an `error: ...` observation, never an exception.
 - After `max_turns` turns without `submit` the episode ends with reward 0 (or is scored as if
   submitted, with `autosubmit`).
-- Tests run in the sandbox (`locojax.envs.sandbox`); the file tools only rewrite strings.
+- Tests run in the sandbox (`locojax.envs.sandbox`, mode `SWEConfig.sandbox`), the code
+  under test apart from the tests that judge it (`harness.py`); the file tools only rewrite
+  strings.
 
 References: SWE-agent's agent-computer interface (small tool set, truncated observations,
 submit ends the episode, reward from the repository's tests); SWE-Gym for the RL framing.
@@ -24,7 +26,7 @@ import dataclasses
 from typing import Any
 
 from locojax.envs.base import Example, Step, format_result, parse_tool_call
-from locojax.envs.sandbox import Limits, Sandbox, default_sandbox
+from locojax.envs.sandbox import MODES, Limits, Sandbox, default_sandbox
 from locojax.envs.swe import tools
 from locojax.envs.swe.runner import TestOutcome, run_tests
 from locojax.envs.swe.tasks import SWETask
@@ -45,11 +47,16 @@ class SWEConfig:
     limits: Limits = Limits(cpu_seconds=10, wall_seconds=30, memory_bytes=1 << 30,
                             file_size_bytes=16 << 20, max_processes=16)
     """Sandbox limits for each test run."""
+    sandbox: str = "auto"
+    """Sandbox mode of the test runs (`locojax.envs.sandbox.MODES`): "auto" is the strongest
+    isolation here or an error, never none; "none" runs model code unisolated, by name only."""
 
     def __post_init__(self):
         if self.max_turns < 1 or self.result_limit < 100:
             raise ValueError(f"SWEConfig needs max_turns >= 1 and result_limit >= 100, got "
                              f"{self.max_turns}, {self.result_limit}")
+        if self.sandbox not in MODES:
+            raise ValueError(f"SWEConfig.sandbox must be one of {MODES}, got {self.sandbox!r}")
 
 
 def score_submission(task: SWETask, files: dict[str, str], sandbox: Sandbox | None = None,
@@ -125,14 +132,16 @@ class SWEEnv:
             return f"{res.output.rstrip()}\n[{verdict}]"
         raise tools.ToolError(f"unknown tool {name!r}; tools: {', '.join(TOOLS)}")
 
-    def _run(self, files: dict[str, str], tests) -> TestOutcome:
+    def _sandbox(self) -> Sandbox:
         if self.sandbox is None:
-            self.sandbox = default_sandbox()
-        return run_tests(self.sandbox, files, tests, self.task.runner, self.config.limits)
+            self.sandbox = default_sandbox(self.config.sandbox)
+        return self.sandbox
+
+    def _run(self, files: dict[str, str], tests) -> TestOutcome:
+        return run_tests(self._sandbox(), files, tests, self.task.runner, self.config.limits)
 
     def _finish(self, info: dict) -> Step:
-        if self.sandbox is None:
-            self.sandbox = default_sandbox()
+        self._sandbox()
         res = score_submission(self.task, self.files, self.sandbox, self.config.limits)
         self.done = True
         info.update(tests_passed=res.passed, submitted=not info.get("truncated"),

@@ -1,35 +1,45 @@
-"""Run a repository's tests in the sandbox and decide, from a report file, whether they passed.
+"""Run a repository's tests in the sandbox and decide, from the harness's channel, whether
+they passed.
 
-"Passed" means all of: the runner exited 0, it wrote its report (so the interpreter was not
-killed or `os._exit`ed by the code under test), there is no failing test in the report, and
-every test function that the parent finds by parsing the test files (`ast`, no execution)
-appears in the report as passed. The last rule stops a patch from passing by making tests
-vanish, e.g. by breaking collection or skipping.
+The tests run in `harness.py`'s tester process and the code under test in its server
+process; the tester sends one line per test result on the sandbox's private channel (fd 3),
+which the code under test does not hold. The trusted test sources reach the tester in a
+spec file it deletes before any repository code runs; the test files in the work dir are
+empty placeholders, so hidden tests stay hidden. Nothing in the work dir is read back.
 
-Two runners: "minitest" (the bundled `minitest.py`, ~10x faster to start, plain top-level
-`test*` functions only) and "pytest" (full pytest, plugins from the environment not
-auto-loaded, JUnit XML report).
+"Passed" means all of: the harness exited 0 within the limits, its channel ends with a
+`done` line counting every result line before it, no result failed, and every test function
+that the parent finds by parsing the test files (`ast`, no execution) was reported passed.
+The last rule stops a patch from passing by making tests vanish, e.g. by breaking
+collection, skipping or exiting early. See docs/security.md for each forgery route.
 
-References: the SWE-bench harness also decides from the per-test log, not the exit code alone.
+Two runners: "minitest" (plain top-level `test*` functions, ~10x faster to start) and
+"pytest" (full pytest in the tester: plugins from the environment not auto-loaded, no
+conftest.py, no ini file from the repository).
+
+References: the SWE-bench harness also decides from per-test results, not the exit code.
 """
 
 from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 import json
-import secrets
+import subprocess
 import sys
-import xml.etree.ElementTree as ET
+import sysconfig
 from collections.abc import Mapping, Sequence
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 from locojax.envs.sandbox import Limits, Sandbox
 
 RUNNERS = ("minitest", "pytest")
-_MINITEST = Path(__file__).with_name("minitest.py")
 RESERVED_PREFIX = ".locojax"
-"""Repository paths may not start with this: the runner's own files use it."""
+"""Repository paths may not start with this: the harness's own files use it."""
+_HARNESS = {f"{RESERVED_PREFIX}/{n}": (Path(__file__).parent / n).read_text()
+            for n in ("harness.py", "remote.py")}
+_SPEC = f"{RESERVED_PREFIX}/spec.json"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,33 +83,39 @@ def expected_tests(files: Mapping[str, str], paths: Sequence[str], runner: str) 
     return out
 
 
-def _command(runner: str, report: str, paths: Sequence[str]) -> list[str]:
-    if runner == "minitest":
-        return [sys.executable, f"{RESERVED_PREFIX}_minitest.py", report, *paths]
-    return [sys.executable, "-m", "pytest", "-q", "--tb=short", "-p", "no:cacheprovider",
-            "--rootdir=.", f"--junitxml={report}", *paths]
-
-
 _RANK = {"passed": 0, "skipped": 1, "failed": 2}
 
 
-def _parse_junit(text: str, paths: Sequence[str]) -> dict[str, str]:
-    """JUnit testcases -> {"path::[Class::]name": "passed" | "skipped" | "failed"}; the cases of
-    a parametrized test fold into one entry, with the worst status."""
-    modules = {str(PurePosixPath(p).with_suffix("")).replace("/", "."): p for p in paths}
-    results: dict[str, bool] = {}
-    for case in ET.fromstring(text).iter("testcase"):
-        classname, name = case.get("classname", ""), case.get("name", "").split("[")[0]
-        path, cls = modules.get(classname), ""
-        if path is None and "." in classname:
-            mod, cls = classname.rsplit(".", 1)
-            path = modules.get(mod)
-        if path is None:
-            key = f"{classname}::{name}"
-        else:
-            key = f"{path}::{cls}::{name}" if cls else f"{path}::{name}"
-        status = ("failed" if case.find("failure") is not None or case.find("error") is not None
-                  else "skipped" if case.find("skipped") is not None else "passed")
+@functools.cache
+def _site_dirs(python: str) -> list[str]:
+    """The interpreter's site-packages: the harness runs with -S (no .pth files, which cost
+    ~0.1 s a start) and puts these on its path instead."""
+    code = "import json, sysconfig; print(json.dumps([sysconfig.get_paths()[k] for k in " \
+           "('purelib', 'platlib')]))"
+    paths = ([sysconfig.get_paths()[k] for k in ("purelib", "platlib")] if python == sys.executable
+             else json.loads(subprocess.run([python, "-I", "-c", code], capture_output=True,
+                                            check=True, text=True, timeout=60).stdout))
+    return list(dict.fromkeys(paths))
+
+
+def parse_channel(data: bytes | None) -> dict[str, str] | None:
+    """The harness's results, {"path::[Class::]name": worst status}, or None unless the
+    channel holds only result lines and then a `done` line that counts them."""
+    if data is None:
+        return None
+    results: dict[str, str] = {}
+    lines = data.decode("utf-8", "replace").splitlines()
+    try:
+        msgs = [json.loads(line) for line in lines]
+    except ValueError:
+        return None
+    if not msgs or not isinstance(msgs[-1], dict) or msgs[-1].get("done") != len(msgs) - 1:
+        return None
+    for m in msgs[:-1]:
+        if not (isinstance(m, dict) and isinstance(m.get("test"), str)
+                and m.get("status") in _RANK):
+            return None
+        key, status = m["test"], m["status"]  # parametrized cases fold into their worst
         if _RANK[status] >= _RANK[results.get(key, "passed")]:
             results[key] = status
     return results
@@ -118,26 +134,19 @@ def run_tests(
     missing_paths = [p for p in test_paths if p not in files]
     if missing_paths:
         raise ValueError(f"test files not in the repository: {missing_paths}")
-    report = f"{RESERVED_PREFIX}_report_{secrets.token_hex(4)}." + (
-        "json" if runner == "minitest" else "xml")
-    work = dict(files)
-    if runner == "minitest":
-        work[f"{RESERVED_PREFIX}_minitest.py"] = _MINITEST.read_text()
-    res = sandbox.run(_command(runner, report, test_paths), files=work, limits=limits,
-                      read_back=[report], env={"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"})
-    output = (res.stdout + res.stderr).replace(report, "report")
+    # The tests reach the harness in its spec only; the files in the work dir are blanks.
+    work = {p: ("" if p in test_paths else text) for p, text in files.items()}
+    work.update(_HARNESS)
+    work[_SPEC] = json.dumps({"runner": runner, "tests": {p: files[p] for p in test_paths},
+                              "site": _site_dirs(sandbox.python)})
+    res = sandbox.run([sandbox.python, "-I", "-S", "-B", "-u", f"{RESERVED_PREFIX}/harness.py",
+                       _SPEC], files=work, limits=limits, channel=True)
+    output = res.stdout + res.stderr
     if res.timed_out:
         output += f"\n[killed: tests exceeded the {res.killed_reason} limit]"
     elif res.killed_reason:
         output += f"\n[killed: {res.killed_reason}]"
-    results: dict[str, str] = {}
-    if report in res.files:
-        try:
-            results = ({str(k): "passed" if v is True else "failed"
-                        for k, v in json.loads(res.files[report]).items()}
-                       if runner == "minitest" else _parse_junit(res.files[report], test_paths))
-        except (ValueError, AttributeError, ET.ParseError):
-            results = {}
+    results = parse_channel(res.channel) or {}
     want = expected_tests(files, test_paths, runner)
     missing = tuple(sorted(k for k in want if results.get(k) != "passed"))
     n_pass = sum(v == "passed" for v in results.values())

@@ -5,8 +5,12 @@ transcript reward.
     make_task("swe", train_dir="my_tasks/train", test_dir="my_tasks/test")   # your own tasks
 
 The episode reward comes from `SWEEnv` (1.0 iff the tests pass after `submit`). `Task.reward`
-is `transcript_reward`, the same verdict as a pure function of (model text, example): it
+is `TranscriptReward`, the same verdict as a pure function of (model text, example): it
 replays every `replace` call found in the text in order, and scores at the first `submit`.
+
+The task runs model-written code, so building it resolves its sandbox (`sandbox="auto"`: the
+strongest isolation here) and refuses to start, naming what is missing and how to get it,
+when none works; unisolated runs need `sandbox="none"`, by name.
 
 Demonstrations view the file to edit, apply the known fix and submit; their observations come
 from the same tool functions the env uses, so no sandbox run is needed to build them.
@@ -14,12 +18,14 @@ from the same tool functions the env uses, so no sandbox run is needed to build 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import random
 
 from locojax.envs.base import (
     TOOL_CLOSE, TOOL_OPEN, Demo, Example, Segment, Task, format_result, parse_tool_call,
 )
+from locojax.envs.sandbox import MODES, default_sandbox
 from locojax.envs.swe import tools
 from locojax.envs.swe.env import SWEConfig, SWEEnv, score_submission
 from locojax.envs.swe.generate import KINDS, LEVELS, make_task
@@ -40,21 +46,33 @@ def tool_calls(text: str) -> list[tuple[str, str]]:
     return out
 
 
-def transcript_reward(completion: str, example: Example) -> float:
+@dataclasses.dataclass(frozen=True)
+class TranscriptReward:
     """1.0 iff replaying the `replace` calls of `completion` up to its first `submit` makes the
-    task's tests pass (0.0 without a `submit`)."""
-    task = example.meta["swe_task"]
-    files = dict(task.files)
-    for name, args in tool_calls(completion):
-        if name == "submit":
-            return 1.0 if score_submission(task, files).passed else 0.0
-        if name == "replace":
-            try:
-                path, text, _ = tools.replace(files, args)
-            except tools.ToolError:
-                continue
-            files[path] = text
-    return 0.0
+    task's tests pass (0.0 without a `submit`), run in a `sandbox`-mode sandbox. A picklable
+    callable, so process-isolated reward workers can run it."""
+
+    sandbox: str = "auto"
+    """Sandbox mode (`locojax.envs.sandbox.MODES`)."""
+    name = "transcript_reward"  # the metric name (`reward/transcript_reward/mean`)
+
+    def __call__(self, completion: str, example: Example) -> float:
+        task = example.meta["swe_task"]
+        files = dict(task.files)
+        for name, args in tool_calls(completion):
+            if name == "submit":
+                out = score_submission(task, files, default_sandbox(self.sandbox))
+                return 1.0 if out.passed else 0.0
+            if name == "replace":
+                try:
+                    path, text, _ = tools.replace(files, args)
+                except tools.ToolError:
+                    continue
+                files[path] = text
+        return 0.0
+
+
+transcript_reward = TranscriptReward()
 
 
 def demo(example: Example) -> Demo:
@@ -76,9 +94,16 @@ def demo(example: Example) -> Demo:
 
 def task(level: int = 1, seed: int = 0, train_size: int = 10_000, test_size: int = 50,
          train_dir: str | None = None, test_dir: str | None = None, max_turns: int = 12,
-         autosubmit: bool = False) -> Task:
+         autosubmit: bool = False, sandbox: str = "auto") -> Task:
     """Generated tasks at `level` (1-3), or the user's task directories when `train_dir` is set
-    (layout in `tasks.py`; `test_dir` optional, and it may not share a task with train)."""
+    (layout in `tasks.py`; `test_dir` optional, and it may not share a task with train).
+
+    `sandbox` is the sandbox mode of every test run (`locojax.envs.sandbox.MODES`); it is
+    resolved here, so a machine without isolation refuses the task before any work starts
+    (`SandboxError`, naming what is missing and how to get it)."""
+    if sandbox not in MODES:
+        raise ValueError(f"swe sandbox must be one of {MODES}, got {sandbox!r}")
+    default_sandbox(sandbox)  # refuse now, not at the first submit
     if train_dir is not None:
         train = [to_example(t) for t in load_tasks(train_dir)]
         test = [to_example(t) for t in load_tasks(test_dir)] if test_dir else []
@@ -95,8 +120,8 @@ def task(level: int = 1, seed: int = 0, train_size: int = 10_000, test_size: int
 
         train = ProceduralSplit(draw, "train", seed, train_size)
         test = ProceduralSplit(draw, "test", seed, test_size)
-    config = SWEConfig(max_turns=max_turns, autosubmit=autosubmit)
-    return Task(name="swe", train=train, test=test, reward=transcript_reward,
+    config = SWEConfig(max_turns=max_turns, autosubmit=autosubmit, sandbox=sandbox)
+    return Task(name="swe", train=train, test=test, reward=TranscriptReward(sandbox),
                 make_env=functools.partial(SWEEnv, config), max_turns=max_turns, demo=demo)
 
 
