@@ -128,8 +128,10 @@ def test_reward_runner_thread_isolation_uses_math_verify():
 
 
 def test_hung_check_falls_back_to_string_equality(monkeypatch):
-    def hang(gold, pred, signal_timeout):
-        time.sleep(30)
+    def hang(gold, pred, signal_timeout):  # a pure-Python loop, as sympy's are; bounded at 3 s
+        end = time.monotonic() + 3
+        while time.monotonic() < end:
+            pass
         return True
 
     monkeypatch.setattr(mb, "_math_verify", hang)
@@ -144,7 +146,8 @@ def test_hung_check_falls_back_to_string_equality(monkeypatch):
     t = threading.Thread(target=work)
     t.start()
     t.join(10)
-    assert out == {"diff": False, "same": True, "dt": pytest.approx(0.2, abs=0.5)}
+    assert out["diff"] is False and out["same"] is True
+    assert 0.2 <= out["dt"] < 1.0  # one deadline (the string-equal pair needs no check)
 
 
 @pytest.mark.slow

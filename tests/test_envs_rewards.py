@@ -1,7 +1,14 @@
-"""Safe reward execution: errors and timeouts score 0, are counted, and never stop the caller."""
+"""Safe reward execution: errors and timeouts score 0, are counted, and never stop the caller.
+
+Hangs here hold the GIL, as real ones do (a pure-Python loop yields it only at the
+interpreter's switch interval; a regex or a big-integer power never does), never
+`time.sleep`, which releases it and so proves nothing about a deadline.
+"""
 
 import functools
+import logging
 import os
+import re
 import threading
 import time
 
@@ -29,8 +36,18 @@ def hang(completion, example):
     return 1.0
 
 
-def sleepy(completion, example, seconds=30.0):
-    time.sleep(seconds)
+def busy(completion, example, seconds=2.0):
+    """A pure-Python loop for `seconds` (bounded, so an abandoned thread ends by itself)."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+    return 1.0
+
+
+def gil_hang(completion, example):
+    """Catastrophic backtracking: `re` holds the GIL for the whole match, 2^40 steps."""
+    if completion == "hang":
+        re.match(r"(a+)+$", "a" * 40 + "b")
     return 1.0
 
 
@@ -50,8 +67,8 @@ def test_call_with_timeout_value_error_deadline():
         call_with_timeout(boom, ("x", EX), 1.0)
     t0 = time.monotonic()
     with pytest.raises(Deadline):
-        call_with_timeout(sleepy, ("x", EX), 0.2)
-    assert time.monotonic() - t0 < 1.0
+        call_with_timeout(busy, ("x", EX), 0.2)
+    assert 0.2 <= time.monotonic() - t0 < 1.0  # at the deadline: not before, not much after
 
 
 @pytest.mark.parametrize("isolation", ["thread", "process"])
@@ -72,8 +89,8 @@ def test_raise_scores_zero_and_counts(isolation):
 def test_thread_timeout_returns_promptly():
     run = RewardRunner(RewardConfig(timeout_s=0.3, isolation="thread"))
     t0 = time.monotonic()
-    scores = run.score_batch(functools.partial(sleepy, seconds=30), ["a", "b"], [EX, EX])
-    assert time.monotonic() - t0 < 2.0
+    scores = run.score_batch(functools.partial(busy, seconds=2.0), ["a", "b"], [EX, EX])
+    assert 0.6 <= time.monotonic() - t0 < 2.0  # two deadlines of 0.3 s, one after the other
     np.testing.assert_array_equal(scores.total, [0, 0])
     assert run.metrics()["reward/timeouts"] == 2
 
@@ -96,6 +113,47 @@ def test_process_timeout_kills_hung_worker_and_recovers():
         np.testing.assert_array_equal(run.score_batch(exact, ["2"], [EX]).total, [1])
 
 
+def test_gil_holding_hang_is_killed_at_its_deadline_by_default():
+    """The default isolation runs an unmarked reward in a worker process: a hang that holds
+    the GIL (which no thread-based deadline can even notice) is killed at the deadline, scored
+    0 and counted, and the other rows are scored."""
+    with RewardRunner(RewardConfig(timeout_s=1.0, workers=1)) as run:
+        assert run.mode(gil_hang) == "process"
+        run.score(gil_hang, "ok", EX)  # start and load the worker: not part of the deadline
+        t0 = time.monotonic()
+        scores = run.score_batch(gil_hang, ["ok", "hang", "ok"], [EX] * 3)
+        elapsed = time.monotonic() - t0
+        assert 1.0 <= elapsed < 6.0, elapsed  # the deadline, then a kill and a fresh worker
+        np.testing.assert_array_equal(scores.total, [1, 0, 1])
+        m = run.metrics()
+        assert m["reward/timeouts"] == 1 and m["reward/errors"] == 0
+
+
+def test_auto_isolation_per_reward(caplog):
+    """Threads for rewards marked @bounded (the built-in checks, the sandboxed SWE reward),
+    processes for other picklable ones (math-verify among them), threads with a warning for a
+    reward no worker can receive."""
+    from locojax.envs import gsm8k, math_boxed
+    from locojax.envs.swe import TranscriptReward
+    from locojax.envs.tasks import calc
+
+    run = RewardRunner()
+    assert RewardConfig().isolation == "auto"
+    for fn in (gsm8k.correct_strict, gsm8k.format_ok, math_boxed.boxed_format,
+               TranscriptReward("none"), calc.task(level=1).reward):
+        assert run.mode(fn) == "thread", fn
+    assert [run.mode(f) for _, f, _ in math_boxed.reward(format_weight=0.1).parts] == \
+        ["process", "thread"]
+    assert run.mode(exact) == "process"
+    with caplog.at_level(logging.WARNING, logger="locojax.envs.rewards"):
+        assert run.mode(lambda c, e: 1.0) == "thread"
+        assert run.mode(lambda c, e: 1.0) == "thread"
+    assert len([r for r in caplog.records if "cannot be pickled" in r.getMessage()]) == 1
+    assert RewardRunner(RewardConfig(isolation="thread")).mode(exact) == "thread"
+    with pytest.raises(ValueError, match="'auto', 'thread' or 'process'"):
+        RewardRunner(RewardConfig(isolation="fork"))
+
+
 def test_process_rejects_unpicklable_reward_clearly():
     with RewardRunner(RewardConfig(isolation="process", workers=1)) as run:
         with pytest.raises(TypeError, match="cannot be pickled"):
@@ -103,7 +161,7 @@ def test_process_rejects_unpicklable_reward_clearly():
 
 
 def test_combined_parts_are_guarded_separately():
-    run = RewardRunner(RewardConfig(timeout_s=2.0))
+    run = RewardRunner(RewardConfig(timeout_s=2.0, isolation="thread"))
     r = combine_rewards([(exact, 1.0), (boom, 0.5)])
     s = run.score_batch(r, ["2", "9"], [EX, EX])
     np.testing.assert_array_equal(s.total, [1.0, 0.0])
@@ -116,8 +174,8 @@ def test_runner_from_non_main_thread():
     out = {}
 
     def work():
-        run = RewardRunner(RewardConfig(timeout_s=0.3))
-        out["scores"] = run.score_batch(sleepy, ["x"], [EX]).total
+        run = RewardRunner(RewardConfig(timeout_s=0.3, isolation="thread"))
+        out["scores"] = run.score_batch(busy, ["x"], [EX]).total
         out["exact"] = run.score(exact, "2", EX)
         out["m"] = run.metrics()
 

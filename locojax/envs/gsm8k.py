@@ -24,6 +24,7 @@ from locojax.envs.base import (
     ANSWER_PREFIX, Example, Prompt, Reward, Task, combine_rewards, single_turn_demo,
 )
 from locojax.envs.data import Dataset, RowError, load_examples
+from locojax.envs.rewards import bounded
 
 _CALC_RE = re.compile(r"<<[^<>]*>>")
 # A number as written in a solution: optional sign and $, digits with optional thousands
@@ -72,16 +73,19 @@ def extract_flexible(completion: str) -> str | None:
     return None
 
 
+@bounded  # linear regexes over the completion: safe in a thread
 def correct_strict(completion: str, example: Example) -> float:
     """1 if the number after the last `####` equals the gold answer."""
     return float(extract_strict(completion) == normalize_number(example.answer))
 
 
+@bounded
 def correct_flexible(completion: str, example: Example) -> float:
     """1 if the last number in the completion equals the gold answer."""
     return float(extract_flexible(completion) == normalize_number(example.answer))
 
 
+@bounded
 def format_ok(completion: str, example: Example) -> float:
     """1 if the last non-empty line is `#### <number>` and nothing follows it."""
     lines = [ln for ln in completion.strip().splitlines() if ln.strip()]

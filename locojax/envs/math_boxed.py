@@ -18,8 +18,9 @@ real-time timer is pending, math-verify's own `signal.alarm` timeouts are used (
 interrupt sympy); otherwise, and in any other thread, where signals are unavailable, the
 check runs in a helper thread and is abandoned at the deadline.
 A check that raises or times out counts as "not equivalent by math-verify", so the result
-falls back to step 1. Rewards that must never leave a hung thread behind should be run with
-`RewardRunner(isolation="process")`, whose workers call this in their main thread.
+falls back to step 1. `boxed_correct` is not `@bounded`, so `RewardRunner`'s default
+isolation runs it in a worker process (a hang that holds the GIL is killed at the deadline),
+whose main thread gives math-verify its signal timeouts.
 
 References: Hendrycks et al. 2021 (MATH, `\boxed{}` convention, `last_boxed_only_string`);
 HF math-verify 0.9; Qwen2.5-Math prompt ("put your final answer within \boxed{}").
@@ -36,7 +37,7 @@ from typing import Literal
 
 from locojax.envs.base import Example, Prompt, Reward, Task, combine_rewards, single_turn_demo
 from locojax.envs.data import Dataset, RowError, load_examples
-from locojax.envs.rewards import Deadline, call_with_timeout
+from locojax.envs.rewards import Deadline, bounded, call_with_timeout
 
 QWEN_INSTRUCTION = r"Please reason step by step, and put your final answer within \boxed{}."
 VERIFY_TIMEOUT_S = 5.0
@@ -117,6 +118,7 @@ def boxed_correct(completion: str, example: Example) -> float:
     return 0.0 if pred is None else float(math_equal(pred, example.answer))
 
 
+@bounded  # a scan for the last box; boxed_correct (sympy) runs in a worker process
 def boxed_format(completion: str, example: Example) -> float:
     r"""1 if the completion contains a complete `\boxed{...}`."""
     return float(last_boxed(completion) is not None)

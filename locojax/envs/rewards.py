@@ -8,15 +8,21 @@ sandbox). It may raise, hang, or return garbage. `RewardRunner` calls it so that
 - it works from any thread. Signal-based timeouts (`signal.alarm`, which math-verify uses)
   only work in the main thread, and the trainer scores rewards from worker threads.
 
-Two isolation levels:
+Isolation levels:
 
 - "thread": each call runs in its own daemon thread, and the caller waits on it up to the
   deadline. Cheap (tens of microseconds) and works with any callable, but a timed-out call
-  cannot be stopped: its thread is abandoned and keeps its CPU until it finishes on its own.
+  cannot be stopped: its thread is abandoned and keeps its CPU until it finishes on its own,
+  and a call that holds the GIL (catastrophic regex backtracking, a huge integer power, C
+  code that does not release it) keeps the caller from even noticing its deadline.
 - "process": a small pool of spawned worker processes, each in its own session. A timed-out
-  call's worker is killed along with its process group and replaced. The reward must be
-  picklable (a module-level function, `functools.partial`, or `CombinedReward` of those).
-  Use it for rewards that may loop forever, and for anything that starts subprocesses.
+  call's worker is killed along with its process group and replaced, so the deadline holds
+  against anything. The reward must be picklable (a module-level function,
+  `functools.partial`, or `CombinedReward` of those).
+- "auto" (the default), per reward part: "thread" for rewards marked `@bounded` (their own
+  code ends quickly without holding the GIL: the built-in format and exact-match checks, the
+  sandboxed SWE reward), "process" for every other picklable reward (math-verify and sympy
+  among them), and "thread" with a warning for an unpicklable one (a lambda, a closure).
 
 A `CombinedReward` is run part by part, so one failing part zeroes only its own term and each
 part is logged as `reward/<name>/mean`.
@@ -44,14 +50,23 @@ from locojax.envs.base import CombinedReward, Example, Reward, reward_name
 log = logging.getLogger(__name__)
 
 
+def bounded(fn):
+    """Mark a reward whose own code ends quickly and never holds the GIL for long (no regex
+    that can backtrack, no big-number arithmetic, no solver; waiting on a subprocess is fine):
+    isolation="auto" runs it in a thread. Returns `fn`."""
+    fn.bounded = True
+    return fn
+
+
 @dataclasses.dataclass(frozen=True)
 class RewardConfig:
     """How rewards are executed."""
 
     timeout_s: float = 5.0
     """Deadline for one reward call; past it the call scores 0 and counts `reward/timeouts`."""
-    isolation: Literal["thread", "process"] = "thread"
-    """'thread': cheap, hung calls are abandoned. 'process': hung calls are killed."""
+    isolation: Literal["auto", "thread", "process"] = "auto"
+    """'thread': cheap, hung calls are abandoned (and one holding the GIL is not noticed).
+    'process': hung calls are killed. 'auto': thread for `@bounded` rewards, else process."""
     workers: int = 2
     """Worker processes for isolation='process' (calls in a batch run concurrently)."""
     load_timeout_s: float = 120.0
@@ -166,13 +181,16 @@ class RewardRunner:
     def __init__(self, config: RewardConfig = RewardConfig()):
         if config.timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {config.timeout_s}")
-        if config.isolation not in ("thread", "process"):
-            raise ValueError(f"isolation must be 'thread' or 'process', got {config.isolation!r}")
+        if config.isolation not in ("auto", "thread", "process"):
+            raise ValueError(f"isolation must be 'auto', 'thread' or 'process', got "
+                             f"{config.isolation!r}")
         self.config = config
         self._counts = {"calls": 0, "errors": 0, "timeouts": 0}
         self._sums: dict[str, list[float]] = {}
         self._lock = threading.Lock()
         self._workers: list[_Worker] = []
+        self._process_lock = threading.Lock()  # one batch at a time uses the worker pool
+        self._unpicklable_warned: set[str] = set()
         self._logged = 0
 
     # -- public API ---------------------------------------------------------------------------
@@ -249,11 +267,30 @@ class RewardRunner:
             self._logged += 1
             log.warning("reward %s %s -> 0: %s", name, o.status, o.detail)
 
+    def mode(self, fn: Reward) -> Literal["thread", "process"]:
+        """Where one reward part runs (see the module docstring for "auto")."""
+        if self.config.isolation != "auto":
+            return self.config.isolation
+        if getattr(fn, "bounded", False):
+            return "thread"
+        try:
+            pickle.dumps(fn)
+        except Exception:  # noqa: BLE001 - any reason it cannot reach a worker
+            name = reward_name(fn)
+            if name not in self._unpicklable_warned:
+                self._unpicklable_warned.add(name)
+                log.warning("reward %s cannot be pickled, so it runs in a thread: its deadline "
+                            "cannot stop it if it hangs holding the GIL; make it a module-level "
+                            "function to run it in a worker process", name)
+            return "thread"
+        return "process"
+
     def _run(self, fn: Reward, completions: Sequence[str],
              examples: Sequence[Example]) -> list[_Outcome]:
-        if self.config.isolation == "thread":
+        if self.mode(fn) == "thread":
             return [self._run_thread(fn, c, e) for c, e in zip(completions, examples)]
-        return self._run_process(fn, completions, examples)
+        with self._process_lock:
+            return self._run_process(fn, completions, examples)
 
     def _run_thread(self, fn: Reward, completion: str, example: Example) -> _Outcome:
         try:

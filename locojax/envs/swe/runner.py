@@ -32,6 +32,7 @@ import sysconfig
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from locojax.envs.pyast import parse
 from locojax.envs.sandbox import Limits, Sandbox
 
 RUNNERS = ("minitest", "pytest")
@@ -67,7 +68,7 @@ def expected_tests(files: Mapping[str, str], paths: Sequence[str], runner: str) 
     out: set[str] = set()
     for path in paths:
         try:
-            tree = ast.parse(files[path], filename=path)
+            tree = parse(files[path], filename=path)  # env pool threads parse at once
         except SyntaxError:
             out.add(f"{path}::<import>")  # cannot pass: the runner will fail to import it
             continue

@@ -55,6 +55,7 @@ class TranscriptReward:
     sandbox: str = "auto"
     """Sandbox mode (`locojax.envs.sandbox.MODES`)."""
     name = "transcript_reward"  # the metric name (`reward/transcript_reward/mean`)
+    bounded = True  # waits on the sandbox (GIL released), whose wall limit ends every run
 
     def __call__(self, completion: str, example: Example) -> float:
         task = example.meta["swe_task"]

@@ -12,6 +12,7 @@ without the tool, is allowed and scored the same.
 
 The calculator is a whitelist evaluator over Python's `ast` (integers, decimals, + - * / and
 parentheses, bounded size); it never calls `eval` and returns error text instead of raising.
+It parses through `pyast.parse`, so env pool threads may call it at once.
 
 | level | problem |
 |---|---|
@@ -34,6 +35,7 @@ from locojax.envs.base import (
     format_tool_call,
 )
 from locojax.envs.gsm8k import correct_strict
+from locojax.envs.pyast import parse
 from locojax.envs.tasks.procedural import ProceduralSplit
 
 LEVELS = {1: ((2, 2),), 2: ((3, 2),), 3: ((3, 3),), 4: ((2, 2), 3)}
@@ -73,7 +75,7 @@ def calculator(args: str) -> str:
     if len(expr) > MAX_EXPR_CHARS:
         return f"error: expression longer than {MAX_EXPR_CHARS} chars"
     try:
-        value = _eval(ast.parse(expr, mode="eval"))
+        value = _eval(parse(expr, mode="eval"))
     except SyntaxError:
         return "error: cannot parse expression"
     except (ValueError, ZeroDivisionError, OverflowError, ArithmeticError) as e:
