@@ -14,8 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from locojax.engine.engine import Engine, pad_prompts
-from locojax.engine.extend import Conversation, _stopped, slots_needed
+from locojax.engine.engine import Engine, pad_prompts, stopped
+from locojax.engine.extend import Conversation, slots_needed
 from locojax.engine.sampling import SamplingConfig
 from locojax.envs.base import TOOL_CLOSE
 from locojax.model import config, params
@@ -137,7 +137,7 @@ def test_turn_one_equals_generate(model):
 
 
 def test_a_stop_sequence_ends_a_row_at_its_first_occurrence():
-    """`_stopped`, the loop's stop rule, on hand-made tokens (the engine tests' stop-token
+    """`stopped`, the loop's stop rule, on hand-made tokens (the engine tests' stop-token
     rule, plus sequences: live rows share one window, so a match must be whole)."""
     s = SamplingConfig(max_new_tokens=8, stop_token_ids=(1,), min_new_tokens=2)
     tokens = jnp.asarray([[7, 8, 9, 0, 0, 0, 0, 0],   # "7 8 9": stop sequence (8, 9)
@@ -145,11 +145,11 @@ def test_a_stop_sequence_ends_a_row_at_its_first_occurrence():
                           [5, 6, 1, 0, 0, 0, 0, 0],   # stop token at count 3 >= 2
                           [5, 6, 9, 0, 0, 0, 0, 0]])  # its own budget: limit 3
     limit = jnp.asarray([8, 8, 8, 3])
-    got = _stopped(tokens, tokens[:, 2], jnp.int32(3), limit, s, ((8, 9), (4, 4, 4, 4)))
+    got = stopped(tokens, tokens[:, 2], jnp.int32(3), limit, s, ((8, 9), (4, 4, 4, 4)))
     assert got.tolist() == [True, False, True, True]
     # At count 1 a two-token sequence cannot have occurred, nor a stop before min_new_tokens.
     one = jnp.asarray([[9] + [0] * 7, [1] + [0] * 7])
-    got = _stopped(one, one[:, 0], jnp.int32(1), jnp.asarray([8, 8]), s, ((0, 9),))
+    got = stopped(one, one[:, 0], jnp.int32(1), jnp.asarray([8, 8]), s, ((0, 9),))
     assert got.tolist() == [False, False]
 
 

@@ -16,6 +16,10 @@ times; rows are prompt-major (row r belongs to prompt r // G).
 Randomness: row r draws step t from `fold_in(fold_in(key, first_row + r), t)`, all drawn
 before the loop, so a row's tokens depend on neither its batch nor the device layout.
 
+One decode loop (`decode`, over a `Turn`) serves a generate and every turn of a multi-turn
+conversation (`extend.py`): a generate is one turn with a limit of N tokens per row and no
+stop sequences.
+
 References: jax-llm-examples `qwen3` (donated cache), gemma's sampler (state + while_loop),
 nanochat `engine.py` (prefill once, then clone the cache per sample).
 Departure: sampling uses one uniform per row (see `sampling.py`), not Gumbel-max.
@@ -73,7 +77,8 @@ _K_AXES = ("layers", "batch", "kv_heads", "head_dim", None)  # qwen3.KVCache lay
 _V_AXES = ("layers", "batch", "kv_heads", None, "head_dim")
 
 
-def _constrain_cache(layout, cache: qwen3.KVCache) -> qwen3.KVCache:
+def constrain_cache(layout: _Layout | None, cache: qwen3.KVCache) -> qwen3.KVCache:
+    """The cache laid out as the engine keeps it (batch over `data`); a no-op without a mesh."""
     if layout is None:
         return cache
     return qwen3.KVCache(
@@ -81,49 +86,89 @@ def _constrain_cache(layout, cache: qwen3.KVCache) -> qwen3.KVCache:
         layout.constrain(cache.valid, ("batch", None)), cache.index)
 
 
-@dataclasses.dataclass
-class _State:
-    """The while-loop carry: the cache plus O(R·N) bookkeeping."""
-
-    cache: qwen3.KVCache
-    last: jax.Array  # [R] int32, the token sampled at step - 1 (fed at this step)
-    tokens: jax.Array  # [R, N] int32
-    logprobs: jax.Array  # [R, N] f32
-    done: jax.Array  # [R] bool
-    step: jax.Array  # [] int32, tokens sampled so far
-
-
-jax.tree_util.register_dataclass(_State)
-
-
-def _finished(tok, count, cfg: SamplingConfig):
-    """[R] bool: a row is done after `count` tokens if the last one was a stop token
-    (and count ≥ min_new_tokens), or count reached N."""
-    out = jnp.full(tok.shape, count >= cfg.max_new_tokens)
-    if cfg.stop_token_ids and not cfg.ignore_eos:
-        is_stop = jnp.any(tok[:, None] == jnp.asarray(cfg.stop_token_ids, jnp.int32), axis=-1)
-        out |= is_stop & (count >= cfg.min_new_tokens)
-    return out
+StopSequences = tuple[tuple[int, ...], ...]
 
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
-class Prefilled:
-    """What prefill hands to decode: the loop state after token 0, plus loop invariants."""
+class Turn:
+    """The decode loop's carry (one turn of R rows) and its invariants (draws, pos0, limit).
 
-    state: _State
-    draws: jax.Array | None  # [N, R] f32 uniforms, one per row and step (None: greedy)
-    pos0: jax.Array  # [R] int32: position of generated token 0
+    A single-turn generate is one turn whose limit is N for every row, without stop
+    sequences; a multi-turn conversation (`extend.py`) runs one per model turn."""
+
+    cache: qwen3.KVCache
+    last: jax.Array  # [R] int32, the token sampled last (fed at the next step)
+    tokens: jax.Array  # [R, N] int32, this turn's tokens; pad after a row stopped
+    logprobs: jax.Array  # [R, N] f32; 0 after a row stopped
+    done: jax.Array  # [R] bool
+    length: jax.Array  # [R] int32, this turn's tokens so far
+    step: jax.Array  # [] int32, tokens sampled this turn by the live rows
+    draws: jax.Array | None  # [N, R] f32 uniforms of this turn (None: greedy)
+    pos0: jax.Array  # [R] int32, position of this turn's token 0
+    limit: jax.Array  # [R] int32, most tokens this turn
 
 
-def _prefill(weights: Weights, prompt_tokens, prompt_mask, key, first_row, cache: qwen3.KVCache,
-             *, model_cfg: ModelConfig, sampling: SamplingConfig, num_samples: int,
-             layout: _Layout | None) -> Prefilled:
+def stopped(tokens, tok, count, limit, sampling: SamplingConfig, stops: StopSequences):
+    """[R] bool: a live row is done after `count` tokens (tok the last, already written at
+    column count - 1 of tokens): its budget, a counting stop token (count ≥ min_new_tokens),
+    or the end of a stop sequence."""
+    out = count >= limit
+    if sampling.stop_token_ids and not sampling.ignore_eos:
+        is_stop = jnp.any(tok[:, None] == jnp.asarray(sampling.stop_token_ids, jnp.int32), -1)
+        out |= is_stop & (count >= sampling.min_new_tokens)
+    for seq in stops:  # live rows are in lockstep: their last k tokens are one shared window
+        k = len(seq)
+        if k > tokens.shape[1]:  # longer than a turn: can never complete in one
+            continue
+        window = jax.lax.dynamic_slice_in_dim(tokens, jnp.maximum(count - k, 0), k, axis=1)
+        out |= (count >= k) & jnp.all(window == jnp.asarray(seq, jnp.int32)[None], axis=1)
+    return out
+
+
+def row_draws(key, row_ids, count, sampling: SamplingConfig):
+    """[N, R] uniforms: row r's draw for its model token count[r] + t at [t, r], from
+    `fold_in(fold_in(key, row_ids[r]), count[r] + t)`; None when greedy.
+
+    A row's tokens so depend on neither its batch, the device layout nor the host
+    (DESIGN.md, mode equivalence). All steps' draws at once, before the loop: one threefry
+    call instead of one per step (threefry is most of the compile time of a decode loop and
+    ~1 ms per step on CPU)."""
+    if sampling.greedy:
+        return None
+    row_keys = jax.vmap(jax.random.fold_in, (None, 0))(key, row_ids)
+    r = row_ids.shape[0]
+    return jax.vmap(lambda t: uniform_draws(
+        jax.vmap(jax.random.fold_in)(row_keys, count + t), r))(
+        jnp.arange(sampling.max_new_tokens))
+
+
+def first_token(cache, logits, draws, pos0, active, limit, sampling: SamplingConfig,
+                stops: StopSequences) -> Turn:
+    """The turn after its token 0, sampled from logits [R, V]. active: [R] bool rows that
+    take part (None: all); limit: [R] most tokens per row (None: N)."""
+    r, n = logits.shape[0], sampling.max_new_tokens
+    first, lp = sample_with_logprobs(logits, None, sampling, None if draws is None else draws[0])
+    tokens = jnp.full((r, n), jnp.int32(sampling.pad_token_id)).at[:, 0].set(first)
+    limit = jnp.full((r,), n, jnp.int32) if limit is None else limit
+    done = stopped(tokens, first, jnp.int32(1), limit, sampling, stops)
+    return Turn(cache=cache, last=first, tokens=tokens,
+                logprobs=jnp.zeros((r, n), jnp.float32).at[:, 0].set(lp),
+                done=done if active is None else done | ~active,
+                length=jnp.ones((r,), jnp.int32), step=jnp.asarray(1, jnp.int32), draws=draws,
+                pos0=pos0, limit=limit)
+
+
+def prefill(weights: Weights, prompt_tokens, prompt_mask, key, first_row, cache: qwen3.KVCache,
+            active=None, limit=None, *, model_cfg: ModelConfig, sampling: SamplingConfig,
+            stops: StopSequences = (), num_samples: int, layout: _Layout | None) -> Turn:
+    """Prefill B prompts once into the donated [R]-row cache (each repeated G times) and
+    sample token 0 of every row: the turn that `decode` goes on with."""
     b, p = prompt_tokens.shape
     g, n = num_samples, sampling.max_new_tokens
     r, s = b * g, cache.v.shape[3]
-    log.info("compiling generate for shape prompts=%d x %d, samples=%d, new=%d, slots=%d, %s",
-             b, p, g, n, s, sampling)
+    log.info("compiling generate for shape prompts=%d x %d, samples=%d, new=%d, slots=%d, "
+             "stops=%s, %s", b, p, g, n, s, stops, sampling)
 
     # Prefill the B distinct prompts once into a P-slot cache.
     mask = prompt_mask.astype(bool)
@@ -141,97 +186,69 @@ def _prefill(weights: Weights, prompt_tokens, prompt_mask, key, first_row, cache
     k = jax.lax.dynamic_update_slice_in_dim(cache.k, rows(pre.k, 1).astype(cache.k.dtype), 0, 4)
     v = jax.lax.dynamic_update_slice_in_dim(cache.v, rows(pre.v, 1).astype(cache.v.dtype), 0, 3)
     valid = jnp.zeros((r, s), bool).at[:, :p].set(rows(mask))
-    cache = _constrain_cache(layout, qwen3.KVCache(k, v, valid, jnp.asarray(p, jnp.int32)))
-
-    # One key per row, folded from its global row index: a row's tokens do not depend on
-    # which other rows, devices or hosts share its batch (DESIGN.md, mode equivalence).
-    # All steps' draws at once, before the loop: one threefry call instead of one per step
-    # (threefry is most of the compile time of a decode loop and ~1 ms per step on CPU).
-    row_keys = jax.vmap(jax.random.fold_in, (None, 0))(key, first_row + jnp.arange(r))
-    draws = None if sampling.greedy else jax.vmap(lambda t: uniform_draws(
-        jax.vmap(jax.random.fold_in, (0, None))(row_keys, t), r))(jnp.arange(n))  # [N, R]
-    first, first_lp = sample_with_logprobs(rows(logits), None, sampling,
-                                           None if draws is None else draws[0])
-    pos0 = rows(prompt_len)  # [R]: position of generated token 0
-    pad = jnp.int32(sampling.pad_token_id)
-    state = _State(
-        cache=cache, last=first,
-        tokens=jnp.full((r, n), pad).at[:, 0].set(first),
-        logprobs=jnp.zeros((r, n), jnp.float32).at[:, 0].set(first_lp),
-        done=_finished(first, 1, sampling), step=jnp.asarray(1, jnp.int32),
-    )
-    return Prefilled(state, draws, pos0)
+    cache = constrain_cache(layout, qwen3.KVCache(k, v, valid, jnp.asarray(p, jnp.int32)))
+    draws = row_draws(key, first_row + jnp.arange(r), jnp.zeros(r, jnp.int32), sampling)
+    return first_token(cache, rows(logits), draws, rows(prompt_len), active, limit, sampling,
+                       stops)
 
 
-def _decode(weights: Weights, pre: Prefilled, cache: qwen3.KVCache, *, model_cfg: ModelConfig,
-            sampling: SamplingConfig, layout: _Layout | None):
-    """Tokens 1..N-1 in a `lax.while_loop` that exits once every row has stopped.
+def decode(weights: Weights, cache: qwen3.KVCache, turn: Turn, *, model_cfg: ModelConfig,
+           sampling: SamplingConfig, stops: StopSequences = (), layout: _Layout | None) -> Turn:
+    """Tokens 1..N-1 of a turn in a `lax.while_loop` that exits once every row has stopped.
 
-    `pre.state.cache` is None: the cache travels apart, as the one donated argument. Donating
-    all of `pre` also gave its per-row flags, which no output can reuse, and JAX warned of it
-    at every compile."""
-    pre = dataclasses.replace(pre, state=dataclasses.replace(pre.state, cache=cache))
+    `turn.cache` is None: the cache travels apart, as the one donated argument. Donating
+    all of the turn also gave its per-row flags, which no output can reuse, and JAX warned
+    of it at every compile. Returns the turn, cache included."""
     n = sampling.max_new_tokens
+    turn = dataclasses.replace(turn, cache=cache)
     pad = jnp.int32(sampling.pad_token_id)
-    pos0, draws = pre.pos0, pre.draws
-    draw = lambda t: None if draws is None else draws[t]  # noqa: E731
+    log.info("compiling decode for rows=%d, new=%d, slots=%d, stops=%s",
+             turn.last.shape[0], n, cache.v.shape[3], stops)
 
-    def cond(st: _State):
+    def cond(st: Turn):
         return (st.step < n) & ~jnp.all(st.done)
 
-    def body(st: _State):
-        # Feed token step-1 at slot P+step-1, sample token `step`.
-        pos = (pos0 + st.step - 1)[:, None]  # [R, 1]
+    def body(st: Turn):
+        pos = (st.pos0 + st.step - 1)[:, None]  # [R, 1]: token step-1's position
         hidden, cache = qwen3.forward(weights, st.last[:, None], pos, model_cfg, cache=st.cache)
         logits = qwen3.logits(weights, hidden, model_cfg)[:, 0]  # [R, V]
-        tok, lp = sample_with_logprobs(logits, None, sampling, draw(st.step))
+        tok, lp = sample_with_logprobs(logits, None, sampling,
+                                       None if st.draws is None else st.draws[st.step])
         live = ~st.done
         tokens = jax.lax.dynamic_update_slice_in_dim(
             st.tokens, jnp.where(live, tok, pad)[:, None], st.step, 1)
         logprobs = jax.lax.dynamic_update_slice_in_dim(
             st.logprobs, jnp.where(live, lp, 0.0)[:, None], st.step, 1)
-        done = st.done | _finished(tok, st.step + 1, sampling)
-        return _State(_constrain_cache(layout, cache), tok, tokens, logprobs, done, st.step + 1)
+        done = st.done | (live & stopped(tokens, tok, st.step + 1, st.limit, sampling, stops))
+        return dataclasses.replace(
+            st, cache=constrain_cache(layout, cache), last=tok, tokens=tokens,
+            logprobs=logprobs, done=done, length=st.length + live.astype(jnp.int32),
+            step=st.step + 1)
 
-    state = jax.lax.while_loop(cond, body, pre.state)
-    # A row's mask: every position up to and including its stop (its first `length` tokens).
-    length = _lengths(state.tokens, sampling)
-    out_mask = jnp.arange(n)[None, :] < length[:, None]
-    out = Generation(
-        tokens=jnp.where(out_mask, state.tokens, pad), mask=out_mask,
-        logprobs=jnp.where(out_mask, state.logprobs, 0.0), lengths=length,
-        steps=state.step - 1,
-    )
-    return out, state.cache
+    return jax.lax.while_loop(cond, body, turn)
 
 
-def _lengths(tokens, cfg: SamplingConfig):
-    """[R] int32: index of the first counting stop token + 1, else N."""
-    n = tokens.shape[1]
-    if not cfg.stop_token_ids or cfg.ignore_eos:
-        return jnp.full(tokens.shape[:1], n, jnp.int32)
-    count = jnp.arange(1, n + 1)[None, :]
-    is_stop = jnp.any(tokens[..., None] == jnp.asarray(cfg.stop_token_ids, jnp.int32), axis=-1)
-    stops = is_stop & (count >= cfg.min_new_tokens)  # [R, N]
-    return jnp.where(jnp.any(stops, axis=1), jnp.argmax(stops, axis=1) + 1, n).astype(jnp.int32)
+_STATIC = ("model_cfg", "sampling", "stops", "layout")
+prefill_jit = jax.jit(prefill, static_argnames=_STATIC + ("num_samples",),
+                      donate_argnames=("cache",))
+decode_jit = jax.jit(decode, static_argnames=_STATIC, donate_argnames=("cache",))
+"""The two jit boundaries of a generate (and of each turn of a conversation), static
+configs: the cache is donated into prefill, travels in the `Turn`, is donated into decode on
+its own (`_without_cache`) and is handed back. Two programs rather than one cost one
+dispatch and let a profiler time prefill and decode apart at a device-synchronised
+boundary."""
 
 
-prefill_jit = jax.jit(
-    _prefill, static_argnames=("model_cfg", "sampling", "num_samples", "layout"),
-    donate_argnames=("cache",),
-)
-decode_jit = jax.jit(_decode, static_argnames=("model_cfg", "sampling", "layout"),
-                     donate_argnames=("cache",))
-"""The two jit boundaries, static configs: the cache is donated into prefill, travels in
-`Prefilled`, is donated into decode on its own (`_without_cache`) and is handed back. Two
-programs rather than one cost one dispatch and let a profiler time prefill and decode apart
-at a device-synchronised boundary."""
+@jax.jit
+def _generation_jit(turn: Turn) -> Generation:
+    """A finished single-turn `Turn` as the `Generation` it returns (one small program)."""
+    mask = jnp.arange(turn.tokens.shape[1])[None, :] < turn.length[:, None]
+    return Generation(turn.tokens, mask, turn.logprobs, turn.length, turn.step - 1)
 
 
-def _without_cache(pre: Prefilled) -> tuple[Prefilled, qwen3.KVCache]:
-    """`pre` with its cache taken out, and the cache: `decode_jit`'s two arguments."""
-    rest = dataclasses.replace(pre, state=dataclasses.replace(pre.state, cache=None))
-    return rest, pre.state.cache
+def _without_cache(turn: Turn) -> tuple[qwen3.KVCache, Turn]:
+    """The cache, and `turn` with its cache taken out: `decode_jit`'s two arguments."""
+    return turn.cache, dataclasses.replace(turn, cache=None)
 
 
 def pad_prompts(prompts: Sequence[Sequence[int]], pad_id: int = 0, length: int | None = None):
@@ -349,8 +366,8 @@ class Engine:
         prefill = prefill_jit.lower(weights, tokens, mask, key, first_row, cache, model_cfg=cfg,
                                     sampling=sampling, num_samples=num_samples,
                                     layout=self.layout).compile()
-        pre, cache = _without_cache(prefill.out_info)
-        decode = decode_jit.lower(weights, pre, cache, model_cfg=cfg, sampling=sampling,
+        cache, turn = _without_cache(prefill.out_info)
+        decode = decode_jit.lower(weights, cache, turn, model_cfg=cfg, sampling=sampling,
                                   layout=self.layout).compile()
         return prefill, decode
 
@@ -380,7 +397,8 @@ class Engine:
                 num_samples: int = 1, prompt_mask=None, first_row: int = 0) -> "Pending":
         """Prefill the prompts and sample token 0 (arguments as `generate`); `decode` goes on.
 
-        Dispatched asynchronously: block on `Pending.prefilled` to time prefill alone.
+        Dispatched asynchronously: block on `Pending.prefilled` (the `Turn` after token 0)
+        to time prefill alone.
         """
         if num_samples < 1:
             raise ValueError(f"num_samples={num_samples} must be >= 1")
@@ -416,10 +434,11 @@ class Engine:
         prefilled, pending.prefilled = pending.prefilled, None  # donated: usable once
         if prefilled is None:
             raise ValueError("this prefill was already decoded")
-        prefilled, cache = _without_cache(prefilled)
-        out, self._cache = decode_jit(pending.weights, prefilled, cache, model_cfg=self.model_cfg,
-                                      sampling=pending.sampling, layout=self.layout)
-        return out
+        turn = decode_jit(pending.weights, *_without_cache(prefilled),
+                          model_cfg=self.model_cfg, sampling=pending.sampling,
+                          layout=self.layout)
+        self._cache = turn.cache
+        return _generation_jit(dataclasses.replace(turn, cache=None))
 
 
 @dataclasses.dataclass
@@ -427,5 +446,5 @@ class Pending:
     """A prefilled batch waiting for `Engine.decode` (host-side handle, decoded once)."""
 
     weights: Weights
-    prefilled: Prefilled | None
+    prefilled: Turn | None
     sampling: SamplingConfig

@@ -42,122 +42,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from locojax.engine.engine import Engine, _constrain_cache, _prefill, check_prompts
-from locojax.engine.sampling import SamplingConfig, sample_with_logprobs, uniform_draws
+from locojax.engine.engine import (Engine, StopSequences, Turn, check_prompts, constrain_cache,
+                                   decode_jit, first_token, prefill_jit, row_draws)
+from locojax.engine.sampling import SamplingConfig
 from locojax.model import qwen3
 from locojax.model.config import ModelConfig
 
 log = logging.getLogger(__name__)
 
-StopSequences = tuple[tuple[int, ...], ...]
-
-
 def slots_needed(prompt_len: int, max_new_tokens: int, max_turns: int, max_block: int) -> int:
     """Cache slots a conversation may need: the prompt, n - 1 per turn (a turn's last token
     is only fed by the next extend), and one extend block per turn after the first."""
     return prompt_len + max_turns * (max_new_tokens - 1) + (max_turns - 1) * max_block
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass
-class Turn:
-    """One turn's decode state (the loop carry) and its invariants (draws, pos0, limit)."""
-
-    cache: qwen3.KVCache
-    last: jax.Array  # [R] int32, the token sampled last (fed at the next step)
-    tokens: jax.Array  # [R, N] int32, this turn's tokens
-    logprobs: jax.Array  # [R, N] f32
-    done: jax.Array  # [R] bool
-    length: jax.Array  # [R] int32, this turn's tokens so far
-    step: jax.Array  # [] int32, tokens sampled this turn by the live rows
-    draws: jax.Array | None  # [N, R] f32 uniforms of this turn (None: greedy)
-    pos0: jax.Array  # [R] int32, position of this turn's token 0
-    limit: jax.Array  # [R] int32, most tokens this turn
-
-
-def _stopped(tokens, tok, count, limit, sampling: SamplingConfig, stops: StopSequences):
-    """[R] bool: a live row is done after `count` tokens (tok the last, already written at
-    column count - 1 of tokens): its budget, a counting stop token, or a stop sequence."""
-    out = count >= limit
-    if sampling.stop_token_ids and not sampling.ignore_eos:
-        is_stop = jnp.any(tok[:, None] == jnp.asarray(sampling.stop_token_ids, jnp.int32), -1)
-        out |= is_stop & (count >= sampling.min_new_tokens)
-    for seq in stops:  # live rows are in lockstep: their last k tokens are one shared window
-        k = len(seq)
-        if k > tokens.shape[1]:  # longer than a turn: can never complete in one
-            continue
-        window = jax.lax.dynamic_slice_in_dim(tokens, jnp.maximum(count - k, 0), k, axis=1)
-        out |= (count >= k) & jnp.all(window == jnp.asarray(seq, jnp.int32)[None], axis=1)
-    return out
-
-
-def _draws(key, row_ids, count, sampling: SamplingConfig):
-    """[N, R] uniforms: row r's draw for its model token count[r] + t at [t, r]."""
-    if sampling.greedy:
-        return None
-    row_keys = jax.vmap(jax.random.fold_in, (None, 0))(key, row_ids)
-    r = row_ids.shape[0]
-    return jax.vmap(lambda t: uniform_draws(
-        jax.vmap(jax.random.fold_in)(row_keys, count + t), r))(
-        jnp.arange(sampling.max_new_tokens))
-
-
-def _first_token(cache, logits, draws, pos0, active, limit, sampling, stops) -> Turn:
-    r, n = logits.shape[0], sampling.max_new_tokens
-    first, lp = sample_with_logprobs(logits, None, sampling, None if draws is None else draws[0])
-    tokens = jnp.full((r, n), jnp.int32(sampling.pad_token_id)).at[:, 0].set(first)
-    done = ~active | _stopped(tokens, first, jnp.int32(1), limit, sampling, stops)
-    return Turn(cache=cache, last=first, tokens=tokens,
-                logprobs=jnp.zeros((r, n), jnp.float32).at[:, 0].set(lp), done=done,
-                length=jnp.ones((r,), jnp.int32), step=jnp.asarray(1, jnp.int32), draws=draws,
-                pos0=pos0, limit=limit)
-
-
-def _begin(weights, prompt_tokens, prompt_mask, key, first_row, active, limit, cache, *,
-           model_cfg: ModelConfig, sampling: SamplingConfig, stops: StopSequences,
-           num_samples: int, layout) -> Turn:
-    """Prefill (exactly `Engine.prefill`'s program) and token 0 of turn 1."""
-    pre = _prefill(weights, prompt_tokens, prompt_mask, key, first_row, cache,
-                   model_cfg=model_cfg, sampling=sampling, num_samples=num_samples,
-                   layout=layout)
-    st = pre.state
-    done = ~active | _stopped(st.tokens, st.last, jnp.int32(1), limit, sampling, stops)
-    return Turn(cache=st.cache, last=st.last, tokens=st.tokens, logprobs=st.logprobs,
-                done=done, length=jnp.ones_like(st.last), step=st.step, draws=pre.draws,
-                pos0=pre.pos0, limit=limit)
-
-
-def _decode(weights, cache: qwen3.KVCache, turn: Turn, *, model_cfg: ModelConfig,
-            sampling: SamplingConfig, stops: StopSequences, layout):
-    """Tokens 1..N-1 of a turn (`turn.cache` is None: the cache travels apart, donated);
-    exits once every row has stopped. Returns the turn, cache included."""
-    n = sampling.max_new_tokens
-    turn = dataclasses.replace(turn, cache=cache)
-    pad = jnp.int32(sampling.pad_token_id)
-    log.info("compiling turn decode for rows=%d, new=%d, slots=%d, stops=%s",
-             turn.last.shape[0], n, turn.cache.v.shape[3], stops)
-
-    def cond(st: Turn):
-        return (st.step < n) & ~jnp.all(st.done)
-
-    def body(st: Turn):
-        pos = (st.pos0 + st.step - 1)[:, None]  # [R, 1]: token step-1's position
-        hidden, cache = qwen3.forward(weights, st.last[:, None], pos, model_cfg, cache=st.cache)
-        logits = qwen3.logits(weights, hidden, model_cfg)[:, 0]  # [R, V]
-        tok, lp = sample_with_logprobs(logits, None, sampling,
-                                       None if st.draws is None else st.draws[st.step])
-        live = ~st.done
-        tokens = jax.lax.dynamic_update_slice_in_dim(
-            st.tokens, jnp.where(live, tok, pad)[:, None], st.step, 1)
-        logprobs = jax.lax.dynamic_update_slice_in_dim(
-            st.logprobs, jnp.where(live, lp, 0.0)[:, None], st.step, 1)
-        done = st.done | (live & _stopped(tokens, tok, st.step + 1, st.limit, sampling, stops))
-        return dataclasses.replace(
-            st, cache=_constrain_cache(layout, cache), last=tok, tokens=tokens,
-            logprobs=logprobs, done=done, length=st.length + live.astype(jnp.int32),
-            step=st.step + 1)
-
-    return jax.lax.while_loop(cond, body, turn)
 
 
 def _extend(weights, cache: qwen3.KVCache, gather, keep_until, block, block_mask, block_pos,
@@ -173,24 +69,22 @@ def _extend(weights, cache: qwen3.KVCache, gather, keep_until, block, block_mask
                               cache.index)
     slot = jnp.arange(cache.v.shape[3])[None]  # [1, S]
     cut = (slot >= keep_until[:, None]) & (slot < cache.index)  # fed tokens the host dropped
-    cache = _constrain_cache(layout, dataclasses.replace(cache, valid=cache.valid & ~cut))
+    cache = constrain_cache(layout, dataclasses.replace(cache, valid=cache.valid & ~cut))
     hidden, cache = qwen3.forward(weights, block, block_pos, model_cfg, mask=block_mask,
                                   cache=cache)
     logits = qwen3.logits(weights, hidden[:, -1:], model_cfg)[:, 0]  # [R, V]
-    draws = _draws(key, row_ids, count, sampling)
-    return _first_token(_constrain_cache(layout, cache), logits, draws, block_pos[:, -1] + 1,
-                        active, limit, sampling, stops)
+    draws = row_draws(key, row_ids, count, sampling)
+    return first_token(constrain_cache(layout, cache), logits, draws, block_pos[:, -1] + 1,
+                       active, limit, sampling, stops)
 
 
 _STATIC = ("model_cfg", "sampling", "stops", "layout")
-begin_jit = jax.jit(_begin, static_argnames=_STATIC + ("num_samples",),
-                    donate_argnames=("cache",))
-decode_jit = jax.jit(_decode, static_argnames=_STATIC, donate_argnames=("cache",))
 extend_jit = jax.jit(_extend, static_argnames=_STATIC, donate_argnames=("cache",))
 compact_extend_jit = jax.jit(_extend, static_argnames=_STATIC)
-"""The jit boundaries: begin (prefill), decode (one turn's loop), extend (one environment
-turn's tokens), each donating the cache; extend with a gather (compaction) makes a smaller
-cache, so it cannot reuse the old buffer and donates nothing (the old one is dropped)."""
+"""The jit boundaries besides the engine's prefill (turn 1) and decode (every turn): extend
+(one environment turn's tokens), donating the cache; extend with a gather (compaction)
+makes a smaller cache, so it cannot reuse the old buffer and donates nothing (the old one is
+dropped)."""
 
 
 @dataclasses.dataclass
@@ -277,10 +171,10 @@ class Conversation:
         active = np.ones(r, bool) if active is None else np.asarray(active, bool)
         cache = eng.take_cache(r, self.slots)
         tokens_d, mask_d = self._put(tokens), self._put(mask)
-        self._turn = begin_jit(
-            self.weights, tokens_d, mask_d, key, jnp.asarray(first_row, jnp.int32),
+        self._turn = prefill_jit(
+            self.weights, tokens_d, mask_d, key, jnp.asarray(first_row, jnp.int32), cache,
             self._put(active), self._put(np.minimum(limits, s.max_new_tokens).astype(np.int32)),
-            cache, model_cfg=eng.model_cfg, sampling=s, stops=self.stops,
+            model_cfg=eng.model_cfg, sampling=s, stops=self.stops,
             num_samples=num_samples, layout=eng.layout)
         self._asked = np.arange(r)
 

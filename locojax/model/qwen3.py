@@ -128,7 +128,7 @@ def dense(x, w, contract: int = 1):
     return y.reshape(*lead, *out)
 
 
-def _layer(cfg: ModelConfig, x, w, positions, visible, cache_kv=None):
+def layer(cfg: ModelConfig, x, w, positions, visible, cache_kv=None):
     """One decoder layer; returns this layer's new keys [B, K, H, T] and values [B, K, T, H].
 
     visible: ([B, T, S] over the cached slots or None, [B, T, T] over these T tokens).
@@ -190,7 +190,7 @@ def forward(
         # Training / scoring path: no cache in the scan carry, so autodiff through the scan
         # stores O(L) activations, not L copies of an [L, ...] cache.
         def body(x, w):
-            x, new_kv = _layer(cfg, x, w, positions, (None, causal))
+            x, new_kv = layer(cfg, x, w, positions, (None, causal))
             return x, (new_kv if keep_kv else None)
 
         if remat:  # prevent_cse is needed only where the scan is unrolled into straight code
@@ -204,9 +204,9 @@ def forward(
     before = (jnp.arange(s) < cache.index)[None] & cache.valid  # [B, S]: earlier valid slots
     visible = (jnp.broadcast_to(before[:, None], (b, t, s)), causal)
 
-    def cached_body(x, layer):
-        w, k_i, v_i = layer
-        return _layer(cfg, x, w, positions, visible, (k_i, v_i))
+    def cached_body(x, xs):
+        w, k_i, v_i = xs
+        return layer(cfg, x, w, positions, visible, (k_i, v_i))
 
     x, (k_new, v_new) = jax.lax.scan(cached_body, x, (weights["layers"], cache.k, cache.v))
     zero = jnp.zeros((), jnp.int32)  # write the T new slots at `index`, in place

@@ -132,8 +132,8 @@ def _prefix_hidden(params, tokens, positions, attn_mask, model_cfg, p: int, g: i
 
     def body(carry, w):
         x_p, x_r = carry
-        x_p, (k, v) = qwen3._layer(cfg, x_p, w, pos_p, (None, causal_p))
-        x_r, _ = qwen3._layer(cfg, x_r, w, pos_r, visible_r, (rows(k), rows(v)))
+        x_p, (k, v) = qwen3.layer(cfg, x_p, w, pos_p, (None, causal_p))
+        x_r, _ = qwen3.layer(cfg, x_r, w, pos_r, visible_r, (rows(k), rows(v)))
         return (x_p, x_r), None
 
     if remat:  # prevent_cse is needed only where the scan is unrolled into straight code

@@ -126,7 +126,7 @@ def layer_residual_bytes(cfg: ModelConfig, rows: int, t: int, platform: str,
     (attending to `slots` prompt keys first, as the shared-prefix forward's responses do,
     when > 0).
 
-    Counted exactly from `jax.vjp` of `qwen3._layer` at these shapes, less the layer's own
+    Counted exactly from `jax.vjp` of `qwen3.layer` at these shapes, less the layer's own
     inputs (weights, and the prompt's keys and values)."""
     shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype),
                           params_lib.abstract(cfg)["layers"])  # one layer's weights
@@ -134,14 +134,14 @@ def layer_residual_bytes(cfg: ModelConfig, rows: int, t: int, platform: str,
     pos = jnp.zeros((rows, t), jnp.int32)
     causal = jnp.ones((rows, t, t), bool)
     if not slots:
-        return _residual_bytes(lambda x, w: qwen3._layer(cfg, x, w, pos, (None, causal))[0],
+        return _residual_bytes(lambda x, w: qwen3.layer(cfg, x, w, pos, (None, causal))[0],
                                (x, shapes), platform)
     kv = (rows, cfg.num_key_value_heads, cfg.head_dim, slots)
     k = jax.ShapeDtypeStruct(kv, cfg.dtype)
     v = jax.ShapeDtypeStruct((*kv[:2], slots, kv[2]), cfg.dtype)
     visible = (jnp.ones((rows, t, slots), bool), causal)
     return _residual_bytes(
-        lambda x, w, k, v: qwen3._layer(cfg, x, w, pos, visible, (k, v))[0],
+        lambda x, w, k, v: qwen3.layer(cfg, x, w, pos, visible, (k, v))[0],
         (x, shapes, k, v), platform)
 
 
