@@ -73,6 +73,38 @@ def test_file_level_errors(tmp_path):
         gsm8k.load(path, template="llama")
 
 
+def test_json_documents_are_refused_naming_the_file(tmp_path):
+    """A `.json` that holds one JSON document, not JSON Lines: one error for the file, saying
+    what it holds, instead of a "broken JSON line" per line."""
+    rows = [GOOD, GOOD]
+    for name, text in [("pretty.json", json.dumps(rows, indent=2)),
+                       ("oneline.json", json.dumps(rows))]:
+        (tmp_path / name).write_text(text)
+        with pytest.raises(DataError, match="holds a JSON array of rows") as err:
+            gsm8k.load(tmp_path / name, skip_invalid=True)  # a file error, not a row to skip
+        msg = str(err.value)
+        assert msg.startswith(f"{tmp_path / name}: ") and "JSON Lines" in msg
+        assert f"> {tmp_path / name.replace('.json', '.jsonl')}" in msg  # how to convert
+    (tmp_path / "object.json").write_text(json.dumps(GOOD, indent=2))
+    with pytest.raises(DataError, match="object.json: holds one JSON value spread over"):
+        gsm8k.load(tmp_path / "object.json")
+    write_jsonl(tmp_path / "lines.json", rows)  # JSON Lines under .json is fine
+    assert len(gsm8k.load(tmp_path / "lines.json")) == 2
+
+
+def test_non_utf8_rows_name_file_and_line(tmp_path):
+    path = tmp_path / "latin1.jsonl"
+    path.write_bytes(json.dumps(GOOD).encode() + b"\n" + '{"question": "caf\u00e9?", '
+                     '"answer": "#### 1"}\n'.encode("latin-1") + json.dumps(GOOD).encode())
+    with pytest.raises(DataError, match=rf"{path}:2: not UTF-8 \(invalid continuation byte"):
+        gsm8k.load(path)
+    ds = gsm8k.load(path, skip_invalid=True)
+    assert len(ds) == 2 and ds.skipped == 1 and "not UTF-8" in ds.problems[0]
+    bom = tmp_path / "bom.jsonl"  # a UTF-8 byte-order mark (Windows editors) is not an error
+    bom.write_bytes(b"\xef\xbb\xbf" + json.dumps(GOOD).encode() + b"\n")
+    assert len(gsm8k.load(bom)) == 1
+
+
 def test_parquet_rows_validated_with_row_numbers(tmp_path):
     rows = [GOOD, {"question": "q2", "answer": ""}, {"question": "q3", "answer": "#### 1,000"}]
     path = tmp_path / "train.parquet"

@@ -290,6 +290,35 @@ def test_sharded_checkpoint_errors_name_the_shard(tmp_path):
         hf_io.load_model(d)
 
 
+def test_corrupt_config_index_and_weights_name_the_file(tmp_path):
+    """json and safetensors report a bad file without naming it; these errors do, with the
+    line and column of a JSON error."""
+    cfg = tiny_cfg()
+    d = _saved(tmp_path, cfg, max_shard_bytes=40_000)
+    config = d / "config.json"
+    good = config.read_text()
+    config.write_text('{\n  "hidden_size": 64,\n  "num_hidden_layers": ,\n}')
+    with pytest.raises(ValueError, match=rf"{config}:3:24: invalid JSON \(Expecting value\)"):
+        load_config(d)
+    config.write_bytes(b'{"model_type": "qwen3\xff"}')
+    with pytest.raises(ValueError, match=rf"{config}: not UTF-8"):
+        hf_io.load_model(d)
+    config.write_text("[1, 2]")
+    with pytest.raises(ValueError, match=rf"{config}: must hold a JSON object, not a list"):
+        load_config(d)
+    config.write_text(good)
+    index = d / hf_io.INDEX_FILE
+    text = index.read_text()
+    index.write_text(text[: len(text) // 2])  # an interrupted copy
+    with pytest.raises(ValueError, match=rf"{index}:\d+:\d+: invalid JSON"):
+        hf_io.load_model(d)
+    index.write_text(text)
+    shard = d / sorted(set(json.loads(text)["weight_map"].values()))[0]
+    shard.write_bytes(shard.read_bytes()[:100])  # a truncated shard
+    with pytest.raises(ValueError, match=rf"{shard}: not a readable safetensors file"):
+        hf_io.load_model(d)
+
+
 def test_lm_head_presence_follows_tying(tmp_path):
     tied = tiny_cfg()
     w = _random_weights(tied)

@@ -204,3 +204,56 @@ def test_load_tokenizer_char():
     tok = load_tokenizer("char")
     assert isinstance(tok, CharTokenizer)
     assert tok.decode(tok.encode("12+30=42\n")) == "12+30=42\n"
+
+
+# ---- corrupt files and another vocabulary of the same size ----------------------------
+
+
+def test_corrupt_tokenizer_files_name_the_file_and_line(hf_dir):
+    """A JSON error from the tokenizers library or json.load names no file: ours do."""
+    (hf_dir / "tokenizer_config.json").write_text('{"eos_token": "<|im_end|>",\n "pad_token": }')
+    with pytest.raises(ValueError, match=r"tokenizer_config.json:2:15: invalid JSON"):
+        load_tokenizer(hf_dir)
+    (hf_dir / "tokenizer_config.json").write_text("[]")
+    with pytest.raises(ValueError, match=r"tokenizer_config.json: must hold a JSON object"):
+        load_tokenizer(hf_dir)
+    (hf_dir / "tokenizer_config.json").unlink()
+    (hf_dir / "generation_config.json").write_bytes(b'{"eos_token_id": "\xff"}')
+    with pytest.raises(ValueError, match=r"generation_config.json: not UTF-8"):
+        load_tokenizer(hf_dir)
+    (hf_dir / "generation_config.json").unlink()
+    text = (hf_dir / "tokenizer.json").read_text()
+    (hf_dir / "tokenizer.json").write_text(text[: len(text) // 2])  # a truncated download
+    with pytest.raises(ValueError, match=r"tokenizer.json:\d+:\d+: invalid JSON") as e:
+        load_tokenizer(hf_dir)
+    assert str(hf_dir) in str(e.value)
+    (hf_dir / "tokenizer.json").write_text('{"version": "1.0"}')  # valid JSON, not a tokenizer
+    with pytest.raises(ValueError, match=r"tokenizer.json: not a tokenizers file"):
+        load_tokenizer(hf_dir)
+
+
+def test_same_size_but_different_vocabulary_is_refused(hf_dir, tmp_path):
+    """A model records its vocabulary's fingerprint; a tokenizer with as many ids but other
+    tokens behind them (here: two ids swapped, so "a" encodes as the id of "b") is refused by
+    name."""
+    from locojax.tokenizer import fingerprint
+
+    mine = load_tokenizer(hf_dir)
+    other_dir = tmp_path / "other"
+    other_dir.mkdir()
+    data = json.loads((hf_dir / "tokenizer.json").read_text())
+    vocab = data["model"]["vocab"]
+    vocab["a"], vocab["b"] = vocab["b"], vocab["a"]
+    (other_dir / "tokenizer.json").write_text(json.dumps(data))
+    other = load_tokenizer(other_dir)
+    assert other.vocab_size == mine.vocab_size  # the size check cannot tell them apart
+    assert other.encode("a") == mine.encode("b")
+    assert fingerprint(other) != fingerprint(mine)
+    assert load_tokenizer(hf_dir, trained_with=fingerprint(mine)).vocab_size == mine.vocab_size
+    with pytest.raises(ValueError, match="not the vocabulary the model was trained with") as e:
+        load_tokenizer(other_dir, trained_with=fingerprint(mine))
+    assert str(other_dir / "tokenizer.json") in str(e.value)
+    char = fingerprint(CharTokenizer())
+    assert load_tokenizer("char", trained_with=char).vocab_size == 100
+    with pytest.raises(ValueError, match="built-in char tokenizer"):
+        load_tokenizer("char", trained_with=fingerprint(mine))

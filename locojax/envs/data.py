@@ -11,6 +11,10 @@ reward log can always be traced back to its source row.
 A JSON number with a fraction or exponent is read as a `NumberText`: a float whose `str` is
 the text the file wrote, so an answer stored as `27.0` or `1.50` compares as that text, not
 as Python's rendering of the parsed float.
+
+A `.json` file must be JSON Lines too: one holding a single JSON document (an array of rows,
+or an object spread over lines) is refused as a whole, naming the file and how to convert it,
+rather than reported as broken lines. A line that is not UTF-8 is a row error with its line.
 """
 
 from __future__ import annotations
@@ -74,6 +78,7 @@ class Dataset:
 
 
 MAX_PROBLEMS_KEPT = 20
+_MAX_DOCUMENT_BYTES = 256 << 20  # a file this size may be re-read whole to name its format
 
 Converter = Callable[[Mapping[str, Any], str], Example]
 """(validated row, example id) -> Example; raises RowError for task-specific problems."""
@@ -82,8 +87,9 @@ Converter = Callable[[Mapping[str, Any], str], Example]
 def read_rows(path: str | os.PathLike) -> Iterator[tuple[int, Any]]:
     """(line number, parsed row) for each non-blank line of a .jsonl or each row of a .parquet.
 
-    A line that is not valid JSON yields a DataError instance in place of the row, so the
-    caller decides whether to raise or skip it.
+    A line that is not valid JSON, or not UTF-8, yields a DataError instance in place of the
+    row, so the caller decides whether to raise or skip it; a file that holds one JSON
+    document instead of JSON Lines raises.
     """
     path = os.fspath(path)
     if not os.path.exists(path):
@@ -99,14 +105,52 @@ def read_rows(path: str | os.PathLike) -> Iterator[tuple[int, Any]]:
         return
     if not (path.endswith(".jsonl") or path.endswith(".json")):
         raise DataError(f"{path}: unsupported format (expected .jsonl or .parquet)")
-    with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, start=1):
+    first = True
+    with open(path, "rb") as f:
+        for line_no, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8-sig" if line_no == 1 else "utf-8")
+            except UnicodeDecodeError as e:
+                yield line_no, DataError(f"not UTF-8 ({e.reason} at byte {e.start} of the line)")
+                continue
             if not line.strip():
                 continue
             try:
-                yield line_no, json.loads(line, parse_float=NumberText)
+                row = json.loads(line, parse_float=NumberText)
             except json.JSONDecodeError as e:
-                yield line_no, DataError(f"broken JSON line ({e.msg} at column {e.colno})")
+                kind = _json_document(path) if first else None
+                if kind is not None:
+                    raise DataError(_document_error(path, array=kind == "array")) from None
+                row = DataError(f"broken JSON line ({e.msg} at column {e.colno})")
+            else:  # a whole array of rows on one line
+                if first and isinstance(row, list) and row and all(
+                        isinstance(r, dict) for r in row):
+                    raise DataError(_document_error(path, array=True))
+            first = False
+            yield line_no, row
+
+
+def _json_document(path: str) -> str | None:
+    """"array" or "value" when the whole file parses as one JSON document (pretty-printed),
+    else None."""
+    if os.path.getsize(path) > _MAX_DOCUMENT_BYTES:
+        return None
+    try:
+        with open(path, "rb") as f:
+            doc = json.loads(f.read())
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return "array" if isinstance(doc, list) else "value"
+
+
+def _document_error(path: str, array: bool) -> str:
+    what = "a JSON array of rows" if array else "one JSON value spread over several lines"
+    msg = (f"{path}: holds {what}, but locojax reads JSON Lines (each row a JSON object on "
+           "its own line, whatever the file extension)")
+    if not array:
+        return msg
+    return (msg + "; convert it with python -c \"import json, sys; [print(json.dumps(r)) for r "
+            f"in json.load(open(sys.argv[1]))]\" {path} > {os.path.splitext(path)[0]}.jsonl")
 
 
 def check_fields(row: Any, required: Mapping[str, type | tuple[type, ...]],

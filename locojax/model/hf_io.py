@@ -32,7 +32,7 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from locojax.model.config import ModelConfig
-from locojax.model.hf_config import load_config, save_config
+from locojax.model.hf_config import load_config, read_json_object, save_config
 from locojax.model.params import WeightDecl, Weights, declare, is_decl
 
 SINGLE_FILE = "model.safetensors"
@@ -88,8 +88,7 @@ class Checkpoint(contextlib.AbstractContextManager):
         index, single = self.dir / INDEX_FILE, self.dir / SINGLE_FILE
         if index.is_file():
             self.source = index
-            with open(index) as f:
-                weight_map = json.load(f).get("weight_map")
+            weight_map = read_json_object(index).get("weight_map")
             if not isinstance(weight_map, dict):
                 raise ValueError(f"{index}: no 'weight_map' object")
             files = sorted({self.dir / v for v in weight_map.values()})
@@ -119,7 +118,10 @@ class Checkpoint(contextlib.AbstractContextManager):
 
     def _open(self, path: Path):
         if path not in self._handles:
-            self._handles[path] = safe_open(str(path), framework="numpy")
+            try:
+                self._handles[path] = safe_open(str(path), framework="numpy")
+            except Exception as e:  # safetensors raises its own types, without the path
+                raise ValueError(f"{path}: not a readable safetensors file ({e})") from None
         return self._handles[path]
 
     def read(self, name: str) -> np.ndarray:

@@ -89,5 +89,9 @@ class CharTokenizer:
                             ) -> str:
         return render_chat(messages, add_generation_prompt)
 
+    def vocabulary(self) -> list[tuple[int, str]]:
+        """(id, token) for every id, in id order."""
+        return list(enumerate(self._tokens))
+
     def __repr__(self):
         return f"CharTokenizer(vocab_size={self.vocab_size})"

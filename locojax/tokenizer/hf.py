@@ -32,10 +32,18 @@ def _token_text(value) -> str | None:
 
 
 def _read_json(path: Path) -> dict:
+    """A JSON object from `path` ({} when absent); a corrupt file is a ValueError naming it."""
     if not path.is_file():
         return {}
-    with open(path) as f:
-        return json.load(f)
+    try:
+        d = json.loads(path.read_bytes())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}:{e.lineno}:{e.colno}: invalid JSON ({e.msg})") from None
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 ({e.reason} at byte {e.start})") from None
+    if not isinstance(d, dict):
+        raise ValueError(f"{path}: must hold a JSON object, not a {type(d).__name__}")
+    return d
 
 
 class HFTokenizer:
@@ -63,6 +71,11 @@ class HFTokenizer:
     def _id(self, token: str) -> int | None:
         return self.tokenizer.token_to_id(token)
 
+    def vocabulary(self) -> list[tuple[int, str]]:
+        """(id, token) for every id, in id order."""
+        return sorted(((i, t) for t, i in self.tokenizer.get_vocab(with_added_tokens=True)
+                       .items()))
+
     def _require(self, token: str, what: str) -> int:
         i = self._id(token)
         if i is None:
@@ -80,7 +93,12 @@ class HFTokenizer:
         config = _read_json(path / "tokenizer_config.json")
         gen_eos = _read_json(path / "generation_config.json").get("eos_token_id", ())
         gen_eos = [gen_eos] if isinstance(gen_eos, int) else list(gen_eos or ())
-        return cls(_RustTokenizer.from_file(str(file)),
+        try:
+            rust = _RustTokenizer.from_file(str(file))
+        except Exception as e:  # tokenizers raises a bare Exception, without the path
+            _read_json(file)  # corrupt JSON: its path and line
+            raise ValueError(f"{file}: not a tokenizers file ({e})") from None
+        return cls(rust,
                    eos_token=_token_text(config.get("eos_token")),
                    pad_token=_token_text(config.get("pad_token")),
                    extra_stop_ids=gen_eos, source=str(path))
