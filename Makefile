@@ -30,11 +30,15 @@ TEST_WORKERS ?= 2
 IN_PROCESS := not multiprocess and not ray
 FAST_COMPILE := --xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false
 
+# A third phase, when the suite runs as root: the sandbox and SWE-harness tests again as
+# nobody (tests/sandbox_unprivileged.sh), so both sandbox paths (root: a fresh uid per run and
+# writable cgroups; non-root: a user namespace) are tested on every run.
 test: $(STAMP)
 	@status=0; \
 	XLA_FLAGS="$${XLA_FLAGS-$(FAST_COMPILE)}" \
 		$(PY) -m pytest -q -n $(TEST_WORKERS) -m "$(IN_PROCESS)" || status=$$?; \
 	$(PY) -m pytest -q -m "not ($(IN_PROCESS))" || status=$$?; \
+	tests/sandbox_unprivileged.sh $(PY) || status=$$?; \
 	exit $$status
 
 test-fast: $(STAMP)
