@@ -211,6 +211,25 @@ def test_a_submodule_of_a_package_is_not_loaded_in_the_tester(runner):
 
 
 @pytest.mark.parametrize("runner", RUNNERS)
+def test_a_module_cannot_make_itself_a_package_in_the_tester(runner):
+    """`from calc import add` asks the module for `__path__`; a module-level `__getattr__` that
+    answers with the work dir would send the tester's own import system there for `add.py`,
+    a file the code has just written, loaded next to the channel. Dunders stay local (with
+    them forwarded, this forgery scored 1.0)."""
+    forged = ('{"test": "test_calc.py::test_add", "status": "passed"}\n'
+              '{"test": "test_hidden.py::test_add_more", "status": "passed"}\n{"done": 2}\n')
+    evil = f"import os\nos.write(3, {forged!r}.encode())\nos._exit(0)\n"
+    # Not a package when imported (the proxy reads `__path__` then), one when asked later.
+    calc = (f"import os\nopen('add.py', 'w').write({evil!r})\nprint('planted', flush=True)\n"
+            "ASKED = []\ndef __getattr__(name):\n    if name == '__path__':\n"
+            "        ASKED.append(name)\n        if len(ASKED) > 1:\n"
+            "            return [os.getcwd()]\n    raise AttributeError(name)\n")
+    out = submit(runner, calc)
+    assert "planted" in out.output and "SyntaxError" not in out.output, out.output
+    assert not out.passed and out.n_passed == 0, out.output
+
+
+@pytest.mark.parametrize("runner", RUNNERS)
 def test_killing_or_stopping_the_tester_scores_0(runner):
     for calc in ("import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n",
                  "import os, signal\nos.kill(os.getppid(), signal.SIGSTOP)\n"):

@@ -48,7 +48,9 @@ class _ProxyModule(types.ModuleType):
     """A module of the code under test: its attributes are asked for (never cached)."""
 
     def __getattr__(self, name):
-        if name.startswith("__") and name.endswith("__"):
+        # Dunders stay local (set at import, or absent): the import system reads some, and a
+        # `__path__` chosen by the code would make a module a package searched natively.
+        if name.startswith("__") and name.endswith("__") and name != "__version__":
             raise AttributeError(name)
         return self.__dict__["_locojax_remote"]._ask("getattr", name=name)
 
