@@ -85,17 +85,18 @@ def train(args) -> dict:
     baseline_kb = _status_kb("VmRSS")  # before jax and locojax
     import dataclasses
 
-    from locojax import models
+    from locojax.model import loader
     from locojax.envs.base import Example
     from locojax.envs.gsm8k import make_prompt
     from locojax.profiler import StepTimer
     from locojax.rollout.single_turn import encode_prompt
     from locojax.train.config import EvalConfig, RolloutConfig, gsm8k_qwen3
-    from locojax.train.loop import Trainer
+    from locojax.train import wiring
+    from locojax.train.loop import start
 
     # The first 64 rows whose chat-formatted prompt fits the window, as the run formats them.
     base = gsm8k_qwen3(args.model, args.data)
-    tokenizer = models.load_tokenizer_of(args.model)
+    tokenizer = loader.load_tokenizer_of(args.model)
     data = os.path.join(args.work, "gsm8k_fit.jsonl")
     kept = 0
     with open(args.data) as src, open(data, "w") as dst:
@@ -115,7 +116,7 @@ def train(args) -> dict:
         eval=EvalConfig(every=0), precision=args.precision, remat=args.remat)
     jax_kb = _status_kb("VmRSS")
     t0 = time.perf_counter()
-    trainer = Trainer(cfg)  # prints the memory plan; compiles every program of the step
+    trainer = start(cfg, wiring.join("single"))  # prints the plan; compiles the step's programs
     init_s = time.perf_counter() - t0
     plan = trainer.memory
     steps = []
@@ -129,14 +130,14 @@ def train(args) -> dict:
     out = {"baseline_kb": baseline_kb, "jax_kb": jax_kb, "init_s": init_s,
            "plan_text": plan.format(), "plan_peak": plan.peak, "held": plan.held,
            "expected": plan.expected, "compile_s": {p.name: p.compile_s for p in plan.programs},
-           "num_params": trainer.model_cfg.num_params(), "steps": steps,
+           "num_params": trainer.parts.model_cfg.num_params(), "steps": steps,
            "rows": cfg.rollout.prompts_per_step * cfg.group_size,
            "columns": cfg.rollout.max_prompt_tokens + cfg.rollout.max_new_tokens}
     if args.save:
         t0 = time.perf_counter()
         trainer._save(cfg.steps - 1)
         trainer.ckpt.close()
-        models.save(os.path.join(cfg.run_dir, "final_model"), trainer.model_cfg,
+        loader.save(os.path.join(cfg.run_dir, "final_model"), trainer.parts.model_cfg,
                     trainer.state.params, cfg.model)
         out["save_s"] = time.perf_counter() - t0
         out["hwm_with_save_kb"] = _status_kb("VmHWM")

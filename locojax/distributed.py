@@ -1,6 +1,7 @@
 """Joining a multi-host run: the one place that calls `jax.distributed.initialize`.
 
-Three ways in, tried in order:
+Three ways in, tried in order (each overridden by explicit arguments to `initialize`, which
+is how the Ray modes join their learner group):
 1. `locojax launch` sets LOCOJAX_COORDINATOR / LOCOJAX_NUM_PROCESSES / LOCOJAX_PROCESS_ID
    (and LOCOJAX_DEVICES_PER_HOST / LOCOJAX_CPUS for simulated CPU hosts) for each local
    process.
@@ -69,16 +70,21 @@ def pin_cpus(spec: str | None) -> None:
     os.sched_setaffinity(0, cpus)
 
 
-def initialize(devices_per_host: int | None = None, auto: bool = False) -> HostInfo:
-    """Join the run described by the environment; a single process when nothing describes one."""
+def initialize(devices_per_host: int | None = None, auto: bool = False,
+               coordinator: str | None = None, num_processes: int | None = None,
+               process_id: int | None = None) -> HostInfo:
+    """Join the run given by the arguments, else the one the environment describes; a single
+    process when nothing describes one."""
     import jax
 
     pin_cpus(os.environ.get(ENV_CPUS))
     set_cpu_devices(_env_int(ENV_DEVICES_PER_HOST, devices_per_host))
-    coordinator = os.environ.get(ENV_COORDINATOR) or os.environ.get("JAX_COORDINATOR_ADDRESS")
-    num = _env_int(ENV_NUM_PROCESSES) or _env_int("JAX_NUM_PROCESSES")
-    pid = _env_int(ENV_PROCESS_ID)
-    pid = _env_int("JAX_PROCESS_ID") if pid is None else pid
+    if coordinator is None:
+        coordinator = os.environ.get(ENV_COORDINATOR) or os.environ.get("JAX_COORDINATOR_ADDRESS")
+        num_processes = _env_int(ENV_NUM_PROCESSES) or _env_int("JAX_NUM_PROCESSES")
+        process_id = _env_int(ENV_PROCESS_ID)
+        process_id = _env_int("JAX_PROCESS_ID") if process_id is None else process_id
+    num, pid = num_processes, process_id
     heartbeat = _env_int(ENV_HEARTBEAT, 30)
 
     if coordinator and num and num > 1:

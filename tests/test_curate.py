@@ -9,7 +9,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from locojax import curate, models
+from locojax import curate
+from locojax.model import loader
 from locojax.commands.curate import main
 from locojax.engine.engine import Engine
 from locojax.engine.sampling import SamplingConfig
@@ -31,7 +32,7 @@ def test_scores_stay_with_their_rows_through_padded_batches(tmp_path):
     """A reward that ignores the completion and solves rows 0 mod 3: the counts must come
     back k or 0 at exactly those rows, with 7 rows in batches of 3 (the last one padded)."""
     data = gsm8k.load(write(tmp_path / "d.jsonl", rows(7)))
-    m = models.load("tiny")
+    m = loader.load("tiny")
     solve = lambda completion, ex: float(int(ex.answer) % 6 == 0)  # noqa: E731  2i = 0 mod 6
     task = Task("t", data.examples, data.examples, solve)
     sampling = SamplingConfig(max_new_tokens=4, stop_token_ids=tuple(m.tokenizer.stop_ids),

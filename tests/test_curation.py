@@ -21,27 +21,27 @@ def make(n=40, seed=3, **cfg):
                    PromptStream(examples, seed), B, seed)
 
 
-def obs(step_plan, solved, g=8, round_=0):
-    """Observation rows for every slot of a plan, `solved[j]` right of `g` at slot j."""
+def obs(admission, solved, g=8, round_=0):
+    """Observation rows for every slot of an admission, `solved[j]` right of `g` at slot j."""
     return np.array([[j, round_, i, s, g] for j, (i, s) in
-                     enumerate(zip(step_plan.indices, solved))], np.int32)
+                     enumerate(zip(admission.indices, solved))], np.int32)
 
 
 def test_off_is_the_plain_stream_in_any_order():
     cur = make(enabled=False)
     stream = cur.stream
-    for step in (5, 0, 11, 10):  # planning needs no order and changes nothing
-        plan = cur.plan(step)
-        assert [stream.examples[i] for i in plan.indices] == stream.take(step, B, 0, B)
-        assert (plan.cursor, plan.end, plan.skipped) == (step * B, (step + 1) * B, 0)
-    cur.update(cur.plan(0), np.zeros((0, 5), np.int32))
+    for step in (5, 0, 11, 10):  # admission needs no order and changes nothing
+        admission = cur.admit(step)
+        assert [stream.examples[i] for i in admission.indices] == stream.take(step, B, 0, B)
+        assert (admission.cursor, admission.end, admission.skipped) == (step * B, (step + 1) * B, 0)
+    cur.update(cur.admit(0), np.zeros((0, 5), np.int32))
     assert cur.cursor == B and cur.state()["table"]["index"] == []
 
 
 def test_extreme_prompts_are_held_then_readmitted():
     cur = make(n=8, readmit_after=3)
-    p0 = cur.plan(0)
-    assert cur.plan(0) == p0  # pure: planning twice gives the same plan
+    p0 = cur.admit(0)
+    assert cur.admit(0) == p0  # pure: admitting twice gives the same admission
     # Slot 0 never solved, slot 1 always, slots 2 and 3 in between.
     m = cur.update(p0, obs(p0, [0, 8, 3, 5]))
     easy, hard = p0.indices[1], p0.indices[0]
@@ -52,28 +52,28 @@ def test_extreme_prompts_are_held_then_readmitted():
     # 8 prompts, 4 a step: steps 2 and 3 walk epoch 1, which holds both held prompts once.
     skipped = 0
     for step in range(1, 4):
-        plan = cur.plan(step)
-        assert hard not in plan.indices and easy not in plan.indices
-        skipped += plan.skipped
-        cur.update(plan, obs(plan, [4] * B))
+        admission = cur.admit(step)
+        assert hard not in admission.indices and easy not in admission.indices
+        skipped += admission.skipped
+        cur.update(admission, obs(admission, [4] * B))
     assert skipped >= 2
     assert cur.held == {}  # released after step 3: admissible again, and drawn again
     admitted = []
     for step in range(4, 8):
-        plan = cur.plan(step)
-        admitted += plan.indices
-        cur.update(plan, obs(plan, [4] * B))
+        admission = cur.admit(step)
+        admitted += admission.indices
+        cur.update(admission, obs(admission, [4] * B))
     assert hard in admitted and easy in admitted
 
 
 def test_skipped_draws_advance_the_cursor_past_held_prompts():
     cur = make(n=8, readmit_after=100)
-    p0 = cur.plan(0)
+    p0 = cur.admit(0)
     cur.update(p0, obs(p0, [8, 8, 0, 0]))  # all four held for 100 steps
-    p1 = cur.plan(1)
+    p1 = cur.admit(1)
     cur.update(p1, obs(p1, [4] * B))
     # Epoch 2 (draws 8..15) holds the four held prompts again: step 2 must skip all of them.
-    p2 = cur.plan(2)
+    p2 = cur.admit(2)
     assert p2.cursor == 8 and p2.skipped == 4 and p2.end == 16
     assert set(p2.indices) == set(p1.indices)
     m = cur.update(p2, obs(p2, [4] * B))
@@ -82,19 +82,19 @@ def test_skipped_draws_advance_the_cursor_past_held_prompts():
 
 def test_all_held_still_admits_within_the_skip_budget():
     cur = make(n=4, readmit_after=1000)
-    p0 = cur.plan(0)
+    p0 = cur.admit(0)
     cur.update(p0, obs(p0, [0] * B))
-    plan = cur.plan(1)  # every prompt held: skip the budget, then admit what comes
-    assert plan.skipped == MAX_SKIPS_PER_SLOT * B and plan.forced == B
-    assert plan.end - plan.cursor == plan.skipped + B
+    admission = cur.admit(1)  # every prompt held: skip the budget, then admit what comes
+    assert admission.skipped == MAX_SKIPS_PER_SLOT * B and admission.forced == B
+    assert admission.end - admission.cursor == admission.skipped + B
 
 
 def test_keep_prob_down_weights_held_draws_deterministically():
     def skipped(keep):
         cur = make(n=4, readmit_after=1000, keep_prob=keep)
-        p0 = cur.plan(0)
+        p0 = cur.admit(0)
         cur.update(p0, obs(p0, [0] * B))
-        a, b = cur.plan(1), cur.plan(1)
+        a, b = cur.admit(1), cur.admit(1)
         assert a == b
         return a.skipped
     assert skipped(1.0) == 0
@@ -105,10 +105,10 @@ def test_keep_prob_down_weights_held_draws_deterministically():
 
 def test_running_pass_rate_decays_by_memory():
     cur = make(memory=0.5, too_easy=1.1, too_hard=-0.1)  # hold nothing, just track
-    p0 = cur.plan(0)
+    p0 = cur.admit(0)
     cur.update(p0, obs(p0, [8, 0, 0, 0]))
     i = p0.indices[0]
-    p1 = cur.plan(1)
+    p1 = cur.admit(1)
     rows = np.array([[0, 0, i, 2, 8]], np.int32)  # the same prompt seen again: 2/8
     cur.update(p1, rows)
     # samples 0.5·8 + 8 = 12, solved 0.5·8 + 2 = 6 (exact in binary floating point)
@@ -119,14 +119,14 @@ def test_update_ignores_host_order_and_padding():
     rng = np.random.default_rng(0)
     a, b = make(memory=0.3), make(memory=0.3)
     for step in range(6):
-        plan = a.plan(step)
-        assert b.plan(step) == plan
-        rows = obs(plan, rng.integers(0, 9, B))
+        admission = a.admit(step)
+        assert b.admit(step) == admission
+        rows = obs(admission, rng.integers(0, 9, B))
         # A refill round that reuses slot 0's prompt: one prompt twice in one step.
-        rows = np.concatenate([rows, [[0, 1, plan.indices[1], 8, 8]]]).astype(np.int32)
+        rows = np.concatenate([rows, [[0, 1, admission.indices[1], 8, 8]]]).astype(np.int32)
         pad = np.full((3, 5), -1, np.int32)
-        a.update(plan, np.concatenate([rows, pad]))
-        b.update(plan, np.concatenate([pad, rows[::-1]]))  # another host order
+        a.update(admission, np.concatenate([rows, pad]))
+        b.update(admission, np.concatenate([pad, rows[::-1]]))  # another host order
     assert json.dumps(a.state()) == json.dumps(b.state())
 
 
@@ -134,28 +134,28 @@ def test_state_round_trips_through_json_exactly():
     rng = np.random.default_rng(1)
     cur = make(memory=0.3, readmit_after=2)
     for step in range(5):
-        plan = cur.plan(step)
-        cur.update(plan, obs(plan, rng.integers(0, 9, B)))
+        admission = cur.admit(step)
+        cur.update(admission, obs(admission, rng.integers(0, 9, B)))
     back = make(memory=0.3, readmit_after=2)
     back.load_state(json.loads(json.dumps(cur.state())))
     assert back.state() == cur.state()
     assert back.samples == cur.samples and back.solved == cur.solved  # floats bitwise
     for step in range(5, 9):  # and they go on identically
-        plan = cur.plan(step)
-        assert back.plan(step) == plan
-        rows = obs(plan, rng.integers(0, 9, B))
-        assert back.update(plan, rows) == cur.update(plan, rows)
+        admission = cur.admit(step)
+        assert back.admit(step) == admission
+        rows = obs(admission, rng.integers(0, 9, B))
+        assert back.update(admission, rows) == cur.update(admission, rows)
 
 
-def test_plans_must_follow_updates_when_curation_is_on():
+def test_admissions_must_follow_updates_when_curation_is_on():
     cur = make()
     with pytest.raises(ValueError, match="step by step"):
-        cur.plan(1)
+        cur.admit(1)
 
 
 def test_refill_candidates_are_pure_and_avoid_held_prompts():
     cur = make(n=10, readmit_after=1000)
-    p0 = cur.plan(0)
+    p0 = cur.admit(0)
     cur.update(p0, obs(p0, [0, 0, 8, 8]))
     picks = [cur.refill_index(1, slot, r) for slot in range(8) for r in (1, 2, 3)]
     assert picks == [cur.refill_index(1, slot, r) for slot in range(8) for r in (1, 2, 3)]

@@ -1,6 +1,10 @@
 """Dynamic sampling and overlong shaping without a model: the producer runs on a fake
 rollout whose rewards are a seeded function of (prompt, sampling key, global row), as the
-engine's are, so what a slot ends up with can be compared across host splits."""
+engine's are, so what a slot ends up with can be compared across host splits. The rows a
+step kept are read back from the producer's dump, as a user reads them."""
+
+import dataclasses
+import types
 
 import jax
 import numpy as np
@@ -50,7 +54,7 @@ class NoCounters:
         return {}
 
 
-def make_producer(dynamic, curation=CurationConfig()):
+def make_producer(dynamic, dump_dir, curation=CurationConfig()):
     # Pass probabilities 0 and 1 (always zero variance) and in between.
     ps = [0.0, 1.0, 0.5, 0.3, 0.0, 0.8, 1.0, 0.6] * 8
     train = [Example(str(i), f"q{i}", "1", meta={"p": p}) for i, p in enumerate(ps)]
@@ -58,89 +62,114 @@ def make_producer(dynamic, curation=CurationConfig()):
     curator = Curator(curation, PromptStream(train, 0), B, 0)
     sampling = SamplingConfig(max_new_tokens=N, stop_token_ids=(STOP,), pad_token_id=0)
     return Producer(None, None, task, NoCounters(), curator, AlgoConfig(group_size=G),
-                    sampling, B, P, jax.random.key(0), dynamic, rollout_fn=fake_rollout)
+                    sampling, B, P, jax.random.key(0), dynamic, dump_dir=str(dump_dir),
+                    rollout_fn=fake_rollout)
+
+
+def produce(producer, step, start=0, stop=B):
+    """The record, the curator's feedback, and the rows the producer dumped."""
+    record, feedback = producer.produce(step, None, start, stop, StepTimer())
+    path = f"{producer.dump_dir}/step{step + 1:05d}.slots{start}-{stop}.npz"
+    with np.load(path) as f:
+        rows = dict(f)
+    assert int(rows["version"]) == record.version == step
+    return types.SimpleNamespace(record=record, batch=record.batch, stats=record.stats,
+                                 feedback=feedback, rows=rows)
 
 
 def split_equals_whole(producer, step):
-    whole = producer.produce(step, None, 0, B, StepTimer())
-    parts = [producer.produce(step, None, s, s + B // 2, StepTimer()) for s in (0, B // 2)]
+    whole = produce(producer, step)
+    parts = [produce(producer, step, s, s + B // 2) for s in (0, B // 2)]
     for name in ("tokens", "loss_mask", "advantages", "old_logprobs", "group_id"):
         joined = np.concatenate([getattr(p.batch, name) for p in parts])
         np.testing.assert_array_equal(getattr(whole.batch, name), joined, err_msg=name)
-    np.testing.assert_array_equal(whole.rollouts.rewards,
-                                  np.concatenate([p.rollouts.rewards for p in parts]))
+    np.testing.assert_array_equal(whole.rows["rewards"],
+                                  np.concatenate([p.rows["rewards"] for p in parts]))
     real = lambda o: o[o[:, 0] >= 0]  # noqa: E731
     key = lambda o: o[np.lexsort((o[:, 1], o[:, 0]))]  # noqa: E731
     np.testing.assert_array_equal(
-        key(real(whole.observations)),
-        key(real(np.concatenate([p.observations for p in parts]))))
-    for name in ("refill/replaced", "zero_std", "correct", "rows"):
-        if name in whole.sums:
-            assert whole.sums[name] == sum(p.sums[name] for p in parts), name
+        key(real(whole.feedback.observations)),
+        key(real(np.concatenate([p.feedback.observations for p in parts]))))
+    # The halves' stats add up to the whole's, field by field (sums of small integers, exact
+    # in floats), but for the refill rounds' cost: a half regenerates its whole share in
+    # any round that one of its slots needs.
+    def no_cost(s):
+        return s if s.refill is None else dataclasses.replace(
+            s, refill=dataclasses.replace(s.refill, generated_groups=0.0))
+
+    assert no_cost(parts[0].stats + parts[1].stats) == no_cost(whole.stats)
     return whole
 
 
-def test_refill_replaces_zero_variance_groups_per_slot_on_any_split():
-    plain = make_producer(ds.DynamicSamplingConfig())
-    dyn = make_producer(ds.DynamicSamplingConfig(max_rounds=3))
+def test_refill_replaces_zero_variance_groups_per_slot_on_any_split(tmp_path):
+    plain = make_producer(ds.DynamicSamplingConfig(), tmp_path / "plain")
+    dyn = make_producer(ds.DynamicSamplingConfig(max_rounds=3), tmp_path / "dyn")
     for step in range(3):
-        a, b = plain.produce(step, None, 0, B, StepTimer()), split_equals_whole(dyn, step)
+        a, b = produce(plain, step), split_equals_whole(dyn, step)
         assert b.batch.tokens.shape == a.batch.tokens.shape  # the batch size stays B·G
         np.testing.assert_array_equal(b.batch.group_id, a.batch.group_id)
-        za = ds.zero_variance(a.rollouts.rewards, G)
-        zb = ds.zero_variance(b.rollouts.rewards, G)
+        za = ds.zero_variance(a.rows["rewards"], G)
+        zb = ds.zero_variance(b.rows["rewards"], G)
         assert za.sum() >= 2 and zb.sum() < za.sum()  # something to refill, and it was
-        assert b.sums["refill/zero_std_round0"] == za.sum()
-        assert b.sums["refill/replaced"] >= za.sum() - zb.sum()
+        assert b.stats.refill.zero_std_round0 == za.sum()
+        assert b.stats.refill.replaced >= za.sum() - zb.sum()
         # A slot that kept its round-0 group is unchanged, rows and all.
         keep = np.repeat(~za, G)
         np.testing.assert_array_equal(b.batch.tokens[keep], a.batch.tokens[keep])
         # Every slot reports its round 0, plus one row per refill it took.
-        real = b.observations[b.observations[:, 0] >= 0]
+        obs = b.feedback.observations
+        real = obs[obs[:, 0] >= 0]
         assert np.sum(real[:, 1] == 0) == B
-        assert len(real) - B >= b.sums["refill/replaced"]
+        assert len(real) - B >= b.stats.refill.replaced
 
 
-def test_without_dynamic_sampling_the_record_is_the_plain_stream():
-    prod = make_producer(ds.DynamicSamplingConfig())
-    rec = prod.produce(2, None, 0, B, StepTimer())
-    assert rec.rollouts.examples == prod.curator.stream.take(2, B, 0, B)
-    assert "refill/replaced" not in rec.sums
+def test_without_dynamic_sampling_the_record_is_the_plain_stream(tmp_path):
+    prod = make_producer(ds.DynamicSamplingConfig(), tmp_path)
+    out = produce(prod, 2)
+    train = prod.task.train
+    assert [train[i] for i in out.feedback.admission.indices] == \
+        prod.curator.stream.take(2, B, 0, B)
+    assert out.rows["texts"].tolist() == [e.id for e in prod.curator.stream.take(2, B, 0, B)
+                                          for _ in range(G)]
+    assert out.stats.refill is None
 
 
-def test_curated_admission_splits_like_the_whole():
-    """With curation on, both halves read one plan: the step's slots are its B indices."""
-    prod = make_producer(ds.DynamicSamplingConfig(max_rounds=2),
+def test_curated_admission_splits_like_the_whole(tmp_path):
+    """With curation on, both halves read one admission: the step's slots are its B indices."""
+    prod = make_producer(ds.DynamicSamplingConfig(max_rounds=2), tmp_path,
                          CurationConfig(enabled=True, readmit_after=5))
     for step in range(4):
-        rec = split_equals_whole(prod, step)
-        prod.curator.update(rec.plan, rec.observations)
+        out = split_equals_whole(prod, step)
+        prod.curator.update(out.feedback.admission, out.feedback.observations)
     assert prod.curator.held  # the 0 and 1 pass-rate prompts were held back
 
 
-def test_overlong_filter_masks_cut_off_rows():
-    prod = make_producer(ds.DynamicSamplingConfig(overlong_filter=True))
-    rec = prod.produce(0, None, 0, B, StepTimer())
-    cut = ds.truncated(rec.rollouts.tokens, rec.rollouts.mask, (STOP,))
+def test_overlong_filter_masks_cut_off_rows(tmp_path):
+    prod = make_producer(ds.DynamicSamplingConfig(overlong_filter=True), tmp_path)
+    out = produce(prod, 0)
+    cut = ds.truncated(out.rows["tokens"], out.rows["mask"], (STOP,))
     assert 0 < cut.sum() < len(cut)
-    assert not rec.batch.loss_mask[cut].any()
-    np.testing.assert_array_equal(rec.batch.loss_mask[~cut].sum(1),
-                                  rec.rollouts.mask[~cut].sum(1))
-    assert rec.sums["truncated"] == cut.sum()
+    assert not out.batch.loss_mask[cut].any()
+    np.testing.assert_array_equal(out.batch.loss_mask[~cut].sum(1),
+                                  out.rows["mask"][~cut].sum(1))
+    assert out.stats.truncated == cut.sum()
 
 
-def test_soft_overlong_punishment_values():
+def test_soft_overlong_punishment_values(tmp_path):
     # N = 12, L_cache = 4: no penalty up to 8 tokens, then -1/4 per token, -1 at 12.
     pen = ds.overlong_penalty(np.array([1, 8, 9, 10, 12]), 12, 4)
     np.testing.assert_array_equal(pen, np.array([0, 0, -0.25, -0.5, -1], np.float32))
     np.testing.assert_array_equal(ds.overlong_penalty(np.array([12]), 12, 0), [0.0])
-    prod = make_producer(ds.DynamicSamplingConfig(overlong_buffer=2, overlong_penalty=0.5))
-    rec = prod.produce(0, None, 0, B, StepTimer())
-    lengths = rec.rollouts.mask.sum(1)
-    raw = rec.rollouts.reward_parts["_correct"]  # the fake's reward is its correctness
-    np.testing.assert_array_equal(rec.rollouts.rewards, raw + ds.overlong_penalty(lengths, N, 2,
-                                                                                 0.5))
-    assert rec.sums["part/overlong"] < 0 and rec.sums["correct"] == raw.sum()
+    prod = make_producer(ds.DynamicSamplingConfig(overlong_buffer=2, overlong_penalty=0.5),
+                         tmp_path)
+    out = produce(prod, 0)
+    lengths = out.rows["mask"].sum(1)
+    raw = out.rows["correct"].astype(np.float32)  # the fake's reward is its correctness
+    pen = ds.overlong_penalty(lengths, N, 2, 0.5)
+    np.testing.assert_array_equal(out.rows["rewards"], raw + pen)
+    np.testing.assert_array_equal(out.rows["part_overlong"], pen)
+    assert out.stats.reward_parts["overlong"] == pen.sum() < 0
+    assert out.stats.correct == raw.sum()
 
 
 def test_helpers():
@@ -153,8 +182,8 @@ def test_helpers():
         ds.DynamicSamplingConfig(max_rounds=-1)
 
 
-def test_select_groups_takes_each_slot_from_its_round():
-    prod = make_producer(ds.DynamicSamplingConfig())
+def test_select_groups_takes_each_slot_from_its_round(tmp_path):
+    prod = make_producer(ds.DynamicSamplingConfig(), tmp_path)
     rounds = [prod._generate(None, prod.task.train[8 * r:8 * r + 2], 0, 0, r, StepTimer())
               for r in range(3)]
     out = ds.select_groups(rounds, np.array([2, 0]))

@@ -45,7 +45,7 @@ def test_examples_are_a_pure_function_of_seed_and_index():
 
 @pytest.mark.parametrize("level", sorted(arith.LEVELS))
 def test_arith_levels_demos_and_rewards(level):
-    cfg = arith.level(level)
+    cfg = arith.at_level(level)
     t = arith.task(level=level, test_size=100)
     examples = list(t.train[:300]) + list(t.test)
     for ex in examples:

@@ -300,10 +300,10 @@ def test_two_processes_two_devices_each(tmp_path):
 
 
 def test_layout_invariance_with_multi_turn_masks(monkeypatch):
-    """The fixed problem with observations cut into its responses (`multiturn_batch`): the
+    """The fixed problem with observations cut into its responses (`multi_turn_batch`): the
     environment tokens are attended to but are not targets, so every normaliser counts
     only model tokens, on every layout alike (the fast tier's layout, the subtlest mode)."""
-    from multiturn_batch import to_multi_turn
+    from multi_turn_batch import to_multi_turn
 
     mode = "seq-mean-token-mean"
     single_turn = reference(mode)

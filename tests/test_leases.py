@@ -5,7 +5,8 @@ import re
 
 import pytest
 
-from locojax.train.leases import LeaseTable, Schedule
+from locojax.fleet.leases import LeaseTable
+from locojax.fleet.placement import PlacementConfig, Schedule
 
 
 def table(k=1, steps=4, b=8, per_lease=4, newest=False):
@@ -13,12 +14,12 @@ def table(k=1, steps=4, b=8, per_lease=4, newest=False):
 
 
 @pytest.mark.parametrize("k,kept,message", [
-    (-1, 1, "max staleness k must be >= 0"),
-    (2, 2, "versions kept (2) must be at least max staleness + 1 = 3"),
+    (-1, 1, "--max-staleness must be >= 0"),
+    (2, 2, "--versions-kept 2 is fewer than --max-staleness + 1 = 3"),
 ])
-def test_schedule_refuses_bad_settings(k, kept, message):
+def test_schedule_settings_are_refused_where_they_are_set(k, kept, message):
     with pytest.raises(ValueError, match=re.escape(message)):
-        Schedule(k, kept, newest=False)
+        PlacementConfig(max_staleness=k, versions_kept=kept)
 
 
 def test_version_schedules():

@@ -69,11 +69,12 @@ def _small_run(tmp_path, **overrides):
 
 def test_the_plans_compiles_are_the_runs_compiles(tmp_path, caplog):
     """...in bf16, which also must checkpoint and export the f32 master weights."""
-    from locojax.train.loop import Trainer
+    from locojax.train import wiring
+    from locojax.train.loop import start
 
     caplog.set_level(logging.INFO, logger="locojax")
-    trainer = Trainer(_small_run(tmp_path, precision="bf16"))
-    assert trainer.model_cfg.compute_dtype == "bfloat16"
+    trainer = start(_small_run(tmp_path, precision="bf16"), wiring.join("single"))
+    assert trainer.parts.model_cfg.compute_dtype == "bfloat16"
     plan = trainer.memory
     compiled = [r.getMessage() for r in caplog.records if "compiling" in r.getMessage()]
     assert sum("train_step" in m for m in compiled) == 1
@@ -82,7 +83,7 @@ def test_the_plans_compiles_are_the_runs_compiles(tmp_path, caplog):
     assert names == ["train_step", "prefill rollout", "decode rollout", "prefill eval",
                      "decode eval"]
     # Held buffers are exact: f32 master params, Adam's two moments, replicated per device.
-    n = trainer.model_cfg.num_params()
+    n = trainer.parts.model_cfg.num_params()
     assert plan.held["params"] == 4 * n and plan.held["reference"] == 0
     assert 2 * 4 * n <= plan.held["optimizer"] < 2 * 4 * n + 64
     assert plan.peak == max(plan.peak_of(p) for p in plan.programs) > sum(plan.held.values())
@@ -104,13 +105,19 @@ def test_the_plans_compiles_are_the_runs_compiles(tmp_path, caplog):
         assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"F32"}
 
 
-def test_plan_only_loads_and_runs_nothing(tmp_path):
-    from locojax.train.loop import Trainer
+def test_plan_only_loads_and_runs_nothing(tmp_path, monkeypatch, capsys):
+    from locojax.train import wiring
+    from locojax.train.build import RunParts
+    from locojax.train.loop import start
 
-    trainer = Trainer(_small_run(tmp_path, plan=True, precision="bf16"))  # compiles cached
-    assert not hasattr(trainer, "state")  # no weights were read
-    with pytest.raises(RuntimeError, match="only plans"):
-        trainer.run()
+    def no_weights(*_):
+        raise AssertionError("--plan-only read the weights")
+
+    monkeypatch.setattr(RunParts, "weights", no_weights)
+    cfg = _small_run(tmp_path, plan_only=True, precision="bf16")
+    assert start(cfg, wiring.join("single")) is None  # compiles cached by the test above
+    assert "memory plan per device" in capsys.readouterr().out
+    assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.slow  # a fresh process: imports and compiles again (~20 s)

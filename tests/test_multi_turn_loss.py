@@ -3,7 +3,7 @@ over its model tokens alone.
 
 The batch is the layout harness's fixed problem (`layout_worker.make_batch`: TINY, 16 rows,
 stale rows, β = 0.04 with reference logprobs) with observations cut into its responses
-(`multiturn_batch.to_multi_turn`). The reference takes the trainer's logprobs of the same
+(`multi_turn_batch.to_multi_turn`). The reference takes the trainer's logprobs of the same
 rows, keeps each row's model tokens only, packed left, and applies the policy objective
 (`losses.objective`) with counts of those tokens only. One `train_step` on the multi-turn
 batch must give the same policy loss, KL and gradients; counting environment tokens in the
@@ -24,7 +24,7 @@ from locojax.rl.aggregation import global_counts
 from locojax.rl.algorithms import resolve
 from locojax.rl.losses import objective
 from locojax.rl.train_step import sequence_logprobs, train_step
-from multiturn_batch import compact_rows, to_multi_turn
+from multi_turn_batch import compact_rows, to_multi_turn
 
 # Both sides run the same forward on the same rows and differ only in how the per-token
 # terms are summed (≤ 160 model tokens) and in XLA's fusion of two different programs: f32

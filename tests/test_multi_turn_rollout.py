@@ -22,7 +22,7 @@ from locojax.envs.pool import EnvPool
 from locojax.model import config, params
 from locojax.profiler import StepTimer
 from locojax.rollout import limits as limits_lib
-from locojax.rollout.multi_turn import cut_turn, env_metrics, rollout, truncate_tokens
+from locojax.rollout.multi_turn import cut_turn, rollout, truncate_tokens
 from locojax.tokenizer import CharTokenizer
 
 N, T, O, P = 6, 3, 5, 8  # as tests/test_extend.py, so the compiled programs are shared
@@ -106,9 +106,9 @@ def test_masks_rewards_errors_and_turn_limits(engine):
     for row in (0, 1, 6, 7):
         assert not out.env_mask[row].any() and 1 <= out.mask[row].sum() <= N
     assert out.texts[4].count("<r>\n") == 1  # crash: its first observation is context
-    assert out.stats["env/errors"] == 2 and out.stats["env/timeouts"] == 2
-    assert out.stats["env/truncated"] == 2 and out.stats["env/obs_truncated"] == 4
-    m = env_metrics({"rows": 8.0, **out.stats})
+    assert out.env.errors == 2 and out.env.timeouts == 2
+    assert out.env.truncated == 2 and out.env.obs_truncated == 4
+    m = out.env.metrics(rows=8.0)
     assert m["env/turns/mean"] == out.turns.mean()
     assert m["env/tool_call_rate"] == 4 / 8  # long and crash called "x"
     assert m["env/accuracy_no_tool"] == 2 / 4  # done rows are correct without a tool
@@ -125,7 +125,7 @@ def test_token_limit_bad_reset_and_malformed_steps(engine):
     assert out.status[2:6] == ["error"] * 4 and out.rewards.max() == 0
     assert not out.mask[2:4].any()  # a failed reset: the row took part in nothing
     assert out.mask[4:6].sum(1).min() >= 1  # junk: its turn happened
-    assert out.stats["env/errors"] == 4
+    assert out.env.errors == 4
 
 
 def test_cut_turn_at_the_token_that_closes_the_call():

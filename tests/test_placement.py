@@ -6,13 +6,13 @@ import sys
 
 import pytest
 
-from locojax.train.placement import PlacementConfig, plan
+from locojax.fleet.placement import PlacementConfig, place
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_disaggregated_splits_the_hosts_by_the_fraction():
-    p = plan("disaggregated", PlacementConfig(hosts=4, rollout_fraction=0.75), 6, 1)
+    p = place("disaggregated", PlacementConfig(hosts=4, rollout_fraction=0.75), 6, 1)
     assert (p.learner_hosts, p.workers, p.prompts_per_lease) == (1, 3, 2)
     assert p.schedule.max_staleness == 1 and not p.schedule.newest
     assert p.schedule.versions_kept == 2
@@ -20,12 +20,12 @@ def test_disaggregated_splits_the_hosts_by_the_fraction():
 
 @pytest.mark.parametrize("b,workers,per_lease", [(8, 2, 4), (32, 3, 8), (8, 3, 2), (2, 3, 1)])
 def test_default_lease_is_the_largest_divisor_that_feeds_every_worker(b, workers, per_lease):
-    p = plan("async", PlacementConfig(workers=workers, hosts=workers + 1), b, 1)
+    p = place("async", PlacementConfig(workers=workers, hosts=workers + 1), b, 1)
     assert p.prompts_per_lease == per_lease
 
 
 def test_async_takes_the_newest_version_and_default_leases():
-    p = plan("async", PlacementConfig(workers=2, max_staleness=4, hosts=4), 8, 2)
+    p = place("async", PlacementConfig(workers=2, max_staleness=4, hosts=4), 8, 2)
     assert (p.learner_hosts, p.workers, p.prompts_per_lease) == (1, 2, 4)
     assert p.schedule.newest and p.schedule.versions_kept == 5 and p.devices_per_host == 2
 
@@ -47,7 +47,7 @@ def test_async_takes_the_newest_version_and_default_leases():
 ])
 def test_bad_settings_are_refused(mode, kw, b, message):
     with pytest.raises(ValueError) as e:
-        plan(mode, PlacementConfig(**kw), b, 1)
+        place(mode, PlacementConfig(**kw), b, 1)
     assert message in str(e.value)
 
 

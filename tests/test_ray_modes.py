@@ -71,10 +71,10 @@ def config(run_dir, *args, preset=("demo", *COMMON)):
 
 
 def train(run_dir, *args, faults=None, preset=("demo", *COMMON)):
-    from locojax.train.modes import driver
-    from locojax.train.modes.faults import FaultPlan
+    from locojax.fleet import driver
+    from locojax.fleet.faults import Faults
 
-    return driver.run(config(run_dir, *args, preset=preset), faults or FaultPlan())
+    return driver.run(config(run_dir, *args, preset=preset), faults or Faults())
 
 
 DA = ("--mode", "disaggregated", "--hosts", "3", "--rollout-fraction", "0.67",
@@ -82,7 +82,7 @@ DA = ("--mode", "disaggregated", "--hosts", "3", "--rollout-fraction", "0.67",
 
 
 def params(run_dir):
-    from locojax.models import load
+    from locojax.model.loader import load
 
     return jax.tree.leaves(load(os.path.join(run_dir, "final_model"),
                                 param_dtype="float32").weights)
@@ -193,19 +193,19 @@ def test_faults_change_nothing(reference, tmp_path, faults):
     restarts each, and each loses a lease or a pull), and kill -9 the learner (the other
     run: it resumes from a checkpoint): every prompt is trained once, and the final params
     are bitwise the reference's."""
-    from locojax.train.modes.faults import FaultPlan
+    from locojax.fleet.faults import Faults
 
-    plan, extra, fired = {
+    faults, extra, fired = {
         # Step 1: the first worker to decode dies. Step 2: the first to pull version 1 finds
         # the server dead (it is restored from the learner's kept versions); the first to
         # decode hangs, alive but not progressing, found out only by its lease's deadline.
-        "workers_and_ps": (FaultPlan(kill_worker_at_step=1, hang_worker_at_step=2,
+        "workers_and_ps": (Faults(kill_worker_at_step=1, hang_worker_at_step=2,
                                      kill_ps_at_version=1), ("--lease-timeout-s", "8"),
                            ("kill_worker", "hang_worker", "kill_ps")),
         # After the update of step 1, before its checkpoint: resumes from checkpoint 1.
-        "kill_learner": (FaultPlan(kill_learner_after=1), (), ("kill_learner",)),
+        "kill_learner": (Faults(kill_learner_after=1), (), ("kill_learner",)),
     }[faults]
-    train(tmp_path, *DA, *extra, faults=plan)
+    train(tmp_path, *DA, *extra, faults=faults)
     for fault in fired:
         assert os.path.exists(tmp_path / "faults" / fault), fault  # it did fire
     assert_bitwise_equal(reference, tmp_path)
@@ -221,10 +221,10 @@ def test_faults_change_nothing(reference, tmp_path, faults):
 def test_a_corrupted_version_stops_the_run(cluster, tmp_path):
     """A worker that receives a version whose bytes do not match its checksum refuses it,
     and the run stops with that error rather than train on it."""
-    from locojax.train.modes.faults import FaultPlan
+    from locojax.fleet.faults import Faults
 
     with pytest.raises(Exception, match="checksum .* expected .*corrupted or mixed"):
-        train(tmp_path, *DA, faults=FaultPlan(corrupt_version=0))
+        train(tmp_path, *DA, faults=Faults(corrupt_version=0))
     assert not (tmp_path / "final_model").exists()
 
 

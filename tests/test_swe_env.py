@@ -122,8 +122,8 @@ def test_wrong_policies_get_reward_0(tmp_path):
         assert not marker.exists()
 
 
-def test_runs_under_the_multiturn_driver():
-    from locojax.envs.multiturn import episode_metrics, run_episodes
+def test_runs_under_the_text_episode_driver():
+    from text_episodes import episode_metrics, run_episodes
 
     tasks = generate_tasks(2, seed=7)
     examples = [to_example(t) for t in tasks]

@@ -52,9 +52,9 @@ def test_swe_two_steps_colocated_with_the_sandbox(tmp_path):
     locojax("launch", "--hosts", "2", "--devices-per-host", "1", "--heartbeat-s", "10", "--",
             "train", "swe", "--task.data", train, "--steps", "2", "--run-dir", str(run),
             "--rollout.prompts-per-step", "4", "--algo.group-size", "2",
-            "--rollout.max-new-tokens", "16", "--multiturn.max-turns", "2",
-            "--multiturn.max-obs-tokens", str(n_obs),
-            "--multiturn.max-trajectory-tokens", str(budget), "--multiturn.env-timeout-s", "1.5",
+            "--rollout.max-new-tokens", "16", "--multi-turn.max-turns", "2",
+            "--multi-turn.max-obs-tokens", str(n_obs),
+            "--multi-turn.max-trajectory-tokens", str(budget), "--multi-turn.env-timeout-s", "1.5",
             "--no-progress", "--no-tensorboard", "--dump-rollouts", timeout=900)
     steps = [m for m in _metrics(run) if m["step"] > 0]
     assert len(steps) == 2
@@ -106,7 +106,8 @@ def test_multi_turn_single_and_colocated_give_the_same_run(calc_demo_colocated, 
 
 
 def test_limits_that_cannot_fit_fail_before_any_work(tmp_path):
-    """The CLI path of `limits.resolve` (its other refusals: test_multi_turn_rollout)."""
+    """The CLI path of `limits.resolve` (its other refusals: test_multi_turn_rollout). The
+    flag is spelled the old way, `--multiturn.*`, which the CLI still accepts."""
     out = locojax("train", "calc-demo", "--model", "tiny", "--run-dir", str(tmp_path / "r"),
                   "--multiturn.max-turns", "400", check=False, timeout=120)
     assert out.returncode == 2, out.stdout + out.stderr

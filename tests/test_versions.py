@@ -1,10 +1,31 @@
-"""Weight versions (plain Python): checksums, the newest-K store, the in-process transport."""
+"""Weight versions (plain Python): checksums, the newest-K store, a transport over it."""
+
+import time
 
 import numpy as np
 import pytest
 
-from locojax.train.versions import (LocalTransport, VersionStore, VersionUnavailable,
-                                    WeightMismatch, checksum, verify)
+from locojax.fleet.versions import (SyncStats, VersionStore, VersionUnavailable, WeightMismatch,
+                                    checksum, nbytes, verify)
+
+
+class LocalTransport:
+    """A `WeightTransport` within one process: a `VersionStore` both ends share (the
+    protocol's reference, as the Ray modes' object-store transport keeps it)."""
+
+    def __init__(self, keep: int):
+        self.store = VersionStore(keep)
+
+    def push(self, version: int, tree) -> SyncStats:
+        t = time.perf_counter()
+        self.store.add(version, tree)
+        return SyncStats(version, nbytes(tree), time.perf_counter() - t)
+
+    def pull(self, version: int):
+        t = time.perf_counter()
+        tree, digest = self.store.get(version)
+        verify(tree, version, version, digest)
+        return tree, SyncStats(version, nbytes(tree), time.perf_counter() - t)
 
 
 def tree(seed=0):

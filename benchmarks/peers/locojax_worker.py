@@ -49,6 +49,7 @@ def main(argv=None) -> int:
     import numpy as np
 
     import locojax
+    from locojax.engine.engine import Engine
     from locojax.engine.sampling import SamplingConfig
     from locojax.model import params as params_lib
     from locojax.model.config import ModelConfig
@@ -65,10 +66,10 @@ def main(argv=None) -> int:
                       num_key_value_heads=s.kv_heads, head_dim=s.head_dim,
                       rope_theta=common.ROPE_THETA, rms_norm_eps=common.RMS_EPS,
                       tie_word_embeddings=True)
-    wiring = wiring_lib.make("single")
+    wiring = wiring_lib.join("single")
     weights = jax.device_put(params_lib.init(cfg, jax.random.key(0)),
                              weight_shardings(cfg, wiring.train_mesh, TRAIN_DP))
-    engine = wiring.make_engine(cfg)
+    engine = Engine(cfg, mesh=wiring.rollout_mesh)
     learner = LearnerConfig(algo=AlgoConfig(name="grpo", group_size=s.group, beta=args.beta,
                                             max_response_len=s.new_tokens),
                             optim=OptimConfig(lr=common.LR))

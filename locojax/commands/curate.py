@@ -61,7 +61,8 @@ def main(argv: list[str]) -> int:
     args = tyro.cli(CurateArgs, args=argv, prog="locojax curate")
     import numpy as np
 
-    from locojax import curate, models
+    from locojax import curate
+    from locojax.model import loader
     from locojax.engine.engine import Engine
     from locojax.engine.sampling import SamplingConfig
     from locojax.envs.base import Task, single_turn_demo
@@ -75,10 +76,10 @@ def main(argv: list[str]) -> int:
             raise ValueError(f"need --too-hard < --too-easy, got {args.too_hard}, {args.too_easy}")
         if args.out == args.data:
             raise ValueError("--out must not be the input file")
-        module = importlib.import_module(TASKS[args.task])
+        module = importlib.import_module(TASKS[args.task].module)
         data = module.load(args.data, args.template, skip_invalid=args.skip_invalid,
                            limit=args.limit or None)
-        model = models.load(args.model)
+        model = loader.load(args.model)
     except (ValueError, OSError, DataError) as e:
         print(f"locojax curate: {e}", file=sys.stderr)
         return 2

@@ -3,7 +3,7 @@
     locojax generate --model tiny --prompt "2+3=" --batch 4 --max-new-tokens 32
     locojax generate --model path/to/hf_dir --prompt "Hello" --temperature 0
 
-`--model` is a spec of `locojax.models.load`: `embedded`, a preset (`tiny`, `small`:
+`--model` is a spec of `locojax.model.loader.load`: `embedded`, a preset (`tiny`, `small`:
 random weights, for timing) or an HF Qwen3 directory, with its tokenizer. Compile time
 (the first call) is reported apart from the steady-state time of a second, identical call.
 """
@@ -49,12 +49,12 @@ def main(argv: list[str]) -> int:
     args = tyro.cli(GenerateArgs, args=argv, prog="locojax generate")
     import jax
 
-    from locojax import models
+    from locojax.model import loader
     from locojax.engine.engine import Engine
     from locojax.engine.sampling import SamplingConfig
 
     try:
-        model = models.load(args.model, seed=args.seed)
+        model = loader.load(args.model, seed=args.seed)
         cfg, weights, tok = model.cfg, model.weights, model.tokenizer
         if tok.vocab_size > cfg.vocab_size:
             raise ValueError(f"tokenizer has {tok.vocab_size} ids but the model only "

@@ -59,7 +59,7 @@ def main(argv: list[str]) -> int:
     from locojax.envs.registry import make_task
     from locojax.envs.tasks import arith, calc
     from locojax.model import config as model_config
-    from locojax import models
+    from locojax.model import loader
     from locojax.model import params
     from locojax.tokenizer import CharTokenizer
 
@@ -106,10 +106,10 @@ def main(argv: list[str]) -> int:
             "loose_format": args.loose_format, "direct": args.direct,
             "save_dtype": args.save_dtype, "made_by": "locojax sft " + " ".join(argv),
             "sft": dataclasses.asdict(args.sft)}
-    out = models.save(args.out, cfg, weights, args.arch, meta, dtype=args.save_dtype)
+    out = loader.save(args.out, cfg, weights, args.arch, meta, dtype=args.save_dtype)
     print(f"saved {out}")
     if args.save_dtype != "float32":  # evaluate what was saved, not the f32 weights
-        weights = models.load(str(out), param_dtype="float32").weights
+        weights = loader.load(str(out), param_dtype="float32").weights
     if args.eval_examples:
         from locojax.evaluate import greedy_eval
 

@@ -4,7 +4,7 @@
     locojax train demo --steps 80 --mode single
     locojax launch --hosts 2 -- train demo     # colocated over 2 local hosts
     locojax train gsm8k --model DIR --task.data train.jsonl
-    locojax train gsm8k --model DIR --task.data train.jsonl --plan   # memory plan, then exit
+    locojax train gsm8k --model DIR --task.data train.jsonl --plan-only   # memory plan, exit
     locojax train demo --mode disaggregated --rollout-fraction 0.75   # Ray: 1 learner, 3 workers
     locojax train demo --mode async --max-staleness 4 --workers 3     # Ray: parameter server
     locojax launch --hosts 2 -- train calc-demo   # multi-turn tool use (docs/calc_demo.md)
@@ -18,23 +18,28 @@ import sys
 
 import tyro
 
+from locojax.fleet.placement import RAY_MODES
 from locojax.train.config import PRESETS
-from locojax.train.placement import RAY_MODES
+
+RENAMED_FLAGS = {"--multiturn.": "--multi-turn."}
+"""Old flag prefixes, still accepted: argv is rewritten to the new spelling before parsing."""
 
 
 def main(argv: list[str]) -> int:
+    argv = [_renamed(a) for a in argv]
     cfg = tyro.extras.overridable_config_cli(PRESETS, args=argv, prog="locojax train")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if cfg.mode in RAY_MODES:
         return _run_ray(cfg)
-    from locojax.train.loop import Trainer
+    from locojax.train import wiring
+    from locojax.train.loop import start
 
-    try:
-        trainer = Trainer(cfg)  # prints the memory plan; refuses a run that does not fit
+    try:  # prints the memory plan; refuses a run that cannot start or does not fit
+        trainer = start(cfg, wiring.join(cfg.mode, cfg.devices_per_host))
     except (ValueError, FileNotFoundError, TypeError) as e:
         print(f"locojax train: {e}", file=sys.stderr)
         return 2
-    if cfg.plan:
+    if trainer is None:  # --plan-only
         return 0
     final = trainer.run()
     if trainer.is_main:
@@ -42,9 +47,16 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+def _renamed(arg: str) -> str:
+    for old, new in RENAMED_FLAGS.items():
+        if arg.startswith(old):
+            return new + arg[len(old):]
+    return arg
+
+
 def _run_ray(cfg) -> int:
     """The Ray modes: one driver process places the learner group and the workers."""
-    from locojax.train.modes import driver
+    from locojax.fleet import driver
 
     try:
         driver.check_settings(cfg)  # before Ray or any actor starts

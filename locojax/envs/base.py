@@ -9,8 +9,8 @@ Everything the trainer needs from a workload goes through the few names defined 
   part separately (`reward/<name>`).
 - `SingleTurnEnv`: example -> prompt; completion -> (reward, info).
 - `MultiTurnEnv`: `reset(example) -> observation`, then `step(action) -> Step(observation,
-  reward, done, info)`. One env object holds one episode; the rollout driver
-  (`multiturn.py`) builds one per episode from a factory.
+  reward, done, info)`. One env object holds one episode; the multi-turn rollout
+  (`rollout/multi_turn.py`) builds one per trajectory from a factory.
 - The tool-call format parsed from model text. It is deliberately tiny so that a
   character-level model can emit it after a short SFT:
 
@@ -279,7 +279,7 @@ class Task:
     """A workload: data splits, a reward, and (for multi-turn tasks) an environment factory.
 
     A Task is itself a `SingleTurnEnv` (prompt/score). Multi-turn tasks set `make_env`; the
-    rollout driver `multiturn.run_episodes` builds one env per episode from it.
+    multi-turn rollout (`rollout/multi_turn.py`) builds one env per trajectory from it.
     """
 
     name: str

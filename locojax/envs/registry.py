@@ -1,4 +1,4 @@
-"""`make_task(name, **kw)`: the one entry point from a config string to a Task.
+"""The task registry: from a config to a Task, and each task's checks of its config.
 
 | name | kind | needs |
 |---|---|---|
@@ -8,22 +8,102 @@
 | math | single-turn, boxed answers | `train_path`, `test_path` |
 | swe | multi-turn bug fixing in the sandbox | nothing (`level`, ...) or `train_dir`, `test_dir` |
 
-Task modules are imported on demand so that, e.g., math-verify (and sympy) load only for math.
+`build(TaskConfig, seed)` is what `locojax train` uses; `make_task(name, **options)` calls a
+task module's own `task(...)` with checked options (scripts, tests). Adding a task touches
+only `envs/`: its module, and one `Entry` here saying how a `TaskConfig` becomes its options
+and what its inputs must satisfy before a run starts. Task modules are imported on demand,
+so that, e.g., math-verify (and sympy) load only for math.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import inspect
+from pathlib import Path
+from typing import Callable
 
 from locojax.envs.base import Task
 
+
+@dataclasses.dataclass(frozen=True)
+class TaskConfig:
+    """The workload."""
+
+    name: str = "arith"
+    """Task: arith, calc, gsm8k, math, swe (see locojax.envs.registry)."""
+    level: int = 3
+    """Difficulty level of procedural tasks (arith, calc, swe)."""
+    data: str = ""
+    """Training data file (jsonl/parquet) for gsm8k / math; for swe a directory of your own
+    tasks (layout in locojax/envs/swe/tasks.py; empty: generated repositories)."""
+    test_data: str = ""
+    """Held-out data file for gsm8k / math (default: the training file); swe: a task
+    directory (default: none held out for your tasks)."""
+    template: str = "plain"
+    """Prompt template of gsm8k and math: plain or qwen (chat)."""
+    autosubmit: bool = False
+    """swe: at the env's turn limit, score the repository as if the model had submitted."""
+    train_size: int = 100_000
+    """Training problems of procedural tasks (arith, calc): a smaller pool is seen for more
+    epochs, which is where pass-rate curation has prompts to hold back."""
+    skip_invalid: bool = False
+    """gsm8k / math: skip malformed rows (and count them) instead of stopping at the first."""
+
+    def __post_init__(self):
+        if self.name not in TASKS:
+            raise ValueError(f"unknown task {self.name!r}; valid tasks: {', '.join(task_names())}")
+        if self.train_size < 1:
+            raise ValueError(f"task.train_size must be >= 1, got {self.train_size}")
+
+
+def _procedural(cfg: TaskConfig, seed: int, max_turns: int) -> dict:
+    return dict(level=cfg.level, seed=seed, train_size=cfg.train_size)
+
+
+def _data_files(cfg: TaskConfig, seed: int, max_turns: int) -> dict:
+    return dict(train_path=cfg.data, test_path=cfg.test_data or cfg.data, template=cfg.template,
+                skip_invalid=cfg.skip_invalid)
+
+
+def _swe(cfg: TaskConfig, seed: int, max_turns: int) -> dict:
+    # The env's own turn limit follows --multi-turn.max-turns when that is set.
+    return dict(level=cfg.level, seed=seed, train_dir=cfg.data or None,
+                test_dir=cfg.test_data or None, autosubmit=cfg.autosubmit,
+                **({"max_turns": max_turns} if max_turns else {}))
+
+
+def _no_inputs(cfg: TaskConfig) -> None:
+    pass
+
+
+def _files_exist(cfg: TaskConfig) -> None:
+    if not cfg.data:
+        raise ValueError(f"task {cfg.name!r} needs --task.data FILE (HF-format jsonl or parquet)")
+    for path in (cfg.data, cfg.test_data):
+        if path and not Path(path).is_file():
+            raise ValueError(f"data file {path!r} does not exist")
+
+
+def _dirs_exist(cfg: TaskConfig) -> None:
+    for path in (cfg.data, cfg.test_data):
+        if path and not Path(path).is_dir():
+            raise ValueError(f"swe task directory {path!r} does not exist")
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    module: str  # holds `task(**options) -> Task`
+    options: Callable[[TaskConfig, int, int], dict]  # (config, seed, max turns) -> options
+    check_inputs: Callable[[TaskConfig], None]  # before any work: its files exist, ...
+
+
 TASKS = {
-    "arith": "locojax.envs.tasks.arith",
-    "calc": "locojax.envs.tasks.calc",
-    "gsm8k": "locojax.envs.gsm8k",
-    "math": "locojax.envs.math_boxed",
-    "swe": "locojax.envs.swe.workload",
+    "arith": Entry("locojax.envs.tasks.arith", _procedural, _no_inputs),
+    "calc": Entry("locojax.envs.tasks.calc", _procedural, _no_inputs),
+    "gsm8k": Entry("locojax.envs.gsm8k", _data_files, _files_exist),
+    "math": Entry("locojax.envs.math_boxed", _data_files, _files_exist),
+    "swe": Entry("locojax.envs.swe.workload", _swe, _dirs_exist),
 }
 
 
@@ -31,13 +111,25 @@ def task_names() -> list[str]:
     return sorted(TASKS)
 
 
+def check(cfg: TaskConfig) -> None:
+    """Refuse a task config whose inputs cannot serve a run (ValueError naming them)."""
+    TASKS[cfg.name].check_inputs(cfg)
+
+
+def build(cfg: TaskConfig, seed: int, max_turns: int = 0) -> Task:
+    """The task of a run's config; `max_turns` (multi-turn): the run's turn limit, 0 = the
+    task's own default."""
+    check(cfg)
+    return make_task(cfg.name, **TASKS[cfg.name].options(cfg, seed, max_turns))
+
+
 def make_task(name: str, **kwargs) -> Task:
     """Build a registered task; unknown names and unknown options are errors that list the
     valid choices."""
     if name not in TASKS:
         raise ValueError(f"unknown task {name!r}; valid tasks: {', '.join(task_names())}")
-    build = importlib.import_module(TASKS[name]).task
-    params = inspect.signature(build).parameters
+    build_task = importlib.import_module(TASKS[name].module).task
+    params = inspect.signature(build_task).parameters
     unknown = sorted(set(kwargs) - set(params))
     if unknown:
         raise TypeError(f"task {name!r} got unknown option(s) {unknown}; "
@@ -46,4 +138,4 @@ def make_task(name: str, **kwargs) -> Task:
                if v.default is inspect.Parameter.empty and p not in kwargs]
     if missing:
         raise TypeError(f"task {name!r} needs {', '.join(missing)}")
-    return build(**kwargs)
+    return build_task(**kwargs)

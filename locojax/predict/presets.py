@@ -50,7 +50,7 @@ def from_run(cfg, lengths_from: str = "", chars_per_token: float = 0.0) -> Workl
     config with the same fields still reads)."""
     ro, algo, task = cfg.rollout, cfg.algo, cfg.task
     n, p = ro.max_new_tokens, ro.max_prompt_tokens
-    multi = getattr(cfg, "multiturn", None)
+    multi = getattr(cfg, "multi_turn", None)
     turns = getattr(multi, "max_turns", 1) if task.name in ("swe", "calc") else 1
     obs = getattr(multi, "max_obs_tokens", 0) if turns > 1 else 0
     cpt = chars_per_token or (1.0 if str(cfg.model).startswith(("embedded", "tiny", "small"))

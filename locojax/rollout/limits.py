@@ -1,6 +1,6 @@
 """Limits of multi-turn trajectories, and the check that they fit the engine's cache.
 
-`MultiTurnConfig` is part of the run config (`--multiturn.*`). `check_limits` runs once
+`MultiTurnConfig` is part of the run config (`--multi-turn.*`). `check_limits` runs once
 the model and task are known, before the first step: a trajectory that could outgrow the
 KV cache or the model's positions is refused then, with the numbers that do not fit,
 instead of failing (or silently cutting) mid-run.
@@ -59,26 +59,26 @@ def resolve(cfg: MultiTurnConfig, task_max_turns: int, max_new_tokens: int,
 
     t = cfg.max_turns or task_max_turns
     n, o, p = max_new_tokens, cfg.max_obs_tokens, max_prompt_tokens
-    for name, v in (("multiturn.max_turns", t), ("multiturn.max_obs_tokens", o),
-                    ("rollout.max_new_tokens", n), ("multiturn.env_workers", cfg.env_workers)):
+    for name, v in (("multi_turn.max_turns", t), ("multi_turn.max_obs_tokens", o),
+                    ("rollout.max_new_tokens", n), ("multi_turn.env_workers", cfg.env_workers)):
         if v < 1:
             raise ValueError(f"{name} must be >= 1, got {v}")
     if cfg.max_trajectory_tokens < 0:
-        raise ValueError(f"multiturn.max_trajectory_tokens must be >= 0, got "
+        raise ValueError(f"multi_turn.max_trajectory_tokens must be >= 0, got "
                          f"{cfg.max_trajectory_tokens}")
     if not cfg.env_timeout_s > 0:
-        raise ValueError(f"multiturn.env_timeout_s must be > 0, got {cfg.env_timeout_s}")
+        raise ValueError(f"multi_turn.env_timeout_s must be > 0, got {cfg.env_timeout_s}")
     m = cfg.max_trajectory_tokens or t * n + (t - 1) * o
     slots = slots_needed(p, n, t, 1 + o)
     if slots > cfg.max_cache_slots:
         raise ValueError(
             f"multi-turn limits need {slots} KV-cache slots per row (prompt {p} + {t} turns x "
             f"(max_new_tokens {n} - 1) + {t - 1} observations x (max_obs_tokens {o} + 1)), "
-            f"more than multiturn.max_cache_slots={cfg.max_cache_slots}: lower "
-            "multiturn.max_turns, rollout.max_new_tokens or multiturn.max_obs_tokens, or "
+            f"more than multi_turn.max_cache_slots={cfg.max_cache_slots}: lower "
+            "multi_turn.max_turns, rollout.max_new_tokens or multi_turn.max_obs_tokens, or "
             "raise max_cache_slots if the memory allows")
     if p + m > max_positions:
         raise ValueError(
-            f"a trajectory of {p} prompt + {m} tokens (multiturn.max_trajectory_tokens) does "
+            f"a trajectory of {p} prompt + {m} tokens (multi_turn.max_trajectory_tokens) does "
             f"not fit the model's max_position_embeddings={max_positions}")
     return Limits(t, n, o, m, p, slots)

@@ -43,14 +43,39 @@ from locojax.envs.pool import EnvPool, Outcome
 from locojax.profiler import StepTimer
 from locojax.rollout.limits import Limits
 from locojax.rollout.single_turn import Rollouts, encode_prompt
+from locojax.sums import Sums
 from locojax.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
-COUNTERS = ("env/errors", "env/timeouts", "env/truncated", "env/obs_truncated")
-"""Per-step counts, summed over hosts and logged as they are."""
-SUMS = ("turns", "tool_calls", "env_tokens", "used_tool", "no_tool", "correct_no_tool")
-"""Per-row quantities summed into `Rollouts.stats` as `env_sum/<name>` (see `env_metrics`)."""
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class EnvStats(Sums):
+    """What a batch of trajectories did, as sums over its rows (adds with +)."""
+
+    errors: float = 0.0  # trajectories ended by an env error
+    timeouts: float = 0.0  # ... by an env call past its deadline
+    truncated: float = 0.0  # ... by max_turns or max_trajectory_tokens
+    obs_truncated: float = 0.0  # observations cut to max_obs_tokens
+    turns: float = 0.0  # model turns
+    tool_calls: float = 0.0
+    env_tokens: float = 0.0  # tokens the environments wrote
+    used_tool: float = 0.0  # rows that called a tool at least once
+    no_tool: float = 0.0  # rows that never did
+    correct_no_tool: float = 0.0  # rows that never did and were right
+
+    def metrics(self, rows: float) -> dict[str, float]:
+        """The logged `env/*` metrics of these sums over `rows` rows."""
+        return {
+            "env/errors": self.errors, "env/timeouts": self.timeouts,
+            "env/truncated": self.truncated, "env/obs_truncated": self.obs_truncated,
+            "env/turns/mean": self.turns / rows,
+            "env/tool_calls/mean": self.tool_calls / rows,
+            "env/env_tokens/mean": self.env_tokens / rows,
+            "env/tool_call_rate": self.used_tool / rows,
+            "env/accuracy_no_tool": self.correct_no_tool / max(self.no_tool, 1.0),
+        }
 
 
 @dataclasses.dataclass
@@ -249,41 +274,20 @@ def _rows(tokenizer: Tokenizer, examples, prompt_tokens, prompt_mask, trajs: lis
     rewards = np.asarray([t.reward for t in trajs], np.float32)
     correct = rewards >= 1.0 - 1e-6
     used = np.asarray([t.tool_calls > 0 for t in trajs])
-    stats = {
-        "env/errors": sum(t.status == "error" for t in trajs),
-        "env/timeouts": sum(t.status == "timeout" for t in trajs),
-        "env/truncated": sum(t.status == "truncated" for t in trajs),
-        "env/obs_truncated": sum(t.obs_truncated for t in trajs),
-        "env_sum/turns": sum(t.turns for t in trajs),
-        "env_sum/tool_calls": sum(t.tool_calls for t in trajs),
-        "env_sum/env_tokens": int(env_mask.sum()),
-        "env_sum/used_tool": int(used.sum()),
-        "env_sum/no_tool": int((~used).sum()),
-        "env_sum/correct_no_tool": int((correct & ~used).sum()),
-    }
+    stats = EnvStats(
+        errors=float(sum(t.status == "error" for t in trajs)),
+        timeouts=float(sum(t.status == "timeout" for t in trajs)),
+        truncated=float(sum(t.status == "truncated" for t in trajs)),
+        obs_truncated=float(sum(t.obs_truncated for t in trajs)),
+        turns=float(sum(t.turns for t in trajs)),
+        tool_calls=float(sum(t.tool_calls for t in trajs)),
+        env_tokens=float(env_mask.sum()), used_tool=float(used.sum()),
+        no_tool=float((~used).sum()), correct_no_tool=float((correct & ~used).sum()))
     texts = [tokenizer.decode(t.ids) for t in trajs]
     group_ids = np.repeat(np.arange(first_group, first_group + len(examples)), g)
     return MultiTurnRollouts(
         list(examples), prompt_tokens, prompt_mask, tokens, mask, logprobs, texts, rewards, {},
-        group_ids.astype(np.int32), env_mask=env_mask,
-        stats={k: float(v) for k, v in stats.items()},
+        group_ids.astype(np.int32), env_mask=env_mask, env=stats,
         turns=np.asarray([t.turns for t in trajs], np.int32),
         tool_calls=np.asarray([t.tool_calls for t in trajs], np.int32),
         status=[t.status for t in trajs])
-
-
-def env_metrics(sums: dict[str, float]) -> dict[str, float]:
-    """The logged `env/*` metrics from summed `Rollouts.stats` (empty for single-turn)."""
-    if "env_sum/turns" not in sums:
-        return {}
-    rows = float(sums["rows"])
-    out = {k: float(sums[k]) for k in COUNTERS}
-    out.update({
-        "env/turns/mean": float(sums["env_sum/turns"]) / rows,
-        "env/tool_calls/mean": float(sums["env_sum/tool_calls"]) / rows,
-        "env/env_tokens/mean": float(sums["env_sum/env_tokens"]) / rows,
-        "env/tool_call_rate": float(sums["env_sum/used_tool"]) / rows,
-        "env/accuracy_no_tool": float(sums["env_sum/correct_no_tool"])
-        / max(float(sums["env_sum/no_tool"]), 1.0),
-    })
-    return out

@@ -8,7 +8,7 @@ samples of one prompt) are always generated together, so they never cross hosts.
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from typing import Any, Sequence
 
 import jax
 import numpy as np
@@ -36,7 +36,7 @@ class Rollouts:
     reward_parts: dict[str, np.ndarray]  # part name -> [R]
     group_ids: np.ndarray  # [R] int32: the global index of the row's prompt
     env_mask: np.ndarray | None = None  # [R, N] bool: environment tokens (multi-turn only)
-    stats: dict[str, float] = dataclasses.field(default_factory=dict)  # per-host env sums
+    env: Any = None  # multi_turn.EnvStats of the rows (multi-turn only)
 
     @property
     def group_size(self) -> int:

@@ -2,8 +2,10 @@
 
 Every field has a docstring, which tyro turns into `--help`. Derived values (the learner's
 temperature and Dr.GRPO constant, which must equal the sampler's) are computed in one place,
-`RunConfig.learner_config`. `check` rejects bad values before any work starts.
-Presets are plain functions at the bottom.
+`RunConfig.learner_config`. Validation has two places: each config checks its own values
+when it is made (`__post_init__`, so the CLI refuses them while parsing), and `check_run`
+checks a whole config against the world before any work starts: its files, the model, the
+hosts and devices it will run on. Presets are plain functions at the bottom.
 """
 
 from __future__ import annotations
@@ -14,12 +16,15 @@ from typing import Annotated, Literal
 
 import tyro
 
+from locojax.envs import registry
+from locojax.envs.registry import TaskConfig
 from locojax.envs.rewards import RewardConfig
+from locojax.fleet.placement import RAY_MODES, PlacementConfig
+from locojax.rl.algorithms import resolve
 from locojax.rl.config import AlgoConfig, LearnerConfig, OptimConfig
 from locojax.rollout.limits import MultiTurnConfig
 from locojax.train.curation import CurationConfig
 from locojax.train.dynamic_sampling import DynamicSamplingConfig
-from locojax.train.placement import PlacementConfig
 
 
 COMPUTE_DTYPES = {"f32": "float32", "bf16": "bfloat16"}
@@ -45,6 +50,11 @@ class RolloutConfig:
     ignore_eos: bool = False
     """Never stop early: every completion is exactly max_new_tokens (benchmarks: equal work)."""
 
+    def __post_init__(self):
+        for name in ("prompts_per_step", "max_new_tokens", "max_prompt_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"rollout.{name} must be >= 1, got {getattr(self, name)}")
+
 
 @dataclasses.dataclass(frozen=True)
 class EvalConfig:
@@ -56,6 +66,11 @@ class EvalConfig:
     """Held-out examples per evaluation (the first ones of the test split)."""
     batch_size: int = 200
     """Examples per generate call (over all hosts)."""
+
+    def __post_init__(self):
+        if self.every < 0 or self.num_examples < 0 or self.batch_size < 1:
+            raise ValueError(f"eval.every and eval.num_examples must be >= 0 and "
+                             f"eval.batch_size >= 1: {self}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,30 +84,9 @@ class CheckpointConfig:
     resume: bool = True
     """Continue from the newest checkpoint in run_dir, if there is one."""
 
-
-@dataclasses.dataclass(frozen=True)
-class TaskConfig:
-    """The workload."""
-
-    name: str = "arith"
-    """Task: arith, calc, gsm8k, math, swe (see locojax.envs.registry)."""
-    level: int = 3
-    """Difficulty level of procedural tasks (arith, calc, swe)."""
-    data: str = ""
-    """Training data file (jsonl/parquet) for gsm8k / math; for swe a directory of your own
-    tasks (layout in locojax/envs/swe/tasks.py; empty: generated repositories)."""
-    test_data: str = ""
-    """Held-out data file for gsm8k / math (default: the training file); swe: a task
-    directory (default: none held out for your tasks)."""
-    template: str = "plain"
-    """Prompt template of gsm8k: plain or qwen (chat)."""
-    autosubmit: bool = False
-    """swe: at the env's turn limit, score the repository as if the model had submitted."""
-    train_size: int = 100_000
-    """Training problems of procedural tasks (arith, calc): a smaller pool is seen for more
-    epochs, which is where pass-rate curation has prompts to hold back."""
-    skip_invalid: bool = False
-    """gsm8k / math: skip malformed rows (and count them) instead of stopping at the first."""
+    def __post_init__(self):
+        if self.every < 0 or self.keep < 1:
+            raise ValueError("checkpoint.every must be >= 0 and checkpoint.keep >= 1")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,7 +123,7 @@ class RunConfig:
     """On a NaN/inf loss or gradient: False stops the run; True skips the update and counts it."""
     reward: RewardConfig = RewardConfig()
     """Reward execution (timeouts, isolation)."""
-    multiturn: MultiTurnConfig = MultiTurnConfig()
+    multi_turn: MultiTurnConfig = MultiTurnConfig()
     """Multi-turn rollouts: turn and token limits, env timeouts and workers."""
     curation: CurationConfig = CurationConfig()
     """Pass-rate curation of the training prompts (RLAX)."""
@@ -150,7 +144,8 @@ class RunConfig:
     probe_allreduce: bool = False
     """Also time a gradient-sized all-reduce each step, apart from the step (perf/comm/*)."""
     dump_rollouts: bool = False
-    """Write every step's sampled tokens, texts and rewards to run_dir/rollouts/ (per host)."""
+    """Write every step's sampled tokens, texts and rewards to run_dir/rollouts/, where they
+    are made: one step<s>.slots<a>-<b>.npz per host (or leased unit) and step."""
     # Memory and precision (locojax/train/memory_plan.py, docs/real_size.md).
     precision: Literal["f32", "bf16"] = "f32"
     """Compute dtype of rollout and training. bf16: bf16 activations, matmuls and KV cache
@@ -161,7 +156,7 @@ class RunConfig:
     logprob_chunk: int = -1
     """Positions per chunk of the learner's logits (each rematerialised). -1: automatic,
     whenever a micro-batch's [rows, T, V] f32 logits would exceed 256 MiB; 0: never."""
-    plan: bool = False
+    plan_only: Annotated[bool, tyro.conf.arg(aliases=("--plan",))] = False
     """Print the memory plan (per device, from XLA's analysis of this run's programs compiled
     at its exact shapes) and exit without loading weights or running a step."""
     device_memory_gb: float = 0.0
@@ -173,6 +168,35 @@ class RunConfig:
     time_limit_s: float = 0.0
     """Stop (evaluate, save, export) after the first step that ends this many seconds after
     the trainer started; `steps` stays the upper bound. 0 = no limit. Hosts agree on it."""
+
+    def __post_init__(self):
+        if self.steps < 1:
+            raise ValueError(f"steps must be >= 1, got {self.steps}")
+        if self.logprob_chunk < -1:
+            raise ValueError(f"logprob_chunk must be >= 0, or -1 for automatic; got "
+                             f"{self.logprob_chunk}")
+        if self.device_memory_gb < 0:
+            raise ValueError(f"device_memory_gb must be >= 0 (0: detect), got "
+                             f"{self.device_memory_gb}")
+        if self.time_limit_s < 0:
+            raise ValueError(f"time_limit_s must be >= 0, got {self.time_limit_s}")
+        if self.precision not in COMPUTE_DTYPES:
+            raise ValueError(f"precision must be one of {sorted(COMPUTE_DTYPES)}, got "
+                             f"{self.precision!r}")
+        if self.dynamic.overlong_buffer > self.rollout.max_new_tokens:
+            raise ValueError(f"dynamic.overlong_buffer={self.dynamic.overlong_buffer} exceeds "
+                             f"rollout.max_new_tokens={self.rollout.max_new_tokens}")
+        if (self.dynamic.overlong_filter or self.dynamic.overlong_buffer) \
+                and self.rollout.ignore_eos:
+            raise ValueError("overlong shaping needs stop tokens: with rollout.ignore_eos every "
+                             "response is cut off")
+        if self.mode in RAY_MODES and (self.curation.enabled or self.dynamic.max_rounds):
+            # Workers admit each step's prompts on their own: exact only while step s's
+            # admission is a function of s alone, i.e. with no pass-rate table learnt on the
+            # learner.
+            raise ValueError(f"mode {self.mode!r}: --curation.enabled and --dynamic.max-rounds "
+                             "run in the single and colocated modes so far")
+        resolve(self.learner_config().algo)  # unknown algorithm, missing Dr.GRPO constant, ...
 
     @property
     def group_size(self) -> int:
@@ -187,74 +211,35 @@ class RunConfig:
                              logprob_chunk=self.logprob_chunk)
 
 
-def check(cfg: RunConfig, num_processes: int, num_devices: int) -> None:
-    """Reject a config that cannot run on this layout, before any work starts."""
-    from locojax.envs.registry import task_names
-    from locojax.model.config import PRESETS
-    from locojax.models import EMBEDDED as SHIPPED
+def check_run(cfg: RunConfig, num_processes: int, num_devices: int) -> None:
+    """Refuse a config that cannot run here: its model or data are missing, or its batch
+    does not split over these hosts and devices. Before any work starts."""
+    from locojax.model.config import PRESETS as MODEL_PRESETS
+    from locojax.model.loader import EMBEDDED
 
-    def bad(msg):
-        raise ValueError(msg)
-
+    if cfg.model not in (*EMBEDDED, *MODEL_PRESETS) and not Path(cfg.model).is_dir():
+        raise ValueError(f"model {cfg.model!r} is neither a shipped checkpoint "
+                         f"({', '.join(EMBEDDED)}), a preset ({', '.join(MODEL_PRESETS)}) nor a "
+                         "directory")
+    registry.check(cfg.task)
     b, g = cfg.rollout.prompts_per_step, cfg.group_size
-    if cfg.steps < 1:
-        bad(f"steps must be >= 1, got {cfg.steps}")
-    if b < 1:
-        bad(f"rollout.prompts_per_step must be >= 1, got {b}")
     if cfg.mode == "single" and num_processes > 1:
-        bad("mode 'single' is one controller: run it as one process (without `launch`), "
-            "or use mode 'colocated'")
+        raise ValueError("mode 'single' is one controller: run it as one process (without "
+                         "`launch`), or use mode 'colocated'")
     if b % num_processes:
-        bad(f"rollout.prompts_per_step={b} does not split over {num_processes} hosts: each "
-            "host must get whole groups")
+        raise ValueError(f"rollout.prompts_per_step={b} does not split over {num_processes} "
+                         "hosts: each host must get whole groups")
     rows = b * g
     if rows % num_devices:
-        bad(f"prompts_per_step x group_size = {b} x {g} = {rows} rows do not split over "
-            f"{num_devices} devices")
+        raise ValueError(f"prompts_per_step x group_size = {b} x {g} = {rows} rows do not "
+                         f"split over {num_devices} devices")
     if (rows // num_devices) % cfg.learner_config().rows_multiple:
-        bad(f"{rows // num_devices} rows per device do not split into num_minibatches="
-            f"{cfg.algo.num_minibatches} x grad_accum={cfg.grad_accum} micro-batches")
-    if cfg.task.name not in task_names():
-        bad(f"unknown task {cfg.task.name!r}; valid tasks: {', '.join(task_names())}")
-    if cfg.task.name in ("gsm8k", "math"):
-        if not cfg.task.data:
-            bad(f"task {cfg.task.name!r} needs --task.data FILE (HF-format jsonl or parquet)")
-        for path in (cfg.task.data, cfg.task.test_data):
-            if path and not Path(path).is_file():
-                bad(f"data file {path!r} does not exist")
-    if cfg.model not in (*SHIPPED, *PRESETS) and not Path(cfg.model).is_dir():
-        bad(f"model {cfg.model!r} is neither a shipped checkpoint ({', '.join(SHIPPED)}), a "
-            f"preset ({', '.join(PRESETS)}) nor a directory")
-    if cfg.task.name == "swe":
-        for path in (cfg.task.data, cfg.task.test_data):
-            if path and not Path(path).is_dir():
-                bad(f"swe task directory {path!r} does not exist")
-    if cfg.eval.every < 0 or cfg.eval.num_examples < 0:
-        bad("eval.every and eval.num_examples must be >= 0")
+        raise ValueError(f"{rows // num_devices} rows per device do not split into "
+                         f"num_minibatches={cfg.algo.num_minibatches} x grad_accum="
+                         f"{cfg.grad_accum} micro-batches")
     if cfg.eval.every and cfg.eval.batch_size % num_processes:
-        bad(f"eval.batch_size={cfg.eval.batch_size} does not split over {num_processes} hosts")
-    if cfg.checkpoint.every < 0 or cfg.checkpoint.keep < 1:
-        bad("checkpoint.every must be >= 0 and checkpoint.keep >= 1")
-    if cfg.rollout.max_new_tokens < 1 or cfg.rollout.max_prompt_tokens < 1:
-        bad("rollout.max_new_tokens and rollout.max_prompt_tokens must be >= 1")
-    if cfg.precision not in COMPUTE_DTYPES:
-        bad(f"precision must be one of {sorted(COMPUTE_DTYPES)}, got {cfg.precision!r}")
-    if cfg.logprob_chunk < -1:
-        bad(f"logprob_chunk must be >= 0, or -1 for automatic; got {cfg.logprob_chunk}")
-    if cfg.device_memory_gb < 0:
-        bad(f"device_memory_gb must be >= 0 (0: detect), got {cfg.device_memory_gb}")
-    if cfg.task.train_size < 1:
-        bad(f"task.train_size must be >= 1, got {cfg.task.train_size}")
-    if cfg.dynamic.overlong_buffer > cfg.rollout.max_new_tokens:
-        bad(f"dynamic.overlong_buffer={cfg.dynamic.overlong_buffer} exceeds "
-            f"rollout.max_new_tokens={cfg.rollout.max_new_tokens}")
-    if (cfg.dynamic.overlong_filter or cfg.dynamic.overlong_buffer) and cfg.rollout.ignore_eos:
-        bad("overlong shaping needs stop tokens: with rollout.ignore_eos every response is cut off")
-    if cfg.time_limit_s < 0:
-        bad(f"time_limit_s must be >= 0, got {cfg.time_limit_s}")
-    from locojax.rl.algorithms import resolve
-
-    resolve(cfg.learner_config().algo)  # unknown algorithm, missing Dr.GRPO constant, ...
+        raise ValueError(f"eval.batch_size={cfg.eval.batch_size} does not split over "
+                         f"{num_processes} hosts")
 
 
 # --- presets -------------------------------------------------------------------------------
@@ -294,7 +279,7 @@ def calc_demo() -> RunConfig:
         model="embedded-calc", task=TaskConfig(name="calc", level=2), steps=40,
         rollout=RolloutConfig(prompts_per_step=32, max_new_tokens=32, max_prompt_tokens=8),
         # One call and its answer take ~58 tokens; a second call no longer fits (truncated).
-        multiturn=MultiTurnConfig(max_obs_tokens=32, max_trajectory_tokens=72),
+        multi_turn=MultiTurnConfig(max_obs_tokens=32, max_trajectory_tokens=72),
         optim=OptimConfig(lr=1e-4, warmup_steps=10), eval=EvalConfig(every=5),
         run_dir="runs/calc-demo",
     )
@@ -309,7 +294,7 @@ def swe() -> RunConfig:
         model="tiny", task=TaskConfig(name="swe", level=1, autosubmit=True), steps=20,
         rollout=RolloutConfig(prompts_per_step=4, max_new_tokens=64, max_prompt_tokens=768),
         algo=AlgoConfig(group_size=4),
-        multiturn=MultiTurnConfig(max_turns=4, max_obs_tokens=256, max_trajectory_tokens=640),
+        multi_turn=MultiTurnConfig(max_turns=4, max_obs_tokens=256, max_trajectory_tokens=640),
         eval=EvalConfig(every=0, num_examples=16, batch_size=16), run_dir="runs/swe",
     )
 

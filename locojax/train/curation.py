@@ -12,12 +12,12 @@ Admission stays exact under resume and on any layout (DESIGN.md):
 - the table is identical on every host: each host reports the pass counts of its own groups
   (`observations`), the wiring gathers them, and every host folds in all of them sorted by
   (slot, round);
-- `plan(step)` reads the table and the data cursor and returns the step's B prompt indices
-  without changing anything, so every host computes the same plan and takes its own slots;
-  `update(plan, observations)` then moves the cursor past the draws the plan used;
+- `admit(step)` reads the table and the data cursor and returns the step's B prompt indices
+  without changing anything, so every host computes the same admission and takes its own
+  slots; `update(admission, observations)` then moves the cursor past the draws it used;
 - the state (table, queue, cursor) is plain JSON in the checkpoint (`state` / `load_state`).
-With curation off nothing is ever held, so the plan of step s is draws [s·B, (s+1)·B) of the
-stream, exactly what `PromptStream.take` gives, and any step can be planned in any order.
+With curation off nothing is ever held, so step s admits draws [s·B, (s+1)·B) of the
+stream, exactly what `PromptStream.take` gives, and any step can be admitted in any order.
 
 Observations are int32 rows (global slot, round, prompt index, solved, samples): one per
 group a slot used (round 0, and each refill round it took part in; see dynamic_sampling.py).
@@ -81,15 +81,24 @@ class CurationConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class Plan:
+class Admission:
     """The admission of one step: its B prompt indices and the draws they used."""
 
     step: int
     indices: tuple[int, ...]  # [B] training-split index of each global slot
-    cursor: int  # the first draw of the stream this plan read
+    cursor: int  # the first draw of the stream this admission read
     end: int  # one past the last draw it read: the cursor after this step
     skipped: int  # held draws skipped
     forced: int  # held draws admitted because the skip budget ran out
+
+
+@dataclasses.dataclass(frozen=True)
+class Feedback:
+    """What a host's share of a step tells the curator: the step's admission and the pass
+    counts of the host's groups (`OBS_COLUMNS` rows, slot -1 pads)."""
+
+    admission: Admission
+    observations: np.ndarray  # [slots · (1 + refill rounds), 5] int32
 
 
 class Curator:
@@ -102,7 +111,7 @@ class Curator:
     def __init__(self, cfg: CurationConfig, stream: PromptStream, prompts_per_step: int,
                  seed: int):
         self.cfg, self.stream, self.b, self.seed = cfg, stream, prompts_per_step, seed
-        self.step = 0  # the next step to plan
+        self.step = 0  # the next step to admit
         self.cursor = 0  # the next draw of the stream
         self.samples: dict[int, float] = {}  # prompt index -> decayed sample count
         self.solved: dict[int, float] = {}  # prompt index -> decayed solved count
@@ -114,14 +123,14 @@ class Curator:
     def is_held(self, index: int, step: int) -> bool:
         return self.held.get(index, -1) >= step
 
-    def plan(self, step: int) -> Plan:
+    def admit(self, step: int) -> Admission:
         """The prompt indices of step `step`'s B global slots; changes nothing."""
         if not self.cfg.enabled:
             c = step * self.b
-            return Plan(step, tuple(self.stream.index(i) for i in range(c, c + self.b)),
+            return Admission(step, tuple(self.stream.index(i) for i in range(c, c + self.b)),
                         c, c + self.b, 0, 0)
         if step != self.step:
-            raise ValueError(f"curation plans step by step: asked for step {step}, the table "
+            raise ValueError(f"curation admits step by step: asked for step {step}, the table "
                              f"is at step {self.step}")
         out: list[int] = []
         c, skipped, forced = self.cursor, 0, 0
@@ -134,7 +143,7 @@ class Curator:
                 forced += 1
             out.append(index)
             c += 1
-        return Plan(step, tuple(out), self.cursor, c, skipped, forced)
+        return Admission(step, tuple(out), self.cursor, c, skipped, forced)
 
     def _keep(self, draw: int) -> bool:
         if self.cfg.keep_prob <= 0.0:
@@ -161,12 +170,13 @@ class Curator:
         n = self.samples.get(index)
         return None if not n else self.solved[index] / n
 
-    def update(self, plan: Plan, observations: np.ndarray) -> dict[str, float]:
-        """Advance past `plan` (the step just run) and fold in every host's `observations`
-        [n, 5] (padding rows have slot -1). Returns the step's `curation/*` metrics."""
-        if self.cfg.enabled and plan.step != self.step:
-            raise ValueError(f"curation update for step {plan.step}, expected {self.step}")
-        self.step, self.cursor = plan.step + 1, plan.end
+    def update(self, admission: Admission, observations: np.ndarray) -> dict[str, float]:
+        """Advance past `admission` (the step just run) and fold in every host's
+        `observations` [n, 5] (padding rows have slot -1). Returns the step's `curation/*`
+        metrics."""
+        if self.cfg.enabled and admission.step != self.step:
+            raise ValueError(f"curation update for step {admission.step}, expected {self.step}")
+        self.step, self.cursor = admission.step + 1, admission.end
         if not self.cfg.enabled:
             return {}
         obs = np.asarray(observations, np.int64).reshape(-1, len(OBS_COLUMNS))
@@ -179,7 +189,7 @@ class Curator:
         for index in dict.fromkeys(obs[:, 2].tolist()):  # each prompt once, in slot order
             rate = self.solved[index] / self.samples[index]
             if rate >= self.cfg.too_easy or rate <= self.cfg.too_hard:
-                self.held[index] = plan.step + self.cfg.readmit_after
+                self.held[index] = admission.step + self.cfg.readmit_after
                 heapq.heappush(self._queue, (self.held[index], index))
             else:
                 self.held.pop(index, None)
@@ -188,8 +198,8 @@ class Curator:
             if self.held.get(index) == until:
                 del self.held[index]
         rates = obs[:, 3] / np.maximum(obs[:, 4], 1)
-        return {"curation/frac_filtered": plan.skipped / (plan.skipped + self.b),
-                "curation/forced": float(plan.forced), "curation/held": float(len(self.held)),
+        return {"curation/frac_filtered": admission.skipped / (admission.skipped + self.b),
+                "curation/forced": float(admission.forced), "curation/held": float(len(self.held)),
                 "curation/table_size": float(len(self.samples)),
                 **{f"curation/pass_rate_hist/{k}": v for k, v in histogram(rates).items()}}
 

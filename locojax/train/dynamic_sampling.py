@@ -34,9 +34,11 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+import jax
 import numpy as np
 
 from locojax.rollout.single_turn import Rollouts
+from locojax.sums import Sums
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +62,23 @@ class DynamicSamplingConfig:
         if self.max_rounds < 0 or self.overlong_buffer < 0 or self.overlong_penalty < 0:
             raise ValueError(f"max_rounds, overlong_buffer and overlong_penalty must be >= 0: "
                              f"{self}")
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class RefillStats(Sums):
+    """What a step's refill rounds did, as sums over groups (adds with +)."""
+
+    zero_std_round0: float = 0.0  # groups without signal after round 0
+    replaced: float = 0.0  # groups a refill round replaced
+    generated_groups: float = 0.0  # groups the refill rounds generated (their cost)
+
+    def metrics(self, groups: float) -> dict[str, float]:
+        """Zero-variance groups after round 0 vs after the last round (`rollout/frac_zero_std`)
+        is what dynamic sampling bought; `generated_groups` is what it cost."""
+        return {"rollout/refill/frac_zero_std_round0": self.zero_std_round0 / groups,
+                "rollout/refill/replaced": self.replaced,
+                "rollout/refill/generated_groups": self.generated_groups}
 
 
 def zero_variance(rewards: np.ndarray, group_size: int) -> np.ndarray:

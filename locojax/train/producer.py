@@ -1,24 +1,27 @@
 """The producer half of an RL step: one host's prompts become its share of the train batch.
 
 `Producer.produce(step, weights, start, stop)` admits global prompt slots [start, stop) of
-`step` (the curator's plan, `curation.py`), generates G completions each on the host's
+`step` (the curator's admission, `curation.py`), generates G completions each on the host's
 engine, scores them, refills groups without signal (dynamic sampling, `dynamic_sampling.py`),
 computes the group-relative advantages and assembles the host-local rows of the training
-batch. What it returns, a `RolloutRecord`, is the small typed record that crosses from
-producer to consumer (STYLE.md 13): numpy rows, per-step sums for the metrics, the pass
-counts the curator learns from, and the weight version that generated them.
+batch. What it returns is the `RolloutRecord` that crosses from producer to consumer
+(`record.py`: the rows, the sums behind the metrics, the version that generated them) and
+the curator's `Feedback` (the step's admission and the pass counts of its groups), which
+stays with the host that produced it. With `dump_dir` it writes the raw rows (tokens,
+texts, rewards) there, where they were made: `step<s>.slots<start>-<stop>.npz`.
 
 Every coordination mode runs this same code. `single` and `colocated` call it inline, on the
 learner's own params, right before the update (the producer inline, depth 0); modes with
 separate rollout workers run it there and hand the record over.
 
 Everything a record holds is a function of (seed, step, slots, weights, curation table), so
-a record made twice, on any host or layout, is the same record.
+a record made twice, on any host or layout, is the same record (and its dump the same file).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import jax
 import numpy as np
@@ -37,7 +40,8 @@ from locojax.rollout.limits import Limits, MultiTurnConfig
 from locojax.rollout.single_turn import Rollouts, rollout
 from locojax.tokenizer import Tokenizer
 from locojax.train import dynamic_sampling as ds
-from locojax.train.curation import OBS_COLUMNS, Curator, Plan
+from locojax.train.curation import OBS_COLUMNS, Curator, Feedback
+from locojax.train.record import RolloutRecord, RolloutStats
 
 CORRECT = "_correct"
 """A hidden reward part: each row's correctness (reward ≥ 1) before any shaping. It rides in
@@ -47,38 +51,22 @@ REFILL_KEY = 2**32 - 1
 """fold_in data of the branch of the root key that refill rounds sample from (steps, the
 data of the other branch, never reach it)."""
 
-REWARD_COUNTERS = ("reward/errors", "reward/timeouts")
-"""The reward runner's counters that are summed into a record (per step, per host)."""
-
-
-@dataclasses.dataclass
-class RolloutRecord:
-    """One host's share of one step's rollouts, ready for the learner."""
-
-    step: int  # the step whose prompts these are
-    version: int  # the weight version (learner steps applied) that generated them
-    batch: batch_lib.TrainBatch  # host-local numpy rows, prompt-major
-    sums: dict[str, float]  # per-host sums behind the rollout metrics (`rollout_metrics`)
-    rollouts: Rollouts  # the raw rows (texts, rewards), for dumps
-    plan: Plan  # the step's admission (all B global slots; this host used [start, stop))
-    observations: np.ndarray  # [B_host · (1 + max_rounds), 5] int32 pass counts, curation.py
-
 
 class Producer:
     """Owns a host's engine, reward runner (multi-turn: env pool) and view of the data; holds
-    no per-step state (the curator it reads is advanced by the trainer, once per step, on
-    every host)."""
+    no per-step state (the curator it reads is advanced once per step, on every host, by
+    the rollout source that feeds it the step's `Feedback`: `source.InlineSource`)."""
 
     def __init__(self, engine: Engine, tokenizer: Tokenizer, task: Task, runner: RewardRunner,
                  curator: Curator, algo: AlgoConfig, sampling: SamplingConfig,
                  prompts_per_step: int, max_prompt_tokens: int, root_key: jax.Array,
                  dynamic: ds.DynamicSamplingConfig = ds.DynamicSamplingConfig(),
                  multi: MultiTurnConfig | None = None, limits: Limits | None = None,
-                 rollout_fn=rollout):
+                 dump_dir: str | None = None, rollout_fn=rollout):
         self.engine, self.tokenizer, self.task, self.runner = engine, tokenizer, task, runner
         self.curator, self.algo, self.sampling, self.dynamic = curator, algo, sampling, dynamic
         self.prompts_per_step, self.max_prompt_tokens = prompts_per_step, max_prompt_tokens
-        self.root_key = root_key
+        self.root_key, self.dump_dir = root_key, dump_dir
         self.rollout_fn = rollout_fn  # tests swap in a model-free rollout
         self.multi, self.limits, self.envs = multi, limits, None
         if task.multi_turn:  # this host's environments run here, on its own worker pool
@@ -93,13 +81,13 @@ class Producer:
             self.envs = EnvPool(multi.env_workers, multi.env_timeout_s)
 
     def produce(self, step: int, weights, start: int, stop: int, timer: StepTimer,
-                version: int | None = None) -> RolloutRecord:
+                version: int | None = None, dump: bool = True) -> tuple[RolloutRecord, Feedback]:
         """Slots [start, stop) of step `step`, generated with `weights` (version `version`,
-        default `step`: the lock-step schedule)."""
+        default `step`: the lock-step schedule); `dump=False` skips the dump (warm-ups)."""
         g, train = self.algo.group_size, self.task.train
         with timer.phase("admission"):
-            plan = self.curator.plan(step)
-            indices = np.asarray(plan.indices[start:stop])
+            admission = self.curator.admit(step)
+            indices = np.asarray(admission.indices[start:stop])
         rounds = [self._generate(weights, [train[i] for i in indices], step, start, 0, timer)]
         choice = np.zeros(stop - start, np.int64)  # the round whose group each slot keeps
         observations = [self._observe(rounds[0], start, 0, indices)]
@@ -126,10 +114,12 @@ class Producer:
             if self.dynamic.overlong_filter:  # cut-off responses train nothing (DAPO)
                 cut = ds.truncated(out.tokens, out.mask, self.sampling.stop_token_ids)
                 local = dataclasses.replace(local, loss_mask=local.loss_mask & ~cut[:, None])
-            sums = self._sums(out, rounds, choice, zero_round0)
-        return RolloutRecord(step=step, version=step if version is None else version,
-                             batch=local, sums=sums, rollouts=out, plan=plan,
-                             observations=self._pad(observations, stop - start))
+            stats = self._stats(out, len(rounds), choice, zero_round0)
+        version = step if version is None else version
+        if self.dump_dir and dump:
+            _dump(self.dump_dir, step, start, stop, version, out)
+        return (RolloutRecord(step, version, local, stats),
+                Feedback(admission, self._pad(observations, stop - start)))
 
     def _generate(self, weights, examples, step: int, start: int, round_: int,
                   timer: StepTimer) -> Rollouts:
@@ -171,50 +161,37 @@ class Producer:
                       np.int32)
         return np.concatenate([rows, pad], axis=0)
 
-    def _sums(self, out: Rollouts, rounds: list[Rollouts], choice: np.ndarray,
-              zero_round0: int) -> dict[str, float]:
+    def _stats(self, out: Rollouts, rounds: int, choice: np.ndarray,
+               zero_round0: int) -> RolloutStats:
         grouped = out.rewards.reshape(-1, self.algo.group_size)
         counters = self.runner.metrics()  # read-and-reset: this step's reward errors
-        parts = {k: v for k, v in out.reward_parts.items() if k != CORRECT}
-        sums = {
-            "rows": float(len(out.rewards)),
-            "reward": float(out.rewards.sum()),
-            "correct": float(out.reward_parts[CORRECT].sum()),
-            "length": float(out.mask.sum()),
-            "groups": float(grouped.shape[0]),
-            "zero_std": float(np.sum(grouped.max(1) == grouped.min(1))),
-            "truncated": float(ds.truncated(out.tokens, out.mask,
-                                            self.sampling.stop_token_ids).sum()),
-            **{f"part/{k}": float(v.sum()) for k, v in parts.items()},
-            **{k: float(counters.get(k, 0.0)) for k in REWARD_COUNTERS},
-            **out.stats,  # multi-turn: env counters and sums
-        }
-        if self.dynamic.max_rounds:
-            sums.update({"refill/zero_std_round0": float(zero_round0),
-                         "refill/replaced": float(np.sum(choice > 0)),
-                         "refill/generated_groups": float(len(choice) * (len(rounds) - 1))})
-        return sums
+        refill = None if not self.dynamic.max_rounds else ds.RefillStats(
+            zero_std_round0=float(zero_round0), replaced=float(np.sum(choice > 0)),
+            generated_groups=float(len(choice) * (rounds - 1)))
+        return RolloutStats(
+            rows=float(len(out.rewards)), groups=float(grouped.shape[0]),
+            reward=float(out.rewards.sum()), correct=float(out.reward_parts[CORRECT].sum()),
+            response_tokens=float(out.mask.sum()),
+            zero_std_groups=float(np.sum(grouped.max(1) == grouped.min(1))),
+            truncated=float(ds.truncated(out.tokens, out.mask,
+                                         self.sampling.stop_token_ids).sum()),
+            reward_parts={k: float(v.sum()) for k, v in out.reward_parts.items() if k != CORRECT},
+            reward_errors=float(counters.get("reward/errors", 0.0)),
+            reward_timeouts=float(counters.get("reward/timeouts", 0.0)),
+            env=out.env, refill=refill)
 
 
-def rollout_metrics(sums: dict[str, float]) -> dict[str, float]:
-    """The logged rollout metrics from `RolloutRecord.sums` summed over every host."""
-    n, groups = float(sums["rows"]), float(sums["groups"])
-    m = {
-        "reward/mean": float(sums["reward"]) / n,
-        "rollout/accuracy": float(sums["correct"]) / n,
-        "rollout/response_length/mean": float(sums["length"]) / n,
-        "rollout/frac_zero_std": float(sums["zero_std"]) / groups,
-        "rollout/frac_truncated": float(sums["truncated"]) / n,
-        **{k: float(sums[k]) for k in REWARD_COUNTERS},
-    }
-    m.update({f"reward/{k[5:]}/mean": float(v) / n for k, v in sums.items()
-              if k.startswith("part/")})
-    m.update(multi_turn.env_metrics(sums))
-    if "refill/replaced" in sums:
-        # Zero-variance groups after round 0 and after the last round: the gap is what
-        # dynamic sampling bought; generated_groups is what it cost.
-        m.update({"rollout/refill/frac_zero_std_round0": float(sums["refill/zero_std_round0"])
-                  / groups,
-                  "rollout/refill/replaced": float(sums["refill/replaced"]),
-                  "rollout/refill/generated_groups": float(sums["refill/generated_groups"])})
-    return m
+def _dump(directory: str, step: int, start: int, stop: int, version: int, out: Rollouts) -> None:
+    """The raw rows of slots [start, stop) of `step` (tokens, texts, rewards, each reward part
+    as `part_<name>`, correctness before shaping), written atomically: a unit generated
+    again (its worker died) writes the same name, so the file holds what was trained."""
+    path = os.path.join(directory, f"step{step + 1:05d}.slots{start}-{stop}.npz")
+    os.makedirs(directory, exist_ok=True)
+    extra = {f"part_{k}": v for k, v in out.reward_parts.items() if k != CORRECT}
+    if out.env_mask is not None:
+        extra["env_mask"] = out.env_mask
+    with open(path + ".tmp", "wb") as f:
+        np.savez(f, group_ids=out.group_ids, tokens=out.tokens, mask=out.mask,
+                 logprobs=out.logprobs, rewards=out.rewards, texts=np.asarray(out.texts),
+                 correct=out.reward_parts[CORRECT] > 0, version=np.int64(version), **extra)
+    os.replace(path + ".tmp", path)

@@ -1,16 +1,20 @@
 """Coordination modes as wirings of the same parts (STYLE.md 8: a wiring, not a rewrite).
 
-A wiring answers five questions for the loop:
+A wiring is made once this process has joined its hosts (`join`: the one place that does,
+for the in-process modes; the Ray learner group joins in `fleet/learner.py`), and answers
+five questions for the loop:
 - where does the producer run, and how deep is the buffer?     `rollout_source`
 - which of the step's prompts does this process admit?        `host_slice`
-- on which devices does its engine generate, with which params? `engine`, `rollout_weights`
+- on which devices does its engine generate, with which params? `rollout_mesh`,
+                                                               `rollout_weights`
 - how do the hosts' rows become one global training batch?     `global_batch`
 - how are per-host statistics combined?                        `sum_over_hosts`,
                                                                `gather_over_hosts`
 
-`single` (the Pathways-style baseline): one process owns every device. It admits all prompts,
-runs one SPMD generate over the global mesh (rows sharded over `data`), scores everything on
-the controller and trains. Same engine, same jit, same shardings as colocated: a fair baseline.
+`single`: one process owns every local device. It admits all prompts, runs one SPMD generate
+over its mesh (rows sharded over `data`), scores everything itself and trains. The fastest
+way to use one host's devices from one process; it never crosses a process boundary, so it
+is not the single-controller baseline of the paper (DESIGN.md, "Coordination modes").
 
 `colocated` (LoCoJAX-CO): one process per host. Each admits its own contiguous share of the
 prompts (whole groups), generates on its local devices with its host-local replica of the
@@ -19,7 +23,7 @@ collective during decode), scores locally, then joins one synchronous train step
 `make_array_from_process_local_data`.
 
 Both run the producer inline at depth 0 (`source.InlineSource`). `disaggregated` and `async`
-are wirings too, of a learner group fed by remote rollout workers (`modes/learner.py`); only
+are wirings too, of a learner group fed by remote rollout workers (`fleet/learner.py`); only
 those modules import Ray.
 """
 
@@ -30,9 +34,9 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from locojax.engine.engine import Engine
-from locojax.model.config import ModelConfig
-from locojax.model.sharding import ROLLOUT_REPLICATED, TRAIN_DP, make_mesh
+from locojax import distributed
+from locojax.distributed import HostInfo
+from locojax.model.sharding import TRAIN_DP, make_mesh
 from locojax.rl import batch as batch_lib
 from locojax.train.source import InlineSource
 
@@ -41,11 +45,9 @@ class Single:
     name = "single"
     remote_rollouts = False  # the producer runs inline, here: see `source.InlineSource`
 
-    def __init__(self):
-        self.train_mesh = make_mesh({"data": jax.device_count()})
-
-    def make_engine(self, model_cfg: ModelConfig) -> Engine:
-        return Engine(model_cfg, mesh=self.train_mesh, rules=ROLLOUT_REPLICATED)
+    def __init__(self, host: HostInfo):
+        self.host = host
+        self.train_mesh = self.rollout_mesh = make_mesh({"data": jax.device_count()})
 
     def rollout_source(self, producer) -> InlineSource:
         return InlineSource(producer, self)
@@ -59,7 +61,7 @@ class Single:
     def global_batch(self, local: batch_lib.TrainBatch) -> batch_lib.TrainBatch:
         return batch_lib.shard(local, self.train_mesh, TRAIN_DP)
 
-    def sum_over_hosts(self, values: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def sum_over_hosts(self, values):
         return values
 
     def gather_over_hosts(self, rows: np.ndarray) -> np.ndarray:
@@ -70,15 +72,13 @@ class Colocated:
     name = "colocated"
     remote_rollouts = False  # the producer runs inline, here: see `source.InlineSource`
 
-    def __init__(self):
+    def __init__(self, host: HostInfo):
+        self.host = host
         # Global devices in process order, so process p's rows land on process p's devices.
         devices = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
         self.train_mesh = make_mesh({"data": len(devices)}, devices)
-        self.local_mesh = make_mesh({"data": jax.local_device_count()}, jax.local_devices())
-        self._replicated = NamedSharding(self.local_mesh, P())
-
-    def make_engine(self, model_cfg: ModelConfig) -> Engine:
-        return Engine(model_cfg, mesh=self.local_mesh, rules=ROLLOUT_REPLICATED)
+        self.rollout_mesh = make_mesh({"data": jax.local_device_count()}, jax.local_devices())
+        self._replicated = NamedSharding(self.rollout_mesh, P())
 
     def rollout_source(self, producer) -> InlineSource:
         return InlineSource(producer, self)
@@ -96,20 +96,21 @@ class Colocated:
                 return x
             shards = {s.device: s.data for s in x.addressable_shards}
             return jax.make_array_from_single_device_arrays(
-                x.shape, self._replicated, [shards[d] for d in self.local_mesh.devices.flat])
+                x.shape, self._replicated, [shards[d] for d in self.rollout_mesh.devices.flat])
 
         return jax.tree.map(local, params)
 
     def global_batch(self, local: batch_lib.TrainBatch) -> batch_lib.TrainBatch:
         return batch_lib.from_process_local(local, self.train_mesh, TRAIN_DP)
 
-    def sum_over_hosts(self, values: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def sum_over_hosts(self, values):
+        """A pytree of numbers (the same structure on every host) summed over the hosts, in
+        f64: one collective for the whole tree."""
         if jax.process_count() == 1:
             return values
-        keys = sorted(values)
-        stacked = multihost_utils.process_allgather(
-            np.stack([np.asarray(values[k], np.float32) for k in keys]))
-        return dict(zip(keys, np.asarray(stacked).sum(axis=0)))
+        leaves, treedef = jax.tree.flatten(values)
+        stacked = multihost_utils.process_allgather(np.asarray(leaves, np.float64))
+        return jax.tree.unflatten(treedef, [float(x) for x in np.asarray(stacked).sum(axis=0)])
 
     def gather_over_hosts(self, rows: np.ndarray) -> np.ndarray:
         """Every host's [n, ...] rows (the same n on each), concatenated in process order."""
@@ -122,8 +123,9 @@ class Colocated:
 WIRINGS = {"single": Single, "colocated": Colocated}
 
 
-def make(mode: str):
+def join(mode: str, devices_per_host: int = 0) -> Single | Colocated:
+    """Join the hosts this process belongs to (`distributed.initialize`), then wire `mode`."""
     if mode not in WIRINGS:
         raise ValueError(f"mode {mode!r} has no in-process wiring; choose from "
-                         f"{sorted(WIRINGS)} (the Ray modes start through modes/driver.py)")
-    return WIRINGS[mode]()
+                         f"{sorted(WIRINGS)} (the Ray modes start through fleet/driver.py)")
+    return WIRINGS[mode](distributed.initialize(devices_per_host=devices_per_host or None))

@@ -9,7 +9,7 @@ kept non-negative, so no line needs a sign. Sizes stay within what a char-level 
 64-token context handles: prompts <= 12 chars; completions <= 9 chars with two operands, <= 29
 at level 4 and <= 36 at level 5.
 
-Difficulty levels (`level(n)`); a short SFT on a tiny model leaves level 3 mediocre but
+Difficulty levels (`at_level(n)`); a short SFT on a tiny model leaves level 3 mediocre but
 learnable, which is where GRPO has room to help:
 
 | level | operands | digits | ops |
@@ -63,7 +63,7 @@ LEVELS = {
 }
 
 
-def level(n: int) -> ArithConfig:
+def at_level(n: int) -> ArithConfig:
     if n not in LEVELS:
         raise ValueError(f"arith level must be one of {sorted(LEVELS)}, got {n}")
     return LEVELS[n]
@@ -116,7 +116,7 @@ def sample(rng: random.Random, cfg: ArithConfig) -> tuple[str, Example]:
 def task(level: int | None = 3, config: ArithConfig | None = None, seed: int = 0,
          train_size: int = 100_000, test_size: int = 200, format_weight: float = 0.0) -> Task:
     """The arith task at a preset `level`, or with an explicit `config` (which wins)."""
-    cfg = config or globals()["level"](level if level is not None else 3)
+    cfg = config or at_level(level if level is not None else 3)
 
     def draw(rng: random.Random) -> tuple[str, Example]:
         return sample(rng, cfg)

@@ -25,14 +25,15 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from locojax import distributed
-from locojax.train.config import RunConfig, check
-from locojax.train.modes.dispatcher import Dispatcher
-from locojax.train.modes.faults import FaultPlan
-from locojax.train.modes.learner import Handles, Learner
-from locojax.train.modes.roles import LIGHT_CPUS, forwarded_env, host_cpus
-from locojax.train.modes.transport import ParameterServer
-from locojax.train.modes.workers import RolloutWorker, Verifier
-from locojax.train.placement import Plan, plan as make_plan
+from locojax.fleet.actors import LIGHT_CPUS, forwarded_env, host_cpus
+from locojax.fleet.dispatcher import Dispatcher
+from locojax.fleet.faults import Faults
+from locojax.fleet.learner import Handles, Learner
+from locojax.fleet.parameter_server import ParameterServer
+from locojax.fleet.placement import PlacementPlan, place
+from locojax.fleet.rollout_worker import RolloutWorker
+from locojax.fleet.verifier import Verifier
+from locojax.train.config import RunConfig, check_run
 
 log = logging.getLogger(__name__)
 
@@ -40,18 +41,13 @@ MAX_LEARNER_RESTARTS = 3
 PLACEMENT_TIMEOUT_S = 120
 
 
-def check_settings(cfg: RunConfig) -> Plan:
+def check_settings(cfg: RunConfig) -> PlacementPlan:
     """Every check that needs no Ray; raises ValueError before any actor starts."""
     if os.environ.get(distributed.ENV_NUM_PROCESSES, "1") not in ("", "1"):
         raise ValueError(f"mode {cfg.mode!r} places its own hosts through Ray: run it as one "
                          "process, not under `locojax launch`")
-    plan = make_plan(cfg.mode, cfg.placement, cfg.rollout.prompts_per_step, cfg.devices_per_host)
-    check(cfg, plan.learner_hosts, plan.learner_hosts * plan.devices_per_host)
-    if cfg.curation.enabled or cfg.dynamic.max_rounds:
-        # Workers plan each step's prompts on their own: exact only while step s's plan is a
-        # function of s alone, i.e. with no pass-rate table learnt on the learner.
-        raise ValueError(f"mode {cfg.mode!r}: --curation.enabled and --dynamic.max-rounds run in "
-                         "the single and colocated modes so far")
+    plan = place(cfg.mode, cfg.placement, cfg.rollout.prompts_per_step, cfg.devices_per_host)
+    check_run(cfg, plan.learner_hosts, plan.learner_hosts * plan.devices_per_host)
     ckpts = os.path.join(cfg.run_dir, "checkpoints")
     if not cfg.checkpoint.resume and os.path.isdir(ckpts) and any(
             name.isdigit() for name in os.listdir(ckpts)):
@@ -60,7 +56,7 @@ def check_settings(cfg: RunConfig) -> Plan:
     return plan
 
 
-def run(cfg: RunConfig, faults: FaultPlan = FaultPlan()) -> dict[str, float]:
+def run(cfg: RunConfig, faults: Faults = Faults()) -> dict[str, float]:
     """Train `cfg` in a Ray mode; returns learner host 0's final metrics (as `Trainer.run`)."""
     plan = check_settings(cfg)
     cfg = dataclasses.replace(cfg, run_dir=os.path.abspath(cfg.run_dir))
@@ -93,7 +89,7 @@ def _connect(cfg: RunConfig) -> bool:
     return True
 
 
-def _check_cluster(plan: Plan) -> None:
+def _check_cluster(plan: PlacementPlan) -> None:
     """On a cluster with GPUs every host takes --devices-per-host of them."""
     gpus = ray.cluster_resources().get("GPU", 0)
     if gpus and plan.hosts * plan.devices_per_host > gpus:
@@ -106,7 +102,7 @@ def _check_cluster(plan: Plan) -> None:
 class _Cluster:
     """The actors of one run, and the supervision of its learner group."""
 
-    def __init__(self, cfg: RunConfig, plan: Plan, faults: FaultPlan):
+    def __init__(self, cfg: RunConfig, plan: PlacementPlan, faults: Faults):
         self.cfg, self.plan, self.faults = cfg, plan, faults
         cpus = ray.cluster_resources().get("CPU", 1.0)
         self.host_cpus = host_cpus(cpus, plan.hosts, plan.verifiers + 2)

@@ -12,14 +12,16 @@ dispatch loop; learner hosts call `take` from others (a threaded actor):
             and Ray restarts the worker; a parameter server that is down makes the lease
             go back and the worker wait a moment; anything else stops the run.
 
-Learner host p's `take(step)` blocks until every unit of `step` is in and returns its rows;
-once every host has taken a step, it is retired. `snapshot` gives the state a checkpoint
+Learner host p's `take(step)` blocks until every unit of `step` is in and returns its rows
+(host 0 also gets the queue's own figures, `DispatchStats`); once every host has taken a
+step, it is retired. `snapshot` gives the state a checkpoint
 holds and `begin` restores it (or starts afresh), with `pause` in between while a learner
 group restarts, so no host takes from a buffer that is about to be rewound.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -27,11 +29,12 @@ import time
 import numpy as np
 import ray
 
-from locojax.train.buffer import RolloutBuffer
-from locojax.train.leases import Lease, LeaseTable
-from locojax.train.modes.roles import setup_logging
-from locojax.train.placement import Plan
-from locojax.train.versions import VersionUnavailable
+from locojax.fleet.actors import setup_logging
+from locojax.fleet.buffer import RolloutBuffer
+from locojax.fleet.leases import Lease, LeaseTable
+from locojax.fleet.placement import PlacementPlan
+from locojax.fleet.versions import VersionUnavailable
+from locojax.train.record import RolloutRecord
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +44,22 @@ RETRY_S = 0.5
 READY_ATTEMPTS = 120
 """How many times (RETRY_S apart, after its first failure) a restarting worker is asked
 whether it is up before the run gives up on it."""
+
+
+@dataclasses.dataclass(frozen=True)
+class DispatchStats:
+    """The queue's own figures when a step is taken (wall-clock: they go to perf.jsonl)."""
+
+    redispatched: int  # units put back after a dispatch (died, hung, failed), so far
+    late: int  # results dropped because their lease was no longer held, so far
+    worker_lag_mean: float  # newest version minus the version each worker last used
+    worker_lag_max: float
+
+    def metrics(self) -> dict[str, float]:
+        return {"perf/rollout/redispatched_leases": float(self.redispatched),
+                "perf/rollout/late_results": float(self.late),
+                "perf/sync/worker_version_lag/mean": self.worker_lag_mean,
+                "perf/sync/worker_version_lag/max": self.worker_lag_max}
 
 
 class _Slot:
@@ -72,7 +91,7 @@ class _Slot:
 
 @ray.remote(max_concurrency=16)
 class Dispatcher:
-    def __init__(self, plan: Plan, prompts_per_step: int, steps: int, workers: list):
+    def __init__(self, plan: PlacementPlan, prompts_per_step: int, steps: int, workers: list):
         setup_logging()
         self.plan = plan
         self.table = LeaseTable(prompts_per_step, plan.prompts_per_lease, plan.schedule, steps)
@@ -85,7 +104,6 @@ class Dispatcher:
         for slot in self.slots:
             slot.poll_ready()
         self._taken: dict[int, set[int]] = {}
-        self._info: dict[int, list[dict]] = {}  # step → infos of its units
         self._snapshot: tuple[int, tuple] | None = None
         self._stopping = False
         self._thread = threading.Thread(target=self._loop, name="dispatch", daemon=True)
@@ -113,7 +131,7 @@ class Dispatcher:
             if self.table.next_step != step:
                 raise RuntimeError(f"checkpoint of step {step} holds a lease table at step "
                                    f"{self.table.next_step}")
-            self.newest, self._taken, self._info, self._snapshot = None, {}, {}, None
+            self.newest, self._taken, self._snapshot = None, {}, None
             self.error, self.open = None, True
             self.cv.notify_all()
         log.info("begin at step %d (%d buffered unit(s))", step,
@@ -124,8 +142,10 @@ class Dispatcher:
             self.newest = version if self.newest is None else max(self.newest, version)
             self.cv.notify_all()
 
-    def take(self, step: int, host: int, num_hosts: int, timeout_s: float):
-        """(record, info) of learner host `host`'s rows of `step`, or None after timeout_s."""
+    def take(self, step: int, host: int, num_hosts: int,
+             timeout_s: float) -> tuple[RolloutRecord, DispatchStats | None] | None:
+        """Learner host `host`'s rows of `step` (and, for host 0, the queue's figures), or None
+        after timeout_s."""
         deadline = time.monotonic() + timeout_s
         with self.cv:
             while self.error is None and not (self.open and self.buffer.ready(step)):
@@ -136,15 +156,14 @@ class Dispatcher:
             if self.error is not None:
                 raise RuntimeError(self.error)
             record = self.buffer.take(step, host, num_hosts)
-            info = self._step_info(step) if host == 0 else {}
+            stats = self._stats() if host == 0 else None
             taken = self._taken.setdefault(step, set())
             taken.add(host)
             if len(taken) == num_hosts:
                 self.buffer.drop(step)
                 self.table.consume(step)
                 self._taken.pop(step)
-                self._info.pop(step, None)
-            return record, info
+            return record, stats
 
     def snapshot(self, next_step: int) -> tuple[dict, dict]:
         """(arrays, JSON) of the buffer and leases, the same for every host that asks."""
@@ -162,21 +181,12 @@ class Dispatcher:
         self._stopping = True
         self._thread.join(timeout=5)
 
-    def _step_info(self, step: int) -> dict:
-        infos = self._info.get(step, [])
+    def _stats(self) -> DispatchStats:
         newest = self.newest or 0
         lags = [newest - s.version for s in self.slots if s.version is not None]
-        out = {"redispatched": self.table.redispatched, "late": self.table.late,
-               "worker_lag_mean": float(np.mean(lags)) if lags else 0.0,
-               "worker_lag_max": float(max(lags)) if lags else 0.0,
-               "pull_seconds": float(sum(i["pull"]["seconds"] for i in infos)),
-               "pull_bytes": float(sum(i["pull"]["bytes"] for i in infos))}
-        phases = {}
-        for i in infos:
-            for k, v in i["perf"].items():
-                phases.setdefault(k, []).append(v)
-        out["perf"] = {k: float(np.mean(v)) for k, v in phases.items()}
-        return out
+        return DispatchStats(self.table.redispatched, self.table.late,
+                             float(np.mean(lags)) if lags else 0.0,
+                             float(max(lags)) if lags else 0.0)
 
     # --- the dispatch loop ------------------------------------------------------------------
 
@@ -257,13 +267,11 @@ class Dispatcher:
             if slot.starting:  # a `ready` call: the worker is up
                 slot.starting = False
                 return
-            slot.lease = None
-            record, info = out
-            slot.version = info["version"]
+            slot.lease, record = None, out
+            slot.version = record.version
             if self.table.complete(lease.id) is None:
                 log.info("late result of lease %d (step %d unit %d) dropped", lease.id,
                          lease.step, lease.unit)
                 return
             self.buffer.add(lease, record)
-            self._info.setdefault(lease.step, []).append(info)
             self.cv.notify_all()

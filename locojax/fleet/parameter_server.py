@@ -4,7 +4,7 @@
 that the server itself owns (so a version outlives the learner process that pushed it),
 with its checksum. It owns nothing else: if it dies, Ray restarts it empty under a new
 `incarnation`, and the learner, which keeps the same K versions host-side for its
-checkpoint, restores it (`RemoteSource._restore_ps`).
+checkpoint, restores it (`learner.RemoteSource._restore_ps`).
 
 `ObjectStoreTransport` is the `versions.WeightTransport` the Ray modes use: `push` sends a
 whole numpy version to the server (which verifies it before keeping it), `pull` fetches one
@@ -26,9 +26,9 @@ import jax
 import numpy as np
 import ray
 
-from locojax.train.modes.faults import FaultPlan, kill_self
-from locojax.train.modes.roles import setup_logging
-from locojax.train.versions import (SyncStats, VersionStore, VersionUnavailable, checksum,
+from locojax.fleet.actors import setup_logging
+from locojax.fleet.faults import Faults, kill_self
+from locojax.fleet.versions import (SyncStats, VersionStore, VersionUnavailable, checksum,
                                     nbytes, verify)
 
 log = logging.getLogger(__name__)
@@ -42,7 +42,7 @@ TRANSIENT = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError,
 class ParameterServer:
     """The newest `keep` weight versions, checksummed, in the object store."""
 
-    def __init__(self, keep: int, run_dir: str, faults: FaultPlan):
+    def __init__(self, keep: int, run_dir: str, faults: Faults):
         setup_logging()
         self.store = VersionStore(keep)  # values: ObjectRefs owned by this actor
         self.run_dir, self.faults = run_dir, faults

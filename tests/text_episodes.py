@@ -1,4 +1,4 @@
-"""The text-level multi-turn driver: batches of episodes, one policy call per turn.
+"""A text-level multi-turn driver for tests: batches of episodes, one policy call per turn.
 
 `locojax train` does not use it: its rollouts are token-level and continue each row in the
 KV cache (`locojax.rollout.multi_turn`). This driver is for any policy that maps text to

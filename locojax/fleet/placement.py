@@ -1,4 +1,4 @@
-"""Settings of the Ray modes (disaggregated, async), and the plan checked before any actor starts.
+"""Placement and schedule of the Ray modes (disaggregated, async): settings, checked plan.
 
 DESIGN.md "Asynchrony": one mechanism, three settings.
 - placement: which hosts learn and which produce rollouts. `disaggregated` splits `hosts`
@@ -8,8 +8,9 @@ DESIGN.md "Asynchrony": one mechanism, three settings.
   `async` lets a lease take the newest version.
 - versions kept K by the parameter server (at least k + 1).
 
-`plan` turns a `RunConfig` into the concrete numbers, or raises `ValueError` with a message
-that names the flag. Plain Python: no Ray, no JAX.
+`PlacementConfig` checks its own values when made (so the CLI refuses them while parsing);
+`place` turns it into a `PlacementPlan` of concrete numbers, refusing what only the mode
+and the batch can tell, with a message that names the flag. Plain Python: no Ray, no JAX.
 """
 
 from __future__ import annotations
@@ -17,9 +18,30 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from locojax.train.leases import Schedule
-
 RAY_MODES = ("disaggregated", "async")
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    """Which steps may be generated, and with which weight version (from a checked
+    `PlacementConfig`: k >= 0, K >= k + 1)."""
+
+    max_staleness: int
+    """k: a sample trains at most k versions after the one that generated it."""
+    versions_kept: int
+    """K: weight versions the parameter server keeps (>= k + 1)."""
+    newest: bool
+    """True: a lease takes the newest version (async). False: `max(0, step - k)`, the
+    deterministic schedule (disaggregated), so a run's tokens do not depend on timing."""
+
+    def admits(self, step: int, newest_version: int) -> bool:
+        return step - newest_version <= self.max_staleness
+
+    def version_for(self, step: int, newest_version: int) -> int:
+        if not self.admits(step, newest_version):
+            raise ValueError(f"step {step} is not admitted at version {newest_version} "
+                             f"(k={self.max_staleness})")
+        return newest_version if self.newest else max(0, step - self.max_staleness)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,9 +75,35 @@ class PlacementConfig:
     ray_cpus: float = 0.0
     """CPUs of the local Ray cluster (0: this machine's). Actors request fractions of them."""
 
+    def __post_init__(self):
+        k = self.max_staleness
+        if k < 0:
+            raise ValueError(f"--max-staleness must be >= 0 (0 is lock-step, as colocated), "
+                             f"got {k}")
+        if self.versions_kept and self.versions_kept < k + 1:
+            raise ValueError(f"--versions-kept {self.versions_kept} is fewer than "
+                             f"--max-staleness + 1 = {k + 1}: a lease may still need any of "
+                             f"the last {k + 1} versions")
+        if self.hosts < 2:
+            raise ValueError(f"--hosts must be >= 2 (one learner and one rollout worker), got "
+                             f"{self.hosts}")
+        if not 0.0 < self.rollout_fraction < 1.0:
+            raise ValueError(f"--rollout-fraction must be in (0, 1), got "
+                             f"{self.rollout_fraction}")
+        if self.workers < 1 or self.learner_hosts < 1:
+            raise ValueError(f"--workers and --learner-hosts must be >= 1, got {self.workers} "
+                             f"and {self.learner_hosts}")
+        if self.prompts_per_lease < 0:
+            raise ValueError(f"--prompts-per-lease must be >= 0 (0: automatic), got "
+                             f"{self.prompts_per_lease}")
+        if self.lease_timeout_s <= 0:
+            raise ValueError(f"--lease-timeout-s must be > 0, got {self.lease_timeout_s}")
+        if self.verifiers < 1:
+            raise ValueError(f"--verifiers must be >= 1, got {self.verifiers}")
+
 
 @dataclasses.dataclass(frozen=True)
-class Plan:
+class PlacementPlan:
     """The checked, concrete layout of one Ray-mode run."""
 
     mode: str
@@ -80,25 +128,13 @@ class Plan:
                 f"{self.prompts_per_lease} prompt(s) per lease")
 
 
-def plan(mode: str, p: PlacementConfig, prompts_per_step: int, devices_per_host: int) -> Plan:
-    """Check the settings and derive the layout; `ValueError` naming the flag otherwise."""
+def place(mode: str, p: PlacementConfig, prompts_per_step: int,
+          devices_per_host: int) -> PlacementPlan:
+    """The layout of a Ray-mode run; `ValueError` naming the flag if it cannot be made."""
     if mode not in RAY_MODES:
         raise ValueError(f"mode {mode!r} is not a Ray mode ({', '.join(RAY_MODES)})")
     d = devices_per_host or 1
-    if p.max_staleness < 0:
-        raise ValueError(f"--max-staleness must be >= 0 (0 is lock-step, as colocated), got "
-                         f"{p.max_staleness}")
-    kept = p.versions_kept or p.max_staleness + 1
-    if kept < p.max_staleness + 1:
-        raise ValueError(f"--versions-kept {kept} is fewer than --max-staleness + 1 = "
-                         f"{p.max_staleness + 1}: a lease may still need any of the last "
-                         f"{p.max_staleness + 1} versions")
-    if p.hosts < 2:
-        raise ValueError(f"--hosts must be >= 2 (one learner and one rollout worker), got "
-                         f"{p.hosts}")
     if mode == "disaggregated":
-        if not 0.0 < p.rollout_fraction < 1.0:
-            raise ValueError(f"--rollout-fraction must be in (0, 1), got {p.rollout_fraction}")
         workers = math.floor(p.rollout_fraction * p.hosts + 0.5)
         learners = p.hosts - workers
         if workers < 1:
@@ -110,24 +146,17 @@ def plan(mode: str, p: PlacementConfig, prompts_per_step: int, devices_per_host:
                              "leaves no learner host")
     else:
         workers, learners = p.workers, p.learner_hosts
-        if workers < 1 or learners < 1:
-            raise ValueError(f"--workers and --learner-hosts must be >= 1, got {workers} and "
-                             f"{learners}")
         if workers + learners > p.hosts:
             raise ValueError(
                 f"--workers {workers} + --learner-hosts {learners} need {workers + learners} "
                 f"hosts of {d} device(s), more than the devices allow: --hosts {p.hosts} x "
                 f"--devices-per-host {d} = {p.hosts * d} devices")
-    per_lease = p.prompts_per_lease
-    if per_lease == 0:
-        per_lease = max([n for n in range(1, max(prompts_per_step // workers, 1) + 1)
-                         if prompts_per_step % n == 0])
-    if per_lease < 1 or prompts_per_step % per_lease:
+    per_lease = p.prompts_per_lease or max(
+        n for n in range(1, max(prompts_per_step // workers, 1) + 1) if prompts_per_step % n == 0)
+    if prompts_per_step % per_lease:
         raise ValueError(f"--prompts-per-lease {per_lease} does not divide "
                          f"rollout.prompts_per_step={prompts_per_step}")
-    if p.lease_timeout_s <= 0:
-        raise ValueError(f"--lease-timeout-s must be > 0, got {p.lease_timeout_s}")
-    if p.verifiers < 1:
-        raise ValueError(f"--verifiers must be >= 1, got {p.verifiers}")
-    schedule = Schedule(p.max_staleness, kept, newest=mode == "async")
-    return Plan(mode, learners, workers, d, per_lease, schedule, p.lease_timeout_s, p.verifiers)
+    schedule = Schedule(p.max_staleness, p.versions_kept or p.max_staleness + 1,
+                        newest=mode == "async")
+    return PlacementPlan(mode, learners, workers, d, per_lease, schedule, p.lease_timeout_s,
+                         p.verifiers)

@@ -8,8 +8,8 @@ import pytest
 from locojax.envs.base import Example, Step, ToolEnv
 from locojax.envs.gsm8k import correct_strict
 from locojax.envs.rewards import RewardConfig, RewardRunner
-from locojax.envs.multiturn import Generation, episode_metrics, run_episodes
 from locojax.envs.tasks import calc
+from text_episodes import Generation, episode_metrics, run_episodes
 
 
 def oracle(prompts):

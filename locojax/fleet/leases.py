@@ -9,7 +9,7 @@ rows. A lease belongs to one worker until it completes or its deadline passes; a
 that arrives for a lease that is no longer held is dropped, so no prompt is trained twice,
 and an expired or failed lease goes back to the queue, so no prompt is lost.
 
-Three settings describe every mode (`Schedule`):
+Three settings describe every mode (`placement.Schedule`):
 - max staleness k: step s may be dispatched once the newest weight version v satisfies
   s - v <= k. Admission is paced by this gate (workers wait); nothing is ever dropped for
   being stale, so long completions are not filtered out (no length bias).
@@ -28,35 +28,7 @@ from __future__ import annotations
 import dataclasses
 import heapq
 
-
-@dataclasses.dataclass(frozen=True)
-class Schedule:
-    """Which steps may be generated, and with which weight version."""
-
-    max_staleness: int
-    """k: a sample trains at most k versions after the one that generated it."""
-    versions_kept: int
-    """K: weight versions the parameter server keeps (>= k + 1)."""
-    newest: bool
-    """True: a lease takes the newest version (async). False: `max(0, step - k)`, the
-    deterministic schedule (disaggregated), so a run's tokens do not depend on timing."""
-
-    def __post_init__(self):
-        if self.max_staleness < 0:
-            raise ValueError(f"max staleness k must be >= 0, got {self.max_staleness}")
-        if self.versions_kept < self.max_staleness + 1:
-            raise ValueError(f"versions kept ({self.versions_kept}) must be at least max "
-                             f"staleness + 1 = {self.max_staleness + 1}: the schedule may "
-                             f"still need versions s - {self.max_staleness} .. s")
-
-    def admits(self, step: int, newest_version: int) -> bool:
-        return step - newest_version <= self.max_staleness
-
-    def version_for(self, step: int, newest_version: int) -> int:
-        if not self.admits(step, newest_version):
-            raise ValueError(f"step {step} is not admitted at version {newest_version} "
-                             f"(k={self.max_staleness})")
-        return newest_version if self.newest else max(0, step - self.max_staleness)
+from locojax.fleet.placement import Schedule
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,10 +1,11 @@
 """The learner group of the Ray modes: the same `Trainer` loop, fed by a remote rollout source.
 
 Each `Learner` actor is one learner host. The group is joined by jax.distributed among
-themselves (host 0 picks the coordinator address and Ray passes it to the others), and then
-runs `loop.Trainer` exactly as colocated hosts do, with one difference in the wiring:
-`LearnerWiring.rollout_source` is a `RemoteSource`, so a step's rollouts come from the
-dispatcher's versioned buffer instead of this host's engine (which only evaluates).
+themselves (host 0 picks the coordinator address and the driver passes it to every host's
+`run`, which joins with it), and then runs `loop.Trainer` exactly as colocated hosts do,
+with one difference in the wiring: `LearnerWiring.rollout_source` is a `RemoteSource`, so a
+step's rollouts come from the dispatcher's versioned buffer instead of this host's engine
+(which only evaluates).
 
 `RemoteSource`:
 - `take(step)`: this host's rows of the oldest step, waiting until all its units are in;
@@ -15,11 +16,9 @@ dispatcher's versioned buffer instead of this host's engine (which only evaluate
 - `state` / `begin`: the buffer, the leases and the kept versions, into the checkpoint and
   back; on resume host 0 rewinds the server and the dispatcher to the checkpoint.
 
-Metrics (host 0): `sync/bytes`, `sync/version`, `rollout/staleness/*` (mean, max, and the
-fraction of rows per staleness: the histogram), `rollout/logprob_mismatch` as the workers
-measured it (sampler vs trainer forward at the row's own version, every row; the learner's
-own check sees only rows of its current version), and, as wall-clock figures in perf.jsonl,
-`perf/sync/seconds`, `perf/sync/worker_version_lag/{mean,max}`, the workers' phases.
+Metrics (host 0): `sync/bytes`, `sync/version`, and, as wall-clock figures in perf.jsonl,
+`perf/sync/seconds` and the dispatcher's `DispatchStats`. The record's stats add the
+staleness histogram, the workers' logprob check and phases (`train/record.py`).
 """
 
 from __future__ import annotations
@@ -33,13 +32,16 @@ import jax
 import numpy as np
 import ray
 
-from locojax import distributed, models
-from locojax.train.modes.faults import FaultPlan, kill_self
-from locojax.train.modes.roles import free_port, setup_logging
-from locojax.train.modes.transport import TRANSIENT, ObjectStoreTransport
-from locojax.train.placement import Plan
-from locojax.train.producer import RolloutRecord
-from locojax.train.versions import VersionStore, nbytes, verify
+from locojax import distributed
+from locojax.distributed import HostInfo
+from locojax.fleet.actors import free_port, setup_logging
+from locojax.fleet.dispatcher import DispatchStats
+from locojax.fleet.faults import Faults, kill_self
+from locojax.fleet.parameter_server import TRANSIENT, ObjectStoreTransport
+from locojax.fleet.placement import PlacementPlan
+from locojax.fleet.versions import VersionStore, nbytes, verify
+from locojax.model import loader
+from locojax.train.record import RolloutRecord
 from locojax.train.wiring import Colocated
 
 log = logging.getLogger(__name__)
@@ -60,7 +62,7 @@ class Handles:
 class RemoteSource:
     """`source.RolloutSource` of a learner host in the Ray modes."""
 
-    def __init__(self, handles: Handles, plan: Plan, run_dir: str, faults: FaultPlan):
+    def __init__(self, handles: Handles, plan: PlacementPlan, run_dir: str, faults: Faults):
         self.dispatcher, self.server = handles.dispatcher, handles.server
         self.plan, self.run_dir, self.faults = plan, run_dir, faults
         self.host, self.num_hosts = jax.process_index(), jax.process_count()
@@ -68,14 +70,13 @@ class RemoteSource:
         self.kept = VersionStore(plan.schedule.versions_kept)
         self.transport = ObjectStoreTransport(self.server)
         self._incarnation: str | None = None
-        self._sums: dict[str, float] = {}
-        self._info: dict = {}
+        self._queue: DispatchStats | None = None  # host 0: the figures of the step taken
 
     # --- begin / checkpoint -----------------------------------------------------------------
 
     def begin(self, step: int, params, saved) -> None:
         arrays, state = saved if saved and saved[1] else ({}, {})
-        tree = models.host_local(params)
+        tree = loader.host_local(params)
         if state:
             for v, digest in sorted((int(v), d) for v, d in state["versions"].items()):
                 kept = jax.tree.map(np.asarray, arrays["versions"][f"v{v}"])
@@ -110,8 +111,7 @@ class RemoteSource:
                     break
                 if self.is_main:
                     self._check_ps()
-        record, self._info = out
-        self._sums = record.sums
+        record, self._queue = out
         return record
 
     def publish(self, version: int, params, timer) -> dict[str, float]:
@@ -119,7 +119,7 @@ class RemoteSource:
                 and self.faults.fire(self.run_dir, "kill_learner"):
             kill_self(f"learner host 0 after the update of step {version - 1}")
         with timer.phase("weight_sync"):
-            tree = models.host_local(params)
+            tree = loader.host_local(params)
             digest = self.kept.add(version, tree)
             if not self.is_main:
                 return {}
@@ -130,8 +130,9 @@ class RemoteSource:
                 self._restore_ps()
             seconds = time.perf_counter() - t
             self.dispatcher.published.remote(version)
-        return {**self._metrics(), "sync/version": float(version),
-                "sync/bytes": float(nbytes(tree)), "perf/sync/seconds": seconds}
+        queue = self._queue.metrics() if self._queue is not None else {}
+        return {**queue, "sync/version": float(version), "sync/bytes": float(nbytes(tree)),
+                "perf/sync/seconds": seconds}
 
     def close(self) -> None:
         pass
@@ -160,29 +161,6 @@ class RemoteSource:
                 time.sleep(0.5)
         raise RuntimeError(f"the parameter server did not come back after {attempts} tries")
 
-    def _metrics(self) -> dict[str, float]:
-        """Host 0's staleness histogram and the workers' figures for the step just taken."""
-        stale = {int(k.split("/")[1]): v for k, v in self._sums.items() if k.startswith("stale/")}
-        rows = sum(stale.values())
-        out = {}
-        if self._sums.get("logprob_tokens"):  # measured on the workers, over every row
-            out["rollout/logprob_mismatch"] = self._sums["logprob_gap"] / self._sums[
-                "logprob_tokens"]
-        if rows:
-            out["rollout/staleness/mean"] = sum(s * c for s, c in stale.items()) / rows
-            out["rollout/staleness/max"] = float(max(s for s, c in stale.items() if c))
-            out.update({f"rollout/staleness/frac_{s}": c / rows for s, c in stale.items()})
-        info = self._info
-        if info:
-            out.update({"perf/sync/worker_version_lag/mean": info["worker_lag_mean"],
-                        "perf/sync/worker_version_lag/max": info["worker_lag_max"],
-                        "perf/sync/pull_seconds": info["pull_seconds"],
-                        "perf/rollout/redispatched_leases": float(info["redispatched"]),
-                        "perf/rollout/late_results": float(info["late"])})
-            out.update({f"perf/rollout/{k[5:]}": v for k, v in info["perf"].items()
-                        if k.startswith("perf/")})
-        return out
-
 
 class LearnerWiring(Colocated):
     """Colocated's learner half over the learner hosts; rollouts from the remote workers."""
@@ -190,8 +168,9 @@ class LearnerWiring(Colocated):
     name = "learner"
     remote_rollouts = True  # this host's engine only evaluates; batches carry staleness
 
-    def __init__(self, handles: Handles, plan: Plan, run_dir: str, faults: FaultPlan):
-        super().__init__()
+    def __init__(self, host: HostInfo, handles: Handles, plan: PlacementPlan, run_dir: str,
+                 faults: Faults):
+        super().__init__(host)
         self.handles, self.plan, self.run_dir, self.faults = handles, plan, run_dir, faults
 
     def rollout_source(self, producer) -> RemoteSource:
@@ -216,16 +195,13 @@ class Learner:
     def pid(self) -> int:
         return os.getpid()
 
-    def run(self, cfg, coordinator: str, handles: Handles, plan: Plan,
-            faults: FaultPlan) -> dict:
-        from locojax.train.loop import Trainer
+    def run(self, cfg, coordinator: str, handles: Handles, plan: PlacementPlan,
+            faults: Faults) -> dict:
+        from locojax.train.loop import start
 
-        if self.count > 1:
-            os.environ.update({distributed.ENV_COORDINATOR: coordinator,
-                               distributed.ENV_NUM_PROCESSES: str(self.count),
-                               distributed.ENV_PROCESS_ID: str(self.index)})
+        host = distributed.initialize(devices_per_host=plan.devices_per_host,
+                                      coordinator=coordinator, num_processes=self.count,
+                                      process_id=self.index)
         cfg = dataclasses.replace(cfg, devices_per_host=plan.devices_per_host,
                                   progress=cfg.progress and self.index == 0)
-        trainer = Trainer(cfg, make_wiring=lambda: LearnerWiring(handles, plan, cfg.run_dir,
-                                                                 faults))
-        return trainer.run()
+        return start(cfg, LearnerWiring(host, handles, plan, cfg.run_dir, faults)).run()

@@ -6,9 +6,8 @@ a receiver that finds a different checksum or version than it asked for raises
 `WeightMismatch`: a wrong version is an error, never silently used.
 
 `WeightTransport` is the small interface a mode uses (`push` a version, `pull` one); the
-Ray modes move versions through the Ray object store (`modes/transport.py`), and a
+Ray modes move versions through the Ray object store (`parameter_server.py`), and a
 device-to-device transport on real hardware would implement the same two methods.
-`LocalTransport` is the in-process one, for tests and for one-process wirings.
 
 The checksum is CRC-32 over every leaf's bytes, shape and dtype in tree order: it catches
 corruption and mix-ups (a wrong or partial version), not tampering. Plain Python + numpy.
@@ -18,7 +17,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import time
 import zlib
 from typing import Protocol
 
@@ -114,21 +112,3 @@ class WeightTransport(Protocol):
 
     def pull(self, version: int) -> tuple[object, SyncStats]:
         """Version `version`, verified; `VersionUnavailable` if it is not held."""
-
-
-class LocalTransport:
-    """A `WeightTransport` within one process: a `VersionStore` both ends share."""
-
-    def __init__(self, keep: int):
-        self.store = VersionStore(keep)
-
-    def push(self, version: int, tree) -> SyncStats:
-        t = time.perf_counter()
-        self.store.add(version, tree)
-        return SyncStats(version, nbytes(tree), time.perf_counter() - t)
-
-    def pull(self, version: int) -> tuple[object, SyncStats]:
-        t = time.perf_counter()
-        tree, digest = self.store.get(version)
-        verify(tree, version, version, digest)
-        return tree, SyncStats(version, nbytes(tree), time.perf_counter() - t)

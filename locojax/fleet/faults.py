@@ -1,7 +1,7 @@
 """Fault injection for the Ray modes' preemption tests: each fault fires once per run.
 
 A dead or hung actor is an expected event with its own test (STYLE.md 13). The tests pass a
-`FaultPlan` to `driver.run`; the actors consult it at fixed points and fire a fault the
+`Faults` to `driver.run`; the actors consult it at fixed points and fire a fault the
 first time its point is reached, recording that under `run_dir/faults/` (an atomically
 created marker file), so an actor that Ray restarts, or a learner group that resumes,
 does not fire it again. Kills are SIGKILL of the actor's own process: as abrupt as
@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
-class FaultPlan:
+class Faults:
     kill_worker_at_step: int | None = None
     """SIGKILL the first worker that starts decoding a lease of this step (whichever worker
     that is: which worker gets which lease depends on timing)."""
@@ -64,14 +64,14 @@ def hang(what: str) -> None:
 class FaultyTimer(StepTimer):
     """A step timer whose `decode` phase fires a worker's kill or hang fault."""
 
-    def __init__(self, plan: FaultPlan, run_dir: str, worker: int, step: int):
+    def __init__(self, faults: Faults, run_dir: str, worker: int, step: int):
         super().__init__()
-        self.plan, self.run_dir, self.worker, self.step = plan, run_dir, worker, step
+        self.faults, self.run_dir, self.worker, self.step = faults, run_dir, worker, step
 
     @contextlib.contextmanager
     def phase(self, name: str):
         if name == "decode":
-            p, step = self.plan, self.step
+            p, step = self.faults, self.step
             if p.kill_worker_at_step == step and p.fire(self.run_dir, "kill_worker"):
                 kill_self(f"worker {self.worker} mid-generation (step {step})")
             if p.hang_worker_at_step == step and p.fire(self.run_dir, "hang_worker"):

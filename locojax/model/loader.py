@@ -27,7 +27,7 @@ from locojax.model import hf_config, hf_io, params
 from locojax.model.config import ModelConfig
 from locojax.tokenizer import Tokenizer, load_tokenizer
 
-EMBEDDED_DIR = Path(__file__).parent / "assets" / "tiny-arith"
+EMBEDDED_DIR = Path(__file__).parent.parent / "assets" / "tiny-arith"
 EMBEDDED = {"embedded": EMBEDDED_DIR,
             "embedded-strict": EMBEDDED_DIR.with_name("tiny-arith-strict"),
             "embedded-calc": EMBEDDED_DIR.with_name("tiny-calc")}

@@ -1,0 +1,117 @@
+"""The versioned rollout buffer between rollout workers (producers) and the learner (consumer).
+
+Each completed lease leaves one `RolloutRecord` here, tagged with the weight version that
+generated it. The learner takes whole steps, oldest first: step s is ready once every unit
+of it is in, and learner host p of H gets rows [p·R/H, (p+1)·R/H) of the step, prompt-major
+in slot order, so the global batch is the same whichever worker made which unit and in
+which order they finished. Every row carries its staleness, the learner's version minus
+the version that generated it (`TrainBatch.staleness`, which turns on the truncated
+importance weight), and the step's stats gain the staleness histogram.
+
+The buffer is part of the checkpoint (`state` / `restore`): each record's arrays plus JSON.
+Plain Python and numpy, no Ray: the dispatcher owns one, tests drive it directly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from locojax.fleet.leases import Lease
+from locojax.rl.batch import TrainBatch
+from locojax.train.record import RolloutRecord, RolloutStats
+
+
+class RolloutBuffer:
+    """Completed units keyed by (step, unit), until the learner takes their step."""
+
+    def __init__(self, units_per_step: int, max_staleness: int):
+        self.units_per_step, self.max_staleness = units_per_step, max_staleness
+        self._records: dict[tuple[int, int], RolloutRecord] = {}
+
+    def add(self, lease: Lease, record: RolloutRecord) -> None:
+        """Store a lease's result; it must be of the lease's step and version."""
+        key = (lease.step, lease.unit)
+        if record.step != lease.step or record.version != lease.version:
+            raise ValueError(f"lease {lease.id} is step {lease.step} at version "
+                             f"{lease.version}, but its record is step {record.step} at "
+                             f"version {record.version}")
+        if key in self._records:
+            raise RuntimeError(f"unit {key} is already in the buffer: it would train twice")
+        self._records[key] = record
+
+    def ready(self, step: int) -> bool:
+        return all((step, u) in self._records for u in range(self.units_per_step))
+
+    def steps(self) -> list[int]:
+        return sorted({s for s, _ in self._records})
+
+    def drop(self, step: int) -> None:
+        for u in range(self.units_per_step):
+            self._records.pop((step, u), None)
+
+    def take(self, step: int, host: int = 0, num_hosts: int = 1) -> RolloutRecord:
+        """Learner host `host`'s share of step `step` (all units must be in)."""
+        if not self.ready(step):
+            raise RuntimeError(f"step {step} is not complete in the buffer")
+        units = [self._records[(step, u)] for u in range(self.units_per_step)]
+        return merge(units, host, num_hosts, self.max_staleness)
+
+    # --- checkpoint -------------------------------------------------------------------------
+
+    def state(self) -> tuple[dict, dict]:
+        """(arrays, JSON) holding every stored record."""
+        arrays, meta = {}, []
+        for (step, unit), record in sorted(self._records.items()):
+            name = f"s{step}_u{unit}"
+            arrays[name], m = record.to_state()
+            meta.append({"name": name, "unit": unit, **m})
+        return arrays, {"records": meta}
+
+    def restore(self, arrays: dict, meta: dict) -> None:
+        self._records = {(m["step"], m["unit"]): RolloutRecord.from_state(arrays[m["name"]], m)
+                         for m in meta["records"]}
+
+
+def staleness_histogram(staleness: np.ndarray, max_staleness: int) -> tuple[float, ...]:
+    """Rows per staleness 0..k (every bucket present, so the field does not vary)."""
+    counts = np.bincount(np.asarray(staleness, np.int64), minlength=max_staleness + 1)
+    if len(counts) > max_staleness + 1:
+        raise RuntimeError(f"a row is {len(counts) - 1} versions stale, more than the bound "
+                           f"k={max_staleness}")
+    return tuple(float(c) for c in counts)
+
+
+def merge(units: list[RolloutRecord], host: int, num_hosts: int,
+          max_staleness: int) -> RolloutRecord:
+    """Concatenate a step's units in slot order; host `host` of `num_hosts` gets its rows.
+
+    The step's stats (with its staleness histogram) go to host 0 and zeros to the others, so
+    that summing over learner hosts, as the loop does, counts every row once."""
+    first, step = units[0], units[0].step
+    prefix = first.batch.shared_prefix
+    if any(u.batch.shared_prefix != prefix for u in units):
+        raise RuntimeError(f"the units of step {step} disagree on the prompt layout")
+    staleness = np.concatenate([np.full(len(u.batch.tokens), step - u.version, np.int32)
+                                for u in units])
+    rows = len(staleness)
+    lo, hi = host * rows // num_hosts, (host + 1) * rows // num_hosts
+    group_id = np.concatenate([u.batch.group_id for u in units])
+    if rows % num_hosts or any(0 < b < rows and group_id[b - 1] == group_id[b]
+                               for b in range(0, rows, rows // num_hosts or 1)):
+        raise ValueError(f"{rows} rows of step {step} do not split into whole groups over "
+                         f"{num_hosts} learner hosts")
+    fields = {}
+    for f in dataclasses.fields(TrainBatch):
+        if f.name == "shared_prefix":
+            continue
+        whole = staleness if f.name == "staleness" else None if getattr(
+            first.batch, f.name) is None else np.concatenate(
+                [getattr(u.batch, f.name) for u in units])
+        fields[f.name] = None if whole is None else whole[lo:hi]
+    stats = sum((u.stats for u in units[1:]), units[0].stats) + RolloutStats(
+        staleness=staleness_histogram(staleness, max_staleness))
+    return RolloutRecord(step, min(u.version for u in units),
+                         TrainBatch(**fields, shared_prefix=prefix),
+                         stats.zeros() if host else stats)

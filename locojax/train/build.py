@@ -1,0 +1,93 @@
+"""One builder for every role of a run: what a config turns into, made in one place.
+
+    parts = RunParts.of(cfg)              # task, model config, tokenizer, sampling, limits
+    engine = parts.engine(mesh)           # this role's devices
+    weights = parts.weights(mesh, rules)  # loaded straight into that layout
+    producer = parts.producer(engine, runner)
+
+A learner host (single, colocated, the Ray learner group), a Ray rollout worker and a
+controller's host all build their parts here; they differ only in the mesh, the layout
+rules, and where rewards are scored. Nothing reads a weight until `weights` is called, so
+planning a run (`--plan-only`) builds the parts and an engine, compiles, and stops.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+
+from locojax.engine.engine import Engine
+from locojax.engine.sampling import SamplingConfig
+from locojax.envs import registry
+from locojax.envs.base import Task
+from locojax.model import loader
+from locojax.model.config import ModelConfig
+from locojax.model.params import Weights
+from locojax.model.sharding import ROLLOUT_REPLICATED, Rules, weight_shardings
+from locojax.rl.config import LearnerConfig
+from locojax.rollout import limits as limits_lib
+from locojax.tokenizer import Tokenizer
+from locojax.train.config import COMPUTE_DTYPES, RunConfig
+from locojax.train.curation import Curator
+from locojax.train.data import PromptStream
+from locojax.train.producer import Producer
+
+
+@dataclasses.dataclass(frozen=True)
+class RunParts:
+    """What every role of a run derives from its config, before any weight or device."""
+
+    cfg: RunConfig
+    task: Task
+    model_cfg: ModelConfig  # f32 master weights, computing in the run's precision
+    tokenizer: Tokenizer
+    learner: LearnerConfig
+    sampling: SamplingConfig  # how rollouts are sampled (every producer, and the plan)
+    limits: limits_lib.Limits | None  # multi-turn: resolved, checked to fit cache and model
+
+    @classmethod
+    def of(cls, cfg: RunConfig) -> RunParts:
+        task = registry.build(cfg.task, cfg.seed, cfg.multi_turn.max_turns)
+        model_cfg = loader.load_config(cfg.model, **_dtypes(cfg))
+        tokenizer = loader.load_tokenizer_of(cfg.model)
+        sampling = SamplingConfig(
+            max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature,
+            top_k=cfg.rollout.top_k, top_p=cfg.rollout.top_p, ignore_eos=cfg.rollout.ignore_eos,
+            stop_token_ids=tuple(tokenizer.stop_ids), pad_token_id=tokenizer.pad_id)
+        limits = None if not task.multi_turn else limits_lib.resolve(
+            cfg.multi_turn, task.max_turns, cfg.rollout.max_new_tokens,
+            cfg.rollout.max_prompt_tokens, model_cfg.max_position_embeddings)
+        return cls(cfg, task, model_cfg, tokenizer, cfg.learner_config(), sampling, limits)
+
+    def engine(self, mesh, rules: Rules = ROLLOUT_REPLICATED) -> Engine:
+        return Engine(self.model_cfg, mesh=mesh, rules=rules)
+
+    def weights(self, mesh, rules: Rules) -> Weights:
+        """The starting weights, loaded (or initialised, for presets) straight into `rules`'
+        layout over `mesh`, even when it spans processes."""
+        model = loader.load(self.cfg.model, seed=self.cfg.seed, **_dtypes(self.cfg),
+                            shardings=lambda c: weight_shardings(c, mesh, rules))
+        return model.weights
+
+    def curator(self) -> Curator:
+        """A fresh admission state: the pass-rate table, the re-admission queue, the cursor."""
+        cfg = self.cfg
+        return Curator(cfg.curation, PromptStream(self.task.train, cfg.seed),
+                       cfg.rollout.prompts_per_step, cfg.seed)
+
+    def producer(self, engine: Engine, runner, dump_dir: str | None = None) -> Producer:
+        """The producer half of a step on `engine`, scoring with `runner` (a `RewardRunner`,
+        or the Ray modes' verifier pool). Its curator is its own: the learner's is the one
+        its inline source advances; a rollout worker's, with curation off, admits step s as
+        a function of s alone."""
+        cfg = self.cfg
+        return Producer(engine, self.tokenizer, self.task, runner, self.curator(),
+                        self.learner.algo, self.sampling, cfg.rollout.prompts_per_step,
+                        cfg.rollout.max_prompt_tokens, jax.random.key(cfg.seed), cfg.dynamic,
+                        cfg.multi_turn, self.limits, dump_dir)
+
+
+def _dtypes(cfg: RunConfig) -> dict:
+    """f32 master weights whatever the checkpoint's dtype; `precision` sets the compute."""
+    return dict(param_dtype="float32", compute_dtype=COMPUTE_DTYPES[cfg.precision])

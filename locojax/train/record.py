@@ -1,0 +1,123 @@
+"""What crosses from producer to learner: one small typed record (STYLE.md 13).
+
+    RolloutRecord(step, version, batch, stats)
+
+- `batch`: the host-local rows of the training batch (numpy `TrainBatch`), prompt-major;
+- `stats`: `RolloutStats`, the sums behind the step's logged rollout metrics. Sums, not
+  means, so that a step's units (leased to different workers) and hosts add up exactly
+  with `+`, and the metrics are the ratios of the totals (`RolloutStats.metrics`).
+
+The raw rows (texts, per-part rewards) never travel: a producer dumps them where it made
+them (`producer.py`, `--dump-rollouts`). A record goes into the checkpoint as numpy arrays
+plus JSON (`to_state` / `from_state`), which is how the Ray modes' buffer survives a
+restart.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import numpy as np
+
+from locojax.rl.batch import SharedPrefix, TrainBatch
+from locojax.rollout.multi_turn import EnvStats
+from locojax.sums import Sums
+from locojax.train.dynamic_sampling import RefillStats
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class RolloutStats(Sums):
+    """Sums over some rows of one step: a leased unit, a host's share, a whole step."""
+
+    rows: float = 0.0
+    groups: float = 0.0
+    reward: float = 0.0
+    correct: float = 0.0  # rows whose reward before any shaping is ≥ 1
+    response_tokens: float = 0.0
+    zero_std_groups: float = 0.0  # groups whose rewards are all equal (no signal)
+    truncated: float = 0.0  # responses cut off at max_new_tokens
+    reward_parts: dict[str, float] = dataclasses.field(default_factory=dict)
+    reward_errors: float = 0.0
+    reward_timeouts: float = 0.0
+    env: EnvStats | None = None  # multi-turn tasks
+    refill: RefillStats | None = None  # dynamic sampling
+    logprob_gap: float = 0.0  # Σ |sampler − trainer| logprob over the tokens checked ...
+    logprob_tokens: float = 0.0  # ... by rollout workers, at each row's own version
+    staleness: tuple[float, ...] = ()  # rows per staleness 0..k (the buffer fills it in)
+    units: float = 0.0  # leased units, each with the worker figures below
+    pull_bytes: float = 0.0
+    pull_seconds: float = 0.0
+    worker_seconds: dict[str, float] = dataclasses.field(default_factory=dict)  # StepTimer's
+
+    def zeros(self) -> RolloutStats:
+        """The same fields, all 0: a host's share that adds nothing (hosts sum their stats
+        with one collective, so every host must hold the same fields)."""
+        return jax.tree.map(lambda _: 0.0, self)
+
+    def metrics(self) -> dict[str, float]:
+        """The logged metrics, from the stats summed over every host of the step."""
+        n = self.rows
+        m = {"reward/mean": self.reward / n, "rollout/accuracy": self.correct / n,
+             "rollout/response_length/mean": self.response_tokens / n,
+             "rollout/frac_zero_std": self.zero_std_groups / self.groups,
+             "rollout/frac_truncated": self.truncated / n,
+             "reward/errors": self.reward_errors, "reward/timeouts": self.reward_timeouts}
+        m.update({f"reward/{k}/mean": v / n for k, v in self.reward_parts.items()})
+        if self.env is not None:
+            m.update(self.env.metrics(n))
+        if self.refill is not None:
+            m.update(self.refill.metrics(self.groups))
+        if self.logprob_tokens:
+            m["rollout/logprob_mismatch"] = self.logprob_gap / self.logprob_tokens
+        if self.staleness:
+            counts = np.asarray(self.staleness)
+            m["rollout/staleness/mean"] = float(np.arange(len(counts)) @ counts / counts.sum())
+            m["rollout/staleness/max"] = float(np.flatnonzero(counts).max())
+            m.update({f"rollout/staleness/frac_{s}": c / counts.sum()
+                      for s, c in enumerate(self.staleness)})
+        if self.units:  # wall-clock figures of the rollout workers: perf.jsonl
+            m["perf/sync/pull_seconds"] = self.pull_seconds
+            m.update({f"perf/rollout/{k}": v / self.units
+                      for k, v in self.worker_seconds.items()})
+        return m
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict) -> RolloutStats:
+        d = dict(d, staleness=tuple(d["staleness"]))
+        if d["env"] is not None:
+            d["env"] = EnvStats(**d["env"])
+        if d["refill"] is not None:
+            d["refill"] = RefillStats(**d["refill"])
+        return cls(**d)
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutRecord:
+    """One share (a unit, or a host's rows) of one step's rollouts, ready for the learner."""
+
+    step: int  # the step whose prompts these are
+    version: int  # the weight version (learner updates applied) that generated them
+    batch: TrainBatch  # host-local numpy rows, prompt-major
+    stats: RolloutStats
+
+    def to_state(self) -> tuple[dict, dict]:
+        """(numpy arrays, JSON) for a checkpoint; `from_state` inverts it exactly."""
+        arrays = {f.name: getattr(self.batch, f.name) for f in dataclasses.fields(TrainBatch)
+                  if f.name != "shared_prefix" and getattr(self.batch, f.name) is not None}
+        prefix = self.batch.shared_prefix
+        return arrays, {"step": self.step, "version": self.version,
+                        "stats": self.stats.to_json(),
+                        "shared_prefix": prefix and dataclasses.asdict(prefix)}
+
+    @classmethod
+    def from_state(cls, arrays: dict, meta: dict) -> RolloutRecord:
+        prefix = meta["shared_prefix"] and SharedPrefix(**meta["shared_prefix"])
+        batch = TrainBatch(**{k: np.asarray(v) for k, v in arrays.items()},
+                           shared_prefix=prefix)
+        return cls(int(meta["step"]), int(meta["version"]), batch,
+                   RolloutStats.from_json(meta["stats"]))
