@@ -437,7 +437,7 @@ for p in kids:
     forked, reported, alive = map(int, r.stdout.split())
     bound = (limits.memory_bytes if sb.isolation.memory_cap == "cgroup"
              else limits.max_processes * limits.memory_bytes)
-    assert alive >= 1 and alive * chunk <= bound, r.stdout
+    assert 1 <= alive <= reported and alive * chunk <= bound, r.stdout
     assert forked < tries or sb.isolation.memory_cap == "cgroup", r.stdout
 
 

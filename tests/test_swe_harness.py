@@ -135,10 +135,10 @@ def test_monkeypatching_the_test_framework_scores_0(runner):
 def test_always_equal_objects_score_0(runner):
     """An object whose __eq__ says True to anything would pass `assert add(2, 3) == 5`: the
     tester refuses to compare the code's objects. An int subclass is not an int."""
-    for calc in ("class Yes:\n    def __eq__(self, other):\n        return True\n"
-                 "def add(a, b):\n    return Yes()\n",
-                 "class Int(int):\n    def __eq__(self, other):\n        return True\n"
-                 "def add(a, b):\n    return Int(0)\n"):
+    for calc in (("class Yes:\n    def __eq__(self, other):\n        return True\n"
+                  "def add(a, b):\n    return Yes()\n"),
+                 ("class Int(int):\n    def __eq__(self, other):\n        return True\n"
+                  "def add(a, b):\n    return Int(0)\n")):
         out = submit(runner, calc)
         assert not out.passed and "does not compare" in out.output, out.output
 

@@ -49,5 +49,5 @@ from locojax.envs.sandbox.config import (MODES, Isolation, Limits, SandboxConfig
                                          SandboxResult)
 from locojax.envs.sandbox.runner import HOW_TO_ISOLATE, Sandbox, default_sandbox
 
-__all__ = ["HOW_TO_ISOLATE", "Isolation", "Limits", "MODES", "Sandbox", "SandboxConfig",
+__all__ = ["HOW_TO_ISOLATE", "MODES", "Isolation", "Limits", "Sandbox", "SandboxConfig",
            "SandboxError", "SandboxResult", "default_sandbox"]

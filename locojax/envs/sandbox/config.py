@@ -115,7 +115,9 @@ class Isolation:
                       + ("a per-run uid)" if self.uid else "the run's own user namespace)"))
         else:
             off.append("process cap")
-        mib = (lambda b: f"{b / (1 << 20):.0f} MiB")
+        def mib(b: float) -> str:
+            return f"{b / (1 << 20):.0f} MiB"
+
         if self.memory_cap == "cgroup":
             on.append("aggregate memory cap" + (f" {mib(limits.memory_bytes)}" if limits else "")
                       + " (cgroup)")

@@ -179,7 +179,8 @@ class Sandbox:
             uid = (_UID_BASE + secrets.randbelow(_UID_SPAN)) if self.isolation.uid else None
             if uid is not None:
                 for dirpath, dirnames, filenames in os.walk(work):
-                    for name in [dirpath] + [os.path.join(dirpath, n) for n in dirnames + filenames]:
+                    for name in [dirpath, *(os.path.join(dirpath, n)
+                                            for n in dirnames + filenames)]:
                         os.lchown(name, uid, uid)
             try:
                 cgroups = self._cgroups.make(int(limits.memory_bytes), int(limits.max_processes))

@@ -39,7 +39,7 @@ import types
 
 CHANNEL_FD = 3
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # remote.py, before any code
-from remote import Client  # noqa: E402
+from remote import Client  # noqa: E402 - the path first
 
 del sys.path[0]
 

@@ -20,6 +20,7 @@ import base64
 import builtins
 import importlib
 import json
+import math
 import os
 import struct
 import subprocess
@@ -79,7 +80,7 @@ def _encode(v, handle, depth=0):
     if v is None or t in (bool, int, str):
         return v
     if t is float:
-        return v if v == v and v not in (float("inf"), float("-inf")) else {"$f": repr(v)}
+        return v if math.isfinite(v) else {"$f": repr(v)}  # JSON has no nan or inf
     if t is list:
         return [_encode(x, handle, depth + 1) for x in v]
     tags = {tuple: "$t", set: "$s", frozenset: "$fs"}
@@ -329,7 +330,7 @@ class Remote:
         for key, new in reply.get("back", {}).items():  # in-place changes to the arguments
             arg = kwargs.get(key) if key in kwargs else args[int(key)]
             new = _decode(new, c.resolve)
-            if isinstance(arg, dict) or isinstance(arg, set):
+            if isinstance(arg, (dict, set)):
                 arg.clear()
                 arg.update(new)
             else:
