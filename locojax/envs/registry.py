@@ -49,12 +49,22 @@ class TaskConfig:
     epochs, which is where pass-rate curation has prompts to hold back."""
     skip_invalid: bool = False
     """gsm8k / math: skip malformed rows (and count them) instead of stopping at the first."""
+    sandbox: str = "auto"
+    """Isolation of the model-written code a task runs (swe's tests): auto (namespaces, else
+    bubblewrap, else the run refuses to start and says how to get isolation), namespaces,
+    bwrap, or none: unisolated, only when named here, announced at start-up
+    (docs/security.md)."""
 
     def __post_init__(self):
+        from locojax.envs.sandbox import MODES
+
         if self.name not in TASKS:
             raise ValueError(f"unknown task {self.name!r}; valid tasks: {', '.join(task_names())}")
         if self.train_size < 1:
             raise ValueError(f"task.train_size must be >= 1, got {self.train_size}")
+        if self.sandbox not in MODES:
+            raise ValueError(f"task.sandbox must be one of {', '.join(MODES)}, got "
+                             f"{self.sandbox!r}")
 
 
 def _procedural(cfg: TaskConfig, seed: int, max_turns: int) -> dict:
@@ -69,7 +79,7 @@ def _data_files(cfg: TaskConfig, seed: int, max_turns: int) -> dict:
 def _swe(cfg: TaskConfig, seed: int, max_turns: int) -> dict:
     # The env's own turn limit follows --multi-turn.max-turns when that is set.
     return dict(level=cfg.level, seed=seed, train_dir=cfg.data or None,
-                test_dir=cfg.test_data or None, autosubmit=cfg.autosubmit,
+                test_dir=cfg.test_data or None, autosubmit=cfg.autosubmit, sandbox=cfg.sandbox,
                 **({"max_turns": max_turns} if max_turns else {}))
 
 
