@@ -136,9 +136,9 @@ class Sandbox:
         if self.config.mode == "none":
             raise SandboxError(
                 f"sandbox mode none does not work here ({'; '.join(errors)}). As root it runs "
-                f"the code as a fresh unprivileged uid, which must be able to run {self.python}"
-                " (an interpreter under /root is not): use one outside /root "
-                "(SandboxConfig.python), or a namespaces sandbox.")
+                f"the code as a fresh unprivileged uid, which must be able to run {self.python} "
+                f"(really {os.path.realpath(self.python)}; not under /root, mode 0700): use an "
+                "interpreter other users can run (SandboxConfig.python), or an isolated mode.")
         raise SandboxError(f"no sandbox isolation works here ({'; '.join(errors)}). "
                            + HOW_TO_ISOLATE)
 
