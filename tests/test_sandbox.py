@@ -430,7 +430,10 @@ except BlockingIOError:
 alive = [p for p in reported if os.waitpid(p, os.WNOHANG) == (0, 0)]
 print(len(kids), len(reported), len(alive), flush=True)
 for p in kids:
-    os.kill(p, signal.SIGKILL)
+    try:
+        os.kill(p, signal.SIGKILL)
+    except ProcessLookupError:  # OOM-killed and reaped by the waitpid above
+        pass
 """
     r = sb.run(code, limits=limits)
     assert r.returncode == 0, (r.stdout, r.stderr, r.killed_reason)
