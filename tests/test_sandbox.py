@@ -421,19 +421,21 @@ for _ in range({tries}):
         os._exit(0)
     kids.append(pid)
 os.close(w)
-time.sleep(2)
 os.set_blocking(r, False)
-try:
-    reported = [int(x) for x in os.read(r, 1 << 16).split()]
-except BlockingIOError:
-    reported = []
-alive = [p for p in reported if os.waitpid(p, os.WNOHANG) == (0, 0)]
-print(len(kids), len(reported), len(alive), flush=True)
-for p in kids:
+data, reported, dead = b'', set(), set()
+deadline = time.monotonic() + 8  # until every child has reported or died (slow under OOM)
+while time.monotonic() < deadline and len(reported | dead) < len(kids):
     try:
-        os.kill(p, signal.SIGKILL)
-    except ProcessLookupError:  # OOM-killed and reaped by the waitpid above
+        data += os.read(r, 1 << 16)
+    except BlockingIOError:
         pass
+    reported = {{int(x) for x in data.split()}}
+    dead |= {{p for p in kids if p not in dead and os.waitpid(p, os.WNOHANG) != (0, 0)}}
+    time.sleep(0.05)
+alive = reported - dead
+print(len(kids), len(reported), len(alive), flush=True)
+for p in set(kids) - dead:
+    os.kill(p, signal.SIGKILL)
 """
     r = sb.run(code, limits=limits)
     assert r.returncode == 0, (r.stdout, r.stderr, r.killed_reason)
