@@ -307,24 +307,31 @@ def test_another_runs_work_dir_is_out_of_reach(any_sb):
     looks for it in every sandbox work dir it can name."""
     token = secrets.token_hex(8)
     pattern = os.path.join(tempfile.gettempdir(), "locojax-sbx-*", "work", "secret.txt")
+    # Run A holds its secret until the test drops a file in its work dir (from outside).
     holder = threading.Thread(target=any_sb.run, args=(
-        f"import time\nopen('secret.txt', 'w').write({token!r})\ntime.sleep(4)",),
-        kwargs={"limits": Limits(wall_seconds=6)})
+        f"import os, time\nopen('secret.txt', 'w').write({token!r})\n"
+        "while not os.path.exists('release'):\n    time.sleep(0.05)",),
+        kwargs={"limits": Limits(wall_seconds=30)})
     holder.start()
+    secret = None
     try:
-        deadline = time.monotonic() + 5
-        while not any(Path(p).read_text() == token for p in glob.glob(pattern)):
+        deadline = time.monotonic() + 20
+        while secret is None:
             assert time.monotonic() < deadline, "run A never wrote its secret"
+            secret = next((p for p in glob.glob(pattern) if Path(p).read_text() == token), None)
             time.sleep(0.05)
+        if not ROOT and any_sb.isolation.mode == "none":
+            return  # the same uid as run A: mode none promises nothing here (security.md)
         code = (f"import glob\nfor p in glob.glob({pattern!r}):\n    try:\n"
                 "        print(open(p).read())\n    except OSError as e:\n"
                 "        print('denied', e.errno)\n")
-        if not ROOT and any_sb.isolation.mode == "none":
-            return  # the same uid as run A: mode none promises nothing here (security.md)
         r = any_sb.run(code)
         assert r.returncode == 0, r.stderr
         assert token not in r.stdout, r.stdout
+        assert os.path.exists(secret)  # run A was still holding it while B looked
     finally:
+        if secret is not None:
+            Path(secret).with_name("release").touch()
         holder.join()
 
 
