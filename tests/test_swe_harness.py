@@ -18,7 +18,7 @@ import textwrap
 
 import pytest
 
-from locojax.envs.sandbox import default_sandbox
+from locojax.envs.sandbox import Limits, default_sandbox
 from locojax.envs.swe import Edit, SWETask, score_submission
 from locojax.envs.swe.runner import parse_channel, run_tests
 
@@ -35,10 +35,10 @@ def task(runner: str) -> SWETask:
                    fix=(Edit("calc.py", "a - b", "a + b"),))
 
 
-def submit(runner: str, calc_py: str, **extra_files) -> "object":
+def submit(runner: str, calc_py: str, limits: Limits | None = None) -> "object":
     """Score a submission whose calc.py is `calc_py` (tests restored, hidden ones added)."""
-    files = {**task(runner).files, "calc.py": textwrap.dedent(calc_py), **extra_files}
-    return score_submission(task(runner), files)
+    files = {**task(runner).files, "calc.py": textwrap.dedent(calc_py)}
+    return score_submission(task(runner), files, limits=limits)
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -231,10 +231,12 @@ def test_a_module_cannot_make_itself_a_package_in_the_tester(runner):
 
 @pytest.mark.parametrize("runner", RUNNERS)
 def test_killing_or_stopping_the_tester_scores_0(runner):
-    for calc in ("import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n",
-                 "import os, signal\nos.kill(os.getppid(), signal.SIGSTOP)\n"):
-        out = submit(runner, calc)
-        assert not out.passed and out.n_passed == 0, out.output
+    """Killed: no `done`. Stopped: the wall clock (4 s here, 30 s in SWEConfig) ends the run."""
+    limits = Limits(cpu_seconds=4, wall_seconds=4, max_processes=16)
+    for calc, stopped in (("import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n", False),
+                          ("import os, signal\nos.kill(os.getppid(), signal.SIGSTOP)\n", True)):
+        out = submit(runner, calc, limits)
+        assert not out.passed and out.n_passed == 0 and out.timed_out == stopped, out.output
 
 
 def test_channel_parsing_is_strict():
