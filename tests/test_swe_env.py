@@ -301,13 +301,19 @@ def test_task_refuses_to_start_without_isolation(monkeypatch):
     t = task(level=1, train_size=10, test_size=2, sandbox="none")
     assert asked == ["none"] and t.reward.sandbox == "none"
     assert t.make_env().config.sandbox == "none" and t.reward.name == "transcript_reward"
-    # From a run's config (--task.sandbox): the registry passes it to the task.
-    from locojax.envs.registry import TaskConfig, build
+    # From a run's config (--task.sandbox): the pre-flight check (before any process or actor
+    # starts) resolves it, then the registry passes it to the task.
+    from locojax.envs import registry, sandbox
 
-    t = build(TaskConfig(name="swe", level=1, train_size=10, sandbox="none"), seed=0)
-    assert asked == ["none", "none"] and t.make_env().config.sandbox == "none"
+    monkeypatch.setattr(sandbox, "default_sandbox", asked.append)
+    t = registry.build(registry.TaskConfig(name="swe", level=1, train_size=10, sandbox="none"),
+                       seed=0)
+    assert asked == ["none"] * 3 and t.make_env().config.sandbox == "none"
     with pytest.raises(ValueError, match="task.sandbox must be one of"):
-        TaskConfig(name="swe", sandbox="docker")
+        registry.TaskConfig(name="swe", sandbox="docker")
+    monkeypatch.setattr(sandbox, "default_sandbox", nothing_works)
+    with pytest.raises(ValueError, match="task swe: no sandbox isolation works here"):
+        registry.check(registry.TaskConfig(name="swe"))
 
 
 def test_registry_task_demo_and_transcript_reward():

@@ -95,10 +95,16 @@ def _files_exist(cfg: TaskConfig) -> None:
             raise ValueError(f"data file {path!r} does not exist")
 
 
-def _dirs_exist(cfg: TaskConfig) -> None:
+def _swe_inputs(cfg: TaskConfig) -> None:
     for path in (cfg.data, cfg.test_data):
         if path and not Path(path).is_dir():
             raise ValueError(f"swe task directory {path!r} does not exist")
+    from locojax.envs.sandbox import SandboxError, default_sandbox
+
+    try:  # swe runs model-written code: no isolation, no run (unless `none` was asked for)
+        default_sandbox(cfg.sandbox)
+    except SandboxError as e:
+        raise ValueError(f"task swe: {e}") from e
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,7 +119,7 @@ TASKS = {
     "calc": Entry("locojax.envs.tasks.calc", _procedural, _no_inputs),
     "gsm8k": Entry("locojax.envs.gsm8k", _data_files, _files_exist),
     "math": Entry("locojax.envs.math_boxed", _data_files, _files_exist),
-    "swe": Entry("locojax.envs.swe.workload", _swe, _dirs_exist),
+    "swe": Entry("locojax.envs.swe.workload", _swe, _swe_inputs),
 }
 
 
