@@ -71,10 +71,11 @@ def config(run_dir, *args, preset=("demo", *COMMON)):
 
 
 def train(run_dir, *args, faults=None, preset=("demo", *COMMON)):
-    from locojax.fleet import driver
+    from locojax.fleet import controller, driver
     from locojax.fleet.faults import Faults
 
-    return driver.run(config(run_dir, *args, preset=preset), faults or Faults())
+    cfg = config(run_dir, *args, preset=preset)
+    return (controller if cfg.mode == "controller" else driver).run(cfg, faults or Faults())
 
 
 DA = ("--mode", "disaggregated", "--hosts", "3", "--rollout-fraction", "0.67",
@@ -118,14 +119,23 @@ def reference(cluster, tmp_path_factory):
 
 
 def test_lock_step_modes_equal_colocated(cluster, tmp_path):
-    """async with k = 0 and disaggregated with k = 0 (no overlap) give colocated's params,
-    bitwise: 2 hosts x 1 device, each admitting, generating and training half the batch."""
+    """The controller mode, async with k = 0 and disaggregated with k = 0 (no overlap) give
+    colocated's params, bitwise: 2 hosts x 1 device, each generating and training half the
+    batch (admitting and scoring it too, but under the controller)."""
     colo = tmp_path / "colocated"
     out = subprocess.run(
         [sys.executable, "-m", "locojax.cli", "launch", "--hosts", "2", "--heartbeat-s", "10",
          "--", "train", "demo", "--mode", "colocated", "--run-dir", str(colo), *COMMON],
         cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr
+    # controller: the same 2 hosts and train step; admission, scoring and advantages
+    # central. Only where the work runs differs, so every metric is colocated's too.
+    train(tmp_path / "controller", "--mode", "controller", "--hosts", "2")
+    assert_bitwise_equal(colo, tmp_path / "controller")
+    assert jsonl(tmp_path / "controller" / "metrics.jsonl") == jsonl(colo / "metrics.jsonl")
+    perf = jsonl(tmp_path / "controller" / "perf.jsonl")
+    assert all(p["perf/controller/round_trips"] == 2 and p["perf/controller/bytes_in"] > 0
+               for p in perf)  # one generate call per host and step
     # disaggregated, no overlap: 2 learner hosts joined by jax.distributed, 2 workers.
     train(tmp_path / "da", "--mode", "disaggregated", "--hosts", "4", "--rollout-fraction",
           "0.5", "--max-staleness", "0")
@@ -216,6 +226,17 @@ def test_faults_change_nothing(reference, tmp_path, faults):
     if faults == "workers_and_ps":  # the killed and the hung worker's leases, at least
         perf = jsonl(tmp_path / "perf.jsonl")
         assert max(p.get("perf/rollout/redispatched_leases", 0) for p in perf) >= 2
+
+
+def test_a_killed_controller_host_stops_the_run_naming_it(cluster, tmp_path):
+    """Host 1 dies after the update of step 0: the controller's next call to it fails, and
+    the run stops with the host's name (a single controller cannot go on without it)."""
+    from locojax.fleet.faults import Faults
+
+    with pytest.raises(RuntimeError, match="controller host 1 died"):
+        train(tmp_path, "--mode", "controller", "--hosts", "2", faults=Faults(kill_host_after=0))
+    assert os.path.exists(tmp_path / "faults" / "kill_host")  # it did fire
+    assert not (tmp_path / "final_model").exists()
 
 
 def test_a_corrupted_version_stops_the_run(cluster, tmp_path):

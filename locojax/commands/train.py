@@ -55,15 +55,16 @@ def _renamed(arg: str) -> str:
 
 
 def _run_ray(cfg) -> int:
-    """The Ray modes: one driver process places the learner group and the workers."""
-    from locojax.fleet import driver
+    """The Ray modes: one driver process places the hosts (and is the controller)."""
+    from locojax.fleet import controller, driver
 
+    mode = controller if cfg.mode == "controller" else driver
     try:
-        driver.check_settings(cfg)  # before Ray or any actor starts
-    except (ValueError, FileNotFoundError) as e:
+        mode.check_settings(cfg)  # before Ray or any actor starts
+    except (ValueError, FileNotFoundError, TypeError) as e:
         print(f"locojax train: {e}", file=sys.stderr)
         return 2
-    _report(driver.run(cfg))
+    _report(mode.run(cfg))
     return 0
 
 

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
 import numpy as np
 
 from locojax.fleet.leases import Lease
-from locojax.rl.batch import TrainBatch
 from locojax.train.record import RolloutRecord, RolloutStats
 
 
@@ -85,33 +85,18 @@ def staleness_histogram(staleness: np.ndarray, max_staleness: int) -> tuple[floa
 
 def merge(units: list[RolloutRecord], host: int, num_hosts: int,
           max_staleness: int) -> RolloutRecord:
-    """Concatenate a step's units in slot order; host `host` of `num_hosts` gets its rows.
-
-    The step's stats (with its staleness histogram) go to host 0 and zeros to the others, so
-    that summing over learner hosts, as the loop does, counts every row once."""
+    """Concatenate a step's units in slot order, each row tagged with its staleness, and give
+    host `host` of `num_hosts` its share (`RolloutRecord.share`: whole groups; the step's
+    stats, with its staleness histogram, on host 0)."""
     first, step = units[0], units[0].step
     prefix = first.batch.shared_prefix
     if any(u.batch.shared_prefix != prefix for u in units):
         raise RuntimeError(f"the units of step {step} disagree on the prompt layout")
     staleness = np.concatenate([np.full(len(u.batch.tokens), step - u.version, np.int32)
                                 for u in units])
-    rows = len(staleness)
-    lo, hi = host * rows // num_hosts, (host + 1) * rows // num_hosts
-    group_id = np.concatenate([u.batch.group_id for u in units])
-    if rows % num_hosts or any(0 < b < rows and group_id[b - 1] == group_id[b]
-                               for b in range(0, rows, rows // num_hosts or 1)):
-        raise ValueError(f"{rows} rows of step {step} do not split into whole groups over "
-                         f"{num_hosts} learner hosts")
-    fields = {}
-    for f in dataclasses.fields(TrainBatch):
-        if f.name == "shared_prefix":
-            continue
-        whole = staleness if f.name == "staleness" else None if getattr(
-            first.batch, f.name) is None else np.concatenate(
-                [getattr(u.batch, f.name) for u in units])
-        fields[f.name] = None if whole is None else whole[lo:hi]
-    stats = sum((u.stats for u in units[1:]), units[0].stats) + RolloutStats(
+    whole = jax.tree.map(lambda *xs: np.concatenate(xs), *[u.batch for u in units])
+    stats = sum((u.stats for u in units[1:]), first.stats) + RolloutStats(
         staleness=staleness_histogram(staleness, max_staleness))
-    return RolloutRecord(step, min(u.version for u in units),
-                         TrainBatch(**fields, shared_prefix=prefix),
-                         stats.zeros() if host else stats)
+    record = RolloutRecord(step, min(u.version for u in units),
+                           dataclasses.replace(whole, staleness=staleness), stats)
+    return record.share(host, num_hosts)

@@ -60,7 +60,7 @@ def run(cfg: RunConfig, faults: Faults = Faults()) -> dict[str, float]:
     """Train `cfg` in a Ray mode; returns learner host 0's final metrics (as `Trainer.run`)."""
     plan = check_settings(cfg)
     cfg = dataclasses.replace(cfg, run_dir=os.path.abspath(cfg.run_dir))
-    started = _connect(cfg)
+    started = connect(cfg)
     cluster = None
     try:
         _check_cluster(plan)
@@ -74,7 +74,7 @@ def run(cfg: RunConfig, faults: Faults = Faults()) -> dict[str, float]:
             ray.shutdown()
 
 
-def _connect(cfg: RunConfig) -> bool:
+def connect(cfg: RunConfig) -> bool:
     """Join `--ray-address`, or start a local cluster; True if this call started one."""
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")  # workers print alike lines: keep them all
     runtime_env = {"env_vars": forwarded_env()}
@@ -130,33 +130,21 @@ class _Cluster:
         self.dispatcher = Dispatcher.options(num_cpus=LIGHT_CPUS).remote(
             plan, cfg.rollout.prompts_per_step, cfg.steps, self.workers)
         self.actors.append(self.dispatcher)
-        # The learner group is gang-scheduled: all of its hosts, or none.
-        self.group = placement_group([{"CPU": self.host_cpus, **({"GPU": gpus} if gpus else {})}]
-                                     * plan.learner_hosts, strategy="SPREAD")
-        try:
-            ray.get(self.group.ready(), timeout=PLACEMENT_TIMEOUT_S)
-        except ray.exceptions.GetTimeoutError:
-            raise RuntimeError(f"the cluster cannot place {plan.learner_hosts} learner host(s) "
-                               f"of {self.host_cpus} CPU(s) each") from None
+        self.group = gang(plan.learner_hosts, self.host_cpus, gpus, "learner")
 
     def train(self) -> dict[str, float]:
         cfg = self.cfg
         for attempt in range(MAX_LEARNER_RESTARTS + 1):
             ray.get(self.dispatcher.pause.remote())
-            self.learners = [
-                Learner.options(num_cpus=self.host_cpus, num_gpus=self.gpus, max_restarts=0,
-                                scheduling_strategy=PlacementGroupSchedulingStrategy(
-                                    self.group, placement_group_bundle_index=i)).remote(
-                    i, self.plan.learner_hosts)
-                for i in range(self.plan.learner_hosts)]
+            self.learners = group_hosts(Learner, self.group, self.host_cpus, self.gpus)
             coordinator = ray.get(self.learners[0].address.remote())
             handles = Handles(self.dispatcher, self.server)
             runs = [a.run.remote(cfg, coordinator, handles, self.plan, self.faults)
                     for a in self.learners]
             try:
-                return _first_failure_or_all(runs)[0]
+                return first_failure_or_all(runs)[0]
             except ray.exceptions.RayActorError as e:
-                self._kill(self.learners)
+                kill(self.learners)
                 if attempt == MAX_LEARNER_RESTARTS:
                     raise RuntimeError(f"the learner group died {attempt + 1} times") from e
                 log.warning("a learner host died (%s); restarting the learner group from "
@@ -174,20 +162,43 @@ class _Cluster:
                 ray.get(self.dispatcher.stop.remote(), timeout=10)
             except Exception:  # noqa: BLE001 - stopping anyway
                 pass
-        self._kill(self.learners + self.actors)
+        kill(self.learners + self.actors)
         if self.group is not None:
             remove_placement_group(self.group)
 
-    @staticmethod
-    def _kill(actors) -> None:
-        for a in actors:
-            try:
-                ray.kill(a, no_restart=True)
-            except Exception:  # noqa: BLE001 - already gone
-                pass
+
+def gang(hosts: int, cpus: float, gpus: int, role: str):
+    """A placement group of `hosts` bundles: a jax.distributed group is gang-scheduled, all
+    of its hosts or none."""
+    group = placement_group([{"CPU": cpus, **({"GPU": gpus} if gpus else {})}] * hosts,
+                            strategy="SPREAD")
+    try:
+        ray.get(group.ready(), timeout=PLACEMENT_TIMEOUT_S)
+    except ray.exceptions.GetTimeoutError:
+        remove_placement_group(group)
+        raise RuntimeError(f"the cluster cannot place {hosts} {role} host(s) of {cpus} CPU(s) "
+                           "each") from None
+    return group
 
 
-def _first_failure_or_all(refs: list) -> list:
+def group_hosts(actor_class, group, cpus: float, gpus: int) -> list:
+    """One `actor_class` host per bundle of `group` (host i on bundle i)."""
+    n = len(group.bundle_specs)
+    return [actor_class.options(num_cpus=cpus, num_gpus=gpus, max_restarts=0,
+                                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                                    group, placement_group_bundle_index=i)).remote(i, n)
+            for i in range(n)]
+
+
+def kill(actors) -> None:
+    for a in actors:
+        try:
+            ray.kill(a, no_restart=True)
+        except Exception:  # noqa: BLE001 - already gone
+            pass
+
+
+def first_failure_or_all(refs: list) -> list:
     """Wait for every ref, but raise as soon as any of them fails (a dead learner host would
     otherwise leave the others blocked in a collective until the heartbeat timeout)."""
     pending, done = list(refs), {}

@@ -37,6 +37,8 @@ class Faults:
     corrupt_version: int | None = None
     """The parameter server serves this version with one bit flipped (bad memory, a bad
     link): the worker must refuse it."""
+    kill_host_after: int | None = None
+    """Controller mode: host 1 (or 0 if alone) SIGKILLs itself after the update of this step."""
 
     def fire(self, run_dir: str, name: str) -> bool:
         """True exactly once per run for `name` (marker file created with O_EXCL)."""

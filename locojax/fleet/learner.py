@@ -177,16 +177,19 @@ class LearnerWiring(Colocated):
         return RemoteSource(self.handles, self.plan, self.run_dir, self.faults)
 
 
-@ray.remote
-class Learner:
-    """One learner host: joins the group, then runs the `Trainer` loop."""
+class GroupHost:
+    """One host of a jax.distributed group that Ray placed: the learner group of DA and
+    async, the hosts of the controller mode. Host 0 picks the coordinator address; every
+    host joins with it, then runs the `Trainer` loop on the wiring its role makes."""
+
+    role = "host"
 
     def __init__(self, index: int, count: int):
         setup_logging()
         self.index, self.count = index, count
 
     def __repr__(self) -> str:
-        return f"learner {self.index}"
+        return f"{self.role} {self.index}"
 
     def address(self) -> str:
         """A coordinator address for the group (called on host 0)."""
@@ -195,13 +198,26 @@ class Learner:
     def pid(self) -> int:
         return os.getpid()
 
-    def run(self, cfg, coordinator: str, handles: Handles, plan: PlacementPlan,
-            faults: Faults) -> dict:
+    def _run(self, cfg, coordinator: str, devices_per_host: int, make_wiring) -> dict:
         from locojax.train.loop import start
 
-        host = distributed.initialize(devices_per_host=plan.devices_per_host,
+        host = distributed.initialize(devices_per_host=devices_per_host,
                                       coordinator=coordinator, num_processes=self.count,
                                       process_id=self.index)
-        cfg = dataclasses.replace(cfg, devices_per_host=plan.devices_per_host,
+        cfg = dataclasses.replace(cfg, devices_per_host=devices_per_host,
                                   progress=cfg.progress and self.index == 0)
-        return start(cfg, LearnerWiring(host, handles, plan, cfg.run_dir, faults)).run()
+        return start(cfg, make_wiring(host, cfg)).run()
+
+
+@ray.remote
+class Learner(GroupHost):
+    """One learner host of DA or async: rollouts come from the dispatcher's buffer."""
+
+    role = "learner"
+
+    def run(self, cfg, coordinator: str, handles: Handles, plan: PlacementPlan,
+            faults: Faults) -> dict:
+        def wiring(host, cfg):
+            return LearnerWiring(host, handles, plan, cfg.run_dir, faults)
+
+        return self._run(cfg, coordinator, plan.devices_per_host, wiring)

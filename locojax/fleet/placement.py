@@ -18,7 +18,10 @@ from __future__ import annotations
 import dataclasses
 import math
 
-RAY_MODES = ("disaggregated", "async")
+ASYNC_MODES = ("disaggregated", "async")
+"""Rollout workers feeding a learner group through a versioned buffer (this module's modes)."""
+RAY_MODES = ("controller", *ASYNC_MODES)
+"""The modes Ray places: the async ones, and the controller's hosts (`controller.py`)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,11 +49,12 @@ class Schedule:
 
 @dataclasses.dataclass(frozen=True)
 class PlacementConfig:
-    """Ray modes only (disaggregated, async): hosts, staleness, leases, the Ray cluster."""
+    """Ray modes only (controller, disaggregated, async): hosts, staleness, leases, the Ray
+    cluster."""
 
     hosts: int = 4
-    """Hosts the run places its learner group and rollout workers on, each with
-    --devices-per-host devices (simulated CPU devices on a CPU cluster)."""
+    """Hosts the run places on, each with --devices-per-host devices (simulated CPU devices
+    on a CPU cluster): the controller's hosts, or the learner group and rollout workers."""
     rollout_fraction: float = 0.75
     """disaggregated: share of the hosts that run rollout workers; the rest learn."""
     workers: int = 2
@@ -84,9 +88,8 @@ class PlacementConfig:
             raise ValueError(f"--versions-kept {self.versions_kept} is fewer than "
                              f"--max-staleness + 1 = {k + 1}: a lease may still need any of "
                              f"the last {k + 1} versions")
-        if self.hosts < 2:
-            raise ValueError(f"--hosts must be >= 2 (one learner and one rollout worker), got "
-                             f"{self.hosts}")
+        if self.hosts < 1:
+            raise ValueError(f"--hosts must be >= 1, got {self.hosts}")
         if not 0.0 < self.rollout_fraction < 1.0:
             raise ValueError(f"--rollout-fraction must be in (0, 1), got "
                              f"{self.rollout_fraction}")
@@ -131,8 +134,11 @@ class PlacementPlan:
 def place(mode: str, p: PlacementConfig, prompts_per_step: int,
           devices_per_host: int) -> PlacementPlan:
     """The layout of a Ray-mode run; `ValueError` naming the flag if it cannot be made."""
-    if mode not in RAY_MODES:
-        raise ValueError(f"mode {mode!r} is not a Ray mode ({', '.join(RAY_MODES)})")
+    if mode not in ASYNC_MODES:
+        raise ValueError(f"mode {mode!r} has no rollout workers ({', '.join(ASYNC_MODES)} do)")
+    if p.hosts < 2:
+        raise ValueError(f"--hosts must be >= 2 (one learner and one rollout worker), got "
+                         f"{p.hosts}")
     d = devices_per_host or 1
     if mode == "disaggregated":
         workers = math.floor(p.rollout_fraction * p.hosts + 0.5)

@@ -19,7 +19,7 @@ import tyro
 from locojax.envs import registry
 from locojax.envs.registry import TaskConfig
 from locojax.envs.rewards import RewardConfig
-from locojax.fleet.placement import RAY_MODES, PlacementConfig
+from locojax.fleet.placement import ASYNC_MODES, PlacementConfig
 from locojax.rl.algorithms import resolve
 from locojax.rl.config import AlgoConfig, LearnerConfig, OptimConfig
 from locojax.rollout.limits import MultiTurnConfig
@@ -93,9 +93,12 @@ class CheckpointConfig:
 class RunConfig:
     """A GRPO run: sample → score → advantages → update, for `steps` steps."""
 
-    mode: Literal["single", "colocated", "disaggregated", "async"] = "colocated"
-    """single: one controller drives every device. colocated: one process per host, each
-    admitting, generating and scoring its own prompts, then one synchronous train step.
+    mode: Literal["single", "colocated", "controller", "disaggregated", "async"] = "colocated"
+    """single: one process drives every local device (no process boundary: the fastest way
+    to use one host). colocated: one process per host, each admitting, generating and
+    scoring its own prompts, then one synchronous train step. controller (Ray): one central
+    controller admits, dispatches, gathers and scores every row for --hosts host processes
+    that train as colocated's do (the single-controller baseline).
     disaggregated (Ray): a learner group and rollout workers on separate hosts, rollout of
     step s+1 overlapping training of step s. async (Ray): a parameter server and N rollout
     workers pulling the newest version, samples at most --max-staleness versions old."""
@@ -190,7 +193,7 @@ class RunConfig:
                 and self.rollout.ignore_eos:
             raise ValueError("overlong shaping needs stop tokens: with rollout.ignore_eos every "
                              "response is cut off")
-        if self.mode in RAY_MODES and (self.curation.enabled or self.dynamic.max_rounds):
+        if self.mode in ASYNC_MODES and (self.curation.enabled or self.dynamic.max_rounds):
             # Workers admit each step's prompts on their own: exact only while step s's
             # admission is a function of s alone, i.e. with no pass-rate table learnt on the
             # learner.

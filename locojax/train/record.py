@@ -105,6 +105,21 @@ class RolloutRecord:
     batch: TrainBatch  # host-local numpy rows, prompt-major
     stats: RolloutStats
 
+    def share(self, host: int, num_hosts: int) -> RolloutRecord:
+        """Host `host` of `num_hosts`'s rows (a contiguous slice of whole groups); the stats
+        ride on host 0 and the others get zeros, so that summing over the hosts, as the
+        loop does, counts every row once."""
+        rows = len(self.batch.tokens)
+        lo, hi = host * rows // num_hosts, (host + 1) * rows // num_hosts
+        group_id = np.asarray(self.batch.group_id)
+        if rows % num_hosts or any(0 < b < rows and group_id[b - 1] == group_id[b]
+                                   for b in range(0, rows, rows // num_hosts or 1)):
+            raise ValueError(f"{rows} rows of step {self.step} do not split into whole groups "
+                             f"over {num_hosts} hosts")
+        batch = jax.tree.map(lambda x: x[lo:hi], self.batch)  # shared_prefix is static
+        return dataclasses.replace(self, batch=batch,
+                                   stats=self.stats.zeros() if host else self.stats)
+
     def to_state(self) -> tuple[dict, dict]:
         """(numpy arrays, JSON) for a checkpoint; `from_state` inverts it exactly."""
         arrays = {f.name: getattr(self.batch, f.name) for f in dataclasses.fields(TrainBatch)

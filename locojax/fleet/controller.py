@@ -1,0 +1,208 @@
+"""`--mode controller`: the single-controller baseline (Pathways on TPU, verl's Ray driver).
+
+One controller (this process, the Ray driver) and N host actors, each owning its local
+devices. The hosts join jax.distributed and run colocated's `Trainer` loop, so the train
+step and its all-reduce are colocated's exactly (`controller_host.py`). The data path is
+the controller's:
+
+    controller  admit + tokenize every prompt ──► host p: its rows ──┐  one round trip
+    host p      prefill + the whole jitted decode loop, its devices  │  per host and
+    controller  ◄── gather every host's tokens and logprobs ◄────────┘  generate call
+                detokenize + score every row, advantages, the global batch
+                ──► scatter host p's shard (the step's stats on host 0) ──► hosts train
+
+The controller runs the same `Producer` every mode runs (admission, curation, dynamic
+sampling, scoring, advantages), with `HostEngines` as its engine: a generate call sends
+host p the p-th contiguous share of the prompts with its global first row, so host p
+samples exactly the rows colocated's host p samples, and a run is colocated's bitwise.
+The controller's own costs go to host 0 with its shard and into perf.jsonl as
+`perf/controller/*`: its phases (admission, prefill = dispatch, decode = wait and gather,
+detokenize_reward = central scoring, batch, scatter), round trips and bytes each way.
+
+A host that dies fails the run with its name; the others are then killed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import time
+
+import jax
+import numpy as np
+import ray
+
+from locojax.envs.rewards import RewardRunner
+from locojax.fleet import driver
+from locojax.fleet.actors import host_cpus
+from locojax.fleet.controller_host import ControllerHost
+from locojax.fleet.faults import Faults
+from locojax.profiler import StepTimer
+from locojax.train.build import RunParts
+from locojax.train.config import RunConfig, check_run
+
+log = logging.getLogger(__name__)
+
+
+class HostsEnded(Exception):
+    """A host's loop ended before the controller's (the run's time limit): nothing is wrong,
+    there is nothing more to produce."""
+
+
+@dataclasses.dataclass
+class Traffic:
+    """Round trips and bytes of one step's data path, both ways."""
+
+    round_trips: int = 0
+    round_trip_s: float = 0.0  # dispatch to gather, summed over generate calls
+    bytes_out: int = 0  # controller -> hosts: prompts, then the shards
+    bytes_in: int = 0  # hosts -> controller: generated rows
+
+    def metrics(self) -> dict[str, float]:
+        return {f"perf/controller/{k}": float(v) for k, v in dataclasses.asdict(self).items()}
+
+
+@dataclasses.dataclass
+class _Pending:
+    refs: list
+    dispatched: float
+    prefilled: None = None  # what `single_turn.rollout` syncs on: nothing device-side here
+
+
+class HostEngines:
+    """The engine of the controller's `Producer`: each call runs on every host's devices."""
+
+    def __init__(self, hosts: list, runs: list, model_cfg):
+        self.hosts, self.runs, self.model_cfg = hosts, runs, model_cfg
+        self.step = 0  # the step being produced: hosts generate with the params before it
+        self.traffic = Traffic()
+
+    def prefill(self, weights, prompts, key, sampling, num_samples: int = 1, prompt_mask=None,
+                first_row: int = 0) -> _Pending:
+        """Dispatch host p's share of the [B, P] prompts (weights: unused, each host uses
+        its own params)."""
+        tokens, mask = np.asarray(prompts, np.int32), np.asarray(prompt_mask, bool)
+        n = len(self.hosts)
+        if len(tokens) % n:
+            raise ValueError(f"{len(tokens)} prompts do not split over {n} hosts")
+        share, key_data = len(tokens) // n, np.asarray(jax.random.key_data(key))
+        refs = [h.generate.remote(self.step, tokens[p * share:(p + 1) * share],
+                                  mask[p * share:(p + 1) * share], key_data,
+                                  first_row + p * share * num_samples, sampling, num_samples)
+                for p, h in enumerate(self.hosts)]
+        self.traffic.round_trips += n
+        self.traffic.bytes_out += tokens.nbytes + mask.nbytes
+        return _Pending(refs, time.perf_counter())
+
+    def decode(self, pending: _Pending):
+        """Gather every host's rows, in host order: the rows of the whole batch."""
+        parts = gather(pending.refs, self.hosts, self.runs)
+        self.traffic.round_trip_s += (time.perf_counter() - pending.dispatched) * len(parts)
+        self.traffic.bytes_in += sum(x.nbytes for p in parts for x in p)
+        tokens, mask, logprobs = (np.concatenate(xs) for xs in zip(*parts))
+        return _Generation(tokens, mask, logprobs)
+
+
+@dataclasses.dataclass
+class _Generation:
+    tokens: np.ndarray
+    mask: np.ndarray
+    logprobs: np.ndarray
+
+
+def gather(refs: list, hosts: list, runs: list) -> list:
+    """The results of calls on the hosts, in order. A host that died, or a run that ended
+    or failed meanwhile, stops the controller with the host's name."""
+    pending, done = list(refs), {}
+    while pending:
+        ready, pending = ray.wait(pending, num_returns=1, timeout=1.0)
+        for r in ready:
+            try:
+                done[r] = ray.get(r)
+            except ray.exceptions.RayActorError as e:
+                i = refs.index(r) % len(hosts)
+                raise RuntimeError(f"controller host {i} died ({type(e).__name__}); the run "
+                                   "stops") from e
+        ended, _ = ray.wait(runs, num_returns=len(runs), timeout=0)
+        for r in ended:  # a host's loop ended: it failed, or stopped early (time limit)
+            try:
+                ray.get(r)
+            except ray.exceptions.RayActorError as e:
+                raise RuntimeError(f"controller host {runs.index(r)} died "
+                                   f"({type(e).__name__}); the run stops") from e
+            raise HostsEnded(f"controller host {runs.index(r)} has finished its run")
+    return [done[r] for r in refs]
+
+
+def control(parts: RunParts, hosts: list, runs: list) -> None:
+    """The controller's loop: each step's data path, until the last step or the hosts end."""
+    cfg = parts.cfg
+    engines = HostEngines(hosts, runs, parts.model_cfg)
+    dump_dir = os.path.join(cfg.run_dir, "rollouts") if cfg.dump_rollouts else None
+    runner = RewardRunner(cfg.reward)
+    producer = parts.producer(engines, runner, dump_dir)
+    first, saved = gather([hosts[0].resume_point.remote()], hosts, runs)[0]
+    if saved.get("curation"):
+        producer.curator.load_state(saved["curation"])
+    b, n = cfg.rollout.prompts_per_step, len(hosts)
+    try:
+        for step in range(first, cfg.steps):
+            timer, engines.step, engines.traffic = StepTimer(), step, Traffic()
+            record, feedback = producer.produce(step, None, 0, b, timer)
+            with timer.phase("admission"):  # every row's pass counts are here already
+                curation = producer.curator.update(feedback.admission, feedback.observations)
+            with timer.phase("scatter"):
+                shards = [ray.put(record.share(p, n)) for p in range(n)]
+            engines.traffic.bytes_out += sum(x.nbytes for x in jax.tree.leaves(record.batch))
+            metrics = {**curation, **engines.traffic.metrics(),
+                       **{f"perf/controller/{k[len('perf/'):]}": v
+                          for k, v in timer.finish_step().items()}}
+            admission = producer.curator.state()
+            gather([h.put.remote(step, shard, admission, metrics if p == 0 else {})
+                    for p, (h, shard) in enumerate(zip(hosts, shards))], hosts, runs)
+    except HostsEnded as e:
+        log.info("controller stops: %s", e)
+    finally:
+        runner.close()
+
+
+def check_settings(cfg: RunConfig) -> RunParts:
+    """The controller's parts (task, tokenizer, sampling; no weights), after every check
+    that needs no Ray: raises ValueError before any actor starts."""
+    if os.environ.get("LOCOJAX_NUM_PROCESSES", "1") not in ("", "1"):
+        raise ValueError("mode 'controller' places its own hosts through Ray: run it as one "
+                         "process, not under `locojax launch`")
+    n = cfg.placement.hosts
+    check_run(cfg, n, n * (cfg.devices_per_host or 1))
+    parts = RunParts.of(cfg)
+    if parts.task.multi_turn:
+        raise ValueError(f"mode 'controller' runs single-turn tasks so far; {cfg.task.name!r} "
+                         "is multi-turn")
+    return parts
+
+
+def run(cfg: RunConfig, faults: Faults = Faults()) -> dict[str, float]:
+    """Train `cfg` with a central controller; host 0's final metrics (as `Trainer.run`)."""
+    cfg = dataclasses.replace(cfg, run_dir=os.path.abspath(cfg.run_dir))
+    parts = check_settings(cfg)
+    n, d = cfg.placement.hosts, cfg.devices_per_host or 1
+    started = driver.connect(cfg)
+    group, hosts = None, []
+    try:
+        gpus = d if ray.cluster_resources().get("GPU", 0) else 0
+        cpus = host_cpus(ray.cluster_resources().get("CPU", 1.0), n, 0)
+        print(f"locojax train: controller: 1 controller + {n} host(s) x {d} device(s)",
+              flush=True)
+        group = driver.gang(n, cpus, gpus, "controller")
+        hosts = driver.group_hosts(ControllerHost, group, cpus, gpus)
+        coordinator = ray.get(hosts[0].address.remote())
+        runs = [h.run.remote(cfg, coordinator, d, faults) for h in hosts]
+        control(parts, hosts, runs)
+        return driver.first_failure_or_all(runs)[0]
+    finally:
+        driver.kill(hosts)
+        if group is not None:
+            ray.util.remove_placement_group(group)
+        if started:
+            ray.shutdown()

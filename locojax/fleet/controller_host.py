@@ -1,0 +1,182 @@
+"""A host of `--mode controller`: colocated's train step, the controller's data path.
+
+Each `ControllerHost` joins the hosts' jax.distributed group and runs the `Trainer` loop
+exactly as a colocated host does (same mesh, same train step, same all-reduce), with one
+difference in the wiring: its rollout source is a `ControllerSource`. Between steps the
+loop waits in `take`; meanwhile the controller (`controller.py`) asks the host, through
+`generate`, to generate rows on its devices with the params the loop is waiting with, and
+then hands it the step's shard of the training batch through `put`. A host holds no data
+path of its own: no admission, no tokenizer call, no reward.
+
+The actor serves those calls on threads beside the loop's (`max_concurrency`): `generate`
+for step s waits until the loop is in `take(s)`, so rows are always generated with the
+params after step s - 1, never while the loop trains. The step's admission state (the
+curator's, kept by the controller) comes with its shard and goes into the host's
+checkpoint; on resume, host 0 hands it back to the controller (`resume_point`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+
+import jax
+import numpy as np
+import ray
+
+from locojax.engine.sampling import SamplingConfig
+from locojax.fleet.faults import Faults, kill_self
+from locojax.fleet.learner import GroupHost
+from locojax.train.record import RolloutRecord
+from locojax.train.wiring import Colocated
+
+POLL_S = 1.0
+"""How often a waiting call checks whether the run has ended."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Shard:
+    """What the controller sends a host for one step."""
+
+    record: RolloutRecord  # this host's rows (and, on host 0, the step's stats)
+    admission: dict  # the controller's admission state after the step (JSON)
+    metrics: dict[str, float]  # host 0: the controller's (curation/*, perf/controller/*)
+
+
+class ControllerSource:
+    """`source.RolloutSource` of a controller host: shards arrive through `put`."""
+
+    def __init__(self, producer, wiring):
+        self.engine, self.wiring = producer.engine, wiring
+        self.faults: Faults = wiring.faults
+        self.cv = threading.Condition()
+        self.waiting: int | None = None  # the step `take` waits for
+        self.params = None  # the params `take` waits with
+        self.shards: dict[int, Shard] = {}
+        self.admission: dict = {}
+        self.saved: tuple | None = None  # (start step, checkpointed JSON) once `begin` ran
+        self.finished = False
+        self._metrics: dict[str, float] = {}
+
+    # --- the loop's side ----------------------------------------------------------------------
+
+    def begin(self, step: int, params, saved) -> None:
+        with self.cv:
+            self.saved = (step, saved[1] if saved else {})
+            self.admission = self.saved[1].get("curation", {})
+            self.cv.notify_all()
+
+    def take(self, step: int, params, timer) -> RolloutRecord:
+        with timer.phase("wait_controller"), self.cv:
+            self.params, self.waiting = params, step
+            self.cv.notify_all()
+            while step not in self.shards:
+                self.cv.wait()
+            shard = self.shards.pop(step)
+            self.waiting = self.params = None
+        self.admission, self._metrics = shard.admission, shard.metrics
+        return shard.record
+
+    def publish(self, version: int, params, timer) -> dict[str, float]:
+        host, hosts = self.wiring.host.process_id, self.wiring.host.num_processes
+        if self.faults.kill_host_after == version - 1 and host == min(1, hosts - 1) \
+                and self.faults.fire(self.wiring.run_dir, "kill_host"):
+            kill_self(f"controller host {host} after the update of step {version - 1}")
+        return self._metrics  # the params stay here: the next take reads them
+
+    def state(self, next_step: int) -> tuple[dict, dict]:
+        return {}, {"curation": self.admission}
+
+    def close(self) -> None:
+        with self.cv:
+            self.finished = True
+            self.cv.notify_all()
+
+    # --- the controller's side ----------------------------------------------------------------
+
+    def _wait(self, ready) -> None:
+        while not ready():
+            if self.finished:
+                raise RuntimeError("the host's run has ended")
+            self.cv.wait(POLL_S)
+
+    def generate(self, step: int, prompt_tokens, prompt_mask, key_data, first_row: int,
+                 sampling: SamplingConfig, num_samples: int) -> tuple[np.ndarray, ...]:
+        with self.cv:
+            self._wait(lambda: self.waiting == step)
+            weights = self.wiring.rollout_weights(self.params)
+        key = jax.random.wrap_key_data(np.asarray(key_data, np.uint32))
+        gen = self.engine.generate(weights, prompt_tokens, key, sampling, num_samples,
+                                   prompt_mask=prompt_mask, first_row=first_row)
+        return tuple(np.asarray(x) for x in (gen.tokens, gen.mask, gen.logprobs))
+
+    def put(self, step: int, shard: Shard) -> None:
+        with self.cv:
+            self.shards[step] = shard
+            self.cv.notify_all()
+
+    def resume_point(self) -> tuple[int, dict]:
+        with self.cv:
+            self._wait(lambda: self.saved is not None)
+            return self.saved
+
+
+class ControllerWiring(Colocated):
+    """Colocated's train half; rows come from the controller."""
+
+    name = "controller"
+    remote_rollouts = False  # this host's engine generates the controller's rows
+
+    def __init__(self, host, source_box: dict, run_dir: str, faults: Faults):
+        super().__init__(host)
+        self.box, self.run_dir, self.faults = source_box, run_dir, faults
+
+    def rollout_source(self, producer) -> ControllerSource:
+        source = ControllerSource(producer, self)
+        with self.box["cv"]:
+            self.box["source"] = source
+            self.box["cv"].notify_all()
+        return source
+
+
+@ray.remote(max_concurrency=4)
+class ControllerHost(GroupHost):
+    """One host of the controller mode: the `Trainer` loop, and the controller's calls."""
+
+    role = "host"
+
+    def __init__(self, index: int, count: int):
+        super().__init__(index, count)
+        self.box = {"cv": threading.Condition(), "source": None, "ended": False}
+
+    def run(self, cfg, coordinator: str, devices_per_host: int, faults: Faults) -> dict:
+        def wiring(host, cfg):
+            return ControllerWiring(host, self.box, cfg.run_dir, faults)
+
+        try:
+            return self._run(cfg, coordinator, devices_per_host, wiring)
+        finally:
+            with self.box["cv"]:
+                self.box["ended"] = True
+                self.box["cv"].notify_all()
+            if self.box["source"] is not None:
+                self.box["source"].close()
+
+    def _source(self) -> ControllerSource:
+        """The loop's rollout source, once the `Trainer` has been built (after planning)."""
+        with self.box["cv"]:
+            while self.box["source"] is None:
+                if self.box["ended"]:
+                    raise RuntimeError(f"{self!r}: the run ended before its trainer started")
+                self.box["cv"].wait(POLL_S)
+            return self.box["source"]
+
+    def generate(self, step: int, *args) -> tuple[np.ndarray, ...]:
+        return self._source().generate(step, *args)
+
+    def put(self, step: int, record: RolloutRecord, admission: dict,
+            metrics: dict[str, float]) -> None:
+        self._source().put(step, Shard(record, admission, metrics))
+
+    def resume_point(self) -> tuple[int, dict]:
+        return self._source().resume_point()
