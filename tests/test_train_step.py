@@ -83,6 +83,21 @@ def test_first_on_policy_update_has_ratio_exactly_one():
     assert m["actor/ratio_max"] == 1.0 and m["actor/ratio_min"] == 1.0
 
 
+@pytest.mark.parametrize("epochs", [1, 2])  # the one-update path and the π_old pass
+def test_a_batch_with_staleness_leaves_the_mismatch_to_its_producer(epochs):
+    """Rows from rollout workers carry their staleness; their sampler/trainer gap is measured
+    on the worker at the row's own version (`fleet/rollout_worker.py`), so the learner's
+    step must not log a second, different `rollout/logprob_mismatch` for them."""
+    w = weights()
+    b = on_policy_batch(w)
+    stale = dataclasses.replace(b, staleness=np.zeros(len(b.tokens), np.int32))
+    cfg = dataclasses.replace(LEARNER, algo=dataclasses.replace(LEARNER.algo, ppo_epochs=epochs))
+    _, m = train_step.update(train_state.init(weights(), cfg.optim, MODEL), stale, MODEL, cfg)
+    assert "rollout/logprob_mismatch" not in m and m["actor/grad_norm"] > 0
+    _, m = train_step.update(train_state.init(weights(), cfg.optim, MODEL), b, MODEL, cfg)
+    assert m["rollout/logprob_mismatch"] < MISMATCH_TOL  # the same batch, made inline
+
+
 def test_garbage_under_the_mask_is_inert():
     w = weights()
     b = on_policy_batch(w)

@@ -193,11 +193,18 @@ def _micro_loss(params, data, counts: Counts, first, fresh_tokens, s: LossSettin
     if b.staleness is not None:  # asynchronous modes: the distribution of the IS weights
         metrics["actor/is_weight_hist"] = is_weight_histogram(
             old, b.old_logprobs, b.loss_mask, data["stale"], counts, s.is_cap, s.ratio_level)
-    if data["prox"] is None:  # one update per step: `old` is the trainer's start-of-step π
-        fresh = b.loss_mask & data["fresh"][:, None]
-        gap = jnp.where(fresh, jnp.abs(jnp.where(fresh, b.old_logprobs, 0.0) - old), 0.0)
-        metrics["rollout/logprob_mismatch"] = jnp.sum(gap) / jnp.maximum(fresh_tokens, 1.0)
+    if data["prox"] is None and b.staleness is None:  # `old`: the start-of-step π
+        metrics["rollout/logprob_mismatch"] = _mismatch(b.loss_mask & data["fresh"][:, None],
+                                                        b.old_logprobs, old, fresh_tokens)
     return loss, (metrics, extremes)
+
+
+def _mismatch(mask, sampler, trainer, tokens):
+    """`rollout/logprob_mismatch`: mean |sampler − trainer| logprob over the tokens the
+    sampler drew with this step's params. Measured here only where rollouts are made inline
+    (no staleness in the batch); rollout workers measure their own rows (`fleet/`)."""
+    gap = jnp.where(mask, jnp.abs(jnp.where(mask, sampler, 0.0) - trainer), 0.0)
+    return jnp.sum(gap) / jnp.maximum(tokens, 1.0)
 
 
 def _accumulate(params, micro, counts, first, fresh_tokens, s, model_cfg, cfg,
@@ -324,9 +331,9 @@ def _prepare(params, batch: TrainBatch, ref_params, model_cfg, cfg: LearnerConfi
     prox = None
     if cfg.updates_per_step > 1:  # later updates need π_old of the start-of-step params
         prox = _scan_logprobs(params, batch, n_mini * k, group, model_cfg, cfg)
-        gap = jnp.where(fresh_mask, jnp.abs(jnp.where(fresh_mask, batch.old_logprobs, 0) - prox),
-                        0.0)
-        extra["rollout/logprob_mismatch"] = jnp.sum(gap) / jnp.maximum(fresh_tokens, 1.0)
+        if batch.staleness is None:
+            extra["rollout/logprob_mismatch"] = _mismatch(fresh_mask, batch.old_logprobs, prox,
+                                                          fresh_tokens)
 
     def layout(x):  # [B, ...] → [M, k, B/(M k), ...]; both splits strided, so device-local
         x = split_rows(x, n_mini, group)
