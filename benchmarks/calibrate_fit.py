@@ -8,6 +8,7 @@ import datetime
 import json
 import os
 import platform
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -21,6 +22,13 @@ from locojax.predict.flops import ModelCosts
 ROOT = Path(__file__).resolve().parent.parent
 PREDICT = ROOT / "locojax" / "predict"
 KINDS = ("prefill", "decode_step", "train")
+
+
+def dumps(obj) -> str:
+    """JSON with one line per entry but lists of numbers on one line."""
+    return re.sub(r"\[\s*([-\d.,\se+]+?)\s*\]",
+                  lambda m: "[" + ", ".join(x.strip() for x in m.group(1).split(",")) + "]",
+                  json.dumps(obj, indent=1)) + "\n"
 
 
 def c(value, unit, origin, source):
@@ -39,33 +47,48 @@ def flops_of(point, rec) -> dict:
     if workload == "arith":  # fixed length: N - 1 decode iterations, each over all slots
         out["decode_step"] = (perf["perf/phase/decode"] / (n - 1),
                               mc.decode_step(b * g, p + n - 1).flops)
-    return out, shape_key(cfg)
+    return out, f"{shape_key(cfg)}/P{p}-N{n}"
+
+
+def nonneg_line(x: np.ndarray, t: np.ndarray) -> tuple[float, float]:
+    """(a, b) of t = a + b x by least squares with a, b >= 0: the unconstrained fit if it is
+    feasible, else the better of the two boundary fits (b = 0, or a = 0)."""
+    cands = []
+    if len(set(x)) > 1:
+        b, a = np.polyfit(x, t, 1)
+        if a >= 0 and b >= 0:
+            cands.append((a, b))
+    cands += [(float(t.mean()), 0.0), (0.0, max(0.0, float(np.dot(x, t) / np.dot(x, x))))]
+    return min(cands, key=lambda ab: float(np.sum((ab[0] + ab[1] * x - t) ** 2)))
 
 
 def fit_kind(one: list[tuple[float, float]], two: list[tuple[float, float]]) -> dict:
-    """t1 = a + x / F1 by least squares on the 1-core points (a >= 0), then φ from the
-    2-core points: t2 - a = (x / F1)(1 - φ/2)."""
+    """t1 = a + x / F1 (a, 1/F1 >= 0) by least squares on the 1-core points, then φ from the
+    2-core points: t2 - a = (x / F1)(1 - φ/2), clipped to [0, 1]."""
     x1, t1 = np.array([p[1] for p in one]), np.array([p[0] for p in one])
-    slope, a = np.polyfit(x1, t1, 1) if len(set(x1)) > 1 else (t1.mean() / x1.mean(), 0.0)
-    if a < 0 or slope <= 0:
-        a, slope = 0.0, float(np.dot(x1, t1) / np.dot(x1, x1))
+    a, slope = nonneg_line(x1, t1)
     x2, t2 = np.array([p[1] for p in two]), np.array([p[0] for p in two])
     work = slope * x2
-    ratio = float(np.dot(t2 - a, work) / np.dot(work, work))
-    phi = float(np.clip(2 * (1 - ratio), 0.0, 1.0))
+    phi = 0.0
+    if np.dot(work, work) > 0:
+        phi = float(np.clip(2 * (1 - np.dot(t2 - a, work) / np.dot(work, work)), 0.0, 1.0))
     pred1 = a + slope * x1
     pred2 = a + slope * x2 * ((1 - phi) + phi / 2)
     err = np.concatenate([(pred1 - t1) / t1, (pred2 - t2) / t2])
-    return {"a": float(a), "F1": float(1 / slope), "phi": phi, "points": len(one) + len(two),
-            "max_rel_err": float(np.max(np.abs(err)))}
+    return {"a": float(a), "F1": float(1 / slope) if slope > 0 else 1e30, "phi": phi,
+            "points": len(one) + len(two), "max_rel_err": float(np.max(np.abs(err))),
+            "median_rel_err": float(np.median(np.abs(err)))}
 
 
 def fits(points: dict, recs: list[dict]) -> dict:
+    """Per model shape and prompt/completion shape (`shape_key/P..-N..`), and per model shape
+    over all of its runs (the fallback for other P, N)."""
     by: dict[str, dict[str, dict[int, list]]] = {}
     for rec in recs:
         timed, key = flops_of(points[rec["point"]], rec)
-        for kind, (t, x) in timed.items():
-            by.setdefault(key, {}).setdefault(kind, {1: [], 2: []})[rec["cores"]].append((t, x))
+        for k in (key, key.split("/")[0]):
+            for kind, (t, x) in timed.items():
+                by.setdefault(k, {}).setdefault(kind, {1: [], 2: []})[rec["cores"]].append((t, x))
     return {key: {kind: fit_kind(v[1], v[2]) for kind, v in kinds.items() if v[1] and v[2]}
             for key, kinds in by.items()}
 
@@ -97,8 +120,8 @@ def ring_fit(probe: dict) -> tuple[float, float]:
     p = probe["n"]
     m = np.array([float(k) for k in probe["allreduce_s_by_bytes"]])
     t = np.array(list(probe["allreduce_s_by_bytes"].values()))
-    slope, intercept = np.polyfit(m, t, 1)
-    return float(intercept / (2 * (p - 1))), float(2 * (p - 1) / p / slope)
+    intercept, slope = nonneg_line(m, t)
+    return float(intercept / (2 * (p - 1))), float(2 * (p - 1) / p / max(slope, 1e-30))
 
 
 def write(points: dict, probes: dict, recs: list[dict], command: str) -> None:
@@ -115,7 +138,8 @@ def write(points: dict, probes: dict, recs: list[dict], command: str) -> None:
         fit_json[key] = {}
         for kind, v in kinds.items():
             src = (f"fitted to {v['points']} N = 1 runs ({kind} phase; 1 and 2 cores) of {where}; "
-                   f"max relative error of the fit {v['max_rel_err']:.0%}; no N > 1 run used")
+                   f"relative error of the fit: median {v['median_rel_err']:.0%}, max "
+                   f"{v['max_rel_err']:.0%}; no N > 1 run used")
             fit_json[key][kind] = {"fixed_s": c(v["a"], "s per call", "fitted", src),
                                    "flops_per_s": c(v["F1"], "FLOP/s on one core", "fitted", src),
                                    "parallel": c(v["phi"], "share", "fitted", src)}
@@ -184,14 +208,16 @@ def write(points: dict, probes: dict, recs: list[dict], command: str) -> None:
             wls[name]["completion"] = {"samples": rec["lengths"]}
             wls[name]["source"] = (f"`--dump-rollouts` of the N = 1 calibration run "
                                    f"({len(rec['lengths'])} rows): `{rec['command']}` ({where})")
-    wl_path.write_text(json.dumps(wls, indent=1) + "\n")
+    wl_path.write_text(dumps(wls))
     print("\n## fits (t(1 core) = a + flops / F1; parallel share φ)\n")
-    print("| model shape | kind | a (ms) | F1 (GFLOP/s, 1 core) | φ | points | max rel. err |")
+    print("| model shape | kind | a (ms) | F1 (GFLOP/s, 1 core) | φ | points | median / max "
+          "rel. err |")
     print("|---|---|---|---|---|---|---|")
     for key, kinds in f.items():
         for kind, v in kinds.items():
-            print(f"| {key} | {kind} | {v['a'] * 1e3:.2f} | {v['F1'] / 1e9:.1f} | {v['phi']:.2f}"
-                  f" | {v['points']} | {v['max_rel_err']:.0%} |")
+            f1 = "inf" if v["F1"] >= 1e29 else f"{v['F1'] / 1e9:.1f}"
+            print(f"| {key} | {kind} | {v['a'] * 1e3:.2f} | {f1} | {v['phi']:.2f}"
+                  f" | {v['points']} | {v['median_rel_err']:.0%} / {v['max_rel_err']:.0%} |")
     print(f"\nhost rates: {json.dumps(h)}")
     print(f"gloo ring fit: 2 processes α {a2 * 1e3:.3f} ms β {b2 / 1e9:.2f} GB/s; "
           f"4 processes α {a4 * 1e3:.3f} ms β {b4 / 1e9:.2f} GB/s")

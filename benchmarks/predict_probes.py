@@ -60,8 +60,11 @@ SIZES = (1024, 106_880, 1_081_344, 4_362_496)  # f32 elements: 4 KB, TINY, 1M, S
 def _allreduce_worker(pid: int, n: int, port: int) -> None:
     from locojax import distributed
 
-    distributed.initialize(devices_per_host=1, coordinator=f"127.0.0.1:{port}",
-                           num_processes=n, process_id=pid)
+    # Joined as `locojax launch` joins its hosts: through the environment.
+    os.environ.update({distributed.ENV_COORDINATOR: f"127.0.0.1:{port}",
+                       distributed.ENV_NUM_PROCESSES: str(n),
+                       distributed.ENV_PROCESS_ID: str(pid)})
+    distributed.initialize(devices_per_host=1)
     import jax
     import jax.numpy as jnp
     import numpy as np

@@ -7,6 +7,12 @@ the exact `train` arguments the benchmark ran: the pairing of docs/pod_scale.md.
 step time within 25% at every held-out point; the table marks a miss and the term to blame
 (the phase with the largest absolute error).
 
+bench_modes runs N = 1 too, in the same session as N = 2 and 4. Those points are not held
+out: they are printed apart, and give a second prediction of each held-out point,
+"rescaled": every phase of the prediction multiplied by measured / predicted of that phase
+at N = 1 in the same session (same shape, workload and mode). It uses N = 1 runs only, and
+removes what the machine's load did between the calibration session and this one.
+
 Usage:
     .venv/bin/python benchmarks/validate_predict.py --measure        # run both benchmarks
     .venv/bin/python benchmarks/validate_predict.py                  # report from saved runs
@@ -43,7 +49,7 @@ def measure(args) -> None:
     out.mkdir(parents=True, exist_ok=True)
     if args.shapes:
         cmd = [PY, str(HERE / "bench_modes.py"), "--shapes", *args.shapes, "--workloads",
-               *args.workloads, "--hosts", "2", "4", "--repeats", str(args.repeats),
+               *args.workloads, "--hosts", "1", "2", "4", "--repeats", str(args.repeats),
                "--work-dir", str(CAL), "--json", str(out / "modes.json")]
         print(f"$ {shlex.join(cmd)}   # load {os.getloadavg()[0]:.2f}", flush=True)
         subprocess.run(cmd, check=False)
@@ -71,9 +77,34 @@ def med(rows: list[dict], key: str) -> float:
     return statistics.median(vals) if vals else float("nan")
 
 
-def row(label: str, pred, measured: list[dict], load: float) -> tuple[str, float]:
+def rescaled(pred, factors: dict[str, float]):
+    """The prediction with each phase times its N = 1 measured / predicted factor."""
+    import dataclasses
+
+    phases = {k: v * factors.get(k, 1.0) for k, v in pred.phases.items()}
+    return dataclasses.replace(pred, phases=phases)
+
+
+def phase_factors(pred, measured: list[dict]) -> dict[str, float]:
+    out = {}
+    for k, v in pred.phases.items():
+        m = med(measured, f"perf/phase/{k}")
+        if v > 0 and m == m:
+            out[k] = m / v
+    # What no phase holds (the step's remainder) scales with the step.
+    step_m = med(measured, "perf/step_time")
+    rest_m = step_m - sum(med(measured, f"perf/phase/{k}") for k in out)
+    rest_p = sum(v for k, v in pred.phases.items() if k not in out)
+    if rest_p > 0 and rest_m > 0:
+        out.update({k: rest_m / rest_p for k in pred.phases if k not in out})
+    return out
+
+
+def row(label: str, pred, measured: list[dict], load: float,
+        again=None) -> tuple[str, float]:
     step_m = med(measured, "perf/step_time")
     err = pred.step / step_m - 1
+    again_cell = "" if again is None else f" | {again.step:.3f} ({again.step / step_m - 1:+.0%})"
     cells = []
     worst, worst_abs = "", 0.0
     for ph in PHASES:
@@ -85,7 +116,7 @@ def row(label: str, pred, measured: list[dict], load: float) -> tuple[str, float
         if p is not None and m == m and abs(p - m) > worst_abs:
             worst, worst_abs = ph, abs(p - m)
     miss = "" if abs(err) <= TARGET else f" MISS ({worst})"
-    return (f"| {label} | {pred.step:.3f} | {step_m:.3f} | {err:+.0%}{miss} | "
+    return (f"| {label} | {pred.step:.3f} | {step_m:.3f} | {err:+.0%}{miss}{again_cell} | "
             f"{'; '.join(cells)} | {load:.2f} |"), err
 
 
@@ -95,21 +126,36 @@ def report_modes(path: Path) -> list[float]:
     for r in results:
         if r["ok"]:
             groups.setdefault((r["shape"], r["workload"], r["n"], r["mode"]), []).append(r)
-    print("\n## bench_modes.py: predicted / measured (s; process 0's phases, medians)\n")
-    print("| point | predicted step | measured step | error | phases predicted/measured | "
-          "load |")
-    print("|---|---|---|---|---|---|")
-    errs = []
-    for (shape, workload, n, mode), runs in sorted(groups.items()):
+    preds, factors = {}, {}
+    for key, runs in groups.items():
+        shape, workload, n, mode = key
         argv = shlex.split(runs[0]["command"])
         run = from_train.parse(train_args(argv), f"cpu-here-{n}",
                                lengths_from=lengths_dir(workload, shape))
-        pred = modes.single(run.ctx) if mode == "single" else modes.colocated(run.ctx)
-        rows = [s for r in runs for s in r["steady"]]
-        line, err = row(f"{shape} {workload} N={n} {mode}", pred, rows,
-                        statistics.mean(r["load_before"] for r in runs))
-        print(line)
-        errs.append(err)
+        preds[key] = modes.single(run.ctx) if mode == "single" else modes.colocated(run.ctx)
+        if n == 1:
+            factors[(shape, workload, mode)] = phase_factors(
+                preds[key], [s for r in runs for s in r["steady"]])
+    head = ("| point | predicted step | measured step | error | rescaled by same-session "
+            "N = 1 (error) | phases predicted/measured | load |\n|---|---|---|---|---|---|---|")
+    errs = []
+    for held_out in (False, True):
+        print("\n## bench_modes.py: predicted / measured (s; process 0's phases, medians)"
+              + (" -- held out, N = 2 and 4\n" if held_out else
+                 " -- N = 1 (the calibration's kind of run, this session: not held out)\n"))
+        print(head)
+        for key, runs in sorted(groups.items()):
+            shape, workload, n, mode = key
+            if (n > 1) != held_out:
+                continue
+            rows = [s for r in runs for s in r["steady"]]
+            f = factors.get((shape, workload, mode))
+            again = rescaled(preds[key], f) if f and held_out else None
+            line, err = row(f"{shape} {workload} N={n} {mode}", preds[key], rows,
+                            statistics.mean(r["load_before"] for r in runs), again)
+            print(line)
+            if held_out:
+                errs.append(err)
     return errs
 
 

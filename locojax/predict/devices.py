@@ -11,7 +11,10 @@ with η_mxu, η_hbm and t_iter the profile's stated efficiency factors and per-c
 
 CPU fit (`cpu-here`): per kind, t(1 core) = a + flops / F1: a fixed cost per call (Python
 dispatch, the small ops between matmuls) and a single-core FLOP rate, fitted by least
-squares to runs of `locojax train` at N = 1 and several batch sizes; on c cores the FLOP part
+squares to runs of `locojax train` at N = 1 and several batch sizes, per model and prompt
+and completion shape (P, N: what a call costs besides its matmuls, e.g. the prefill's
+sampling draws for all N steps and its cache writes, is fixed per shape and scales with the
+rows, as the FLOPs do); on c cores the FLOP part
 splits as Amdahl's law, a serial share (1 - φ) and a parallel share φ / c, with φ fitted to
 the same runs on 2 cores. Below one core (more busy processes than cores, each getting
 c < 1 of one) a program is time-sliced: t(c) = t(1) / c. `benchmarks/calibrate_predict.py`
@@ -80,19 +83,23 @@ class CpuFit:
     ledger: Ledger
 
     def _fit(self, kind: str) -> KindFit:
+        """The fit of this model at these shapes (`shape_key/P..-N..`), else of this model at
+        any shapes, else the default."""
         fits = self.hw.extra.get("fits", {})
-        by_model = fits.get(self.model) or fits.get("default")
+        key = next((k for k in (self.model, self.model.split("/")[0], "default")
+                    if fits.get(k) and kind in fits[k]), None)
+        by_model = fits.get(key) if key else None
         if not by_model or kind not in by_model:
             raise ValueError(f"{self.hw.path}: no fit for {kind!r} (run "
                              "benchmarks/calibrate_predict.py)")
         e = by_model[kind]
         from locojax.predict.origin import from_json
 
-        where = f"{self.hw.path}: fits.{self.model}.{kind}"
+        where = f"{self.hw.path}: fits.{key}.{kind}"
         fit = KindFit(from_json(e["fixed_s"], where), from_json(e["flops_per_s"], where),
                       from_json(e["parallel"], where))
         for name in ("fixed_s", "flops_per_s", "parallel"):
-            self.ledger.get(f"cpu.{self.model}.{kind}.{name}", getattr(fit, name))
+            self.ledger.get(f"cpu.{key}.{kind}.{name}", getattr(fit, name))
         return fit
 
     def seconds(self, kind: str, c: Costs, chips: float = 1.0, cores: float = 0.0) -> float:
@@ -102,7 +109,8 @@ class CpuFit:
 
 def shape_key(cfg) -> str:
     """The key of a model's fits in cpu-here.json: its shapes, so that a checkpoint of the
-    TINY architecture uses TINY's fits whatever its name."""
+    TINY architecture uses TINY's fits whatever its name (`/P..-N..` is appended for the fit
+    at one prompt and completion shape)."""
     return (f"L{cfg.num_hidden_layers}-d{cfg.hidden_size}-f{cfg.intermediate_size}-"
             f"n{cfg.num_attention_heads}-k{cfg.num_key_value_heads}-h{cfg.head_dim}-"
             f"v{cfg.vocab_size}")

@@ -81,12 +81,14 @@ def render(plot_dir: str | None = None) -> str:
         series = {w: [by[(w, n)]["controller"].step / by[(w, n)]["colocated"].step
                       for n in paper.CO_CHIPS] for w in paper.CO_WORKLOADS}
         report.lines_plot(list(paper.CO_CHIPS), series, "v7x chips", "controller / colocated",
-                          "CO speed-up over the controller (model; paper: 1.3-3.6x)",
-                          os.path.join(plot_dir, "pod_scale_co_vs_controller.png"), logy=True)
+                          "CO speed-up over the controller (model; paper: 1.3-3.6x, band)",
+                          os.path.join(plot_dir, "pod_scale_co_vs_controller.png"), logy=True,
+                          marks={"paper range ends": ([8, 64], [1.3, 3.6])})
         report.lines_plot([r.values["fraction"] for r in da],
                           {"colocated / DA": [co.step / r.values["da"].step for r in da]},
                           "rollout fraction", "colocated / DA",
                           "DA at 256 v7x chips (model; paper: ~1.15 at 0.75)",
-                          os.path.join(plot_dir, "pod_scale_da.png"))
+                          os.path.join(plot_dir, "pod_scale_da.png"),
+                          marks={"paper": ([0.75], [1.15])})
         out.append(f"\nplots: {plot_dir}/pod_scale_{{sizes,co_vs_controller,da}}.png")
     return "\n".join(out)

@@ -67,7 +67,8 @@ class Ctx:
 
     def __post_init__(self):
         self.mc = ModelCosts(self.cfg, self.dtype)
-        self.dev = device_model(self.cluster.hw, self.dtype, shape_key(self.cfg), self.ledger)
+        key = f"{shape_key(self.cfg)}/P{self.wl.prompt_columns}-N{self.wl.max_new}"
+        self.dev = device_model(self.cluster.hw, self.dtype, key, self.ledger)
 
     # --- constants ----------------------------------------------------------------------
 
