@@ -9,12 +9,18 @@ Specs:
 - `tiny` / `small`: DESIGN.md's benchmark shapes with random weights and the char tokenizer;
 - a directory: an HF Qwen3 checkpoint. Its tokenizer is `tokenizer.json` if present, else the
   one named in `locojax.json` (written by `locojax sft` for char-level checkpoints).
+
+`save` writes a checkpoint whole or not at all (a temporary directory, renamed when
+complete), and records the vocabulary's fingerprint in `locojax.json`, which `tokenizer_for`
+checks on every later load: tokenizer files of the same size but another vocabulary are
+refused by name (`tokenizer.fingerprint`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -25,7 +31,7 @@ import jax
 from locojax.model import config as model_config
 from locojax.model import hf_config, hf_io, params
 from locojax.model.config import ModelConfig
-from locojax.tokenizer import Tokenizer, load_tokenizer
+from locojax.tokenizer import Tokenizer, fingerprint, load_tokenizer
 
 EMBEDDED_DIR = Path(__file__).parent.parent / "assets" / "tiny-arith"
 EMBEDDED = {"embedded": EMBEDDED_DIR,
@@ -36,6 +42,9 @@ META_FILE = "locojax.json"
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json")
+MODEL_FILES = ("config.json", META_FILE, hf_io.INDEX_FILE, *TOKENIZER_FILES)
+"""What a checkpoint directory holds besides its safetensors files (`save` replaces only
+directories holding nothing else)."""
 
 
 @dataclasses.dataclass
@@ -53,14 +62,17 @@ def read_meta(model_dir: str | Path) -> dict:
 
 
 def tokenizer_for(model_dir: str | Path) -> Tokenizer:
+    """The checkpoint's tokenizer; refused if it is not the vocabulary `save` recorded."""
     model_dir = Path(model_dir)
+    meta = read_meta(model_dir)
+    trained_with = meta.get("tokenizer_fingerprint")
     if (model_dir / "tokenizer.json").exists():
-        return load_tokenizer(model_dir)
-    name = read_meta(model_dir).get("tokenizer")
+        return load_tokenizer(model_dir, trained_with=trained_with)
+    name = meta.get("tokenizer")
     if name is None:
         raise ValueError(f"{model_dir} has neither tokenizer.json nor a {META_FILE} naming a "
                          "built-in tokenizer")
-    return load_tokenizer(name)
+    return load_tokenizer(name, trained_with=trained_with)
 
 
 def resolve_dir(spec: str) -> Path | None:
@@ -106,9 +118,29 @@ def load(spec: str, seed: int = 0, shardings=None, **overrides) -> LoadedModel:
     return LoadedModel(cfg, weights, tokenizer_for(path), str(path), read_meta(path))
 
 
+def check_weights(spec: str, cfg: ModelConfig) -> None:
+    """Refuse a checkpoint directory whose weight files cannot serve `cfg` (missing, not
+    safetensors, a tensor missing or misshapen), reading only the files' headers: what a
+    run checks before it starts processes that would each fail on it."""
+    path = resolve_dir(spec)
+    if path is not None:
+        with hf_io.Checkpoint(path) as ckpt:
+            ckpt.check(cfg)
+
+
+def is_complete(model_dir: str | Path) -> bool:
+    """Whether `model_dir` holds a whole checkpoint as `save` writes it (its `locojax.json`
+    is written last; `save` renames the directory into place only once it is whole)."""
+    model_dir = Path(model_dir)
+    return (model_dir / META_FILE).is_file() and (model_dir / "config.json").is_file() and (
+        (model_dir / hf_io.SINGLE_FILE).is_file() or (model_dir / hf_io.INDEX_FILE).is_file())
+
+
 def host_local(weights: params.Weights) -> params.Weights:
-    """Numpy copies of replicated (possibly multi-process) weights, from this host's shards."""
-    return jax.tree.map(lambda x: np.asarray(x.addressable_shards[0].data), weights)
+    """Numpy copies of replicated (possibly multi-process) weights, from this host's shards
+    (numpy leaves as they are)."""
+    return jax.tree.map(lambda x: np.asarray(x.addressable_shards[0].data)
+                        if isinstance(x, jax.Array) else np.asarray(x), weights)
 
 
 def save(model_dir: str | Path, cfg: ModelConfig, weights: params.Weights, source: str,
@@ -116,18 +148,46 @@ def save(model_dir: str | Path, cfg: ModelConfig, weights: params.Weights, sourc
     """Write an HF checkpoint that `load` reads back with the same tokenizer as `source`.
 
     weights: replicated arrays or numpy. source: the spec the model was loaded from; its
-    tokenizer files are copied, or (char-level models) `locojax.json` names the tokenizer.
+    tokenizer files are copied, or (char-level models) `locojax.json` names the tokenizer;
+    either way `locojax.json` records the vocabulary's fingerprint.
     dtype: the stored dtype (default the config's param dtype; bfloat16 halves the file).
+
+    Whole or not at all: written to a temporary sibling directory, which replaces `model_dir`
+    only once complete, so a process killed while exporting leaves the previous export (or
+    none), never half of one. An existing `model_dir` must hold only a checkpoint's files.
     """
     model_dir = Path(model_dir)
-    hf_io.save_weights(host_local(weights), cfg, model_dir, dtype=dtype)
+    _check_replaceable(model_dir)
+    for left in model_dir.parent.glob(f".{model_dir.name}.partial-*"):
+        shutil.rmtree(left, ignore_errors=True)  # an export that was killed half-way
+    tmp = model_dir.with_name(f".{model_dir.name}.partial-{os.getpid()}")
+    hf_io.save_weights(host_local(weights), cfg, tmp, dtype=dtype)
     src = resolve_dir(source)
     meta = dict(meta or {})
     if src is not None and (src / "tokenizer.json").exists():
         for name in TOKENIZER_FILES:
             if (src / name).exists():
-                shutil.copy(src / name, model_dir / name)
+                shutil.copy(src / name, tmp / name)
     else:
         meta.setdefault("tokenizer", read_meta(src).get("tokenizer", "char") if src else "char")
-    (model_dir / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+    meta["tokenizer_fingerprint"] = fingerprint(load_tokenizer_of(source))
+    (tmp / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+    old = model_dir.with_name(f".{model_dir.name}.old-{os.getpid()}")
+    if model_dir.exists():
+        os.replace(model_dir, old)
+    os.replace(tmp, model_dir)
+    shutil.rmtree(old, ignore_errors=True)
     return model_dir
+
+
+def _check_replaceable(model_dir: Path) -> None:
+    """`save` replaces the whole directory: refuse one that holds anything else."""
+    if not model_dir.exists():
+        return
+    if not model_dir.is_dir():
+        raise ValueError(f"{model_dir} exists and is not a directory")
+    other = sorted(p.name for p in model_dir.iterdir()
+                   if p.name not in MODEL_FILES and not p.name.endswith(".safetensors"))
+    if other:
+        raise ValueError(f"{model_dir} holds files that are not a checkpoint's ({', '.join(other)}"
+                         "): saving a model there would replace them; choose another directory")
