@@ -7,7 +7,10 @@ while wall-clock timings can never be reproduced:
 Both also go to TensorBoard (`tb/`). Only process 0 writes.
 
 On resume, `truncate_after(step)` drops lines a killed run wrote after its last checkpoint,
-so the resumed log continues exactly where the checkpoint left off.
+so the resumed log continues exactly where the checkpoint left off. A run killed while
+appending leaves a partial last line: it is dropped too (any other unreadable line is an
+error naming the file and line). The kept lines are written to a temporary file that
+replaces the log, so a kill during the rewrite loses nothing.
 """
 
 from __future__ import annotations
@@ -47,10 +50,13 @@ class MetricsLogger:
             path = os.path.join(self.run_dir, name)
             if not os.path.exists(path):
                 continue
-            with open(path) as f:
-                keep = [line for line in f if line.strip() and json.loads(line)["step"] <= step]
-            with open(path, "w") as f:
+            keep = [line for line in _complete_lines(path) if json.loads(line)["step"] <= step]
+            tmp = f"{path}.tmp"
+            with open(tmp, "w") as f:
                 f.writelines(keep)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         if not self.enabled:
@@ -69,6 +75,28 @@ class MetricsLogger:
     def close(self) -> None:
         if self._tb is not None:
             self._tb.close()
+
+
+def _complete_lines(path: str) -> list[str]:
+    """The log's lines, each ending in a newline, less a partial last line (a kill while
+    appending; one that parses lacks only its newline, and keeps its place); any other line
+    that is not a JSON object with a step is a ValueError."""
+    with open(path, encoding="utf-8", errors="replace") as f:
+        lines = f.readlines()
+    out = []
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            ok = isinstance(json.loads(line)["step"], int)
+        except (ValueError, KeyError, TypeError):
+            ok = False
+        if ok:
+            out.append(line if line.endswith("\n") else line + "\n")
+        elif i != len(lines):
+            raise ValueError(f"{path}:{i}: not a log line (a JSON object with a step): "
+                             f"{line[:80]!r}")
+    return out
 
 
 def read_jsonl(path: str) -> list[dict]:

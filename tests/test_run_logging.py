@@ -63,3 +63,42 @@ def test_plot_writes_png(tmp_path):
 def test_plot_of_a_non_run_dir_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="not a locojax run directory|metrics.jsonl"):
         plot(str(tmp_path))
+
+
+def test_truncate_drops_a_partial_last_line_and_names_a_broken_one(tmp_path):
+    """A run killed while appending leaves half a line: resume drops it (it crashed on it);
+    a last line that lacks only its newline is whole and kept; an unreadable line anywhere
+    else is an error naming the file and line, not silently dropped."""
+    log = MetricsLogger(str(tmp_path), tensorboard=False)
+    for step in range(1, 4):
+        log.log(step, {"reward/mean": step / 10})
+    path = tmp_path / METRICS_FILE
+    whole = path.read_text()
+    path.write_text(whole + '{"step": 4, "reward/me')  # killed mid-append
+    log.truncate_after(3)
+    assert path.read_text() == whole
+    path.write_text(whole.rstrip("\n"))  # killed before the newline: the line is whole
+    log.truncate_after(3)
+    assert path.read_text() == whole
+    lines = whole.splitlines(keepends=True)
+    path.write_text(lines[0] + '{"step": 2, "rew\n' + lines[2])
+    with pytest.raises(ValueError, match=rf"{METRICS_FILE}:2: not a log line"):
+        log.truncate_after(3)
+    assert not list(tmp_path.glob("*.tmp"))  # the rewrite goes through a temporary file
+
+
+def test_truncate_killed_before_its_rename_leaves_the_log_whole(tmp_path, monkeypatch):
+    """Guards the atomic rewrite: a kill before the temporary file replaces the log leaves
+    the log as it was (rewritten in place, it would already be cut or empty)."""
+    log = MetricsLogger(str(tmp_path), tensorboard=False)
+    for step in range(1, 5):
+        log.log(step, {"reward/mean": step / 10})
+    before = (tmp_path / METRICS_FILE).read_text()
+
+    def killed(*args):
+        raise KeyboardInterrupt("killed")
+
+    monkeypatch.setattr("locojax.metrics.os.replace", killed)
+    with pytest.raises(KeyboardInterrupt):
+        log.truncate_after(2)
+    assert (tmp_path / METRICS_FILE).read_text() == before
