@@ -145,7 +145,10 @@ def test_reference_is_a_real_update():
     ref = reference(QUICK_MODE)
     assert int(ref["step"]) == 1
     assert ref["actor/is_weight_max"] == 2.0 and 1.0 < ref["actor/is_weight_mean"] < 2.0
-    assert ref["actor/kl"] > 0 and ref["rollout/logprob_mismatch"] > 0
+    assert ref["actor/kl"] > 0
+    # Its rows carry staleness, as rollout workers' do: their sampler/trainer gap is the
+    # workers' to measure, so the step does not log one (tests/test_train_step.py).
+    assert "rollout/logprob_mismatch" not in ref
     grads = [v for k, v in ref.items() if k.startswith("grads")]
     assert all(g.dtype == np.float64 and np.isfinite(g).all() for g in grads)
     assert sum(float(np.abs(g).sum()) for g in grads) > 1e-2  # 259: far from nothing
