@@ -24,7 +24,10 @@ PERF_FILE = "perf.jsonl"
 
 
 def _clean(value):
-    """JSON has no NaN/inf; write them as strings so the log stays valid and honest."""
+    """JSON has no NaN/inf; write them as strings so the log stays valid and honest. A label
+    (a string, e.g. `perf/timing`) is kept as it is."""
+    if isinstance(value, str):
+        return value
     value = float(value)
     return value if math.isfinite(value) else str(value)
 
@@ -69,7 +72,8 @@ class MetricsLogger:
                     f.write(json.dumps({"step": step, **values}) + "\n")
         if self._tb is not None:
             for k, v in metrics.items():
-                self._tb.add_scalar(k, float(v), step)
+                if not isinstance(v, str):  # labels are not scalars
+                    self._tb.add_scalar(k, float(v), step)
             self._tb.flush()
 
     def close(self) -> None:

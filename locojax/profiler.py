@@ -10,6 +10,22 @@
 Compile time is measured from JAX's own monitoring events (trace, lowering and backend
 compile durations) and subtracted from the phase it happened in, so the first step's phases
 show steady-state cost and `perf/compile_time` shows the rest. (DESIGN.md, "timing is honest".)
+
+Timing mode (`TIMING`, logged with every step): each phase ends with `block_until_ready` of
+what it dispatched, so a phase holds its device work; the step is the sum of its phases and
+`perf/other`, the time between them (Python, logging).
+
+The step split the paper's way (`shares`), each a share of `perf/step_time`:
+- `perf/host_share`: host orchestration, the CPU work of the data path: admission and
+  tokenisation, detokenisation and scoring, batch assembly, environment steps and the
+  metrics all-gather (`HOST_PHASES`); in the controller mode, the controller's own (its
+  admission, dispatch, scoring, batch and scatter), which its hosts wait through.
+- `perf/network_share`: moving data between hosts where it can be timed apart: the
+  gradient all-reduce (`train_collective`, with `--profile-split`) and the weight sync of
+  the Ray modes. The controller's dispatch and gather travel inside its round trips and
+  are counted in bytes (`perf/controller/bytes_*`), not seconds.
+- `perf/wait_share`: a host idle for other hosts: the straggler wait before the all-reduce
+  (`train_wait`, with `--profile-split`) and a learner's wait for rollouts (DA, async).
 """
 
 from __future__ import annotations
@@ -26,8 +42,14 @@ _COMPILE_EVENTS = (
     "/jax/core/compile/backend_compile_duration",
 )
 
-# Which phases are host work (Python, tokenisation, rewards) rather than device work.
-HOST_PHASES = ("admission", "detokenize_reward", "batch", "env")
+HOST_PHASES = ("admission", "detokenize_reward", "batch", "env", "metrics")
+"""Host work of the data path (Python, tokenisation, rewards) rather than device work."""
+CONTROLLER_HOST_PHASES = ("admission", "prefill", "detokenize_reward", "batch", "scatter")
+"""The controller's host work (`prefill` is its dispatch of the rows to the hosts)."""
+NETWORK_PHASES = ("train_collective", "weight_sync")
+WAIT_PHASES = ("train_wait", "wait_rollouts")
+TIMING = "phase-synchronised"
+"""`perf/timing`: every phase ends with block_until_ready; compile time apart."""
 
 
 class _CompileClock:
@@ -91,15 +113,45 @@ class StepTimer:
     def finish_step(self) -> dict[str, float]:
         wall = time.perf_counter() - self._start
         step_time = max(0.0, wall - self._compile)
-        host = sum(v for k, v in self._phases.items() if k in HOST_PHASES)
         out = {f"perf/phase/{k}": v for k, v in self._phases.items()}
         out.update({
             "perf/step_time": step_time,
             "perf/compile_time": self._compile,
-            "perf/host_fraction": host / step_time if step_time > 0 else 0.0,
+            "perf/other": max(0.0, step_time - sum(self._phases.values())),
         })
         self._phases, self._compile, self._start = {}, 0.0, time.perf_counter()
         return out
+
+
+def shares(perf: dict[str, float]) -> dict[str, float]:
+    """The host, network and wait shares of a step's `perf` (see the module docstring)."""
+    step = perf.get("perf/step_time", 0.0)
+
+    def total(prefix: str, names) -> float:
+        return sum(perf.get(f"{prefix}{k}", 0.0) for k in names)
+
+    host = total("perf/phase/", HOST_PHASES) + total("perf/controller/phase/",
+                                                     CONTROLLER_HOST_PHASES)
+    network = total("perf/phase/", NETWORK_PHASES)
+    wait = total("perf/phase/", WAIT_PHASES)
+    return {f"perf/{name}_share": x / step if step > 0 else 0.0
+            for name, x in (("host", host), ("network", network), ("wait", wait))}
+
+
+def spread(hosts: list[dict[str, float]]) -> dict[str, float]:
+    """Every host's step time and phases, as the critical path (max over hosts) and the
+    spread (max - min); `hosts` are the hosts' `finish_step` dicts, host 0 first. Nothing
+    for one host."""
+    out = {}
+    if len(hosts) < 2:
+        return out
+    for k in hosts[0]:
+        if k.startswith("perf/phase/") or k in ("perf/step_time", "perf/other"):
+            values = [h.get(k, 0.0) for h in hosts]
+            name = k[len("perf/"):]
+            out[f"perf/hosts/{name}/max"] = max(values)
+            out[f"perf/hosts/{name}/spread"] = max(values) - min(values)
+    return out
 
 
 class TraceWindow:

@@ -9,6 +9,7 @@ import pytest
 
 from locojax.commands.plot import plot
 from locojax.metrics import METRICS_FILE, PERF_FILE, MetricsLogger, read_jsonl
+from locojax import profiler
 from locojax.profiler import StepTimer
 
 
@@ -24,15 +25,38 @@ def test_phase_waits_for_device_work_and_excludes_compile():
     assert m["perf/compile_time"] > 0
     assert m["perf/phase/admission"] >= 0.05
     assert m["perf/step_time"] >= m["perf/phase/admission"] + m["perf/phase/train"] - 1e-6
+    # The step is its phases and the time between them, which is reported, not hidden.
+    phases = sum(v for k, v in m.items() if k.startswith("perf/phase/"))
+    assert phases + m["perf/other"] == pytest.approx(m["perf/step_time"], rel=1e-9)
     # admission is host work; train is device work
-    expected = m["perf/phase/admission"] / m["perf/step_time"]
-    assert m["perf/host_fraction"] == pytest.approx(expected)
+    shares = profiler.shares(m)
+    assert shares["perf/host_share"] == pytest.approx(m["perf/phase/admission"] /
+                                                      m["perf/step_time"])
+    assert shares["perf/network_share"] == shares["perf/wait_share"] == 0.0
 
     with timer.phase("train") as ph:  # cached: no compile this time
         ph.sync(f(x))
     m2 = timer.finish_step()
     assert m2["perf/compile_time"] == 0.0
     assert m2["perf/phase/train"] > 0
+
+
+def test_shares_and_the_spread_over_hosts():
+    """A controller host's split step: its own admission, the controller's scoring (the
+    controller's decode is the hosts' generation, not host work), the all-reduce, the wait."""
+    perf = {"perf/step_time": 10.0, "perf/phase/admission": 0.5, "perf/phase/train_compute": 3.0,
+            "perf/phase/train_collective": 1.0, "perf/phase/train_wait": 0.5,
+            "perf/phase/wait_controller": 5.0, "perf/controller/phase/decode": 3.5,
+            "perf/controller/phase/detokenize_reward": 1.5}
+    assert profiler.shares(perf) == {"perf/host_share": pytest.approx(0.2),
+                                     "perf/network_share": pytest.approx(0.1),
+                                     "perf/wait_share": pytest.approx(0.05)}
+    other = {**perf, "perf/step_time": 12.0, "perf/phase/train_wait": 2.5}
+    spread = profiler.spread([perf, other])
+    assert spread["perf/hosts/step_time/max"] == 12.0
+    assert spread["perf/hosts/step_time/spread"] == 2.0
+    assert spread["perf/hosts/phase/train_wait/spread"] == 2.0
+    assert "perf/hosts/controller/phase/decode/max" not in spread  # the controller's own
 
 
 def test_metrics_split_and_truncate_on_resume(tmp_path):

@@ -100,8 +100,8 @@ class HostEngines:
         parts = gather(pending.refs, self.hosts, self.runs)
         self.traffic.round_trip_s += (time.perf_counter() - pending.dispatched) * len(parts)
         self.traffic.bytes_in += sum(x.nbytes for p in parts for x in p)
-        tokens, mask, logprobs = (np.concatenate(xs) for xs in zip(*parts))
-        return _Generation(tokens, mask, logprobs)
+        tokens, mask, logprobs = (np.concatenate(xs) for xs in zip(*(p[:3] for p in parts)))
+        return _Generation(tokens, mask, logprobs, sum(int(p[3]) for p in parts))
 
 
 @dataclasses.dataclass
@@ -109,6 +109,7 @@ class _Generation:
     tokens: np.ndarray
     mask: np.ndarray
     logprobs: np.ndarray
+    steps: int  # decode-loop iterations, summed over the hosts (as colocated's stats sum)
 
 
 def gather(refs: list, hosts: list, runs: list) -> list:

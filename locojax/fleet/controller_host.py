@@ -108,7 +108,7 @@ class ControllerSource:
         key = jax.random.wrap_key_data(np.asarray(key_data, np.uint32))
         gen = self.engine.generate(weights, prompt_tokens, key, sampling, num_samples,
                                    prompt_mask=prompt_mask, first_row=first_row)
-        return tuple(np.asarray(x) for x in (gen.tokens, gen.mask, gen.logprobs))
+        return tuple(np.asarray(x) for x in (gen.tokens, gen.mask, gen.logprobs, gen.steps))
 
     def put(self, step: int, shard: Shard) -> None:
         with self.cv:

@@ -265,22 +265,8 @@ def _accumulate_flat(params, micro, counts, first, fresh_tokens, s, model_cfg, c
     Exactly the sums XLA's partitioner would take (every share is already divided by the
     global counts), only packed: gradients and metrics are those of `_accumulate`."""
     def local(params, micro, counts, first, fresh_tokens):
-        rows = jax.tree.leaves(micro)[0].shape[1]
-        sp = micro["batch"].shared_prefix
-        if sp is not None and rows % sp.group:  # a device holding part of a group
-            micro = {**micro, "batch": dataclasses.replace(
-                micro["batch"], shared_prefix=batch_lib.SharedPrefix(sp.columns, 1))}
-        grads, loss, metrics = _accumulate(params, micro, counts, first, fresh_tokens, s,
-                                           model_cfg, cfg, keep_f32=True)
-        lo = [k for k in metrics if k.endswith("_min")]
-        hi = [k for k in metrics if k.endswith("_max")]
-        sums = {k: v for k, v in metrics.items() if k not in lo and k not in hi}
-        flat, unflatten = jax.flatten_util.ravel_pytree((grads, loss, sums))
-        grads, loss, sums = unflatten(jax.lax.psum(flat, axis))
-        ext = jax.lax.pmax(jnp.stack([metrics[k] for k in hi] + [-metrics[k] for k in lo]), axis)
-        sums.update({k: ext[i] for i, k in enumerate(hi)})
-        sums.update({k: -ext[len(hi) + i] for i, k in enumerate(lo)})
-        return grads, loss, sums
+        return allreduce_sums(*local_sums(params, micro, counts, first, fresh_tokens, s,
+                                          model_cfg, cfg), axis)
 
     rows = P(None, axis)  # micro leaves are [k, rows, ...]
     # check_vma off: the grad-accum scan starts from replicated zeros and carries per-device
@@ -290,6 +276,32 @@ def _accumulate_flat(params, micro, counts, first, fresh_tokens, s, model_cfg, c
     )(params, micro, counts, first, fresh_tokens)
     grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
     return grads, loss, metrics
+
+
+def local_sums(params, micro, counts, first, fresh_tokens, s, model_cfg, cfg):
+    """One device's share of an update, inside `shard_map`: its rows' f32 gradient, loss and
+    metric sums (and extremes), before any cross-device reduction."""
+    rows = jax.tree.leaves(micro)[0].shape[1]
+    sp = micro["batch"].shared_prefix
+    if sp is not None and rows % sp.group:  # a device holding part of a group
+        micro = {**micro, "batch": dataclasses.replace(
+            micro["batch"], shared_prefix=batch_lib.SharedPrefix(sp.columns, 1))}
+    return _accumulate(params, micro, counts, first, fresh_tokens, s, model_cfg, cfg,
+                       keep_f32=True)
+
+
+def allreduce_sums(grads, loss, metrics, axis: str):
+    """Every device's shares summed over `axis`, inside `shard_map`: one psum of one flat
+    buffer (gradients, loss, metric sums) and one pmax of the extremes."""
+    lo = [k for k in metrics if k.endswith("_min")]
+    hi = [k for k in metrics if k.endswith("_max")]
+    sums = {k: v for k, v in metrics.items() if k not in lo and k not in hi}
+    flat, unflatten = jax.flatten_util.ravel_pytree((grads, loss, sums))
+    grads, loss, sums = unflatten(jax.lax.psum(flat, axis))
+    ext = jax.lax.pmax(jnp.stack([metrics[k] for k in hi] + [-metrics[k] for k in lo]), axis)
+    sums.update({k: ext[i] for i, k in enumerate(hi)})
+    sums.update({k: -ext[len(hi) + i] for i, k in enumerate(lo)})
+    return grads, loss, sums
 
 
 def _apply(state: TrainState, grads, loss, model_cfg, cfg: LearnerConfig):
@@ -377,8 +389,16 @@ def _train_step(state: TrainState, batch: TrainBatch, ref_params=None, *,
         state, (per_update, grads) = jax.lax.scan(update, state,
                                                   jnp.arange(cfg.updates_per_step))
         grads = jax.tree.map(lambda g: g[0], grads)
+    metrics = {**per_step(per_update), **extra,
+               "actor/skipped_steps": state.skipped.astype(jnp.float32)}
+    state = dataclasses.replace(state, step=state.step + 1)
+    return (state, metrics, grads) if return_grads else (state, metrics)
+
+
+def per_step(per_update: dict) -> dict:
+    """The step's metrics from its updates' ([U] each, [U, bins] for histograms)."""
     metrics = {}
-    for name, v in per_update.items():  # [U] each → one number per step
+    for name, v in per_update.items():
         if name.endswith("_max"):
             metrics[name] = v.max()
         elif name.endswith("_min"):
@@ -389,10 +409,7 @@ def _train_step(state: TrainState, batch: TrainBatch, ref_params=None, *,
             metrics[name] = v.sum()  # counts; and the mismatch share of the one update
         else:
             metrics[name] = v.mean()
-    metrics.update(extra)
-    metrics["actor/skipped_steps"] = state.skipped.astype(jnp.float32)
-    state = dataclasses.replace(state, step=state.step + 1)
-    return (state, metrics, grads) if return_grads else (state, metrics)
+    return metrics
 
 
 train_step = jax.jit(_train_step, static_argnames=("model_cfg", "cfg", "mesh", "return_grads"),
@@ -449,6 +466,11 @@ def update(state: TrainState, batch: TrainBatch, model_cfg: ModelConfig, cfg: Le
     check(batch, cfg, ref_params)
     state, metrics = train_step(state, batch, ref_params, model_cfg=model_cfg,
                                 cfg=_program_cfg(cfg), mesh=mesh)
+    return finish(state, metrics, cfg)
+
+
+def finish(state: TrainState, metrics: dict, cfg: LearnerConfig):
+    """Fetch a step's metrics as floats; raise `NonFiniteError` as `update` says."""
     metrics = jax.device_get(metrics)
     hist = metrics.pop("actor/is_weight_hist", None)
     metrics = {k: float(v) for k, v in metrics.items()}

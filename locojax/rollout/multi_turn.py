@@ -192,9 +192,11 @@ def rollout(engine: Engine, weights, tokenizer: Tokenizer, task: Task, pool: Env
                        active=[t.status == "running" for t in trajs])
             ph.sync(conv.pending)
         asked = list(range(r))  # the rows of the turn being decoded, in its order
+        decode_steps = 0
         while any(trajs[i].status == "running" for i in asked):
             with phase("decode"):
                 out = conv.decode()
+                decode_steps += out.steps
             with phase("env"):
                 cont = _env_turn(tokenizer, pool, trajs, asked, out, limits)
             if not cont:
@@ -206,7 +208,8 @@ def rollout(engine: Engine, weights, tokenizer: Tokenizer, task: Task, pool: Env
                 ph.sync(conv.pending)
     finally:
         conv.close()
-    return _rows(tokenizer, examples, prompt_tokens, prompt_mask, trajs, first_group, g, m)
+    out = _rows(tokenizer, examples, prompt_tokens, prompt_mask, trajs, first_group, g, m)
+    return dataclasses.replace(out, decode_steps=decode_steps)
 
 
 def _env_turn(tokenizer: Tokenizer, pool: EnvPool, trajs: list[Trajectory], asked: list[int],

@@ -37,6 +37,7 @@ class Rollouts:
     group_ids: np.ndarray  # [R] int32: the global index of the row's prompt
     env_mask: np.ndarray | None = None  # [R, N] bool: environment tokens (multi-turn only)
     env: Any = None  # multi_turn.EnvStats of the rows (multi-turn only)
+    decode_steps: int = 0  # decode-loop iterations run to make these rows (all turns)
 
     @property
     def group_size(self) -> int:
@@ -100,4 +101,4 @@ def rollout(engine: Engine, weights, tokenizer: Tokenizer, task: Task, runner: R
         rewards, parts = score(task, runner, texts, row_examples)
     group_ids = np.repeat(np.arange(first_group, first_group + len(examples)), group_size)
     return Rollouts(list(examples), prompt_tokens, prompt_mask, tokens, mask, logprobs, texts,
-                    rewards, parts, group_ids.astype(np.int32))
+                    rewards, parts, group_ids.astype(np.int32), decode_steps=int(gen.steps))

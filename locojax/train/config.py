@@ -146,6 +146,10 @@ class RunConfig:
     """Show a live progress bar (process 0 only)."""
     probe_allreduce: bool = False
     """Also time a gradient-sized all-reduce each step, apart from the step (perf/comm/*)."""
+    profile_split: bool = False
+    """Time the train step as compute, straggler wait and gradient all-reduce: run it as
+    separate programs (locojax/rl/split_step.py; params equal the fused step's within a few
+    ulps, not bitwise). Data parallel over more than one device only."""
     dump_rollouts: bool = False
     """Write every step's sampled tokens, texts and rewards to run_dir/rollouts/, where they
     are made: one step<s>.slots<a>-<b>.npz per host (or leased unit) and step."""

@@ -24,6 +24,7 @@ import time
 import jax
 import jax.numpy as jnp
 
+from locojax import profiler
 from locojax.checkpoint import Checkpointer
 from locojax.envs.rewards import RewardRunner
 from locojax.evaluate import batch_rows, derived, evaluate, greedy_sampling
@@ -33,7 +34,7 @@ from locojax.model.sharding import TRAIN_DP
 from locojax.profiler import StepTimer, TraceWindow
 from locojax.rl import batch as batch_lib
 from locojax.rl import train_state
-from locojax.rl.train_step import update
+from locojax.rl.split_step import timed_update
 from locojax.train import memory_plan
 from locojax.train.build import RunParts
 from locojax.train.comm_probe import AllReduceProbe
@@ -163,18 +164,27 @@ class Trainer:
         with timer.phase("batch") as ph:
             batch = self.wiring.global_batch(record.batch)
             ph.sync(batch)
-        with timer.phase("train") as ph:
-            self.state, metrics = update(self.state, batch, parts.model_cfg, parts.learner,
-                                         self.ref_params, mesh=self.wiring.train_mesh)
-            ph.sync(self.state.params)
+        self.state, metrics = timed_update(self.state, batch, parts.model_cfg, parts.learner,
+                                           self.ref_params, self.wiring.train_mesh, timer,
+                                           split=cfg.profile_split)
         metrics.update(self.rollouts.publish(step + 1, self.state.params, timer))
-        metrics.update(self.wiring.sum_over_hosts(record.stats).metrics())
+        with timer.phase("metrics"):  # every host's sums, in one collective
+            metrics.update(self.wiring.sum_over_hosts(record.stats).metrics())
         if cfg.time_limit_s and self._out_of_time():
             self.last_step = step + 1  # this step is the run's last: evaluate and save it
         if cfg.eval.every and ((step + 1) % cfg.eval.every == 0 or step + 1 == self.last_step):
             with timer.phase("eval"):
                 metrics.update(self.evaluate())
         return metrics
+
+    def _across_hosts(self, perf: dict[str, float]) -> dict[str, float]:
+        """The step's shares, and every host's phases as the critical path and the spread
+        (two small collectives after the step; their time is `perf/profiler_s`)."""
+        start = time.perf_counter()
+        out = {**profiler.shares(perf), **profiler.spread(self.wiring.every_host(perf)),
+               "perf/timing": profiler.TIMING}
+        out["perf/profiler_s"] = time.perf_counter() - start
+        return out
 
     def _out_of_time(self) -> bool:
         """Past time_limit_s on any host: decided together, so every host stops at one step."""
@@ -228,6 +238,7 @@ class Trainer:
                     with timer.phase("checkpoint"):
                         self._save(step)
                 perf = {**timings, **timer.finish_step()}
+                perf.update(self._across_hosts(perf))
                 generated = last["rollout/response_length/mean"] * cfg.rollout.prompts_per_step \
                     * cfg.group_size
                 perf["perf/tokens_per_s"] = generated / max(perf["perf/step_time"], 1e-9)

@@ -114,7 +114,7 @@ class Producer:
             if self.dynamic.overlong_filter:  # cut-off responses train nothing (DAPO)
                 cut = ds.truncated(out.tokens, out.mask, self.sampling.stop_token_ids)
                 local = dataclasses.replace(local, loss_mask=local.loss_mask & ~cut[:, None])
-            stats = self._stats(out, len(rounds), choice, zero_round0)
+            stats = self._stats(out, rounds, choice, zero_round0)
         version = step if version is None else version
         if self.dump_dir and dump:
             _dump(self.dump_dir, step, start, stop, version, out)
@@ -161,13 +161,13 @@ class Producer:
                       np.int32)
         return np.concatenate([rows, pad], axis=0)
 
-    def _stats(self, out: Rollouts, rounds: int, choice: np.ndarray,
+    def _stats(self, out: Rollouts, rounds: list[Rollouts], choice: np.ndarray,
                zero_round0: int) -> RolloutStats:
         grouped = out.rewards.reshape(-1, self.algo.group_size)
         counters = self.runner.metrics()  # read-and-reset: this step's reward errors
         refill = None if not self.dynamic.max_rounds else ds.RefillStats(
             zero_std_round0=float(zero_round0), replaced=float(np.sum(choice > 0)),
-            generated_groups=float(len(choice) * (rounds - 1)))
+            generated_groups=float(len(choice) * (len(rounds) - 1)))
         return RolloutStats(
             rows=float(len(out.rewards)), groups=float(grouped.shape[0]),
             reward=float(out.rewards.sum()), correct=float(out.reward_parts[CORRECT].sum()),
@@ -178,6 +178,7 @@ class Producer:
             reward_parts={k: float(v.sum()) for k, v in out.reward_parts.items() if k != CORRECT},
             reward_errors=float(counters.get("reward/errors", 0.0)),
             reward_timeouts=float(counters.get("reward/timeouts", 0.0)),
+            decode_iterations=float(sum(r.decode_steps for r in rounds)),
             env=out.env, refill=refill)
 
 

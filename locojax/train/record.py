@@ -43,6 +43,7 @@ class RolloutStats(Sums):
     reward_timeouts: float = 0.0
     env: EnvStats | None = None  # multi-turn tasks
     refill: RefillStats | None = None  # dynamic sampling
+    decode_iterations: float = 0.0  # decode-loop iterations the rows took, every call summed
     logprob_gap: float = 0.0  # Σ |sampler − trainer| logprob over the tokens checked ...
     logprob_tokens: float = 0.0  # ... by rollout workers, at each row's own version
     staleness: tuple[float, ...] = ()  # rows per staleness 0..k (the buffer fills it in)
@@ -65,6 +66,7 @@ class RolloutStats(Sums):
              "rollout/frac_truncated": self.truncated / n,
              "reward/errors": self.reward_errors, "reward/timeouts": self.reward_timeouts}
         m.update({f"reward/{k}/mean": v / n for k, v in self.reward_parts.items()})
+        m["rollout/decode_iterations"] = self.decode_iterations
         if self.env is not None:
             m.update(self.env.metrics(n))
         if self.refill is not None:

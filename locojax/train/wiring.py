@@ -9,7 +9,8 @@ five questions for the loop:
                                                                `rollout_weights`
 - how do the hosts' rows become one global training batch?     `global_batch`
 - how are per-host statistics combined?                        `sum_over_hosts`,
-                                                               `gather_over_hosts`
+                                                               `gather_over_hosts`,
+                                                               `every_host`
 
 `single`: one process owns every local device. It admits all prompts, runs one SPMD generate
 over its mesh (rows sharded over `data`), scores everything itself and trains. The fastest
@@ -28,6 +29,8 @@ those modules import Ray.
 """
 
 from __future__ import annotations
+
+import json
 
 import jax
 import numpy as np
@@ -66,6 +69,9 @@ class Single:
 
     def gather_over_hosts(self, rows: np.ndarray) -> np.ndarray:
         return rows
+
+    def every_host(self, values: dict[str, float]) -> list[dict[str, float]]:
+        return [values]
 
 
 class Colocated:
@@ -119,6 +125,26 @@ class Colocated:
         stacked = np.asarray(multihost_utils.process_allgather(rows))
         return stacked.reshape(-1, *rows.shape[1:])
 
+    def every_host(self, values: dict[str, float]) -> list[dict[str, float]]:
+        """Every host's `values`, host 0 first, over the union of their keys (a host that
+        lacks a key, e.g. a phase it did not run this step, has 0 for it): two collectives,
+        the key names (at most `NAMES_BYTES` of JSON) and then the numbers."""
+        if jax.process_count() == 1:
+            return [values]
+        names = json.dumps(sorted(values)).encode()
+        if len(names) > NAMES_BYTES:
+            raise ValueError(f"{len(values)} keys do not fit {NAMES_BYTES} bytes")
+        buf = np.zeros(NAMES_BYTES, np.uint8)
+        buf[:len(names)] = np.frombuffer(names, np.uint8)
+        every = np.asarray(multihost_utils.process_allgather(buf))
+        keys = sorted({k for row in every for k in json.loads(bytes(row).rstrip(b"\0"))})
+        rows = multihost_utils.process_allgather(np.asarray([values.get(k, 0.0) for k in keys],
+                                                            np.float64))
+        return [dict(zip(keys, map(float, row))) for row in np.asarray(rows)]
+
+
+NAMES_BYTES = 8192
+"""Room for one host's perf key names in `every_host` (a step logs a few dozen)."""
 
 WIRINGS = {"single": Single, "colocated": Colocated}
 

@@ -1,0 +1,133 @@
+"""The train step as separate programs, so that its time splits three ways.
+
+Fused (`train_step`), the gradient all-reduce is one collective inside one program, and its
+time cannot be told from the compute around it. With `--profile-split`, each update of the
+step runs instead as
+
+    local       per device, its rows' gradients, loss and metric sums     compute
+    barrier     a one-element psum over every device                       wait
+    all-reduce  the sums packed in one flat buffer, psum over every device collective
+    apply       AdamW                                                      compute
+
+each program ended by `block_until_ready` in its own phase (`train_compute`, `train_wait`,
+`train_collective`); the step's preparation (π_old and reference logprobs, global counts) is
+compute too. The barrier's time is how long this host waited for the slowest host to finish
+its local work (the straggler wait); the all-reduce then starts with every host present, so
+its time is the collective's own: the pack and unpack of the buffer and the transfer.
+
+The pieces are the fused step's own (`local_sums`, `allreduce_sums`, `_apply`): the same
+sums, but compiled in their own XLA modules, which may fuse and so round differently, so
+the params agree with the fused step's within a few ulps, not bitwise
+(tests/test_split_step.py). Use it to measure, not in runs that must be bitwise. What the
+split costs is a program launch and a host round trip per piece and update;
+`benchmarks/bench_split.py` measures it against the fused step, interleaved. Only the flat data-parallel layout splits
+(params replicated over a `data` axis of more than one device); elsewhere `timed_update`
+runs the fused step as one `train` phase.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+from locojax.model.config import ModelConfig
+from locojax.profiler import StepTimer
+from locojax.rl import micro_batches
+from locojax.rl import train_step as ts
+from locojax.rl.batch import TrainBatch
+from locojax.rl.config import LearnerConfig
+from locojax.rl.train_state import TrainState, pin
+
+
+def timed_update(state: TrainState, batch: TrainBatch, model_cfg: ModelConfig,
+                 cfg: LearnerConfig, ref_params, mesh, timer: StepTimer, split: bool):
+    """`train_step.update` timed as one `train` phase, or split (see the module doc)."""
+    if split and ts._flat_allreduce_axis(mesh, cfg) is not None:
+        return update(state, batch, model_cfg, cfg, ref_params, mesh, timer)
+    with timer.phase("train") as ph:
+        state, metrics = ts.update(state, batch, model_cfg, cfg, ref_params, mesh=mesh)
+        ph.sync(state.params)
+    return state, metrics
+
+
+def update(state, batch, model_cfg, cfg, ref_params, mesh, timer: StepTimer):
+    """The fused step's `update`, as separately timed programs."""
+    ts.check(batch, cfg, ref_params)
+    cfg = micro_batches.resolve(ts._program_cfg(cfg), batch, model_cfg.vocab_size, mesh)
+    axis = ts._flat_allreduce_axis(mesh, cfg)
+    static = dict(model_cfg=model_cfg, cfg=cfg, mesh=mesh)
+    with timer.phase("train_compute") as ph:
+        data, counts, fresh_tokens, extra = _prepare(state.params, batch, ref_params, **static)
+        ph.sync(data)
+    per_update = []
+    for i in range(cfg.updates_per_step):
+        with timer.phase("train_compute") as ph:
+            parts = _local(state.params, data, counts, fresh_tokens, jnp.int32(i), **static)
+            ph.sync(parts)
+        with timer.phase("train_wait") as ph:
+            ph.sync(_barrier(mesh=mesh, axis=axis))
+        with timer.phase("train_collective") as ph:
+            grads, loss, metrics = _allreduce(parts, mesh=mesh, axis=axis)
+            ph.sync(grads)
+        with timer.phase("train_compute") as ph:
+            state, opt_metrics = _apply(state, grads, loss, **static)
+            ph.sync(state.params)
+        per_update.append({**metrics, **opt_metrics})
+    stacked = {k: jnp.stack([m[k] for m in per_update]) for k in per_update[0]}
+    metrics = {**ts.per_step(stacked), **extra,
+               "actor/skipped_steps": state.skipped.astype(jnp.float32)}
+    state = dataclasses.replace(state, step=state.step + 1)
+    return ts.finish(state, metrics, cfg)
+
+
+_STATIC = ("model_cfg", "cfg", "mesh")
+
+
+@functools.partial(jax.jit, static_argnames=_STATIC)
+def _prepare(params, batch, ref_params, *, model_cfg, cfg, mesh):
+    data, counts, fresh_tokens, extra, _ = ts._prepare(params, batch, ref_params, model_cfg,
+                                                       cfg)
+    return data, counts, fresh_tokens, extra
+
+
+@functools.partial(jax.jit, static_argnames=_STATIC)
+def _local(params, data, counts, fresh_tokens, i, *, model_cfg, cfg, mesh):
+    """Update i's per-device sums, stacked over the devices ([D, ...] on `data`)."""
+    _, s = ts.resolve(cfg.algo)
+    axis = ts._flat_allreduce_axis(mesh, cfg)
+    m = i % cfg.algo.num_minibatches
+    micro, counts = jax.tree.map(lambda x: x[m], (data, counts))
+
+    def local(params, micro, counts, first, fresh_tokens):
+        sums = ts.local_sums(params, micro, counts, first, fresh_tokens, s, model_cfg, cfg)
+        return jax.tree.map(lambda x: x[None], sums)
+
+    return jax.shard_map(local, mesh=mesh, in_specs=(P(), P(None, axis), P(), P(), P()),
+                         out_specs=P(axis), check_vma=False)(params, micro, counts, i == 0,
+                                                             fresh_tokens)
+
+
+@functools.partial(jax.jit, static_argnames=("mesh", "axis"))
+def _barrier(*, mesh, axis):
+    return jax.shard_map(lambda: jax.lax.psum(jnp.ones((1,), jnp.int32), axis), mesh=mesh,
+                         in_specs=(), out_specs=P(), check_vma=False)()
+
+
+@functools.partial(jax.jit, static_argnames=("mesh", "axis"))
+def _allreduce(parts, *, mesh, axis):
+    def reduce(parts):
+        return ts.allreduce_sums(*jax.tree.map(lambda x: x[0], parts), axis)
+
+    return jax.shard_map(reduce, mesh=mesh, in_specs=P(axis), out_specs=P(),
+                         check_vma=False)(parts)
+
+
+@functools.partial(jax.jit, static_argnames=_STATIC, donate_argnames=("state",))
+def _apply(state, grads, loss, *, model_cfg, cfg, mesh):
+    grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
+    state, metrics = ts._apply(state, grads, loss, model_cfg, cfg)
+    return pin(state, model_cfg, mesh, cfg.rules), metrics
