@@ -9,7 +9,10 @@ A checkpoint holds two items, and a third where a mode has one:
 
 Atomicity comes from Orbax: a step is written under a temporary name and renamed only once
 complete, and `latest_step` never returns an uncommitted step, so a crash mid-save leaves the
-previous checkpoint as the one that loads. The last `keep` steps are kept.
+previous checkpoint as the one that loads. The last `keep` steps are kept. A committed step
+whose files were damaged afterwards is moved out of the way by `set_aside` (to
+`<step>.unrestorable`, which Orbax does not list), so the run can fall back to the previous
+one and later write that step again (`train/resume.py`).
 
 PRNG keys are stored as raw key data (`jax.random.key_data`) so that restore does not depend
 on Orbax's typed-key support; callers wrap them back with `jax.random.wrap_key_data`.
@@ -47,6 +50,7 @@ class Checkpointer:
     def save(self, step: int, state: Any, meta: dict, rollout: dict | None = None) -> None:
         """Write `state` (arrays), `meta` (JSON) and, if given, `rollout` (a non-empty tree of
         numpy arrays) as checkpoint `step`; blocks unless async."""
+        self._manager.reload()  # a step another host set aside may be written again
         items = {"state": ocp.args.StandardSave(state), "meta": ocp.args.JsonSave(meta)}
         if rollout:
             items["rollout"] = ocp.args.StandardSave(rollout)
@@ -70,6 +74,23 @@ class Checkpointer:
             ),
         )
         return restored["state"], dict(restored["meta"])
+
+    def read_meta(self, step: int) -> dict:
+        """The JSON saved with checkpoint `step`, without reading any array."""
+        restored = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+        return dict(restored["meta"])
+
+    def set_aside(self, step: int) -> str:
+        """Move committed checkpoint `step` to `<step>.unrestorable` (kept for inspection, no
+        longer listed); returns its new path."""
+        self.wait()
+        src = os.path.join(self.directory, str(step))
+        dst, n = f"{src}.unrestorable", 1
+        while os.path.exists(dst):
+            dst, n = f"{src}.unrestorable-{n}", n + 1
+        os.rename(src, dst)
+        self._manager.reload()
+        return dst
 
     def restore_rollout(self, step: int) -> dict | None:
         """The `rollout` arrays saved with checkpoint `step` (numpy), or None if it has none."""

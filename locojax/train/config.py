@@ -82,7 +82,12 @@ class CheckpointConfig:
     keep: int = 2
     """Keep the newest this many checkpoints."""
     resume: bool = True
-    """Continue from the newest checkpoint in run_dir, if there is one."""
+    """Continue from the newest checkpoint in run_dir, if there is one: only a checkpoint of
+    this run (same config but the fields listed in train/resume.py's MAY_CHANGE, same model,
+    data and tokenizer); anything else is refused, naming what differs."""
+    resume_force: bool = False
+    """Resume even where the config or the model, data or tokenizer fingerprints differ from
+    the checkpoint's (each difference is logged)."""
 
     def __post_init__(self):
         if self.every < 0 or self.keep < 1:

@@ -35,7 +35,7 @@ from locojax.profiler import StepTimer, TraceWindow
 from locojax.rl import batch as batch_lib
 from locojax.rl import train_state
 from locojax.rl.split_step import timed_update
-from locojax.train import memory_plan
+from locojax.train import memory_plan, resume
 from locojax.train.build import RunParts
 from locojax.train.comm_probe import AllReduceProbe
 from locojax.train.config import RunConfig, check_run
@@ -55,6 +55,7 @@ def start(cfg: RunConfig, wiring) -> Trainer | None:
     Before reading any weight it compiles the step's programs at the run's shapes and plans
     their memory (`memory_plan.py`), refusing a run that cannot fit; the run reuses them."""
     check_run(cfg, wiring.host.num_processes, jax.device_count())
+    resume.check(cfg)  # a checkpoint of another run is refused before any compile
     parts = RunParts.of(cfg)
     engine = parts.engine(wiring.rollout_mesh)
     memory = plan_memory(parts, wiring, engine)
@@ -133,26 +134,26 @@ class Trainer:
     # --- checkpoints -------------------------------------------------------------------------
 
     def _maybe_resume(self) -> tuple[int, tuple | None]:
-        """(first step, the rollout source's checkpointed (arrays, JSON) or None)."""
-        if self.ckpt.latest_step() is None:
+        """(first step, the rollout source's checkpointed (arrays, JSON) or None), from the
+        newest checkpoint that restores; `start` has checked that it is of this run."""
+        found = resume.restore(self.cfg, self.ckpt, self.state, self.is_main)
+        if found is None:
             self.logger.truncate_after(-1)  # a fresh run owns its logs
             return 0, None
-        if not self.cfg.checkpoint.resume:
-            raise ValueError(f"{self.ckpt.directory} holds checkpoints of an earlier run; pass "
-                             "--checkpoint.resume to continue it, or choose another --run-dir")
-        self.state, meta = self.ckpt.restore(None, self.state)
-        step = int(meta["next_step"])
+        self.state, step = found.state, found.step
         self.logger.truncate_after(step)  # lines are labelled 1..step for steps done
         log.info("resumed from %s at step %d", self.ckpt.directory, step)
-        return step, (self.ckpt.restore_rollout(step), meta["rollouts"])
+        if self.is_main and step >= self.cfg.steps:  # it had ended: was its export whole?
+            resume.export_if_missing(os.path.join(self.cfg.run_dir, FINAL_MODEL), self.cfg,
+                                     self.parts.model_cfg, self.state.params, step)
+        return step, (found.rollout, found.meta["rollouts"])
 
     def _save(self, step: int) -> None:
         """The train state, and the rollout source's: the admission state (curation table,
         data cursor), or the buffer, leases and kept versions. Not the root key: it is
         always `key(seed)`, rebuilt by every producer."""
         arrays, rollouts = self.rollouts.state(step + 1)
-        meta = {"next_step": step + 1, "config": dataclasses.asdict(self.cfg),
-                "mode": self.cfg.mode, "rollouts": rollouts}
+        meta = {"next_step": step + 1, **resume.recorded(self.cfg), "rollouts": rollouts}
         self.ckpt.save(step + 1, self.state, meta, arrays)
 
     # --- one step ----------------------------------------------------------------------------
