@@ -27,7 +27,8 @@ import numpy as np
 import pytest
 import torch
 
-from locojax.engine.engine import Engine, decode_jit, pad_prompts, prefill_jit
+from locojax.engine.decode import decode_jit, prefill_jit
+from locojax.engine.engine import Engine, pad_prompts
 from locojax.engine.sampling import SamplingConfig
 from locojax.model import qwen3
 from locojax.model.sharding import make_mesh
@@ -270,7 +271,7 @@ def test_cache_is_donated_and_reused_and_compiles_once(tied, caplog):
     eng = Engine(cfg)
     sampling = SamplingConfig(max_new_tokens=5, temperature=0.0)
     prompts = _prompts(cfg.vocab_size, seed=10, lengths=[4, 2])
-    with caplog.at_level(logging.INFO, logger="locojax.engine.engine"):
+    with caplog.at_level(logging.INFO, logger="locojax.engine.decode"):
         first = eng.generate(w, prompts, jax.random.key(0), sampling)
         compiled = prefill_jit._cache_size(), decode_jit._cache_size()
         buf = eng._cache
@@ -292,7 +293,7 @@ def test_generate_compiles_without_unusable_donations(tied, caplog):
     cfg, _, w = tied
     sampling = SamplingConfig(max_new_tokens=7, temperature=0.0)  # a shape no other test uses
     prompts = _prompts(cfg.vocab_size, seed=11, lengths=[3, 5, 1])
-    with caplog.at_level(logging.INFO, logger="locojax.engine.engine"), \
+    with caplog.at_level(logging.INFO, logger="locojax.engine.decode"), \
             warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         Engine(cfg).generate(w, prompts, jax.random.key(0), sampling, num_samples=3)

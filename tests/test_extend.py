@@ -14,7 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from locojax.engine.engine import Engine, pad_prompts, stopped
+from locojax.engine.decode import stopped
+from locojax.engine.engine import Engine, pad_prompts
 from locojax.engine.extend import Conversation, slots_needed
 from locojax.engine.sampling import SamplingConfig
 from locojax.envs.base import TOOL_CLOSE

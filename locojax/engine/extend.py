@@ -42,8 +42,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from locojax.engine.engine import (Engine, StopSequences, Turn, check_prompts, constrain_cache,
-                                   decode_jit, first_token, prefill_jit, row_draws)
+from locojax.engine.decode import (StopSequences, Turn, constrain_cache, decode_jit, first_token,
+                                   prefill_jit, row_draws)
+from locojax.engine.engine import Engine, check_prompts
 from locojax.engine.sampling import SamplingConfig
 from locojax.model import qwen3
 from locojax.model.config import ModelConfig
@@ -65,8 +66,8 @@ def _extend(weights, cache: qwen3.KVCache, gather, keep_until, block, block_mask
     log.info("compiling extend for rows=%d, block=%d, slots=%d, gather=%s", block.shape[0],
              block.shape[1], cache.v.shape[3], gather is not None)
     if gather is not None:  # [R'] rows of the previous batch, in their new order
-        cache = qwen3.KVCache(cache.k[:, gather], cache.v[:, gather], cache.valid[gather],
-                              cache.index)
+        cache = dataclasses.replace(cache, k=cache.k[:, gather], v=cache.v[:, gather],
+                                    valid=cache.valid[gather])
     slot = jnp.arange(cache.v.shape[3])[None]  # [1, S]
     cut = (slot >= keep_until[:, None]) & (slot < cache.index)  # fed tokens the host dropped
     cache = constrain_cache(layout, dataclasses.replace(cache, valid=cache.valid & ~cut))

@@ -6,7 +6,9 @@ logprobs come from the same code (DESIGN.md, "sampler logprobs equal trainer log
 
 Reference: HF transformers `modeling_qwen3.py`; layout after jax-llm-examples `qwen3`.
 Departures: layers are scanned (stacked weights), and attention reads a fixed-size KV cache
-whose slot validity is tracked explicitly, which is how left-padded prompts are handled.
+whose slot validity is tracked explicitly, which is how left-padded prompts are handled. A
+cached forward (decode, extend) reads only the cache's written slots, block by block, under
+an online softmax (`attention`), so its cost grows with the tokens written.
 
 Legend: b batch, t query time, s key slot, d model, n q heads, k kv heads, g q heads per kv,
 h head dim, f ffn, v vocab, L layers.
@@ -31,10 +33,22 @@ _MASKED = -1e30  # finite, so a row with no visible key (a pad query) gives 0s, 
 UNROLL_MAX_LAYERS = 8
 
 
+BLOCK = 256
+"""Most cache slots one step of the blocked attention reads (`KVCache.empty` makes the blocks
+as equal as it can); `benchmarks/bench_engine.py --sweep blocks` measured it
+(docs/engine_benchmark.md)."""
+
+
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
 class KVCache:
-    """Keys and values of every layer in fixed slots; `index` is the next slot to write."""
+    """Keys and values of every layer in fixed slots; `index` is the next slot to write.
+
+    Attention reads the written slots [0, index) only, `block` slots at a time (`CacheBlocks`):
+    a step's cost grows with the tokens written, not with the S slots allocated. A batch of
+    b rows may run on a cache of more: it uses the first b / `shards` rows of each of the
+    cache's `shards` equal row ranges (one per device the batch axis is split over), which
+    is how finished rows are compacted out without a new buffer (`engine.compact`)."""
 
     # Keys are stored transposed (slots minor) so the decode q·k reduces over head_dim with
     # whole slot vectors, values slots-major so p·v reduces over slots with whole head
@@ -43,15 +57,50 @@ class KVCache:
     v: jax.Array  # [L, B, K, S, H]
     valid: jax.Array  # [B, S] bool: slot holds a real (non-pad) token
     index: jax.Array  # [] int32
+    block: int = dataclasses.field(default=BLOCK, metadata=dict(static=True))  # S % block == 0
+    shards: int = dataclasses.field(default=1, metadata=dict(static=True))
+
+    @staticmethod
+    def blocks(slots: int, block: int = BLOCK) -> tuple[int, int]:
+        """(n, b): the fewest blocks of at most `block` slots that hold `slots`, as equal as
+        they can be (n·b - slots < n slots are spare)."""
+        n = -(-slots // block)
+        return n, -(-slots // n)
 
     @classmethod
-    def empty(cls, cfg: ModelConfig, batch: int, slots: int) -> "KVCache":
-        shape = (cfg.num_hidden_layers, batch, cfg.num_key_value_heads, slots, cfg.head_dim)
-        k_shape = shape[:3] + (cfg.head_dim, slots)
+    def empty(cls, cfg: ModelConfig, batch: int, slots: int, dtype=None, block: int = BLOCK,
+              shards: int = 1) -> "KVCache":
+        """At least `slots` slots, in `blocks(slots, block)`; dtype: the keys' and values'
+        (default: the compute dtype; attention reads either in f32)."""
+        n, block = cls.blocks(slots, block)
+        shape = (cfg.num_hidden_layers, batch, cfg.num_key_value_heads, n * block, cfg.head_dim)
+        k_shape = shape[:3] + (cfg.head_dim, n * block)
+        dtype = cfg.dtype if dtype is None else dtype
         return cls(
-            k=jnp.zeros(k_shape, cfg.dtype), v=jnp.zeros(shape, cfg.dtype),
-            valid=jnp.zeros((batch, slots), bool), index=jnp.zeros((), jnp.int32),
-        )
+            k=jnp.zeros(k_shape, dtype), v=jnp.zeros(shape, dtype),
+            valid=jnp.zeros((batch, n * block), bool), index=jnp.zeros((), jnp.int32),
+            block=block, shards=shards)
+
+    def read(self, x, axis: int, b: int, start, size):
+        """`dynamic_slice(x, start, size)` of the b rows a b-row batch uses (x: a cache array,
+        its batch at `axis`; start and size without the batch axis)."""
+        d = self.shards
+        y = x.reshape(x.shape[:axis] + (d, x.shape[axis] // d) + x.shape[axis + 1:])
+        zero = jnp.zeros((), jnp.int32)
+        out = jax.lax.dynamic_slice(y, tuple(start[:axis]) + (zero, zero) + tuple(start[axis:]),
+                                    tuple(size[:axis]) + (d, b // d) + tuple(size[axis:]))
+        return out.reshape(tuple(size[:axis]) + (b,) + tuple(size[axis:]))
+
+    def write(self, x, new, axis: int, slot_axis: int, slot=None):
+        """x with `new` (a b-row batch's T slots, its batch at `axis`) written in place at
+        `slot` (default `index`) of the rows that batch uses."""
+        d = self.shards
+        split = lambda a: a.reshape(  # noqa: E731
+            a.shape[:axis] + (d, a.shape[axis] // d) + a.shape[axis + 1:])
+        start = [jnp.zeros((), jnp.int32)] * (x.ndim + 1)
+        start[slot_axis + 1] = self.index if slot is None else jnp.asarray(slot, jnp.int32)
+        return jax.lax.dynamic_update_slice(split(x), split(new.astype(x.dtype)),
+                                            start).reshape(x.shape)
 
 
 def _wide(dtype):
@@ -77,11 +126,41 @@ def rope(x, positions, theta):
     return (x.astype(wide) * jnp.cos(angles) + rotated * jnp.sin(angles)).astype(x.dtype)
 
 
-def attention(q, parts):
+@dataclasses.dataclass(frozen=True)
+class CacheBlocks:
+    """What one layer's attention reads of a cache: the written slots [0, index) of the
+    first b rows (`KVCache.read`), in `blocks` blocks of `cache.block` slots."""
+
+    cache: KVCache
+    layer: jax.Array  # [] int32
+    rows: int  # b
+
+    @property
+    def count(self):  # [] int32: the blocks that hold a written slot
+        return (self.cache.index + self.cache.block - 1) // self.cache.block
+
+    def read(self, j, dtype):
+        """Block j: keys [b, K, H, blk], values [b, K, blk, H] in `dtype`, visible [b, blk]."""
+        c, b, blk = self.cache, self.rows, self.cache.block
+        _, _, kv, h, _ = c.k.shape
+        zero, first = jnp.zeros((), jnp.int32), jnp.asarray(j * blk, jnp.int32)
+        k = c.read(c.k, 1, b, (self.layer, zero, zero, first), (1, kv, h, blk))[0]
+        v = c.read(c.v, 1, b, (self.layer, zero, first, zero), (1, kv, blk, h))[0]
+        valid = c.read(c.valid, 0, b, (first,), (blk,))
+        visible = valid & (first + jnp.arange(blk) < c.index)[None]
+        return k.astype(dtype), v.astype(dtype), visible
+
+
+def attention(q, parts, blocks: CacheBlocks | None = None):
     """GQA of q [B,T,N,H] under one softmax spanning several key/value blocks.
 
-    parts: (k [B,K,H,S], v [B,K,S,H], visible [B,T,S] bool) per block, e.g. the cached
-    slots and the new tokens. Only the small scores are concatenated, never the keys.
+    parts: (k [B,K,H,S], v [B,K,S,H], visible [B,T,S] bool) per block, e.g. the new tokens
+    (and, in the train step's shared prefix, the prompt's). Only the small scores are
+    concatenated, never the keys. blocks: a cache's written slots, read block by block in
+    a loop with an online softmax (Milakov & Gimelshein 2018, arXiv:1805.02867, as in
+    FlashAttention): each block rescales the running max, normaliser and unnormalised
+    output that `parts` start. Accumulation is in f32 (f64 for f64 q) throughout, whatever
+    the cache's dtype.
     """
     b, t, n, h = q.shape
     kv_heads, wide = parts[0][0].shape[1], _wide(q.dtype)
@@ -107,12 +186,41 @@ def attention(q, parts):
         def mix(p, v):
             return jnp.einsum("bkgts,bksh->btkgh", p.astype(v.dtype), v).astype(wide)
 
-    scores = [jnp.where(vis[:, None, None], score(k) * (h ** -0.5), _MASKED)  # [B, K, G, T, S]
-              for k, _, vis in parts]
-    probs = barrier(jax.nn.softmax(barrier(jnp.concatenate(scores, axis=-1)), axis=-1))
-    bounds = np.cumsum([sc.shape[-1] for sc in scores])[:-1]
-    out = sum(mix(p, v) for p, (_, v, _) in zip(jnp.split(probs, bounds, axis=-1), parts))
-    return out.reshape(b, t, n, h).astype(q.dtype)  # [B, T, N, H]
+    def masked_score(k, visible):  # [B, K, G, T, S]; visible [B, T, S]
+        return jnp.where(visible[:, None, None], score(k) * (h ** -0.5), _MASKED)
+
+    scores = [masked_score(k, vis) for k, _, vis in parts]
+    if blocks is None:
+        probs = barrier(jax.nn.softmax(barrier(jnp.concatenate(scores, axis=-1)), axis=-1))
+        bounds = np.cumsum([sc.shape[-1] for sc in scores])[:-1]
+        out = sum(mix(p, v) for p, (_, v, _) in zip(jnp.split(probs, bounds, axis=-1), parts))
+        return out.reshape(b, t, n, h).astype(q.dtype)  # [B, T, N, H]
+
+    bt = lambda x: jnp.moveaxis(x, 3, 1)  # noqa: E731  [B, K, G, T, 1] -> [B, T, K, G, 1]
+
+    def add(carry, s, v):  # fold in scores s [B, K, G, T, S] over values v
+        m, total, acc = carry
+        m_new = jnp.maximum(m, jnp.max(s, axis=-1, keepdims=True))
+        p = barrier(jnp.exp(s - m_new))
+        scale = jnp.exp(m - m_new)
+        return m_new, total * scale + jnp.sum(p, -1, keepdims=True), acc * bt(scale) + mix(p, v)
+
+    s = jnp.concatenate(scores, axis=-1)
+    m = jnp.max(s, axis=-1, keepdims=True)  # [B, K, G, T, 1]
+    p = barrier(jnp.exp(s - m))
+    carry = m, jnp.sum(p, -1, keepdims=True), mix(p, jnp.concatenate([v for _, v, _ in parts], 2))
+
+    def block(j, carry):
+        k, v, visible = blocks.read(j, q.dtype)
+        return add(carry, masked_score(k, visible[:, None]), v)
+
+    if blocks.cache.v.shape[3] == blocks.cache.block:
+        # One block: read it without a loop. Unwritten slots add exact zeros (exp(-1e30 - m)).
+        carry = block(0, carry)
+    else:
+        carry = jax.lax.fori_loop(0, blocks.count, block, carry)
+    _, total, acc = carry
+    return (acc / bt(total)).reshape(b, t, n, h).astype(q.dtype)  # [B, T, N, H]
 
 
 def dense(x, w, contract: int = 1):
@@ -133,7 +241,8 @@ def layer(cfg: ModelConfig, x, w, positions, visible, cache_kv=None):
 
     visible: ([B, T, S] over the cached slots or None, [B, T, T] over these T tokens).
     With `cache_kv` (this layer's cached keys and values, in KVCache layout, read-only) attention
-    reads the S slots, then these T. The caller writes the new keys into the cache once,
+    reads the S slots, then these T; with `CacheBlocks` instead (the cached forward), it reads
+    the written slots block by block. The caller writes the new keys into the cache once,
     after all layers: writing inside the layer loop made XLA copy the whole cache per layer.
     """
     dt = cfg.dtype
@@ -145,9 +254,10 @@ def layer(cfg: ModelConfig, x, w, positions, visible, cache_kv=None):
     k = rope(rms_norm(k, w["k_norm"], cfg.rms_norm_eps), positions, cfg.rope_theta)
     new_kv = k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3)  # [B, K, H, T], [B, K, T, H]
     parts = [(*new_kv, visible[1])]
-    if cache_kv is not None:
+    blocks = cache_kv if isinstance(cache_kv, CacheBlocks) else None
+    if cache_kv is not None and blocks is None:
         parts.insert(0, (cache_kv[0].astype(dt), cache_kv[1].astype(dt), visible[0]))
-    attn = attention(q, parts)  # [B, T, N, H]
+    attn = attention(q, parts, blocks)  # [B, T, N, H]
     x = x + dense(attn, w["wo"].astype(dt), contract=2)
 
     y = rms_norm(x, w["mlp_norm"], cfg.rms_norm_eps)
@@ -172,7 +282,9 @@ def forward(
 
     tokens, positions: [B, T] int. mask: [B, T] bool, False for padding (default all True).
     Without a cache, attention is causal over these T tokens; with one, the T tokens are
-    written at `cache.index` and attend to every valid slot before it and to each other.
+    written at `cache.index` and attend to every valid slot before it (read in blocks, only
+    those holding a written slot) and to each other; B may be less than the cache's rows
+    (`KVCache.read`).
     keep_kv (without a cache): also return these T tokens' keys/values as a T-slot cache,
     which is how a sampler prefills (no empty cache to attend over).
     unroll (without a cache): unroll the layer loop, for a forward that is differentiated
@@ -198,25 +310,19 @@ def forward(
 
         x, kv = jax.lax.scan(body, x, weights["layers"], unroll=unroll)
         x = rms_norm(x, weights["final_norm"], cfg.rms_norm_eps)
-        return x, (KVCache(*kv, mask, jnp.asarray(t, jnp.int32)) if keep_kv else None)
-
-    s = cache.v.shape[3]
-    before = (jnp.arange(s) < cache.index)[None] & cache.valid  # [B, S]: earlier valid slots
-    visible = (jnp.broadcast_to(before[:, None], (b, t, s)), causal)
+        return x, (KVCache(*kv, mask, jnp.asarray(t, jnp.int32), block=t) if keep_kv else None)
 
     def cached_body(x, xs):
-        w, k_i, v_i = xs
-        return layer(cfg, x, w, positions, visible, (k_i, v_i))
+        w, i = xs
+        return layer(cfg, x, w, positions, (None, causal), CacheBlocks(cache, i, b))
 
-    x, (k_new, v_new) = jax.lax.scan(cached_body, x, (weights["layers"], cache.k, cache.v))
-    zero = jnp.zeros((), jnp.int32)  # write the T new slots at `index`, in place
-    ks = jax.lax.dynamic_update_slice(cache.k, k_new.astype(cache.k.dtype),
-                                      (zero, zero, zero, zero, cache.index))
-    vs = jax.lax.dynamic_update_slice(cache.v, v_new.astype(cache.v.dtype),
-                                      (zero, zero, zero, cache.index, zero))
-    valid = jax.lax.dynamic_update_slice_in_dim(cache.valid, mask, cache.index, axis=1)
-    x = rms_norm(x, weights["final_norm"], cfg.rms_norm_eps)
-    return x, KVCache(ks, vs, valid, cache.index + t)
+    x, (k_new, v_new) = jax.lax.scan(
+        cached_body, x, (weights["layers"], jnp.arange(cfg.num_hidden_layers, dtype=jnp.int32)))
+    # Write the T new slots at `index`, in place, once after all layers.
+    cache = dataclasses.replace(
+        cache, k=cache.write(cache.k, k_new, 1, 4), v=cache.write(cache.v, v_new, 1, 3),
+        valid=cache.write(cache.valid, mask, 0, 1), index=cache.index + t)
+    return rms_norm(x, weights["final_norm"], cfg.rms_norm_eps), cache
 
 
 def unroll_for_grad(cfg: ModelConfig) -> bool:

@@ -5,12 +5,14 @@ run's exact shapes: `train_step`, and the engine's prefill and decode for rollou
 evaluation, at its own batch). XLA's per-device memory analysis of each gives its arguments,
 outputs, the part aliased through donation, and its temporaries. To that the plan adds what
 the run holds throughout: the f32 master params, the optimizer state, the reference copy
-(β > 0) and the engine's KV cache. A device's peak is that held memory plus the most any one
-program needs on top of it.
+(β > 0) and the engine's KV cache, in the engine's cache dtype (a bf16 cache counts half; a
+generate compacts finished rows within that one buffer, never a second). A device's peak is
+that held memory plus the most any one program needs on top of it.
 
 The compiles are the run's own compiles: the abstract arguments are placed exactly as the
 real ones will be, so the jit caches that the first step hits already hold them and start-up
-compiles each program once (`Engine.compile`, `train_step.compile_update`).
+compiles each program once (`Engine.compile`, `train_step.compile_update`); only the decode
+of a compacted, smaller batch compiles later, the first time a generate reaches that size.
 
 Next to XLA's total for the train step stands `expected_train_temporaries`, derived from the
 shapes alone: gradients, one chunk of logits with its softmax and gradient, the embedding
@@ -283,7 +285,8 @@ class MemoryPlan:
                  f"{'on' if st['remat'] else 'off'}, logits in {st['logits']}):"]
         held = ", ".join(f"{k} {size(v)}" for k, v in self.held.items() if v)
         caches = ", ".join(f"{k} {size(v)}" for k, v in self.caches.items())
-        lines.append(f"  {'held':<16} {held}; KV cache: {caches or 'none'}")
+        caches = f"{caches} ({st['cache_dtype']})" if caches else "none"
+        lines.append(f"  {'held':<16} {held}; KV cache: {caches}")
         for p in self.programs:
             compiled = (f"   [compiled in {p.compile_s:.1f} s]" if not p.name.startswith("decode")
                         else "   [compiled with prefill]")
@@ -333,6 +336,9 @@ class MemoryPlan:
             found.append((acts + cache, "--precision bf16: bf16 activations and KV cache; "
                                         "master weights and optimizer stay f32 (on CPU its "
                                         "bf16 embedding copy costs more than it saves)"))
+        if st["cache_dtype"] == "float32":
+            found.append((cache // 2, f"--rollout.cache-dtype bf16: a bf16 KV cache, half the "
+                                      f"{size(cache)} (attention still accumulates in f32)"))
         found.append((cache, f"a smaller --rollout.prompts-per-step, --rollout.max-new-tokens "
                              f"or --eval.batch-size (KV cache {size(cache)})"))
         if self.held.get("reference", 0):
@@ -404,7 +410,8 @@ def plan(model_cfg: ModelConfig, learner: LearnerConfig, state, batch, ref_param
     chunk = qwen3.logprob_chunk_size(rows // learner.rows_multiple,
                                      logit_positions(columns, batch.shared_prefix),
                                      model_cfg.vocab_size, learner.logprob_chunk)
-    settings = {"precision": precision, "remat": learner.remat, "grad_accum": learner.grad_accum,
+    settings = {"precision": precision, "cache_dtype": engine.cache_dtype.name,
+                "remat": learner.remat, "grad_accum": learner.grad_accum,
                 "logprob_chunk": learner.logprob_chunk,
                 "logits": f"chunks of {chunk} positions" if chunk else "one piece",
                 "rows_per_micro": max(1, rows // learner.rows_multiple // devices)}
