@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from locojax.fleet.leases import LeaseTable
+from locojax.fleet.leases import LeaseTable, UnitFailed
 from locojax.fleet.placement import PlacementConfig, Schedule
 
 
@@ -112,7 +112,9 @@ def test_random_failures_lose_nothing_and_double_nothing(seed):
     step completes exactly once, and the learner consumes every step once, in order."""
     rng = random.Random(seed)
     steps, units, k = 6, 3, rng.randint(0, 2)
-    t = LeaseTable(units * 2, 2, Schedule(k, k + 1, newest=bool(seed % 2)), steps)
+    # Unbounded retries here: this test is about bookkeeping under any number of failures.
+    t = LeaseTable(units * 2, 2, Schedule(k, k + 1, newest=bool(seed % 2)), steps,
+                   max_attempts=10**9)
     now, newest, held, completed = 0.0, 0, {}, []
     while t.next_step < steps:
         now += 1.0
@@ -128,7 +130,7 @@ def test_random_failures_lose_nothing_and_double_nothing(seed):
             if t.complete(lease.id) is not None:
                 completed.append((lease.step, lease.unit))
         elif w in held and event < 0.6:
-            t.release(held.pop(w).id)  # died
+            t.release(held.pop(w).id, "died")
         for lease in t.expire(now):  # hung: its holder may still answer, late
             if rng.random() < 0.5:
                 held.pop(lease.worker, None)
@@ -136,3 +138,82 @@ def test_random_failures_lose_nothing_and_double_nothing(seed):
             t.consume(t.next_step)
             newest += 1  # the learner trained it
     assert sorted(completed) == [(s, u) for s in range(steps) for u in range(units)]
+
+
+def test_a_units_last_failed_attempt_raises_naming_it():
+    """Bounded retries: the unit's third failed attempt (a death, a death, a hang) raises,
+    naming the step, the unit, the last worker and the last error; a lease put back for a
+    reason that is not the unit's (the parameter server restarting) does not count."""
+    t = LeaseTable(8, 4, Schedule(1, 2, False), 4, max_attempts=3)
+    for _ in range(5):
+        t.release(t.acquire(1, 0, 0.0, 5.0).id)  # transient: not counted
+    t.release(t.acquire(1, 0, 0.0, 5.0).id, "worker 1 died (ActorDiedError)")
+    t.release(t.acquire(0, 0, 0.0, 5.0).id, "worker 0 died (ActorDiedError)")
+    assert "unit 0 queued, 2 failed attempt(s) of 3" in t.describe(0, now=0.0)
+    last = t.acquire(1, 0, 10.0, 5.0)
+    assert (last.step, last.unit, last.attempt) == (0, 0, 7)  # the 8th dispatch of unit 0
+    with pytest.raises(UnitFailed, match=r"step 0 unit 0 \(prompts 0-3\) failed 3 time\(s\), "
+                                         r"the last on worker 1 .*held past its deadline"):
+        t.expire(now=16.0)
+
+
+def test_failures_are_per_unit_and_kept_in_the_checkpoint():
+    t = LeaseTable(8, 4, Schedule(0, 1, False), 3, max_attempts=2)
+    t.release(t.acquire(0, 0, 0.0, 5.0).id, "died")  # unit 0: one failure
+    other = t.acquire(0, 0, 0.0, 5.0)
+    assert other.unit == 0
+    t.release(other.id)
+    saved = t.state()
+    assert saved["failures"] == [[0, 0, 1]]
+    fresh = LeaseTable(8, 4, Schedule(0, 1, False), 3, max_attempts=2)
+    fresh.restore(saved)
+    with pytest.raises(UnitFailed, match="step 0 unit 0"):
+        fresh.release(fresh.acquire(0, 0, 0.0, 5.0).id, "died")
+    # Another unit has its own count, and a consumed step forgets its units'.
+    t = LeaseTable(8, 4, Schedule(0, 1, False), 3, max_attempts=2)
+    a = t.acquire(0, 0, 0.0, 5.0)
+    b = t.acquire(1, 0, 0.0, 5.0)
+    t.release(a.id, "died")
+    t.complete(b.id)
+    a = t.acquire(0, 0, 0.0, 5.0)
+    t.complete(a.id)
+    t.consume(0)
+    assert t.state()["failures"] == []
+    fresh.restore({k: v for k, v in saved.items() if k != "failures"})  # an older checkpoint
+    assert fresh.state()["failures"] == []
+
+
+def test_a_lease_names_its_versions_checksum():
+    t = table(k=1, steps=4)
+    lease = t.acquire(0, 1, 0.0, 9.0, digests={0: "c0", 1: "c1"})
+    assert (lease.version, lease.digest) == (0, "c0")
+    for _ in range(3):
+        t.acquire(0, 1, 0.0, 9.0, digests={0: "c0", 1: "c1"})
+    lease = t.acquire(0, 1, 0.0, 9.0, digests={0: "c0", 1: "c1"})
+    assert (lease.step, lease.version, lease.digest) == (2, 1, "c1")
+    with pytest.raises(RuntimeError, match="no checksum for weight version 1"):
+        t.acquire(0, 1, 0.0, 9.0, digests={0: "c0"})
+
+
+def test_describe_says_where_each_missing_unit_is():
+    t = table(k=0, steps=3)
+    a = t.acquire(3, 0, now=0.0, timeout_s=30.0)
+    assert t.describe(1, now=0.0) == (
+        "0 of 2 unit(s) in; unit 0 not admitted yet (step 1 opens at weight version 1); "
+        "unit 1 not admitted yet (step 1 opens at weight version 1)")
+    assert t.describe(0, now=10.0) == ("0 of 2 unit(s) in; unit 0 held by worker 3 (lease 0, "
+                                       "version 0, deadline in 20 s); unit 1 queued")
+    t.complete(a.id)
+    assert t.describe(0, now=10.0).startswith("1 of 2 unit(s) in; unit 1")
+
+
+def test_a_worker_pulls_again_when_the_bytes_differ_under_the_same_number():
+    """After a learner restart, version 2 may be other bytes: the cached copy is reused only
+    when number and checksum both match (guards `rollout_worker.needs_pull`)."""
+    pytest.importorskip("ray")
+    from locojax.fleet.rollout_worker import needs_pull
+
+    lease = table(k=1).acquire(0, 1, 0.0, 9.0, digests={0: "aaaa", 1: "bbbb"})
+    assert not needs_pull((0, "aaaa"), lease)
+    assert needs_pull((0, "cccc"), lease)  # same number, other bytes
+    assert needs_pull((1, "aaaa"), lease) and needs_pull((None, None), lease)

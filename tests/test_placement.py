@@ -24,6 +24,13 @@ def test_default_lease_is_the_largest_divisor_that_feeds_every_worker(b, workers
     assert p.prompts_per_lease == per_lease
 
 
+def test_verifier_deadline_defaults_to_half_the_lease():
+    plan = place("async", PlacementConfig(workers=2, hosts=3, lease_timeout_s=30), 8, 1)
+    assert (plan.verifier_timeout_s, plan.max_attempts, plan.stall_warning_s) == (15, 3, 60)
+    plan = place("async", PlacementConfig(workers=2, hosts=3, verifier_timeout_s=4), 8, 1)
+    assert plan.verifier_timeout_s == 4
+
+
 def test_async_takes_the_newest_version_and_default_leases():
     p = place("async", PlacementConfig(workers=2, max_staleness=4, hosts=4), 8, 2)
     assert (p.learner_hosts, p.workers, p.prompts_per_lease) == (1, 2, 4)
@@ -43,6 +50,10 @@ def test_async_takes_the_newest_version_and_default_leases():
     ("async", dict(max_staleness=2, versions_kept=2), 8, "--versions-kept 2 is fewer than"),
     ("async", dict(prompts_per_lease=3), 8, "--prompts-per-lease 3 does not divide"),
     ("async", dict(lease_timeout_s=0), 8, "--lease-timeout-s must be > 0"),
+    ("async", dict(max_attempts=0), 8, "--max-attempts must be >= 1"),
+    ("async", dict(stall_warning_s=0), 8, "--stall-warning-s must be > 0"),
+    ("async", dict(lease_timeout_s=10, verifier_timeout_s=10), 8,
+     "--verifier-timeout-s must be >= 0 (0: half the lease) and below --lease-timeout-s 10"),
     ("async", dict(hosts=1), 8, "--hosts must be >= 2"),
 ])
 def test_bad_settings_are_refused(mode, kw, b, message):
@@ -67,4 +78,44 @@ def test_cli_refuses_before_ray_starts(args, message, tmp_path):
     assert out.returncode == 2, out.stdout + out.stderr
     assert message in out.stderr
     assert "learner host(s)" not in out.stdout  # the plan is printed once Ray is up
+    assert not run_dir.exists()
+
+
+def _bad_inputs(tmp_path):
+    """A data file holding one JSON array (not JSON Lines), and a model directory whose
+    config is fine but whose weights are missing."""
+    data = tmp_path / "train.json"
+    data.write_text('[{"question": "1+1?", "answer": "#### 2"}]\n')
+    model = tmp_path / "model"
+    model.mkdir()
+    from locojax.model.loader import EMBEDDED
+
+    (model / "config.json").write_bytes((EMBEDDED["embedded"] / "config.json").read_bytes())
+    (model / "locojax.json").write_bytes((EMBEDDED["embedded"] / "locojax.json").read_bytes())
+    return str(data), str(model)
+
+
+@pytest.mark.parametrize("mode,which,message", [
+    (["--mode", "disaggregated", "--hosts", "3", "--rollout-fraction", "0.67"], "data",
+     "train.json: holds a JSON array of rows, but locojax reads JSON Lines"),
+    (["--mode", "async", "--hosts", "3", "--workers", "2"], "model",
+     "no model.safetensors or model.safetensors.index.json in"),
+    (["--mode", "controller", "--hosts", "2"], "data",
+     "train.json: holds a JSON array of rows, but locojax reads JSON Lines"),
+])
+def test_bad_files_are_refused_before_any_actor_starts(mode, which, message, tmp_path):
+    """Issue 23, Build 8: each actor would have failed in its constructor while Ray
+    restarted it (about 60 s, then a traceback); refused here in seconds, naming the file."""
+    data, model = _bad_inputs(tmp_path)
+    inputs = ["--task.name", "gsm8k", "--task.data", data] if which == "data" else \
+        ["--model", model]
+    run_dir = tmp_path / "r"
+    out = subprocess.run([sys.executable, "-m", "locojax.cli", "train", "demo",
+                          "--run-dir", str(run_dir), "--rollout.prompts-per-step", "4",
+                          "--algo.group-size", "2", "--eval.every", "0", *inputs, *mode],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert message in out.stderr
+    assert (data if which == "data" else model) in out.stderr
+    assert "learner host(s)" not in out.stdout and "controller:" not in out.stdout
     assert not run_dir.exists()

@@ -1,6 +1,7 @@
 """The Ray modes end to end: equivalence with colocated (single- and multi-turn), a
-deterministic DA schedule, and preemption (a killed or hung worker, a killed learner, a
-killed parameter server) that changes nothing.
+deterministic DA schedule, preemption (a killed or hung worker, a verifier stuck holding the
+GIL, a killed learner, a killed parameter server) that changes nothing, and bounded retries
+(a unit that kills or hangs every worker stops the run, naming it).
 
 All runs share one local Ray cluster (2 CPUs) and one JAX compilation cache, so an actor
 that Ray restarts, and every run after the first, loads its programs instead of compiling
@@ -17,8 +18,10 @@ share, and the learner trains the same global batch on the same devices.
 import glob
 import json
 import os
+import re
 import subprocess
 import sys
+import time
 
 import jax
 import numpy as np
@@ -167,12 +170,19 @@ def test_lock_step_modes_equal_colocated(cluster, tmp_path):
         assert 0 <= a[mismatch] < 1e-4
 
 
-def test_multi_turn_lock_step_equals_colocated(cluster, calc_demo_colocated, tmp_path):
-    """calc-demo, disaggregated with k = 0 (2 learner hosts, 2 workers running the calculator
-    tool on their own hosts): the same trajectories, tool calls included, and bitwise the
-    same params as the colocated reference (same lease shapes as each colocated host's)."""
-    train(tmp_path, "--mode", "disaggregated", "--hosts", "4", "--rollout-fraction", "0.5",
-          "--max-staleness", "0", preset=("calc-demo", *CALC_DEMO_ARGS))
+@pytest.mark.parametrize("mode", [
+    # 2 learner hosts, 2 workers running the calculator tool on their own hosts (same lease
+    # shapes as each colocated host's)
+    ("--mode", "disaggregated", "--hosts", "4", "--rollout-fraction", "0.5",
+     "--max-staleness", "0"),
+    # 2 hosts, each continuing its own rows in its KV cache turn by turn as the controller
+    # asks; every tool call runs on the controller
+    ("--mode", "controller", "--hosts", "2"),
+], ids=["disaggregated", "controller"])
+def test_multi_turn_lock_step_equals_colocated(cluster, calc_demo_colocated, tmp_path, mode):
+    """calc-demo, disaggregated with k = 0 and the controller mode: the same trajectories,
+    tool calls included, and bitwise the same params as the colocated reference."""
+    train(tmp_path, *mode, preset=("calc-demo", *CALC_DEMO_ARGS))
     assert_bitwise_equal(calc_demo_colocated, tmp_path)
     fields = ("group_ids", "tokens", "mask", "env_mask")
     a, b = _rollouts(str(calc_demo_colocated), fields), _rollouts(str(tmp_path), fields)
@@ -197,11 +207,12 @@ def test_disaggregated_schedule_is_deterministic(reference, tmp_path):
     assert all(p["perf/sync/seconds"] > 0 for p in perf)
 
 
-@pytest.mark.parametrize("faults", ["workers_and_ps", "kill_learner"])
+@pytest.mark.parametrize("faults", ["workers_ps_verifier", "kill_learner"])
 def test_faults_change_nothing(reference, tmp_path, faults):
-    """kill -9 a worker mid-generation, hang one, kill -9 the parameter server (one run: Ray
-    restarts each, and each loses a lease or a pull), and kill -9 the learner (the other
-    run: it resumes from a checkpoint): every prompt is trained once, and the final params
+    """kill -9 a worker mid-generation, hang one, kill -9 the parameter server, get a
+    verifier stuck holding the GIL (one run: Ray restarts each, and each loses a lease, a
+    pull or a call), and kill -9 the learner after it published a version (the other run: it
+    resumes from the checkpoint before): every prompt is trained once, and the final params
     are bitwise the reference's."""
     from locojax.fleet.faults import Faults
 
@@ -209,11 +220,19 @@ def test_faults_change_nothing(reference, tmp_path, faults):
         # Step 1: the first worker to decode dies. Step 2: the first to pull version 1 finds
         # the server dead (it is restored from the learner's kept versions); the first to
         # decode hangs, alive but not progressing, found out only by its lease's deadline.
-        "workers_and_ps": (Faults(kill_worker_at_step=1, hang_worker_at_step=2,
-                                     kill_ps_at_version=1), ("--lease-timeout-s", "8"),
-                           ("kill_worker", "hang_worker", "kill_ps")),
-        # After the update of step 1, before its checkpoint: resumes from checkpoint 1.
-        "kill_learner": (Faults(kill_learner_after=1), (), ("kill_learner",)),
+        # Verifier 0's third call (after the two workers' warm-up calls) backtracks a regex
+        # forever, holding the GIL: the pool kills it at its 3 s deadline and calls verifier
+        # 1; the scores, hence the run, are the same.
+        "workers_ps_verifier": (
+            Faults(kill_worker_at_step=1, hang_worker_at_step=2, kill_ps_at_version=1,
+                   hang_verifier_after_calls=2),
+            ("--lease-timeout-s", "8", "--verifiers", "2", "--verifier-timeout-s", "3"),
+            ("kill_worker", "hang_worker", "kill_ps", "hang_verifier")),
+        # After the update of step 1 and after publishing version 2 (workers may be
+        # generating step 3 with it), before checkpoint 2: resumes from checkpoint 1 and
+        # publishes version 2 again, the same bytes.
+        "kill_learner": (Faults(kill_learner_after_publish=1), (),
+                         ("kill_learner_after_publish",)),
     }[faults]
     train(tmp_path, *DA, *extra, faults=faults)
     for fault in fired:
@@ -223,9 +242,11 @@ def test_faults_change_nothing(reference, tmp_path, faults):
     groups = trained_groups(str(tmp_path))
     assert groups == {s + 1: sorted(np.repeat(np.arange(8 * s, 8 * s + 8), 4).tolist())
                       for s in range(STEPS)}  # every prompt once: none lost, none twice
-    if faults == "workers_and_ps":  # the killed and the hung worker's leases, at least
+    if faults == "workers_ps_verifier":  # the killed and the hung worker's leases, at least
         perf = jsonl(tmp_path / "perf.jsonl")
         assert max(p.get("perf/rollout/redispatched_leases", 0) for p in perf) >= 2
+        # The killed server was found restarted and restored (and logged, with what from).
+        assert perf[-1]["perf/sync/ps_restores"] >= 1
 
 
 def test_a_killed_controller_host_stops_the_run_naming_it(cluster, tmp_path):
@@ -261,6 +282,48 @@ def test_async_keeps_every_sample_within_k_versions(cluster, tmp_path):
         # Ratios of row counts out of 32: only f64 rounding (1e-16) separates the sum from 1.
         assert sum(r[f"rollout/staleness/frac_{s}"] for s in range(3)) == pytest.approx(1.0)
     assert rows[0]["rollout/staleness/max"] == 0  # step 0 can only be made by version 0
+    groups = trained_groups(str(tmp_path))
+    assert groups == {s + 1: sorted(np.repeat(np.arange(8 * s, 8 * s + 8), 4).tolist())
+                      for s in range(STEPS)}
+
+
+@pytest.mark.parametrize("poison", ["hang", "kill"])
+def test_a_unit_that_fails_every_worker_stops_the_run_naming_it(cluster, tmp_path, capfd, poison):
+    """Bounded retries: unit 0 of step 1 hangs (or kills) every worker that decodes it. After
+    its second failed attempt (--max-attempts 2) the run stops with an error naming the
+    step, the unit, the worker and the last error, rather than leasing it forever; while it
+    waits, the learner warns, naming the unit and its holder."""
+    from locojax.fleet.driver import RunFailed
+    from locojax.fleet.faults import Faults
+
+    with pytest.raises(RunFailed, match=r"step 1 unit 0 \(prompts 0-3\) failed 2 time\(s\), "
+                                        r"the last on worker \d") as e:
+        train(tmp_path, *DA, "--lease-timeout-s", "6", "--max-attempts", "2",
+              "--stall-warning-s", "2", faults=Faults(poison_unit=(1, 0), poison=poison))
+    assert ("held past its deadline" if poison == "hang" else "died") in str(e.value)
+    assert not (tmp_path / "final_model").exists()
+    if poison == "hang":  # the learner waited at least one lease: it said for what
+        time.sleep(2)  # actor logs reach the driver's stderr a moment later
+        err = capfd.readouterr().err
+        assert re.search(r"waited \d+ s for the rollouts of step 1: step 1: \d of 2 unit\(s\) "
+                         r"in; unit 0 (held by worker \d|queued)", err), err[-3000:]
+
+
+def test_an_async_learner_restart_republishes_and_workers_pull_again(cluster, tmp_path):
+    """async (k = 2), the learner killed after publishing version 2 and before its
+    checkpoint: the restarted group resumes from checkpoint 1 and publishes versions under
+    the same numbers, whose bytes may differ (the rows it retrains with depend on timing).
+    Workers reuse a cached version only if its checksum is the one a lease names, and the
+    dispatcher refuses any result made with other bytes, so the run completes with every
+    prompt trained once and every row within k versions."""
+    from locojax.fleet.faults import Faults
+
+    train(tmp_path, "--mode", "async", "--max-staleness", "2", "--workers", "2", "--hosts", "3",
+          "--lease-timeout-s", "60", faults=Faults(kill_learner_after_publish=1))
+    assert os.path.exists(tmp_path / "faults" / "kill_learner_after_publish")
+    rows = jsonl(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
+    assert all(r["rollout/staleness/max"] <= 2 for r in rows)
     groups = trained_groups(str(tmp_path))
     assert groups == {s + 1: sorted(np.repeat(np.arange(8 * s, 8 * s + 8), 4).tolist())
                       for s in range(STEPS)}

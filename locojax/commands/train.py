@@ -64,7 +64,11 @@ def _run_ray(cfg) -> int:
     except (ValueError, FileNotFoundError, TypeError) as e:
         print(f"locojax train: {e}", file=sys.stderr)
         return 2
-    _report(mode.run(cfg))
+    try:
+        _report(mode.run(cfg))
+    except driver.RunFailed as e:  # stopped by the dispatcher, which said why
+        print(f"locojax train: {e}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -6,11 +6,16 @@ version) and the newest published version (the admission gate). One thread runs 
 dispatch loop; learner hosts call `take` from others (a threaded actor):
 
     loop: expire leases past their deadline (the hung worker is restarted)
-          → hand each idle worker the oldest admitted unit
+          → hand each idle worker the oldest admitted unit, naming its version's checksum
           → wait for any result: a record goes to the buffer if its lease is still held
             (else it is late and dropped); a dead worker's lease goes back to the queue
             and Ray restarts the worker; a parameter server that is down makes the lease
             go back and the worker wait a moment; anything else stops the run.
+
+Retries are bounded (`leases.UnitFailed`): a unit's `max_attempts`-th failure stops the run
+with an error naming the step, the unit, the worker and the last error, and so does a
+worker that cannot start at all. The learner asks `waiting_for(step)` when it has waited
+long for a step, and logs the answer.
 
 Learner host p's `take(step)` blocks until every unit of `step` is in and returns its rows
 (host 0 also gets the queue's own figures, `DispatchStats`); once every host has taken a
@@ -31,9 +36,9 @@ import ray
 
 from locojax.fleet.actors import setup_logging
 from locojax.fleet.buffer import RolloutBuffer
-from locojax.fleet.leases import Lease, LeaseTable
+from locojax.fleet.leases import Lease, LeaseTable, UnitFailed
 from locojax.fleet.placement import PlacementPlan
-from locojax.fleet.versions import VersionUnavailable
+from locojax.fleet.versions import VersionUnavailable, WeightMismatch
 from locojax.train.record import RolloutRecord
 
 log = logging.getLogger(__name__)
@@ -60,6 +65,11 @@ class DispatchStats:
                 "perf/rollout/late_results": float(self.late),
                 "perf/sync/worker_version_lag/mean": self.worker_lag_mean,
                 "perf/sync/worker_version_lag/max": self.worker_lag_max}
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[-1] if text else ''}"
 
 
 class _Slot:
@@ -94,9 +104,11 @@ class Dispatcher:
     def __init__(self, plan: PlacementPlan, prompts_per_step: int, steps: int, workers: list):
         setup_logging()
         self.plan = plan
-        self.table = LeaseTable(prompts_per_step, plan.prompts_per_lease, plan.schedule, steps)
+        self.table = LeaseTable(prompts_per_step, plan.prompts_per_lease, plan.schedule, steps,
+                                max_attempts=plan.max_attempts)
         self.buffer = RolloutBuffer(self.table.units_per_step, plan.schedule.max_staleness)
         self.newest: int | None = None  # no version published yet: nothing is admitted
+        self.digests: dict[int, str] = {}  # checksum of each published version
         self.open = False  # learners may take (False while a learner group (re)starts)
         self.error: str | None = None
         self.cv = threading.Condition()
@@ -126,21 +138,41 @@ class Dispatcher:
                 self.buffer.restore(arrays or {}, state["buffer"])
             else:
                 self.table.restore({"next_step": step, "opened": step, "done": [],
-                                    "attempts": [], "redispatched": 0, "late": 0})
+                                    "attempts": [], "failures": [], "redispatched": 0,
+                                    "late": 0})
                 self.buffer.restore({}, {"records": []})
             if self.table.next_step != step:
                 raise RuntimeError(f"checkpoint of step {step} holds a lease table at step "
                                    f"{self.table.next_step}")
-            self.newest, self._taken, self._snapshot = None, {}, None
+            self.newest, self.digests, self._taken, self._snapshot = None, {}, {}, None
             self.error, self.open = None, True
             self.cv.notify_all()
         log.info("begin at step %d (%d buffered unit(s))", step,
                  sum(1 for _ in self.buffer.steps()))
 
-    def published(self, version: int) -> None:
+    def published(self, version: int, digest: str) -> None:
         with self.cv:
+            self.digests[version] = digest
             self.newest = version if self.newest is None else max(self.newest, version)
             self.cv.notify_all()
+
+    def waiting_for(self, step: int) -> str:
+        """Where the units of `step` are, and the workers' state (the learner's stall
+        warning)."""
+        with self.cv:
+            if self.error is not None:
+                return f"the run is stopping: {self.error}"
+            if not self.open:
+                return "paused while the learner group (re)starts"
+            starting = [s.index for s in self.slots if s.starting]
+            return (f"step {step}: {self.table.describe(step, time.monotonic())}; newest "
+                    f"version {self.newest}" + (f"; worker(s) {starting} (re)starting"
+                                                if starting else ""))
+
+    def failure(self) -> str | None:
+        """The error that stopped the run, if any (the driver reports it as the cause)."""
+        with self.cv:
+            return self.error
 
     def take(self, step: int, host: int, num_hosts: int,
              timeout_s: float) -> tuple[RolloutRecord, DispatchStats | None] | None:
@@ -201,18 +233,24 @@ class Dispatcher:
                 ready, _ = ray.wait(refs, num_returns=1, timeout=0.05)
                 for ref in ready:
                     self._finish(next(s for s in self.slots if s.ref == ref))
+            except (UnitFailed, WeightMismatch) as e:  # a unit that fails every worker, or a
+                self._stop(str(e))  # result made with other bytes than its lease named
+                return
             except Exception as e:  # noqa: BLE001 - a bug here must stop the run, loudly
                 log.exception("dispatch loop failed")
-                with self.cv:
-                    self.error = f"dispatcher failed: {type(e).__name__}: {e}"
-                    self.cv.notify_all()
+                self._stop(f"dispatcher failed: {type(e).__name__}: {e}")
                 return
+
+    def _stop(self, error: str) -> None:
+        log.error("stopping the run: %s", error)
+        with self.cv:
+            self.error = error
+            self.cv.notify_all()
 
     def _dispatch(self) -> None:
         with self.cv:
             now = time.monotonic()
-            self.table.expire(now)  # the units go back to the queue...
-            for slot in self.slots:  # ...and their holders, hung, are restarted
+            for slot in self.slots:  # holders of expired leases, hung, are restarted...
                 lease = slot.lease
                 if lease is not None and slot.ref is not None and lease.deadline <= now:
                     log.warning("worker %d held lease %d (step %d unit %d) past its deadline: "
@@ -220,6 +258,7 @@ class Dispatcher:
                                 slot.index, lease.id, lease.step, lease.unit)
                     ray.kill(slot.handle, no_restart=False)
                     slot.restart(RETRY_S)
+            self.table.expire(now)  # ...and the units go back (UnitFailed at the last try)
             for slot in self.slots:
                 slot.poll_ready()
             if self.newest is None or self.error is not None or not self.open:
@@ -228,7 +267,7 @@ class Dispatcher:
                 if not slot.idle:
                     continue
                 lease = self.table.acquire(slot.index, self.newest, now,
-                                           self.plan.lease_timeout_s)
+                                           self.plan.lease_timeout_s, self.digests)
                 if lease is None:
                     break  # the gate admits nothing more until the next version
                 slot.lease, slot.ref = lease, slot.handle.produce.remote(lease)
@@ -239,17 +278,21 @@ class Dispatcher:
         try:
             out = ray.get(ref)
         except _DEAD as e:
+            if getattr(e, "actor_init_failed", False):  # its __init__ raised: it never will
+                self._stop(f"worker {slot.index} cannot start: {_first_line(e)}")
+                return
             with self.cv:
-                if lease is not None and self.table.release(lease.id) is not None:
-                    log.warning("worker %d died holding lease %d (step %d unit %d): unit "
-                                "redispatched; Ray restarts the worker", slot.index, lease.id,
-                                lease.step, lease.unit)
                 slot.failures += 1
                 if slot.failures > READY_ATTEMPTS:
-                    self.error = f"worker {slot.index} did not come back: {e}"
+                    self.error = f"worker {slot.index} did not come back: {_first_line(e)}"
                     self.cv.notify_all()
                     return
                 slot.restart(RETRY_S)
+                if lease is not None and self.table.release(
+                        lease.id, f"worker {slot.index} died ({type(e).__name__})") is not None:
+                    log.warning("worker %d died holding lease %d (step %d unit %d): unit "
+                                "redispatched; Ray restarts the worker", slot.index, lease.id,
+                                lease.step, lease.unit)
             return
         except VersionUnavailable as e:
             with self.cv:
@@ -258,17 +301,23 @@ class Dispatcher:
                 log.info("lease %d: %s; retrying", lease.id, e)
             return
         except Exception as e:  # noqa: BLE001 - a bad version, a bug in the producer, ...
-            with self.cv:
-                self.error = f"worker {slot.index} failed on lease {lease}: {e}"
-                self.cv.notify_all()
+            what = "starting" if lease is None else (
+                f"step {lease.step} unit {lease.unit} (lease {lease.id}, weight version "
+                f"{lease.version})")
+            self._stop(f"worker {slot.index} failed on {what}: {type(e).__name__}: {e}")
             return
         with self.cv:
             slot.failures = 0
             if slot.starting:  # a `ready` call: the worker is up
                 slot.starting = False
                 return
-            slot.lease, record = None, out
+            slot.lease, (record, digest) = None, out
             slot.version = record.version
+            if digest != lease.digest:  # it generated with other bytes than the lease named
+                raise WeightMismatch(f"worker {slot.index} generated lease {lease.id} (step "
+                                     f"{lease.step} unit {lease.unit}) with weights of checksum "
+                                     f"{digest}, but the lease named version {lease.version} "
+                                     f"with checksum {lease.digest}")
             if self.table.complete(lease.id) is None:
                 log.info("late result of lease %d (step %d unit %d) dropped", lease.id,
                          lease.step, lease.unit)

@@ -12,6 +12,12 @@ pauses the dispatcher and starts a new group, which resumes from the newest chec
 the params, optimizer state, buffer, leases and kept versions (at most `MAX_LEARNER_RESTARTS`
 times). Every actor this run started is killed when it ends, however it ends; a local
 cluster it started is shut down.
+
+Whatever can be checked without Ray is checked before any actor starts (`check_settings`):
+the placement, the data and model files (read as every actor would, the weights by their
+headers), and whether the run directory's checkpoints are of this run (`train/resume.py`).
+A run that the dispatcher stops (a unit that fails every worker, a worker that cannot
+start, a version whose bytes do not match) ends in `RunFailed` with its message.
 """
 
 from __future__ import annotations
@@ -33,6 +39,9 @@ from locojax.fleet.parameter_server import ParameterServer
 from locojax.fleet.placement import PlacementPlan, place
 from locojax.fleet.rollout_worker import RolloutWorker
 from locojax.fleet.verifier import Verifier
+from locojax.model import loader
+from locojax.train import resume
+from locojax.train.build import RunParts
 from locojax.train.config import RunConfig, check_run
 
 log = logging.getLogger(__name__)
@@ -41,18 +50,26 @@ MAX_LEARNER_RESTARTS = 3
 PLACEMENT_TIMEOUT_S = 120
 
 
+class RunFailed(RuntimeError):
+    """The run stopped on an error the dispatcher named (its message says where and why)."""
+
+
 def check_settings(cfg: RunConfig) -> PlacementPlan:
-    """Every check that needs no Ray; raises ValueError before any actor starts."""
+    """Every check that needs no Ray; raises ValueError (or FileNotFoundError) naming the
+    file or flag before any actor starts."""
     if os.environ.get(distributed.ENV_NUM_PROCESSES, "1") not in ("", "1"):
         raise ValueError(f"mode {cfg.mode!r} places its own hosts through Ray: run it as one "
                          "process, not under `locojax launch`")
     plan = place(cfg.mode, cfg.placement, cfg.rollout.prompts_per_step, cfg.devices_per_host)
     check_run(cfg, plan.learner_hosts, plan.learner_hosts * plan.devices_per_host)
-    ckpts = os.path.join(cfg.run_dir, "checkpoints")
-    if not cfg.checkpoint.resume and os.path.isdir(ckpts) and any(
-            name.isdigit() for name in os.listdir(ckpts)):
-        raise ValueError(f"{os.path.abspath(ckpts)} holds checkpoints of an earlier run; pass "
-                         "--checkpoint.resume to continue it, or choose another --run-dir")
+    # What every actor builds first: the task (its data files), the model's config.json and
+    # tokenizer; then the weight files' headers. A bad file fails here, once, not in each
+    # actor's constructor while Ray restarts it.
+    parts = RunParts.of(cfg)
+    loader.check_weights(cfg.model, parts.model_cfg)
+    # The learner group's view of the config (`GroupHost._run`), as its checkpoints hold it.
+    resume.check(dataclasses.replace(cfg, run_dir=os.path.abspath(cfg.run_dir),
+                                     devices_per_host=plan.devices_per_host))
     return plan
 
 
@@ -119,12 +136,15 @@ class _Cluster:
     def _start(self, cfg, plan, faults, gpus, light) -> None:
         self.server = ParameterServer.options(**light).remote(
             plan.schedule.versions_kept, cfg.run_dir, faults)
-        self.verifiers = [Verifier.options(**light, max_task_retries=3).remote(i, cfg.reward)
-                          for i in range(plan.verifiers)]
+        # No automatic retries: a call is made again by the pool (verifier.py), elsewhere,
+        # and never replayed on the verifier it got stuck on.
+        self.verifiers = [Verifier.options(**light, max_task_retries=0).remote(
+            i, cfg.reward, cfg.run_dir, faults) for i in range(plan.verifiers)]
         self.workers = [
             RolloutWorker.options(num_cpus=self.host_cpus, num_gpus=gpus, max_restarts=-1,
                                   max_task_retries=0).remote(
-                i, cfg, plan.devices_per_host, self.server, self.verifiers, faults)
+                i, cfg, plan.devices_per_host, self.server, self.verifiers, faults,
+                plan.verifier_timeout_s, plan.max_attempts)
             for i in range(plan.workers)]
         self.actors = [self.server, *self.verifiers, *self.workers]
         self.dispatcher = Dispatcher.options(num_cpus=LIGHT_CPUS).remote(
@@ -143,6 +163,11 @@ class _Cluster:
                     for a in self.learners]
             try:
                 return first_failure_or_all(runs)[0]
+            except ray.exceptions.RayTaskError:
+                stopped = self._stopped()
+                if stopped is not None:  # the learners failed because the dispatcher stopped
+                    raise RunFailed(stopped) from None
+                raise
             except ray.exceptions.RayActorError as e:
                 kill(self.learners)
                 if attempt == MAX_LEARNER_RESTARTS:
@@ -155,6 +180,12 @@ class _Cluster:
                 cfg = dataclasses.replace(cfg, checkpoint=dataclasses.replace(
                     cfg.checkpoint, resume=True))
         raise AssertionError("unreachable")
+
+    def _stopped(self) -> str | None:
+        try:
+            return ray.get(self.dispatcher.failure.remote(), timeout=30)
+        except Exception:  # noqa: BLE001 - the dispatcher is gone too: report the learner's
+            return None
 
     def stop(self) -> None:
         if getattr(self, "dispatcher", None) is not None:

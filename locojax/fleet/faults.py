@@ -6,7 +6,11 @@ first time its point is reached, recording that under `run_dir/faults/` (an atom
 created marker file), so an actor that Ray restarts, or a learner group that resumes,
 does not fire it again. Kills are SIGKILL of the actor's own process: as abrupt as
 `kill -9` from outside, but at a chosen point (a worker "mid-generation" is one that
-finished prefill and entered decode).
+finished prefill and entered decode). The exception is a poison unit, which fires every
+time: it is the unit that kills or hangs whichever worker decodes it.
+
+A hung verifier holds the GIL (catastrophic regex backtracking, as math-verify has met), so
+nothing inside its process can notice a deadline: only killing the process ends it.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import re
 import signal
 import time
 
@@ -30,8 +35,19 @@ class Faults:
     that is: which worker gets which lease depends on timing)."""
     hang_worker_at_step: int | None = None
     """The first worker that starts decoding a lease of this step stops progressing."""
+    poison_unit: tuple[int, int] | None = None
+    """(step, unit): every worker that starts decoding this unit dies (`poison` "kill") or
+    hangs ("hang"), every time: bounded retries must stop the run."""
+    poison: str = "kill"
+    """What the poison unit does to its worker: "kill" or "hang"."""
     kill_learner_after: int | None = None
-    """Learner host 0 SIGKILLs itself after the update of this step, before its checkpoint."""
+    """Learner host 0 SIGKILLs itself after the update of this step, before publishing its
+    version and before its checkpoint."""
+    kill_learner_after_publish: int | None = None
+    """Learner host 0 SIGKILLs itself after the update of this step and after publishing its
+    version (the server holds it, the dispatcher leases with it), before its checkpoint."""
+    hang_verifier_after_calls: int | None = None
+    """A verifier's call after this many calls in its life hangs holding the GIL (once)."""
     kill_ps_at_version: int | None = None
     """The parameter server SIGKILLs itself on the first pull once it holds this version."""
     corrupt_version: int | None = None
@@ -63,12 +79,21 @@ def hang(what: str) -> None:
         time.sleep(60)
 
 
+def hang_holding_the_gil(what: str) -> None:
+    """Catastrophic backtracking: (a+)+$ against a run of a's and one b tries every split of
+    the run, 2^40 of them, inside one call to the regex engine, which never releases the
+    GIL."""
+    log.warning("fault injection: %s hangs holding the GIL (pid %d)", what, os.getpid())
+    re.match(r"(a+)+$", "a" * 40 + "b")
+
+
 class FaultyTimer(StepTimer):
     """A step timer whose `decode` phase fires a worker's kill or hang fault."""
 
-    def __init__(self, faults: Faults, run_dir: str, worker: int, step: int):
+    def __init__(self, faults: Faults, run_dir: str, worker: int, step: int, unit: int = -1):
         super().__init__()
         self.faults, self.run_dir, self.worker, self.step = faults, run_dir, worker, step
+        self.unit = unit
 
     @contextlib.contextmanager
     def phase(self, name: str):
@@ -78,5 +103,10 @@ class FaultyTimer(StepTimer):
                 kill_self(f"worker {self.worker} mid-generation (step {step})")
             if p.hang_worker_at_step == step and p.fire(self.run_dir, "hang_worker"):
                 hang(f"worker {self.worker} (step {step})")
+            if p.poison_unit == (step, self.unit):
+                what = f"worker {self.worker} decoding poison unit {self.unit} of step {step}"
+                if p.poison == "kill":
+                    kill_self(what)
+                hang(what)
         with super().phase(name) as ph:
             yield ph

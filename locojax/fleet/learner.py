@@ -9,16 +9,24 @@ step's rollouts come from the dispatcher's versioned buffer instead of this host
 
 `RemoteSource`:
 - `take(step)`: this host's rows of the oldest step, waiting until all its units are in;
-  host 0 meanwhile watches the parameter server and restores it if Ray restarted it;
+  host 0 meanwhile watches the parameter server and restores it if Ray restarted it, and
+  every `stall_warning_s` of waiting logs a warning naming the units it waits for and who
+  holds them;
 - `publish(v)`: every host keeps the newest K versions host-side (numpy, checksummed: they
   go into the checkpoint and restore a restarted parameter server); host 0 pushes version
-  v to the server and tells the dispatcher, which opens the gate for step v + k;
+  v to the server and tells the dispatcher its number and checksum, which opens the gate
+  for step v + k;
 - `state` / `begin`: the buffer, the leases and the kept versions, into the checkpoint and
   back; on resume host 0 rewinds the server and the dispatcher to the checkpoint.
 
+A restored parameter server is logged as a warning when it happens, with the versions and
+checksums it was restored to and where they came from, and counted in
+`perf/sync/ps_restores`.
+
 Metrics (host 0): `sync/bytes`, `sync/version`, and, as wall-clock figures in perf.jsonl,
-`perf/sync/seconds` and the dispatcher's `DispatchStats`. The record's stats add the
-staleness histogram, the workers' logprob check and phases (`train/record.py`).
+`perf/sync/seconds`, `perf/sync/ps_restores` and the dispatcher's `DispatchStats`. The
+record's stats add the staleness histogram, the workers' logprob check and phases
+(`train/record.py`).
 """
 
 from __future__ import annotations
@@ -71,6 +79,7 @@ class RemoteSource:
         self.transport = ObjectStoreTransport(self.server)
         self._incarnation: str | None = None
         self._queue: DispatchStats | None = None  # host 0: the figures of the step taken
+        self.ps_restores = 0  # times host 0 found the parameter server restarted and empty
 
     # --- begin / checkpoint -----------------------------------------------------------------
 
@@ -87,9 +96,11 @@ class RemoteSource:
         else:
             self.kept.add(step, tree)
         if self.is_main:
-            self._restore_ps()
+            self._restore_ps(f"the checkpoint of step {step}" if state
+                             else "the starting weights")
             ray.get(self.dispatcher.begin.remote(step, state or None, arrays.get("buffer")))
-            ray.get(self.dispatcher.published.remote(self.kept.newest()))
+            for v in self.kept.versions():  # oldest first: the newest opens the gate last
+                ray.get(self.dispatcher.published.remote(v, self.kept.get(v)[1]))
 
     def state(self, next_step: int) -> tuple[dict, dict]:
         arrays, state = ray.get(self.dispatcher.snapshot.remote(next_step))
@@ -104,6 +115,7 @@ class RemoteSource:
 
     def take(self, step: int, params, timer) -> RolloutRecord:
         with timer.phase("wait_rollouts"):
+            started, warned = time.monotonic(), 0
             while True:
                 out = ray.get(self.dispatcher.take.remote(step, self.host, self.num_hosts,
                                                           POLL_S))
@@ -111,13 +123,19 @@ class RemoteSource:
                     break
                 if self.is_main:
                     self._check_ps()
+                    waited = time.monotonic() - started
+                    if waited >= (warned + 1) * self.plan.stall_warning_s:
+                        warned += 1
+                        log.warning("waited %.0f s for the rollouts of step %d: %s", waited,
+                                    step, ray.get(self.dispatcher.waiting_for.remote(step)))
         record, self._queue = out
         return record
 
     def publish(self, version: int, params, timer) -> dict[str, float]:
-        if self.faults.kill_learner_after == version - 1 and self.is_main \
-                and self.faults.fire(self.run_dir, "kill_learner"):
-            kill_self(f"learner host 0 after the update of step {version - 1}")
+        faults, step = self.faults, version - 1
+        if faults.kill_learner_after == step and self.is_main \
+                and faults.fire(self.run_dir, "kill_learner"):
+            kill_self(f"learner host 0 after the update of step {step}")
         with timer.phase("weight_sync"):
             tree = loader.host_local(params)
             digest = self.kept.add(version, tree)
@@ -127,12 +145,17 @@ class RemoteSource:
             try:
                 self.transport.push(version, tree, digest)
             except TRANSIENT:  # the server died: restore it with every kept version
-                self._restore_ps()
+                self._restore_ps("learner host 0's kept copies (it was down for a push)")
             seconds = time.perf_counter() - t
-            self.dispatcher.published.remote(version)
+            announced = self.dispatcher.published.remote(version, digest)
+        if faults.kill_learner_after_publish == step \
+                and faults.fire(self.run_dir, "kill_learner_after_publish"):
+            ray.get(announced)  # the dispatcher leases with it before this host dies
+            kill_self(f"learner host 0 after publishing version {version}, before its "
+                      "checkpoint")
         queue = self._queue.metrics() if self._queue is not None else {}
         return {**queue, "sync/version": float(version), "sync/bytes": float(nbytes(tree)),
-                "perf/sync/seconds": seconds}
+                "perf/sync/seconds": seconds, "perf/sync/ps_restores": float(self.ps_restores)}
 
     def close(self) -> None:
         pass
@@ -145,21 +168,29 @@ class RemoteSource:
         except TRANSIENT:
             return  # down or restarting: check again at the next poll
         if now != self._incarnation:
-            log.warning("parameter server restarted: restoring versions %s",
-                        self.kept.versions())
-            self._restore_ps()
+            self._restore_ps("learner host 0's kept copies (the server was restarted)")
 
-    def _restore_ps(self, attempts: int = 120) -> None:
-        """Make the server hold exactly the kept versions (after a restart, or a rewind)."""
+    def _restore_ps(self, source: str, attempts: int = 120) -> None:
+        """Make the server hold exactly the kept versions (after a restart, or a rewind),
+        and say so: `source` is where the versions come from."""
         versions = [(v, *self.kept.get(v)) for v in self.kept.versions()]
+        before = self._incarnation
         for i in range(attempts):
             try:
                 ray.get(self.server.reset.remote(versions), timeout=120)
                 self._incarnation = ray.get(self.server.incarnation.remote(), timeout=30)
-                return
+                break
             except TRANSIENT:
                 time.sleep(0.5)
-        raise RuntimeError(f"the parameter server did not come back after {attempts} tries")
+        else:
+            raise RuntimeError(f"the parameter server did not come back after {attempts} tries")
+        held = ", ".join(f"{v} ({digest})" for v, _, digest in versions)
+        if before is None:  # the run's (or the restarted group's) first: expected
+            log.info("parameter server holds version(s) %s, from %s", held, source)
+        elif before != self._incarnation:
+            self.ps_restores += 1
+            log.warning("parameter server restarted (incarnation %s -> %s): restored "
+                        "version(s) %s from %s", before[:8], self._incarnation[:8], held, source)
 
 
 class LearnerWiring(Colocated):

@@ -9,6 +9,16 @@ rows. A lease belongs to one worker until it completes or its deadline passes; a
 that arrives for a lease that is no longer held is dropped, so no prompt is trained twice,
 and an expired or failed lease goes back to the queue, so no prompt is lost.
 
+Retries are bounded: a unit whose worker died, hung past the lease or failed counts a
+failed attempt, and its `max_attempts`-th failure raises `UnitFailed`, naming the step, the
+unit, the worker and the error, which stops the run (a unit that kills or hangs every worker
+that decodes it would otherwise be leased forever). A lease put back for a reason that is
+not the unit's (the parameter server is restarting) does not count.
+
+A lease names its version by number and by checksum (`digest`): after a learner restart a
+version number can stand for other bytes, and a worker reuses its cached copy only if both
+match.
+
 Three settings describe every mode (`placement.Schedule`):
 - max staleness k: step s may be dispatched once the newest weight version v satisfies
   s - v <= k. Admission is paced by this gate (workers wait); nothing is ever dropped for
@@ -44,6 +54,11 @@ class Lease:
     worker: int
     deadline: float
     attempt: int  # 0 the first time this unit is dispatched, +1 per redispatch
+    digest: str = ""  # checksum of that version's bytes (`versions.checksum`)
+
+
+class UnitFailed(RuntimeError):
+    """A unit failed `max_attempts` times: the run stops (its message says where and why)."""
 
 
 class LeaseTable:
@@ -56,7 +71,7 @@ class LeaseTable:
     """
 
     def __init__(self, prompts_per_step: int, prompts_per_lease: int, schedule: Schedule,
-                 last_step: int, first_step: int = 0):
+                 last_step: int, first_step: int = 0, max_attempts: int = 3):
         if prompts_per_lease < 1 or prompts_per_step % prompts_per_lease:
             raise ValueError(f"prompts_per_lease={prompts_per_lease} does not divide "
                              f"prompts_per_step={prompts_per_step}")
@@ -69,6 +84,8 @@ class LeaseTable:
         self._active: dict[int, Lease] = {}
         self._done: set[tuple[int, int]] = set()
         self._attempts: dict[tuple[int, int], int] = {}
+        self._failures: dict[tuple[int, int], int] = {}
+        self.max_attempts = max_attempts
         self._next_id = 0
         self.redispatched = 0  # units put back after a dispatch (died, hung, failed)
         self.late = 0  # results dropped because their lease was no longer held
@@ -81,20 +98,25 @@ class LeaseTable:
                 heapq.heappush(self._pending, (self._opened, u))
             self._opened += 1
 
-    def acquire(self, worker: int, newest_version: int, now: float,
-                timeout_s: float) -> Lease | None:
+    def acquire(self, worker: int, newest_version: int, now: float, timeout_s: float,
+                digests: dict[int, str] | None = None) -> Lease | None:
         """The oldest admitted unit, leased to `worker` until now + timeout_s; None if the
-        gate admits nothing more yet (admission is paced, not dropped)."""
+        gate admits nothing more yet (admission is paced, not dropped). `digests`: the
+        checksum of every published version, which the lease names with its version."""
         self._open(newest_version)
         if not self._pending:
             return None
+        version = self.schedule.version_for(self._pending[0][0], newest_version)
+        if digests is not None and version not in digests:
+            raise RuntimeError(f"no checksum for weight version {version} (published: "
+                               f"{sorted(digests)})")
         step, unit = heapq.heappop(self._pending)
         attempt = self._attempts.get((step, unit), 0)
         self._attempts[(step, unit)] = attempt + 1
         start = unit * self.prompts_per_lease
         lease = Lease(self._next_id, step, unit, start, start + self.prompts_per_lease,
-                      self.schedule.version_for(step, newest_version), worker,
-                      now + timeout_s, attempt)
+                      version, worker, now + timeout_s, attempt,
+                      "" if digests is None else digests[version])
         self._next_id += 1
         self._active[lease.id] = lease
         return lease
@@ -111,20 +133,59 @@ class LeaseTable:
         self._done.add(key)
         return lease
 
-    def release(self, lease_id: int) -> Lease | None:
-        """Put a held lease's unit back in the queue (its worker died or failed)."""
+    def release(self, lease_id: int, error: str | None = None) -> Lease | None:
+        """Put a held lease's unit back in the queue. `error`: why its attempt failed (the
+        worker died, hung, failed), which counts against the unit's `max_attempts` and
+        raises `UnitFailed` at the last; None: put back for a reason that is not the unit's
+        (the parameter server is restarting), not counted."""
         lease = self._active.pop(lease_id, None)
-        if lease is not None:
-            heapq.heappush(self._pending, (lease.step, lease.unit))
-            self.redispatched += 1
+        if lease is None:
+            return None
+        key = (lease.step, lease.unit)
+        if error is not None:
+            failures = self._failures[key] = self._failures.get(key, 0) + 1
+            if failures >= self.max_attempts:
+                raise UnitFailed(
+                    f"step {lease.step} unit {lease.unit} (prompts {lease.start}-{lease.stop - 1}) "
+                    f"failed {failures} time(s), the last on worker {lease.worker} (lease "
+                    f"{lease.id}, weight version {lease.version}): {error}. Stopping the run "
+                    f"(--max-attempts {self.max_attempts}): this unit fails every worker it "
+                    "is given to")
+        heapq.heappush(self._pending, key)
+        self.redispatched += 1
         return lease
 
     def expire(self, now: float) -> list[Lease]:
-        """Release every lease whose deadline has passed; returns them."""
+        """Release every lease whose deadline has passed (a failed attempt each); returns
+        them. `UnitFailed` if that was a unit's last attempt."""
         gone = [x for x in self._active.values() if x.deadline <= now]
         for x in gone:
-            self.release(x.id)
+            self.release(x.id, f"held past its deadline by worker {x.worker} (hung, or "
+                               "slower than --lease-timeout-s)")
         return gone
+
+    def describe(self, step: int, now: float) -> str:
+        """Where each unit of `step` not done yet is: held (by whom, until when), queued, or
+        not admitted yet (the learner's stall warning)."""
+        held = {(x.step, x.unit): x for x in self._active.values()}
+        parts = []
+        for u in range(self.units_per_step):
+            key = (step, u)
+            if key in self._done:
+                continue
+            failed = self._failures.get(key, 0)
+            tried = f", {failed} failed attempt(s) of {self.max_attempts}" if failed else ""
+            if key in held:
+                x = held[key]
+                parts.append(f"unit {u} held by worker {x.worker} (lease {x.id}, version "
+                             f"{x.version}, deadline in {x.deadline - now:.0f} s{tried})")
+            elif key in self._pending:
+                parts.append(f"unit {u} queued{tried}")
+            else:
+                parts.append(f"unit {u} not admitted yet (step {step} opens at weight version "
+                             f"{step - self.schedule.max_staleness})")
+        done = self.units_per_step - len(parts)
+        return f"{done} of {self.units_per_step} unit(s) in; " + "; ".join(parts)
 
     def active(self) -> list[Lease]:
         return list(self._active.values())
@@ -146,6 +207,7 @@ class LeaseTable:
         for u in range(self.units_per_step):
             self._done.discard((step, u))
             self._attempts.pop((step, u), None)
+            self._failures.pop((step, u), None)
         self.next_step += 1
 
     # --- checkpoint -------------------------------------------------------------------------
@@ -156,6 +218,7 @@ class LeaseTable:
         return {"next_step": self.next_step, "opened": self._opened,
                 "done": sorted([list(k) for k in self._done]),
                 "attempts": sorted([[s, u, n] for (s, u), n in self._attempts.items()]),
+                "failures": sorted([[s, u, n] for (s, u), n in self._failures.items()]),
                 "redispatched": self.redispatched, "late": self.late}
 
     def restore(self, state: dict) -> None:
@@ -164,6 +227,7 @@ class LeaseTable:
         self.next_step, self._opened = int(state["next_step"]), int(state["opened"])
         self._done = {(int(s), int(u)) for s, u in state["done"]}
         self._attempts = {(int(s), int(u)): int(n) for s, u, n in state["attempts"]}
+        self._failures = {(int(s), int(u)): int(n) for s, u, n in state.get("failures", [])}
         self.redispatched, self.late = int(state["redispatched"]), int(state["late"])
         self._active = {}
         self._pending = [(s, u) for s in range(self.next_step, self._opened)

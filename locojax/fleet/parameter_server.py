@@ -8,9 +8,14 @@ checkpoint, restores it (`learner.RemoteSource._restore_ps`).
 
 `ObjectStoreTransport` is the `versions.WeightTransport` the Ray modes use: `push` sends a
 whole numpy version to the server (which verifies it before keeping it), `pull` fetches one
-by number and verifies version and checksum again at the receiver. A server that is down
-or restarting shows up as `VersionUnavailable`, a transient error the dispatcher retries;
-a mismatch is `WeightMismatch`, which stops the run.
+by number and checksum and verifies both again at the receiver. A server that is down or
+restarting, or that holds other bytes under that number (the learner restarted since the
+lease was made, and that lease's result will be dropped), shows up as `VersionUnavailable`,
+a transient error the dispatcher retries; bytes that do not match their own checksum are
+`WeightMismatch`, which stops the run.
+
+A server that Ray restarted says so when it starts (it holds nothing until learner host 0
+restores it from its kept copies, which the learner logs with the versions and checksums).
 
 References: RLAX (trainer pushes to a parameter server, preemptible workers pull), Podracer
 Sebulba (whole parameter sets pushed to actors).
@@ -47,6 +52,9 @@ class ParameterServer:
         self.store = VersionStore(keep)  # values: ObjectRefs owned by this actor
         self.run_dir, self.faults = run_dir, faults
         self._incarnation = uuid.uuid4().hex  # changes when Ray restarts the actor
+        if ray.get_runtime_context().was_current_actor_reconstructed:
+            log.warning("restarted by Ray (incarnation %s): holding no weight version until "
+                        "learner host 0 restores its kept copies", self._incarnation[:8])
 
     def __repr__(self) -> str:
         return "parameter-server"
@@ -103,13 +111,21 @@ class ObjectStoreTransport:
         ray.get(self.server.put.remote(version, tree, digest), timeout=self.timeout_s)
         return SyncStats(version, nbytes(tree), time.perf_counter() - t)
 
-    def pull(self, version: int) -> tuple[object, SyncStats]:
+    def pull(self, version: int, digest: str | None = None) -> tuple[object, SyncStats]:
+        """Version `version` (whose checksum must be `digest`, if given), verified."""
         t = time.perf_counter()
         try:
-            got, (ref,), digest = ray.get(self.server.get.remote(version), timeout=self.timeout_s)
+            got, (ref,), held = ray.get(self.server.get.remote(version), timeout=self.timeout_s)
+        except TRANSIENT as e:
+            raise VersionUnavailable(f"weight version {version}: parameter server unreachable "
+                                     f"({type(e).__name__})") from None
+        if digest is not None and held != digest:
+            raise VersionUnavailable(f"weight version {version} is held with checksum {held}, "
+                                     f"not {digest}: superseded by a learner restart")
+        try:
             tree = ray.get(ref, timeout=self.timeout_s)
         except TRANSIENT as e:
             raise VersionUnavailable(f"weight version {version}: parameter server unreachable "
                                      f"({type(e).__name__})") from None
-        verify(tree, got, version, digest)
+        verify(tree, got, version, held)
         return tree, SyncStats(version, nbytes(tree), time.perf_counter() - t)

@@ -71,8 +71,19 @@ class PlacementConfig:
     unit per worker per step when they divide)."""
     lease_timeout_s: float = 300.0
     """A worker that has not returned a lease after this long loses it (and is restarted)."""
+    max_attempts: int = 3
+    """Failed attempts at one leased unit (its worker died, hung past the lease, or its
+    verifier calls kept failing) before the run stops with an error naming the step, the
+    unit, the last error and the worker: a unit that kills every worker stops the run."""
+    stall_warning_s: float = 60.0
+    """The learner warns, naming the units it waits for and who holds them, each time it has
+    waited this long for a step's rollouts."""
     verifiers: int = 1
     """Reward/verifier actors that score the workers' completions."""
+    verifier_timeout_s: float = 0.0
+    """Deadline of one verifier call (a worker's share of a unit's completions): past it the
+    verifier is killed (Ray restarts it) and the call is retried on another, at most
+    --max-attempts times. 0: half of --lease-timeout-s, so that a retry fits in the lease."""
     ray_address: str = ""
     """Join this Ray cluster (e.g. 'auto' or 'HOST:6379' after `ray start --head`); empty:
     start a local one for this run."""
@@ -101,8 +112,17 @@ class PlacementConfig:
                              f"{self.prompts_per_lease}")
         if self.lease_timeout_s <= 0:
             raise ValueError(f"--lease-timeout-s must be > 0, got {self.lease_timeout_s}")
+        if self.max_attempts < 1:
+            raise ValueError(f"--max-attempts must be >= 1, got {self.max_attempts}")
+        if self.stall_warning_s <= 0:
+            raise ValueError(f"--stall-warning-s must be > 0, got {self.stall_warning_s}")
         if self.verifiers < 1:
             raise ValueError(f"--verifiers must be >= 1, got {self.verifiers}")
+        if not 0 <= self.verifier_timeout_s < self.lease_timeout_s:
+            raise ValueError(f"--verifier-timeout-s must be >= 0 (0: half the lease) and below "
+                             f"--lease-timeout-s {self.lease_timeout_s}, got "
+                             f"{self.verifier_timeout_s}: a stuck verifier must be found out "
+                             "before the lease that waits on it expires")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,6 +137,9 @@ class PlacementPlan:
     schedule: Schedule
     lease_timeout_s: float
     verifiers: int
+    max_attempts: int = 3
+    stall_warning_s: float = 60.0
+    verifier_timeout_s: float = 150.0  # resolved: never 0
 
     @property
     def hosts(self) -> int:
@@ -165,4 +188,5 @@ def place(mode: str, p: PlacementConfig, prompts_per_step: int,
     schedule = Schedule(p.max_staleness, p.versions_kept or p.max_staleness + 1,
                         newest=mode == "async")
     return PlacementPlan(mode, learners, workers, d, per_lease, schedule, p.lease_timeout_s,
-                         p.verifiers)
+                         p.verifiers, p.max_attempts, p.stall_warning_s,
+                         p.verifier_timeout_s or p.lease_timeout_s / 2)

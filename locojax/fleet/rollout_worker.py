@@ -8,6 +8,11 @@ weight version it holds (pulled whole from the parameter server, checksum verifi
 sample never mixes two versions) and its compiled engine. Everything else arrives with a
 lease (step, prompt slots, the version to use), so Ray can kill and restart it at any
 point: the restarted actor warms up, then pulls the version the next lease names.
+
+A lease names its version by number and checksum, and the worker reuses the copy it holds
+only if both match: after a learner restart, version v may be other bytes than the v this
+worker pulled before. It returns the checksum it generated with, which the dispatcher
+checks against the lease's.
 """
 
 from __future__ import annotations
@@ -29,11 +34,18 @@ from locojax.fleet.verifier import VerifierPool
 log = logging.getLogger(__name__)
 
 
+def needs_pull(held: tuple[int | None, str | None], lease: Lease) -> bool:
+    """Whether the (version, checksum) a worker holds is not the one `lease` names: the
+    number alone is not enough, as a restarted learner may publish other bytes under it."""
+    return held != (lease.version, lease.digest)
+
+
 @ray.remote
 class RolloutWorker:
     """One rollout host: an engine on its local devices, generating leased units."""
 
-    def __init__(self, index: int, cfg, devices: int, server, verifiers: list, faults: Faults):
+    def __init__(self, index: int, cfg, devices: int, server, verifiers: list, faults: Faults,
+                 verifier_timeout_s: float = 150.0, attempts: int = 3):
         setup_logging()
         from locojax import distributed
 
@@ -48,11 +60,12 @@ class RolloutWorker:
         mesh = make_mesh({"data": jax.local_device_count()}, jax.local_devices())
         self.engine = parts.engine(mesh)
         dump_dir = os.path.join(cfg.run_dir, "rollouts") if cfg.dump_rollouts else None
-        self.producer = parts.producer(self.engine, VerifierPool(verifiers), dump_dir)
+        pool = VerifierPool(verifiers, verifier_timeout_s, attempts)
+        self.producer = parts.producer(self.engine, pool, dump_dir)
         # The starting weights, on this host's devices: only to compile before any lease.
         self._warm_weights = parts.weights(mesh, ROLLOUT_REPLICATED)
         self.transport = ObjectStoreTransport(server)
-        self.version, self.weights = None, None
+        self.version, self.digest, self.weights = None, None, None
 
     def __repr__(self) -> str:
         return f"worker {self.index}"
@@ -73,18 +86,19 @@ class RolloutWorker:
         return os.getpid()
 
     def produce(self, lease: Lease):
-        """Generate `lease`'s unit with exactly the version it names: its `RolloutRecord`,
-        whose stats carry this worker's figures (pull, phases, the logprob check)."""
+        """Generate `lease`'s unit with exactly the version it names, bytes and all: (its
+        `RolloutRecord`, whose stats carry this worker's figures (pull, phases, the logprob
+        check), and the checksum of the weights it generated with)."""
         pull_bytes, pull_seconds = 0.0, 0.0
-        if self.version != lease.version:
+        if needs_pull((self.version, self.digest), lease):
             # Never keep two versions: the old one is gone before the new arrives. If the pull
             # fails (server down), the worker holds no version, not a stale label on None.
-            self.weights, self.version = None, None
-            tree, sync = self.transport.pull(lease.version)
+            self.weights, self.version, self.digest = None, None, None
+            tree, sync = self.transport.pull(lease.version, lease.digest or None)
             self.weights = self.engine.place_weights(tree)
-            self.version = lease.version
+            self.version, self.digest = lease.version, lease.digest
             pull_bytes, pull_seconds = float(sync.bytes), sync.seconds
-        timer = FaultyTimer(self.faults, self.cfg.run_dir, self.index, lease.step)
+        timer = FaultyTimer(self.faults, self.cfg.run_dir, self.index, lease.step, lease.unit)
         record, _ = self.producer.produce(lease.step, self.weights, lease.start, lease.stop, timer,
                                           version=self.version)
         with timer.phase("logprob_check"):
@@ -93,7 +107,7 @@ class RolloutWorker:
         stats = record.stats + type(record.stats)(
             logprob_gap=gap, logprob_tokens=tokens, units=1.0, pull_bytes=pull_bytes,
             pull_seconds=pull_seconds, worker_seconds=seconds)
-        return dataclasses.replace(record, stats=stats)
+        return dataclasses.replace(record, stats=stats), self.digest
 
     def _logprob_gap(self, record) -> tuple[float, float]:
         """(Σ |sampler − trainer| logprob, tokens) over the unit's response tokens, the

@@ -2,31 +2,56 @@
 
 A rollout worker's producer is handed a `VerifierPool` in place of a local `RewardRunner`:
 the pool splits each batch over the `Verifier` actors, each of which guards its calls with
-its own `RewardRunner` (timeouts, errors). Scoring is idempotent, so a verifier restarted by
-Ray is simply asked again.
+its own `RewardRunner` (per-call timeouts, errors, process isolation). Scoring is
+idempotent, so a call can be made again anywhere.
+
+Every verifier call has a deadline (`PlacementPlan.verifier_timeout_s`), because the
+verifier itself can get stuck where its runner cannot help: a reward run in a thread that
+hangs holding the GIL (catastrophic regex backtracking, a huge integer power in sympy)
+stops the whole actor, runner included. Past the deadline the pool kills the verifier (Ray
+restarts it) and makes the call again on the next verifier; a call that dies with its
+verifier is made again the same way. After `attempts` tries the call raises, which fails the
+worker's lease (counted against the unit's attempts). The actors are made with
+`max_task_retries=0` so that Ray never replays a call on the restarted verifier by itself:
+retries are the pool's, and bounded.
 """
 
 from __future__ import annotations
+
+import logging
+import time
 
 import numpy as np
 import ray
 
 from locojax.envs.rewards import RewardConfig, RewardRunner, Scores
 from locojax.fleet.actors import setup_logging
+from locojax.fleet.faults import Faults, hang_holding_the_gil
+
+log = logging.getLogger(__name__)
+
+_DEAD = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError)
 
 
 @ray.remote
 class Verifier:
     """Scores completions with its own guarded `RewardRunner`."""
 
-    def __init__(self, index: int, config: RewardConfig):
+    def __init__(self, index: int, config: RewardConfig, run_dir: str = "",
+                 faults: Faults = Faults()):
         setup_logging()
         self.index, self.runner = index, RewardRunner(config)
+        self.run_dir, self.faults, self.calls = run_dir, faults, 0
 
     def __repr__(self) -> str:
         return f"verifier {self.index}"
 
     def score(self, fn, completions: list[str], examples: list) -> tuple[Scores, dict]:
+        self.calls += 1
+        after = self.faults.hang_verifier_after_calls
+        if after is not None and self.calls > after and self.faults.fire(self.run_dir,
+                                                                          "hang_verifier"):
+            hang_holding_the_gil(f"verifier {self.index}")
         scores = self.runner.score_batch(fn, completions, examples)
         return scores, self.runner.metrics()
 
@@ -34,22 +59,74 @@ class Verifier:
 class VerifierPool:
     """The `RewardRunner` interface the producer uses, served by `Verifier` actors."""
 
-    def __init__(self, verifiers: list):
-        self.verifiers = verifiers
+    def __init__(self, verifiers: list, timeout_s: float = 150.0, attempts: int = 3):
+        self.verifiers, self.timeout_s, self.attempts = verifiers, timeout_s, attempts
         self._counts: dict[str, float] = {}
+        self.restarts = 0  # verifiers this pool killed for missing a deadline
 
     def score_batch(self, fn, completions, examples) -> Scores:
         n = len(completions)
         bounds = np.linspace(0, n, min(len(self.verifiers), max(n, 1)) + 1).astype(int)
-        refs = [v.score.remote(fn, list(completions[a:b]), list(examples[a:b]))
-                for v, a, b in zip(self.verifiers, bounds[:-1], bounds[1:])]
-        results = ray.get(refs)
+        chunks = [(list(completions[a:b]), list(examples[a:b]))
+                  for a, b in zip(bounds[:-1], bounds[1:])]
+        results = self._call_all(fn, chunks)
         for _, counts in results:
             for k, v in counts.items():
                 if not k.endswith("/mean"):  # part means are recomputed from the rows
                     self._counts[k] = self._counts.get(k, 0.0) + v
         parts = {k: np.concatenate([s.parts[k] for s, _ in results]) for k in results[0][0].parts}
         return Scores(np.concatenate([s.total for s, _ in results]), parts)
+
+    def _call_all(self, fn, chunks: list) -> list:
+        """One call per chunk (chunk i on verifier i first), each with its deadline; a call
+        that misses it or dies with its verifier is made again on the next verifier."""
+        results: list = [None] * len(chunks)
+        tries = [0] * len(chunks)
+        where = list(range(len(chunks)))  # verifier of each chunk's current call
+        calls = {}  # ref -> (chunk, deadline)
+
+        def submit(i: int) -> None:
+            tries[i] += 1
+            ref = self.verifiers[where[i]].score.remote(fn, *chunks[i])
+            calls[ref] = (i, time.monotonic() + self.timeout_s)
+
+        def again(i: int, why: str) -> None:
+            if tries[i] >= self.attempts:
+                raise RuntimeError(f"verifier calls on {len(chunks[i][0])} completion(s) failed "
+                                   f"{tries[i]} time(s), the last on verifier {where[i]}: {why}")
+            where[i] = (where[i] + 1) % len(self.verifiers)
+            submit(i)
+
+        for i in range(len(chunks)):
+            submit(i)
+        while calls:
+            soonest = min(deadline for _, deadline in calls.values())
+            ready, _ = ray.wait(list(calls), num_returns=1,
+                                timeout=max(0.0, soonest - time.monotonic()))
+            for ref in ready:
+                i, _ = calls.pop(ref)
+                try:
+                    results[i] = ray.get(ref)
+                except _DEAD as e:
+                    log.warning("verifier %d died during a call (%s); calling verifier %d",
+                                where[i], type(e).__name__, (where[i] + 1) % len(self.verifiers))
+                    again(i, f"died ({type(e).__name__})")
+            now = time.monotonic()
+            for ref, (i, deadline) in list(calls.items()):
+                if deadline <= now:
+                    del calls[ref]
+                    self._kill(where[i])
+                    again(i, f"no answer within --verifier-timeout-s {self.timeout_s:g}")
+        return results
+
+    def _kill(self, index: int) -> None:
+        """A verifier that missed its deadline is stuck (it may hold the GIL, so nothing
+        inside it can be asked to stop): kill its process; Ray starts a new one."""
+        self.restarts += 1
+        log.warning("verifier %d missed its %.0f s deadline: killed, Ray restarts it; the call "
+                    "goes to verifier %d", index, self.timeout_s,
+                    (index + 1) % len(self.verifiers))
+        ray.kill(self.verifiers[index], no_restart=False)
 
     def metrics(self, reset: bool = True) -> dict[str, float]:
         out = dict(self._counts)
