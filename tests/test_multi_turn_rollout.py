@@ -138,11 +138,19 @@ def test_cut_turn_at_the_token_that_closes_the_call():
 
 
 def test_env_pool_times_out_and_keeps_its_workers():
+    """The hung call spins in Python, holding the GIL but for CPython's switch interval (as
+    a tool stuck in a pure-Python loop would): the pool still notices its deadline and
+    replaces the worker. A call stuck inside one C call that never releases the GIL (a
+    catastrophic regex) would stop every thread, the pool's included: docs/security.md
+    says so, and such tools belong in a process (the sandbox, or rewards' process
+    isolation)."""
     gate = threading.Event()
 
     def call(x):
         if x == "hang":
-            gate.wait(10)
+            deadline = time.monotonic() + 10
+            while not gate.is_set() and time.monotonic() < deadline:
+                pass  # busy: no sleep, no wait, nothing that releases the GIL by itself
         if x == "boom":
             raise ValueError("bad")
         return x * 2

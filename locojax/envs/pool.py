@@ -12,6 +12,13 @@ As with `rewards.RewardRunner`'s thread isolation, a hung call cannot be stopped
 thread is abandoned (it exits when the call returns, its result unread) and a fresh
 worker takes its place, so the pool keeps its size. Code that may loop forever belongs
 in the sandbox, whose wall-clock limit kills it.
+
+What the pool cannot survive: a call stuck inside one C call that never releases the GIL
+(catastrophic regex backtracking, a huge integer power). CPython switches threads only
+between bytecodes, so every thread of the process stops, the one that would notice the
+deadline included, until that call returns. A pure-Python loop is preempted every switch
+interval, and is timed out like any hang (tests/test_multi_turn_rollout.py). Tools that can
+meet such input must run in a process (the sandbox).
 """
 
 from __future__ import annotations
