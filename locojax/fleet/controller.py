@@ -33,6 +33,7 @@ import jax
 import numpy as np
 import ray
 
+from locojax.engine.extend import TurnOutput
 from locojax.envs.rewards import RewardRunner
 from locojax.fleet import driver
 from locojax.fleet.actors import host_cpus
@@ -104,6 +105,78 @@ class HostEngines:
         return _Generation(tokens, mask, logprobs, sum(int(p[3]) for p in parts))
 
 
+    def conversation(self, sampling, slots: int, stops=(), max_block: int = 64,
+                     compact: bool = True) -> HostConversation:
+        """Multi-turn rows on the hosts (the `Conversation` interface)."""
+        return HostConversation(self, dict(sampling=sampling, slots=slots, stops=tuple(stops),
+                                           max_block=max_block, compact=compact))
+
+
+class HostConversation:
+    """`Conversation` over the hosts: host p holds rows [p·R/N, (p+1)·R/N) in a conversation
+    on its own engine. `begin` goes to every host; `extend` and `decode` to the hosts whose
+    rows they name, each with its rows in the order named, so host p runs exactly the calls
+    colocated's host p runs on its own rows. The environment turns between them are the
+    controller's (`multi_turn.rollout`, on its pool)."""
+
+    def __init__(self, engines: HostEngines, args: dict):
+        self.engines, self.args = engines, args
+        self.pending = None  # what `multi_turn.rollout` syncs on: the calls return when done
+
+    def _call(self, calls: dict[int, tuple]) -> dict:
+        """{host: result} of `conversation(method, *args)` on each host named."""
+        e = self.engines
+        refs = [e.hosts[p].conversation.remote(*call) for p, call in calls.items()]
+        e.traffic.round_trips += len(refs)
+        e.traffic.bytes_out += sum(np.asarray(x).nbytes for call in calls.values()
+                                   for x in call[1:] if isinstance(x, np.ndarray))
+        return dict(zip(calls, gather(refs, e.hosts, e.runs)))
+
+    def begin(self, weights, prompt_tokens, prompt_mask, key, num_samples: int = 1,
+              first_row: int = 0, limits=None, active=None) -> None:
+        tokens, mask = np.asarray(prompt_tokens, np.int32), np.asarray(prompt_mask, bool)
+        n = len(self.engines.hosts)
+        if len(tokens) % n:
+            raise ValueError(f"{len(tokens)} prompts do not split over {n} hosts")
+        share = len(tokens) // n
+        self.rows = rows = share * num_samples
+        limits = np.full(len(tokens) * num_samples, self.args["sampling"].max_new_tokens) \
+            if limits is None else np.asarray(limits)
+        active = np.ones(len(limits), bool) if active is None else np.asarray(active, bool)
+        key_data = np.asarray(jax.random.key_data(key))
+        self._call({p: ("begin", self.engines.step, self.args, tokens[p * share:(p + 1) * share],
+                        mask[p * share:(p + 1) * share], key_data, num_samples,
+                        first_row + p * rows, limits[p * rows:(p + 1) * rows],
+                        active[p * rows:(p + 1) * rows]) for p in range(n)})
+        self.asked = list(range(len(limits)))  # global rows of the next decode, in order
+
+    def extend(self, rows, keep, appended, limits) -> None:
+        by_host: dict[int, list] = {}
+        for row, k, app, lim in zip(rows, keep, appended, limits):
+            by_host.setdefault(int(row) // self.rows, []).append((int(row) % self.rows, k,
+                                                                  list(app), lim))
+        self._call({p: ("extend", *map(list, zip(*calls))) for p, calls in by_host.items()})
+        self.asked = [int(r) for r in rows]
+
+    def decode(self) -> TurnOutput:
+        hosts = sorted({r // self.rows for r in self.asked})
+        outs = self._call({p: ("decode",) for p in hosts})
+        self.engines.traffic.bytes_in += sum(o.tokens.nbytes + o.logprobs.nbytes
+                                             for o in outs.values())
+        index: dict[int, tuple[int, int]] = {}  # global row -> (host, row of its output)
+        for p in hosts:
+            mine = [r for r in self.asked if r // self.rows == p]
+            index.update({r: (p, i) for i, r in enumerate(mine)})
+        at = [index[r] for r in self.asked]
+        return TurnOutput(np.stack([outs[p].tokens[i] for p, i in at]),
+                          np.stack([outs[p].logprobs[i] for p, i in at]),
+                          np.asarray([outs[p].lengths[i] for p, i in at], np.int32),
+                          sum(o.steps for o in outs.values()))
+
+    def close(self) -> None:
+        self._call({p: ("close",) for p in range(len(self.engines.hosts))})
+
+
 @dataclasses.dataclass
 class _Generation:
     tokens: np.ndarray
@@ -113,27 +186,42 @@ class _Generation:
 
 
 def gather(refs: list, hosts: list, runs: list) -> list:
-    """The results of calls on the hosts, in order. A host that died, or a run that ended
-    or failed meanwhile, stops the controller with the host's name."""
+    """The results of calls on the hosts, in order. A host that died, or whose run failed or
+    ended meanwhile, stops the controller with the host's name and the run's own error."""
     pending, done = list(refs), {}
     while pending:
         ready, pending = ray.wait(pending, num_returns=1, timeout=1.0)
         for r in ready:
             try:
                 done[r] = ray.get(r)
-            except ray.exceptions.RayActorError as e:
-                i = refs.index(r) % len(hosts)
-                raise RuntimeError(f"controller host {i} died ({type(e).__name__}); the run "
-                                   "stops") from e
-        ended, _ = ray.wait(runs, num_returns=len(runs), timeout=0)
-        for r in ended:  # a host's loop ended: it failed, or stopped early (time limit)
-            try:
-                ray.get(r)
-            except ray.exceptions.RayActorError as e:
-                raise RuntimeError(f"controller host {runs.index(r)} died "
-                                   f"({type(e).__name__}); the run stops") from e
-            raise HostsEnded(f"controller host {runs.index(r)} has finished its run")
+            except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as e:
+                _check_runs(runs, wait_s=10.0)  # the run's failure says more than the call's
+                raise RuntimeError(f"controller host {refs.index(r) % len(hosts)} failed "
+                                   f"({type(e).__name__}): {e}") from e
+        _check_runs(runs)
     return [done[r] for r in refs]
+
+
+def _check_runs(runs: list, wait_s: float = 0.0) -> None:
+    """Raise if a host's loop has ended (waiting up to `wait_s` for the first to end): a
+    dead host first, by name; else a failed run, with its error; else `HostsEnded` (the
+    run's time limit stopped the hosts early)."""
+    ray.wait(runs, num_returns=1, timeout=wait_s)
+    ended, _ = ray.wait(runs, num_returns=len(runs), timeout=0)
+    found = []
+    for r in ended:
+        i = runs.index(r)
+        try:
+            ray.get(r)
+            found.append((2, HostsEnded(f"controller host {i} has finished its run"), None))
+        except ray.exceptions.RayActorError as e:
+            found.append((0, RuntimeError(f"controller host {i} died ({type(e).__name__}); "
+                                          "the run stops"), e))
+        except ray.exceptions.RayTaskError as e:
+            found.append((1, RuntimeError(f"controller host {i}'s run failed: {e}"), e))
+    if found:
+        _, error, cause = min(found, key=lambda f: f[0])
+        raise error from cause
 
 
 def control(parts: RunParts, hosts: list, runs: list) -> None:
@@ -176,11 +264,7 @@ def check_settings(cfg: RunConfig) -> RunParts:
                          "process, not under `locojax launch`")
     n = cfg.placement.hosts
     check_run(cfg, n, n * (cfg.devices_per_host or 1))
-    parts = RunParts.of(cfg)
-    if parts.task.multi_turn:
-        raise ValueError(f"mode 'controller' runs single-turn tasks so far; {cfg.task.name!r} "
-                         "is multi-turn")
-    return parts
+    return RunParts.of(cfg)
 
 
 def run(cfg: RunConfig, faults: Faults = Faults()) -> dict[str, float]:

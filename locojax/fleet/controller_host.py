@@ -24,6 +24,7 @@ import jax
 import numpy as np
 import ray
 
+from locojax.engine.extend import Conversation, TurnOutput
 from locojax.engine.sampling import SamplingConfig
 from locojax.fleet.faults import Faults, kill_self
 from locojax.fleet.learner import GroupHost
@@ -56,6 +57,7 @@ class ControllerSource:
         self.admission: dict = {}
         self.saved: tuple | None = None  # (start step, checkpointed JSON) once `begin` ran
         self.finished = False
+        self.conversation: Conversation | None = None  # the controller's multi-turn rows
         self._metrics: dict[str, float] = {}
 
     # --- the loop's side ----------------------------------------------------------------------
@@ -100,15 +102,41 @@ class ControllerSource:
                 raise RuntimeError("the host's run has ended")
             self.cv.wait(POLL_S)
 
-    def generate(self, step: int, prompt_tokens, prompt_mask, key_data, first_row: int,
-                 sampling: SamplingConfig, num_samples: int) -> tuple[np.ndarray, ...]:
+    def _weights(self, step: int):
+        """The params the loop waits with in `take(step)`, on the engine's devices."""
         with self.cv:
             self._wait(lambda: self.waiting == step)
-            weights = self.wiring.rollout_weights(self.params)
+            return self.wiring.rollout_weights(self.params)
+
+    def generate(self, step: int, prompt_tokens, prompt_mask, key_data, first_row: int,
+                 sampling: SamplingConfig, num_samples: int) -> tuple[np.ndarray, ...]:
+        weights = self._weights(step)
         key = jax.random.wrap_key_data(np.asarray(key_data, np.uint32))
         gen = self.engine.generate(weights, prompt_tokens, key, sampling, num_samples,
                                    prompt_mask=prompt_mask, first_row=first_row)
         return tuple(np.asarray(x) for x in (gen.tokens, gen.mask, gen.logprobs, gen.steps))
+
+    def conversation_begin(self, step: int, conversation: dict, prompt_tokens, prompt_mask,
+                           key_data, num_samples: int, first_row: int, limits, active) -> None:
+        """Multi-turn: turn 1 of this host's rows (`Conversation.begin`), run to completion."""
+        weights = self._weights(step)
+        self.conversation = Conversation(self.engine, **conversation)
+        self.conversation.begin(weights, prompt_tokens, prompt_mask,
+                                jax.random.wrap_key_data(np.asarray(key_data, np.uint32)),
+                                num_samples, first_row, limits, active)
+        jax.block_until_ready(self.conversation.pending)
+
+    def conversation_extend(self, rows, keep, appended, limits) -> None:
+        self.conversation.extend(rows, keep, appended, limits)
+        jax.block_until_ready(self.conversation.pending)
+
+    def conversation_decode(self) -> TurnOutput:
+        return self.conversation.decode()
+
+    def conversation_close(self) -> None:
+        if self.conversation is not None:
+            self.conversation.close()
+            self.conversation = None
 
     def put(self, step: int, shard: Shard) -> None:
         with self.cv:
@@ -173,6 +201,11 @@ class ControllerHost(GroupHost):
 
     def generate(self, step: int, *args) -> tuple[np.ndarray, ...]:
         return self._source().generate(step, *args)
+
+    def conversation(self, method: str, *args):
+        """Multi-turn: `ControllerSource.conversation_<method>` (begin, extend, decode, close)
+        of this host's rows."""
+        return getattr(self._source(), f"conversation_{method}")(*args)
 
     def put(self, step: int, record: RolloutRecord, admission: dict,
             metrics: dict[str, float]) -> None:

@@ -36,7 +36,6 @@ import jax
 import numpy as np
 
 from locojax.engine.engine import Engine, pad_prompts
-from locojax.engine.extend import Conversation
 from locojax.engine.sampling import SamplingConfig
 from locojax.envs.base import TOOL_CLOSE, Example, Step, Task, truncate_to_tool_call
 from locojax.envs.pool import EnvPool, Outcome
@@ -183,7 +182,7 @@ def rollout(engine: Engine, weights, tokenizer: Tokenizer, task: Task, pool: Env
                 raise ValueError(f"prompt of example {ex.id} has {len(x)} tokens, more than "
                                  f"max_prompt_tokens={limits.max_prompt_tokens}")
         prompt_tokens, prompt_mask = pad_prompts(ids, tokenizer.pad_id, limits.max_prompt_tokens)
-    conv = Conversation(engine, sampling, limits.slots, max_block=limits.max_block,
+    conv = engine.conversation(sampling, limits.slots, max_block=limits.max_block,
                         stops=(tuple(tokenizer.encode(TOOL_CLOSE)),), compact=compact)
     try:
         with phase("prefill") as ph:
