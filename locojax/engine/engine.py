@@ -1,50 +1,47 @@
-"""Batched generation: one jitted prefill + `lax.while_loop` decode over a donated KV cache.
+"""Batched generation on local devices: `Engine.generate` = prefill + decode (`decode.py`).
 
-The engine sees token ids only (DESIGN.md: "the engine knows nothing about tokenization").
-Every forward is `qwen3.forward`, the function the trainer differentiates, and the returned
-logprobs are those of the temperature-scaled policy, so sampler and trainer logprobs agree
-to f32 rounding (DESIGN.md, correctness contracts).
+The engine sees token ids only (DESIGN.md: "the engine knows nothing about tokenization"),
+holds the KV-cache buffer across calls (donated into each program and handed back) and the
+device layout. The returned logprobs are those of the temperature-scaled policy, computed
+by the trainer's own forward, so sampler and trainer logprobs agree to f32 rounding
+(DESIGN.md, correctness contracts).
 
 Shapes are static per call: B prompts of P (left-padded) tokens, G samples per prompt,
-R = B·G rows, N = max_new_tokens, S = P + N - 1 cache slots (the last sampled token is
-never fed back, so it needs no slot). A left-padded prompt's positions start at 0 at its
-first real token; pad slots are marked invalid in the cache and never attended to.
-
+R = B·G rows, N = max_new_tokens, S ≥ P + N - 1 cache slots (the last sampled token is
+never fed back, so it needs no slot; S is rounded up to whole blocks of attention,
+`qwen3.KVCache.blocks`). A left-padded prompt's positions start at 0 at its first real
+token; pad slots are marked invalid in the cache and never attended to. A decode step reads
+only the blocks written so far, so its cost grows with the tokens written, not with N.
 With `num_samples=G` (GRPO groups) each prompt is prefilled once and its cache repeated G
 times; rows are prompt-major (row r belongs to prompt r // G).
 
-Randomness: row r draws step t from `fold_in(fold_in(key, first_row + r), t)`, all drawn
-before the loop, so a row's tokens depend on neither its batch nor the device layout.
+A generate compacts its finished rows out as it goes (`Engine.decode`, `decode.compact`):
+once half a device's rows have stopped, the live ones move, in place, into a batch half the
+size, so rows that stopped early cost nothing after. The cache may be bf16
+(`Engine(cache_dtype="bf16")`): half the memory and the reads, accumulated in f32.
 
-One decode loop (`decode`, over a `Turn`) serves a generate and every turn of a multi-turn
-conversation (`extend.py`): a generate is one turn with a limit of N tokens per row and no
-stop sequences.
-
-References: jax-llm-examples `qwen3` (donated cache), gemma's sampler (state + while_loop),
-nanochat `engine.py` (prefill once, then clone the cache per sample).
-Departure: sampling uses one uniform per row (see `sampling.py`), not Gumbel-max.
-
-Legend: b prompts, r rows (b·G), p prompt length, n new tokens, s cache slots, v vocab.
+References: nanochat `engine.py` (the engine knows no tokenizer; prefill once, then clone
+the cache per sample). Departure: sampling uses one uniform per row (see `sampling.py`),
+not Gumbel-max.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import logging
 from typing import Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, SingleDeviceSharding
+from jax.sharding import Mesh, SingleDeviceSharding
 
-from locojax.engine.sampling import SamplingConfig, sample_with_logprobs, uniform_draws
+from locojax.engine.decode import (K_AXES, V_AXES, Layout, Turn, compact_jit, decode_jit,
+                                   prefill_jit)
+from locojax.engine.sampling import SamplingConfig
 from locojax.model import params as params_lib
 from locojax.model import qwen3, sharding
 from locojax.model.config import ModelConfig
 from locojax.model.params import Weights
-
-log = logging.getLogger(__name__)
 
 
 @jax.tree_util.register_dataclass
@@ -59,191 +56,16 @@ class Generation:
     steps: jax.Array  # [] int32; decode steps run after prefill (early exit makes it < N - 1)
 
 
-@dataclasses.dataclass(frozen=True)
-class _Layout:
-    """Static description of how arrays are laid out on a mesh (hashable for jit)."""
-
-    mesh: Mesh
-    rules: tuple[tuple[str, object], ...]
-
-    def sharding(self, axes, shape) -> NamedSharding:
-        return NamedSharding(self.mesh, sharding.spec(axes, shape, self.mesh, dict(self.rules)))
-
-    def constrain(self, x, axes):
-        return jax.lax.with_sharding_constraint(x, self.sharding(axes, x.shape))
-
-
-_K_AXES = ("layers", "batch", "kv_heads", "head_dim", None)  # qwen3.KVCache layouts
-_V_AXES = ("layers", "batch", "kv_heads", None, "head_dim")
-
-
-def constrain_cache(layout: _Layout | None, cache: qwen3.KVCache) -> qwen3.KVCache:
-    """The cache laid out as the engine keeps it (batch over `data`); a no-op without a mesh."""
-    if layout is None:
-        return cache
-    return qwen3.KVCache(
-        layout.constrain(cache.k, _K_AXES), layout.constrain(cache.v, _V_AXES),
-        layout.constrain(cache.valid, ("batch", None)), cache.index)
-
-
-StopSequences = tuple[tuple[int, ...], ...]
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass
-class Turn:
-    """The decode loop's carry (one turn of R rows) and its invariants (draws, pos0, limit).
-
-    A single-turn generate is one turn whose limit is N for every row, without stop
-    sequences; a multi-turn conversation (`extend.py`) runs one per model turn."""
-
-    cache: qwen3.KVCache
-    last: jax.Array  # [R] int32, the token sampled last (fed at the next step)
-    tokens: jax.Array  # [R, N] int32, this turn's tokens; pad after a row stopped
-    logprobs: jax.Array  # [R, N] f32; 0 after a row stopped
-    done: jax.Array  # [R] bool
-    length: jax.Array  # [R] int32, this turn's tokens so far
-    step: jax.Array  # [] int32, tokens sampled this turn by the live rows
-    draws: jax.Array | None  # [N, R] f32 uniforms of this turn (None: greedy)
-    pos0: jax.Array  # [R] int32, position of this turn's token 0
-    limit: jax.Array  # [R] int32, most tokens this turn
-
-
-def stopped(tokens, tok, count, limit, sampling: SamplingConfig, stops: StopSequences):
-    """[R] bool: a live row is done after `count` tokens (tok the last, already written at
-    column count - 1 of tokens): its budget, a counting stop token (count ≥ min_new_tokens),
-    or the end of a stop sequence."""
-    out = count >= limit
-    if sampling.stop_token_ids and not sampling.ignore_eos:
-        is_stop = jnp.any(tok[:, None] == jnp.asarray(sampling.stop_token_ids, jnp.int32), -1)
-        out |= is_stop & (count >= sampling.min_new_tokens)
-    for seq in stops:  # live rows are in lockstep: their last k tokens are one shared window
-        k = len(seq)
-        if k > tokens.shape[1]:  # longer than a turn: can never complete in one
-            continue
-        window = jax.lax.dynamic_slice_in_dim(tokens, jnp.maximum(count - k, 0), k, axis=1)
-        out |= (count >= k) & jnp.all(window == jnp.asarray(seq, jnp.int32)[None], axis=1)
-    return out
-
-
-def row_draws(key, row_ids, count, sampling: SamplingConfig):
-    """[N, R] uniforms: row r's draw for its model token count[r] + t at [t, r], from
-    `fold_in(fold_in(key, row_ids[r]), count[r] + t)`; None when greedy.
-
-    A row's tokens so depend on neither its batch, the device layout nor the host
-    (DESIGN.md, mode equivalence). All steps' draws at once, before the loop: one threefry
-    call instead of one per step (threefry is most of the compile time of a decode loop and
-    ~1 ms per step on CPU)."""
-    if sampling.greedy:
-        return None
-    row_keys = jax.vmap(jax.random.fold_in, (None, 0))(key, row_ids)
-    r = row_ids.shape[0]
-    return jax.vmap(lambda t: uniform_draws(
-        jax.vmap(jax.random.fold_in)(row_keys, count + t), r))(
-        jnp.arange(sampling.max_new_tokens))
-
-
-def first_token(cache, logits, draws, pos0, active, limit, sampling: SamplingConfig,
-                stops: StopSequences) -> Turn:
-    """The turn after its token 0, sampled from logits [R, V]. active: [R] bool rows that
-    take part (None: all); limit: [R] most tokens per row (None: N)."""
-    r, n = logits.shape[0], sampling.max_new_tokens
-    first, lp = sample_with_logprobs(logits, None, sampling, None if draws is None else draws[0])
-    tokens = jnp.full((r, n), jnp.int32(sampling.pad_token_id)).at[:, 0].set(first)
-    limit = jnp.full((r,), n, jnp.int32) if limit is None else limit
-    done = stopped(tokens, first, jnp.int32(1), limit, sampling, stops)
-    return Turn(cache=cache, last=first, tokens=tokens,
-                logprobs=jnp.zeros((r, n), jnp.float32).at[:, 0].set(lp),
-                done=done if active is None else done | ~active,
-                length=jnp.ones((r,), jnp.int32), step=jnp.asarray(1, jnp.int32), draws=draws,
-                pos0=pos0, limit=limit)
-
-
-def prefill(weights: Weights, prompt_tokens, prompt_mask, key, first_row, cache: qwen3.KVCache,
-            active=None, limit=None, *, model_cfg: ModelConfig, sampling: SamplingConfig,
-            stops: StopSequences = (), num_samples: int, layout: _Layout | None) -> Turn:
-    """Prefill B prompts once into the donated [R]-row cache (each repeated G times) and
-    sample token 0 of every row: the turn that `decode` goes on with."""
-    b, p = prompt_tokens.shape
-    g, n = num_samples, sampling.max_new_tokens
-    r, s = b * g, cache.v.shape[3]
-    log.info("compiling generate for shape prompts=%d x %d, samples=%d, new=%d, slots=%d, "
-             "stops=%s, %s", b, p, g, n, s, stops, sampling)
-
-    # Prefill the B distinct prompts once into a P-slot cache.
-    mask = prompt_mask.astype(bool)
-    positions = jnp.maximum(jnp.cumsum(mask, axis=1) - 1, 0)  # [B, P]: 0 at first real token
-    prompt_len = jnp.sum(mask, axis=1, dtype=jnp.int32)  # [B]
-    hidden, pre = qwen3.forward(weights, prompt_tokens, positions, model_cfg, mask=mask,
-                                keep_kv=True)
-    logits = qwen3.logits(weights, hidden[:, -1:], model_cfg)[:, 0]  # [B, V]
-
-    def rows(x, axis=0):  # [B, ...] → [R, ...], prompt-major
-        return jnp.repeat(x, g, axis=axis) if g > 1 else x
-
-    # Copy each prompt's keys/values G times into the donated [L, R, K, ·, ·] buffer.
-    # Slots ≥ P keep stale values from the last call; `valid` hides them until written.
-    k = jax.lax.dynamic_update_slice_in_dim(cache.k, rows(pre.k, 1).astype(cache.k.dtype), 0, 4)
-    v = jax.lax.dynamic_update_slice_in_dim(cache.v, rows(pre.v, 1).astype(cache.v.dtype), 0, 3)
-    valid = jnp.zeros((r, s), bool).at[:, :p].set(rows(mask))
-    cache = constrain_cache(layout, qwen3.KVCache(k, v, valid, jnp.asarray(p, jnp.int32)))
-    draws = row_draws(key, first_row + jnp.arange(r), jnp.zeros(r, jnp.int32), sampling)
-    return first_token(cache, rows(logits), draws, rows(prompt_len), active, limit, sampling,
-                       stops)
-
-
-def decode(weights: Weights, cache: qwen3.KVCache, turn: Turn, *, model_cfg: ModelConfig,
-           sampling: SamplingConfig, stops: StopSequences = (), layout: _Layout | None) -> Turn:
-    """Tokens 1..N-1 of a turn in a `lax.while_loop` that exits once every row has stopped.
-
-    `turn.cache` is None: the cache travels apart, as the one donated argument. Donating
-    all of the turn also gave its per-row flags, which no output can reuse, and JAX warned
-    of it at every compile. Returns the turn, cache included."""
-    n = sampling.max_new_tokens
-    turn = dataclasses.replace(turn, cache=cache)
-    pad = jnp.int32(sampling.pad_token_id)
-    log.info("compiling decode for rows=%d, new=%d, slots=%d, stops=%s",
-             turn.last.shape[0], n, cache.v.shape[3], stops)
-
-    def cond(st: Turn):
-        return (st.step < n) & ~jnp.all(st.done)
-
-    def body(st: Turn):
-        pos = (st.pos0 + st.step - 1)[:, None]  # [R, 1]: token step-1's position
-        hidden, cache = qwen3.forward(weights, st.last[:, None], pos, model_cfg, cache=st.cache)
-        logits = qwen3.logits(weights, hidden, model_cfg)[:, 0]  # [R, V]
-        tok, lp = sample_with_logprobs(logits, None, sampling,
-                                       None if st.draws is None else st.draws[st.step])
-        live = ~st.done
-        tokens = jax.lax.dynamic_update_slice_in_dim(
-            st.tokens, jnp.where(live, tok, pad)[:, None], st.step, 1)
-        logprobs = jax.lax.dynamic_update_slice_in_dim(
-            st.logprobs, jnp.where(live, lp, 0.0)[:, None], st.step, 1)
-        done = st.done | (live & stopped(tokens, tok, st.step + 1, st.limit, sampling, stops))
-        return dataclasses.replace(
-            st, cache=constrain_cache(layout, cache), last=tok, tokens=tokens,
-            logprobs=logprobs, done=done, length=st.length + live.astype(jnp.int32),
-            step=st.step + 1)
-
-    return jax.lax.while_loop(cond, body, turn)
-
-
-_STATIC = ("model_cfg", "sampling", "stops", "layout")
-prefill_jit = jax.jit(prefill, static_argnames=_STATIC + ("num_samples",),
-                      donate_argnames=("cache",))
-decode_jit = jax.jit(decode, static_argnames=_STATIC, donate_argnames=("cache",))
-"""The two jit boundaries of a generate (and of each turn of a conversation), static
-configs: the cache is donated into prefill, travels in the `Turn`, is donated into decode on
-its own (`_without_cache`) and is handed back. Two programs rather than one cost one
-dispatch and let a profiler time prefill and decode apart at a device-synchronised
-boundary."""
-
-
 @jax.jit
-def _generation_jit(turn: Turn) -> Generation:
-    """A finished single-turn `Turn` as the `Generation` it returns (one small program)."""
-    mask = jnp.arange(turn.tokens.shape[1])[None, :] < turn.length[:, None]
-    return Generation(turn.tokens, mask, turn.logprobs, turn.length, turn.step - 1)
+def _generation_jit(turn: Turn, order, out) -> Generation:
+    """A finished single-turn `Turn` as the `Generation` it returns (one small program);
+    order, out: as `compact` gives them, or None if no row was compacted out."""
+    tokens, logprobs, length = turn.tokens, turn.logprobs, turn.length
+    if out is not None:
+        tokens, logprobs, length = (o.at[order].set(x) for o, x in
+                                    zip(out, (tokens, logprobs, length)))
+    mask = jnp.arange(tokens.shape[1])[None, :] < length[:, None]
+    return Generation(tokens, mask, logprobs, length, turn.step - 1)
 
 
 def _without_cache(turn: Turn) -> tuple[qwen3.KVCache, Turn]:
@@ -285,22 +107,43 @@ def check_prompts(tokens: np.ndarray, mask: np.ndarray, vocab_size: int) -> None
                              f"[0, {vocab_size})")
 
 
+CACHE_DTYPES = {"f32": jnp.float32, "bf16": jnp.bfloat16}
+"""The KV cache's storage dtypes by name (`Engine(cache_dtype=...)`); attention reads either in
+f32, so bf16 halves the cache and its reads and rounds each key and value once."""
+MIN_ROWS = 8
+"""Finished rows are compacted out while a device's batch can halve and stay at least this
+(benchmarks/bench_engine.py --sweep rows measured where halving stops paying)."""
+
+
 class Engine:
     """Holds the KV-cache buffer across calls and the layout; `generate` is the entry point.
 
     mesh/rules: optional `jax.sharding.Mesh` and a rules table from `locojax.model.sharding`
     (default ROLLOUT_REPLICATED: batch over `data`, weights replicated) to run one SPMD
-    generate over several local devices.
+    generate over several local devices. cache_dtype: a `CACHE_DTYPES` name or a dtype
+    (default: the model's compute dtype). block: most cache slots attention reads per step
+    of its loop (`qwen3.BLOCK`). min_rows: a generate compacts its finished rows out while a
+    device's batch can halve to at least this many rows (None: never).
     """
 
     def __init__(self, model_cfg: ModelConfig, mesh: Mesh | None = None,
-                 rules: sharding.Rules | None = None):
+                 rules: sharding.Rules | None = None, cache_dtype=None,
+                 block: int = qwen3.BLOCK, min_rows: int | None = MIN_ROWS):
         self.model_cfg = model_cfg
         rules = sharding.ROLLOUT_REPLICATED if rules is None else rules
-        self.layout = None if mesh is None else _Layout(mesh, tuple(sorted(rules.items())))
+        self.layout = None if mesh is None else Layout(mesh, tuple(sorted(rules.items())))
         self._weight_shardings = (None if mesh is None
                                   else sharding.weight_shardings(model_cfg, mesh, rules))
+        self.cache_dtype = jnp.dtype(CACHE_DTYPES.get(cache_dtype, cache_dtype)
+                                     if cache_dtype is not None else model_cfg.dtype)
+        self.block, self.min_rows = block, min_rows
         self._cache: qwen3.KVCache | None = None
+
+    def _shards(self, rows: int) -> int:
+        """How many devices a batch of `rows` is split over."""
+        if self.layout is None:
+            return 1
+        return rows // self.layout.sharding(("batch",), (rows,)).shard_shape((rows,))[0]
 
     def place_weights(self, weights: Weights) -> Weights:
         """Weights laid out for this engine's mesh (a no-op without one)."""
@@ -318,18 +161,24 @@ class Engine:
         compiles generate again."""
         if self.layout is None:
             return jax.tree.map(lambda _: SingleDeviceSharding(jax.devices()[0]), cache)
-        return qwen3.KVCache(
-            self.layout.sharding(_K_AXES, cache.k.shape),
-            self.layout.sharding(_V_AXES, cache.v.shape),
-            self.layout.sharding(("batch", None), cache.valid.shape),
-            self.layout.sharding((), ()))
+        return dataclasses.replace(
+            cache, k=self.layout.sharding(K_AXES, cache.k.shape),
+            v=self.layout.sharding(V_AXES, cache.v.shape),
+            valid=self.layout.sharding(("batch", None), cache.valid.shape),
+            index=self.layout.sharding((), ()))
+
+    def _empty(self, rows: int, slots: int) -> qwen3.KVCache:
+        return qwen3.KVCache.empty(self.model_cfg, rows, slots, self.cache_dtype, self.block,
+                                   self._shards(rows))
 
     def _buffer(self, rows: int, slots: int) -> qwen3.KVCache:
         c = self._cache
         self._cache = None  # donated below: never touch it again
-        if c is None or (c.v.shape[1], c.v.shape[3]) != (rows, slots):
+        n, block = qwen3.KVCache.blocks(slots, self.block)
+        if c is None or (c.v.shape[1], c.v.shape[3], c.block, c.v.dtype) != (
+                rows, n * block, block, self.cache_dtype):
             c = None  # freed before the new one is made: never two caches at once
-            c = qwen3.KVCache.empty(self.model_cfg, rows, slots)
+            c = self._empty(rows, slots)
             c = jax.device_put(c, self._cache_shardings(c))
         return c
 
@@ -350,8 +199,8 @@ class Engine:
             weight_shardings = self._weight_shardings
         weights = jax.tree.map(lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
                                params_lib.abstract(cfg), weight_shardings)
-        cache = jax.eval_shape(lambda: qwen3.KVCache.empty(
-            cfg, prompts * num_samples, prompt_len + sampling.max_new_tokens - 1))
+        cache = jax.eval_shape(lambda: self._empty(
+            prompts * num_samples, prompt_len + sampling.max_new_tokens - 1))
         cache = jax.tree.map(lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
                              cache, self._cache_shardings(cache))
         if self.layout is None:  # numpy prompts: uncommitted arguments
@@ -367,7 +216,8 @@ class Engine:
                                     sampling=sampling, num_samples=num_samples,
                                     layout=self.layout).compile()
         cache, turn = _without_cache(prefill.out_info)
-        decode = decode_jit.lower(weights, cache, turn, model_cfg=cfg, sampling=sampling,
+        until = jax.ShapeDtypeStruct((), jnp.int32)
+        decode = decode_jit.lower(weights, cache, turn, until, model_cfg=cfg, sampling=sampling,
                                   layout=self.layout).compile()
         return prefill, decode
 
@@ -380,7 +230,8 @@ class Engine:
         self._cache = cache
 
     def generate(self, weights: Weights, prompts, key: jax.Array, sampling: SamplingConfig,
-                 num_samples: int = 1, prompt_mask=None, first_row: int = 0) -> Generation:
+                 num_samples: int = 1, prompt_mask=None, first_row: int = 0,
+                 limits=None) -> Generation:
         """Sample `num_samples` completions per prompt: `decode(prefill(...))`.
 
         prompts: a list of id lists (left-padded here), or [B, P] ids with `prompt_mask`
@@ -388,13 +239,16 @@ class Engine:
         with `fold_in(fold_in(key, first_row + r), t)`, so a fixed key gives a fixed output
         and a row's tokens do not depend on the batch it is generated in. first_row: the
         global index of this batch's first row (when one batch is split across hosts).
+        limits: [R] most tokens of each row (default N); a row ends at its limit as at a stop
+        token (benchmarks force the same lengths on every engine with it).
         """
         pending = self.prefill(weights, prompts, key, sampling, num_samples, prompt_mask,
-                               first_row)
+                               first_row, limits)
         return self.decode(pending)
 
     def prefill(self, weights: Weights, prompts, key: jax.Array, sampling: SamplingConfig,
-                num_samples: int = 1, prompt_mask=None, first_row: int = 0) -> "Pending":
+                num_samples: int = 1, prompt_mask=None, first_row: int = 0,
+                limits=None) -> "Pending":
         """Prefill the prompts and sample token 0 (arguments as `generate`); `decode` goes on.
 
         Dispatched asynchronously: block on `Pending.prefilled` (the `Turn` after token 0)
@@ -423,22 +277,51 @@ class Engine:
             weights = self.place_weights(weights)
             tokens, mask = (jax.device_put(x, self.layout.sharding(("batch", None), x.shape))
                             for x in (tokens, mask))
+        if limits is not None:
+            limits = np.minimum(np.asarray(limits, np.int32), sampling.max_new_tokens)
+            if limits.shape != (b * num_samples,) or limits.min() < 1:
+                raise ValueError(f"limits must be {b * num_samples} ints >= 1")
+            if self.layout is not None:
+                limits = jax.device_put(limits, self.layout.sharding(("batch",), limits.shape))
         prefilled = prefill_jit(
             weights, tokens, mask, key, jnp.asarray(first_row, jnp.int32), cache,
+            *(() if limits is None else (None, limits)),  # as `compile` lowers it without
             model_cfg=self.model_cfg, sampling=sampling,
             num_samples=num_samples, layout=self.layout)
         return Pending(weights, prefilled, sampling)
 
     def decode(self, pending: "Pending") -> Generation:
-        """Sample the remaining tokens of a `prefill`; the cache returns to this engine."""
+        """Sample the remaining tokens of a `prefill`; the cache returns to this engine.
+
+        While a device's batch can halve to `min_rows` or more, the loop stops once half its
+        rows have finished and the live ones are compacted into a batch half the size
+        (`compact`; one host sync each time). A row's draws do not depend on its batch; a
+        smaller batch is another XLA program, whose kernels may round a logit differently
+        (tests/test_long_decode.py)."""
         prefilled, pending.prefilled = pending.prefilled, None  # donated: usable once
         if prefilled is None:
             raise ValueError("this prefill was already decoded")
-        turn = decode_jit(pending.weights, *_without_cache(prefilled),
-                          model_cfg=self.model_cfg, sampling=pending.sampling,
-                          layout=self.layout)
-        self._cache = turn.cache
-        return _generation_jit(dataclasses.replace(turn, cache=None))
+        cache, turn = _without_cache(prefilled)
+        static = dict(model_cfg=self.model_cfg, sampling=pending.sampling, layout=self.layout)
+        d, order, out = cache.shards, None, None
+        while True:
+            local = turn.last.shape[0] // d  # rows per device
+            half = local // 2 if (self.min_rows is not None and local % 2 == 0
+                                  and local // 2 >= self.min_rows) else 0
+            cache, turn = _without_cache(decode_jit(pending.weights, cache, turn,
+                                                    jnp.int32(half), **static))
+            if not half:
+                break
+            done, step = jax.device_get((turn.done, turn.step))
+            live = int((~done.reshape(d, -1)).sum(1).max())
+            if not live or step >= pending.sampling.max_new_tokens:
+                break
+            while local // 2 >= max(live, self.min_rows) and local % 2 == 0:
+                local //= 2
+            cache, turn, order, out = compact_jit(cache, turn, order, out, size=local * d,
+                                                  layout=self.layout)
+        self._cache = cache
+        return _generation_jit(turn, order, out)
 
 
     def conversation(self, sampling: SamplingConfig, slots: int, stops=(), max_block: int = 64,
