@@ -20,6 +20,7 @@ import dataclasses
 import json
 from pathlib import Path
 
+from locojax.jsonfile import read_object
 from locojax.model.config import ModelConfig
 
 CONFIG_NAME = "config.json"
@@ -133,20 +134,7 @@ def load_config(model_dir: str | Path, **overrides) -> ModelConfig:
     path = Path(model_dir) / CONFIG_NAME
     if not path.is_file():
         raise FileNotFoundError(f"no {CONFIG_NAME} in {model_dir}")
-    return config_from_dict(read_json_object(path), str(path), **overrides)
-
-
-def read_json_object(path: Path) -> dict:
-    """A JSON object from `path`; a corrupt file is a ValueError naming it, with the line."""
-    try:
-        d = json.loads(path.read_bytes())  # bytes: JSON's own UTF-8/16/32 detection
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path}:{e.lineno}:{e.colno}: invalid JSON ({e.msg})") from None
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{path}: not UTF-8 ({e.reason} at byte {e.start})") from None
-    if not isinstance(d, dict):
-        raise ValueError(f"{path}: must hold a JSON object, not a {type(d).__name__}")
-    return d
+    return config_from_dict(read_object(path), str(path), **overrides)
 
 
 def config_to_dict(cfg: ModelConfig, dtype: str | None = None, **extra) -> dict:

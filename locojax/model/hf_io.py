@@ -32,7 +32,8 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from locojax.model.config import ModelConfig
-from locojax.model.hf_config import load_config, read_json_object, save_config
+from locojax.jsonfile import read_object
+from locojax.model.hf_config import load_config, save_config
 from locojax.model.params import WeightDecl, Weights, declare, is_decl
 
 SINGLE_FILE = "model.safetensors"
@@ -88,7 +89,7 @@ class Checkpoint(contextlib.AbstractContextManager):
         index, single = self.dir / INDEX_FILE, self.dir / SINGLE_FILE
         if index.is_file():
             self.source = index
-            weight_map = read_json_object(index).get("weight_map")
+            weight_map = read_object(index).get("weight_map")
             if not isinstance(weight_map, dict):
                 raise ValueError(f"{index}: no 'weight_map' object")
             files = sorted({self.dir / v for v in weight_map.values()})

@@ -12,12 +12,12 @@ Qwen ChatML rendering of `base.render_chat` is used (see there).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Sequence
 
 from tokenizers import Tokenizer as _RustTokenizer
 
+from locojax.jsonfile import read_object
 from locojax.tokenizer.base import IM_END, IM_START, render_chat
 
 ENDOFTEXT = "<|endoftext|>"
@@ -33,17 +33,7 @@ def _token_text(value) -> str | None:
 
 def _read_json(path: Path) -> dict:
     """A JSON object from `path` ({} when absent); a corrupt file is a ValueError naming it."""
-    if not path.is_file():
-        return {}
-    try:
-        d = json.loads(path.read_bytes())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path}:{e.lineno}:{e.colno}: invalid JSON ({e.msg})") from None
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{path}: not UTF-8 ({e.reason} at byte {e.start})") from None
-    if not isinstance(d, dict):
-        raise ValueError(f"{path}: must hold a JSON object, not a {type(d).__name__}")
-    return d
+    return read_object(path) if path.is_file() else {}
 
 
 class HFTokenizer:
