@@ -1,49 +1,63 @@
-"""Step time of `--mode single` against `--mode colocated` at 1, 2 and 4 simulated hosts.
+"""Step time of `--mode controller`, `colocated` and `single` at N = 1, 2 and 4 simulated hosts,
+on the paper's workloads, in a strong- and a weak-scaling table.
 
-Every point is a real `locojax train` run, started as a subprocess exactly as a user would:
+Every point is a real `locojax train` run, started as a user would:
 
-    single     locojax train demo --mode single --devices-per-host N ...      1 process x N devices
-    colocated  locojax launch --hosts N --devices-per-host 1 -- train demo --mode colocated ...
-                                                                               N processes x 1 device
+    single      locojax train ... --mode single --devices-per-host N        1 process x N devices
+    colocated   locojax launch --hosts N --devices-per-host 1 -- train ... --mode colocated
+                                                                             N processes x 1 device
+    controller  locojax train ... --mode controller --hosts N --devices-per-host 1 --ray-address A
+                                                 1 controller (Ray driver) + N host actors
 
-Strong scaling: the global work is the same at every N and in both modes (prompts_per_step x
-group_size rows per step, over all hosts), so a mode that scales well gets faster as N grows.
-Both modes run the same engine, jit and shardings, and with the same seed they sample the same
-tokens (the mode-equivalence test), so the work per step is identical; the table shows the
-mean response length of both as a check.
+colocated against controller is the paper's comparison (DESIGN.md, "Coordination modes"): the
+same N processes, the same train step and gloo all-reduce; only where admission, scoring and
+batch assembly run differs. single (one process, no process boundary) is shown for scale.
 
-Shapes are DESIGN.md's canonical TINY and SMALL (random f32 weights, char tokenizer). The arith
-prompts are ~4-8 characters, left-padded to the shape's prompt length, so "prompt tokens" are
-padded columns: the compute is the shape's, the content is short.
+Workloads (`--workloads`, default gsm8k math swe), each with locojax's own data path and reward:
+- `gsm8k`: real GSM8K rows (`--gsm8k-data`, default ../shared/data/gsm8k/train.jsonl from the
+  repository root), `--task.name gsm8k`, its strict `#### N` reward, the plain template.
+- `math`: boxed-answer rows, NuminaMath-style (`--math-data`, default MATH-500's
+  ../shared/data/math500/test.jsonl), `--task.name math`, the math-verify reward.
+- `swe`: multi-turn bug fixing (`train swe`, generated level-1 repositories): 2 model turns
+  around an error observation, then a sandboxed test run per row (autosubmit).
+The model is DESIGN.md's TINY architecture with random f32 weights and the built-in char
+tokenizer (locojax's SFT knows only arith and calc, so no model here has learned GSM8K). Its
+completions run to the token cap or to a sampled EOS, the same in every mode (same seed, same
+rows: the mode-equivalence tests), so decode is `--new-tokens` iterations long. The char
+tokenizer encodes printable ASCII only, and a prompt longer than P tokens stops a run, so the
+data file a run gets is the source file less the rows whose prompt does not encode within P
+tokens with the task's template (a copy in --work-dir; the script prints how many it kept).
+Legacy workloads `arith` and `arith-var` (DESIGN.md's TINY/SMALL shapes, `--shapes`) remain for
+calibrate_predict.py, validate_predict.py and ab_runs.py.
 
-Workloads:
-- `arith`: fixed length. `--rollout.ignore-eos`: every completion is exactly the shape's new
-  tokens, the equal-work setting of DESIGN.md.
-- `arith-var`: variable length. A model of the shape's architecture is first SFT'd briefly on
-  level-1 arith demonstrations (`locojax sft --arch tiny|small --level 1`), so it answers
-  "#### 57" and stops at EOS after ~7-9 tokens, with an occasional sample that never stops and
-  runs to the cap. Decode stops when every row of a generate call is done, so here a mode pays
-  for its slowest row: one generate over all rows (single) or one per host (colocated).
-- `swe`: multi-turn and host-heavy (`locojax train swe`, generated level-1 repositories). The
-  random model writes no tool call, so every trajectory is two model turns of the shape's new
-  tokens around an error observation, and then autosubmit runs the repository's tests in the
-  sandbox: one sandboxed test run per row per step, on the env worker pool of the host that
-  owns the row (single: the controller's pool runs every row's). Prompts are the real SWE
-  prompts (~620-670 characters, padded to 768). Not in the default `--workloads`.
+Scaling (`--scaling`, default both), each table labelled by what is held fixed:
+- strong: the global batch, B prompts x G rows per step over all N hosts;
+- weak: the rows per host, b prompts x G per host (default b = B / 4), so B = b x N. At N = 4
+  weak is strong's point: those runs serve both tables and run once per repeat.
 
-Timing: `perf/step_time` from each run's `perf.jsonl` (compile time excluded by the profiler).
-The median is over the steady steps: the first `--skip` steps are dropped (warm-up) and so is
-the last one (it holds the run's one checkpoint save). Phases and `perf/host_fraction` are
-medians over the same steps, as logged by process 0 (in colocated mode: host 0's view).
+A/A noise: every arm (workload, scaling, N, mode) runs `--repeats` times (default 2), every
+repeat running every arm once, mode order rotating, so machine load falls on all alike. An
+arm's A/A spread is max / min - 1 of its runs' medians; a ratio within the larger spread of
+the two arms is reported as a tie (modes_report.py).
 
-On a machine with fewer cores than N, colocated N x 1 oversubscribes it (N XLA processes
-compete for the cores) while single N x 1 shares one process's thread pool: that is part of
-the measured result, and the script says so.
+Timing: `perf/step_time` from each run's perf.jsonl (process 0; in controller mode host 0's
+step, whose wait for the controller holds the data path). The profiler's timing mode is
+`perf/timing` (printed). `--profile-split` (default on) splits the train step into compute,
+straggler wait and the gradient all-reduce, in every mode alike. Medians over the steady steps:
+the first `--skip` steps (warm-up) and the last (it holds the run's checkpoint) are dropped.
+Compile time is apart (`perf/compile_time`, summed per run). All runs share one JAX
+compilation cache (`--work-dir`/jax_cache) and one Ray cluster (the controller's), so neither
+start-up is paid per run in a figure.
 
-Usage:
-    .venv/bin/python benchmarks/bench_modes.py --quick           # TINY, N in 1 2, few steps
-    .venv/bin/python benchmarks/bench_modes.py                   # full grid
-    .venv/bin/python benchmarks/bench_modes.py --shapes small --hosts 1 2 --betas 0 0.04
+On a machine with fewer cores than N, the N host processes share the cores (and single's N
+devices share one process's thread pool): that is part of the measured result, printed with the
+machine and its load.
+
+Usage (from the repository root: `python -m locojax.cli` puts the cwd first on sys.path):
+    .venv/bin/python benchmarks/bench_modes.py                       # the default grid
+    .venv/bin/python benchmarks/bench_modes.py --quick               # gsm8k, N 1 2, 1 repeat
+    .venv/bin/python benchmarks/bench_modes.py --workloads gsm8k --hosts 4 --scaling strong
+    .venv/bin/python benchmarks/bench_modes.py --report-only --json runs.json   # tables again
 """
 
 from __future__ import annotations
@@ -52,6 +66,7 @@ import argparse
 import dataclasses
 import json
 import os
+import platform
 import shlex
 import shutil
 import signal
@@ -61,30 +76,52 @@ import sys
 import time
 from pathlib import Path
 
+import modes_report  # noqa: E402  (the script's folder is on sys.path)
+
 PY = sys.executable
 CLI = [PY, "-m", "locojax.cli"]
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @dataclasses.dataclass(frozen=True)
 class Shape:
     name: str
     arch: str  # model preset (DESIGN.md canonical shape)
-    prompts: int  # B, over all hosts
+    prompts: int  # B, over all hosts (strong scaling's global batch)
     group: int  # G
     prompt_tokens: int  # P (padded columns)
-    new_tokens: int  # N, exact for `arith`, the cap for `arith-var`
+    new_tokens: int  # most tokens per completion (swe: per model turn)
     steps: int  # default steps per run
+    weak_prompts: int = 0  # b: weak scaling's prompts per host (0: B / 4)
+    title: str = ""  # the tables' heading
+
+    def __post_init__(self):
+        if not self.weak_prompts:
+            object.__setattr__(self, "weak_prompts", max(1, self.prompts // 4))
+        if not self.title:
+            object.__setattr__(self, "title", self.name)
 
 
-SHAPES = {
+SHAPES = {  # the legacy arith workloads' shapes (DESIGN.md's TINY and SMALL)
     "tiny": Shape("TINY", "tiny", 8, 4, 16, 32, steps=20),
     "small": Shape("SMALL", "small", 16, 8, 32, 64, steps=7),
 }
-WORKLOADS = ("arith", "arith-var", "swe")
+PAPER = {  # the paper's workloads, TINY architecture (random f32 weights, char tokenizer)
+    "gsm8k": Shape("GSM8K", "tiny", 8, 4, 256, 128, steps=7,
+                   title="GSM8K (TINY random f32, char tokenizer, P 256, <= 128 new tokens)"),
+    "math": Shape("MATH", "tiny", 8, 4, 256, 128, steps=7,
+                  title="Boxed math, MATH-500 rows, math-verify (TINY, P 256, <= 128 new tokens)"),
+    "swe": Shape("SWE", "tiny", 8, 4, 768, 32, steps=6,
+                 title="swe level 1 (TINY, P 768, 2 turns of <= 32 tokens, sandboxed tests)"),
+}
+WORKLOADS = ("gsm8k", "math", "swe", "arith", "arith-var")
+MODES = ("single", "colocated", "controller")
 SWE_PROMPT_TOKENS = 768  # the char tokenizer's SWE prompts are 620-670 characters
 SWE_OBS_TOKENS = 64
 SFT_LEVEL = 1  # arith level of the variable-length workload's SFT and prompts
 FIXED_LEVEL = 3  # arith level of the fixed-length workload (content only: lengths are forced)
+DATA = {"gsm8k": ROOT.parent / "shared/data/gsm8k/train.jsonl",
+        "math": ROOT.parent / "shared/data/math500/test.jsonl"}
 
 
 @dataclasses.dataclass
@@ -96,17 +133,21 @@ class Result:
     mode: str
     repeat: int
     command: str
+    scalings: list[str] = dataclasses.field(default_factory=lambda: ["strong"])
+    rows: int = 0  # prompts x G per step, over all hosts
     ok: bool = False
     error: str = ""
     step_time: float = float("nan")  # median over this run's steady steps
     steady: list[dict] = dataclasses.field(default_factory=list)  # perf.jsonl rows
     lengths: list[float] = dataclasses.field(default_factory=list)  # mean response length
+    decode_iterations: list[float] = dataclasses.field(default_factory=list)
     compile_time: float = float("nan")  # sum over the run
     load_before: float = float("nan")
+    load_after: float = float("nan")
     wall: float = float("nan")
 
 
-# --- running ---------------------------------------------------------------------------------
+# --- commands --------------------------------------------------------------------------------
 
 
 def run_command(argv: list[str], log_path: Path, timeout: float) -> tuple[int, str]:
@@ -125,12 +166,12 @@ def run_command(argv: list[str], log_path: Path, timeout: float) -> tuple[int, s
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
             code = -9
-    tail = log_path.read_text().strip().splitlines()[-8:]
+    tail = log_path.read_text(errors="replace").strip().splitlines()[-8:]
     return code, "\n".join(tail)
 
 
 def sft_model(shape: Shape, work_dir: Path, sft_steps: int, timeout: float) -> tuple[Path, str]:
-    """The variable-length workload's model: `locojax sft` on level-1 arith (reused if present)."""
+    """The arith-var workload's model: `locojax sft` on level-1 arith (reused if present)."""
     out = work_dir / f"sft-{shape.arch}-level{SFT_LEVEL}-steps{sft_steps}"
     argv = [*CLI, "sft", "--task", "arith", "--level", str(SFT_LEVEL), "--arch", shape.arch,
             "--sft.steps", str(sft_steps), "--eval-examples", "0", "--out", str(out)]
@@ -139,12 +180,35 @@ def sft_model(shape: Shape, work_dir: Path, sft_steps: int, timeout: float) -> t
         print(f"# reusing SFT model {out} (made by: {cmd})", flush=True)
         return out, cmd
     print(f"$ {cmd}", flush=True)
-    t0 = time.perf_counter()
     code, tail = run_command(argv, work_dir / f"sft-{shape.arch}.log", timeout)
     if code != 0:
         raise RuntimeError(f"SFT for {shape.name} failed ({code}):\n{tail}")
-    print(f"# SFT done in {time.perf_counter() - t0:.0f}s", flush=True)
     return out, cmd
+
+
+def prepare_data(workload: str, source: Path, prompt_tokens: int, work_dir: Path) -> Path:
+    """`source` less the rows whose prompt (the task's plain template) does not encode within
+    `prompt_tokens` with the char tokenizer: non-ASCII text, or too long (the run would stop)."""
+    from locojax.envs import gsm8k, math_boxed
+    from locojax.rollout.single_turn import encode_prompt
+    from locojax.tokenizer.char import CharTokenizer
+
+    module = gsm8k if workload == "gsm8k" else math_boxed
+    out = work_dir / f"{workload}-p{prompt_tokens}-{source.stem}.jsonl"
+    tok, lines = CharTokenizer(), source.read_text().splitlines(keepends=True)
+    examples = module.load(source, "plain").examples  # ids name the file's line: "x.jsonl:12"
+    kept = []
+    for ex in examples:
+        try:
+            fits = len(encode_prompt(tok, ex)) <= prompt_tokens
+        except ValueError:  # a character outside the char tokenizer's
+            fits = False
+        if fits:
+            kept.append(lines[int(ex.id.rsplit(":", 1)[1]) - 1])
+    out.write_text("".join(kept))
+    print(f"# {workload}: {len(kept)} of {len(examples)} rows of {source} encode within "
+          f"{prompt_tokens} char tokens -> {out}", flush=True)
+    return out
 
 
 def swe_train(mode: str, model: str, prompts: int, group: int, turn_tokens: int, steps: int,
@@ -164,27 +228,47 @@ def swe_train(mode: str, model: str, prompts: int, group: int, turn_tokens: int,
 
 
 def train_argv(shape: Shape, workload: str, model: str, mode: str, n: int, steps: int,
-               beta: float, run_dir: Path) -> list[str]:
-    fixed = workload == "arith"
+               beta: float, run_dir: Path, *, prompts: int = 0, data: str = "",
+               ray_address: str = "", split: bool = False,
+               decode_chunk: int = 0) -> list[str]:
+    """The run's argv. `prompts`: the global prompts per step (0: the shape's B)."""
+    b = prompts or shape.prompts
     if workload == "swe":
-        train = swe_train(mode, model, shape.prompts, shape.group, shape.new_tokens, steps,
-                          run_dir, beta)
-        if mode == "single":
-            return [*CLI, *train, "--devices-per-host", str(n)]
-        return [*CLI, "launch", "--hosts", str(n), "--devices-per-host", "1", "--", *train]
-    train = [
-        "train", "demo", "--mode", mode, "--model", model, "--task.name", "arith",
-        "--task.level", str(FIXED_LEVEL if fixed else SFT_LEVEL),
-        "--rollout.prompts-per-step", str(shape.prompts), "--algo.group-size", str(shape.group),
-        "--rollout.max-prompt-tokens", str(shape.prompt_tokens),
-        "--rollout.max-new-tokens", str(shape.new_tokens),
-        *(["--rollout.ignore-eos"] if fixed else []),
-        "--algo.beta", str(beta), "--steps", str(steps), "--eval.every", "0",
-        "--no-progress", "--no-tensorboard", "--run-dir", str(run_dir),
-    ]
+        train = swe_train(mode, model, b, shape.group, shape.new_tokens, steps, run_dir, beta)
+    elif workload in ("gsm8k", "math"):
+        train = [
+            "train", "gsm8k", "--mode", mode, "--model", model, "--task.name", workload,
+            "--task.data", data, "--task.template", "plain",
+            "--rollout.prompts-per-step", str(b), "--algo.group-size", str(shape.group),
+            "--rollout.max-prompt-tokens", str(shape.prompt_tokens),
+            "--rollout.max-new-tokens", str(shape.new_tokens), "--rollout.ignore-eos",
+            "--algo.beta", str(beta), "--steps", str(steps), "--eval.every", "0",
+            "--no-progress", "--no-tensorboard", "--run-dir", str(run_dir),
+        ]
+    else:
+        fixed = workload == "arith"
+        train = [
+            "train", "demo", "--mode", mode, "--model", model, "--task.name", "arith",
+            "--task.level", str(FIXED_LEVEL if fixed else SFT_LEVEL),
+            "--rollout.prompts-per-step", str(b), "--algo.group-size", str(shape.group),
+            "--rollout.max-prompt-tokens", str(shape.prompt_tokens),
+            "--rollout.max-new-tokens", str(shape.new_tokens),
+            *(["--rollout.ignore-eos"] if fixed else []),
+            "--algo.beta", str(beta), "--steps", str(steps), "--eval.every", "0",
+            "--no-progress", "--no-tensorboard", "--run-dir", str(run_dir),
+        ]
+    if split:
+        train.append("--profile-split")
     if mode == "single":
         return [*CLI, *train, "--devices-per-host", str(n)]
+    if mode == "controller":
+        return [*CLI, *train, "--hosts", str(n), "--devices-per-host", "1",
+                *(["--controller.decode-chunk", str(decode_chunk)] if decode_chunk else []),
+                *(["--ray-address", ray_address] if ray_address else [])]
     return [*CLI, "launch", "--hosts", str(n), "--devices-per-host", "1", "--", *train]
+
+
+# --- measuring -------------------------------------------------------------------------------
 
 
 def read_jsonl(path: Path) -> dict[int, dict]:
@@ -207,206 +291,233 @@ def summarize(res: Result, run_dir: Path, steps: int, skip: int) -> None:
     res.step_time = statistics.median(float(row["perf/step_time"]) for row in res.steady)
     res.compile_time = sum(float(r.get("perf/compile_time", 0.0)) for r in perf.values())
     res.lengths = [float(metrics[s]["rollout/response_length/mean"]) for s in steady]
+    res.decode_iterations = [float(metrics[s]["rollout/decode_iterations"]) for s in steady
+                             if "rollout/decode_iterations" in metrics[s]]
 
 
-def run_point(shape: Shape, workload: str, model: str, mode: str, n: int, steps: int,
-              beta: float, skip: int, root: Path, timeout: float, repeat: int) -> Result:
-    run_dir = root / f"{shape.arch}-{workload}-b{beta:g}-n{n}-{mode}-r{repeat}"
+def run_point(res: Result, argv: list[str], run_dir: Path, steps: int, skip: int,
+              timeout: float) -> Result:
     shutil.rmtree(run_dir, ignore_errors=True)  # a leftover checkpoint would be resumed
     run_dir.mkdir(parents=True)
-    argv = train_argv(shape, workload, model, mode, n, steps, beta, run_dir)
-    res = Result(shape.name, workload, beta, n, mode, repeat, shlex.join(argv))
+    res.command = shlex.join(argv)
     res.load_before = os.getloadavg()[0]
-    print(f"$ {res.command}", flush=True)
+    print(f"$ {res.command}   # load {res.load_before:.1f}", flush=True)
     t0 = time.perf_counter()
-    code, tail = run_command(argv, root / f"{run_dir.name}.log", timeout)
-    res.wall = time.perf_counter() - t0
+    code, tail = run_command(argv, run_dir.parent / f"{run_dir.name}.log", timeout)
+    res.wall, res.load_after = time.perf_counter() - t0, os.getloadavg()[0]
     if code != 0:
-        res.error = f"exit {code}: {tail.splitlines()[-1] if tail else ''}"
-        print(f"# FAILED {res.error}\n{tail}", flush=True)
+        lines = [ln for ln in tail.splitlines() if ln.strip()]
+        res.error = f"exit {code}: {lines[-1] if lines else ''}"
+        print(f"# FAILED {res.error}", flush=True)
         return res
     try:
         summarize(res, run_dir, steps, skip)
         res.ok = True
-        times = [f"{float(row['perf/step_time']):.3f}" for row in res.steady]
-        print(f"# {res.step_time:.3f} s/step (steady {' '.join(times)}), "
-              f"compile {res.compile_time:.1f}s, wall {res.wall:.0f}s", flush=True)
+        times = " ".join(f"{float(row['perf/step_time']):.3f}" for row in res.steady)
+        print(f"# {res.step_time:.3f} s/step (steady {times}), compile {res.compile_time:.1f}s,"
+              f" wall {res.wall:.0f}s", flush=True)
     except (OSError, KeyError, RuntimeError, ValueError) as e:
         res.error = f"unreadable logs: {e}"
         print(f"# FAILED {res.error}", flush=True)
     return res
 
 
-# --- reporting -------------------------------------------------------------------------------
+def plan(args) -> list[tuple]:
+    """Every run, in order: (workload, spec, repeat, n, mode, global prompts, [scalings]). Workload
+    by workload; within one, every repeat runs every arm once, the modes' order rotating from
+    point to point and from repeat to repeat."""
+    out = []
+    for workload, spec in items(args):
+        points: dict[tuple[int, int], list[str]] = {}  # (n, prompts) -> scalings it serves
+        for scaling in args.scaling:
+            for n in args.hosts:
+                b = spec.prompts if scaling == "strong" else spec.weak_prompts * n
+                points.setdefault((n, b), []).append(scaling)
+        for rep in range(args.repeats):
+            for i, ((n, b), scalings) in enumerate(points.items()):
+                out += [(workload, spec, rep, n, mode, b, scalings)
+                        for mode in rotate(args.modes, i + rep)]
+    return out
 
 
-def fmt(x: float, spec: str = ".3f") -> str:
-    return "n/a" if x != x else format(x, spec)
+def rotate(modes: list[str], i: int) -> list[str]:
+    k = i % len(modes)
+    return modes[k:] + modes[:k]
 
 
-def pooled(runs: list[Result]) -> dict | None:
-    """One point's figures: medians over the steady steps of all its successful runs."""
-    ok = [r for r in runs if r.ok]
-    if not ok:
-        return None
-    rows = [row for r in ok for row in r.steady]
-    med = lambda key: statistics.median(float(row.get(key, 0.0)) for row in rows)  # noqa: E731
-    names = sorted({k for row in rows for k in row if k.startswith("perf/phase/")})
-    return {
-        "step": med("perf/step_time"), "host": med("perf/host_fraction"),
-        "phases": {k[len("perf/phase/"):]: med(k) for k in names},
-        "length": statistics.mean(x for r in ok for x in r.lengths),
-        "compile": statistics.median(r.compile_time for r in ok),
-        "load": statistics.mean(r.load_before for r in ok),
-        "runs": [r.step_time for r in ok], "failed": len(runs) - len(ok),
-    }
+def items(args) -> list[tuple[str, Shape]]:
+    """(workload, shape) pairs: a paper workload has its own; arith and arith-var run at each
+    of --shapes."""
+    return [(w, spec) for w in args.workloads
+            for spec in ([PAPER[w]] if w in PAPER else [SHAPES[s] for s in args.shapes])]
 
 
-def print_tables(results: list[Result]) -> None:
-    groups: dict[tuple, list[Result]] = {}
-    for r in results:
-        groups.setdefault((r.shape, r.workload, r.beta, r.n, r.mode), []).append(r)
-    by = {k: pooled(v) for k, v in groups.items()}
-    points = sorted({k[:4] for k in by}, key=lambda k: (k[0] != "TINY", k[1], k[2], k[3]))
-    nan = float("nan")
-    print("\n## Step time (median s/step over steady steps; strong scaling: equal global work)\n")
-    print("| shape | workload | β | N | single s/step | colocated s/step | single/colocated "
-          "| mean resp. len single / colocated |")
-    print("|---|---|---|---|---|---|---|---|")
-    for key in points:
-        s, c = by.get((*key, "single")), by.get((*key, "colocated"))
-        st, ct = (s or {}).get("step", nan), (c or {}).get("step", nan)
-        sl, cl = (s or {}).get("length", nan), (c or {}).get("length", nan)
-        print(f"| {key[0]} | {key[1]} | {key[2]:g} | {key[3]} | {fmt(st)} | {fmt(ct)} "
-              f"| {fmt(st / ct, '.2f')} | {fmt(sl, '.2f')} / {fmt(cl, '.2f')} |")
-    print("\n## Phase breakdown (medians over steady steps, process 0's view, seconds)\n")
-    print("| shape | workload | β | N | mode | step | host share | prefill | decode | train "
-          "| detok+reward | batch | admission | env | extend | per-run medians | compile/run "
-          "| load avg |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for key in points:
-        for mode in ("single", "colocated"):
-            if (*key, mode) not in groups:
-                continue
-            p = by[(*key, mode)]
-            head = f"| {key[0]} | {key[1]} | {key[2]:g} | {key[3]} | {mode} "
-            if p is None:
-                err = groups[(*key, mode)][-1].error.replace("|", "/")
-                print(f"{head}| FAILED: {err} ||||||||||||")
-                continue
-            ph = lambda name: fmt(p["phases"].get(name, nan))  # noqa: E731
-            runs = ", ".join(fmt(t) for t in p["runs"]) + (f" ({p['failed']} failed)"
-                                                          if p["failed"] else "")
-            print(f"{head}| {fmt(p['step'])} | {fmt(100 * p['host'], '.1f')}% | {ph('prefill')} "
-                  f"| {ph('decode')} "
-                  f"| {ph('train')} | {ph('detokenize_reward')} | {ph('batch')} "
-                  f"| {ph('admission')} | {ph('env')} | {ph('extend')} | {runs} "
-                  f"| {fmt(p['compile'], '.1f')} "
-                  f"| {fmt(p['load'], '.2f')} |")
+def machine() -> str:
+    model = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return (f"{model or platform.processor() or platform.machine()}, {os.cpu_count()} CPU "
+            f"cores, python {sys.version.split()[0]}")
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--shapes", nargs="+", choices=sorted(SHAPES),
-                    help="default: tiny small (--quick: tiny)")
-    ap.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=["arith", "arith-var"],
-                    help="default: arith arith-var (swe, multi-turn with sandboxed test runs, "
-                    "on request)")
-    ap.add_argument("--hosts", nargs="+", type=int,
-                    help="N: simulated hosts, i.e. colocated processes / single-controller "
-                    "devices (default: 1 2 4; --quick: 1 2)")
+    ap.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=["gsm8k", "math", "swe"])
+    ap.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    ap.add_argument("--scaling", nargs="+", choices=("strong", "weak"), default=["strong", "weak"])
+    ap.add_argument("--hosts", nargs="+", type=int, help="N (default 1 2 4; --quick: 1 2)")
+    ap.add_argument("--repeats", type=int, default=2,
+                    help="runs per arm, interleaved (>= 2 for an A/A spread)")
+    ap.add_argument("--steps", type=int, default=0,
+                    help="steps per run (0: the workload's: gsm8k, math 7; swe 6; TINY arith 20, "
+                    "SMALL 7)")
+    ap.add_argument("--skip", type=int, default=2, help="warm-up steps left out of the median")
+    ap.add_argument("--no-split", dest="split", action="store_false",
+                    help="time the train step fused (no train_compute/wait/collective split)")
+    ap.add_argument("--decode-chunk", type=int, default=0,
+                    help="controller: --controller.decode-chunk K (0: the mode's default, the "
+                    "whole decode loop per request)")
+    ap.add_argument("--gsm8k-data", type=Path, default=DATA["gsm8k"])
+    ap.add_argument("--math-data", type=Path, default=DATA["math"])
+    ap.add_argument("--shapes", nargs="+", choices=sorted(SHAPES), default=["tiny"],
+                    help="arith / arith-var only: the shape(s)")
     ap.add_argument("--betas", nargs="+", type=float, default=[0.0],
                     help="KL coefficient(s); 0.04 adds the reference-model forward")
-    ap.add_argument("--steps", type=int, default=0,
-                    help="steps per run (0: the shape's default, TINY 20, SMALL 7; --quick: 6)")
-    ap.add_argument("--skip", type=int, default=2, help="warm-up steps left out of the median")
-    ap.add_argument("--repeats", type=int, default=1,
-                    help="runs per point (steady steps of all runs are pooled into one median)")
-    ap.add_argument("--sft-steps", type=int, default=150,
-                    help="SFT steps of the arith-var model")
+    ap.add_argument("--sft-steps", type=int, default=150, help="arith-var's SFT steps")
     ap.add_argument("--work-dir", default="/tmp/locojax_bench_modes",
-                    help="run dirs, logs and the SFT models (reused across invocations)")
-    ap.add_argument("--timeout", type=float, default=1800, help="seconds per run")
-    ap.add_argument("--json", default="", help="also write every result to this file")
-    ap.add_argument("--quick", action="store_true",
-                    help="a quick run: defaults to TINY only, N in 1 2, 6 steps")
+                    help="run dirs, logs, data copies, the JAX cache, SFT models")
+    ap.add_argument("--timeout", type=float, default=1200, help="seconds per run")
+    ap.add_argument("--retries", type=int, default=1,
+                    help="run a failed run again this many times (a cold compile can outlast "
+                    "gloo's 30 s start-up deadline on a loaded machine); an arm that still "
+                    "fails is skipped in later repeats")
+    ap.add_argument("--json", default="", help="write every result here (--report-only: read)")
+    ap.add_argument("--report-only", action="store_true",
+                    help="run nothing: print the tables from --json")
+    ap.add_argument("--quick", action="store_true", help="gsm8k, N 1 2, 1 repeat, 5 steps")
     args = ap.parse_args(argv)
-    args.shapes = args.shapes or (["tiny"] if args.quick else ["tiny", "small"])
-    args.hosts = args.hosts or ([1, 2] if args.quick else [1, 2, 4])
-    args.steps = args.steps or (6 if args.quick else 0)
-    if args.repeats < 1:
-        ap.error(f"--repeats must be >= 1, got {args.repeats}")
-    if any(n < 1 for n in args.hosts):
-        ap.error(f"--hosts must be >= 1, got {args.hosts}")
-    for name in args.shapes:
-        shape = SHAPES[name]
-        steps = args.steps or shape.steps
+    if args.quick:
+        args.workloads, args.repeats = ["gsm8k"], 1
+        args.hosts, args.steps = args.hosts or [1, 2], args.steps or 5
+    args.hosts = args.hosts or [1, 2, 4]
+    if args.repeats < 1 or any(n < 1 for n in args.hosts):
+        ap.error("--repeats and --hosts must be >= 1")
+    for w, spec in items(args):
+        steps = args.steps or spec.steps
         if steps < args.skip + 2:
-            ap.error(f"--steps {steps} leaves no steady step after --skip {args.skip} warm-up "
-                     "steps and the final (checkpoint) step; use --steps >= skip + 2")
-        for n in args.hosts:
-            if shape.prompts % n:
-                ap.error(f"{shape.name}: {shape.prompts} prompts do not split over {n} hosts")
+            ap.error(f"{w}: --steps {steps} leaves no steady step after --skip {args.skip} and "
+                     "the final (checkpoint) step")
+        if "strong" in args.scaling and any(spec.prompts % n for n in args.hosts):
+            ap.error(f"{w}: {spec.prompts} prompts do not split over {args.hosts} hosts")
 
-    work = Path(args.work_dir)
-    root = work / "runs"
-    root.mkdir(parents=True, exist_ok=True)
-    cores = os.cpu_count() or 1
-    print("# bench_modes: locojax train, --mode single (1 process x N devices) vs --mode colocated "
-          "(N processes x 1 device)")
-    print("# STRONG SCALING: the same global work (prompts_per_step x group_size rows per step, "
-          "over all hosts) at every N")
-    print(f"# python {sys.version.split()[0]}, {cores} CPU cores, load average before: "
-          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    if max(args.hosts) > cores:
-        print(f"# NOTE: N={max(args.hosts)} > {cores} cores: colocated runs N XLA processes on "
-              f"{cores} cores (oversubscribed); single runs N simulated devices in one process. "
-              "Other users' processes may also be running (see the load column).")
-    for name in args.shapes:
-        s = SHAPES[name]
-        print(f"# {s.name}: --model {s.arch} ({s.arch} preset, random f32 weights, char tokenizer),"
-              f" {s.prompts} prompts x G {s.group}, prompts left-padded to {s.prompt_tokens} tokens"
-              f" (arith prompts are ~4-8 chars), {s.new_tokens} new tokens "
-              f"(exact for arith, the cap for arith-var), {args.steps or s.steps} steps per run, "
-              f"median over steps {args.skip + 1}..{(args.steps or s.steps) - 1}")
-    print("# arith: fixed length (--rollout.ignore-eos). arith-var: a model of the shape's "
-          f"architecture SFT'd {args.sft_steps} steps on level-{SFT_LEVEL} arith, stopping at EOS "
-          "(variable length, capped at the shape's new tokens)", flush=True)
-
-    results: list[Result] = []
-    sft_cmds = {}
-    t_start = time.perf_counter()
-    for name in args.shapes:
-        shape = SHAPES[name]
-        steps = args.steps or shape.steps
-        for workload in args.workloads:
-            model = shape.arch
-            if workload == "arith-var":
-                path, cmd = sft_model(shape, work, args.sft_steps, args.timeout)
-                model, sft_cmds[shape.name] = str(path), cmd
-            for beta in args.betas:
-                for rep in range(args.repeats):
-                    for i, n in enumerate(args.hosts):
-                        # Alternate which mode goes first, so slow drift in machine load does
-                        # not always favour the same one.
-                        first = ("single", "colocated")
-                        for mode in first if (i + rep) % 2 == 0 else first[::-1]:
-                            results.append(run_point(shape, workload, model, mode, n, steps,
-                                                     beta, args.skip, root, args.timeout, rep))
-
-    print("\n## Commands\n")
-    for shape, cmd in sft_cmds.items():
-        print(f"- {shape} arith-var model: `{cmd}`")
-    for r in results:
-        print(f"- {r.shape} {r.workload} β={r.beta:g} N={r.n} {r.mode} run {r.repeat + 1}: "
-              f"`{r.command}`")
-    print_tables(results)
-    print(f"\n# total wall {time.perf_counter() - t_start:.0f}s; load average after: "
-          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    if args.report_only:
+        results = [Result(**r) for r in json.loads(Path(args.json).read_text())]
+        print_report(results, args)
+        return 0
+    if len(args.betas) > 1:
+        ap.error("one --betas value per invocation")
+    results = measure(args)
+    print_report(results, args)
     if args.json:
         Path(args.json).write_text(json.dumps([dataclasses.asdict(r) for r in results], indent=1))
     return 0 if all(r.ok for r in results) else 1
+
+
+def measure(args) -> list[Result]:
+    work = Path(args.work_dir).resolve()
+    root = work / "runs"
+    root.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(work / "jax_cache"))
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+    print(f"# bench_modes: {machine()}; load average before "
+          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}; JAX cache "
+          f"{os.environ['JAX_COMPILATION_CACHE_DIR']}; "
+          f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}")
+    if max(args.hosts) > (os.cpu_count() or 1):
+        print(f"# NOTE: N = {max(args.hosts)} > {os.cpu_count()} cores: the N host processes "
+              "(and single's N devices) share the cores", flush=True)
+    data, models = {}, {}
+    for w, spec in items(args):
+        if w in ("gsm8k", "math"):
+            src = args.gsm8k_data if w == "gsm8k" else args.math_data
+            data[w] = str(prepare_data(w, src.resolve(), spec.prompt_tokens, work))
+        models[(w, spec.name)] = spec.arch
+        if w == "arith-var":
+            path, cmd = sft_model(spec, work, args.sft_steps, args.timeout)
+            models[(w, spec.name)] = str(path)
+            print(f"# {spec.name} arith-var model: {cmd}")
+    address = ""
+    if "controller" in args.modes:
+        import ray
+
+        os.environ["RAY_DEDUP_LOGS"] = "0"
+        ray.init(num_cpus=os.cpu_count(), include_dashboard=False, logging_level="WARNING")
+        address = ray.get_runtime_context().gcs_address
+    results, failed = [], set()
+    t_start = time.perf_counter()
+    try:
+        for w, spec, rep, n, mode, b, scalings in plan(args):
+            res = Result(spec.name, w, args.betas[0], n, mode, rep, "", scalings, b * spec.group)
+            if (w, spec.name, n, mode, b) in failed:
+                res.error = "skipped: failed in an earlier repeat"
+            else:
+                run_dir = root / f"{w}-{spec.name.lower()}-n{n}-b{b}-{mode}-r{rep}"
+                steps = args.steps or spec.steps
+                argv = train_argv(spec, w, models[(w, spec.name)], mode, n, steps,
+                                  args.betas[0], run_dir, prompts=b, data=data.get(w, ""),
+                                  ray_address=address, split=args.split,
+                                  decode_chunk=args.decode_chunk)
+                run_with_retries(res, argv, run_dir, steps, args)
+                if not res.ok:
+                    failed.add((w, spec.name, n, mode, b))
+            results.append(res)
+            if args.json:  # kept current, so --report-only works on a stopped grid
+                Path(args.json).write_text(json.dumps(
+                    [dataclasses.asdict(r) for r in results], indent=1))
+    finally:
+        if address:
+            import ray
+
+            ray.shutdown()
+    print(f"\n# total wall {time.perf_counter() - t_start:.0f}s; load average after: "
+          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    return results
+
+
+def run_with_retries(res: Result, argv: list[str], run_dir: Path, steps: int, args) -> None:
+    for attempt in range(1 + args.retries):
+        if attempt:  # keep the failed attempt's log
+            log = run_dir.parent / f"{run_dir.name}.log"
+            log.rename(log.with_suffix(f".attempt{attempt}.log"))
+            print(f"# retry {attempt} of {args.retries}", flush=True)
+            res.error = ""
+        run_point(res, argv, run_dir, steps, args.skip, args.timeout)
+        if res.ok:
+            return
+
+
+def print_report(results: list[Result], args) -> None:
+    print("\n## Commands\n")
+    for r in results:
+        print(f"- {r.workload} {'/'.join(r.scalings)} N={r.n} {r.mode} run {r.repeat + 1}: "
+              f"`{r.command}`" + ("" if r.ok else f" -- {r.error}"))
+    ok = [r for r in results if r.ok]
+    timing = sorted({str(row.get("perf/timing", "?")) for r in ok for row in r.steady})
+    loads = [x for r in ok for x in (r.load_before, r.load_after)]
+    print(f"\n# timing: {', '.join(timing) or '?'} (perf/timing); train step "
+          f"{'split (--profile-split)' if args.split else 'fused'}; steady steps "
+          f"{args.skip + 1}..steps-1; compile time apart (its own column)")
+    if loads:
+        print(f"# load average during the runs: {min(loads):.1f}-{max(loads):.1f} "
+              f"(per cell: the load column); {os.cpu_count()} cores")
+    specs = {(spec.name, w): spec for w, spec in items(args)}
+    print("\n".join(modes_report.report(results, specs, args.hosts, args.scaling)))
 
 
 if __name__ == "__main__":

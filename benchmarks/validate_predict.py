@@ -50,6 +50,7 @@ def measure(args) -> None:
     if args.shapes:
         cmd = [PY, str(HERE / "bench_modes.py"), "--shapes", *args.shapes, "--workloads",
                *args.workloads, "--hosts", "1", "2", "4", "--repeats", str(args.repeats),
+               "--modes", "single", "colocated", "--scaling", "strong", "--no-split",
                "--work-dir", str(CAL), "--json", str(out / "modes.json")]
         print(f"$ {shlex.join(cmd)}   # load {os.getloadavg()[0]:.2f}", flush=True)
         subprocess.run(cmd, check=False)
