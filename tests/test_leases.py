@@ -149,7 +149,7 @@ def test_a_units_last_failed_attempt_raises_naming_it():
         t.release(t.acquire(1, 0, 0.0, 5.0).id)  # transient: not counted
     t.release(t.acquire(1, 0, 0.0, 5.0).id, "worker 1 died (ActorDiedError)")
     t.release(t.acquire(0, 0, 0.0, 5.0).id, "worker 0 died (ActorDiedError)")
-    assert "unit 0 queued, 2 failed attempt(s) of 3" in t.describe(0, now=0.0)
+    assert "unit 0 queued, 2 failed attempt(s) of 3" in t.describe(0, 0, now=0.0)
     last = t.acquire(1, 0, 10.0, 5.0)
     assert (last.step, last.unit, last.attempt) == (0, 0, 7)  # the 8th dispatch of unit 0
     with pytest.raises(UnitFailed, match=r"step 0 unit 0 \(prompts 0-3\) failed 3 time\(s\), "
@@ -197,14 +197,19 @@ def test_a_lease_names_its_versions_checksum():
 
 def test_describe_says_where_each_missing_unit_is():
     t = table(k=0, steps=3)
+    assert t.describe(0, None, now=0.0) == (
+        "0 of 2 unit(s) in; unit 0 not admitted yet (step 0 opens at weight version 0); "
+        "unit 1 not admitted yet (step 0 opens at weight version 0)")  # nothing published
+    assert t.describe(0, 0, now=0.0).startswith(
+        "0 of 2 unit(s) in; unit 0 admitted, no idle worker yet")  # every worker starting
     a = t.acquire(3, 0, now=0.0, timeout_s=30.0)
-    assert t.describe(1, now=0.0) == (
+    assert t.describe(1, 0, now=0.0) == (
         "0 of 2 unit(s) in; unit 0 not admitted yet (step 1 opens at weight version 1); "
         "unit 1 not admitted yet (step 1 opens at weight version 1)")
-    assert t.describe(0, now=10.0) == ("0 of 2 unit(s) in; unit 0 held by worker 3 (lease 0, "
-                                       "version 0, deadline in 20 s); unit 1 queued")
+    assert t.describe(0, 0, now=10.0) == ("0 of 2 unit(s) in; unit 0 held by worker 3 (lease "
+                                          "0, version 0, deadline in 20 s); unit 1 queued")
     t.complete(a.id)
-    assert t.describe(0, now=10.0).startswith("1 of 2 unit(s) in; unit 1")
+    assert t.describe(0, 0, now=10.0).startswith("1 of 2 unit(s) in; unit 1")
 
 
 def test_a_worker_pulls_again_when_the_bytes_differ_under_the_same_number():

@@ -51,6 +51,7 @@ def test_async_takes_the_newest_version_and_default_leases():
     ("async", dict(prompts_per_lease=3), 8, "--prompts-per-lease 3 does not divide"),
     ("async", dict(lease_timeout_s=0), 8, "--lease-timeout-s must be > 0"),
     ("async", dict(max_attempts=0), 8, "--max-attempts must be >= 1"),
+    ("async", dict(start_timeout_s=0), 8, "--start-timeout-s must be > 0"),
     ("async", dict(stall_warning_s=0), 8, "--stall-warning-s must be > 0"),
     ("async", dict(lease_timeout_s=10, verifier_timeout_s=10), 8,
      "--verifier-timeout-s must be >= 0 (0: half the lease) and below --lease-timeout-s 10"),

@@ -309,6 +309,20 @@ def test_a_unit_that_fails_every_worker_stops_the_run_naming_it(cluster, tmp_pat
                          r"in; unit 0 (held by worker \d|queued)", err), err[-3000:]
 
 
+def test_a_worker_that_never_warms_up_stops_the_run(cluster, tmp_path):
+    """A warm-up that hangs is held by no lease: the start deadline kills it, Ray restarts
+    the worker, and the second miss in a row (--max-attempts 2) stops the run, naming the
+    worker, rather than waiting for it forever."""
+    from locojax.fleet.driver import RunFailed
+    from locojax.fleet.faults import Faults
+
+    with pytest.raises(RunFailed, match=r"worker \d did not warm up .* within --start-timeout-s "
+                                        r"4, 2 time\(s\) in a row"):
+        train(tmp_path, *DA, "--start-timeout-s", "4", "--max-attempts", "2",
+              faults=Faults(hang_warmup=True))
+    assert not (tmp_path / "final_model").exists()
+
+
 def test_an_async_learner_restart_republishes_and_workers_pull_again(cluster, tmp_path):
     """async (k = 2), the learner killed after publishing version 2 and before its
     checkpoint: the restarted group resumes from checkpoint 1 and publishes versions under

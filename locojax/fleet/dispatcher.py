@@ -14,7 +14,8 @@ dispatch loop; learner hosts call `take` from others (a threaded actor):
 
 Retries are bounded (`leases.UnitFailed`): a unit's `max_attempts`-th failure stops the run
 with an error naming the step, the unit, the worker and the last error, and so does a
-worker that cannot start at all. The learner asks `waiting_for(step)` when it has waited
+worker that cannot start at all, or whose warm-up (which no lease's deadline covers) missed
+`start_timeout_s` that many times in a row. The learner asks `waiting_for(step)` when it has waited
 long for a step, and logs the answer.
 
 Learner host p's `take(step)` blocks until every unit of `step` is in and returns its rows
@@ -67,6 +68,10 @@ class DispatchStats:
                 "perf/sync/worker_version_lag/max": self.worker_lag_max}
 
 
+class WorkerFailed(RuntimeError):
+    """A worker's warm-up missed its deadline `max_attempts` times in a row."""
+
+
 def _first_line(e: BaseException) -> str:
     text = str(e).strip()
     return f"{type(e).__name__}: {text.splitlines()[-1] if text else ''}"
@@ -84,6 +89,8 @@ class _Slot:
         self.not_before = 0.0  # wait until then before the next call (after a failure)
         self.failures = 0
         self.version: int | None = None  # the version it last generated with
+        self.asked = 0.0  # when the `ready` call in flight was made
+        self.slow_starts = 0  # warm-ups in a row that missed their deadline
 
     def restart(self, delay: float = 0.0) -> None:
         """Forget any call in flight; ask whether it is up again once `delay` has passed."""
@@ -93,6 +100,7 @@ class _Slot:
     def poll_ready(self) -> None:
         if self.starting and self.ref is None and time.monotonic() >= self.not_before:
             self.ref = self.handle.ready.remote(self.prompts_per_lease)
+            self.asked = time.monotonic()
 
     @property
     def idle(self) -> bool:
@@ -145,7 +153,9 @@ class Dispatcher:
                 raise RuntimeError(f"checkpoint of step {step} holds a lease table at step "
                                    f"{self.table.next_step}")
             self.newest, self.digests, self._taken, self._snapshot = None, {}, {}, None
-            self.error, self.open = None, True
+            # Not `error`: one set before this (re)start stops the run all the same (the
+            # dispatch loop has ended), and the learners' `take` raises it.
+            self.open = True
             self.cv.notify_all()
         log.info("begin at step %d (%d buffered unit(s))", step,
                  sum(1 for _ in self.buffer.steps()))
@@ -165,9 +175,9 @@ class Dispatcher:
             if not self.open:
                 return "paused while the learner group (re)starts"
             starting = [s.index for s in self.slots if s.starting]
-            return (f"step {step}: {self.table.describe(step, time.monotonic())}; newest "
-                    f"version {self.newest}" + (f"; worker(s) {starting} (re)starting"
-                                                if starting else ""))
+            return (f"step {step}: {self.table.describe(step, self.newest, time.monotonic())}"
+                    f"; newest version {self.newest}"
+                    + (f"; worker(s) {starting} (re)starting or warming up" if starting else ""))
 
     def failure(self) -> str | None:
         """The error that stopped the run, if any (the driver reports it as the cause)."""
@@ -233,8 +243,8 @@ class Dispatcher:
                 ready, _ = ray.wait(refs, num_returns=1, timeout=0.05)
                 for ref in ready:
                     self._finish(next(s for s in self.slots if s.ref == ref))
-            except (UnitFailed, WeightMismatch) as e:  # a unit that fails every worker, or a
-                self._stop(str(e))  # result made with other bytes than its lease named
+            except (UnitFailed, WorkerFailed, WeightMismatch) as e:  # a unit that fails every
+                self._stop(str(e))  # worker, one that never starts, a result of other bytes
                 return
             except Exception as e:  # noqa: BLE001 - a bug here must stop the run, loudly
                 log.exception("dispatch loop failed")
@@ -259,6 +269,20 @@ class Dispatcher:
                     ray.kill(slot.handle, no_restart=False)
                     slot.restart(RETRY_S)
             self.table.expire(now)  # ...and the units go back (UnitFailed at the last try)
+            for slot in self.slots:  # a warm-up that hangs (no lease holds it) is bounded too
+                if slot.starting and slot.ref is not None and \
+                        now - slot.asked > self.plan.start_timeout_s:
+                    slot.slow_starts += 1
+                    if slot.slow_starts >= self.plan.max_attempts:
+                        raise WorkerFailed(
+                            f"worker {slot.index} did not warm up (compile and produce one "
+                            f"throw-away unit) within --start-timeout-s "
+                            f"{self.plan.start_timeout_s:g}, {slot.slow_starts} time(s) in a "
+                            "row; stopping the run (--max-attempts)")
+                    log.warning("worker %d did not warm up within %.0f s: killed, Ray "
+                                "restarts it", slot.index, self.plan.start_timeout_s)
+                    ray.kill(slot.handle, no_restart=False)
+                    slot.restart(RETRY_S)
             for slot in self.slots:
                 slot.poll_ready()
             if self.newest is None or self.error is not None or not self.open:
@@ -309,7 +333,7 @@ class Dispatcher:
         with self.cv:
             slot.failures = 0
             if slot.starting:  # a `ready` call: the worker is up
-                slot.starting = False
+                slot.starting, slot.slow_starts = False, 0
                 return
             slot.lease, (record, digest) = None, out
             slot.version = record.version

@@ -234,7 +234,9 @@ def first_failure_or_all(refs: list) -> list:
     otherwise leave the others blocked in a collective until the heartbeat timeout)."""
     pending, done = list(refs), {}
     while pending:
-        ready, pending = ray.wait(pending, num_returns=1)
+        # A bounded wait, so the interpreter gets back control every second: a signal
+        # (Ctrl-C, a test's timeout) is handled while the run goes on.
+        ready, pending = ray.wait(pending, num_returns=1, timeout=1.0)
         for r in ready:
             done[r] = ray.get(r)  # raises the first failure
     return [done[r] for r in refs]

@@ -46,6 +46,9 @@ class Faults:
     kill_learner_after_publish: int | None = None
     """Learner host 0 SIGKILLs itself after the update of this step and after publishing its
     version (the server holds it, the dispatcher leases with it), before its checkpoint."""
+    hang_warmup: bool = False
+    """Every rollout worker's warm-up (its `ready` call) hangs: bounded by the start
+    deadline, not by any lease's."""
     hang_verifier_after_calls: int | None = None
     """A verifier's call after this many calls in its life hangs holding the GIL (once)."""
     kill_ps_at_version: int | None = None

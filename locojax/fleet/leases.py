@@ -164,9 +164,10 @@ class LeaseTable:
                                "slower than --lease-timeout-s)")
         return gone
 
-    def describe(self, step: int, now: float) -> str:
-        """Where each unit of `step` not done yet is: held (by whom, until when), queued, or
-        not admitted yet (the learner's stall warning)."""
+    def describe(self, step: int, newest_version: int | None, now: float) -> str:
+        """Where each unit of `step` not done yet is: held (by whom, until when), queued,
+        admitted but no worker has asked for work yet, or not admitted yet (the learner's
+        stall warning)."""
         held = {(x.step, x.unit): x for x in self._active.values()}
         parts = []
         for u in range(self.units_per_step):
@@ -181,9 +182,11 @@ class LeaseTable:
                              f"{x.version}, deadline in {x.deadline - now:.0f} s{tried})")
             elif key in self._pending:
                 parts.append(f"unit {u} queued{tried}")
+            elif newest_version is not None and self.schedule.admits(step, newest_version):
+                parts.append(f"unit {u} admitted, no idle worker yet")
             else:
                 parts.append(f"unit {u} not admitted yet (step {step} opens at weight version "
-                             f"{step - self.schedule.max_staleness})")
+                             f"{max(0, step - self.schedule.max_staleness)})")
         done = self.units_per_step - len(parts)
         return f"{done} of {self.units_per_step} unit(s) in; " + "; ".join(parts)
 

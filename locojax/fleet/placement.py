@@ -71,6 +71,10 @@ class PlacementConfig:
     unit per worker per step when they divide)."""
     lease_timeout_s: float = 300.0
     """A worker that has not returned a lease after this long loses it (and is restarted)."""
+    start_timeout_s: float = 900.0
+    """A rollout worker that has not warmed up (compiled its programs and produced one
+    throw-away unit) this long after it was asked is killed and restarted; --max-attempts
+    such warm-ups in a row stop the run."""
     max_attempts: int = 3
     """Failed attempts at one leased unit (its worker died, hung past the lease, or its
     verifier calls kept failing) before the run stops with an error naming the step, the
@@ -112,6 +116,8 @@ class PlacementConfig:
                              f"{self.prompts_per_lease}")
         if self.lease_timeout_s <= 0:
             raise ValueError(f"--lease-timeout-s must be > 0, got {self.lease_timeout_s}")
+        if self.start_timeout_s <= 0:
+            raise ValueError(f"--start-timeout-s must be > 0, got {self.start_timeout_s}")
         if self.max_attempts < 1:
             raise ValueError(f"--max-attempts must be >= 1, got {self.max_attempts}")
         if self.stall_warning_s <= 0:
@@ -140,6 +146,7 @@ class PlacementPlan:
     max_attempts: int = 3
     stall_warning_s: float = 60.0
     verifier_timeout_s: float = 150.0  # resolved: never 0
+    start_timeout_s: float = 900.0
 
     @property
     def hosts(self) -> int:
@@ -189,4 +196,4 @@ def place(mode: str, p: PlacementConfig, prompts_per_step: int,
                         newest=mode == "async")
     return PlacementPlan(mode, learners, workers, d, per_lease, schedule, p.lease_timeout_s,
                          p.verifiers, p.max_attempts, p.stall_warning_s,
-                         p.verifier_timeout_s or p.lease_timeout_s / 2)
+                         p.verifier_timeout_s or p.lease_timeout_s / 2, p.start_timeout_s)

@@ -26,7 +26,7 @@ import numpy as np
 import ray
 
 from locojax.fleet.actors import setup_logging
-from locojax.fleet.faults import Faults, FaultyTimer
+from locojax.fleet.faults import Faults, FaultyTimer, hang
 from locojax.fleet.leases import Lease
 from locojax.fleet.parameter_server import ObjectStoreTransport
 from locojax.fleet.verifier import VerifierPool
@@ -73,6 +73,8 @@ class RolloutWorker:
     def ready(self, prompts_per_lease: int) -> int:
         """Compile for the lease shape (one throw-away unit, with the starting weights, and its
         logprob check), so no lease's deadline pays for compiling; returns the pid."""
+        if self.faults.hang_warmup:
+            hang(f"worker {self.index} warming up")
         if self._warm_weights is not None:
             from locojax.profiler import StepTimer
 

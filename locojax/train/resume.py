@@ -57,7 +57,7 @@ MAY_CHANGE: dict[str, str] = {
     "placement.ray_address": _CLUSTER, "placement.ray_cpus": _CLUSTER,
     "placement.lease_timeout_s": _CLUSTER, "placement.verifiers": _CLUSTER,
     "placement.max_attempts": _CLUSTER, "placement.stall_warning_s": _CLUSTER,
-    "placement.verifier_timeout_s": _CLUSTER,
+    "placement.verifier_timeout_s": _CLUSTER, "placement.start_timeout_s": _CLUSTER,
 }
 """Config fields (dotted; a section name covers its fields) a resumed run may change."""
 
