@@ -101,3 +101,25 @@ def initialize(devices_per_host: int | None = None, auto: bool = False,
         jax.distributed.initialize()
         return HostInfo(jax.process_index(), jax.process_count())
     return HostInfo(0, 1)
+
+
+MEET_TIMEOUT_S = 900
+"""How long `meet` waits for the slowest host (its compiles on a loaded machine)."""
+
+
+def meet(name: str, timeout_s: float = MEET_TIMEOUT_S) -> None:
+    """Wait until every process of the run has reached `name`: a barrier of the coordination
+    service, not a collective; nothing in a single-process run.
+
+    Before the first cross-host collective: on CPU, gloo gives a peer 30 s to join a new
+    communicator, so hosts whose compiles end more than 30 s apart (a cold cache on a loaded
+    machine) failed there with "Gloo context initialization failed: DEADLINE_EXCEEDED"."""
+    from jax._src import distributed as jax_distributed
+
+    client = jax_distributed.global_state.client
+    if client is not None:  # a barrier's id is used once: the k-th meeting of a name is name#k
+        _meetings[name] = _meetings.get(name, 0) + 1
+        client.wait_at_barrier(f"{name}#{_meetings[name]}", int(timeout_s * 1000))
+
+
+_meetings: dict[str, int] = {}

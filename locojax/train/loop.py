@@ -24,7 +24,7 @@ import time
 import jax
 import jax.numpy as jnp
 
-from locojax import profiler
+from locojax import distributed, profiler
 from locojax.checkpoint import Checkpointer
 from locojax.envs.rewards import RewardRunner
 from locojax.evaluate import batch_rows, derived, evaluate, greedy_sampling
@@ -64,6 +64,7 @@ def start(cfg: RunConfig, wiring) -> Trainer | None:
     if cfg.plan_only:  # print the plan, load nothing, run nothing
         return None
     memory.check()
+    distributed.meet("locojax: programs compiled")  # hosts compile at different speeds
     return Trainer(parts, wiring, engine, memory)
 
 
