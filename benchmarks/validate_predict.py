@@ -101,11 +101,12 @@ def phase_factors(pred, measured: list[dict]) -> dict[str, float]:
     return out
 
 
-def row(label: str, pred, measured: list[dict], load: float,
-        again=None) -> tuple[str, float]:
+def row(label: str, pred, measured: list[dict], load: float, again=None,
+        again_column: bool = False) -> tuple[str, float]:
     step_m = med(measured, "perf/step_time")
     err = pred.step / step_m - 1
-    again_cell = "" if again is None else f" | {again.step:.3f} ({again.step / step_m - 1:+.0%})"
+    again_cell = "" if not again_column else " | -" if again is None else (
+        f" | {again.step:.3f} ({again.step / step_m - 1:+.0%})")
     cells = []
     worst, worst_abs = "", 0.0
     for ph in PHASES:
@@ -153,7 +154,7 @@ def report_modes(path: Path) -> list[float]:
             f = factors.get((shape, workload, mode))
             again = rescaled(preds[key], f) if f and held_out else None
             line, err = row(f"{shape} {workload} N={n} {mode}", preds[key], rows,
-                            statistics.mean(r["load_before"] for r in runs), again)
+                            statistics.mean(r["load_before"] for r in runs), again, True)
             print(line)
             if held_out:
                 errs.append(err)

@@ -29,7 +29,7 @@ from pathlib import Path
 from locojax.model.config import ModelConfig
 from locojax.predict import collectives as coll
 from locojax.predict.devices import device_model, shape_key
-from locojax.predict.flops import ITEMSIZE, ModelCosts
+from locojax.predict.flops import ITEMSIZE, Costs, ModelCosts
 from locojax.predict.hardware import Cluster
 from locojax.predict.origin import Const, Ledger, from_json
 from locojax.predict.workload import Workload
@@ -174,6 +174,17 @@ class Ctx:
         per = self.mc.train_step(rows / chips, wl.group, wl.prompt_columns, wl.max_new,
                                  reference=wl.beta > 0, remat=self.remat)
         return self.dev.seconds("train", per, chips=1, cores=cores)
+
+    def logprob_check(self, rows: float, chips: float, cores: float = 0.0) -> float:
+        """A rollout worker's trainer forward over its lease's rows (`rollout_worker.py`:
+        `rollout/logprob_mismatch` for every row): no-grad, no shared prefix, every row's
+        P + N - 1 columns. On cpu-here it is costed with the train step's fit at its FLOPs
+        (no fit of its own: no N = 1 run times a forward alone)."""
+        wl = self.wl
+        flops = self.mc.train_forward(rows / chips, 1, wl.prompt_columns, wl.max_new)
+        kind = "train" if self.cluster.hw.kind == "cpu" else "forward"
+        return self.dev.seconds(kind, Costs(flops, self.mc.weight_bytes()), chips=1,
+                                cores=cores)
 
     def fsdp(self, chips: float) -> int:
         """Chips the train state is sharded over: the fewest (power of two) whose share of

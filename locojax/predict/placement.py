@@ -8,7 +8,8 @@ worker per step when they divide). Each lease's time is drawn: its decode loop r
 longest of its per_lease x G rows, drawn from the workload's completion lengths.
 The learner's update trains all R rows over the learner chips, then pushes the new version.
 Per lease a fixed dispatch cost is paid (`lease_fixed_s`: a Ray call and its result's
-transfer; two DCN latencies plus a controller dispatch where the profile has none).
+transfer; two DCN latencies plus a controller dispatch where the profile has none), and the
+worker's logprob check, a trainer forward over the lease's rows (locojax/fleet).
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ def _spec(ctx: Ctx, workers: int, learners: int, k: int, newest: bool, seed: int
 
         def seconds(c: float) -> float:
             c = c or cores_each(ctx, 1)
-            return fixed + sum(_rollout(ctx, u, rows, per_host, steps_, c, c).values())
+            return (fixed + sum(_rollout(ctx, u, rows, per_host, steps_, c, c).values())
+                    + ctx.logprob_check(rows, per_host, c))
         return simulate.Task(seconds, 1)
 
     learner_chips = learners * per_host
