@@ -39,7 +39,9 @@ from locojax.fleet import driver
 from locojax.fleet.actors import host_cpus
 from locojax.fleet.controller_host import ControllerHost
 from locojax.fleet.faults import Faults
+from locojax.model import loader
 from locojax.profiler import StepTimer
+from locojax.train import resume
 from locojax.train.build import RunParts
 from locojax.train.config import RunConfig, check_run
 
@@ -258,13 +260,20 @@ def control(parts: RunParts, hosts: list, runs: list) -> None:
 
 def check_settings(cfg: RunConfig) -> RunParts:
     """The controller's parts (task, tokenizer, sampling; no weights), after every check
-    that needs no Ray: raises ValueError before any actor starts."""
+    that needs no Ray, as `driver.check_settings` makes them: the settings, the data and
+    model files (the weights by their headers) and whether the run directory's checkpoints
+    are of this run. Raises ValueError naming the file or field before any actor starts."""
     if os.environ.get("LOCOJAX_NUM_PROCESSES", "1") not in ("", "1"):
         raise ValueError("mode 'controller' places its own hosts through Ray: run it as one "
                          "process, not under `locojax launch`")
     n = cfg.placement.hosts
     check_run(cfg, n, n * (cfg.devices_per_host or 1))
-    return RunParts.of(cfg)
+    parts = RunParts.of(cfg)
+    loader.check_weights(cfg.model, parts.model_cfg)
+    # The hosts' view of the config (`GroupHost._run`), as their checkpoints hold it.
+    resume.check(dataclasses.replace(cfg, run_dir=os.path.abspath(cfg.run_dir),
+                                     devices_per_host=cfg.devices_per_host or 1))
+    return parts
 
 
 def run(cfg: RunConfig, faults: Faults = Faults()) -> dict[str, float]:
