@@ -178,6 +178,25 @@ def test_a_forced_resume_that_does_not_fit_names_the_fields(tmp_path):
         resume.restore(forced, Checkpointer(resume.checkpoint_dir(cfg)), like, is_main=True)
 
 
+def test_export_is_redone_when_missing_incomplete_or_of_another_step(tmp_path, caplog):
+    """Guards `export_if_missing`: an export of this step that is whole is kept as it is;
+    one missing, cut short (no metadata file, written last) or of an earlier step is redone."""
+    cfg, model = _cfg(tmp_path), loader.load("embedded")
+    path = tmp_path / "final_model"
+    caplog.set_level(logging.WARNING, logger="locojax")
+
+    def export(step):
+        caplog.clear()
+        resume.export_if_missing(str(path), cfg, model.cfg, model.weights, step)
+        return "exporting step" in caplog.text
+
+    assert export(2) and loader.is_complete(path) and loader.read_meta(path)["steps"] == 2
+    assert not export(2)  # whole and of this step: kept
+    (path / loader.META_FILE).unlink()  # an in-place export killed before its last file
+    assert export(2) and loader.is_complete(path)
+    assert export(3) and loader.read_meta(path)["steps"] == 3
+
+
 # --- a whole run ---------------------------------------------------------------------------
 
 
