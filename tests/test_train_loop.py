@@ -236,6 +236,8 @@ def test_killed_and_resumed_run_is_bitwise_identical(sft_model, straight_runs, c
     (["--steps", "0"], "steps must be >= 1"),
     (["--algo.name", "ppo2"], "unknown algorithm"),
     (["--dynamic.overlong-buffer", "99"], "exceeds rollout.max_new_tokens"),
+    (["--rollout.cache-dtype", "fp8"],
+     "invalid choice 'fp8' for argument '--rollout.cache-dtype'"),
 ])
 def test_bad_config_fails_before_any_work(args, message, tmp_path):
     out = locojax("train", "demo", "--model", "tiny", "--run-dir", str(tmp_path / "r"), *args,

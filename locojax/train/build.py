@@ -61,7 +61,9 @@ class RunParts:
         return cls(cfg, task, model_cfg, tokenizer, cfg.learner_config(), sampling, limits)
 
     def engine(self, mesh, rules: Rules = ROLLOUT_REPLICATED) -> Engine:
-        return Engine(self.model_cfg, mesh=mesh, rules=rules)
+        dtype = self.cfg.rollout.cache_dtype  # None: the compute dtype
+        return Engine(self.model_cfg, mesh=mesh, rules=rules,
+                      cache_dtype=dtype and COMPUTE_DTYPES[dtype])
 
     def weights(self, mesh, rules: Rules) -> Weights:
         """The starting weights, loaded (or initialised, for presets) straight into `rules`'

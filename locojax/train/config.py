@@ -28,7 +28,8 @@ from locojax.train.dynamic_sampling import DynamicSamplingConfig
 
 
 COMPUTE_DTYPES = {"f32": "float32", "bf16": "bfloat16"}
-"""`RunConfig.precision` -> `ModelConfig.compute_dtype` (master weights are always f32)."""
+"""`RunConfig.precision` -> `ModelConfig.compute_dtype` (master weights are always f32); also
+`RolloutConfig.cache_dtype` -> `Engine(cache_dtype=...)`."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,11 +50,18 @@ class RolloutConfig:
     """Nucleus filtering (1.0 = off)."""
     ignore_eos: bool = False
     """Never stop early: every completion is exactly max_new_tokens (benchmarks: equal work)."""
+    cache_dtype: Literal["f32", "bf16"] | None = None
+    """The KV cache's storage dtype (default: the compute dtype, --precision). bf16 halves the
+    cache and its reads; attention still accumulates in f32. The sampler-trainer gap it adds
+    is logged as rollout/logprob_mismatch."""
 
     def __post_init__(self):
         for name in ("prompts_per_step", "max_new_tokens", "max_prompt_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"rollout.{name} must be >= 1, got {getattr(self, name)}")
+        if self.cache_dtype not in (None, *COMPUTE_DTYPES):
+            raise ValueError(f"rollout.cache_dtype must be one of {sorted(COMPUTE_DTYPES)}, got "
+                             f"{self.cache_dtype!r}")
 
 
 @dataclasses.dataclass(frozen=True)
