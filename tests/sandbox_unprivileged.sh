@@ -8,9 +8,11 @@
 #
 # The venv's interpreter may live where nobody cannot go (pyenv under /root, mode 0700). The
 # sandbox modules are stdlib-only, so a system interpreter of the same minor version serves,
-# with the repository and the venv's site-packages (pytest, numpy) on PYTHONPATH. The SWE
-# harness tests that need pytest inside the sandbox are left out there (-k): that interpreter's
-# sandboxed children do not see the venv's site-packages.
+# with the repository and the venv's site-packages (pytest, numpy) on PYTHONPATH. Where nobody
+# cannot read those either (a clone under /root), a readable copy serves: the package, its
+# pyproject.toml, these two test files and the installed packages they import, in a temporary
+# directory removed at the end. The SWE harness tests that need pytest inside the sandbox are
+# left out there (-k): that interpreter's sandboxed children do not see the venv's packages.
 #
 # Usage: tests/sandbox_unprivileged.sh [PYTHON] [pytest args...]
 set -eu
@@ -22,17 +24,41 @@ if [ "$(id -u)" != 0 ]; then
 	exit 0
 fi
 REPO=$(pwd)
+TESTS="tests/test_sandbox.py tests/test_swe_harness.py"
 as_nobody() {
 	setpriv --reuid=65534 --regid=65534 --clear-groups \
 		env -i HOME=/tmp PATH=/usr/local/bin:/usr/bin:/bin LANG=C.UTF-8 "$@"
 }
-if ! as_nobody test -r "$REPO/tests/test_sandbox.py"; then
-	echo "sandbox_unprivileged: nobody cannot read $REPO; clone it where other users can" >&2
-	exit 1
-fi
 ver=$($PY -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 vtuple=$(echo "$ver" | tr . ,)
 site=$($PY -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+copy=""
+trap '[ -z "$copy" ] || rm -rf "$copy"' EXIT
+if ! as_nobody test -r "$REPO/tests/test_sandbox.py" || ! as_nobody test -r "$site/pytest"; then
+	copy=$(mktemp -d "${TMPDIR:-/tmp}/locojax-nobody.XXXXXX")
+	mkdir "$copy/tests" "$copy/site"
+	cp -R "$REPO/locojax" "$REPO/pyproject.toml" "$copy/"
+	for t in $TESTS; do cp "$t" "$copy/tests/"; done
+	# The installed packages (directories and modules) that pytest and the tests import.
+	PYTHONPATH="$REPO/tests" $PY - "$site" "$copy/site" $TESTS <<-'EOF'
+		import glob, importlib, os, shutil, sys
+		site, dest, tests = sys.argv[1], sys.argv[2], sys.argv[3:]
+		import pytest  # noqa: F401
+		for t in tests:
+		    importlib.import_module(os.path.basename(t)[:-3])
+		files = [getattr(m, "__file__", None) or "" for m in list(sys.modules.values())]
+		tops = {os.path.relpath(f, site).split(os.sep)[0] for f in files
+		        if f.startswith(site + os.sep)}
+		for top in sorted(tops):
+		    for src in [os.path.join(site, top), *glob.glob(os.path.join(site, top + ".libs"))]:
+		        to = os.path.join(dest, os.path.basename(src))
+		        (shutil.copytree if os.path.isdir(src) else shutil.copy)(src, to)
+	EOF
+	chmod -R a+rX "$copy"
+	echo "sandbox_unprivileged: nobody cannot read $REPO or $site: using a copy in $copy"
+	REPO=$copy
+	site=$copy/site
+fi
 interp=""
 for c in "$PY" "python$ver" "/usr/bin/python$ver" "/usr/local/bin/python$ver"; do
 	if as_nobody PYTHONPATH="$REPO:$site" "$c" -c \
@@ -47,7 +73,10 @@ if [ -z "$interp" ]; then
 	exit 1
 fi
 echo "sandbox_unprivileged: as nobody with $interp"
-exec setpriv --reuid=65534 --regid=65534 --clear-groups env -i HOME=/tmp \
+cd "$REPO"
+status=0
+setpriv --reuid=65534 --regid=65534 --clear-groups env -i HOME=/tmp \
 	PATH=/usr/local/bin:/usr/bin:/bin LANG=C.UTF-8 PYTHONPATH="$REPO:$site" \
-	"$interp" -m pytest -q -p no:cacheprovider --noconftest \
-	tests/test_sandbox.py tests/test_swe_harness.py -k "not pytest" "$@"
+	"$interp" -m pytest -q -p no:cacheprovider --noconftest $TESTS -k "not pytest" "$@" ||
+	status=$?
+exit $status
