@@ -105,13 +105,15 @@ def reward(mode: Literal["strict", "flexible"] = "strict", format_weight: float 
     return combine_rewards([(fns[mode], 1.0), (format_ok, format_weight)])
 
 
-def make_prompt(question: str, template: Literal["plain", "qwen"] = "plain") -> Prompt:
-    """'plain': 'Question: ...\\nAnswer:' text. 'qwen': one user message for the chat template."""
+def make_prompt(question: str, template: Literal["plain", "qwen", "chat"] = "plain") -> Prompt:
+    """'plain': 'Question: ...\\nAnswer:' text. 'qwen' and 'chat': one user message, rendered by
+    the hand-written ChatML of `tokenizer.base` (qwen) or the checkpoint's own chat template
+    (chat, `tokenizer.chat_template`)."""
     if template == "plain":
         return f"Question: {question.strip()}\nAnswer:"
-    if template == "qwen":
+    if template in ("qwen", "chat"):
         return ({"role": "user", "content": f"{question.strip()}\n{QWEN_INSTRUCTION}"},)
-    raise ValueError(f"template must be 'plain' or 'qwen', got {template!r}")
+    raise ValueError(f"template must be 'plain', 'qwen' or 'chat', got {template!r}")
 
 
 def split_gold(answer: str) -> tuple[str, str]:
@@ -126,7 +128,7 @@ def split_gold(answer: str) -> tuple[str, str]:
     return solution.lstrip("\n"), number
 
 
-def load(path: str | os.PathLike, template: Literal["plain", "qwen"] = "plain",
+def load(path: str | os.PathLike, template: Literal["plain", "qwen", "chat"] = "plain",
          skip_invalid: bool = False, limit: int | None = None) -> Dataset:
     """GSM8K rows from a .jsonl or .parquet file."""
     make_prompt("", template)  # validate the template name before reading the file

@@ -130,13 +130,15 @@ def reward(format_weight: float = 0.0) -> Reward:
     return combine_rewards([(boxed_correct, 1.0), (boxed_format, format_weight)])
 
 
-def make_prompt(problem: str, template: Literal["plain", "qwen"] = "plain") -> Prompt:
-    """'plain': 'Problem: ...\\nSolution:' text. 'qwen': one user message for the chat template."""
+def make_prompt(problem: str, template: Literal["plain", "qwen", "chat"] = "plain") -> Prompt:
+    """'plain': 'Problem: ...\\nSolution:' text. 'qwen' and 'chat': one user message, rendered by
+    the hand-written ChatML of `tokenizer.base` (qwen) or the checkpoint's own chat template
+    (chat, `tokenizer.chat_template`)."""
     if template == "plain":
         return f"Problem: {problem.strip()}\nSolution:"
-    if template == "qwen":
+    if template in ("qwen", "chat"):
         return ({"role": "user", "content": f"{problem.strip()}\n{QWEN_INSTRUCTION}"},)
-    raise ValueError(f"template must be 'plain' or 'qwen', got {template!r}")
+    raise ValueError(f"template must be 'plain', 'qwen' or 'chat', got {template!r}")
 
 
 def _from_messages(messages: list) -> tuple[str, str | None]:
@@ -158,7 +160,7 @@ def _text_field(row, name: str) -> str:
     return row[name]
 
 
-def load(path: str | os.PathLike, template: Literal["plain", "qwen"] = "plain",
+def load(path: str | os.PathLike, template: Literal["plain", "qwen", "chat"] = "plain",
          skip_invalid: bool = False, limit: int | None = None) -> Dataset:
     """Boxed-math rows (problem/solution[/answer], problem/answer, or messages[/answer])
     from .jsonl or .parquet."""

@@ -20,8 +20,8 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from locojax.envs.base import Task
 
@@ -41,7 +41,9 @@ class TaskConfig:
     """Held-out data file for gsm8k / math (default: the training file); swe: a task
     directory (default: none held out for your tasks)."""
     template: str = "plain"
-    """Prompt template of gsm8k and math: plain or qwen (chat)."""
+    """Prompt template of gsm8k and math: plain (text), qwen (one user message in hand-written
+    ChatML) or chat (one user message in the checkpoint's own chat template from its
+    tokenizer_config.json; stop tokens from its generation_config.json)."""
     autosubmit: bool = False
     """swe: at the env's turn limit, score the repository as if the model had submitted."""
     train_size: int = 100_000

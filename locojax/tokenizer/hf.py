@@ -6,8 +6,9 @@ Only the fast-tokenizer file is read: no transformers at run time. Special ids c
 for Qwen3 chat models eos is `<|im_end|>` and pad `<|endoftext|>`, and both stop a
 completion.
 
-Departure from transformers: the checkpoint's jinja `chat_template` is not executed; the
-Qwen ChatML rendering of `base.render_chat` is used (see there).
+Departure from transformers: `apply_chat_template` here is the Qwen ChatML rendering of
+`base.render_chat` (`--task.template qwen`); the checkpoint's own jinja `chat_template` is
+rendered by `chat_template.with_chat_template` (`--task.template chat`).
 """
 
 from __future__ import annotations

@@ -28,6 +28,7 @@ from locojax.model.sharding import ROLLOUT_REPLICATED, Rules, weight_shardings
 from locojax.rl.config import LearnerConfig
 from locojax.rollout import limits as limits_lib
 from locojax.tokenizer import Tokenizer
+from locojax.tokenizer.chat_template import with_chat_template
 from locojax.train.config import COMPUTE_DTYPES, RunConfig
 from locojax.train.curation import Curator
 from locojax.train.data import PromptStream
@@ -51,6 +52,8 @@ class RunParts:
         task = registry.build(cfg.task, cfg.seed, cfg.multi_turn.max_turns)
         model_cfg = loader.load_config(cfg.model, **_dtypes(cfg))
         tokenizer = loader.load_tokenizer_of(cfg.model)
+        if cfg.task.template == "chat":
+            tokenizer = with_chat_template(tokenizer, loader.resolve_dir(cfg.model))
         sampling = SamplingConfig(
             max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature,
             top_k=cfg.rollout.top_k, top_p=cfg.rollout.top_p, ignore_eos=cfg.rollout.ignore_eos,
