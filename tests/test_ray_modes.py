@@ -208,7 +208,7 @@ def test_disaggregated_schedule_is_deterministic(reference, tmp_path):
 
 
 @pytest.mark.parametrize("faults", ["workers_ps_verifier", "kill_learner"])
-def test_faults_change_nothing(reference, tmp_path, faults):
+def test_faults_change_nothing(reference, tmp_path, faults, capfd):
     """kill -9 a worker mid-generation, hang one, kill -9 the parameter server, get a
     verifier stuck holding the GIL (one run: Ray restarts each, and each loses a lease, a
     pull or a call), and kill -9 the learner after it published a version (the other run: it
@@ -245,8 +245,13 @@ def test_faults_change_nothing(reference, tmp_path, faults):
     if faults == "workers_ps_verifier":  # the killed and the hung worker's leases, at least
         perf = jsonl(tmp_path / "perf.jsonl")
         assert max(p.get("perf/rollout/redispatched_leases", 0) for p in perf) >= 2
-        # The killed server was found restarted and restored (and logged, with what from).
+        # The killed server was found restarted and restored, and logged with what from.
         assert perf[-1]["perf/sync/ps_restores"] >= 1
+        time.sleep(2)  # actor logs reach the driver's stderr a moment later
+        err = capfd.readouterr().err
+        assert re.search(r"parameter server restarted \(incarnation \w+ -> \w+\): restored "
+                         r"version\(s\) \d+ \(\w+\)(, \d+ \(\w+\))* from learner host 0's "
+                         r"kept copies", err), err[-3000:]
 
 
 def test_a_killed_controller_host_stops_the_run_naming_it(cluster, tmp_path):
