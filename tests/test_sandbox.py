@@ -133,6 +133,22 @@ def test_none_runs_only_by_name_and_says_so_in_one_line(caplog, monkeypatch):
         assert iso.process_cap in ("", "cgroup") and "process cap" in iso.describe()
 
 
+@pytest.mark.skipif(not ROOT, reason="non-root, mode none runs the code as the caller's uid")
+def test_none_as_root_refuses_an_interpreter_other_uids_cannot_run(tmp_path):
+    """As root, mode none runs the code as a fresh unprivileged uid: an interpreter under a
+    directory only root may enter (pyenv under /root) cannot start there. The refusal names
+    it and its real path, not a failed probe's exit status."""
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    python = private / "python3"
+    python.write_text(f"#!/bin/sh\nexec {_python_for_other_uids()} \"$@\"\n")
+    python.chmod(0o755)
+    with pytest.raises(SandboxError, match="sandbox mode none does not work here") as e:
+        Sandbox(SandboxConfig(mode="none", python=str(python)), SMALL)
+    assert f"must be able to run {python} (really {python};" in str(e.value)
+    assert "SandboxConfig.python" in str(e.value) and "an isolated mode" in str(e.value)
+
+
 # -- plain behaviour ------------------------------------------------------------------------------
 
 

@@ -138,7 +138,8 @@ class Sandbox:
                 f"sandbox mode none does not work here ({'; '.join(errors)}). As root it runs "
                 f"the code as a fresh unprivileged uid, which must be able to run {self.python} "
                 f"(really {os.path.realpath(self.python)}; not under /root, mode 0700): use an "
-                "interpreter other users can run (SandboxConfig.python), or an isolated mode.")
+                "interpreter other users can run (SandboxConfig.python; `locojax train` uses "
+                "its own, so install it with a system-wide Python), or an isolated mode.")
         raise SandboxError(f"no sandbox isolation works here ({'; '.join(errors)}). "
                            + HOW_TO_ISOLATE)
 
