@@ -102,7 +102,7 @@ def test_process_timeout_kills_hung_worker_and_recovers():
         pids = {w.proc.pid for w in run._workers}
         t0 = time.monotonic()
         scores = run.score_batch(hang, ["ok", "hang", "ok", "ok"], [EX] * 4)
-        assert time.monotonic() - t0 < 8.0
+        assert 1.0 <= time.monotonic() - t0 < 8.0  # the hung row's deadline, not before
         np.testing.assert_array_equal(scores.total, [1, 0, 1, 1])
         m = run.metrics()
         assert m["reward/timeouts"] == 1 and m["reward/errors"] == 0
