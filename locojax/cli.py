@@ -18,6 +18,7 @@ SUBCOMMANDS = {
               "GRPO training (modes: single, colocated, disaggregated, async)"),
     "sft": ("locojax.commands.sft", "train a char-level model on built-in task demonstrations"),
     "curate": ("locojax.commands.curate", "score a dataset's pass rates with a model and filter it"),
+    "eval": ("locojax.commands.eval", "score a checkpoint on a task: accuracy, pass@k, lengths"),
     "plot": ("locojax.commands.plot", "write a PNG of a run's reward, accuracy and timings"),
     "predict": ("locojax.commands.predict", "step time, memory and placement before launch"),
 }

@@ -1,16 +1,26 @@
-"""Held-out evaluation: greedy pass@1 accuracy and mean reward on a task's test split.
+"""Evaluation: k samples of each example, scored by the task's own reward, and what they add
+up to. One scorer serves the held-out evaluation inside training (`evaluate`: greedy, one
+sample each) and `locojax eval` (any k, temperature and task; `commands/eval.py`).
 
 Accuracy counts a completion as correct when its total reward reaches 1, which for the
 built-in tasks, GSM8K and boxed math is exactly "the final answer is right" (format terms,
 when enabled, only add on top of a correct answer's 1).
 
-Multi-turn tasks are evaluated as they are trained (greedy, tools and all), and also report
-how often the model called a tool and how it did without one: `eval/tool_call_rate`,
+pass@k is the unbiased estimator of Chen et al. 2021 ("Evaluating Large Language Models
+Trained on Code", eq. 1): with n samples of a problem of which c are correct,
+pass@k = 1 - C(n-c, k) / C(n, k), the chance that k of the n drawn without replacement hold
+a correct one, averaged over problems. pass@1 is then c/n, the accuracy.
+
+Multi-turn tasks are evaluated as they are trained (tools and all), and also report how
+often the model called a tool and how it did without one: `eval/tool_call_rate`,
 `eval/correct_no_tool` (a share of all examples, so it sums over hosts) and, derived once
 the hosts' shares are summed (`derived`), `eval/accuracy_no_tool`.
 """
 
 from __future__ import annotations
+
+import dataclasses
+import math
 
 import jax
 import numpy as np
@@ -23,6 +33,9 @@ from locojax.profiler import StepTimer
 from locojax.rollout import multi_turn
 from locojax.rollout.single_turn import rollout
 
+CORRECT = 1.0 - 1e-6
+"""A total reward at least this is a correct answer (rewards are sums of f32 terms)."""
+
 
 def greedy_sampling(tokenizer, max_new_tokens: int) -> SamplingConfig:
     """The decoding rules of an evaluation (also what the memory plan compiles)."""
@@ -32,7 +45,71 @@ def greedy_sampling(tokenizer, max_new_tokens: int) -> SamplingConfig:
 
 def batch_rows(num_examples: int, batch_size: int) -> int:
     """Prompts per generate call of `evaluate`: one call for few examples, else full batches."""
-    return batch_size if num_examples > batch_size else num_examples
+    return min(num_examples, batch_size)
+
+
+@dataclasses.dataclass(frozen=True)
+class Scores:
+    """k samples of each of n examples, example-major ([n, k] arrays)."""
+
+    rewards: np.ndarray  # [n, k] f32 total reward
+    lengths: np.ndarray  # [n, k] int: tokens the model wrote (stop token included)
+    truncated: np.ndarray  # [n, k] bool: stopped by a length limit, not by the model
+    texts: list[list[str]]  # [n][k] the completions (multi-turn: the whole trajectory)
+    tool_calls: np.ndarray | None = None  # [n, k] int, multi-turn tasks only
+
+    @property
+    def correct(self) -> np.ndarray:
+        return self.rewards >= CORRECT
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """1 - C(n-c, k) / C(n, k): the chance that k of n samples, c of them correct, drawn
+    without replacement, hold a correct one (unbiased for k <= n)."""
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"pass@k needs 0 <= c <= n and 1 <= k <= n, got n={n} c={c} k={k}")
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def score(engine: Engine, weights, tokenizer, task: Task, runner: RewardRunner, examples,
+          sampling: SamplingConfig, samples: int, max_prompt_tokens: int, batch_size: int,
+          key: jax.Array, first_index: int = 0, pool=None, limits=None) -> Scores:
+    """`samples` completions of each example on `engine`, scored by `task.reward` through
+    `runner` (multi-turn tasks: by their envs, on `pool`, within `limits`).
+
+    Batches of `batch_size` examples, the last padded to a full batch (one compiled shape).
+    Sample r of example i is keyed by its global row (first_index + i) * samples + r, so
+    what it draws depends neither on the batch size nor on which host scores it."""
+    rewards, lengths, truncated, texts, tools = [], [], [], [], []
+    stop_ids = np.asarray(sampling.stop_token_ids, np.int64)
+    rows = batch_rows(len(examples), batch_size)
+    for start in range(0, len(examples), batch_size):
+        chunk = list(examples[start:start + batch_size])
+        padded = chunk + [chunk[-1]] * (rows - len(chunk))
+        first, keep = first_index + start, len(chunk) * samples
+        if task.multi_turn:
+            out = multi_turn.rollout(engine, weights, tokenizer, task, pool, padded, first, key,
+                                     sampling, samples, limits, StepTimer())
+            cut = np.asarray([s == "truncated" for s in out.status])
+            tools.append(out.tool_calls[:keep])
+        else:
+            out = rollout(engine, weights, tokenizer, task, runner, padded, first, key,
+                          sampling, samples, max_prompt_tokens, StepTimer())
+            n = out.mask.sum(axis=1)
+            last = out.tokens[np.arange(len(n)), np.maximum(n - 1, 0)]
+            cut = ~((n > 0) & np.isin(last, stop_ids))  # no stop token: the budget ended it
+        rewards.append(out.rewards[:keep])
+        lengths.append(out.mask.sum(axis=1)[:keep])
+        truncated.append(cut[:keep])
+        texts.extend(out.texts[:keep])
+
+    def rows_of(parts, dtype):
+        return np.concatenate(parts).astype(dtype).reshape(len(examples), samples)
+
+    return Scores(rows_of(rewards, np.float32), rows_of(lengths, np.int64),
+                  rows_of(truncated, bool),
+                  [texts[i * samples:(i + 1) * samples] for i in range(len(examples))],
+                  rows_of(tools, np.int64) if task.multi_turn else None)
 
 
 def evaluate(engine: Engine, weights, tokenizer, task: Task, runner: RewardRunner,
@@ -40,26 +117,13 @@ def evaluate(engine: Engine, weights, tokenizer, task: Task, runner: RewardRunne
              batch_size: int = 256, pool=None, limits=None) -> dict[str, float]:
     """`eval/accuracy` and `eval/reward_mean` over `examples`, greedy, one sample each.
     Multi-turn tasks need the env `pool` and resolved `limits` (`rollout.limits`)."""
-    sampling = greedy_sampling(tokenizer, max_new_tokens)
-    rewards, used_tool = [], []
-    timer = StepTimer()
-    for start in range(0, len(examples), batch_size):
-        chunk = list(examples[start:start + batch_size])
-        # Pad the last chunk to a full batch so every chunk reuses one compiled shape.
-        padded = chunk + [chunk[-1]] * (batch_rows(len(examples), batch_size) - len(chunk))
-        if task.multi_turn:
-            out = multi_turn.rollout(engine, weights, tokenizer, task, pool, padded, 0,
-                                     jax.random.key(0), sampling, 1, limits, timer)
-            used_tool.extend(out.tool_calls[:len(chunk)].tolist())
-        else:
-            out = rollout(engine, weights, tokenizer, task, runner, padded, 0, jax.random.key(0),
-                          sampling, 1, max_prompt_tokens, timer)
-        rewards.extend(out.rewards[:len(chunk)].tolist())
-    rewards = np.asarray(rewards)
-    correct = rewards >= 1.0 - 1e-6
-    out = {"eval/accuracy": float(np.mean(correct)), "eval/reward_mean": float(np.mean(rewards))}
+    s = score(engine, weights, tokenizer, task, runner, examples,
+              greedy_sampling(tokenizer, max_new_tokens), 1, max_prompt_tokens, batch_size,
+              jax.random.key(0), pool=pool, limits=limits)
+    correct = s.correct[:, 0]
+    out = {"eval/accuracy": float(np.mean(correct)), "eval/reward_mean": float(np.mean(s.rewards))}
     if task.multi_turn:
-        used = np.asarray(used_tool) > 0
+        used = s.tool_calls[:, 0] > 0
         out.update({"eval/tool_call_rate": float(np.mean(used)),
                     "eval/correct_no_tool": float(np.mean(correct & ~used))})
     return out

@@ -143,14 +143,14 @@ def load(path: str | os.PathLike, template: Literal["plain", "qwen", "chat"] = "
                          skip_invalid=skip_invalid, limit=limit)
 
 
-def task(train_path: str, test_path: str, template: Literal["plain", "qwen"] = "plain",
+def task(train_path: str, test_path: str, template: Literal["plain", "qwen", "chat"] = "plain",
          mode: Literal["strict", "flexible"] = "strict", format_weight: float = 0.0,
          skip_invalid: bool = False) -> Task:
     """The GSM8K task over the user's train and test files."""
     return Task(
         name="gsm8k",
         train=load(train_path, template, skip_invalid).examples,
-        test=load(test_path, template, skip_invalid).examples,
+        test=load(test_path, template, skip_invalid),  # a Dataset: knows what it skipped
         reward=reward(mode, format_weight),
         demo=single_turn_demo,
     )

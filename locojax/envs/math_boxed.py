@@ -197,13 +197,13 @@ def load(path: str | os.PathLike, template: Literal["plain", "qwen", "chat"] = "
                          skip_invalid=skip_invalid, limit=limit)
 
 
-def task(train_path: str, test_path: str, template: Literal["plain", "qwen"] = "plain",
+def task(train_path: str, test_path: str, template: Literal["plain", "qwen", "chat"] = "plain",
          format_weight: float = 0.0, skip_invalid: bool = False) -> Task:
     """The boxed-math task over the user's train and test files."""
     return Task(
         name="math",
         train=load(train_path, template, skip_invalid).examples,
-        test=load(test_path, template, skip_invalid).examples,
+        test=load(test_path, template, skip_invalid),  # a Dataset: knows what it skipped
         reward=reward(format_weight),
         demo=single_turn_demo,
     )

@@ -1,0 +1,242 @@
+"""`locojax eval`: score a checkpoint on a benchmark, outside any training run.
+
+    locojax eval --model DIR --task gsm8k --data gsm8k/test.jsonl
+    locojax eval --model DIR --task math --data math500/test.jsonl --k 8 --template chat
+    locojax eval --model embedded-calc --task calc --level 2 --limit 200      # multi-turn
+    locojax launch --hosts 2 -- eval --model DIR --task gsm8k --data FILE     # 2 local hosts
+
+Samples k completions of every row on the engine (batched, one compiled shape), scores them
+with the task's reward as training does (`evaluate.score`, the scorer of the in-training
+evaluation; multi-turn tasks step their environments, tools and all) and reports accuracy
+(the share of correct samples, which is pass@1), pass@j for j = 1, 2, 4, ..., k by the
+unbiased estimator, the mean completion length in tokens and the share of completions a
+length limit cut off. It writes OUT (one JSON line per row: id, the prompt as the model saw
+it, gold answer, correct count, and per sample its reward, length, truncation and text) and
+OUT.summary.json.
+
+Data files are checked as `train` checks them: a malformed row stops the run naming
+`file:line`; with --skip-invalid such rows are skipped and counted. Procedural tasks (arith,
+calc, swe without --data) are scored on their held-out split for --seed.
+
+Under `locojax launch --hosts N` each host scores its own contiguous share of the rows on its
+own devices; host 0 gathers the rows and writes the files. A sample is keyed by its global
+row, so the result does not depend on the number of hosts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from typing import Literal
+
+import tyro
+
+from locojax.rollout.limits import MultiTurnConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalArgs:
+    """Score a checkpoint on a task's rows: accuracy, pass@k, lengths, truncation."""
+
+    model: str = "embedded"
+    """An HF checkpoint directory, a shipped checkpoint (embedded, embedded-strict,
+    embedded-calc) or a preset (tiny, small: random weights)."""
+    task: str = "gsm8k"
+    """Task: arith, calc, gsm8k, math, swe (see locojax.envs.registry)."""
+    data: str = ""
+    """The rows to score (.jsonl or .parquet) for gsm8k / math; for swe a task directory;
+    procedural tasks need none."""
+    template: Literal["plain", "qwen", "chat"] = "plain"
+    """Prompt template of gsm8k and math: plain, qwen (hand-written ChatML) or chat (the
+    checkpoint's own chat template, from its tokenizer_config.json)."""
+    k: int = 1
+    """Samples per row; pass@j is reported for j = 1, 2, 4, ... up to k."""
+    temperature: float | None = None
+    """Sampling temperature (default: greedy for k = 1, else 1.0)."""
+    max_new_tokens: int = 256
+    """Most tokens per completion (multi-turn: per model turn)."""
+    max_prompt_tokens: int = 256
+    """Prompts are left-padded to this; a longer one is an error naming its row."""
+    batch_size: int = 32
+    """Rows per generate call (each sampled k times)."""
+    limit: int = 0
+    """Score only the first this many valid rows (0: all)."""
+    skip_invalid: bool = False
+    """Skip malformed rows (and count them) instead of stopping at the first."""
+    level: int = 3
+    """Difficulty level of procedural tasks (arith, calc, swe)."""
+    seed: int = 0
+    """Seed of the samples, and of a procedural task's held-out split."""
+    precision: Literal["f32", "bf16"] = "f32"
+    """Compute dtype (weights are held in f32, as in training)."""
+    sandbox: str = "auto"
+    """Isolation of the model-written code a task runs (swe): see `locojax train --help`."""
+    out: str = "eval.jsonl"
+    """Where the per-row results go; the summary goes to OUT.summary.json."""
+    multi_turn: MultiTurnConfig = dataclasses.field(default_factory=MultiTurnConfig)
+    """Limits of multi-turn trajectories (calc, swe)."""
+
+
+def pass_ks(k: int) -> list[int]:
+    """The j of the reported pass@j: powers of two below k, and k."""
+    return sorted({2 ** i for i in range(k.bit_length()) if 2 ** i < k} | {k})
+
+
+def summarize(rows: list[dict], k: int, multi_turn: bool) -> dict[str, float]:
+    """The aggregate of per-row records (as `row_record` writes them; at least one)."""
+    import numpy as np
+
+    from locojax.evaluate import pass_at_k
+
+    solved = [r["correct"] for r in rows]
+    out = {"rows": len(rows), "samples_per_row": k,
+           "accuracy": float(np.mean(solved) / k),
+           **{f"pass@{j}": float(np.mean([pass_at_k(k, c, j) for c in solved]))
+              for j in pass_ks(k)},
+           "reward_mean": float(np.mean([r["rewards"] for r in rows])),
+           "mean_length": float(np.mean([r["lengths"] for r in rows])),
+           "truncated_fraction": float(np.mean([r["truncated"] for r in rows]))}
+    if multi_turn:
+        out["tool_call_rate"] = float(np.mean([[t > 0 for t in r["tool_calls"]] for r in rows]))
+    return out
+
+
+def row_record(example, scores, i: int, tokenizer) -> dict:
+    """Row i of `scores` (an `evaluate.Scores`) as one JSON-able record, with the prompt as
+    the model saw it (chat messages rendered by the run's template)."""
+    prompt = example.prompt
+    if not isinstance(prompt, str):
+        prompt = tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True)
+    rec = {"id": example.id, "prompt": prompt, "answer": example.answer,
+           "correct": int(scores.correct[i].sum()),
+           "rewards": [float(x) for x in scores.rewards[i]],
+           "lengths": [int(x) for x in scores.lengths[i]],
+           "truncated": [bool(x) for x in scores.truncated[i]],
+           "completions": list(scores.texts[i])}
+    if scores.tool_calls is not None:
+        rec["tool_calls"] = [int(x) for x in scores.tool_calls[i]]
+    return rec
+
+
+def gather_rows(wiring, rows: list[dict]) -> list[dict]:
+    """Every host's records, in host order (each host holds a contiguous share, so this is
+    row order): their JSON as bytes, padded to the longest, in two gathers."""
+    import numpy as np
+
+    blob = np.frombuffer(json.dumps(rows).encode(), np.uint8)
+    sizes = np.asarray(wiring.gather_over_hosts(np.asarray([blob.size], np.int64)))
+    buf = np.zeros((1, max(int(sizes.max()), 1)), np.uint8)
+    buf[0, :blob.size] = blob
+    every = np.asarray(wiring.gather_over_hosts(buf))
+    return [r for size, host in zip(sizes.tolist(), every)
+            for r in json.loads(bytes(host[:size]))]
+
+
+def main(argv: list[str]) -> int:
+    args = tyro.cli(EvalArgs, args=argv, prog="locojax eval")
+    from locojax import distributed
+    from locojax.envs.data import DataError
+
+    try:
+        if args.k < 1 or args.batch_size < 1 or args.limit < 0:
+            raise ValueError("--k and --batch-size must be >= 1 and --limit >= 0")
+        host = distributed.initialize()  # before anything touches the JAX backend
+        setup = _setup(args, host)
+    except (ValueError, OSError, TypeError, DataError) as e:
+        print(f"locojax eval: {e}", file=sys.stderr)
+        return 2
+    try:
+        rows = _score(args, host, *setup)
+    except ValueError as e:  # a prompt longer than --max-prompt-tokens names its row
+        print(f"locojax eval: {e}", file=sys.stderr)
+        return 2
+    if host.process_id == 0:
+        _report(args, host, setup[1], setup[4], rows)
+    return 0
+
+
+def _setup(args: EvalArgs, host):
+    """The parts every host builds: wiring, task, model, tokenizer, sampling, limits."""
+    from locojax.engine.sampling import SamplingConfig
+    from locojax.envs import registry
+    from locojax.model import loader
+    from locojax.model.sharding import ROLLOUT_REPLICATED, weight_shardings
+    from locojax.rollout.limits import resolve
+    from locojax.tokenizer.chat_template import with_chat_template
+    from locojax.train.config import COMPUTE_DTYPES
+    from locojax.train.wiring import Colocated, Single
+
+    wiring = Colocated(host) if host.is_multihost else Single(host)
+    task = registry.build(registry.TaskConfig(
+        name=args.task, level=args.level, data=args.data, test_data=args.data,
+        template=args.template, skip_invalid=args.skip_invalid, sandbox=args.sandbox),
+        args.seed, args.multi_turn.max_turns)
+    mesh = wiring.rollout_mesh  # this host's devices: each host holds its own replica
+    model = loader.load(args.model, seed=args.seed, param_dtype="float32",
+                        compute_dtype=COMPUTE_DTYPES[args.precision],
+                        shardings=lambda c: weight_shardings(c, mesh, ROLLOUT_REPLICATED))
+    tokenizer = model.tokenizer
+    if args.template == "chat":
+        tokenizer = with_chat_template(tokenizer, loader.resolve_dir(args.model))
+    temperature = args.temperature if args.temperature is not None else (
+        0.0 if args.k == 1 else 1.0)
+    sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=temperature,
+                              stop_token_ids=tuple(tokenizer.stop_ids),
+                              pad_token_id=tokenizer.pad_id)
+    limits = resolve(args.multi_turn, task.max_turns, args.max_new_tokens,
+                     args.max_prompt_tokens, model.cfg.max_position_embeddings
+                     ) if task.multi_turn else None
+    return wiring, task, model, tokenizer, sampling, limits
+
+
+def _score(args: EvalArgs, host, wiring, task, model, tokenizer, sampling, limits):
+    """This host's share of the rows scored, then every host's records gathered."""
+    import jax
+
+    from locojax import evaluate
+    from locojax.engine.engine import Engine
+    from locojax.envs.pool import EnvPool
+    from locojax.envs.rewards import RewardRunner
+
+    examples = list(task.test)[:args.limit or None]
+    n, h, hosts = len(examples), host.process_id, host.num_processes
+    lo, hi = n * h // hosts, n * (h + 1) // hosts
+    mine, rows = examples[lo:hi], []
+    if mine:
+        engine = Engine(model.cfg, mesh=wiring.rollout_mesh)
+        mt = args.multi_turn
+        with RewardRunner() as runner, EnvPool(mt.env_workers, mt.env_timeout_s) as pool:
+            scores = evaluate.score(engine, model.weights, tokenizer, task, runner, mine,
+                                    sampling, args.k, args.max_prompt_tokens,
+                                    args.batch_size, jax.random.key(args.seed),
+                                    first_index=lo, pool=pool, limits=limits)
+        rows = [row_record(ex, scores, i, tokenizer) for i, ex in enumerate(mine)]
+    return gather_rows(wiring, rows)
+
+
+def _report(args: EvalArgs, host, task, sampling, rows: list[dict]) -> None:
+    import os
+
+    summary = {"task": args.task, "model": args.model, "data": args.data,
+               "template": args.template, "temperature": sampling.temperature,
+               "hosts": host.num_processes,
+               "skipped": getattr(task.test, "skipped", 0),  # data files only
+               **summarize(rows, args.k, task.multi_turn)}
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w", encoding="utf-8") as f:
+        f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+    with open(args.out + ".summary.json", "w") as f:
+        json.dump(summary, f, indent=1)
+        f.write("\n")
+    source = args.data or f"the held-out split (level {args.level}, seed {args.seed})"
+    print(f"locojax eval: {args.task} on {source}: {summary['rows']} rows x {args.k} "
+          f"sample(s), temperature {summary['temperature']}, model {args.model}, "
+          f"{host.num_processes} host(s)")
+    if summary["skipped"]:
+        print(f"skipped {summary['skipped']} malformed rows; first: {task.test.problems[0]}")
+    passes = "  ".join(f"pass@{j} {summary[f'pass@{j}']:.3f}" for j in pass_ks(args.k))
+    print(f"accuracy {summary['accuracy']:.3f}  {passes}  mean length "
+          f"{summary['mean_length']:.1f} tokens  truncated {summary['truncated_fraction']:.3f}"
+          + (f"  tool-call rate {summary['tool_call_rate']:.3f}" if task.multi_turn else ""))
+    print(f"rows: {args.out}\nsummary: {args.out}.summary.json")
