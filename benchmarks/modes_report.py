@@ -36,6 +36,11 @@ CTRL = {"admission": "ctrl admit", "prefill": "ctrl dispatch",
         "batch": "ctrl batch", "scatter": "ctrl scatter"}
 """The controller's phase columns. Its gather waits for the hosts' generate calls, which wait
 for the hosts to finish training the step before: it holds their train and generate."""
+TRAFFIC = ("controller/round_trips", "controller/round_trip_s", "net/dispatch_bytes",
+           "net/gather_bytes", "net/scatter_bytes", "net/allreduce_bytes",
+           "net/weight_sync_bytes")
+"""Per-step counts of the controller's round trips and of the network bytes (`perf/<name>`,
+profiler.py)."""
 NAN = float("nan")
 
 
@@ -94,9 +99,8 @@ def pooled(runs: list) -> dict | None:
         "shares": {k: median(rows, f"perf/{k}_share") for k in ("host", "network", "wait")},
         "controller": {p: median(rows, f"perf/controller/phase/{p}") for p in CONTROLLER_PHASES
                        if any(f"perf/controller/phase/{p}" in row for row in rows)},
-        "traffic": {k: median(rows, f"perf/controller/{k}")
-                    for k in ("round_trips", "round_trip_s", "bytes_out", "bytes_in")
-                    if any(f"perf/controller/{k}" in row for row in rows)},
+        "traffic": {k: median(rows, f"perf/{k}") for k in TRAFFIC
+                    if any(f"perf/{k}" in row for row in rows)},
         "hosts_max": median(rows, "perf/hosts/step_time/max"),
         "hosts_spread": median(rows, "perf/hosts/step_time/spread"),
         "timing": sorted({str(row.get("perf/timing", "?")) for row in rows}),
@@ -198,15 +202,17 @@ def phase_table(by: dict, item: tuple, scaling: str, hosts: list[int],
     if ctrl:
         cphases = [p for p in CONTROLLER_PHASES if any(p in c["controller"] for _, c in ctrl)]
         head = ["N", "host 0 step", "host 0 wait ctrl", *[CTRL[p] for p in cphases],
-                "round trips", "round trip s (summed)", "bytes out / in"]
+                "round trips", "round trip s (summed)", "bytes dispatch / gather / scatter"]
         out += ["\nThe controller's own phases and traffic per step (medians, seconds):\n",
                 "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for n, c in ctrl:
             t = c["traffic"]
             row = [str(n), fmt(c["step"]), fmt(c["phases"].get("wait_controller", NAN)),
                    *[fmt(c["controller"].get(p, NAN)) for p in cphases],
-                   fmt(t.get("round_trips", NAN), ".0f"), fmt(t.get("round_trip_s", NAN)),
-                   f"{_kb(t.get('bytes_out', NAN))} / {_kb(t.get('bytes_in', NAN))}"]
+                   fmt(t.get("controller/round_trips", NAN), ".0f"),
+                   fmt(t.get("controller/round_trip_s", NAN)),
+                   " / ".join(_kb(t.get(f"net/{k}_bytes", NAN))
+                              for k in ("dispatch", "gather", "scatter"))]
             out.append("| " + " | ".join(row) + " |")
     return out
 

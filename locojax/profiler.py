@@ -26,6 +26,21 @@ The step split the paper's way (`shares`), each a share of `perf/step_time`:
   are counted in bytes (`perf/controller/bytes_*`), not seconds.
 - `perf/wait_share`: a host idle for other hosts: the straggler wait before the all-reduce
   (`train_wait`, with `--profile-split`) and a learner's wait for rollouts (DA, async).
+
+Network bytes per step (`perf/net/<what>_bytes`), counted, not timed:
+- `allreduce_bytes` (every mode): what one device sends, and receives, for the step's
+  gradient all-reduce in a ring: 2(D − 1)/D × 4 B × the parameter count, once per optimizer
+  update (`allreduce_bytes`); D: devices in the train mesh, over every host (0 when D = 1;
+  in `single` the D devices are in one process, so those bytes move in memory). The
+  gradient is f32 (master weights). Not counted: the loss and the metric sums packed into the
+  same flat buffer (a few dozen floats), and the metrics all-gather (`metrics` phase).
+- `dispatch_bytes`, `gather_bytes`, `scatter_bytes` (controller): the payload the controller
+  sends the hosts (prompt tokens and masks, row limits), gets back (tokens, masks, logprobs)
+  and scatters (the training batch's shards), summed over hosts (`controller.Traffic`).
+- `weight_sync_push_bytes` (DA, async): the params learner host 0 pushes to the parameter
+  server for each new version; `weight_sync_pull_bytes`: the params the step's rollout
+  workers pulled from it, summed over the step's leases (a worker holding the leased
+  version pulls nothing).
 """
 
 from __future__ import annotations
@@ -136,6 +151,13 @@ def shares(perf: dict[str, float]) -> dict[str, float]:
     wait = total("perf/phase/", WAIT_PHASES)
     return {f"perf/{name}_share": x / step if step > 0 else 0.0
             for name, x in (("host", host), ("network", network), ("wait", wait))}
+
+
+def allreduce_bytes(param_count: int, devices: int, updates: int) -> dict[str, float]:
+    """`perf/net/allreduce_bytes` of a step (see the module docstring): a ring all-reduce of
+    the f32 gradient over `devices` devices, `updates` times."""
+    ring = 2 * (devices - 1) / devices
+    return {"perf/net/allreduce_bytes": updates * ring * 4.0 * param_count}
 
 
 def spread(hosts: list[dict[str, float]]) -> dict[str, float]:

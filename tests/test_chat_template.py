@@ -173,3 +173,14 @@ def test_a_run_on_a_preset_model_refuses_chat():
     cfg = RunConfig(model="tiny", task=TaskConfig(name="gsm8k", data=data, template="chat"))
     with pytest.raises(ChatTemplateError, match="a preset model has none"):
         RunParts.of(cfg)
+
+
+def test_curate_refuses_chat_without_a_template(tmp_path, capsys):
+    """`locojax curate --template chat` takes its tokenizer the way train and eval do: the
+    shipped char checkpoint has no tokenizer_config.json, and the error says so."""
+    from locojax.commands import curate
+
+    data = str(Path(__file__).parent / "data" / "gsm8k_small.jsonl")
+    assert curate.main([data, "--out", str(tmp_path / "kept.jsonl"), "--model", "embedded",
+                        "--template", "chat"]) == 2
+    assert "there is no tokenizer_config.json in" in capsys.readouterr().err

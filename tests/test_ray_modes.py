@@ -99,6 +99,37 @@ def assert_bitwise_equal(a, b):
         assert np.asarray(x).tobytes() == np.asarray(y).tobytes()
 
 
+def assert_same_rollouts(a, b):
+    """Every step's dumped rows (tokens, logprobs, ...) equal bitwise."""
+    names = sorted(os.listdir(os.path.join(a, "rollouts")))
+    assert names and names == sorted(os.listdir(os.path.join(b, "rollouts")))
+    for name in names:
+        x, y = (np.load(os.path.join(d, "rollouts", name)) for d in (a, b))
+        assert sorted(x.files) == sorted(y.files)
+        for k in x.files:
+            assert x[k].tobytes() == y[k].tobytes(), (name, k)
+
+
+def check_net_bytes(run_dir):
+    """perf/net/*_bytes of a 2-device data-parallel run against its parameter count P: the
+    ring all-reduce sends 2(D - 1)/D x 4 B x P = 4P per update (one here); a weight push or
+    pull moves the f32 params, 4P; the controller's dispatch is the prompts' int32 tokens
+    and bool masks, its gather the rows' int32 tokens, bool masks and f32 logprobs and each
+    host's int32 iteration count."""
+    cfg = config(run_dir)
+    p = sum(np.asarray(x).size for x in params(run_dir))
+    b, r = cfg.rollout.prompts_per_step, cfg.rollout.prompts_per_step * cfg.group_size
+    for row in jsonl(os.path.join(run_dir, "perf.jsonl")):
+        assert row["perf/net/allreduce_bytes"] == 4 * p
+        if "perf/net/dispatch_bytes" in row:
+            assert row["perf/net/dispatch_bytes"] == b * cfg.rollout.max_prompt_tokens * 5
+            assert row["perf/net/gather_bytes"] == r * cfg.rollout.max_new_tokens * 9 + 2 * 4
+            assert row["perf/net/scatter_bytes"] > 0
+        if "perf/net/weight_sync_push_bytes" in row:
+            assert row["perf/net/weight_sync_push_bytes"] == 4 * p
+            assert row["perf/net/weight_sync_pull_bytes"] % (4 * p) == 0
+
+
 def jsonl(path):
     with open(path) as f:
         return [json.loads(line) for line in f]
@@ -137,12 +168,22 @@ def test_lock_step_modes_equal_colocated(cluster, tmp_path):
     assert_bitwise_equal(colo, tmp_path / "controller")
     assert jsonl(tmp_path / "controller" / "metrics.jsonl") == jsonl(colo / "metrics.jsonl")
     perf = jsonl(tmp_path / "controller" / "perf.jsonl")
-    assert all(p["perf/controller/round_trips"] == 2 and p["perf/controller/bytes_in"] > 0
-               for p in perf)  # one generate call per host and step
+    assert all(p["perf/controller/round_trips"] == 2 for p in perf)  # a call per host, step
+    # --controller.decode-chunk 2: the same rows, 2 decode iterations per round trip
+    train(tmp_path / "chunked", "--mode", "controller", "--hosts", "2",
+          "--controller.decode-chunk", "2")
+    assert_bitwise_equal(colo, tmp_path / "chunked")
+    assert_same_rollouts(tmp_path / "controller", tmp_path / "chunked")
+    iterations = [m["rollout/decode_iterations"] for m in jsonl(colo / "metrics.jsonl")]
+    for p, i in zip(jsonl(tmp_path / "chunked" / "perf.jsonl"), iterations, strict=True):
+        # each host's ceil(its iterations / 2) calls: ceil(I / 2) to ceil(I / 2) + 2 in all
+        assert -(-i // 2) <= p["perf/controller/round_trips"] <= -(-i // 2) + 2, (p, i)
+    check_net_bytes(tmp_path / "controller")
     # disaggregated, no overlap: 2 learner hosts joined by jax.distributed, 2 workers.
     train(tmp_path / "da", "--mode", "disaggregated", "--hosts", "4", "--rollout-fraction",
           "0.5", "--max-staleness", "0")
     assert_bitwise_equal(colo, tmp_path / "da")
+    check_net_bytes(tmp_path / "da")
     # async, k = 0, through the CLI joining this cluster: 1 worker makes both leases.
     out = subprocess.run(
         [sys.executable, "-m", "locojax.cli", "train", "demo", "--mode", "async",
@@ -158,7 +199,9 @@ def test_lock_step_modes_equal_colocated(cluster, tmp_path):
         assert prefix in text  # logs are prefixed by role and index
     rows = jsonl(tmp_path / "async" / "metrics.jsonl")
     assert [r["sync/version"] for r in rows] == [1.0, 2.0, 3.0]
-    assert all(r["rollout/staleness/max"] == 0 for r in rows) and rows[0]["sync/bytes"] > 0
+    assert all(r["rollout/staleness/max"] == 0 for r in rows)
+    check_net_bytes(colo)
+    check_net_bytes(tmp_path / "async")
     # Every metric colocated logs (rewards, losses, ...) is the same number, but the
     # logprob mismatch: here the workers measure it with their own forward.
     mismatch = "rollout/logprob_mismatch"

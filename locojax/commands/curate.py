@@ -33,8 +33,9 @@ class CurateArgs:
     """embedded, a preset (tiny, small: random weights) or an HF Qwen3 directory."""
     task: Literal["gsm8k", "math"] = "gsm8k"
     """Row format and reward: gsm8k (question/answer, `#### N`) or math (boxed answers)."""
-    template: Literal["plain", "qwen"] = "plain"
-    """Prompt template (qwen: the model's chat template)."""
+    template: Literal["plain", "qwen", "chat"] = "plain"
+    """Prompt template: plain text, qwen (hand-written ChatML) or chat (the checkpoint's own
+    chat template, from its tokenizer_config.json)."""
     k: int = 8
     """Samples per prompt; the pass rate is solved / k."""
     too_easy: float = 1.0
@@ -62,12 +63,13 @@ def main(argv: list[str]) -> int:
     import numpy as np
 
     from locojax import curate
-    from locojax.model import loader
     from locojax.engine.engine import Engine
     from locojax.engine.sampling import SamplingConfig
     from locojax.envs.base import Task, single_turn_demo
     from locojax.envs.data import DataError
     from locojax.envs.registry import TASKS
+    from locojax.model import loader
+    from locojax.tokenizer.chat_template import with_chat_template
 
     try:
         if args.k < 1 or args.batch_size < 1 or args.limit < 0:
@@ -80,13 +82,15 @@ def main(argv: list[str]) -> int:
         data = module.load(args.data, args.template, skip_invalid=args.skip_invalid,
                            limit=args.limit or None)
         model = loader.load(args.model)
+        tok = model.tokenizer
+        if args.template == "chat":
+            tok = with_chat_template(tok, loader.resolve_dir(args.model))
     except (ValueError, OSError, DataError) as e:
         print(f"locojax curate: {e}", file=sys.stderr)
         return 2
     if data.skipped:
         print(f"skipped {data.skipped} invalid rows of {args.data}; first: {data.problems[0]}")
     task = Task(args.task, data.examples, data.examples, module.reward(), demo=single_turn_demo)
-    tok = model.tokenizer
     sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                               stop_token_ids=tuple(tok.stop_ids), pad_token_id=tok.pad_id)
     n = len(data.examples)

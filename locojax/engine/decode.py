@@ -169,12 +169,15 @@ def prefill(weights: Weights, prompt_tokens, prompt_mask, key, first_row, cache:
                        stops)
 
 
-def decode(weights: Weights, cache: qwen3.KVCache, turn: Turn, until=None, *,
+def decode(weights: Weights, cache: qwen3.KVCache, turn: Turn, until=None, stop_at=None, *,
            model_cfg: ModelConfig, sampling: SamplingConfig, stops: StopSequences = (),
            layout: Layout | None) -> Turn:
     """Tokens 1..N-1 of a turn in a `lax.while_loop` that exits once every row has stopped,
     or (until: [] int32) once no device holds more than `until` live rows: the engine then
-    compacts them (`compact`) and goes on in a smaller batch.
+    compacts them (`compact`) and goes on in a smaller batch, or (stop_at: [] int32) once
+    the turn's step reaches `stop_at`: the engine goes on from the returned turn with the
+    next bound, in the same program (`engine.Decoding`, a controller's K iterations per
+    round trip).
 
     `turn.cache` is None: the cache travels apart, as the one donated argument. Donating
     all of the turn also gave its per-row flags, which no output can reuse, and JAX warned
@@ -189,6 +192,8 @@ def decode(weights: Weights, cache: qwen3.KVCache, turn: Turn, until=None, *,
         go = (st.step < n) & ~jnp.all(st.done)
         if until is not None:
             go &= jnp.max(jnp.sum(~st.done.reshape(cache.shards, -1), axis=1)) > until
+        if stop_at is not None:
+            go &= st.step < stop_at
         return go
 
     def body(st: Turn):

@@ -216,9 +216,9 @@ class Engine:
                                     sampling=sampling, num_samples=num_samples,
                                     layout=self.layout).compile()
         cache, turn = _without_cache(prefill.out_info)
-        until = jax.ShapeDtypeStruct((), jnp.int32)
-        decode = decode_jit.lower(weights, cache, turn, until, model_cfg=cfg, sampling=sampling,
-                                  layout=self.layout).compile()
+        bound = jax.ShapeDtypeStruct((), jnp.int32)  # until and stop_at, as `Decoding` calls
+        decode = decode_jit.lower(weights, cache, turn, bound, bound, model_cfg=cfg,
+                                  sampling=sampling, layout=self.layout).compile()
         return prefill, decode
 
     def take_cache(self, rows: int, slots: int) -> qwen3.KVCache:
@@ -298,31 +298,9 @@ class Engine:
         (`compact`; one host sync each time). A row's draws do not depend on its batch; a
         smaller batch is another XLA program, whose kernels may round a logit differently
         (tests/test_long_decode.py)."""
-        prefilled, pending.prefilled = pending.prefilled, None  # donated: usable once
-        if prefilled is None:
-            raise ValueError("this prefill was already decoded")
-        cache, turn = _without_cache(prefilled)
-        static = dict(model_cfg=self.model_cfg, sampling=pending.sampling, layout=self.layout)
-        d, order, out = cache.shards, None, None
-        while True:
-            local = turn.last.shape[0] // d  # rows per device
-            half = local // 2 if (self.min_rows is not None and local % 2 == 0
-                                  and local // 2 >= self.min_rows) else 0
-            cache, turn = _without_cache(decode_jit(pending.weights, cache, turn,
-                                                    jnp.int32(half), **static))
-            if not half:
-                break
-            done, step = jax.device_get((turn.done, turn.step))
-            live = int((~done.reshape(d, -1)).sum(1).max())
-            if not live or step >= pending.sampling.max_new_tokens:
-                break
-            while local // 2 >= max(live, self.min_rows) and local % 2 == 0:
-                local //= 2
-            cache, turn, order, out = compact_jit(cache, turn, order, out, size=local * d,
-                                                  layout=self.layout)
-        self._cache = cache
-        return _generation_jit(turn, order, out)
-
+        decoding = Decoding(self, pending)
+        decoding.advance()
+        return decoding.result()
 
     def conversation(self, sampling: SamplingConfig, slots: int, stops=(), max_block: int = 64,
                      compact: bool = True):
@@ -339,3 +317,66 @@ class Pending:
     weights: Weights
     prefilled: Turn | None
     sampling: SamplingConfig
+
+
+class Decoding:
+    """The decode of a `prefill`, run `advance(k)` loop iterations at a time: what a single
+    controller's serving loop does, K decode iterations per round trip, the rows and their
+    cache staying on the engine in between (`--controller.decode-chunk`).
+
+    Every call runs the one compiled decode program (the bound `stop_at` is an argument),
+    and a batch is compacted at the step where it would be without bounds, so the tokens
+    and logprobs are `Engine.decode`'s bitwise (tests/test_decode_chunks.py)."""
+
+    def __init__(self, engine: Engine, pending: Pending):
+        prefilled, pending.prefilled = pending.prefilled, None  # donated: usable once
+        if prefilled is None:
+            raise ValueError("this prefill was already decoded")
+        self.engine, self.weights, self.sampling = engine, pending.weights, pending.sampling
+        self.cache, self.turn = _without_cache(prefilled)
+        self.order = self.out = None  # as `compact` gives them
+        self.step = 1  # tokens sampled per live row so far (token 0 by prefill)
+        self.finished = False
+
+    def advance(self, iterations: int | None = None) -> bool:
+        """Run up to `iterations` more decode iterations (None: to the end); True once every
+        row has stopped or the turn is full (then `result`). A bounded call syncs with the
+        host once at its end, to know the step."""
+        if iterations is not None and iterations < 1:
+            raise ValueError(f"decode iterations per call must be >= 1, got {iterations}")
+        e, n = self.engine, self.sampling.max_new_tokens
+        stop = n if iterations is None else min(n, self.step + iterations)
+        static = dict(model_cfg=e.model_cfg, sampling=self.sampling, layout=e.layout)
+        d = self.cache.shards
+        while not self.finished:
+            local = self.turn.last.shape[0] // d  # rows per device
+            half = local // 2 if (e.min_rows is not None and local % 2 == 0
+                                  and local // 2 >= e.min_rows) else 0
+            self.cache, self.turn = _without_cache(decode_jit(
+                self.weights, self.cache, self.turn, jnp.int32(half), jnp.int32(stop),
+                **static))
+            if not half and iterations is None:  # it ran to the end: no host sync
+                self.finished = True
+                break
+            done, step = jax.device_get((self.turn.done, self.turn.step))
+            self.step = int(step)
+            live = int((~done.reshape(d, -1)).sum(1).max())
+            if not live or self.step >= n:
+                self.finished = True
+                break
+            size = local
+            while half and size // 2 >= max(live, e.min_rows) and size % 2 == 0:
+                size //= 2
+            if size < local:  # the loop stopped at `until`: half the rows or more are done
+                self.cache, self.turn, self.order, self.out = compact_jit(
+                    self.cache, self.turn, self.order, self.out, size=size * d,
+                    layout=e.layout)
+            if self.step >= stop:
+                return False
+        e._cache = self.cache
+        return True
+
+    def result(self) -> Generation:
+        if not self.finished:
+            raise ValueError("this decode has not finished: advance it first")
+        return _generation_jit(self.turn, self.order, self.out)

@@ -8,6 +8,8 @@ the controller's:
     controller  admit + tokenize every prompt ──► host p: its rows ──┐  one round trip
     host p      prefill + the whole jitted decode loop, its devices  │  per host and
     controller  ◄── gather every host's tokens and logprobs ◄────────┘  generate call
+                (--controller.decode-chunk K: K decode iterations per round trip, the
+                rows and KV cache staying on the host in between)
                 detokenize + score every row, advantages, the global batch
                 ──► scatter host p's shard (the step's stats on host 0) ──► hosts train
 
@@ -17,7 +19,8 @@ host p the p-th contiguous share of the prompts with its global first row, so ho
 samples exactly the rows colocated's host p samples, and a run is colocated's bitwise.
 The controller's own costs go to host 0 with its shard and into perf.jsonl as
 `perf/controller/*`: its phases (admission, prefill = dispatch, decode = wait and gather,
-detokenize_reward = central scoring, batch, scatter), round trips and bytes each way.
+detokenize_reward = central scoring, batch, scatter) and round trips, and its bytes each
+way as `perf/net/{dispatch,gather,scatter}_bytes` (`Traffic`).
 
 A host that dies fails the run with its name; the others are then killed.
 """
@@ -55,15 +58,20 @@ class HostsEnded(Exception):
 
 @dataclasses.dataclass
 class Traffic:
-    """Round trips and bytes of one step's data path, both ways."""
+    """Round trips and bytes of one step's data path, both ways. Bytes are the payload's
+    (the numpy arrays sent), not Ray's framing of it."""
 
-    round_trips: int = 0
-    round_trip_s: float = 0.0  # dispatch to gather, summed over generate calls
-    bytes_out: int = 0  # controller -> hosts: prompts, then the shards
-    bytes_in: int = 0  # hosts -> controller: generated rows
+    round_trips: int = 0  # calls on a host, each answered (one per host and decode chunk)
+    round_trip_s: float = 0.0  # dispatch to answer, summed over the calls
+    dispatch_bytes: int = 0  # controller -> hosts: prompt tokens and masks, row limits
+    gather_bytes: int = 0  # hosts -> controller: generated tokens, masks, logprobs
+    scatter_bytes: int = 0  # controller -> hosts: the training batch's shards
 
     def metrics(self) -> dict[str, float]:
-        return {f"perf/controller/{k}": float(v) for k, v in dataclasses.asdict(self).items()}
+        return {"perf/controller/round_trips": float(self.round_trips),
+                "perf/controller/round_trip_s": self.round_trip_s,
+                **{f"perf/net/{k}": float(getattr(self, k))
+                   for k in ("dispatch_bytes", "gather_bytes", "scatter_bytes")}}
 
 
 @dataclasses.dataclass
@@ -76,8 +84,9 @@ class _Pending:
 class HostEngines:
     """The engine of the controller's `Producer`: each call runs on every host's devices."""
 
-    def __init__(self, hosts: list, runs: list, model_cfg):
+    def __init__(self, hosts: list, runs: list, model_cfg, decode_chunk: int = 0):
         self.hosts, self.runs, self.model_cfg = hosts, runs, model_cfg
+        self.decode_chunk = decode_chunk  # K decode iterations per round trip (0: all)
         self.step = 0  # the step being produced: hosts generate with the params before it
         self.traffic = Traffic()
 
@@ -92,17 +101,28 @@ class HostEngines:
         share, key_data = len(tokens) // n, np.asarray(jax.random.key_data(key))
         refs = [h.generate.remote(self.step, tokens[p * share:(p + 1) * share],
                                   mask[p * share:(p + 1) * share], key_data,
-                                  first_row + p * share * num_samples, sampling, num_samples)
+                                  first_row + p * share * num_samples, sampling, num_samples,
+                                  self.decode_chunk)
                 for p, h in enumerate(self.hosts)]
         self.traffic.round_trips += n
-        self.traffic.bytes_out += tokens.nbytes + mask.nbytes
+        self.traffic.dispatch_bytes += tokens.nbytes + mask.nbytes
         return _Pending(refs, time.perf_counter())
 
     def decode(self, pending: _Pending):
-        """Gather every host's rows, in host order: the rows of the whole batch."""
-        parts = gather(pending.refs, self.hosts, self.runs)
-        self.traffic.round_trip_s += (time.perf_counter() - pending.dispatched) * len(parts)
-        self.traffic.bytes_in += sum(x.nbytes for p in parts for x in p)
+        """Gather every host's rows, in host order: the rows of the whole batch. With a
+        decode chunk, every host not yet done is asked for K more iterations per round."""
+        parts: dict[int, tuple] = {}
+        refs, ids, dispatched = pending.refs, list(range(len(self.hosts))), pending.dispatched
+        while refs:
+            answers = gather(refs, self.hosts, self.runs, ids)
+            self.traffic.round_trip_s += (time.perf_counter() - dispatched) * len(refs)
+            parts.update({p: a for p, a in zip(ids, answers) if a is not None})
+            ids = [p for p in ids if p not in parts]
+            refs = [self.hosts[p].generate_more.remote(self.decode_chunk) for p in ids]
+            self.traffic.round_trips += len(refs)
+            dispatched = time.perf_counter()
+        parts = [parts[p] for p in range(len(self.hosts))]
+        self.traffic.gather_bytes += sum(x.nbytes for p in parts for x in p)
         tokens, mask, logprobs = (np.concatenate(xs) for xs in zip(*(p[:3] for p in parts)))
         return _Generation(tokens, mask, logprobs, sum(int(p[3]) for p in parts))
 
@@ -130,9 +150,12 @@ class HostConversation:
         e = self.engines
         refs = [e.hosts[p].conversation.remote(*call) for p, call in calls.items()]
         e.traffic.round_trips += len(refs)
-        e.traffic.bytes_out += sum(np.asarray(x).nbytes for call in calls.values()
-                                   for x in call[1:] if isinstance(x, np.ndarray))
-        return dict(zip(calls, gather(refs, e.hosts, e.runs)))
+        e.traffic.dispatch_bytes += sum(np.asarray(x).nbytes for call in calls.values()
+                                        for x in call[1:] if isinstance(x, np.ndarray))
+        start = time.perf_counter()
+        out = dict(zip(calls, gather(refs, e.hosts, e.runs, list(calls))))
+        e.traffic.round_trip_s += (time.perf_counter() - start) * len(refs)
+        return out
 
     def begin(self, weights, prompt_tokens, prompt_mask, key, num_samples: int = 1,
               first_row: int = 0, limits=None, active=None) -> None:
@@ -163,8 +186,8 @@ class HostConversation:
     def decode(self) -> TurnOutput:
         hosts = sorted({r // self.rows for r in self.asked})
         outs = self._call({p: ("decode",) for p in hosts})
-        self.engines.traffic.bytes_in += sum(o.tokens.nbytes + o.logprobs.nbytes
-                                             for o in outs.values())
+        self.engines.traffic.gather_bytes += sum(o.tokens.nbytes + o.logprobs.nbytes
+                                                 for o in outs.values())
         index: dict[int, tuple[int, int]] = {}  # global row -> (host, row of its output)
         for p in hosts:
             mine = [r for r in self.asked if r // self.rows == p]
@@ -187,9 +210,10 @@ class _Generation:
     steps: int  # decode-loop iterations, summed over the hosts (as colocated's stats sum)
 
 
-def gather(refs: list, hosts: list, runs: list) -> list:
-    """The results of calls on the hosts, in order. A host that died, or whose run failed or
-    ended meanwhile, stops the controller with the host's name and the run's own error."""
+def gather(refs: list, hosts: list, runs: list, ids: list[int] | None = None) -> list:
+    """The results of calls on the hosts, in order; ids: the host of each call (default:
+    call i on host i mod N). A host that died, or whose run failed or ended meanwhile,
+    stops the controller with the host's name and the run's own error."""
     pending, done = list(refs), {}
     while pending:
         ready, pending = ray.wait(pending, num_returns=1, timeout=1.0)
@@ -198,8 +222,10 @@ def gather(refs: list, hosts: list, runs: list) -> list:
                 done[r] = ray.get(r)
             except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as e:
                 _check_runs(runs, wait_s=10.0)  # the run's failure says more than the call's
-                raise RuntimeError(f"controller host {refs.index(r) % len(hosts)} failed "
-                                   f"({type(e).__name__}): {e}") from e
+                i = refs.index(r)
+                host = i % len(hosts) if ids is None else ids[i]
+                raise RuntimeError(f"controller host {host} failed ({type(e).__name__}): "
+                                   f"{e}") from e
         _check_runs(runs)
     return [done[r] for r in refs]
 
@@ -229,7 +255,7 @@ def _check_runs(runs: list, wait_s: float = 0.0) -> None:
 def control(parts: RunParts, hosts: list, runs: list) -> None:
     """The controller's loop: each step's data path, until the last step or the hosts end."""
     cfg = parts.cfg
-    engines = HostEngines(hosts, runs, parts.model_cfg)
+    engines = HostEngines(hosts, runs, parts.model_cfg, cfg.controller.decode_chunk)
     dump_dir = os.path.join(cfg.run_dir, "rollouts") if cfg.dump_rollouts else None
     runner = RewardRunner(cfg.reward)
     producer = parts.producer(engines, runner, dump_dir)
@@ -245,7 +271,7 @@ def control(parts: RunParts, hosts: list, runs: list) -> None:
                 curation = producer.curator.update(feedback.admission, feedback.observations)
             with timer.phase("scatter"):
                 shards = [ray.put(record.share(p, n)) for p in range(n)]
-            engines.traffic.bytes_out += sum(x.nbytes for x in jax.tree.leaves(record.batch))
+            engines.traffic.scatter_bytes += sum(x.nbytes for x in jax.tree.leaves(record.batch))
             metrics = {**curation, **engines.traffic.metrics(),
                        **{f"perf/controller/{k[len('perf/'):]}": v
                           for k, v in timer.finish_step().items()}}
@@ -273,6 +299,9 @@ def check_settings(cfg: RunConfig) -> RunParts:
     # The hosts' view of the config (`GroupHost._run`), as their checkpoints hold it.
     resume.check(dataclasses.replace(cfg, run_dir=os.path.abspath(cfg.run_dir),
                                      devices_per_host=cfg.devices_per_host or 1))
+    if cfg.controller.decode_chunk and parts.task.multi_turn:
+        raise ValueError(f"--controller.decode-chunk runs single-turn tasks so far; task "
+                         f"{cfg.task.name!r} is multi-turn (set it to 0)")
     return parts
 
 

@@ -24,6 +24,7 @@ import jax
 import numpy as np
 import ray
 
+from locojax.engine.engine import Decoding
 from locojax.engine.extend import Conversation, TurnOutput
 from locojax.engine.sampling import SamplingConfig
 from locojax.fleet.faults import Faults, kill_self
@@ -58,6 +59,7 @@ class ControllerSource:
         self.saved: tuple | None = None  # (start step, checkpointed JSON) once `begin` ran
         self.finished = False
         self.conversation: Conversation | None = None  # the controller's multi-turn rows
+        self.decoding: Decoding | None = None  # a generate that the controller goes on with
         self._metrics: dict[str, float] = {}
 
     # --- the loop's side ----------------------------------------------------------------------
@@ -109,11 +111,22 @@ class ControllerSource:
             return self.wiring.rollout_weights(self.params)
 
     def generate(self, step: int, prompt_tokens, prompt_mask, key_data, first_row: int,
-                 sampling: SamplingConfig, num_samples: int) -> tuple[np.ndarray, ...]:
+                 sampling: SamplingConfig, num_samples: int, chunk: int = 0):
+        """This host's rows: prefill, then the whole decode loop (chunk 0) or its first
+        `chunk` iterations (`generate_more` goes on, the rows and cache staying here)."""
         weights = self._weights(step)
         key = jax.random.wrap_key_data(np.asarray(key_data, np.uint32))
-        gen = self.engine.generate(weights, prompt_tokens, key, sampling, num_samples,
-                                   prompt_mask=prompt_mask, first_row=first_row)
+        pending = self.engine.prefill(weights, prompt_tokens, key, sampling, num_samples,
+                                      prompt_mask=prompt_mask, first_row=first_row)
+        self.decoding = Decoding(self.engine, pending)
+        return self.generate_more(chunk)
+
+    def generate_more(self, chunk: int) -> tuple[np.ndarray, ...] | None:
+        """Up to `chunk` more decode iterations (0: to the end); the rows' (tokens, mask,
+        logprobs, decode iterations) once every row has stopped, else None."""
+        if not self.decoding.advance(chunk or None):
+            return None
+        gen, self.decoding = self.decoding.result(), None
         return tuple(np.asarray(x) for x in (gen.tokens, gen.mask, gen.logprobs, gen.steps))
 
     def conversation_begin(self, step: int, conversation: dict, prompt_tokens, prompt_mask,
@@ -199,8 +212,11 @@ class ControllerHost(GroupHost):
                 self.box["cv"].wait(POLL_S)
             return self.box["source"]
 
-    def generate(self, step: int, *args) -> tuple[np.ndarray, ...]:
+    def generate(self, step: int, *args) -> tuple[np.ndarray, ...] | None:
         return self._source().generate(step, *args)
+
+    def generate_more(self, chunk: int) -> tuple[np.ndarray, ...] | None:
+        return self._source().generate_more(chunk)
 
     def conversation(self, method: str, *args):
         """Multi-turn: `ControllerSource.conversation_<method>` (begin, extend, decode, close)

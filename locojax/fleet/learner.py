@@ -23,8 +23,8 @@ A restored parameter server is logged as a warning when it happens, with the ver
 checksums it was restored to and where they came from, and counted in
 `perf/sync/ps_restores`.
 
-Metrics (host 0): `sync/bytes`, `sync/version`, and, as wall-clock figures in perf.jsonl,
-`perf/sync/seconds`, `perf/sync/ps_restores` and the dispatcher's `DispatchStats`. The
+Metrics (host 0): `sync/version`, and in perf.jsonl `perf/net/weight_sync_push_bytes` and,
+as wall-clock figures, `perf/sync/seconds`, `perf/sync/ps_restores` and the dispatcher's `DispatchStats`. The
 record's stats add the staleness histogram, the workers' logprob check and phases
 (`train/record.py`).
 """
@@ -154,7 +154,8 @@ class RemoteSource:
             kill_self(f"learner host 0 after publishing version {version}, before its "
                       "checkpoint")
         queue = self._queue.metrics() if self._queue is not None else {}
-        return {**queue, "sync/version": float(version), "sync/bytes": float(nbytes(tree)),
+        return {**queue, "sync/version": float(version),
+                "perf/net/weight_sync_push_bytes": float(nbytes(tree)),
                 "perf/sync/seconds": seconds, "perf/sync/ps_restores": float(self.ps_restores)}
 
     def close(self) -> None:

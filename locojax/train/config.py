@@ -103,6 +103,21 @@ class CheckpointConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class ControllerConfig:
+    """--mode controller: how the central controller drives its hosts."""
+
+    decode_chunk: int = 0
+    """K: decode iterations per controller round trip; each host keeps its rows and KV cache
+    between round trips (a single-controller serving loop's per-iteration dispatch).
+    0: one round trip per generate call, each host running the whole jitted decode loop.
+    Single-turn tasks; the tokens do not depend on it."""
+
+    def __post_init__(self):
+        if self.decode_chunk < 0:
+            raise ValueError(f"controller.decode_chunk must be >= 0, got {self.decode_chunk}")
+
+
+@dataclasses.dataclass(frozen=True)
 class RunConfig:
     """A GRPO run: sample → score → advantages → update, for `steps` steps."""
 
@@ -183,6 +198,8 @@ class RunConfig:
     """Memory per device in GB (10^9 bytes) that the plan must fit; a run that does not is
     refused before its first step. 0: detected (accelerators: memory_stats; CPU: host RAM
     divided among its CPU devices)."""
+    controller: ControllerConfig = ControllerConfig()
+    """--mode controller: decode dispatch."""
     placement: Annotated[PlacementConfig, tyro.conf.OmitArgPrefixes] = PlacementConfig()
     """Ray modes: placement, staleness, leases (flags without a prefix: --max-staleness)."""
     time_limit_s: float = 0.0

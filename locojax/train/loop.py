@@ -131,6 +131,10 @@ class Trainer:
         self.rollouts: RolloutSource = wiring.rollout_source(self.producer)
         self.start_step, self.saved_rollouts = self._maybe_resume()
         self.last_step = cfg.steps  # moved earlier when time_limit_s runs out
+        mesh = wiring.train_mesh
+        self.net_bytes = profiler.allreduce_bytes(
+            sum(x.size for x in jax.tree.leaves(params)), 1 if mesh is None else mesh.size,
+            parts.learner.updates_per_step)
 
     # --- checkpoints -------------------------------------------------------------------------
 
@@ -239,7 +243,7 @@ class Trainer:
                 if self._checkpoint_due(step):
                     with timer.phase("checkpoint"):
                         self._save(step)
-                perf = {**timings, **timer.finish_step()}
+                perf = {**timings, **timer.finish_step(), **self.net_bytes}
                 perf.update(self._across_hosts(perf))
                 generated = last["rollout/response_length/mean"] * cfg.rollout.prompts_per_step \
                     * cfg.group_size

@@ -81,6 +81,7 @@ class RolloutStats(Sums):
                       for s, c in enumerate(self.staleness)})
         if self.units:  # wall-clock figures of the rollout workers: perf.jsonl
             m["perf/sync/pull_seconds"] = self.pull_seconds
+            m["perf/net/weight_sync_pull_bytes"] = self.pull_bytes
             m.update({f"perf/rollout/{k}": v / self.units
                       for k, v in self.worker_seconds.items()})
         return m

@@ -52,6 +52,7 @@ MAY_CHANGE: dict[str, str] = {
     "checkpoint": "when checkpoints are written and kept, and resume itself",
     "device_memory_gb": _MEMORY, "grad_accum": _MEMORY, "remat": _MEMORY,
     "logprob_chunk": _MEMORY, "profile_split": _MEMORY,
+    "controller.decode_chunk": _HOW,
     "reward.workers": _HOW, "reward.load_timeout_s": _HOW, "multi_turn.env_workers": _HOW,
     "task.sandbox": "how model-written code is isolated, not what it is scored on",
     "placement.ray_address": _CLUSTER, "placement.ray_cpus": _CLUSTER,
