@@ -21,9 +21,10 @@ Workloads (`--workloads`, default gsm8k math swe), each with locojax's own data 
 - `swe`: multi-turn bug fixing (`train swe`, generated level-1 repositories): 2 model turns
   around an error observation, then a sandboxed test run per row (autosubmit).
 The model is DESIGN.md's TINY architecture with random f32 weights and the built-in char
-tokenizer (locojax's SFT knows only arith and calc, so no model here has learned GSM8K). Its
-completions run to the token cap or to a sampled EOS, the same in every mode (same seed, same
-rows: the mode-equivalence tests), so decode is `--new-tokens` iterations long. The char
+tokenizer (locojax's SFT knows only arith and calc, so no model here has learned GSM8K).
+gsm8k and math run with `--rollout.ignore-eos`: every completion is the shape's 64 tokens,
+in every mode alike, so each generate call is 63 decode iterations (swe's turns stop at a
+sampled EOS or the cap, the same in every mode: same seed, same rows). The char
 tokenizer encodes printable ASCII only, and a prompt longer than P tokens stops a run, so the
 data file a run gets is the source file less the rows whose prompt does not encode within P
 tokens with the task's template (a copy in --work-dir; the script prints how many it kept).
@@ -107,11 +108,11 @@ SHAPES = {  # the legacy arith workloads' shapes (DESIGN.md's TINY and SMALL)
     "small": Shape("SMALL", "small", 16, 8, 32, 64, steps=7),
 }
 PAPER = {  # the paper's workloads, TINY architecture (random f32 weights, char tokenizer)
-    "gsm8k": Shape("GSM8K", "tiny", 8, 4, 256, 128, steps=7,
-                   title="GSM8K (TINY random f32, char tokenizer, P 256, <= 128 new tokens)"),
-    "math": Shape("MATH", "tiny", 8, 4, 256, 128, steps=7,
-                  title="Boxed math, MATH-500 rows, math-verify (TINY, P 256, <= 128 new tokens)"),
-    "swe": Shape("SWE", "tiny", 8, 4, 768, 32, steps=6,
+    "gsm8k": Shape("GSM8K", "tiny", 8, 4, 256, 64, steps=5,
+                   title="GSM8K (TINY random f32, char tokenizer, P 256, 64 new tokens)"),
+    "math": Shape("MATH", "tiny", 8, 4, 256, 64, steps=5,
+                  title="Boxed math, MATH-500 rows, math-verify (TINY, P 256, 64 new tokens)"),
+    "swe": Shape("SWE", "tiny", 8, 4, 768, 32, steps=5,
                  title="swe level 1 (TINY, P 768, 2 turns of <= 32 tokens, sandboxed tests)"),
 }
 WORKLOADS = ("gsm8k", "math", "swe", "arith", "arith-var")
@@ -375,7 +376,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=2,
                     help="runs per arm, interleaved (>= 2 for an A/A spread)")
     ap.add_argument("--steps", type=int, default=0,
-                    help="steps per run (0: the workload's: gsm8k, math 7; swe 6; TINY arith 20, "
+                    help="steps per run (0: the workload's: gsm8k, math, swe 5; TINY arith 20, "
                     "SMALL 7)")
     ap.add_argument("--skip", type=int, default=2, help="warm-up steps left out of the median")
     ap.add_argument("--no-split", dest="split", action="store_false",
