@@ -113,7 +113,7 @@ def test_auto_never_resolves_to_none(monkeypatch):
         Sandbox(SandboxConfig(mode="auto", bwrap_path="/nonexistent/bwrap"))
     msg = str(e.value)
     assert "unshare: Operation not permitted" in msg and HOW_TO_ISOLATE in msg
-    assert "--sandbox none" in msg and "bubblewrap" in msg and "root" in msg
+    assert "--task.sandbox none" in msg and "bubblewrap" in msg and "root" in msg
 
 
 def test_none_runs_only_by_name_and_says_so_in_one_line(caplog, monkeypatch):

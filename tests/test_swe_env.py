@@ -292,7 +292,7 @@ def test_task_refuses_to_start_without_isolation(monkeypatch):
                            + HOW_TO_ISOLATE)
 
     monkeypatch.setattr(workload, "default_sandbox", nothing_works)
-    with pytest.raises(SandboxError, match="--sandbox none"):
+    with pytest.raises(SandboxError, match=r"--task\.sandbox none"):
         task(level=1, train_size=10, test_size=2)
     with pytest.raises(ValueError, match="sandbox must be one of"):
         task(sandbox="docker")

@@ -42,7 +42,7 @@ HOW_TO_ISOLATE = (
     "kernel.apparmor_restrict_unprivileged_userns=0; in Docker, a seccomp profile that allows "
     "unshare/mount, e.g. --security-opt seccomp=unconfined); or install bubblewrap "
     "(apt-get install bubblewrap). To run it without isolation, ask for that by name: "
-    "--sandbox none.")
+    "--task.sandbox none (SandboxConfig(mode='none') in the library).")
 
 
 def _python_paths(python: str) -> list[str]:
