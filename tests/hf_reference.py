@@ -1,8 +1,11 @@
-"""Random-weight HF Qwen3 models built offline, converted to locojax weights.
+"""Random-weight HF models built offline, converted to locojax weights.
 
 Shared by every parity test: transformers is the reference implementation. `float64_model`
 runs it in float64 throughout, so that parity can be checked far below f32 rounding;
-`logit_tol` is the bound on two implementations' (or two programs') logits.
+`logit_tol` is the bound on two implementations' (or two programs') logits. Qwen3 models
+are built from a `ModelConfig` (`paired`); every family from its published config.json
+fields cut down to a tiny size (`published`, `cut_down`, `paired_from`), which
+tests/data/hf_configs.json holds (copied from the model pages; see its entries' names).
 """
 
 from __future__ import annotations
@@ -10,16 +13,22 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import json
+import math
+import pathlib
+import sys
 from unittest import mock
 
 import numpy as np
 import torch
-from transformers import Qwen3Config, Qwen3ForCausalLM
-from transformers.models.qwen3 import modeling_qwen3
+from transformers import AutoConfig, AutoModelForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 from locojax.model.config import ModelConfig
+from locojax.model.hf_config import config_from_dict
 from locojax.model.hf_io import from_state_dict
 from tests.tolerance import probabilistic
+
+PUBLISHED = pathlib.Path(__file__).parent / "data" / "hf_configs.json"
 
 # `logit_tol`: each implementation is off by rounding along a chain of FWD_DEPTH = 2048 ≥
 # ~1.2k reduction terms in sequence for TINY-shaped models (2 layers × (norm 64,
@@ -46,6 +55,16 @@ def logprob_tol(dtype, logits, temperature: float = 1.0) -> float:
     return 2 * logit_tol(dtype, logits) / temperature + 2 * probabilistic(FWD_DEPTH, dtype)
 
 
+def measured_logit_tol(dtype, weights, cfg: ModelConfig, hidden) -> float:
+    """`logit_tol` without its premise: 2 · probabilistic(FWD_DEPTH) · max Σ_d |h_d e_vd|,
+    the terms measured on these weights and final hidden states [..., D] (untied heads of
+    other families reach 2.1 · max|logit|, past the premise's TERMS_PER_LOGIT = 2)."""
+    head = weights["embed"] if cfg.tie_word_embeddings else weights["lm_head"].T  # [V, D]
+    terms = np.abs(np.asarray(hidden, np.float64)).reshape(-1, cfg.hidden_size) @ np.abs(
+        np.asarray(head, np.float64)).T
+    return 2 * probabilistic(FWD_DEPTH, dtype) * terms.max()
+
+
 def assert_decisive_argmax(logits, dtype="float32"):
     """Every position's top logit leads the runner-up by more than two programs (or two
     implementations) can disagree (2 · logit_tol), so its argmax is the same in every
@@ -69,12 +88,53 @@ def hf_config(cfg: ModelConfig) -> Qwen3Config:
 def random_hf_model(cfg: ModelConfig, seed: int = 0) -> Qwen3ForCausalLM:
     """An f32 HF model whose every weight, norms included, is random (so no weight is inert)."""
     torch.manual_seed(seed)
-    model = Qwen3ForCausalLM(hf_config(cfg)).float().eval()
+    return _randomised(Qwen3ForCausalLM(hf_config(cfg)).float().eval())
+
+
+def _randomised(model):
+    """Every parameter N(0, 0.1) around its neutral value: 1 for norm scales, except
+    Gemma's, which scale by (1 + w); 0 for matrices and biases."""
+    offset = "Gemma" in type(model).__name__
     with torch.no_grad():
         for name, p in model.named_parameters():
-            base = 1.0 if "norm" in name else 0.0
+            base = 1.0 if "norm" in name and not offset else 0.0
             p.copy_(base + 0.1 * torch.randn_like(p))
     return model
+
+
+def published(name: str) -> dict:
+    """The published config.json fields of model `name` (a key of tests/data/hf_configs.json)."""
+    return json.loads(PUBLISHED.read_text())[name]
+
+
+def cut_down(d: dict, **overrides) -> dict:
+    """`d` at TINY's sizes (2 layers, d=64, ffn 128, 4 heads, 2 kv heads, head dim 16, vocab
+    512), f32, everything else (biases, RoPE scaling, norms, window, tying) as published;
+    `overrides` last. A config without `head_dim` keeps deriving it (64 / 4 = 16)."""
+    small = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, torch_dtype="float32")
+    if "head_dim" in d:
+        small["head_dim"] = 16
+    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):  # ids of the real vocabulary
+        small[key] = None
+    return {**d, **small, **overrides}
+
+
+def random_hf_model_from(d: dict, seed: int = 0):
+    """An f32 HF model of config dict `d`, built by transformers from the dict itself (so
+    transformers, not locojax, reads its fields), every weight random (`_randomised`)."""
+    fields = {k: v for k, v in d.items() if k not in ("architectures", "model_type")}
+    hf = AutoConfig.for_model(d["model_type"], **fields)
+    torch.manual_seed(seed)
+    return _randomised(AutoModelForCausalLM.from_config(hf, dtype=torch.float32).eval())
+
+
+def paired_from(d: dict, seed: int = 0):
+    """(hf_model, locojax weights, locojax config) of config dict `d`: the config read by
+    locojax's own reader, the weights converted from the HF model's."""
+    cfg = config_from_dict(d)
+    model = random_hf_model_from(d, seed)
+    return model, from_state_dict(hf_state_dict(model), cfg), cfg
 
 
 def hf_state_dict(model) -> dict[str, np.ndarray]:
@@ -93,20 +153,48 @@ def tiny_cfg(**kw) -> ModelConfig:
 
 
 def _rms_norm_in_input_dtype(self, hidden_states):
-    """HF `Qwen3RMSNorm.forward` without its cast to f32 (a no-op for f32 input)."""
+    """HF `Qwen3RMSNorm.forward` (and Qwen2's, Llama's) without its cast to f32 (a no-op for
+    f32 input); Gemma's `(1 + w)` form likewise."""
+    eps = getattr(self, "variance_epsilon", getattr(self, "eps", None))
     variance = hidden_states.pow(2).mean(-1, keepdim=True)
-    return self.weight * (hidden_states * torch.rsqrt(variance + self.variance_epsilon))
+    normed = hidden_states * torch.rsqrt(variance + eps)
+    if type(self).__name__.startswith("Gemma"):
+        return normed * (1.0 + self.weight)
+    return self.weight * normed
 
 
-def _rope_in_input_dtype(self, x, position_ids):
-    """HF `Qwen3RotaryEmbedding.forward` (default RoPE) with inverse frequencies, angles,
-    cos and sin in x's dtype instead of f32."""
-    base = self.config.rope_parameters["rope_theta"]
-    dim = self.config.head_dim
-    inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=x.dtype) / dim))
-    freqs = position_ids[..., None].to(x.dtype) * inv_freq
+def _inv_freq(params: dict, dim: int, dtype) -> torch.Tensor:
+    """HF's RoPE inverse frequencies (`_compute_default_rope_parameters`, `..._linear_...`,
+    `_compute_llama3_parameters`, modeling_rope_utils.py 5.24) in `dtype` instead of f32."""
+    inv = 1.0 / (params["rope_theta"] ** (torch.arange(0, dim, 2, dtype=dtype) / dim))
+    kind = params.get("rope_type", "default")
+    if kind == "linear":
+        return inv / params["factor"]
+    if kind == "default":
+        return inv
+    assert kind == "llama3", kind
+    factor, low, high = params["factor"], params["low_freq_factor"], params["high_freq_factor"]
+    old = params["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / inv
+    scaled = torch.where(wavelen > old / low, inv / factor, inv)
+    smooth = (old / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < old / high) * ~(wavelen > old / low)
+    return torch.where(medium, smoothed, scaled)
+
+
+def _rope_in_input_dtype(self, x, position_ids, layer_type=None):
+    """HF `*RotaryEmbedding.forward` with inverse frequencies, angles, cos and sin in x's
+    dtype instead of f32 (Gemma 3: `layer_type` picks the layer type's parameters)."""
+    params = self.config.rope_parameters
+    scaling = self.attention_scaling if layer_type is None else getattr(
+        self, f"{layer_type}_attention_scaling")
+    params = params if layer_type is None else params[layer_type]
+    dim = getattr(self.config, "head_dim", None) or (self.config.hidden_size
+                                                    // self.config.num_attention_heads)
+    freqs = position_ids[..., None].to(x.dtype) * _inv_freq(params, dim, x.dtype)
     emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos() * self.attention_scaling, emb.sin() * self.attention_scaling
+    return emb.cos() * scaling, emb.sin() * scaling
 
 
 @contextlib.contextmanager
@@ -115,8 +203,9 @@ def float64_model(model):
     the model dtype) are widened to f64; everything else is HF's own code. Attention must be
     SDPA: the eager path's softmax also casts to f32."""
     assert model.config._attn_implementation == "sdpa", model.config._attn_implementation
-    assert model.config.rope_parameters["rope_type"] == "default"
-    with mock.patch.object(modeling_qwen3.Qwen3RMSNorm, "forward", _rms_norm_in_input_dtype), \
-            mock.patch.object(modeling_qwen3.Qwen3RotaryEmbedding, "forward",
-                              _rope_in_input_dtype):
+    module = sys.modules[type(model).__module__]
+    norm = next(v for k, v in vars(module).items() if k.endswith("RMSNorm"))
+    rotary = next(v for k, v in vars(module).items() if k.endswith("RotaryEmbedding"))
+    with mock.patch.object(norm, "forward", _rms_norm_in_input_dtype), \
+            mock.patch.object(rotary, "forward", _rope_in_input_dtype):
         yield copy.deepcopy(model).double()

@@ -209,9 +209,10 @@ _DROP = object()
 
 
 @pytest.mark.parametrize("change, words", [
-    (dict(model_type="llama"), "model_type='llama'"),
+    (dict(model_type="mistral"), "model_type='mistral' is not supported (qwen3, qwen2"),
     (dict(rope_scaling={"rope_type": "yarn", "factor": 4.0}), "rope_scaling.rope_type='yarn'"),
-    (dict(rope_scaling={"type": "linear", "factor": 2.0}), "rope_scaling.rope_type='linear'"),
+    (dict(rope_scaling={"type": "linear"}), "rope_scaling of rope_type 'linear' lacks ['factor']"),
+    (dict(rope_scaling={"rope_type": "llama3", "factor": 8.0}), "lacks ['low_freq_factor'"),
     (dict(rope_parameters={"rope_theta": 1e6, "rope_type": "dynamic"}),
      "rope_parameters.rope_type='dynamic'"),
     (dict(attention_bias=True), "attention_bias"),

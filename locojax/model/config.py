@@ -1,7 +1,9 @@
-"""Qwen3 architecture config, and the canonical benchmark shapes of DESIGN.md.
+"""Decoder config (Qwen3, Qwen2/2.5, Llama 3.x, Gemma 3 text), and DESIGN.md's benchmark shapes.
 
-The field names follow HF `Qwen3Config` so that `config.json` maps onto them directly
-(see `hf_config.py`); everything else in locojax reads only this dataclass.
+The field names follow the HF configs (`Qwen3Config`, ...) so that `config.json` maps onto
+them directly (see `hf_config.py`); everything else in locojax reads only this dataclass.
+What a family changes in the forward is declared once, in `families.py`; the fields below
+that only some families use (sliding window, RoPE scaling, ...) default to "absent".
 """
 
 from __future__ import annotations
@@ -11,10 +13,40 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from locojax.model.families import FAMILIES, Family
+
+FULL, SLIDING = "full_attention", "sliding_attention"
+"""Layer types, spelled as HF `layer_types` spells them."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeScaling:
+    """RoPE frequency scaling of the full-attention layers (HF `rope_parameters`)."""
+
+    rope_type: str
+    """"linear" (every frequency / factor) or "llama3" (low frequencies / factor, high ones
+    kept, a smooth ramp between: Llama 3.1+)."""
+    factor: float
+    low_freq_factor: float = 1.0
+    """llama3 only: wavelengths above original_max_position_embeddings / this are scaled."""
+    high_freq_factor: float = 4.0
+    """llama3 only: wavelengths below original_max_position_embeddings / this are kept."""
+    original_max_position_embeddings: int = 8192
+    """llama3 only: the context length the model was pre-trained at."""
+
+    def __post_init__(self):
+        if self.rope_type not in ("linear", "llama3"):
+            raise ValueError(f"rope scaling type {self.rope_type!r} is not supported "
+                             "(linear, llama3)")
+
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-    """A Qwen3 decoder: RMSNorm, per-head q/k RMSNorm, RoPE, GQA, SwiGLU, no biases."""
+    """A pre-norm decoder: RMSNorm, RoPE, GQA, a gated MLP; `model_type` names the family
+    (`families.py`: biases, q/k norms, Gemma's norms and embedding scale, activation)."""
+
+    model_type: str = "qwen3"
+    """HF model_type of the family: qwen3, qwen2, llama or gemma3_text."""
 
     vocab_size: int = 512
     """v: vocabulary size."""
@@ -31,7 +63,18 @@ class ModelConfig:
     head_dim: int = 16
     """h: width of one attention head (Qwen3 sets it independently of d / n)."""
     rope_theta: float = 1_000_000.0
-    """RoPE base frequency."""
+    """RoPE base frequency (of the full-attention layers where local ones differ)."""
+    rope_scaling: RopeScaling | None = None
+    """RoPE scaling of the full-attention layers; None: plain RoPE."""
+    layer_types: tuple[str, ...] | None = None
+    """Per layer "full_attention" or "sliding_attention"; None: every layer is full."""
+    sliding_window: int | None = None
+    """W: a sliding-attention layer's query sees the keys less than W positions back
+    (itself included), as HF's `sliding_window`."""
+    rope_local_theta: float | None = None
+    """RoPE base of the sliding-attention layers (Gemma 3's `rope_local_base_freq`)."""
+    query_pre_attn_scalar: int | None = None
+    """Attention scores are q·k / sqrt(this) (Gemma 3); None: the head dim."""
     rms_norm_eps: float = 1e-6
     """Epsilon inside every RMSNorm."""
     tie_word_embeddings: bool = True
@@ -46,6 +89,17 @@ class ModelConfig:
     tests use where f32 rounding would hide a bug."""
 
     def __post_init__(self):
+        if self.model_type not in FAMILIES:
+            raise ValueError(f"model_type {self.model_type!r} is not supported "
+                             f"({', '.join(FAMILIES)})")
+        if self.layer_types is not None:
+            if len(self.layer_types) != self.num_hidden_layers or not set(
+                    self.layer_types) <= {FULL, SLIDING}:
+                raise ValueError(f"layer_types must give {FULL!r} or {SLIDING!r} for each of "
+                                 f"the {self.num_hidden_layers} layers, got {self.layer_types}")
+            if SLIDING in self.layer_types and not (self.sliding_window or 0) > 0:
+                raise ValueError("sliding-attention layers need a sliding_window > 0, got "
+                                 f"{self.sliding_window}")
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(
                 f"num_attention_heads={self.num_attention_heads} is not a multiple of "
@@ -55,6 +109,15 @@ class ModelConfig:
             if getattr(self, name) not in ("float32", "bfloat16", "float64"):
                 raise ValueError(f"{name} must be float32, bfloat16 or float64, got "
                                  f"{getattr(self, name)!r}")
+
+    @property
+    def family(self) -> Family:
+        return FAMILIES[self.model_type]
+
+    @property
+    def windowed(self) -> bool:
+        """Whether any layer attends within a sliding window."""
+        return self.layer_types is not None and SLIDING in self.layer_types
 
     @property
     def q_per_kv(self) -> int:
@@ -74,7 +137,10 @@ class ModelConfig:
             self.hidden_size, self.intermediate_size, self.num_attention_heads,
             self.num_key_value_heads, self.head_dim, self.vocab_size,
         )
-        per_layer = d * (n * h + 2 * k * h) + n * h * d + 3 * d * f + 2 * d + 2 * h
+        fam = self.family
+        per_layer = d * (n * h + 2 * k * h) + n * h * d + 3 * d * f + 2 * d
+        per_layer += (n * h + 2 * k * h) * fam.qkv_bias + 2 * h * fam.qk_norm
+        per_layer += 2 * d * fam.sandwich_norms
         embed = v * d * (1 if self.tie_word_embeddings else 2)
         return self.num_hidden_layers * per_layer + embed + d
 

@@ -1,17 +1,22 @@
-"""HF `config.json` ↔ `ModelConfig`, for Qwen3 checkpoints.
+"""HF `config.json` ↔ `ModelConfig`, for the families of `families.py`.
 
 Reads both spellings transformers has used:
-- transformers 4: top-level `rope_theta`, optional `rope_scaling`, `torch_dtype`;
-- transformers 5: `rope_parameters: {"rope_theta": ..., "rope_type": "default"}`, `dtype`.
+- transformers 4: top-level `rope_theta`, optional `rope_scaling`, `torch_dtype` (Gemma 3:
+  `rope_local_base_freq`, `sliding_window_pattern`);
+- transformers 5: `rope_parameters: {"rope_theta": ..., "rope_type": "default"}` (Gemma 3:
+  one such dict per layer type), `layer_types`, `dtype`.
 
-Anything the locojax forward does not implement (another architecture, RoPE scaling, q/k/v
-biases, sliding-window layers, another activation) is rejected here with the offending key,
+Anything the locojax forward does not implement (another architecture, a RoPE scaling other
+than linear or llama3, biases the family does not have, sliding-window layers outside
+Gemma 3, another activation, logit soft-capping) is rejected here with the offending key,
 rather than loading into a model that silently computes something else.
 
-Missing optional keys take the defaults of HF `Qwen3Config` (not of `ModelConfig`), because
-that is what transformers would run: e.g. an absent `tie_word_embeddings` means untied.
+Missing optional keys take the defaults of the family's HF config class (not of
+`ModelConfig`), because that is what transformers would run: e.g. an absent
+`tie_word_embeddings` means untied for Qwen and Llama, tied for Gemma 3.
 
-Reference: transformers `configuration_qwen3.py` (4.5x and 5.x), `modeling_rope_utils.py`.
+Reference: transformers `configuration_{qwen3,qwen2,llama,gemma3}.py` (4.5x and 5.x),
+`modeling_rope_utils.py`.
 """
 
 from __future__ import annotations
@@ -21,64 +26,112 @@ import json
 from pathlib import Path
 
 from locojax.jsonfile import read_object
-from locojax.model.config import ModelConfig
+from locojax.model.config import FULL, SLIDING, ModelConfig, RopeScaling
+from locojax.model.families import FAMILIES, Family
 
 CONFIG_NAME = "config.json"
 
-# HF Qwen3Config defaults for the keys a checkpoint may leave out.
-_HF_DEFAULTS = dict(
-    head_dim=128, rope_theta=10_000.0, rms_norm_eps=1e-6, tie_word_embeddings=False,
-    max_position_embeddings=32768,
-)
 # Keys without which a config.json does not describe a model we could check against.
 _REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
              "num_attention_heads")
 # Checkpoint dtypes we read, and the param dtype each loads as by default (ModelConfig has
 # no float16, and f16 → f32 is exact).
 _PARAM_DTYPE_FOR = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float32"}
+_SCALING_KEYS = ("factor", "low_freq_factor", "high_freq_factor",
+                 "original_max_position_embeddings")
 
 
 def _fail(source: str, msg: str):
     raise ValueError(f"{source}: {msg}")
 
 
-def _rope_theta(d: dict, source: str) -> float:
-    """RoPE base from either spelling; any scaling other than 'default' is unsupported."""
+def _rope_entry(rp, key: str, source: str) -> tuple[float | None, RopeScaling | None]:
+    """(rope_theta or None, scaling or None) of one `rope_parameters` / `rope_scaling` dict."""
+    if rp is None:
+        return None, None
+    if not isinstance(rp, dict):
+        _fail(source, f"{key} must be an object, got {rp!r}")
+    kind = rp.get("rope_type", rp.get("type", "default"))
+    theta = float(rp["rope_theta"]) if "rope_theta" in rp else None
+    if kind == "default":
+        return theta, None
+    if kind not in ("linear", "llama3"):
+        _fail(source, f"{key}.rope_type={kind!r} is not supported (default, linear, llama3)")
+    need = _SCALING_KEYS if kind == "llama3" else _SCALING_KEYS[:1]
+    missing = [k for k in need if k not in rp]
+    if missing:
+        _fail(source, f"{key} of rope_type {kind!r} lacks {missing}")
+    return theta, RopeScaling(kind, **{k: type(f.default)(rp[k]) if k != "factor" else
+                                       float(rp[k]) for k in need
+                                       for f in dataclasses.fields(RopeScaling) if f.name == k})
+
+
+def _rope(d: dict, fam: Family, source: str) -> dict:
+    """rope_theta, rope_scaling (and rope_local_theta for Gemma 3) from either spelling."""
     params = d.get("rope_parameters")
-    scaling = d.get("rope_scaling")
-    for key, rp in (("rope_parameters", params), ("rope_scaling", scaling)):
-        if rp is None:
-            continue
-        if not isinstance(rp, dict):
-            _fail(source, f"{key} must be an object, got {rp!r}")
-        kind = rp.get("rope_type", rp.get("type", "default"))
-        if kind != "default":
-            _fail(source, f"{key}.rope_type={kind!r} is not supported (only 'default' RoPE)")
-    if params is not None and "rope_theta" in params:
-        theta = params["rope_theta"]
-        if "rope_theta" in d and float(d["rope_theta"]) != float(theta):
-            _fail(source, f"rope_theta={d['rope_theta']} disagrees with "
-                          f"rope_parameters.rope_theta={theta}")
-        return float(theta)
-    return float(d.get("rope_theta", _HF_DEFAULTS["rope_theta"]))
+    local = None
+    if fam.model_type == "gemma3_text" and isinstance(params, dict) and (
+            FULL in params or SLIDING in params):
+        local_theta, local_scaling = _rope_entry(params.get(SLIDING), f"rope_parameters."
+                                                 f"{SLIDING}", source)
+        if local_scaling is not None:
+            _fail(source, f"rope_parameters.{SLIDING} is scaled; only the full-attention "
+                          "layers' RoPE may be")
+        local, params = local_theta, params.get(FULL)
+        key = f"rope_parameters.{FULL}"
+    else:
+        key = "rope_parameters"
+    theta, scaling = _rope_entry(params, key, source)
+    old_theta, old_scaling = _rope_entry(d.get("rope_scaling"), "rope_scaling", source)
+    if theta is not None and "rope_theta" in d and float(d["rope_theta"]) != theta:
+        _fail(source, f"rope_theta={d['rope_theta']} disagrees with {key}.rope_theta={theta}")
+    out = dict(rope_theta=theta or float(d.get("rope_theta", old_theta or
+                                                fam.hf_defaults["rope_theta"])),
+               rope_scaling=scaling or old_scaling)
+    if "rope_local_base_freq" in fam.hf_defaults:
+        out["rope_local_theta"] = float(local or d.get(
+            "rope_local_base_freq", fam.hf_defaults["rope_local_base_freq"]))
+    return out
 
 
-def _check_attention(d: dict, source: str, num_layers: int):
-    if d.get("attention_bias", False):
-        _fail(source, "attention_bias=true is not supported (Qwen3 has no q/k/v/o biases)")
-    act = d.get("hidden_act", "silu")
-    if act != "silu":
-        _fail(source, f"hidden_act={act!r} is not supported (only 'silu')")
-    layer_types = d.get("layer_types")
-    if layer_types is None and d.get("use_sliding_window") and d.get("sliding_window"):
-        # transformers' own rule for configs without layer_types.
+def _layer_types(d: dict, fam: Family, source: str, num_layers: int) -> tuple | None:
+    """Per-layer attention kinds, None when every layer is full."""
+    kinds = d.get("layer_types")
+    if kinds is None and "sliding_window_pattern" in fam.hf_defaults:
+        every = int(d.get("sliding_window_pattern", fam.hf_defaults["sliding_window_pattern"]))
+        kinds = [SLIDING if (i + 1) % every else FULL for i in range(num_layers)]
+    elif kinds is None and d.get("use_sliding_window") and d.get("sliding_window"):
+        # transformers' own rule for Qwen configs without layer_types.
         first = int(d.get("max_window_layers", 28))
-        layer_types = ["sliding_attention" if i >= first else "full_attention"
-                       for i in range(num_layers)]
-    for i, kind in enumerate(layer_types or ()):
-        if kind != "full_attention":
+        kinds = [SLIDING if i >= first else FULL for i in range(num_layers)]
+    kinds = list(kinds or ())
+    if kinds and len(kinds) != num_layers:
+        _fail(source, f"layer_types has {len(kinds)} entries for {num_layers} layers")
+    for i, kind in enumerate(kinds):
+        if kind not in (FULL, SLIDING):
+            _fail(source, f"layer {i} uses {kind!r}; only {FULL!r} and {SLIDING!r} are "
+                          "supported")
+        if kind == SLIDING and "sliding_window_pattern" not in fam.hf_defaults:
             _fail(source, f"layer {i} uses {kind!r} (sliding window); only full attention "
-                          "is supported")
+                          f"is supported for model_type {fam.model_type!r}")
+    return tuple(kinds) if SLIDING in kinds else None
+
+
+def _check_features(d: dict, fam: Family, source: str):
+    """Refuse what the family's forward does not compute."""
+    if not fam.qkv_bias and d.get("attention_bias", False):
+        _fail(source, f"attention_bias=true is not supported for model_type "
+                      f"{fam.model_type!r} (no q/k/v/o biases)")
+    if d.get("mlp_bias", False):
+        _fail(source, "mlp_bias=true is not supported")
+    act = d.get(fam.activation_key, fam.activation)
+    if act != fam.activation:
+        _fail(source, f"{fam.activation_key}={act!r} is not supported for model_type "
+                      f"{fam.model_type!r} (only {fam.activation!r})")
+    for key in ("attn_logit_softcapping", "final_logit_softcapping",
+                "use_bidirectional_attention"):
+        if d.get(key):
+            _fail(source, f"{key}={d[key]!r} is not supported")
 
 
 def checkpoint_dtype(d: dict, source: str = CONFIG_NAME) -> str:
@@ -94,31 +147,40 @@ def config_from_dict(d: dict, source: str = CONFIG_NAME, **overrides) -> ModelCo
     """ModelConfig from a parsed config.json. `overrides` replace fields afterwards (e.g.
     `compute_dtype="bfloat16"`); `param_dtype` defaults to the checkpoint's dtype."""
     model_type = d.get("model_type")
-    if model_type != "qwen3":
-        _fail(source, f"model_type={model_type!r} is not supported (only 'qwen3')")
+    fam = FAMILIES.get(model_type)
+    if fam is None:
+        _fail(source, f"model_type={model_type!r} is not supported ({', '.join(FAMILIES)})")
     missing = [k for k in _REQUIRED if k not in d]
     if missing:
         _fail(source, f"missing required key(s) {missing}")
+    defaults = fam.hf_defaults
     num_layers = int(d["num_hidden_layers"])
-    _check_attention(d, source, num_layers)
+    _check_features(d, fam, source)
+    layer_types = _layer_types(d, fam, source, num_layers)
     heads = int(d["num_attention_heads"])
     kv_heads = d.get("num_key_value_heads")
     fields = dict(
+        model_type=model_type,
         vocab_size=int(d["vocab_size"]),
         hidden_size=int(d["hidden_size"]),
         intermediate_size=int(d["intermediate_size"]),
         num_hidden_layers=num_layers,
         num_attention_heads=heads,
         num_key_value_heads=heads if kv_heads is None else int(kv_heads),
-        head_dim=int(d.get("head_dim") or _HF_DEFAULTS["head_dim"]),
-        rope_theta=_rope_theta(d, source),
-        rms_norm_eps=float(d.get("rms_norm_eps", _HF_DEFAULTS["rms_norm_eps"])),
-        tie_word_embeddings=bool(d.get("tie_word_embeddings",
-                                       _HF_DEFAULTS["tie_word_embeddings"])),
+        head_dim=int(d.get("head_dim") or defaults["head_dim"] or int(d["hidden_size"]) // heads),
+        rms_norm_eps=float(d.get("rms_norm_eps", defaults["rms_norm_eps"])),
+        tie_word_embeddings=bool(d.get("tie_word_embeddings", defaults["tie_word_embeddings"])),
         max_position_embeddings=int(d.get("max_position_embeddings",
-                                          _HF_DEFAULTS["max_position_embeddings"])),
+                                          defaults["max_position_embeddings"])),
         param_dtype=_PARAM_DTYPE_FOR[checkpoint_dtype(d, source)],
+        layer_types=layer_types,
+        **_rope(d, fam, source),
     )
+    if layer_types is not None:
+        fields["sliding_window"] = int(d.get("sliding_window") or defaults["sliding_window"])
+    if "query_pre_attn_scalar" in defaults:
+        fields["query_pre_attn_scalar"] = int(d.get("query_pre_attn_scalar",
+                                                    defaults["query_pre_attn_scalar"]))
     unknown = set(overrides) - {f.name for f in dataclasses.fields(ModelConfig)}
     if unknown:
         raise TypeError(f"unknown ModelConfig field(s) {sorted(unknown)}")
@@ -137,19 +199,30 @@ def load_config(model_dir: str | Path, **overrides) -> ModelConfig:
     return config_from_dict(read_object(path), str(path), **overrides)
 
 
+def _rope_dict(theta: float, scaling: RopeScaling | None) -> dict:
+    """One transformers-5 `rope_parameters` entry."""
+    if scaling is None:
+        return {"rope_theta": theta, "rope_type": "default"}
+    keys = _SCALING_KEYS if scaling.rope_type == "llama3" else _SCALING_KEYS[:1]
+    return {"rope_theta": theta, "rope_type": scaling.rope_type,
+            **{k: getattr(scaling, k) for k in keys}}
+
+
 def config_to_dict(cfg: ModelConfig, dtype: str | None = None, **extra) -> dict:
     """A config.json dict that transformers 4 and 5 both load as this model.
 
     RoPE and dtype are written in both spellings: transformers 5 reads `rope_parameters`
-    and `dtype`, transformers 4 reads `rope_theta` and `torch_dtype` and ignores the rest.
-    `extra` adds keys such as `eos_token_id`.
+    and `dtype`, transformers 4 reads `rope_theta` (`rope_local_base_freq`), `rope_scaling`
+    and `torch_dtype`, and ignores the rest. `extra` adds keys such as `eos_token_id`.
     """
     dtype = dtype or cfg.param_dtype
     if dtype not in _PARAM_DTYPE_FOR:
         raise ValueError(f"dtype={dtype!r} is not supported (float32, bfloat16, float16)")
+    fam = cfg.family
+    rope = _rope_dict(cfg.rope_theta, cfg.rope_scaling)
     d = {
-        "architectures": ["Qwen3ForCausalLM"],
-        "model_type": "qwen3",
+        "architectures": [fam.architecture],
+        "model_type": fam.model_type,
         "vocab_size": cfg.vocab_size,
         "hidden_size": cfg.hidden_size,
         "intermediate_size": cfg.intermediate_size,
@@ -157,24 +230,33 @@ def config_to_dict(cfg: ModelConfig, dtype: str | None = None, **extra) -> dict:
         "num_attention_heads": cfg.num_attention_heads,
         "num_key_value_heads": cfg.num_key_value_heads,
         "head_dim": cfg.head_dim,
-        "hidden_act": "silu",
+        fam.activation_key: fam.activation,
         "rms_norm_eps": cfg.rms_norm_eps,
         "rope_theta": cfg.rope_theta,
-        "rope_scaling": None,
-        "rope_parameters": {"rope_theta": cfg.rope_theta, "rope_type": "default"},
+        "rope_scaling": None if cfg.rope_scaling is None else rope,
+        "rope_parameters": rope,
         "max_position_embeddings": cfg.max_position_embeddings,
         "tie_word_embeddings": cfg.tie_word_embeddings,
-        "attention_bias": False,
         "attention_dropout": 0.0,
-        "use_sliding_window": False,
-        "sliding_window": None,
-        "max_window_layers": cfg.num_hidden_layers,
-        "layer_types": ["full_attention"] * cfg.num_hidden_layers,
+        "sliding_window": cfg.sliding_window,
+        "layer_types": list(cfg.layer_types or [FULL] * cfg.num_hidden_layers),
         "initializer_range": 0.02,
         "use_cache": True,
         "dtype": dtype,
         "torch_dtype": dtype,
     }
+    if not fam.qkv_bias:
+        d["attention_bias"] = False
+    if fam.model_type == "llama":
+        d["mlp_bias"] = False
+    if fam.model_type in ("qwen3", "qwen2"):
+        d.update(use_sliding_window=False, max_window_layers=cfg.num_hidden_layers)
+    if fam.model_type == "gemma3_text":
+        local = _rope_dict(cfg.rope_local_theta, None)
+        d.update(rope_local_base_freq=cfg.rope_local_theta,
+                 rope_parameters={FULL: rope, SLIDING: local},
+                 query_pre_attn_scalar=cfg.query_pre_attn_scalar,
+                 attn_logit_softcapping=None, final_logit_softcapping=None)
     d.update(extra)
     return d
 

@@ -1,14 +1,19 @@
-"""The Qwen3 decoder as one pure function over a weight pytree.
+"""The decoder of every family as one pure function over a weight pytree.
 
 `forward(weights, tokens, positions, cfg, mask=..., cache=...) -> (hidden, cache)`
 serves prefill, decode and training alike, so the sampler's logprobs and the trainer's
 logprobs come from the same code (DESIGN.md, "sampler logprobs equal trainer logprobs").
+Qwen3, Qwen2/2.5, Llama 3.x and Gemma 3 share it; `cfg.family` (`families.py`) switches
+the parts that differ (biases, q/k norms, Gemma's norms, embedding scale and activation),
+and each layer's `LayerKind` carries its RoPE frequencies and attention window, so Gemma's
+local and global layers are one scan. (Named for the first family; every family runs here.)
 
-Reference: HF transformers `modeling_qwen3.py`; layout after jax-llm-examples `qwen3`.
-Departures: layers are scanned (stacked weights), and attention reads a fixed-size KV cache
-whose slot validity is tracked explicitly, which is how left-padded prompts are handled. A
-cached forward (decode, extend) reads only the cache's written slots, block by block, under
-an online softmax (`attention`), so its cost grows with the tokens written.
+Reference: HF transformers `modeling_qwen3.py` (and the `modeling_*.py` of the other
+families); layout after jax-llm-examples `qwen3`. Departures: layers are scanned (stacked
+weights), and attention reads a fixed-size KV cache whose slot validity is tracked
+explicitly, which is how left-padded prompts are handled (`attention.py`). A cached forward
+(decode, extend) reads only the cache's written slots, block by block, under an online
+softmax, so its cost grows with the tokens written.
 
 Legend: b batch, t query time, s key slot, d model, n q heads, k kv heads, g q heads per kv,
 h head dim, f ffn, v vocab, L layers.
@@ -17,210 +22,105 @@ h head dim, f ffn, v vocab, L layers.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from locojax.model.config import ModelConfig
+# BLOCK and attention too: the engine and tests name the cache and attention as qwen3.*.
+from locojax.model.attention import (BLOCK, CacheBlocks, KVCache, attention,  # noqa: F401
+                                     slot_positions, wide_dtype, within)
+from locojax.model.config import FULL, SLIDING, ModelConfig
 from locojax.model.params import Weights
 
-_MASKED = -1e30  # finite, so a row with no visible key (a pad query) gives 0s, not NaNs
 # `unroll_for_grad`: differentiated forwards of models with at most this many layers unroll
 # the layer scan. The scanned backward stacks every layer's residuals into [L, ...] buffers,
 # and zero-filling and slicing them cost ~20% of a small model's gradient on XLA:CPU;
 # unrolled, the residuals stay separate buffers. Deeper models keep the scan's compile time.
 UNROLL_MAX_LAYERS = 8
+_NO_WINDOW = 2**30  # a full-attention layer's window in a model that also has local ones
 
 
-BLOCK = 256
-"""Most cache slots one step of the blocked attention reads (`KVCache.empty` makes the blocks
-as equal as it can); `benchmarks/bench_engine.py --sweep blocks` measured it
-(docs/engine_benchmark.md)."""
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass
-class KVCache:
-    """Keys and values of every layer in fixed slots; `index` is the next slot to write.
-
-    Attention reads the written slots [0, index) only, `block` slots at a time (`CacheBlocks`):
-    a step's cost grows with the tokens written, not with the S slots allocated. A batch of
-    b rows may run on a cache of more: it uses the first b / `shards` rows of each of the
-    cache's `shards` equal row ranges (one per device the batch axis is split over), which
-    is how finished rows are compacted out without a new buffer (`engine.compact`)."""
-
-    # Keys are stored transposed (slots minor) so the decode q·k reduces over head_dim with
-    # whole slot vectors, values slots-major so p·v reduces over slots with whole head
-    # vectors; on XLA:CPU this makes decode attention ~2x faster than [L, B, S, K, H].
-    k: jax.Array  # [L, B, K, H, S]
-    v: jax.Array  # [L, B, K, S, H]
-    valid: jax.Array  # [B, S] bool: slot holds a real (non-pad) token
-    index: jax.Array  # [] int32
-    block: int = dataclasses.field(default=BLOCK, metadata=dict(static=True))  # S % block == 0
-    shards: int = dataclasses.field(default=1, metadata=dict(static=True))
-
-    @staticmethod
-    def blocks(slots: int, block: int = BLOCK) -> tuple[int, int]:
-        """(n, b): the fewest blocks of at most `block` slots that hold `slots`, as equal as
-        they can be (n·b - slots < n slots are spare)."""
-        n = -(-slots // block)
-        return n, -(-slots // n)
-
-    @classmethod
-    def empty(cls, cfg: ModelConfig, batch: int, slots: int, dtype=None, block: int = BLOCK,
-              shards: int = 1) -> "KVCache":
-        """At least `slots` slots, in `blocks(slots, block)`; dtype: the keys' and values'
-        (default: the compute dtype; attention reads either in f32)."""
-        n, block = cls.blocks(slots, block)
-        shape = (cfg.num_hidden_layers, batch, cfg.num_key_value_heads, n * block, cfg.head_dim)
-        k_shape = shape[:3] + (cfg.head_dim, n * block)
-        dtype = cfg.dtype if dtype is None else dtype
-        return cls(
-            k=jnp.zeros(k_shape, dtype), v=jnp.zeros(shape, dtype),
-            valid=jnp.zeros((batch, n * block), bool), index=jnp.zeros((), jnp.int32),
-            block=block, shards=shards)
-
-    def read(self, x, axis: int, b: int, start, size):
-        """`dynamic_slice(x, start, size)` of the b rows a b-row batch uses (x: a cache array,
-        its batch at `axis`; start and size without the batch axis)."""
-        d = self.shards
-        y = x.reshape(x.shape[:axis] + (d, x.shape[axis] // d) + x.shape[axis + 1:])
-        zero = jnp.zeros((), jnp.int32)
-        out = jax.lax.dynamic_slice(y, tuple(start[:axis]) + (zero, zero) + tuple(start[axis:]),
-                                    tuple(size[:axis]) + (d, b // d) + tuple(size[axis:]))
-        return out.reshape(tuple(size[:axis]) + (b,) + tuple(size[axis:]))
-
-    def write(self, x, new, axis: int, slot_axis: int, slot=None):
-        """x with `new` (a b-row batch's T slots, its batch at `axis`) written in place at
-        `slot` (default `index`) of the rows that batch uses."""
-        d = self.shards
-        split = lambda a: a.reshape(  # noqa: E731
-            a.shape[:axis] + (d, a.shape[axis] // d) + a.shape[axis + 1:])
-        start = [jnp.zeros((), jnp.int32)] * (x.ndim + 1)
-        start[slot_axis + 1] = self.index if slot is None else jnp.asarray(slot, jnp.int32)
-        return jax.lax.dynamic_update_slice(split(x), split(new.astype(x.dtype)),
-                                            start).reshape(x.shape)
-
-
-def _wide(dtype):
-    """Where softmax, norms, RoPE and accumulation run: f32, or f64 for f64 compute."""
-    return jnp.promote_types(dtype, jnp.float32)
-
-
-def rms_norm(x, scale, eps):
-    """HF Qwen3RMSNorm: normalise in f32 (f64 for f64 x), cast back, then scale."""
-    x32 = x.astype(_wide(x.dtype))
-    x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+def norm(x, scale, cfg: ModelConfig):
+    """RMSNorm, normalising in f32 (f64 for f64 x). HF Qwen3/Llama: cast back, then scale
+    by w; Gemma (`unit_offset_norm`): scale by (1 + w) in f32, then cast back."""
+    wide = wide_dtype(x.dtype)
+    x32 = x.astype(wide)
+    x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + cfg.rms_norm_eps)
+    if cfg.family.unit_offset_norm:
+        return (x32 * (1.0 + scale.astype(wide))).astype(x.dtype)
     return scale.astype(x.dtype) * x32.astype(x.dtype)
 
 
-def rope(x, positions, theta):
-    """Rotate-half RoPE (HF `apply_rotary_pos_emb`). x: [B, T, heads, H], positions: [B, T]."""
-    h, wide = x.shape[-1], _wide(x.dtype)
-    inv_freq = 1.0 / (theta ** (jnp.arange(0, h, 2, dtype=wide) / h))  # [H/2]
-    angles = positions.astype(wide)[..., None] * inv_freq  # [B, T, H/2]
+def inv_freq(cfg: ModelConfig, kind: str, dtype) -> jax.Array:
+    """[H/2] RoPE inverse frequencies of a layer of `kind` (HF `ROPE_INIT_FUNCTIONS`:
+    default, linear, llama3), computed in `dtype` as HF computes them in f32."""
+    h = cfg.head_dim
+    local = kind == SLIDING and cfg.rope_local_theta is not None
+    theta = cfg.rope_local_theta if local else cfg.rope_theta
+    freq = 1.0 / (theta ** (jnp.arange(0, h, 2, dtype=dtype) / h))
+    rs = None if kind == SLIDING else cfg.rope_scaling
+    if rs is None:
+        return freq
+    if rs.rope_type == "linear":
+        return freq / rs.factor
+    # llama3: long wavelengths slowed by `factor`, short ones kept, a linear ramp between.
+    old = rs.original_max_position_embeddings
+    wavelen = 2 * math.pi / freq
+    scaled = jnp.where(wavelen > old / rs.low_freq_factor, freq / rs.factor, freq)
+    smooth = (old / wavelen - rs.low_freq_factor) / (rs.high_freq_factor - rs.low_freq_factor)
+    smoothed = (1 - smooth) * scaled / rs.factor + smooth * scaled
+    medium = ~(wavelen < old / rs.high_freq_factor) & ~(wavelen > old / rs.low_freq_factor)
+    return jnp.where(medium, smoothed, scaled)
+
+
+def rope(x, positions, freq):
+    """Rotate-half RoPE (HF `apply_rotary_pos_emb`). x: [B, T, heads, H], positions: [B, T],
+    freq: [H/2] inverse frequencies (`inv_freq`)."""
+    wide = wide_dtype(x.dtype)
+    angles = positions.astype(wide)[..., None] * freq.astype(wide)  # [B, T, H/2]
     angles = jnp.concatenate([angles, angles], axis=-1)[:, :, None, :]  # [B, T, 1, H]
     x1, x2 = jnp.split(x.astype(wide), 2, axis=-1)
     rotated = jnp.concatenate([-x2, x1], axis=-1)
     return (x.astype(wide) * jnp.cos(angles) + rotated * jnp.sin(angles)).astype(x.dtype)
 
 
-@dataclasses.dataclass(frozen=True)
-class CacheBlocks:
-    """What one layer's attention reads of a cache: the written slots [0, index) of the
-    first b rows (`KVCache.read`), in `blocks` blocks of `cache.block` slots."""
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class LayerKind:
+    """What differs between one model's layers besides their weights: RoPE frequencies and
+    the attention window (None in models without local layers). Scanned with the weights."""
 
-    cache: KVCache
-    layer: jax.Array  # [] int32
-    rows: int  # b
-
-    @property
-    def count(self):  # [] int32: the blocks that hold a written slot
-        return (self.cache.index + self.cache.block - 1) // self.cache.block
-
-    def read(self, j, dtype):
-        """Block j: keys [b, K, H, blk], values [b, K, blk, H] in `dtype`, visible [b, blk]."""
-        c, b, blk = self.cache, self.rows, self.cache.block
-        _, _, kv, h, _ = c.k.shape
-        zero, first = jnp.zeros((), jnp.int32), jnp.asarray(j * blk, jnp.int32)
-        k = c.read(c.k, 1, b, (self.layer, zero, zero, first), (1, kv, h, blk))[0]
-        v = c.read(c.v, 1, b, (self.layer, zero, first, zero), (1, kv, blk, h))[0]
-        valid = c.read(c.valid, 0, b, (first,), (blk,))
-        visible = valid & (first + jnp.arange(blk) < c.index)[None]
-        return k.astype(dtype), v.astype(dtype), visible
+    inv_freq: jax.Array  # [H/2] (stacked: [L, H/2])
+    window: jax.Array | None  # [] int32 W, or _NO_WINDOW in a full layer (stacked: [L])
 
 
-def attention(q, parts, blocks: CacheBlocks | None = None):
-    """GQA of q [B,T,N,H] under one softmax spanning several key/value blocks.
+def layer_kind(cfg: ModelConfig, kind: str, dtype) -> LayerKind:
+    """One layer of `kind` (FULL or SLIDING)."""
+    window = None
+    if cfg.windowed:
+        window = jnp.int32(cfg.sliding_window if kind == SLIDING else _NO_WINDOW)
+    return LayerKind(inv_freq(cfg, kind, dtype), window)
 
-    parts: (k [B,K,H,S], v [B,K,S,H], visible [B,T,S] bool) per block, e.g. the new tokens
-    (and, in the train step's shared prefix, the prompt's). Only the small scores are
-    concatenated, never the keys. blocks: a cache's written slots, read block by block in
-    a loop with an online softmax (Milakov & Gimelshein 2018, arXiv:1805.02867, as in
-    FlashAttention): each block rescales the running max, normaliser and unnormalised
-    output that `parts` start. Accumulation is in f32 (f64 for f64 q) throughout, whatever
-    the cache's dtype.
-    """
-    b, t, n, h = q.shape
-    kv_heads, wide = parts[0][0].shape[1], _wide(q.dtype)
-    q = q.reshape(b, t, kv_heads, n // kv_heads, h)  # [B, T, K, G, H]
-    # Decode (T = 1): broadcast multiply-reduces, which XLA:CPU runs several times faster
-    # than B*K tiny batched matmuls; the barriers stop it fusing the reductions into the
-    # softmax, which recomputed them. Same math, f32 accumulation, as the einsums.
-    decode = t == 1
-    barrier = jax.lax.optimization_barrier if decode else (lambda x: x)
-    if decode:
-        q1 = q[:, 0, :, :, :, None].astype(wide)  # [B, K, G, H, 1]
 
-        def score(k):  # [B, K, G, 1, S]
-            return jnp.sum(q1 * k[:, :, None].astype(wide), axis=3)[:, :, :, None]
+def layer_kinds(cfg: ModelConfig, dtype) -> LayerKind:
+    """Every layer's kind, stacked on a leading [L] axis to scan with the layer weights."""
+    kinds = cfg.layer_types or (FULL,) * cfg.num_hidden_layers
+    return jax.tree.map(lambda *xs: jnp.stack(xs), *[layer_kind(cfg, k, dtype) for k in kinds])
 
-        def mix(p, v):  # [B, 1, K, G, H]
-            return jnp.sum(p[:, :, :, 0, :, None] * v[:, :, None].astype(wide),
-                           axis=3)[:, None]
-    else:
-        def score(k):  # f32 scores; XLA:CPU has no bf16 x bf16 -> f32 dot, so upcast first
-            return jnp.einsum("btkgh,bkhs->bkgts", q.astype(wide), k.astype(wide))
 
-        def mix(p, v):
-            return jnp.einsum("bkgts,bksh->btkgh", p.astype(v.dtype), v).astype(wide)
+def embed(weights: Weights, tokens, cfg: ModelConfig):
+    """[B, T] tokens -> [B, T, D] in the compute dtype (Gemma: times sqrt(d), rounded to the
+    weights' dtype as HF's `Gemma3TextScaledWordEmbedding` does)."""
+    x = jnp.take(weights["embed"], tokens, axis=0)  # [B, T, D]
+    if cfg.family.scaled_embedding:
+        x = x * jnp.asarray(cfg.hidden_size ** 0.5, x.dtype)
+    return x.astype(cfg.dtype)
 
-    def masked_score(k, visible):  # [B, K, G, T, S]; visible [B, T, S]
-        return jnp.where(visible[:, None, None], score(k) * (h ** -0.5), _MASKED)
 
-    scores = [masked_score(k, vis) for k, _, vis in parts]
-    if blocks is None:
-        probs = barrier(jax.nn.softmax(barrier(jnp.concatenate(scores, axis=-1)), axis=-1))
-        bounds = np.cumsum([sc.shape[-1] for sc in scores])[:-1]
-        out = sum(mix(p, v) for p, (_, v, _) in zip(jnp.split(probs, bounds, axis=-1), parts))
-        return out.reshape(b, t, n, h).astype(q.dtype)  # [B, T, N, H]
-
-    bt = lambda x: jnp.moveaxis(x, 3, 1)  # noqa: E731  [B, K, G, T, 1] -> [B, T, K, G, 1]
-
-    def add(carry, s, v):  # fold in scores s [B, K, G, T, S] over values v
-        m, total, acc = carry
-        m_new = jnp.maximum(m, jnp.max(s, axis=-1, keepdims=True))
-        p = barrier(jnp.exp(s - m_new))
-        scale = jnp.exp(m - m_new)
-        return m_new, total * scale + jnp.sum(p, -1, keepdims=True), acc * bt(scale) + mix(p, v)
-
-    s = jnp.concatenate(scores, axis=-1)
-    m = jnp.max(s, axis=-1, keepdims=True)  # [B, K, G, T, 1]
-    p = barrier(jnp.exp(s - m))
-    carry = m, jnp.sum(p, -1, keepdims=True), mix(p, jnp.concatenate([v for _, v, _ in parts], 2))
-
-    def block(j, carry):
-        k, v, visible = blocks.read(j, q.dtype)
-        return add(carry, masked_score(k, visible[:, None]), v)
-
-    if blocks.cache.v.shape[3] == blocks.cache.block:
-        # One block: read it without a loop. Unwritten slots add exact zeros (exp(-1e30 - m)).
-        carry = block(0, carry)
-    else:
-        carry = jax.lax.fori_loop(0, blocks.count, block, carry)
-    _, total, acc = carry
-    return (acc / bt(total)).reshape(b, t, n, h).astype(q.dtype)  # [B, T, N, H]
+def final_norm(weights: Weights, x, cfg: ModelConfig):
+    return norm(x, weights["final_norm"], cfg)
 
 
 def dense(x, w, contract: int = 1):
@@ -236,34 +136,51 @@ def dense(x, w, contract: int = 1):
     return y.reshape(*lead, *out)
 
 
-def layer(cfg: ModelConfig, x, w, positions, visible, cache_kv=None):
+def layer(cfg: ModelConfig, x, w, positions, visible, cache_kv=None,
+          kind: LayerKind | None = None):
     """One decoder layer; returns this layer's new keys [B, K, H, T] and values [B, K, T, H].
 
     visible: ([B, T, S] over the cached slots or None, [B, T, T] over these T tokens).
-    With `cache_kv` (this layer's cached keys and values, in KVCache layout, read-only) attention
-    reads the S slots, then these T; with `CacheBlocks` instead (the cached forward), it reads
-    the written slots block by block. The caller writes the new keys into the cache once,
-    after all layers: writing inside the layer loop made XLA copy the whole cache per layer.
+    With `cache_kv` (this layer's cached keys and values, in KVCache layout, read-only, and in
+    a model with local layers their positions [B, S]) attention reads the S slots, then
+    these T; with `CacheBlocks` instead (the cached forward), it reads the written slots
+    block by block. The caller writes the new keys into the cache once, after all layers:
+    writing inside the layer loop made XLA copy the whole cache per layer.
+    kind: this layer's RoPE and window (`layer_kinds`); None: a full-attention layer, which
+    needs no key positions (e.g. `memory_plan`'s probe of one layer's shapes).
     """
-    dt = cfg.dtype
-    y = rms_norm(x, w["attn_norm"], cfg.rms_norm_eps)
+    dt, fam = cfg.dtype, cfg.family
+    kind = LayerKind(inv_freq(cfg, FULL, wide_dtype(dt)), None) if kind is None else kind
+    y = norm(x, w["attn_norm"], cfg)
     q = dense(y, w["wq"].astype(dt))  # [B, T, N, H]
     k = dense(y, w["wk"].astype(dt))  # [B, T, K, H]
     v = dense(y, w["wv"].astype(dt))
-    q = rope(rms_norm(q, w["q_norm"], cfg.rms_norm_eps), positions, cfg.rope_theta)
-    k = rope(rms_norm(k, w["k_norm"], cfg.rms_norm_eps), positions, cfg.rope_theta)
+    if fam.qkv_bias:
+        q, k, v = q + w["bq"].astype(dt), k + w["bk"].astype(dt), v + w["bv"].astype(dt)
+    if fam.qk_norm:
+        q, k = norm(q, w["q_norm"], cfg), norm(k, w["k_norm"], cfg)
+    q, k = rope(q, positions, kind.inv_freq), rope(k, positions, kind.inv_freq)
     new_kv = k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3)  # [B, K, H, T], [B, K, T, H]
-    parts = [(*new_kv, visible[1])]
+    near = (lambda vis, _: vis) if kind.window is None else (  # noqa: E731
+        lambda vis, k_pos: vis & within(positions, k_pos, kind.window))
+    parts = [(*new_kv, near(visible[1], positions))]
     blocks = cache_kv if isinstance(cache_kv, CacheBlocks) else None
+    if blocks is not None and kind.window is not None:
+        blocks = dataclasses.replace(blocks, window=kind.window, positions=positions)
     if cache_kv is not None and blocks is None:
-        parts.insert(0, (cache_kv[0].astype(dt), cache_kv[1].astype(dt), visible[0]))
-    attn = attention(q, parts, blocks)  # [B, T, N, H]
-    x = x + dense(attn, w["wo"].astype(dt), contract=2)
+        k_pos = cache_kv[2] if kind.window is not None else None
+        parts.insert(0, (cache_kv[0].astype(dt), cache_kv[1].astype(dt), near(visible[0], k_pos)))
+    scale = None if cfg.query_pre_attn_scalar is None else cfg.query_pre_attn_scalar ** -0.5
+    attn = attention(q, parts, blocks, scale)  # [B, T, N, H]
+    out = dense(attn, w["wo"].astype(dt), contract=2)
+    x = x + (norm(out, w["attn_out_norm"], cfg) if fam.sandwich_norms else out)
 
-    y = rms_norm(x, w["mlp_norm"], cfg.rms_norm_eps)
+    y = norm(x, w["mlp_norm"], cfg)
     gate = dense(y, w["w_gate"].astype(dt))
     up = dense(y, w["w_up"].astype(dt))
-    x = x + dense(jax.nn.silu(gate) * up, w["w_down"].astype(dt))
+    act = jax.nn.silu(gate) if fam.activation == "silu" else jax.nn.gelu(gate, approximate=True)
+    out = dense(act * up, w["w_down"].astype(dt))
+    x = x + (norm(out, w["mlp_out_norm"], cfg) if fam.sandwich_norms else out)
     return x, new_kv
 
 
@@ -284,45 +201,51 @@ def forward(
     Without a cache, attention is causal over these T tokens; with one, the T tokens are
     written at `cache.index` and attend to every valid slot before it (read in blocks, only
     those holding a written slot) and to each other; B may be less than the cache's rows
-    (`KVCache.read`).
+    (`KVCache.read`). A sliding-window layer sees only the keys less than W positions back.
     keep_kv (without a cache): also return these T tokens' keys/values as a T-slot cache,
     which is how a sampler prefills (no empty cache to attend over).
     unroll (without a cache): unroll the layer loop, for a forward that is differentiated
     (see `unroll_for_grad`); a forward alone measured ~25% slower unrolled on XLA:CPU.
     remat (without a cache): rematerialise each layer in the backward (`jax.checkpoint`):
     a differentiated forward then keeps only each layer's input [B, T, D] instead of all
-    its activations (attention scores, SwiGLU), for about one more forward of compute.
+    its activations (attention scores, MLP), for about one more forward of compute.
     """
     b, t = tokens.shape
     mask = jnp.ones((b, t), bool) if mask is None else mask
-    x = jnp.take(weights["embed"], tokens, axis=0).astype(cfg.dtype)  # [B, T, D]
+    x = embed(weights, tokens, cfg)  # [B, T, D]
     causal = jnp.tril(jnp.ones((t, t), bool))[None] & mask[:, None, :]  # [B, T, T]
+    kinds = layer_kinds(cfg, wide_dtype(cfg.dtype))
 
     if cache is None:
         # Training / scoring path: no cache in the scan carry, so autodiff through the scan
         # stores O(L) activations, not L copies of an [L, ...] cache.
-        def body(x, w):
-            x, new_kv = layer(cfg, x, w, positions, (None, causal))
+        def body(x, xs):
+            w, kind = xs
+            x, new_kv = layer(cfg, x, w, positions, (None, causal), kind=kind)
             return x, (new_kv if keep_kv else None)
 
         if remat:  # prevent_cse is needed only where the scan is unrolled into straight code
             body = jax.checkpoint(body, prevent_cse=unroll)
 
-        x, kv = jax.lax.scan(body, x, weights["layers"], unroll=unroll)
-        x = rms_norm(x, weights["final_norm"], cfg.rms_norm_eps)
+        x, kv = jax.lax.scan(body, x, (weights["layers"], kinds), unroll=unroll)
+        x = final_norm(weights, x, cfg)
         return x, (KVCache(*kv, mask, jnp.asarray(t, jnp.int32), block=t) if keep_kv else None)
 
+    slot_pos = slot_positions(cache.valid) if cfg.windowed else None
+
     def cached_body(x, xs):
-        w, i = xs
-        return layer(cfg, x, w, positions, (None, causal), CacheBlocks(cache, i, b))
+        w, i, kind = xs
+        blocks = CacheBlocks(cache, i, b, slot_positions=slot_pos)
+        return layer(cfg, x, w, positions, (None, causal), blocks, kind)
 
     x, (k_new, v_new) = jax.lax.scan(
-        cached_body, x, (weights["layers"], jnp.arange(cfg.num_hidden_layers, dtype=jnp.int32)))
+        cached_body, x,
+        (weights["layers"], jnp.arange(cfg.num_hidden_layers, dtype=jnp.int32), kinds))
     # Write the T new slots at `index`, in place, once after all layers.
     cache = dataclasses.replace(
         cache, k=cache.write(cache.k, k_new, 1, 4), v=cache.write(cache.v, v_new, 1, 3),
         valid=cache.write(cache.valid, mask, 0, 1), index=cache.index + t)
-    return rms_norm(x, weights["final_norm"], cfg.rms_norm_eps), cache
+    return final_norm(weights, x, cfg), cache
 
 
 def unroll_for_grad(cfg: ModelConfig) -> bool:
@@ -344,7 +267,7 @@ def logits(weights: Weights, hidden: jax.Array, cfg: ModelConfig) -> jax.Array:
     head = weights["embed"] if tied else weights["lm_head"]  # [V, D] or [D, V]
     dims = (((1,), (1 if tied else 0,)), ((), ()))
     out = jax.lax.dot_general(hidden.reshape(b * t, d), head.astype(hidden.dtype), dims,
-                              preferred_element_type=_wide(hidden.dtype))
+                              preferred_element_type=wide_dtype(hidden.dtype))
     return out.reshape(b, t, -1)
 
 
@@ -394,7 +317,7 @@ def token_logprobs(weights: Weights, hidden: jax.Array, targets: jax.Array, cfg:
     chunk = logprob_chunk_size(b, t, cfg.vocab_size, chunk)
 
     def one(h, tg):
-        wide = h.dtype == _wide(h.dtype)
+        wide = h.dtype == wide_dtype(h.dtype)
         picked = target_logits(weights, h, tg, cfg) / temperature if wide else None
         return _logprobs_and_entropy(logits(weights, h, cfg) / temperature, tg, picked)
 

@@ -52,8 +52,8 @@ def schedule(cfg: OptimConfig):
 
 
 def decay_mask(model_cfg: ModelConfig):
-    """True for weights that get weight decay: matrices, not norm scales."""
-    return jax.tree.map(lambda d: d.init != "ones", declare(model_cfg), is_leaf=is_decl)
+    """True for weights that get weight decay: matrices, not norm scales or biases."""
+    return jax.tree.map(lambda d: d.init == "normal", declare(model_cfg), is_leaf=is_decl)
 
 
 def optimizer(cfg: OptimConfig, model_cfg: ModelConfig) -> optax.GradientTransformation:

@@ -120,9 +120,6 @@ def _prefix_hidden(params, tokens, positions, attn_mask, model_cfg, p: int, g: i
     def rows(x):  # [B/G, ...] → [B, ...], each group's entry G times
         return jnp.broadcast_to(x[:, None], (x.shape[0], g, *x.shape[1:])).reshape(b, *x.shape[1:])
 
-    def embed(t):
-        return jnp.take(params["embed"], t, axis=0).astype(cfg.dtype)  # [., ., D]
-
     pos_p, mask_p = first(positions), first(attn_mask)  # [B/G, P]
     pos_r, mask_r = positions[:, p:-1], attn_mask[:, p:-1]  # [B, R-1]
     r = pos_r.shape[1]
@@ -130,17 +127,20 @@ def _prefix_hidden(params, tokens, positions, attn_mask, model_cfg, p: int, g: i
     causal_r = jnp.tril(jnp.ones((r, r), bool))[None] & mask_r[:, None, :]  # [B, R-1, R-1]
     visible_r = (jnp.broadcast_to(rows(mask_p)[:, None], (b, r, p)), causal_r)
 
-    def body(carry, w):
-        x_p, x_r = carry
-        x_p, (k, v) = qwen3.layer(cfg, x_p, w, pos_p, (None, causal_p))
-        x_r, _ = qwen3.layer(cfg, x_r, w, pos_r, visible_r, (rows(k), rows(v)))
+    def body(carry, xs):
+        (x_p, x_r), (w, kind) = carry, xs
+        x_p, (k, v) = qwen3.layer(cfg, x_p, w, pos_p, (None, causal_p), kind=kind)
+        x_r, _ = qwen3.layer(cfg, x_r, w, pos_r, visible_r, (rows(k), rows(v), rows(pos_p)),
+                             kind)
         return (x_p, x_r), None
 
     if remat:  # prevent_cse is needed only where the scan is unrolled into straight code
         body = jax.checkpoint(body, prevent_cse=unroll)
+    embed = lambda t: qwen3.embed(params, t, cfg)  # noqa: E731  [., ., D]
+    kinds = qwen3.layer_kinds(cfg, qwen3.wide_dtype(cfg.dtype))
     (x_p, x_r), _ = jax.lax.scan(body, (embed(first(tokens)), embed(tokens[:, p:-1])),
-                                 params["layers"], unroll=unroll)
-    norm = lambda x: qwen3.rms_norm(x, params["final_norm"], cfg.rms_norm_eps)  # noqa: E731
+                                 (params["layers"], kinds), unroll=unroll)
+    norm = lambda x: qwen3.final_norm(params, x, cfg)  # noqa: E731
     return jnp.concatenate([rows(norm(x_p[:, -1:])), norm(x_r)], axis=1)
 
 

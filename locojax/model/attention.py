@@ -1,0 +1,221 @@
+"""The KV cache and attention over it: fixed slots, read block by block under an online softmax.
+
+`KVCache` holds every layer's keys and values in fixed slots with their validity (how
+left-padded prompts and multi-turn holes are handled); `attention` is GQA under one softmax
+over several key/value parts, and over a cache's written slots, read `BLOCK` slots at a time
+(`CacheBlocks`), so a cached step's cost grows with the tokens written, not the slots
+allocated. A sliding-window layer (`CacheBlocks.window`) sees only the keys less than W
+positions back, a slot's position being its count of valid slots before it: positions are
+contiguous over a row's real tokens, from 0 (`engine`, `extend`).
+
+Legend: b batch, t query time, s key slot, n q heads, k kv heads, g q heads per kv, h head
+dim, L layers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from locojax.model.config import ModelConfig
+
+_MASKED = -1e30  # finite, so a row with no visible key (a pad query) gives 0s, not NaNs
+
+
+BLOCK = 256
+"""Most cache slots one step of the blocked attention reads (`KVCache.empty` makes the blocks
+as equal as it can); `benchmarks/bench_engine.py --sweep blocks` measured it
+(docs/engine_benchmark.md)."""
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class KVCache:
+    """Keys and values of every layer in fixed slots; `index` is the next slot to write.
+
+    Attention reads the written slots [0, index) only, `block` slots at a time (`CacheBlocks`):
+    a step's cost grows with the tokens written, not with the S slots allocated. A batch of
+    b rows may run on a cache of more: it uses the first b / `shards` rows of each of the
+    cache's `shards` equal row ranges (one per device the batch axis is split over), which
+    is how finished rows are compacted out without a new buffer (`engine.compact`)."""
+
+    # Keys are stored transposed (slots minor) so the decode q·k reduces over head_dim with
+    # whole slot vectors, values slots-major so p·v reduces over slots with whole head
+    # vectors; on XLA:CPU this makes decode attention ~2x faster than [L, B, S, K, H].
+    k: jax.Array  # [L, B, K, H, S]
+    v: jax.Array  # [L, B, K, S, H]
+    valid: jax.Array  # [B, S] bool: slot holds a real (non-pad) token
+    index: jax.Array  # [] int32
+    block: int = dataclasses.field(default=BLOCK, metadata=dict(static=True))  # S % block == 0
+    shards: int = dataclasses.field(default=1, metadata=dict(static=True))
+
+    @staticmethod
+    def blocks(slots: int, block: int = BLOCK) -> tuple[int, int]:
+        """(n, b): the fewest blocks of at most `block` slots that hold `slots`, as equal as
+        they can be (n·b - slots < n slots are spare)."""
+        n = -(-slots // block)
+        return n, -(-slots // n)
+
+    @classmethod
+    def empty(cls, cfg: ModelConfig, batch: int, slots: int, dtype=None, block: int = BLOCK,
+              shards: int = 1) -> "KVCache":
+        """At least `slots` slots, in `blocks(slots, block)`; dtype: the keys' and values'
+        (default: the compute dtype; attention reads either in f32)."""
+        n, block = cls.blocks(slots, block)
+        shape = (cfg.num_hidden_layers, batch, cfg.num_key_value_heads, n * block, cfg.head_dim)
+        k_shape = shape[:3] + (cfg.head_dim, n * block)
+        dtype = cfg.dtype if dtype is None else dtype
+        return cls(
+            k=jnp.zeros(k_shape, dtype), v=jnp.zeros(shape, dtype),
+            valid=jnp.zeros((batch, n * block), bool), index=jnp.zeros((), jnp.int32),
+            block=block, shards=shards)
+
+    def read(self, x, axis: int, b: int, start, size):
+        """`dynamic_slice(x, start, size)` of the b rows a b-row batch uses (x: a cache array,
+        its batch at `axis`; start and size without the batch axis)."""
+        d = self.shards
+        y = x.reshape(x.shape[:axis] + (d, x.shape[axis] // d) + x.shape[axis + 1:])
+        zero = jnp.zeros((), jnp.int32)
+        out = jax.lax.dynamic_slice(y, tuple(start[:axis]) + (zero, zero) + tuple(start[axis:]),
+                                    tuple(size[:axis]) + (d, b // d) + tuple(size[axis:]))
+        return out.reshape(tuple(size[:axis]) + (b,) + tuple(size[axis:]))
+
+    def write(self, x, new, axis: int, slot_axis: int, slot=None):
+        """x with `new` (a b-row batch's T slots, its batch at `axis`) written in place at
+        `slot` (default `index`) of the rows that batch uses."""
+        d = self.shards
+        split = lambda a: a.reshape(  # noqa: E731
+            a.shape[:axis] + (d, a.shape[axis] // d) + a.shape[axis + 1:])
+        start = [jnp.zeros((), jnp.int32)] * (x.ndim + 1)
+        start[slot_axis + 1] = self.index if slot is None else jnp.asarray(slot, jnp.int32)
+        return jax.lax.dynamic_update_slice(split(x), split(new.astype(x.dtype)),
+                                            start).reshape(x.shape)
+
+
+def wide_dtype(dtype):
+    """Where softmax, norms, RoPE and accumulation run: f32, or f64 for f64 compute."""
+    return jnp.promote_types(dtype, jnp.float32)
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheBlocks:
+    """What one layer's attention reads of a cache: the written slots [0, index) of the
+    first b rows (`KVCache.read`), in `blocks` blocks of `cache.block` slots; in a
+    sliding-window layer, only the slots less than `window` positions behind each query."""
+
+    cache: KVCache
+    layer: jax.Array  # [] int32
+    rows: int  # b
+    window: jax.Array | None = None  # [] int32: W, or larger than any position (full layer)
+    positions: jax.Array | None = None  # [b, T] int32 query positions (with `window`)
+    slot_positions: jax.Array | None = None  # [B, S] int32 (with `window`): `slot_positions`
+
+    @property
+    def count(self):  # [] int32: the blocks that hold a written slot
+        return (self.cache.index + self.cache.block - 1) // self.cache.block
+
+    def read(self, j, dtype):
+        """Block j: keys [b, K, H, blk], values [b, K, blk, H] in `dtype`, visible [b, T, blk]
+        (T is 1 without a window: every query sees the same slots)."""
+        c, b, blk = self.cache, self.rows, self.cache.block
+        _, _, kv, h, _ = c.k.shape
+        zero, first = jnp.zeros((), jnp.int32), jnp.asarray(j * blk, jnp.int32)
+        k = c.read(c.k, 1, b, (self.layer, zero, zero, first), (1, kv, h, blk))[0]
+        v = c.read(c.v, 1, b, (self.layer, zero, first, zero), (1, kv, blk, h))[0]
+        valid = c.read(c.valid, 0, b, (first,), (blk,))
+        visible = (valid & (first + jnp.arange(blk) < c.index)[None])[:, None]  # [b, 1, blk]
+        if self.window is not None:
+            key_pos = c.read(self.slot_positions, 0, b, (first,), (blk,))
+            visible = visible & within(self.positions, key_pos, self.window)
+        return k.astype(dtype), v.astype(dtype), visible
+
+
+def slot_positions(valid):
+    """[B, S] int32: each slot's RoPE position, its count of valid slots before it (what a
+    sliding window measures distance in: holes and left padding are not positions)."""
+    return jnp.cumsum(valid, axis=1, dtype=jnp.int32) - 1
+
+
+def within(q_pos, k_pos, window):
+    """[B, T, S] bool: key at k_pos [B, S] is less than `window` positions behind the query
+    at q_pos [B, T] (HF's sliding window: q - k < W; later keys are the causal mask's)."""
+    return q_pos[:, :, None] - k_pos[:, None, :] < window
+
+
+def attention(q, parts, blocks: CacheBlocks | None = None, scale: float | None = None):
+    """GQA of q [B,T,N,H] under one softmax spanning several key/value blocks; scores are
+    q·k · scale (default 1/sqrt(H)).
+
+    parts: (k [B,K,H,S], v [B,K,S,H], visible [B,T,S] bool) per block, e.g. the new tokens
+    (and, in the train step's shared prefix, the prompt's). Only the small scores are
+    concatenated, never the keys. blocks: a cache's written slots, read block by block in
+    a loop with an online softmax (Milakov & Gimelshein 2018, arXiv:1805.02867, as in
+    FlashAttention): each block rescales the running max, normaliser and unnormalised
+    output that `parts` start. Accumulation is in f32 (f64 for f64 q) throughout, whatever
+    the cache's dtype.
+    """
+    b, t, n, h = q.shape
+    scale = h ** -0.5 if scale is None else scale
+    kv_heads, wide = parts[0][0].shape[1], wide_dtype(q.dtype)
+    q = q.reshape(b, t, kv_heads, n // kv_heads, h)  # [B, T, K, G, H]
+    # Decode (T = 1): broadcast multiply-reduces, which XLA:CPU runs several times faster
+    # than B*K tiny batched matmuls; the barriers stop it fusing the reductions into the
+    # softmax, which recomputed them. Same math, f32 accumulation, as the einsums.
+    decode = t == 1
+    barrier = jax.lax.optimization_barrier if decode else (lambda x: x)
+    if decode:
+        q1 = q[:, 0, :, :, :, None].astype(wide)  # [B, K, G, H, 1]
+
+        def score(k):  # [B, K, G, 1, S]
+            return jnp.sum(q1 * k[:, :, None].astype(wide), axis=3)[:, :, :, None]
+
+        def mix(p, v):  # [B, 1, K, G, H]
+            return jnp.sum(p[:, :, :, 0, :, None] * v[:, :, None].astype(wide),
+                           axis=3)[:, None]
+    else:
+        def score(k):  # f32 scores; XLA:CPU has no bf16 x bf16 -> f32 dot, so upcast first
+            return jnp.einsum("btkgh,bkhs->bkgts", q.astype(wide), k.astype(wide))
+
+        def mix(p, v):
+            return jnp.einsum("bkgts,bksh->btkgh", p.astype(v.dtype), v).astype(wide)
+
+    def masked_score(k, visible):  # [B, K, G, T, S]; visible [B, T, S]
+        return jnp.where(visible[:, None, None], score(k) * scale, _MASKED)
+
+    scores = [masked_score(k, vis) for k, _, vis in parts]
+    if blocks is None:
+        probs = barrier(jax.nn.softmax(barrier(jnp.concatenate(scores, axis=-1)), axis=-1))
+        bounds = np.cumsum([sc.shape[-1] for sc in scores])[:-1]
+        out = sum(mix(p, v) for p, (_, v, _) in zip(jnp.split(probs, bounds, axis=-1), parts))
+        return out.reshape(b, t, n, h).astype(q.dtype)  # [B, T, N, H]
+
+    bt = lambda x: jnp.moveaxis(x, 3, 1)  # noqa: E731  [B, K, G, T, 1] -> [B, T, K, G, 1]
+
+    def add(carry, s, v):  # fold in scores s [B, K, G, T, S] over values v
+        m, total, acc = carry
+        m_new = jnp.maximum(m, jnp.max(s, axis=-1, keepdims=True))
+        p = barrier(jnp.exp(s - m_new))
+        scale = jnp.exp(m - m_new)
+        return m_new, total * scale + jnp.sum(p, -1, keepdims=True), acc * bt(scale) + mix(p, v)
+
+    s = jnp.concatenate(scores, axis=-1)
+    m = jnp.max(s, axis=-1, keepdims=True)  # [B, K, G, T, 1]
+    p = barrier(jnp.exp(s - m))
+    carry = m, jnp.sum(p, -1, keepdims=True), mix(p, jnp.concatenate([v for _, v, _ in parts], 2))
+
+    def block(j, carry):
+        k, v, visible = blocks.read(j, q.dtype)
+        return add(carry, masked_score(k, visible), v)
+
+    if blocks.cache.v.shape[3] == blocks.cache.block:
+        # One block: read it without a loop. Unwritten slots add exact zeros (exp(-1e30 - m)).
+        carry = block(0, carry)
+    else:
+        carry = jax.lax.fori_loop(0, blocks.count, block, carry)
+    _, total, acc = carry
+    return (acc / bt(total)).reshape(b, t, n, h).astype(q.dtype)  # [B, T, N, H]
+
+
