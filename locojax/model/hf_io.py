@@ -1,4 +1,4 @@
-"""HF Qwen3 checkpoints (safetensors + config.json) ↔ locojax weights.
+"""HF checkpoints (safetensors + config.json) of every family ↔ locojax weights.
 
 Everything is driven by the declarations in `params.py`: each `WeightDecl` names its HF
 tensor(s) and the exact layout conversion, so this file never lists a weight by hand.
@@ -232,7 +232,7 @@ def load_weights(model_dir: str | Path, cfg: ModelConfig,
 def load_model(model_dir: str | Path,
                shardings: Shardings | Callable[[ModelConfig], Shardings] | None = None,
                **overrides) -> tuple[ModelConfig, Weights]:
-    """(cfg, weights) from an HF Qwen3 directory. `overrides` go to `load_config` (e.g.
+    """(cfg, weights) from an HF checkpoint directory. `overrides` go to `load_config` (e.g.
     `param_dtype="float32"` to keep an f32 master copy of a bf16 checkpoint). Since the
     config is only known here, `shardings` may be a function of it, e.g.
     `lambda cfg: weight_shardings(cfg, mesh, ROLLOUT_TP)`."""
@@ -248,9 +248,10 @@ def _stale_files(model_dir: Path) -> list[Path]:
 
 
 def save_weights(weights: Weights, cfg: ModelConfig, model_dir: str | Path,
-                 dtype: str | None = None, max_shard_bytes: int | None = None) -> Path:
+                 dtype: str | None = None, max_shard_bytes: int | None = None,
+                 config_extra: dict | None = None) -> Path:
     """Write `weights` as an HF checkpoint: safetensors in `dtype` (default
-    `cfg.param_dtype`) and config.json. Over `max_shard_bytes` (default: no limit) the
+    `cfg.param_dtype`) and config.json (plus `config_extra` keys, e.g. token ids). Over `max_shard_bytes` (default: no limit) the
     tensors are split, in declaration order, into `model-0000i-of-0000n.safetensors` with an
     index json, as `save_pretrained` does; a tensor larger than the limit gets its own
     shard. Previous checkpoint files in `model_dir` are removed first. Returns `model_dir`.
@@ -308,5 +309,5 @@ def save_weights(weights: Weights, cfg: ModelConfig, model_dir: str | Path,
         with open(model_dir / INDEX_FILE, "w") as f:
             json.dump(index, f, indent=2)
             f.write("\n")
-    save_config(cfg, model_dir, dtype)
+    save_config(cfg, model_dir, dtype, **(config_extra or {}))
     return model_dir

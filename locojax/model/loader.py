@@ -7,8 +7,9 @@ Specs:
   arithmetic (the `demo` preset's: its gain is the task); `embedded-calc`: a sibling that
   learned calculator tool use (the `calc-demo` preset);
 - `tiny` / `small`: DESIGN.md's benchmark shapes with random weights and the char tokenizer;
-- a directory: an HF Qwen3 checkpoint. Its tokenizer is `tokenizer.json` if present, else the
-  one named in `locojax.json` (written by `locojax sft` for char-level checkpoints).
+- a directory: an HF checkpoint of a family in `families.py` (Qwen3, Qwen2/2.5, Llama 3.x,
+  Gemma 3 text). Its tokenizer is `tokenizer.json` if present, else the one named in
+  `locojax.json` (written by `locojax sft` for char-level checkpoints).
 
 `save` writes a checkpoint whole or not at all (a temporary directory, renamed when
 complete), and records the vocabulary's fingerprint in `locojax.json`, which `tokenizer_for`
@@ -28,6 +29,7 @@ import numpy as np
 
 import jax
 
+from locojax.jsonfile import read_object
 from locojax.model import config as model_config
 from locojax.model import hf_config, hf_io, params
 from locojax.model.config import ModelConfig
@@ -41,10 +43,16 @@ EMBEDDED = {"embedded": EMBEDDED_DIR,
 META_FILE = "locojax.json"
 
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json",
+                   "special_tokens_map.json", "chat_template.jinja", "chat_template.json",
+                   "added_tokens.json", "vocab.json", "merges.txt", "tokenizer.model")
+"""Copied from the source model into an export as they are, so that transformers'
+`AutoTokenizer` and `generate` load it exactly as the source (chat template, stop tokens)."""
 MODEL_FILES = ("config.json", META_FILE, hf_io.INDEX_FILE, *TOKENIZER_FILES)
 """What a checkpoint directory holds besides its safetensors files (`save` replaces only
 directories holding nothing else)."""
+TOKEN_ID_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id")
+"""config.json keys an export keeps from its source's (generation defaults read them)."""
 
 
 @dataclasses.dataclass
@@ -148,8 +156,10 @@ def save(model_dir: str | Path, cfg: ModelConfig, weights: params.Weights, sourc
     """Write an HF checkpoint that `load` reads back with the same tokenizer as `source`.
 
     weights: replicated arrays or numpy. source: the spec the model was loaded from; its
-    tokenizer files are copied, or (char-level models) `locojax.json` names the tokenizer;
-    either way `locojax.json` records the vocabulary's fingerprint.
+    tokenizer files (`TOKENIZER_FILES`) and config.json token ids are copied, so that
+    transformers loads the export as it loads the source (`AutoModelForCausalLM`,
+    `AutoTokenizer`), or (char-level models) `locojax.json` names the tokenizer; either way
+    `locojax.json` records the vocabulary's fingerprint.
     dtype: the stored dtype (default the config's param dtype; bfloat16 halves the file).
 
     Whole or not at all: written to a temporary sibling directory, which replaces `model_dir`
@@ -161,8 +171,12 @@ def save(model_dir: str | Path, cfg: ModelConfig, weights: params.Weights, sourc
     for left in model_dir.parent.glob(f".{model_dir.name}.partial-*"):
         shutil.rmtree(left, ignore_errors=True)  # an export that was killed half-way
     tmp = model_dir.with_name(f".{model_dir.name}.partial-{os.getpid()}")
-    hf_io.save_weights(host_local(weights), cfg, tmp, dtype=dtype)
     src = resolve_dir(source)
+    src_config = src / hf_config.CONFIG_NAME if src is not None else None
+    token_ids = {}
+    if src_config is not None and src_config.is_file():
+        token_ids = {k: v for k, v in read_object(src_config).items() if k in TOKEN_ID_KEYS}
+    hf_io.save_weights(host_local(weights), cfg, tmp, dtype=dtype, config_extra=token_ids)
     meta = dict(meta or {})
     if src is not None and (src / "tokenizer.json").exists():
         for name in TOKENIZER_FILES:

@@ -29,7 +29,8 @@ from locojax.train.dynamic_sampling import DynamicSamplingConfig
 
 COMPUTE_DTYPES = {"f32": "float32", "bf16": "bfloat16"}
 """`RunConfig.precision` -> `ModelConfig.compute_dtype` (master weights are always f32); also
-`RolloutConfig.cache_dtype` -> `Engine(cache_dtype=...)`."""
+`RolloutConfig.cache_dtype` -> `Engine(cache_dtype=...)`, `CheckpointConfig.export_dtype` ->
+`loader.save(dtype=...)`."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,6 +97,9 @@ class CheckpointConfig:
     resume_force: bool = False
     """Resume even where the config or the model, data or tokenizer fingerprints differ from
     the checkpoint's (each difference is logged)."""
+    export_dtype: Literal["f32", "bf16"] = "f32"
+    """Dtype of the run_dir/final_model export (an HF checkpoint transformers loads as it
+    is); bf16 halves it. Training itself keeps f32 master weights."""
 
     def __post_init__(self):
         if self.every < 0 or self.keep < 1:

@@ -38,7 +38,7 @@ from locojax.rl.split_step import timed_update
 from locojax.train import memory_plan, resume
 from locojax.train.build import RunParts
 from locojax.train.comm_probe import AllReduceProbe
-from locojax.train.config import RunConfig, check_run
+from locojax.train.config import COMPUTE_DTYPES, RunConfig, check_run
 from locojax.train.progress import Progress
 from locojax.train.source import RolloutSource
 
@@ -262,7 +262,8 @@ class Trainer:
         if self.is_main and self.start_step < cfg.steps:
             loader.save(os.path.join(cfg.run_dir, FINAL_MODEL), self.parts.model_cfg,
                         self.state.params, cfg.model,
-                        {"made_by": "locojax train", "steps": self.last_step})
+                        {"made_by": "locojax train", "steps": self.last_step},
+                        dtype=COMPUTE_DTYPES[cfg.checkpoint.export_dtype])
         self.ckpt.close()
         self.runner.close()
         if self.producer.envs is not None:
