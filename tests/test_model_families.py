@@ -36,10 +36,12 @@ from locojax.model.attention import KVCache
 from locojax.model.config import FULL, SLIDING
 from locojax.model.hf_config import config_from_dict, load_config
 from locojax.model.hf_io import from_state_dict
+from locojax.rl.train_step import compute_logprobs
 from tests.hf_reference import (FWD_DEPTH, cut_down, float64_model, hf_state_dict, logit_tol,
-                                measured_logit_tol, paired_from, published)
+                                logprob_tol, measured_logit_tol, paired_from, published)
 from tests.test_engine import _full_forward, _greedy
 from tests.test_model_parity import _cached_logits, _hf_logits, _left_padded
+from tests.test_shared_prefix import grouped_batch
 from tests.tolerance import probabilistic, x64
 
 GEMMA_TINY = dict(sliding_window=4, sliding_window_pattern=2, query_pre_attn_scalar=24,
@@ -150,6 +152,24 @@ def test_a_local_layer_sees_only_its_window():
     err = np.abs(windowed - unwindowed).max(-1)  # per position
     assert (err[:4] <= logit_tol("float64", windowed)).all()
     assert (err[4:] > 1e3 * logit_tol("float64", windowed)).all()
+
+
+def test_the_shared_prompt_train_forward_keeps_the_window():
+    """The train step's shared-prompt path (each group's prompt run once, its responses
+    attending to those keys: `train_step._prefix_hidden`) windows by position as the plain
+    forward does: the same logprobs, on prompts of 6 and responses of 8 tokens past W = 4.
+    f64, within `logprob_tol` at these logits' scale: a key let through the window moves a
+    logprob by O(0.1)."""
+    with _in("float64", "gemma3") as (_, w, cfg):
+        b = grouped_batch()
+        args = (w, b.tokens, b.positions, b.attn_mask, cfg)
+        plain = np.asarray(compute_logprobs(*args)[0])
+        shared = np.asarray(compute_logprobs(*args, prefix=b.shared_prefix)[0])
+        logits = _logits(w, b.tokens, b.positions, cfg, mask=b.attn_mask)[0]
+    targets = np.asarray(b.loss_mask)
+    assert targets.sum() > 0 and np.abs(plain[targets]).max() > 0
+    np.testing.assert_allclose(shared[targets], plain[targets], rtol=0,
+                               atol=logprob_tol("float64", np.asarray(logits)))
 
 
 @pytest.mark.parametrize("case", FAMILIES)
