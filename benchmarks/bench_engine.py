@@ -1,27 +1,41 @@
-"""Generation throughput of the locojax engine against HF transformers `generate`.
+"""Generation throughput of locojax against HF `generate` and Tunix's sampler, in one run.
 
-Both run the same random f32 weights (locojax init, converted with `hf_io.to_state_dict`)
-on the same prompts at the DESIGN.md canonical shapes, with plain temperature-1 sampling
-and exactly N new tokens per sequence (no early stop: `ignore_eos` here,
-`min_new_tokens = max_new_tokens` there). HF expands each prompt G times itself
-(`num_return_sequences`), as TRL does; locojax prefills each prompt once and repeats
-the cache. Timing is synchronised (`block_until_ready`; torch runs eagerly on the CPU),
-compile time is reported apart, and each figure is the median of several steady-state runs,
-the two engines' runs alternating so that both see the same machine load.
+Every side runs the same Qwen3 architecture with random f32 weights, on the same prompts
+(16 prompts x G 8 = 128 rows of 32 tokens at SMALL), sampling at temperature 1, with the
+same number of tokens per row:
+- `tiny`, `small` (DESIGN.md's shapes): exactly N = 32 / 64 tokens per row (locojax
+  `ignore_eos`, HF `min_new_tokens = N`, Tunix's EOS outside the vocabulary);
+- `small-512`, `small-1024`, `small-4096`: SMALL with N max new tokens, row r ending by EOS
+  after L_r tokens, L_r drawn once (seed 0) from a log-normal of median 200 tokens and
+  sigma 1 (a GSM8K-like chain of thought with a long tail: 16% of rows past 540 tokens,
+  2% past 1,480), capped at N. The same L_r are forced on every side: HF and Tunix through
+  their logits (EOS = V - 1 forbidden before a row's last token and the only choice at it,
+  so each ends the row by its own EOS rule), locojax through its per-row limits (the same
+  stop rule, loop exit and compaction as EOS).
+HF expands each prompt G times itself (`num_return_sequences`), as TRL does, with 2 torch
+threads; Tunix's sampler (v0.1.7, in bench_peers' venv under ~/.cache/locojax/peers/tunix,
+`benchmarks/peers/tunix_sampler.py`) gets every prompt G times; locojax prefills each prompt
+once. The sides' runs alternate (locojax, HF, Tunix, locojax, ...) so all see the same load.
+Timing is synchronised; the first run of each side (its compiles) is reported apart.
 
-For SMALL it also reports achieved FLOP/s against the f32 matmul peak measured here
-(a large `jnp.dot`), using `ModelConfig.flops_per_token` for the work actually done.
+Printed per shape: seconds (median of the runs), tokens/s, locojax's ratio to each side;
+for locojax the bytes of KV cache its attention must read (every live row's written prefix
+at every decode step; the engine reads up to a block more) per second, against the memory
+bandwidth measured in this run (a 512 MiB f32 `jnp.sum`); time per generated token relative
+to `small-512`'s. `--sweep blocks` / `--sweep rows` measure qwen3.BLOCK and engine.MIN_ROWS.
 
-Usage:  .venv/bin/python benchmarks/bench_engine.py [--shapes tiny small] [--runs 5]
+Usage:  .venv/bin/python benchmarks/bench_engine.py [--shapes ...] [--runs 3] [--peer-runs 2]
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 
@@ -29,27 +43,48 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from locojax.engine.decode import compact_jit
 from locojax.engine.engine import Engine
 from locojax.engine.sampling import SamplingConfig
 from locojax.model import config as model_config
 from locojax.model import params
 from locojax.model.hf_io import to_state_dict
 
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "peers"))
+import install  # noqa: E402
+
+TORCH_THREADS = 2
+MEDIAN_LENGTH, SIGMA = 200, 1.0
+
 
 @dataclasses.dataclass(frozen=True)
 class Shape:
     name: str
+    model: str  # a model_config preset
     prompts: int  # B
     group: int  # G
     prompt_tokens: int  # P
     new_tokens: int  # N
+    long_tail: bool  # lengths drawn (else exactly N)
+
+    @property
+    def rows(self) -> int:
+        return self.prompts * self.group
+
+    def lengths(self) -> np.ndarray:
+        """[R] tokens per row, prompt-major."""
+        if not self.long_tail:
+            return np.full(self.rows, self.new_tokens)
+        z = np.random.default_rng(0).normal(size=self.rows)
+        return np.clip(np.ceil(MEDIAN_LENGTH * np.exp(SIGMA * z)), 1, self.new_tokens).astype(int)
 
 
-SHAPES = {
-    "tiny": Shape("tiny", 8, 4, 16, 32),
-    "small": Shape("small", 16, 8, 32, 64),
-}
-TORCH_THREADS = 2
+SHAPES = {s.name: s for s in [
+    Shape("tiny", "tiny", 8, 4, 16, 32, False),
+    Shape("small", "small", 16, 8, 32, 64, False),
+    *(Shape(f"small-{n}", "small", 16, 8, 32, n, True) for n in (512, 1024, 4096)),
+]}
 
 
 def timed(fn) -> float:
@@ -58,23 +93,17 @@ def timed(fn) -> float:
     return time.perf_counter() - t0
 
 
-def median_time(fn, runs: int) -> tuple[float, list[float]]:
-    times = [timed(fn) for _ in range(runs)]
-    return statistics.median(times), times
+def read_bandwidth(runs: int = 5) -> float:
+    """Bytes/s of a 512 MiB f32 `jnp.sum` (the best of `runs`)."""
+    x = jnp.ones(2 ** 27, jnp.float32)
+    f = jax.jit(jnp.sum)
+    f(x).block_until_ready()
+    return x.nbytes / min(timed(lambda: f(x).block_until_ready()) for _ in range(runs))
 
 
-def matmul_peak(n: int = 2048, runs: int = 5) -> float:
-    """FLOP/s of an [n, n] @ [n, n] f32 matmul on this machine (median of `runs`)."""
-    a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
-    b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32)
-    f = jax.jit(jnp.dot)
-    f(a, b).block_until_ready()
-    t, _ = median_time(lambda: f(a, b).block_until_ready(), runs)
-    return 2 * n ** 3 / t
-
-
-def generate_flops(cfg, s: Shape) -> float:
-    """Matmul FLOPs of one generate: prefill B·P tokens, then R·(N-1) decode tokens.
+def generate_flops(cfg, s) -> float:
+    """Matmul FLOPs of one exact-length generate: prefill B·P tokens, then R·(N-1) decode
+    tokens (`peers/locojax_worker.py` reports a GRPO step's generation by it).
 
     Prefill runs the LM head on the last position only; attention context is counted
     exactly (a token at position t attends to t + 1 keys).
@@ -88,18 +117,27 @@ def generate_flops(cfg, s: Shape) -> float:
     return float(prefill + decode)
 
 
-def locojax_runner(cfg, weights, prompts: np.ndarray, s: Shape):
+def cache_bytes(cfg, s: Shape, itemsize: int = 4) -> int:
+    """KV bytes attention must read: at decode step t a live row reads its P + t - 1 written
+    slots, keys and values, every layer."""
+    per_slot = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * itemsize
+    steps = s.lengths() - 1  # decode steps per row (token 0 comes from prefill)
+    return int(per_slot * np.sum(steps * s.prompt_tokens + steps * (steps - 1) // 2))
+
+
+def locojax_runner(cfg, weights, prompts: np.ndarray, s: Shape, **engine_kw):
     """A callable doing one synchronised generate (the first call compiles)."""
-    engine = Engine(cfg)
-    sampling = SamplingConfig(max_new_tokens=s.new_tokens, temperature=1.0, ignore_eos=True)
+    engine = Engine(cfg, **engine_kw)
+    lengths = s.lengths()
+    sampling = SamplingConfig(max_new_tokens=s.new_tokens, temperature=1.0,
+                              ignore_eos=not s.long_tail)
     calls = iter(range(10 ** 6))
 
     def once():
         out = engine.generate(weights, prompts, jax.random.key(next(calls)), sampling,
-                              num_samples=s.group)
+                              num_samples=s.group, limits=lengths if s.long_tail else None)
         jax.block_until_ready(out)
-        assert out.tokens.shape == (s.prompts * s.group, s.new_tokens)
-        assert int(out.lengths.min()) == s.new_tokens and int(out.steps) == s.new_tokens - 1
+        np.testing.assert_array_equal(np.asarray(out.lengths), lengths)
 
     return once
 
@@ -107,7 +145,7 @@ def locojax_runner(cfg, weights, prompts: np.ndarray, s: Shape):
 def hf_runner(cfg, weights, prompts: np.ndarray, s: Shape):
     """A callable doing one HF `generate` on the same weights and prompts."""
     import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from transformers import LogitsProcessor, LogitsProcessorList, Qwen3Config, Qwen3ForCausalLM
 
     torch.set_num_threads(TORCH_THREADS)
     hf_cfg = Qwen3Config(
@@ -116,92 +154,249 @@ def hf_runner(cfg, weights, prompts: np.ndarray, s: Shape):
         num_attention_heads=cfg.num_attention_heads, num_key_value_heads=cfg.num_key_value_heads,
         head_dim=cfg.head_dim, rope_theta=cfg.rope_theta, rms_norm_eps=cfg.rms_norm_eps,
         tie_word_embeddings=cfg.tie_word_embeddings,
-    )
+        max_position_embeddings=s.prompt_tokens + s.new_tokens)
     model = Qwen3ForCausalLM(hf_cfg).float().eval()
     state = {k: torch.from_numpy(np.array(v)) for k, v in to_state_dict(weights, cfg).items()}
     missing, unexpected = model.load_state_dict(state, strict=False)
     assert not unexpected and all("lm_head" in k for k in missing), (missing, unexpected)
     input_ids = torch.from_numpy(prompts.astype(np.int64))
-    kw = dict(
-        do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
-        max_new_tokens=s.new_tokens, min_new_tokens=s.new_tokens,
-        num_return_sequences=s.group, pad_token_id=0, eos_token_id=None,
-        attention_mask=torch.ones_like(input_ids),
-    )
+    eos = cfg.vocab_size - 1
+    last = torch.as_tensor(s.lengths() - 1)  # [R]: the step whose token is EOS
 
-    def once():
+    class ForceLengths(LogitsProcessor):
+        def __call__(self, ids, scores):
+            at = last == ids.shape[1] - s.prompt_tokens
+            scores[:, eos] = -float("inf")
+            scores[at] = -float("inf")
+            scores[at, eos] = 0.0
+            return scores
+
+    kw = dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=s.new_tokens,
+              num_return_sequences=s.group, pad_token_id=0,
+              attention_mask=torch.ones_like(input_ids))
+    if s.long_tail:
+        kw.update(eos_token_id=eos, logits_processor=LogitsProcessorList([ForceLengths()]))
+    else:
+        kw.update(eos_token_id=None, min_new_tokens=s.new_tokens)
+
+    def once(warm_up=False):
         with torch.no_grad():
-            out = model.generate(input_ids, **kw)
-        assert out.shape == (s.prompts * s.group, s.prompt_tokens + s.new_tokens), out.shape
+            out = model.generate(input_ids, **{**kw, **(dict(
+                max_new_tokens=2, min_new_tokens=None, logits_processor=None)
+                if warm_up else {})})
+        ends = (out[:, s.prompt_tokens:] == eos).int().argmax(1) + 1
+        assert warm_up or not s.long_tail or (ends.numpy() == s.lengths()).all()
 
     return once
 
 
-def bench_shape(cfg, weights, prompts, s: Shape, runs: int, hf_runs: int):
-    """Compile, warm up both, then alternate runs so both see the same machine load."""
-    ours_once, hf_once = locojax_runner(cfg, weights, prompts, s), hf_runner(cfg, weights,
-                                                                           prompts, s)
-    first = timed(ours_once)
-    hf_once()  # warm-up (allocator, kernels)
-    ours, hf = [], []
-    for i in range(max(runs, hf_runs)):
+class TunixRunner:
+    """Tunix's sampler in its own venv and process (`peers/tunix_sampler.py`)."""
+
+    def __init__(self, python, cfg, s: Shape):
+        spec = dict(vocab=cfg.vocab_size, prompt_tokens=s.prompt_tokens, new_tokens=s.new_tokens,
+                    group=s.group, prompts=s.prompts, layers=cfg.num_hidden_layers,
+                    hidden=cfg.hidden_size, ffn=cfg.intermediate_size,
+                    heads=cfg.num_attention_heads, kv_heads=cfg.num_key_value_heads,
+                    head_dim=cfg.head_dim,
+                    lengths=s.lengths().tolist() if s.long_tail else [])
+        # Tunix's outputs stop before the EOS that ended a row (`Sampler.__call__`).
+        self.tokens = int((s.lengths() - 1).sum()) if s.long_tail else s.rows * s.new_tokens
+        self.proc = subprocess.Popen(
+            [str(python), os.path.join(HERE, "peers", "tunix_sampler.py"), json.dumps(spec)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+            env={**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"})
+        self.first = self._reply()["first_s"]
+
+    def _reply(self) -> dict:
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"tunix sampler exited with {self.proc.wait()}")
+        return json.loads(line)
+
+    def __call__(self) -> float:
+        self.proc.stdin.write('{"run": 1}\n')
+        self.proc.stdin.flush()
+        reply = self._reply()
+        if reply["tokens"] != self.tokens:  # the forced lengths did not hold
+            raise RuntimeError(f"Tunix sampled {reply['tokens']} tokens, not {self.tokens}")
+        return reply["seconds"]
+
+    def close(self):
+        self.proc.stdin.write('{"quit": true}\n')
+        self.proc.stdin.flush()
+        self.proc.wait(timeout=60)
+
+
+def profile(once):
+    """Where one locojax generate's decode time goes: each decode program (a batch size)
+    timed on its own (synchronised), with the steps it ran and the cache slots written."""
+    from locojax.engine import engine as engine_lib
+
+    phases, real = [], engine_lib.decode_jit
+
+    def timed_decode(weights, cache, turn, *args, **kw):
+        step0 = int(turn.step)
+        t0 = time.perf_counter()
+        out = jax.block_until_ready(real(weights, cache, turn, *args, **kw))
+        phases.append((turn.last.shape[0], step0, int(out.step), time.perf_counter() - t0,
+                       int(out.cache.index)))
+        return out
+
+    engine_lib.decode_jit = timed_decode
+    try:
+        total = timed(once)
+    finally:
+        engine_lib.decode_jit = real
+    print(f"  profile of one locojax generate ({total:.2f} s; decode phases synchronised):")
+    for rows, a, b, sec, index in phases:
+        print(f"    {rows:4d} rows: tokens {a}..{b - 1} ({b - a} steps), {sec:.2f} s, "
+              f"{1000 * sec / max(b - a, 1):.1f} ms/step, {index} slots written")
+
+
+def bench_shape(s: Shape, runs: int, peer_runs: int, tunix_python) -> dict:
+    cfg = model_config.PRESETS[s.model]()
+    weights = params.init(cfg, jax.random.key(0))
+    prompts = np.asarray(jax.random.randint(
+        jax.random.key(1), (s.prompts, s.prompt_tokens), 1, cfg.vocab_size - 1), np.int32)
+    lengths = s.lengths()
+    if s.long_tail:
+        drawn = (f"L_r ~ lognormal(median {MEDIAN_LENGTH}, sigma {SIGMA}) capped at "
+                 f"{s.new_tokens}: min {lengths.min()}, median {np.median(lengths):.0f}, "
+                 f"max {lengths.max()}")
+    else:
+        drawn = f"exactly {s.new_tokens}"
+    print(f"\n[{s.name}] {cfg}\n  {s.prompts} prompts x G {s.group}, {s.prompt_tokens} prompt "
+          f"tokens, {drawn} new tokens, {lengths.sum()} in all", flush=True)
+    sides = {"locojax": locojax_runner(cfg, weights, prompts, s),
+             "HF": hf_runner(cfg, weights, prompts, s)}
+    # First runs: locojax's compiles; HF's allocator and kernels (2 tokens: nothing compiles).
+    first = {"locojax": timed(sides["locojax"]), "HF": timed(lambda: sides["HF"](True))}
+    tunix = None
+    if tunix_python is not None:
+        try:
+            tunix = TunixRunner(tunix_python, cfg, s)
+            first["Tunix"] = tunix.first
+        except RuntimeError as e:
+            print(f"  Tunix: {e}")
+    times = {name: [] for name in first}
+    for i in range(max(runs, peer_runs)):
         if i < runs:
-            ours.append(timed(ours_once))
-        if i < hf_runs:
-            hf.append(timed(hf_once))
-    return first - statistics.median(ours), ours, hf
+            times["locojax"].append(timed(sides["locojax"]))
+        if i < peer_runs:
+            times["HF"].append(timed(sides["HF"]))
+            if tunix is not None:
+                times["Tunix"].append(tunix())
+        print("  " + ", ".join(f"{k} {' '.join(f'{t:.3f}' for t in v)}"
+                               for k, v in times.items()), flush=True)
+    if tunix is not None:
+        tunix.close()
+    if s.long_tail:
+        profile(sides["locojax"])
+    return dict(shape=s, cfg=cfg, tokens=int(lengths.sum()), first=first,
+                median={k: statistics.median(v) for k, v in times.items()})
+
+
+def sweep(kind: str, runs: int):
+    """qwen3.BLOCK (generate time at small-1024 per block size) or engine.MIN_ROWS (time of
+    512 exact-length tokens per row at 128 ... 2 rows): the measurements behind them."""
+    cfg = model_config.small()
+    weights = params.init(cfg, jax.random.key(0))
+    if kind == "blocks":
+        s = SHAPES["small-1024"]
+        prompts = np.asarray(jax.random.randint(jax.random.key(1), (s.prompts, s.prompt_tokens),
+                                                1, cfg.vocab_size - 1), np.int32)
+        arms = {b: locojax_runner(cfg, weights, prompts, s, block=b)
+                for b in (64, 128, 256, 512, 2048)}
+        unit = f"s per generate of {s.name}"
+    else:
+        arms = {}
+        for rows in (128, 64, 32, 16, 8, 4, 2):
+            s = Shape(f"rows-{rows}", "small", rows, 1, 32, 512, False)
+            prompts = np.asarray(jax.random.randint(jax.random.key(1), (rows, 32), 1,
+                                                    cfg.vocab_size - 1), np.int32)
+            arms[rows] = locojax_runner(cfg, weights, prompts, s, min_rows=None)
+        unit = "ms per decode step (rows x 512 tokens, exact length)"
+    for fn in arms.values():
+        fn()
+    times = {k: [] for k in arms}
+    for _ in range(runs):  # interleaved
+        for k, fn in arms.items():
+            times[k].append(timed(fn))
+    scale = 1.0 if kind == "blocks" else 1000 / 511
+    for k, v in times.items():
+        print(f"  {kind[:-1]} {k}: {scale * statistics.median(v):.3f} {unit} "
+              f"(runs {' '.join(f'{scale * t:.3f}' for t in v)})")
+    if kind == "rows":  # what one compaction costs: 128 -> 64 rows, 543 slots written
+        engine = Engine(cfg, min_rows=None)
+        sampling = SamplingConfig(max_new_tokens=512)
+        prompts = np.asarray(jax.random.randint(jax.random.key(1), (128, 32), 1,
+                                                cfg.vocab_size - 1), np.int32)
+        spent = []
+        for _ in range(runs + 1):
+            turn = engine.prefill(weights, prompts, jax.random.key(0), sampling).prefilled
+            cache = dataclasses.replace(turn.cache, index=jnp.int32(543))
+            turn = dataclasses.replace(turn, cache=None, done=jnp.arange(128) % 2 == 0)
+            jax.block_until_ready((cache, turn))
+            t0 = time.perf_counter()
+            jax.block_until_ready(compact_jit(cache, turn, None, None, size=64, layout=None))
+            spent.append(1000 * (time.perf_counter() - t0))
+        print(f"  compact 128 -> 64 rows at 543 written slots: {statistics.median(spent[1:]):.1f}"
+              f" ms (runs {' '.join(f'{t:.1f}' for t in spent[1:])}; first {spent[0]:.0f})")
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--shapes", nargs="+", default=["tiny", "small"], choices=list(SHAPES))
-    ap.add_argument("--runs", type=int, default=5, help="steady-state runs per measurement")
-    ap.add_argument("--hf-runs", type=int, default=3, help="steady-state runs of HF generate")
+    ap.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    ap.add_argument("--runs", type=int, default=3, help="steady-state runs of locojax")
+    ap.add_argument("--peer-runs", "--hf-runs", type=int, default=2,
+                    help="steady-state runs of HF and Tunix")
+    ap.add_argument("--no-tunix", action="store_true", help="skip Tunix's sampler")
+    ap.add_argument("--sweep", choices=("blocks", "rows"), help="measure BLOCK or MIN_ROWS")
     args = ap.parse_args(argv)
 
     print("command: " + " ".join([sys.executable.split("/")[-1]] + sys.argv))
     print(f"jax {jax.__version__} on {jax.devices()[0].platform} x{jax.device_count()}, "
           f"{os.cpu_count()} cores ({platform.machine()}), torch threads {TORCH_THREADS}, "
           "load average at start %.1f %.1f %.1f" % os.getloadavg())
-    rows = []
-    peak = None
-    for name in args.shapes:
-        s = SHAPES[name]
-        cfg = model_config.PRESETS[name]()
-        weights = params.init(cfg, jax.random.key(0))
-        prompts = np.asarray(jax.random.randint(
-            jax.random.key(1), (s.prompts, s.prompt_tokens), 0, cfg.vocab_size), np.int32)
-        tokens = s.prompts * s.group * s.new_tokens
-        print(f"\n[{name}] {cfg}\n  {s.prompts} prompts x group {s.group} = "
-              f"{s.prompts * s.group} sequences, {s.prompt_tokens} prompt tokens, exactly "
-              f"{s.new_tokens} new tokens, temperature 1.0 (no top-k/top-p), f32")
-        peak_before = matmul_peak() if name == "small" else 0.0
-        compile_s, our_times, hf_times = bench_shape(cfg, weights, prompts, s, args.runs,
-                                                     args.hf_runs)
-        ours, hf = statistics.median(our_times), statistics.median(hf_times)
-        print(f"  locojax: compile {compile_s:.2f} s, runs " +
-              " ".join(f"{t:.3f}" for t in our_times))
-        print("  HF generate: runs " + " ".join(f"{t:.3f}" for t in hf_times))
-        row = dict(name=name, tokens=tokens, ours=ours, hf=hf, compile=compile_s)
-        if name == "small":
-            # The machine's peak is the better of two measurements around the runs.
-            peak = max(peak_before, matmul_peak())
-            print(f"  f32 matmul peak (2048^3 jnp.dot): {peak / 1e9:.1f} GFLOP/s; generate "
-                  f"does {generate_flops(cfg, s) / 1e9:.1f} GFLOP of matmuls")
-            row["gflops"] = generate_flops(cfg, s) / ours / 1e9
-        rows.append(row)
+    if args.sweep:
+        sweep(args.sweep, args.runs)
+        return 0
+    tunix_python = None
+    if not args.no_tunix:
+        peer = install.PEERS["tunix"]
+        if install.is_ready(peer):
+            tunix_python = peer.python(install.DEFAULT_CACHE)
+        else:
+            print(f"Tunix: no venv at {peer.root(install.DEFAULT_CACHE)} "
+                  "(`python benchmarks/peers/install.py tunix` makes it)")
+    bandwidth = read_bandwidth()
+    print(f"memory read bandwidth (512 MiB f32 jnp.sum, best of 5): {bandwidth / 1e9:.1f} GB/s")
+    results = [bench_shape(SHAPES[n], args.runs, args.peer_runs, tunix_python)
+               for n in args.shapes]
+    bandwidth = max(bandwidth, read_bandwidth())  # the better of two, around the runs
+    per_token_512 = next((r["median"]["locojax"] / r["tokens"] for r in results
+                          if r["shape"].name == "small-512"), None)
 
-    print("\n| shape | tokens | locojax s | locojax tok/s | HF s | HF tok/s | ratio | compile s |"
-          " achieved GFLOP/s (of peak) |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        flops = (f"{r['gflops']:.1f} ({100 * r['gflops'] * 1e9 / peak:.0f}% of "
-                 f"{peak / 1e9:.0f})" if "gflops" in r else "")
-        print(f"| {r['name'].upper()} | {r['tokens']} | {r['ours']:.3f} | "
-              f"{r['tokens'] / r['ours']:,.0f} | {r['hf']:.3f} | {r['tokens'] / r['hf']:,.0f} | "
-              f"{r['hf'] / r['ours']:.2f}x | {r['compile']:.1f} | {flops} |")
-    print("load average at end %.1f %.1f %.1f; times are medians of steady-state runs, "
-          "locojax and HF alternating" % os.getloadavg())
+    print("\n| shape | tokens | locojax tok/s | HF tok/s | Tunix tok/s | vs HF | vs Tunix |"
+          " cache read GB/s (of bandwidth) | s/token vs small-512 | first run s (locojax / "
+          "HF / Tunix) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in results:
+        s, med, tok = r["shape"], r["median"], r["tokens"]
+        rate = {k: tok / v for k, v in med.items()}
+        read = cache_bytes(r["cfg"], s) / med["locojax"]
+        rel = (f"{med['locojax'] / tok / per_token_512:.2f}x"
+               if per_token_512 and s.long_tail else "")
+        print(f"| {s.name} | {tok} | {rate['locojax']:,.0f} | {rate['HF']:,.0f} | "
+              f"{rate['Tunix']:,.0f} | " if "Tunix" in rate else
+              f"| {s.name} | {tok} | {rate['locojax']:,.0f} | {rate['HF']:,.0f} | - | ", end="")
+        print(f"{med['HF'] / med['locojax']:.2f}x | "
+              + (f"{med['Tunix'] / med['locojax']:.2f}x" if "Tunix" in med else "-")
+              + f" | {read / 1e9:.2f} ({100 * read / bandwidth:.0f}% of {bandwidth / 1e9:.1f})"
+              f" | {rel} | " + " / ".join(f"{v:.1f}" for v in r["first"].values()) + " |")
+    print("load average at end %.1f %.1f %.1f; medians of steady-state runs, sides alternating"
+          % os.getloadavg())
     return 0
 
 
