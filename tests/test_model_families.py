@@ -32,7 +32,7 @@ from safetensors.numpy import load_file
 from locojax.engine.engine import Engine
 from locojax.engine.sampling import SamplingConfig
 from locojax.model import hf_io, params, qwen3
-from locojax.model.attention import KVCache
+from locojax.model.attention import CacheBlocks, KVCache, slot_positions
 from locojax.model.config import FULL, SLIDING
 from locojax.model.hf_config import config_from_dict, load_config
 from locojax.model.hf_io import from_state_dict
@@ -40,6 +40,7 @@ from locojax.rl.train_step import compute_logprobs
 from tests.hf_reference import (FWD_DEPTH, cut_down, float64_model, hf_state_dict, logit_tol,
                                 logprob_tol, measured_logit_tol, paired_from, published)
 from tests.test_engine import _full_forward, _greedy
+from tests.test_extend import converse
 from tests.test_model_parity import _cached_logits, _hf_logits, _left_padded
 from tests.test_shared_prefix import grouped_batch
 from tests.tolerance import probabilistic, x64
@@ -125,12 +126,13 @@ def test_logits_match_hf(case, dtype):
 def test_kv_cache_decode_matches_full_forward(case):
     """f64 (where any wrong mask or position is ~1e9 times the bound): prefill 3 tokens,
     then one at a time past Gemma's window, reading the cache in blocks of 4 slots (so the
-    window starts inside a block, and whole blocks fall out of it); every step equals the
-    full forward."""
+    window starts inside a block, and, once every row is past it, the first block is
+    skipped); every step equals the full forward."""
+    lengths = [11, 9, 8]  # left-padded; every row passes the window of 4
     with _in("float64", case) as (_, w, cfg):
-        tokens, mask, positions = _left_padded(LENGTHS, TOTAL, cfg.vocab_size, seed=5)
+        tokens, mask, positions = _left_padded(lengths, TOTAL, cfg.vocab_size, seed=5)
         full = np.asarray(_logits(w, tokens, positions, cfg, mask=mask)[0])
-        cache = KVCache.empty(cfg, len(LENGTHS), 16, block=4)
+        cache = KVCache.empty(cfg, len(lengths), 16, block=4)
         got = []
         for a, b in [(0, 3)] + [(t, t + 1) for t in range(3, TOTAL)]:
             step, cache = _cached_logits(w, tokens[:, a:b], positions[:, a:b], cache, cfg,
@@ -138,6 +140,10 @@ def test_kv_cache_decode_matches_full_forward(case):
             got.append(np.asarray(step))
         got = np.concatenate(got, axis=1)
     assert int(cache.index) == TOTAL and cache.v.shape[3] // cache.block == 4
+    if cfg.windowed:  # the last steps' local layers started at block 1 (slots 4..7)
+        at = CacheBlocks(cache, jnp.int32(0), len(lengths), jnp.int32(cfg.sliding_window),
+                         jnp.asarray(positions[:, -1:]), slot_positions(cache.valid))
+        assert int(at.first) == 1
     np.testing.assert_allclose(got[mask], full[mask], atol=logit_tol("float64", full[mask]), rtol=0)
 
 
@@ -170,6 +176,30 @@ def test_the_shared_prompt_train_forward_keeps_the_window():
     assert targets.sum() > 0 and np.abs(plain[targets]).max() > 0
     np.testing.assert_allclose(shared[targets], plain[targets], rtol=0,
                                atol=logprob_tol("float64", np.asarray(logits)))
+
+
+def test_multi_turn_holes_keep_the_window():
+    """Multi-turn extend on Gemma 3 (test_extend's scripted conversation: turns cut short,
+    rows ending at different turns, observations written into each row's cache, finished
+    rows compacted out): the cache's holes are not positions, so the window counts real
+    tokens only, and every behaviour logprob equals the trainer's one forward over the
+    trajectory (f32, the `logprob_tol` derivation on the measured logit terms)."""
+    _, w, cfg = _pair("gemma3")
+    seqs = converse(cfg, w, [0, 1, 2, 3], compact=True)
+    rows = sorted(seqs)
+    width = max(len(seqs[g][0]) for g in rows)
+    tok, att = np.zeros((len(rows), width), np.int32), np.zeros((len(rows), width), bool)
+    is_model, behav = np.zeros_like(att), np.zeros((len(rows), width), np.float32)
+    for i, g in enumerate(rows):
+        t, m, lp = seqs[g]
+        tok[i, :len(t)], att[i, :len(t)], is_model[i, :len(t)], behav[i, :len(t)] = t, 1, m, lp
+    assert is_model.sum() > 40 and (~is_model & att).sum() > 10 and width > 4 * 4
+    pos = np.maximum(np.cumsum(att, 1) - 1, 0).astype(np.int32)
+    ref = np.asarray(compute_logprobs(w, tok, pos, att, cfg)[0])
+    hidden = _logits(w, tok, pos, cfg, mask=att)[1]
+    bound = 2 * measured_logit_tol("float32", w, cfg, np.asarray(hidden)[att]) + \
+        2 * probabilistic(FWD_DEPTH)
+    np.testing.assert_allclose(behav[is_model], ref[is_model], atol=bound, rtol=0)
 
 
 @pytest.mark.parametrize("case", FAMILIES)

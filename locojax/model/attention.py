@@ -6,7 +6,9 @@ over several key/value parts, and over a cache's written slots, read `BLOCK` slo
 (`CacheBlocks`), so a cached step's cost grows with the tokens written, not the slots
 allocated. A sliding-window layer (`CacheBlocks.window`) sees only the keys less than W
 positions back, a slot's position being its count of valid slots before it: positions are
-contiguous over a row's real tokens, from 0 (`engine`, `extend`).
+contiguous over a row's real tokens, from 0 (`engine`, `extend`); its blocked read starts
+at the first block inside some row's window. (Its cache still holds every slot: a ring
+buffer of W slots per local layer would also cut its memory.)
 
 Legend: b batch, t query time, s key slot, n q heads, k kv heads, g q heads per kv, h head
 dim, L layers.
@@ -117,6 +119,20 @@ class CacheBlocks:
     def count(self):  # [] int32: the blocks that hold a written slot
         return (self.cache.index + self.cache.block - 1) // self.cache.block
 
+    @property
+    def first(self):
+        """[] int32: the first block holding a slot some query may see: 0, or in a
+        sliding-window layer the block of the earliest slot inside any row's window (slot
+        positions never decrease along a row, so the slots before it are all too old)."""
+        if self.window is None:
+            return jnp.zeros((), jnp.int32)
+        oldest = jnp.min(self.positions, axis=1) - self.window + 1  # [b] oldest visible
+        c = self.cache
+        pos = c.read(self.slot_positions, 0, self.rows, (jnp.zeros((), jnp.int32),),
+                     (c.valid.shape[1],))  # [b, S]
+        too_old = jnp.sum(pos < oldest[:, None], axis=1, dtype=jnp.int32)  # [b]
+        return jnp.min(too_old) // c.block
+
     def read(self, j, dtype):
         """Block j: keys [b, K, H, blk], values [b, K, blk, H] in `dtype`, visible [b, T, blk]
         (T is 1 without a window: every query sees the same slots)."""
@@ -198,8 +214,8 @@ def attention(q, parts, blocks: CacheBlocks | None = None, scale: float | None =
         m, total, acc = carry
         m_new = jnp.maximum(m, jnp.max(s, axis=-1, keepdims=True))
         p = barrier(jnp.exp(s - m_new))
-        scale = jnp.exp(m - m_new)
-        return m_new, total * scale + jnp.sum(p, -1, keepdims=True), acc * bt(scale) + mix(p, v)
+        decay = jnp.exp(m - m_new)
+        return m_new, total * decay + jnp.sum(p, -1, keepdims=True), acc * bt(decay) + mix(p, v)
 
     s = jnp.concatenate(scores, axis=-1)
     m = jnp.max(s, axis=-1, keepdims=True)  # [B, K, G, T, 1]
@@ -214,7 +230,7 @@ def attention(q, parts, blocks: CacheBlocks | None = None, scale: float | None =
         # One block: read it without a loop. Unwritten slots add exact zeros (exp(-1e30 - m)).
         carry = block(0, carry)
     else:
-        carry = jax.lax.fori_loop(0, blocks.count, block, carry)
+        carry = jax.lax.fori_loop(blocks.first, blocks.count, block, carry)
     _, total, acc = carry
     return (acc / bt(total)).reshape(b, t, n, h).astype(q.dtype)  # [B, T, N, H]
 

@@ -251,10 +251,11 @@ def save_weights(weights: Weights, cfg: ModelConfig, model_dir: str | Path,
                  dtype: str | None = None, max_shard_bytes: int | None = None,
                  config_extra: dict | None = None) -> Path:
     """Write `weights` as an HF checkpoint: safetensors in `dtype` (default
-    `cfg.param_dtype`) and config.json (plus `config_extra` keys, e.g. token ids). Over `max_shard_bytes` (default: no limit) the
-    tensors are split, in declaration order, into `model-0000i-of-0000n.safetensors` with an
-    index json, as `save_pretrained` does; a tensor larger than the limit gets its own
-    shard. Previous checkpoint files in `model_dir` are removed first. Returns `model_dir`.
+    `cfg.param_dtype`) and config.json (plus `config_extra` keys, e.g. token ids). Over
+    `max_shard_bytes` (default: no limit) the tensors are split, in declaration order, into
+    `model-0000i-of-0000n.safetensors` with an index json, as `save_pretrained` does; a
+    tensor larger than the limit gets its own shard. Previous checkpoint files in
+    `model_dir` are removed first. Returns `model_dir`.
 
     Host memory: one weight (all its layers) plus one shard at a time.
     """
