@@ -61,9 +61,10 @@ def _rope_entry(rp, key: str, source: str) -> tuple[float | None, RopeScaling | 
     missing = [k for k in need if k not in rp]
     if missing:
         _fail(source, f"{key} of rope_type {kind!r} lacks {missing}")
-    return theta, RopeScaling(kind, **{k: type(f.default)(rp[k]) if k != "factor" else
-                                       float(rp[k]) for k in need
-                                       for f in dataclasses.fields(RopeScaling) if f.name == k})
+    values = {k: float(rp[k]) for k in need}
+    if "original_max_position_embeddings" in values:  # a token count
+        values["original_max_position_embeddings"] = int(rp["original_max_position_embeddings"])
+    return theta, RopeScaling(kind, **values)
 
 
 def _rope(d: dict, fam: Family, source: str) -> dict:
