@@ -24,7 +24,12 @@ at every decode step; the engine reads up to a block more) per second, against t
 bandwidth measured in this run (a 512 MiB f32 `jnp.sum`); time per generated token relative
 to `small-512`'s. `--sweep blocks` / `--sweep rows` measure qwen3.BLOCK and engine.MIN_ROWS.
 
+Each shape's table row is printed as the shape ends, then the whole table. `--prompts-4096 8`
+halves small-4096's batch (64 rows; its L_r are the first 64 of the same draw, max 1,421
+against 1,482), to fit HF and Tunix's runs at 4096 in a shorter session.
+
 Usage:  .venv/bin/python benchmarks/bench_engine.py [--shapes ...] [--runs 3] [--peer-runs 2]
+            [--prompts-4096 16]
 """
 
 from __future__ import annotations
@@ -229,29 +234,58 @@ class TunixRunner:
 
 
 def profile(once):
-    """Where one locojax generate's decode time goes: each decode program (a batch size)
-    timed on its own (synchronised), with the steps it ran and the cache slots written."""
+    """Where one locojax generate's time goes: each of its programs (prefill, every decode
+    phase at its batch size, every compaction) timed on its own, synchronised; the rest
+    (host syncs, dispatch, assembling the result) is the total less their sum."""
     from locojax.engine import engine as engine_lib
 
-    phases, real = [], engine_lib.decode_jit
+    spans, real = [], {n: getattr(engine_lib, n) for n in ("prefill_jit", "decode_jit",
+                                                             "compact_jit")}
 
-    def timed_decode(weights, cache, turn, *args, **kw):
-        step0 = int(turn.step)
-        t0 = time.perf_counter()
-        out = jax.block_until_ready(real(weights, cache, turn, *args, **kw))
-        phases.append((turn.last.shape[0], step0, int(out.step), time.perf_counter() - t0,
-                       int(out.cache.index)))
-        return out
+    def timed_program(name):
+        def run(*args, **kw):
+            t0 = time.perf_counter()
+            out = jax.block_until_ready(real[name](*args, **kw))
+            seconds = time.perf_counter() - t0
+            turn = out if name == "prefill_jit" else out[1] if name == "compact_jit" else out
+            before = args[2] if name == "decode_jit" else None  # the turn it went on from
+            spans.append((name, seconds, turn.last.shape[0],
+                          None if before is None else int(before.step), int(turn.step)))
+            return out
+        return run
 
-    engine_lib.decode_jit = timed_decode
+    for name in real:
+        setattr(engine_lib, name, timed_program(name))
     try:
         total = timed(once)
     finally:
-        engine_lib.decode_jit = real
-    print(f"  profile of one locojax generate ({total:.2f} s; decode phases synchronised):")
-    for rows, a, b, sec, index in phases:
-        print(f"    {rows:4d} rows: tokens {a}..{b - 1} ({b - a} steps), {sec:.2f} s, "
-              f"{1000 * sec / max(b - a, 1):.1f} ms/step, {index} slots written")
+        for name, fn in real.items():
+            setattr(engine_lib, name, fn)
+    print(f"  profile of one locojax generate ({total:.3f} s, programs synchronised):")
+    for name, sec, rows, a, b in spans:
+        what = (f"decode {rows:4d} rows: tokens {a}..{b - 1} ({b - a} steps), "
+                f"{1000 * sec / max(b - a, 1):.2f} ms/step" if name == "decode_jit" else
+                f"{name[:-4]} -> {rows} rows")
+        print(f"    {what}: {sec:.3f} s")
+    print(f"    rest (host syncs, dispatch, result): {total - sum(x[1] for x in spans):.3f} s")
+
+
+HEADER = ("| shape | tokens | locojax tok/s | HF tok/s | Tunix tok/s | vs HF | vs Tunix | cache "
+          "read GB/s (of bandwidth) | s/token vs small-512 | first run s (locojax / HF / Tunix) |"
+          "\n|---|---|---|---|---|---|---|---|---|---|")
+
+
+def table_row(r: dict, bandwidth: float, per_token_512: float | None) -> str:
+    """One shape's row of the table: rates, locojax's ratios, its cache reads."""
+    s, med, tok = r["shape"], r["median"], r["tokens"]
+    rate = {k: f"{tok / v:,.0f}" for k, v in med.items()}
+    ratio = {k: f"{v / med['locojax']:.2f}x" for k, v in med.items()}
+    read = cache_bytes(r["cfg"], s) / med["locojax"]
+    rel = f"{med['locojax'] / tok / per_token_512:.2f}x" if per_token_512 and s.long_tail else ""
+    return (f"| {s.name} | {tok} | {rate['locojax']} | {rate.get('HF', '-')} | "
+            f"{rate.get('Tunix', '-')} | {ratio.get('HF', '-')} | {ratio.get('Tunix', '-')} | "
+            f"{read / 1e9:.2f} ({100 * read / bandwidth:.0f}% of {bandwidth / 1e9:.1f}) | {rel} | "
+            + " / ".join(f"{v:.1f}" for v in r["first"].values()) + " |")
 
 
 def bench_shape(s: Shape, runs: int, peer_runs: int, tunix_python) -> dict:
@@ -297,9 +331,13 @@ def bench_shape(s: Shape, runs: int, peer_runs: int, tunix_python) -> dict:
                 median={k: statistics.median(v) for k, v in times.items()})
 
 
+SWEEP_TOKENS = 256  # the rows sweep's tokens a row: about the long-tailed draw's median
+
+
 def sweep(kind: str, runs: int):
-    """qwen3.BLOCK (generate time at small-1024 per block size) or engine.MIN_ROWS (time of
-    512 exact-length tokens per row at 128 ... 2 rows): the measurements behind them."""
+    """qwen3.BLOCK (generate time at small-1024 per block size) or engine.MIN_ROWS (time per
+    decode step of SWEEP_TOKENS exact-length tokens a row at 128 ... 2 rows, and what one
+    compaction costs): the measurements behind them."""
     cfg = model_config.small()
     weights = params.init(cfg, jax.random.key(0))
     if kind == "blocks":
@@ -312,36 +350,38 @@ def sweep(kind: str, runs: int):
     else:
         arms = {}
         for rows in (128, 64, 32, 16, 8, 4, 2):
-            s = Shape(f"rows-{rows}", "small", rows, 1, 32, 512, False)
+            s = Shape(f"rows-{rows}", "small", rows, 1, 32, SWEEP_TOKENS, False)
             prompts = np.asarray(jax.random.randint(jax.random.key(1), (rows, 32), 1,
                                                     cfg.vocab_size - 1), np.int32)
             arms[rows] = locojax_runner(cfg, weights, prompts, s, min_rows=None)
-        unit = "ms per decode step (rows x 512 tokens, exact length)"
+        unit = f"ms per decode step (rows x {SWEEP_TOKENS} tokens, exact length)"
     for fn in arms.values():
         fn()
     times = {k: [] for k in arms}
     for _ in range(runs):  # interleaved
         for k, fn in arms.items():
             times[k].append(timed(fn))
-    scale = 1.0 if kind == "blocks" else 1000 / 511
+    scale = 1.0 if kind == "blocks" else 1000 / (SWEEP_TOKENS - 1)
     for k, v in times.items():
         print(f"  {kind[:-1]} {k}: {scale * statistics.median(v):.3f} {unit} "
               f"(runs {' '.join(f'{scale * t:.3f}' for t in v)})")
-    if kind == "rows":  # what one compaction costs: 128 -> 64 rows, 543 slots written
+    if kind == "rows":  # what one compaction costs: 128 -> 64 rows, every slot written
         engine = Engine(cfg, min_rows=None)
-        sampling = SamplingConfig(max_new_tokens=512)
+        sampling = SamplingConfig(max_new_tokens=SWEEP_TOKENS)
+        written = 32 + SWEEP_TOKENS - 1
         prompts = np.asarray(jax.random.randint(jax.random.key(1), (128, 32), 1,
                                                 cfg.vocab_size - 1), np.int32)
         spent = []
         for _ in range(runs + 1):
             turn = engine.prefill(weights, prompts, jax.random.key(0), sampling).prefilled
-            cache = dataclasses.replace(turn.cache, index=jnp.int32(543))
+            cache = dataclasses.replace(turn.cache, index=jnp.int32(written))
             turn = dataclasses.replace(turn, cache=None, done=jnp.arange(128) % 2 == 0)
             jax.block_until_ready((cache, turn))
             t0 = time.perf_counter()
             jax.block_until_ready(compact_jit(cache, turn, None, None, size=64, layout=None))
             spent.append(1000 * (time.perf_counter() - t0))
-        print(f"  compact 128 -> 64 rows at 543 written slots: {statistics.median(spent[1:]):.1f}"
+        print(f"  compact 128 -> 64 rows at {written} written slots: "
+              f"{statistics.median(spent[1:]):.1f}"
               f" ms (runs {' '.join(f'{t:.1f}' for t in spent[1:])}; first {spent[0]:.0f})")
 
 
@@ -353,7 +393,11 @@ def main(argv=None) -> int:
                     help="steady-state runs of HF and Tunix")
     ap.add_argument("--no-tunix", action="store_true", help="skip Tunix's sampler")
     ap.add_argument("--sweep", choices=("blocks", "rows"), help="measure BLOCK or MIN_ROWS")
+    ap.add_argument("--prompts-4096", type=int, default=16,
+                    help="B of small-4096 (fewer: a shorter run; its rows' L_r are the first "
+                         "B x G of the same draw)")
     args = ap.parse_args(argv)
+    SHAPES["small-4096"] = dataclasses.replace(SHAPES["small-4096"], prompts=args.prompts_4096)
 
     print("command: " + " ".join([sys.executable.split("/")[-1]] + sys.argv))
     print(f"jax {jax.__version__} on {jax.devices()[0].platform} x{jax.device_count()}, "
@@ -372,29 +416,19 @@ def main(argv=None) -> int:
                   "(`python benchmarks/peers/install.py tunix` makes it)")
     bandwidth = read_bandwidth()
     print(f"memory read bandwidth (512 MiB f32 jnp.sum, best of 5): {bandwidth / 1e9:.1f} GB/s")
-    results = [bench_shape(SHAPES[n], args.runs, args.peer_runs, tunix_python)
-               for n in args.shapes]
+    results, per_token_512 = [], None
+    for name in args.shapes:  # each shape's row as it ends, so a cut-short run still tells
+        results.append(bench_shape(SHAPES[name], args.runs, args.peer_runs, tunix_python))
+        if name == "small-512":
+            per_token_512 = results[-1]["median"]["locojax"] / results[-1]["tokens"]
+        load = " ".join(f"{x:.1f}" for x in os.getloadavg())
+        print(f"{HEADER}\n{table_row(results[-1], bandwidth, per_token_512)}\n  load average "
+              f"{load}", flush=True)
     bandwidth = max(bandwidth, read_bandwidth())  # the better of two, around the runs
-    per_token_512 = next((r["median"]["locojax"] / r["tokens"] for r in results
-                          if r["shape"].name == "small-512"), None)
 
-    print("\n| shape | tokens | locojax tok/s | HF tok/s | Tunix tok/s | vs HF | vs Tunix |"
-          " cache read GB/s (of bandwidth) | s/token vs small-512 | first run s (locojax / "
-          "HF / Tunix) |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("\n" + HEADER)
     for r in results:
-        s, med, tok = r["shape"], r["median"], r["tokens"]
-        rate = {k: tok / v for k, v in med.items()}
-        read = cache_bytes(r["cfg"], s) / med["locojax"]
-        rel = (f"{med['locojax'] / tok / per_token_512:.2f}x"
-               if per_token_512 and s.long_tail else "")
-        print(f"| {s.name} | {tok} | {rate['locojax']:,.0f} | {rate['HF']:,.0f} | "
-              f"{rate['Tunix']:,.0f} | " if "Tunix" in rate else
-              f"| {s.name} | {tok} | {rate['locojax']:,.0f} | {rate['HF']:,.0f} | - | ", end="")
-        print(f"{med['HF'] / med['locojax']:.2f}x | "
-              + (f"{med['Tunix'] / med['locojax']:.2f}x" if "Tunix" in med else "-")
-              + f" | {read / 1e9:.2f} ({100 * read / bandwidth:.0f}% of {bandwidth / 1e9:.1f})"
-              f" | {rel} | " + " / ".join(f"{v:.1f}" for v in r["first"].values()) + " |")
+        print(table_row(r, bandwidth, per_token_512))
     print("load average at end %.1f %.1f %.1f; medians of steady-state runs, sides alternating"
           % os.getloadavg())
     return 0
