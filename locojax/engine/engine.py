@@ -111,8 +111,10 @@ CACHE_DTYPES = {"f32": jnp.float32, "bf16": jnp.bfloat16}
 """The KV cache's storage dtypes by name (`Engine(cache_dtype=...)`); attention reads either in
 f32, so bf16 halves the cache and its reads and rounds each key and value once."""
 MIN_ROWS = 8
-"""Finished rows are compacted out while a device's batch can halve and stay at least this
-(benchmarks/bench_engine.py --sweep rows measured where halving stops paying)."""
+"""Finished rows are compacted out while a device's batch can halve and stay at least this.
+A choice, not yet a measurement: `benchmarks/bench_engine.py --sweep rows` times a decode step
+at 128 ... 2 rows and one compaction, which says where halving stops paying
+(docs/engine_benchmark.md). Compacting at half is no setting: a batch halves."""
 
 
 class Engine:
