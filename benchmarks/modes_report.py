@@ -16,16 +16,19 @@ from __future__ import annotations
 import math
 import statistics
 
+from locojax import profiler
+
 MODES = ("single", "colocated", "controller")
 PHASES = ("admission", "prefill", "decode", "extend", "env", "detokenize_reward", "batch",
           "wait_controller", "train", "train_compute", "train_wait", "train_collective",
           "metrics")
 """Phases of a host's step, in step order (those a cell has none of are left out)."""
-CONTROLLER_PHASES = ("admission", "prefill", "decode", "detokenize_reward", "batch",
-                     "scatter")
+CONTROLLER_PHASES = ("admission", "prefill", "decode", "extend", "env", "detokenize_reward",
+                     "batch", "scatter")
 """The controller's own phases (`perf/controller/phase/*`): prefill is its dispatch of the
-rows, decode its wait for and gather of the hosts' generations, detokenize_reward its central
-scoring (controller.py)."""
+rows (multi-turn: turn 1 too), decode its wait for and gather of the hosts' generations,
+extend and env the later turns and the tool calls and tests it runs, detokenize_reward its
+central scoring (controller.py)."""
 SHORT = {"admission": "admit", "prefill": "prefill", "decode": "decode", "extend": "extend",
          "env": "env", "detokenize_reward": "score", "batch": "batch",
          "wait_controller": "wait ctrl", "train": "train", "train_compute": "tr.compute",
@@ -33,12 +36,13 @@ SHORT = {"admission": "admit", "prefill": "prefill", "decode": "decode", "extend
          "scatter": "scatter"}
 CTRL = {"admission": "ctrl admit", "prefill": "ctrl dispatch",
         "decode": "ctrl gather (+ hosts' generate, train)", "detokenize_reward": "ctrl score",
-        "batch": "ctrl batch", "scatter": "ctrl scatter"}
+        "extend": "ctrl extend", "env": "ctrl env", "batch": "ctrl batch",
+        "scatter": "ctrl scatter"}
 """The controller's phase columns. Its gather waits for the hosts' generate calls, which wait
 for the hosts to finish training the step before: it holds their train and generate."""
 TRAFFIC = ("controller/round_trips", "controller/round_trip_s", "net/dispatch_bytes",
            "net/gather_bytes", "net/scatter_bytes", "net/allreduce_bytes",
-           "net/weight_sync_bytes")
+           "net/weight_sync_push_bytes", "net/weight_sync_pull_bytes")
 """Per-step counts of the controller's round trips and of the network bytes (`perf/<name>`,
 profiler.py)."""
 NAN = float("nan")
@@ -96,7 +100,10 @@ def pooled(runs: list) -> dict | None:
         "phases": {p: median(rows, f"perf/phase/{p}") for p in PHASES
                    if any(f"perf/phase/{p}" in row for row in rows)},
         "other": median(rows, "perf/other"),
-        "shares": {k: median(rows, f"perf/{k}_share") for k in ("host", "network", "wait")},
+        # recomputed from the phases, so runs logged before a share's definition changed
+        # (profiler.CONTROLLER_HOST_PHASES gained `env`) read as the profiler reads them now
+        "shares": {k: statistics.median(profiler.shares(row)[f"perf/{k}_share"] for row in rows)
+                   for k in ("host", "network", "wait")},
         "controller": {p: median(rows, f"perf/controller/phase/{p}") for p in CONTROLLER_PHASES
                        if any(f"perf/controller/phase/{p}" in row for row in rows)},
         "traffic": {k: median(rows, f"perf/{k}") for k in TRAFFIC

@@ -59,8 +59,10 @@ _COMPILE_EVENTS = (
 
 HOST_PHASES = ("admission", "detokenize_reward", "batch", "env", "metrics")
 """Host work of the data path (Python, tokenisation, rewards) rather than device work."""
-CONTROLLER_HOST_PHASES = ("admission", "prefill", "detokenize_reward", "batch", "scatter")
-"""The controller's host work (`prefill` is its dispatch of the rows to the hosts)."""
+CONTROLLER_HOST_PHASES = ("admission", "prefill", "detokenize_reward", "env", "batch",
+                          "scatter")
+"""The controller's host work (`prefill` is its dispatch of the rows to the hosts, `env` the
+multi-turn environment steps and sandboxed tests it runs for every row)."""
 NETWORK_PHASES = ("train_collective", "weight_sync")
 WAIT_PHASES = ("train_wait", "wait_rollouts")
 TIMING = "phase-synchronised"

@@ -126,11 +126,12 @@ class RunConfig:
     """A GRPO run: sample → score → advantages → update, for `steps` steps."""
 
     mode: Literal["single", "colocated", "controller", "disaggregated", "async"] = "colocated"
-    """single: one process drives every local device (no process boundary: the fastest way
-    to use one host). colocated: one process per host, each admitting, generating and
-    scoring its own prompts, then one synchronous train step. controller (Ray): one central
-    controller admits, dispatches, gathers and scores every row for --hosts host processes
-    that train as colocated's do (the single-controller baseline).
+    """single: one process drives every local device (no process boundary, an in-memory
+    all-reduce; not the single-controller baseline). colocated: one process per host, each
+    admitting, generating and scoring its own prompts, then one synchronous train step.
+    controller (Ray): one central controller admits, dispatches, gathers and scores every
+    row for --hosts host processes that train as colocated's do (the single-controller
+    baseline).
     disaggregated (Ray): a learner group and rollout workers on separate hosts, rollout of
     step s+1 overlapping training of step s. async (Ray): a parameter server and N rollout
     workers pulling the newest version, samples at most --max-staleness versions old."""
