@@ -112,9 +112,13 @@ CACHE_DTYPES = {"f32": jnp.float32, "bf16": jnp.bfloat16}
 f32, so bf16 halves the cache and its reads and rounds each key and value once."""
 MIN_ROWS = 8
 """Finished rows are compacted out while a device's batch can halve and stay at least this.
-A choice, not yet a measurement: `benchmarks/bench_engine.py --sweep rows` times a decode step
-at 128 ... 2 rows and one compaction, which says where halving stops paying
-(docs/engine_benchmark.md). Compacting at half is no setting: a batch halves."""
+Compacting at half is no setting (a batch halves). `benchmarks/bench_engine.py --sweep rows
+--runs 2` (SMALL, 256 tokens a row, 2 cores, load 3.4, 2026-12-03 at 92c0304) measured ms per
+decode step at 128/64/32/16/8/4/2 rows: 97/44/25/11.8/8.8/5.6/4.1, and a 128 -> 64 compaction
+at 287 slots 93 ms (paid back in 2 steps). Halving still pays below 8 rows (~3 ms a step, 16 ->
+8 and 8 -> 4). 8 is kept for now: down to 8 rows compacted logprobs were bitwise the
+uncompacted batch's (tests/test_long_decode.py), below it one in 384 differed in the last bit;
+whether that is worth ~3 ms a step on the longest rows' tail is open (docs/engine_benchmark.md)."""
 
 
 class Engine:
