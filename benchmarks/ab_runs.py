@@ -25,8 +25,8 @@ import statistics
 import sys
 from pathlib import Path
 
-import bench_modes  # noqa: E402  (the script's folder is on sys.path)
-import bench_placement  # noqa: E402
+import bench_modes  # the script's folder is on sys.path (python puts it first)
+import bench_placement
 
 
 def argv_of(point: str, run_dir: Path, steps: int, ray_address: str) -> list[str]:
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         ray.shutdown()
     first = trees[0][0]
-    print(f"\n| point | " + " | ".join(f"{n} s/step (runs)" for n, _ in trees)
+    print("\n| point | " + " | ".join(f"{n} s/step (runs)" for n, _ in trees)
           + f" | {first} / other |")
     print("|---|" + "---|" * (len(trees) + 1))
     for point in args.points:
