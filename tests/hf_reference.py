@@ -26,7 +26,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, Qwen3Config, Qwen3For
 from locojax.model.config import ModelConfig
 from locojax.model.hf_config import config_from_dict
 from locojax.model.hf_io import from_state_dict
-from tests.tolerance import probabilistic
+from tests.tolerance import probabilistic, x64
 
 PUBLISHED = pathlib.Path(__file__).parent / "data" / "hf_configs.json"
 
@@ -195,6 +195,18 @@ def _rope_in_input_dtype(self, x, position_ids, layer_type=None):
     freqs = position_ids[..., None].to(x.dtype) * _inv_freq(params, dim, x.dtype)
     emb = torch.cat((freqs, freqs), dim=-1)
     return emb.cos() * scaling, emb.sin() * scaling
+
+
+@contextlib.contextmanager
+def computing_in(dtype: str, model, weights, cfg: ModelConfig):
+    """(HF model, locojax weights, cfg) holding the same weights, computing in `dtype`; for
+    float64, with jax's x64 on and HF's f32 islands widened (`float64_model`)."""
+    if dtype == "float32":
+        yield model, weights, cfg
+        return
+    cfg64 = dataclasses.replace(cfg, param_dtype="float64", compute_dtype="float64")
+    with x64(), float64_model(model) as model64:
+        yield model64, from_state_dict(hf_state_dict(model), cfg64), cfg64
 
 
 @contextlib.contextmanager

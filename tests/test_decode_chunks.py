@@ -12,10 +12,10 @@ import jax
 import numpy as np
 import pytest
 
-from locojax.engine import engine as engine_lib
 from locojax.engine.engine import Decoding, Engine
 from locojax.engine.sampling import SamplingConfig
 from locojax.model import config, params
+from tests.test_long_decode import _compactions
 
 MODEL = config.tiny()
 N = 24
@@ -30,17 +30,6 @@ LIMITS = np.random.default_rng(3).integers(2, N + 1, 16)
 @pytest.fixture(scope="module")
 def weights():
     return params.init(MODEL, jax.random.key(2))
-
-
-def _compactions(monkeypatch):
-    sizes, real = [], engine_lib.compact_jit
-
-    def counted(*a, **k):
-        sizes.append(k["size"])
-        return real(*a, **k)
-
-    monkeypatch.setattr(engine_lib, "compact_jit", counted)
-    return sizes
 
 
 def _prefill(eng, weights):

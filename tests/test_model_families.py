@@ -19,7 +19,6 @@ which an untied head breaks (2.1). Decode compares f64 only: there a wrong mask 
 is ~1e9 times the bound; the engine test runs the f32 programs a run uses.
 """
 
-import contextlib
 import dataclasses
 import functools
 
@@ -35,15 +34,14 @@ from locojax.model import hf_io, params, qwen3
 from locojax.model.attention import CacheBlocks, KVCache, slot_positions
 from locojax.model.config import FULL, SLIDING
 from locojax.model.hf_config import config_from_dict, load_config
-from locojax.model.hf_io import from_state_dict
 from locojax.rl.train_step import compute_logprobs
-from tests.hf_reference import (FWD_DEPTH, cut_down, float64_model, hf_state_dict, logit_tol,
-                                logprob_tol, measured_logit_tol, paired_from, published)
+from tests.hf_reference import (FWD_DEPTH, computing_in, cut_down, logit_tol, logprob_tol,
+                                measured_logit_tol, paired_from, published)
 from tests.test_engine import _full_forward, _greedy
 from tests.test_extend import converse
 from tests.test_model_parity import _cached_logits, _hf_logits, _left_padded
 from tests.test_shared_prefix import grouped_batch
-from tests.tolerance import probabilistic, x64
+from tests.tolerance import probabilistic
 
 GEMMA_TINY = dict(sliding_window=4, sliding_window_pattern=2, query_pre_attn_scalar=24,
                   rope_scaling={"rope_type": "linear", "factor": 8.0})
@@ -70,16 +68,9 @@ def _pair(case):
     return paired_from(CASES[case], seed=1)
 
 
-@contextlib.contextmanager
 def _in(dtype, case):
-    """(HF model, weights, cfg) computing in `dtype` (f64: x64 on, HF's f32 islands widened)."""
-    model, w, cfg = _pair(case)
-    if dtype == "float32":
-        yield model, w, cfg
-        return
-    cfg64 = dataclasses.replace(cfg, param_dtype="float64", compute_dtype="float64")
-    with x64(), float64_model(model) as model64:
-        yield model64, from_state_dict(hf_state_dict(model), cfg64), cfg64
+    """(HF model, weights, cfg) computing in `dtype` (`computing_in`)."""
+    return computing_in(dtype, *_pair(case))
 
 
 @functools.partial(jax.jit, static_argnames="cfg")

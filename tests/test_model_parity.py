@@ -12,7 +12,6 @@ RMSNorm ε (1e-5 for 1e-6) moves these logits by 1.2e-3, three times the f32 bou
 times the f64 one.
 """
 
-import contextlib
 import dataclasses
 import functools
 
@@ -23,11 +22,9 @@ import pytest
 import torch
 
 from locojax.model import qwen3
-from locojax.model.hf_io import from_state_dict
 from locojax.model.qwen3 import KVCache
-from tests.hf_reference import (TERMS_PER_LOGIT, float64_model, hf_state_dict, logit_tol,
-                                paired, tiny_cfg)
-from tests.tolerance import unit_roundoff, worst_case, x64
+from tests.hf_reference import TERMS_PER_LOGIT, computing_in, logit_tol, paired, tiny_cfg
+from tests.tolerance import unit_roundoff, worst_case
 
 BF16_ROUNDINGS = 32
 U_BF16 = unit_roundoff(jnp.bfloat16)
@@ -35,17 +32,11 @@ DTYPES = ["float32", "float64"]
 tol = logit_tol
 
 
-@contextlib.contextmanager
 def paired_in(dtype: str, cfg, seed: int):
     """(HF model, locojax weights, cfg) holding the same random weights, computing in
-    `dtype`; for float64, with jax's x64 on and HF's f32 islands widened."""
+    `dtype` (`computing_in`)."""
     model, w = paired(cfg, seed)
-    if dtype == "float32":
-        yield model, w, cfg
-        return
-    cfg64 = dataclasses.replace(cfg, param_dtype="float64", compute_dtype="float64")
-    with x64(), float64_model(model) as model64:
-        yield model64, from_state_dict(hf_state_dict(model), cfg64), cfg64
+    return computing_in(dtype, model, w, cfg)
 
 
 @functools.partial(jax.jit, static_argnames="cfg")
