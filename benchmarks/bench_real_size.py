@@ -113,7 +113,8 @@ def train(args) -> dict:
         algo=dataclasses.replace(base.algo, group_size=args.group),
         rollout=RolloutConfig(prompts_per_step=args.prompts, max_new_tokens=args.new_tokens,
                               max_prompt_tokens=args.prompt_tokens, ignore_eos=True),
-        eval=EvalConfig(every=0), precision=args.precision, remat=args.remat)
+        eval=EvalConfig(every=0), precision=args.precision,
+        remat="on" if args.remat else "off")
     jax_kb = _status_kb("VmRSS")
     t0 = time.perf_counter()
     trainer = start(cfg, wiring.join("single"))  # prints the plan; compiles the step's programs

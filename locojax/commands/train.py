@@ -24,9 +24,13 @@ from locojax.train.config import PRESETS
 RENAMED_FLAGS = {"--multiturn.": "--multi-turn."}
 """Old flag prefixes, still accepted: argv is rewritten to the new spelling before parsing."""
 
+REMAT_VALUES = ("auto", "on", "off")
+"""`--remat` takes one of these; its old boolean spellings, `--remat` alone and `--no-remat`,
+are still accepted (`_boolean_remat`)."""
+
 
 def main(argv: list[str]) -> int:
-    argv = [_renamed(a) for a in argv]
+    argv = _boolean_remat([_renamed(a) for a in argv])
     cfg = tyro.extras.overridable_config_cli(PRESETS, args=argv, prog="locojax train")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if cfg.mode in RAY_MODES:
@@ -52,6 +56,20 @@ def _renamed(arg: str) -> str:
         if arg.startswith(old):
             return new + arg[len(old):]
     return arg
+
+
+def _boolean_remat(argv: list[str]) -> list[str]:
+    """`--remat` with no value (the flag was a boolean) as `--remat on`, `--no-remat` as
+    `--remat off`."""
+    out = []
+    for i, arg in enumerate(argv):
+        if arg == "--no-remat":
+            out += ["--remat", "off"]
+        elif arg == "--remat" and (i + 1 == len(argv) or argv[i + 1] not in REMAT_VALUES):
+            out += ["--remat", "on"]
+        else:
+            out.append(arg)
+    return out
 
 
 def _run_ray(cfg) -> int:

@@ -43,6 +43,6 @@ def parse(argv: list[str], cluster: str = "", hardware_file: str = "", lengths_f
     model_cfg, source = spec.load(str(cfg.model))
     cl = hardware.parse_cluster(cluster or f"cpu-here-{default_hosts(cfg)}", hardware_file)
     ctx = Ctx(model_cfg, str(cfg.model), wl, cl, dtype=COMPUTE_DTYPES[cfg.precision],
-              kv_read=kv_read, remat=bool(cfg.remat))
+              kv_read=kv_read, remat=cfg.remat == "on")
     explicit = any(a == "--mode" or a.startswith("--mode=") for a in argv)
     return TrainRun(cfg, ctx, source, explicit)

@@ -190,9 +190,11 @@ class RunConfig:
     precision: Literal["f32", "bf16"] = "f32"
     """Compute dtype of rollout and training. bf16: bf16 activations, matmuls and KV cache
     (softmax, norms and accumulation in f32) over f32 master weights and optimizer state."""
-    remat: bool = False
+    remat: Literal["auto", "on", "off"] = "auto"
     """Recompute each layer's activations in the backward instead of keeping them (about one
-    more forward of compute); see the memory plan's `activations`."""
+    more forward of compute); see the memory plan's `activations`. auto: on only when the
+    memory plan finds the run does not fit without it (the plan says so). `--remat` alone
+    means on, `--no-remat` off."""
     logprob_chunk: int = -1
     """Positions per chunk of the learner's logits (each rematerialised). -1: automatic,
     whenever a micro-batch's [rows, T, V] f32 logits would exceed 256 MiB; 0: never."""
@@ -222,6 +224,8 @@ class RunConfig:
                              f"{self.device_memory_gb}")
         if self.time_limit_s < 0:
             raise ValueError(f"time_limit_s must be >= 0, got {self.time_limit_s}")
+        if self.remat not in ("auto", "on", "off"):
+            raise ValueError(f"remat must be 'auto', 'on' or 'off', got {self.remat!r}")
         if self.precision not in COMPUTE_DTYPES:
             raise ValueError(f"precision must be one of {sorted(COMPUTE_DTYPES)}, got "
                              f"{self.precision!r}")
@@ -245,11 +249,12 @@ class RunConfig:
         return self.algo.group_size
 
     def learner_config(self) -> LearnerConfig:
-        """The learner's config, with the values it must share with the sampler filled in."""
+        """The learner's config, with the values it must share with the sampler filled in
+        (remat auto starts off; the memory plan may turn it on)."""
         algo = dataclasses.replace(self.algo, max_response_len=self.rollout.max_new_tokens)
         return LearnerConfig(algo=algo, optim=self.optim, grad_accum=self.grad_accum,
                              temperature=self.rollout.temperature,
-                             skip_nonfinite=self.skip_nonfinite, remat=self.remat,
+                             skip_nonfinite=self.skip_nonfinite, remat=self.remat == "on",
                              logprob_chunk=self.logprob_chunk)
 
 
