@@ -7,8 +7,9 @@ clipping on) gives the same gradients (before the optimizer), Adam moments, step
 params and metrics on every layout as on one device:
   2, 4 and 8 devices; grad-accum 2 and 4; extra padding columns (each alone, on the
   subtlest mode; every mode on all of them at once); and 2 processes x 2 devices joined by
-  jax.distributed on CPU (gloo). One mode also runs on a 2 (data) x 2 (fsdp) mesh with
-  sharded params.
+  jax.distributed on CPU (gloo). FSDP layouts (`--train.mesh`: params, gradients and Adam
+  moments sharded over `fsdp`, the batch over data x fsdp): 2 x 2 with grad-accum and
+  padding in the fast tier; 1 x 4 and 2 x 4 in every mode, and 2 x 2 alone, in the slow one.
 
 The matrix runs in float64 (params and compute; `jax_enable_x64` in these runs only), where
 rounding is ~1e-15 and a normalisation bug ~1e-2 or more, so the bound below separates them
@@ -40,6 +41,11 @@ The bound, REL(dtype) = 2 · 2 · probabilistic(DEPTH) (see `tolerance.py`):
   f32 runs on a Zen 4 under the old 1e-6 bound). So the arrays' condition number
   (Σ|terms| / |Σ terms|, a property of this fixed problem, not of the CPU) is small. The
   planted bugs measure 3e-2 to 4e-1, far above either bound.
+FSDP changes no count in that chain, only the order of some sums: XLA may contract a matmul
+over the model width in per-shard partial sums joined by a collective add, and the gradient
+reduce-scatter adds the devices' partial gradients as the all-reduce did; the all-gathers
+of the params are exact copies. The bound holds for any summation order (it counts terms),
+so REL(dtype) is the same for FSDP layouts.
 The policy loss is a sum of terms of both signs that largely cancel, so its error is judged
 against Σ|terms| (`pg_loss_scale`); every other scalar metric sums non-negative terms (or is
 a max / min), so its own magnitude is that sum (a k3 KL term cancels inside itself, e^-δ - 1
@@ -75,6 +81,12 @@ LAYOUTS = {  # name: (mesh shape, grad_accum, extra left columns, extra right co
 }
 QUICK_MODE = "seq-mean-token-mean"  # the subtlest: a per-row token mean in a global seq mean
 WORKER = Path(__file__).with_name("layout_worker.py")
+
+
+FSDP_LAYOUTS = {  # name: (mesh shape, grad_accum, extra left columns, extra right columns)
+    "fsdp 4": ({"data": 1, "fsdp": 4}, 2, 1, 2),
+    "data 2 x fsdp 4": ({"data": 2, "fsdp": 4}, 2, 1, 2),
+}
 
 
 def rel_bound(dtype: str) -> float:
@@ -164,6 +176,20 @@ def test_layout_invariance_quick(dtype):
             "padding", QUICK_MODE, dtype)
 
 
+def test_fsdp_layout_invariance_quick():
+    """The fast tier's FSDP layout: params, gradients and Adam moments sharded over `fsdp`
+    (2 x 2 devices), grad-accum 2 and padding at once, in f64; `run_layout` also checks
+    that the step kept every weight and moment sharded as TRAIN_FSDP says."""
+    from locojax.model.config import tiny
+    from locojax.model.sharding import TRAIN_FSDP, weight_shardings
+
+    specs = jax.tree.leaves(weight_shardings(tiny(), mesh({"data": 2, "fsdp": 2}), TRAIN_FSDP))
+    assert sum("fsdp" in s.spec for s in specs) >= len(specs) // 2  # not all replicated
+    got = run({"data": 2, "fsdp": 2}, QUICK_MODE, 2, 2, 3, rules="train_fsdp")
+    compare(got, reference(QUICK_MODE), f"{QUICK_MODE} on 2 (data) x 2 (fsdp) x grad-accum 2 "
+            "x padding", QUICK_MODE, "float64")
+
+
 def test_planted_aggregate_is_the_bug_and_only_the_bug():
     """The planted bug's hook is exact where local and global counts agree (blocks of equal
     token counts) and wrong where they differ, so what the harness reports below is the
@@ -248,6 +274,18 @@ def test_fsdp_mesh_matches():
     mode = "seq-mean-token-sum-norm"
     got = run({"data": 2, "fsdp": 2}, mode, rules="train_fsdp")
     compare(got, reference(mode), f"{mode} on a 2x2 data x fsdp mesh", mode, "float64")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", lw.MODES)
+@pytest.mark.parametrize("layout", list(FSDP_LAYOUTS))
+def test_fsdp_layout_invariance_every_mode(layout, mode):
+    """Every mode on FSDP meshes (fsdp alone over 4 devices, and 2 x 4), with grad-accum 2
+    and padding: what `--train.mesh data=D,fsdp=F` trains with."""
+    shape, accum, left, right = FSDP_LAYOUTS[layout]
+    got = run(shape, mode, accum, left, right, rules="train_fsdp")
+    compare(got, reference(mode), f"{mode} on {layout} x grad-accum {accum} x padding", mode,
+            "float64")
 
 
 def _free_port() -> int:

@@ -39,7 +39,8 @@ def main(argv: list[str]) -> int:
     from locojax.train.loop import start
 
     try:  # prints the memory plan; refuses a run that cannot start or does not fit
-        trainer = start(cfg, wiring.join(cfg.mode, cfg.devices_per_host))
+        trainer = start(cfg, wiring.join(cfg.mode, cfg.devices_per_host, cfg.train,
+                                         cfg.rollout.tp))
     except (ValueError, FileNotFoundError, TypeError) as e:
         print(f"locojax train: {e}", file=sys.stderr)
         return 2

@@ -146,9 +146,17 @@ def is_complete(model_dir: str | Path) -> bool:
 
 def host_local(weights: params.Weights) -> params.Weights:
     """Numpy copies of replicated (possibly multi-process) weights, from this host's shards
-    (numpy leaves as they are)."""
-    return jax.tree.map(lambda x: np.asarray(x.addressable_shards[0].data)
-                        if isinstance(x, jax.Array) else np.asarray(x), weights)
+    (numpy leaves as they are). Sharded weights are refused: a shard is not the weight."""
+
+    def local(x):
+        if not isinstance(x, jax.Array):
+            return np.asarray(x)
+        if not x.is_fully_replicated:
+            raise ValueError(f"a {x.shape} weight is sharded ({x.sharding}); replicate it "
+                             "first (train/meshes.py `replicated`)")
+        return np.asarray(x.addressable_shards[0].data)
+
+    return jax.tree.map(local, weights)
 
 
 def save(model_dir: str | Path, cfg: ModelConfig, weights: params.Weights, source: str,

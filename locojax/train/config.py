@@ -25,6 +25,7 @@ from locojax.rl.config import AlgoConfig, LearnerConfig, OptimConfig
 from locojax.rollout.limits import MultiTurnConfig
 from locojax.train.curation import CurationConfig
 from locojax.train.dynamic_sampling import DynamicSamplingConfig
+from locojax.train.meshes import TrainConfig
 
 
 COMPUTE_DTYPES = {"f32": "float32", "bf16": "bfloat16"}
@@ -55,9 +56,13 @@ class RolloutConfig:
     """The KV cache's storage dtype (default: the compute dtype, --precision). bf16 halves the
     cache and its reads; attention still accumulates in f32. The sampler-trainer gap it adds
     is logged as rollout/logprob_mismatch."""
+    tp: int = 1
+    """Tensor parallelism of rollout within a host: heads, MLP and vocabulary split over this
+    many of the host's devices, rows over the rest (`sharding.ROLLOUT_TP`). It must divide
+    the host's devices and the model's heads and MLP width. Single and colocated modes."""
 
     def __post_init__(self):
-        for name in ("prompts_per_step", "max_new_tokens", "max_prompt_tokens"):
+        for name in ("prompts_per_step", "max_new_tokens", "max_prompt_tokens", "tp"):
             if getattr(self, name) < 1:
                 raise ValueError(f"rollout.{name} must be >= 1, got {getattr(self, name)}")
         if self.cache_dtype not in (None, *COMPUTE_DTYPES):
@@ -209,6 +214,9 @@ class RunConfig:
     """--mode controller: decode dispatch."""
     placement: Annotated[PlacementConfig, tyro.conf.OmitArgPrefixes] = PlacementConfig()
     """Ray modes: placement, staleness, leases (flags without a prefix: --max-staleness)."""
+    train: TrainConfig = TrainConfig()
+    """The learner's layout: --train.mesh data=D,fsdp=F shards params, gradients and
+    optimizer state over fsdp."""
     time_limit_s: float = 0.0
     """Stop (evaluate, save, export) after the first step that ends this many seconds after
     the trainer started; `steps` stays the upper bound. 0 = no limit. Hosts agree on it."""
@@ -242,6 +250,13 @@ class RunConfig:
             # learner.
             raise ValueError(f"mode {self.mode!r}: --curation.enabled and --dynamic.max-rounds "
                              "run in the single and colocated modes so far")
+        if self.mode not in ("single", "colocated") and (self.train.fsdp > 1
+                                                         or self.rollout.tp > 1):
+            raise ValueError(f"mode {self.mode!r}: --train.mesh with fsdp and --rollout.tp run "
+                             "in the single and colocated modes so far")
+        if self.profile_split and self.train.fsdp > 1:
+            raise ValueError("--profile-split times a data-parallel step; with --train.mesh "
+                             "fsdp > 1 XLA schedules the collectives inside the step")
         resolve(self.learner_config().algo)  # unknown algorithm, missing Dr.GRPO constant, ...
 
     @property
@@ -255,7 +270,7 @@ class RunConfig:
         return LearnerConfig(algo=algo, optim=self.optim, grad_accum=self.grad_accum,
                              temperature=self.rollout.temperature,
                              skip_nonfinite=self.skip_nonfinite, remat=self.remat == "on",
-                             logprob_chunk=self.logprob_chunk)
+                             logprob_chunk=self.logprob_chunk, rules=self.train.rules)
 
 
 def check_run(cfg: RunConfig, num_processes: int, num_devices: int) -> None:

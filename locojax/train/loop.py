@@ -30,12 +30,11 @@ from locojax.envs.rewards import RewardRunner
 from locojax.evaluate import batch_rows, derived, evaluate, greedy_sampling
 from locojax.metrics import MetricsLogger
 from locojax.model import loader
-from locojax.model.sharding import TRAIN_DP
 from locojax.profiler import StepTimer, TraceWindow
 from locojax.rl import batch as batch_lib
 from locojax.rl import train_state
 from locojax.rl.split_step import timed_update
-from locojax.train import memory_plan, resume
+from locojax.train import memory_plan, meshes, resume
 from locojax.train.build import RunParts
 from locojax.train.comm_probe import AllReduceProbe
 from locojax.train.config import COMPUTE_DTYPES, RunConfig, check_run
@@ -57,7 +56,8 @@ def start(cfg: RunConfig, wiring) -> Trainer | None:
     check_run(cfg, wiring.host.num_processes, jax.device_count())
     resume.check(cfg)  # a checkpoint of another run is refused before any compile
     parts = RunParts.of(cfg)
-    engine = parts.engine(wiring.rollout_mesh)
+    meshes.check_tp_model(cfg.rollout.tp, parts.model_cfg)
+    engine = parts.engine(wiring.rollout_mesh, wiring.rollout_rules)
     memory = plan_memory(parts, wiring, engine)
     if wiring.host.process_id == 0:
         print(memory.format(), flush=True)
@@ -102,7 +102,8 @@ def plan_memory(parts: RunParts, wiring, engine) -> memory_plan.MemoryPlan:
     if cfg.eval.every and eval_prompts:
         greedy = greedy_sampling(parts.tokenizer, cfg.rollout.max_new_tokens)
         shapes.append(memory_plan.EngineShape("eval", eval_prompts, p, 1, greedy))
-    batch = batch_lib.abstract(rows, columns, mesh, TRAIN_DP, prefix, staleness=remote)
+    batch = batch_lib.abstract(rows, columns, mesh, wiring.train_rules, prefix,
+                               staleness=remote)
     return memory_plan.plan(parts.model_cfg, learner, state, batch, ref, mesh, engine, shapes,
                             cfg.precision, cfg.device_memory_gb)
 
@@ -117,8 +118,9 @@ class Trainer:
         self.parts, self.wiring, self.engine, self.memory = parts, wiring, engine, memory
         self.host = wiring.host
         self.is_main = self.host.process_id == 0
-        # Loaded straight into the training layout (replicated over every host's devices).
-        params = parts.weights(wiring.train_mesh, TRAIN_DP)
+        # Loaded straight into the training layout (replicated over every host's devices, or
+        # sharded over `fsdp`).
+        params = parts.weights(wiring.train_mesh, wiring.train_rules)
         # The reference policy is the starting point; copied because train_step donates state.
         self.ref_params = jax.tree.map(jnp.copy, params) if cfg.algo.beta > 0 else None
         self.state = train_state.init(params, parts.learner.optim, parts.model_cfg)
@@ -148,9 +150,11 @@ class Trainer:
         self.state, step = found.state, found.step
         self.logger.truncate_after(step)  # lines are labelled 1..step for steps done
         log.info("resumed from %s at step %d", self.ckpt.directory, step)
-        if self.is_main and step >= self.cfg.steps:  # it had ended: was its export whole?
-            resume.export_if_missing(os.path.join(self.cfg.run_dir, FINAL_MODEL), self.cfg,
-                                     self.parts.model_cfg, self.state.params, step)
+        if step >= self.cfg.steps:  # it had ended: was its export whole?
+            params = self._whole_params()
+            if self.is_main:
+                resume.export_if_missing(os.path.join(self.cfg.run_dir, FINAL_MODEL), self.cfg,
+                                         self.parts.model_cfg, params, step)
         return step, (found.rollout, found.meta["rollouts"])
 
     def _save(self, step: int) -> None:
@@ -191,6 +195,11 @@ class Trainer:
                "perf/timing": profiler.TIMING}
         out["perf/profiler_s"] = time.perf_counter() - start
         return out
+
+    def _whole_params(self):
+        """The params replicated, for export (every host joins: sharded over `fsdp` they
+        are gathered)."""
+        return meshes.replicated(self.state.params, self.wiring.train_mesh)
 
     def _out_of_time(self) -> bool:
         """Past time_limit_s on any host: decided together, so every host stops at one step."""
@@ -259,9 +268,10 @@ class Trainer:
                     break
         trace.close()
         self.rollouts.close()
-        if self.is_main and self.start_step < cfg.steps:
+        params = self._whole_params() if self.start_step < cfg.steps else None
+        if self.is_main and params is not None:
             loader.save(os.path.join(cfg.run_dir, FINAL_MODEL), self.parts.model_cfg,
-                        self.state.params, cfg.model,
+                        params, cfg.model,
                         {"made_by": "locojax train", "steps": self.last_step},
                         dtype=COMPUTE_DTYPES[cfg.checkpoint.export_dtype])
         self.ckpt.close()

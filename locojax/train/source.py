@@ -57,8 +57,10 @@ class InlineSource:
 
     def take(self, step: int, params, timer: StepTimer) -> RolloutRecord:
         start, stop = self.wiring.host_slice(self.producer.prompts_per_step)
-        record, self._feedback = self.producer.produce(
-            step, self.wiring.rollout_weights(params), start, stop, timer)
+        with timer.phase("reshard") as ph:  # training layout -> rollout layout (meshes.py)
+            weights = self.producer.engine.place_weights(self.wiring.rollout_weights(params))
+            ph.sync(weights)
+        record, self._feedback = self.producer.produce(step, weights, start, stop, timer)
         return record
 
     def publish(self, version: int, params, timer: StepTimer) -> dict[str, float]:

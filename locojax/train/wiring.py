@@ -5,7 +5,10 @@ for the in-process modes; the Ray learner group joins in `fleet/learner.py`), an
 five questions for the loop:
 - where does the producer run, and how deep is the buffer?     `rollout_source`
 - which of the step's prompts does this process admit?        `host_slice`
+- how are the learner's state and batch laid out?             `train_mesh`, `train_rules`
+                                                               (`--train.mesh`: meshes.py)
 - on which devices does its engine generate, with which params? `rollout_mesh`,
+                                                               `rollout_rules` (`--rollout.tp`),
                                                                `rollout_weights`
 - how do the hosts' rows become one global training batch?     `global_batch`
 - how are per-host statistics combined?                        `sum_over_hosts`,
@@ -35,12 +38,12 @@ import json
 import jax
 import numpy as np
 from jax.experimental import multihost_utils
-from jax.sharding import NamedSharding, PartitionSpec as P
 
 from locojax import distributed
 from locojax.distributed import HostInfo
-from locojax.model.sharding import TRAIN_DP, make_mesh
 from locojax.rl import batch as batch_lib
+from locojax.train import meshes
+from locojax.train.meshes import TrainConfig
 from locojax.train.source import InlineSource
 
 
@@ -48,9 +51,13 @@ class Single:
     name = "single"
     remote_rollouts = False  # the producer runs inline, here: see `source.InlineSource`
 
-    def __init__(self, host: HostInfo):
+    def __init__(self, host: HostInfo, train: TrainConfig | None = None, tp: int = 1):
         self.host = host
-        self.train_mesh = self.rollout_mesh = make_mesh({"data": jax.device_count()})
+        self.train_mesh, self.train_rules = meshes.train_mesh(train or TrainConfig(),
+                                                              jax.devices())
+        self.rollout_mesh, self.rollout_rules = meshes.rollout_mesh(tp, jax.devices())
+        if self.rollout_mesh.shape == self.train_mesh.shape:
+            self.rollout_mesh = self.train_mesh  # plain data parallel: one mesh for both
 
     def rollout_source(self, producer) -> InlineSource:
         return InlineSource(producer, self)
@@ -59,10 +66,12 @@ class Single:
         return 0, n
 
     def rollout_weights(self, params):
-        return params  # already replicated over the mesh the engine runs on
+        """The params as the engine takes them: this process holds every shard, so the
+        engine's `place_weights` moves them to its layout (a no-op when data parallel)."""
+        return params
 
     def global_batch(self, local: batch_lib.TrainBatch) -> batch_lib.TrainBatch:
-        return batch_lib.shard(local, self.train_mesh, TRAIN_DP)
+        return batch_lib.shard(local, self.train_mesh, self.train_rules)
 
     def sum_over_hosts(self, values):
         return values
@@ -78,13 +87,12 @@ class Colocated:
     name = "colocated"
     remote_rollouts = False  # the producer runs inline, here: see `source.InlineSource`
 
-    def __init__(self, host: HostInfo):
+    def __init__(self, host: HostInfo, train: TrainConfig | None = None, tp: int = 1):
         self.host = host
         # Global devices in process order, so process p's rows land on process p's devices.
         devices = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
-        self.train_mesh = make_mesh({"data": len(devices)}, devices)
-        self.rollout_mesh = make_mesh({"data": jax.local_device_count()}, jax.local_devices())
-        self._replicated = NamedSharding(self.rollout_mesh, P())
+        self.train_mesh, self.train_rules = meshes.train_mesh(train or TrainConfig(), devices)
+        self.rollout_mesh, self.rollout_rules = meshes.rollout_mesh(tp, jax.local_devices())
 
     def rollout_source(self, producer) -> InlineSource:
         return InlineSource(producer, self)
@@ -95,19 +103,14 @@ class Colocated:
         return start, start + share
 
     def rollout_weights(self, params):
-        """This host's replica: the local shards of replicated params, viewed on the local mesh."""
-
-        def local(x):
-            if len(jax.local_devices()) == len(jax.devices()):
-                return x
-            shards = {s.device: s.data for s in x.addressable_shards}
-            return jax.make_array_from_single_device_arrays(
-                x.shape, self._replicated, [shards[d] for d in self.rollout_mesh.devices.flat])
-
-        return jax.tree.map(local, params)
+        """This host's replica: the local shards of replicated params, viewed on the local
+        mesh. Params sharded over `fsdp` are first gathered (a collective every host joins:
+        each calls this at the same point of the same step)."""
+        params = meshes.replicated(params, self.train_mesh)
+        return meshes.local_replica(params, self.rollout_mesh)
 
     def global_batch(self, local: batch_lib.TrainBatch) -> batch_lib.TrainBatch:
-        return batch_lib.from_process_local(local, self.train_mesh, TRAIN_DP)
+        return batch_lib.from_process_local(local, self.train_mesh, self.train_rules)
 
     def sum_over_hosts(self, values):
         """A pytree of numbers (the same structure on every host) summed over the hosts, in
@@ -149,9 +152,12 @@ NAMES_BYTES = 8192
 WIRINGS = {"single": Single, "colocated": Colocated}
 
 
-def join(mode: str, devices_per_host: int = 0) -> Single | Colocated:
-    """Join the hosts this process belongs to (`distributed.initialize`), then wire `mode`."""
+def join(mode: str, devices_per_host: int = 0, train: TrainConfig | None = None,
+         tp: int = 1) -> Single | Colocated:
+    """Join the hosts this process belongs to (`distributed.initialize`), then wire `mode`
+    with the learner's mesh `train` and rollout tensor parallelism `tp`."""
     if mode not in WIRINGS:
         raise ValueError(f"mode {mode!r} has no in-process wiring; choose from "
                          f"{sorted(WIRINGS)} (the Ray modes start through fleet/driver.py)")
-    return WIRINGS[mode](distributed.initialize(devices_per_host=devices_per_host or None))
+    host = distributed.initialize(devices_per_host=devices_per_host or None)
+    return WIRINGS[mode](host, train, tp)

@@ -1,0 +1,224 @@
+"""`--train.mesh data=D,fsdp=F` and `--rollout.tp N`: the settings, the reshard between the
+two layouts, and FSDP runs of `locojax train` end to end.
+
+Guards: bad settings are refused naming the setting (while parsing, or before any work when
+they depend on the devices); the wiring lays the learner out as the setting says (params
+really sharded over `fsdp`) and the rollout as `--rollout.tp` says; the reshard from the
+one to the other moves the weights without changing a bit; and a 2-step FSDP run trains,
+logs `perf/phase/reshard`, and is bitwise the same run as single and as colocated (the mode
+equivalence of tests/test_train_loop.py with FSDP on).
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from locojax.distributed import HostInfo
+from locojax.model import config as model_config
+from locojax.model import params as params_lib
+from locojax.model.sharding import weight_shardings
+from locojax.train import meshes, wiring
+from locojax.train.config import RolloutConfig, RunConfig
+from locojax.train.meshes import TrainConfig, parse_mesh
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.mark.parametrize("text, sizes", [
+    ("", {}),
+    ("data=2,fsdp=4", {"data": 2, "fsdp": 4}),
+    (" fsdp = 8 ", {"fsdp": 8}),
+    ("fsdp=2,data=1", {"data": 1, "fsdp": 2}),  # laid out data-major whatever the order
+])
+def test_mesh_setting_parses(text, sizes):
+    assert parse_mesh(text) == sizes
+
+
+@pytest.mark.parametrize("text, message", [
+    ("data=0,fsdp=2", "data='0' must be a whole number >= 1"),
+    ("data=2,fsdp=-1", "fsdp='-1' must be a whole number >= 1"),
+    ("data=two", "data='two' must be a whole number >= 1"),
+    ("tensor=2", "unknown axis 'tensor'; the axes are data, fsdp"),
+    ("data=2,data=2", "axis 'data' is given twice"),
+    ("data2", "'data2' is not AXIS=SIZE"),
+    (",", "no axis given"),
+])
+def test_bad_mesh_setting_is_refused_naming_it(text, message):
+    with pytest.raises(ValueError, match="--train.mesh") as e:
+        TrainConfig(mesh=text)
+    assert message in str(e.value)
+
+
+def test_mesh_must_cover_the_learners_devices():
+    assert TrainConfig("data=2,fsdp=4").shape(8) == {"data": 2, "fsdp": 4}
+    assert TrainConfig("data=8").shape(8) == {"data": 8}  # fsdp 1: plain data parallel
+    assert TrainConfig("").shape(8) == {"data": 8}
+    with pytest.raises(ValueError, match=r"data x fsdp = 1 x 2 = 2 devices, but the learner "
+                                         r"has 8: the product must equal 8"):
+        TrainConfig("fsdp=2").shape(8)
+    assert TrainConfig("data=4,fsdp=2").rules == "train_fsdp"
+    assert TrainConfig("data=8,fsdp=1").rules == TrainConfig().rules == "train_dp"
+
+
+def test_run_config_wires_fsdp_into_the_learner_and_refuses_where_unsupported():
+    cfg = RunConfig(mode="single", train=TrainConfig("data=1,fsdp=2"))
+    assert cfg.learner_config().rules == "train_fsdp"
+    assert RunConfig(mode="single").learner_config().rules == "train_dp"
+    with pytest.raises(ValueError, match="rollout.tp must be >= 1"):
+        RolloutConfig(tp=0)
+    for mode in ("controller", "disaggregated", "async"):
+        with pytest.raises(ValueError, match="--train.mesh with fsdp and --rollout.tp run in "
+                                             "the single and colocated modes"):
+            RunConfig(mode=mode, rollout=RolloutConfig(tp=2))
+    with pytest.raises(ValueError, match="--profile-split times a data-parallel step"):
+        RunConfig(mode="single", train=TrainConfig("fsdp=2"), profile_split=True)
+
+
+def test_tp_must_divide_the_hosts_devices_and_the_model():
+    with pytest.raises(ValueError, match="--rollout.tp 3 does not divide this host's 8"):
+        meshes.check_tp(3, 8)
+    cfg = model_config.tiny()  # 4 heads, ffn 128
+    meshes.check_tp_model(4, cfg)
+    with pytest.raises(ValueError, match=r"--rollout.tp 8 does not divide the model's "
+                                         r"num_attention_heads \(4\)"):
+        meshes.check_tp_model(8, cfg)
+
+
+def _host():
+    return HostInfo(process_id=0, num_processes=1)
+
+
+@pytest.mark.parametrize("kind", [wiring.Single, wiring.Colocated])
+def test_reshard_moves_weights_between_layouts_bitwise(kind):
+    """The learner's FSDP layout (2 x 4) to the rollout's TP layout (data 4 x tensor 2) and
+    back to a plain replica for export: the same bits, placed as each layout says."""
+    from locojax.engine.engine import Engine
+
+    w = kind(_host(), TrainConfig("data=2,fsdp=4"), tp=2)
+    assert dict(w.train_mesh.shape) == {"data": 2, "fsdp": 4}
+    assert dict(w.rollout_mesh.shape) == {"data": 4, "tensor": 2}
+    cfg = model_config.tiny()
+    train_shardings = weight_shardings(cfg, w.train_mesh, w.train_rules)
+    params = jax.device_put(params_lib.init(cfg, jax.random.key(0)), train_shardings)
+    sharded = [x for x in jax.tree.leaves(params) if "fsdp" in x.sharding.spec]
+    assert len(sharded) >= len(jax.tree.leaves(params)) // 2  # FSDP really shards them
+    engine = Engine(cfg, mesh=w.rollout_mesh, rules=w.rollout_rules)
+    rollout = engine.place_weights(w.rollout_weights(params))
+    whole = meshes.replicated(params, w.train_mesh)
+    for a, b, c, want in zip(jax.tree.leaves(params), jax.tree.leaves(rollout),
+                             jax.tree.leaves(whole), jax.tree.leaves(engine._weight_shardings),
+                             strict=True):
+        assert b.sharding.is_equivalent_to(want, b.ndim)
+        assert c.is_fully_replicated
+        assert np.asarray(a).tobytes() == np.asarray(b).tobytes() == np.asarray(c).tobytes()
+    assert any("tensor" in x.sharding.spec for x in jax.tree.leaves(rollout))
+
+
+def test_export_refuses_a_shard_for_the_weight(tmp_path):
+    """`loader.save` of FSDP-sharded params would write one shard as the whole weight."""
+    from locojax.model import loader
+
+    w = wiring.Single(_host(), TrainConfig("fsdp=8"))
+    cfg = model_config.tiny()
+    params = jax.device_put(params_lib.init(cfg, jax.random.key(0)),
+                            weight_shardings(cfg, w.train_mesh, w.train_rules))
+    with pytest.raises(ValueError, match="is sharded"):
+        loader.save(tmp_path / "m", cfg, params, "tiny")
+
+
+def locojax(*args, timeout=900, check=True):
+    out = subprocess.run([sys.executable, "-m", "locojax.cli", *args], cwd=ROOT,
+                         capture_output=True, text=True, timeout=timeout)
+    if check and out.returncode != 0:
+        raise AssertionError(f"locojax {' '.join(args)} failed:\n{out.stdout}\n{out.stderr}")
+    return out
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--train.mesh", "data=0"], "--train.mesh 'data=0': data='0' must be a whole number"),
+    (["--train.mesh", "data=1,fsdp=4", "--devices-per-host", "2"],
+     "--train.mesh 'data=1,fsdp=4' covers data x fsdp = 1 x 4 = 4 devices, but the learner "
+     "has 2"),
+    (["--rollout.tp", "2", "--devices-per-host", "1"],
+     "--rollout.tp 2 does not divide this host's 1 device(s)"),
+])
+def test_cli_refuses_bad_layout_settings_before_any_work(args, message, tmp_path):
+    out = locojax("train", "demo", "--model", "tiny", "--mode", "single", "--run-dir",
+                  str(tmp_path / "r"), *args, check=False, timeout=120)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert message in " ".join(out.stderr.replace("│", " ").split())
+    assert not (tmp_path / "r" / "metrics.jsonl").exists()
+
+
+STEPS = 2
+RUN = ["--task.level", "2", "--rollout.prompts-per-step", "8", "--algo.group-size", "4",
+       "--rollout.max-new-tokens", "10", "--rollout.max-prompt-tokens", "8",
+       "--eval.every", "0", "--optim.lr", "3e-4", "--no-progress", "--no-tensorboard",
+       "--dump-rollouts", "--train.mesh", "data=1,fsdp=2", "--steps", str(STEPS)]
+"""A 2-step run of the demo's TINY checkpoint (embedded-strict: right 38% of the time, so
+rewards vary within groups and the params move) with params sharded over 2 devices."""
+
+
+@pytest.fixture(scope="module")
+def fsdp_runs(tmp_path_factory):
+    """The same FSDP run as one process x 2 devices (single) and 2 processes x 1 device
+    (colocated: the fsdp axis spans the hosts)."""
+    root = tmp_path_factory.mktemp("fsdp")
+    base = ["train", "demo", "--model", "embedded-strict", *RUN]
+    locojax(*base, "--mode", "single", "--devices-per-host", "2", "--run-dir",
+            str(root / "single"))
+    locojax("launch", "--hosts", "2", "--devices-per-host", "1", "--heartbeat-s", "10", "--",
+            *base, "--mode", "colocated", "--run-dir", str(root / "colocated"))
+    return root / "single", root / "colocated"
+
+
+def _final(run_dir):
+    from locojax.model.loader import load
+
+    return load(os.path.join(run_dir, "final_model"), param_dtype="float32").weights
+
+
+def _tokens(run_dir):
+    """Every step's sampled tokens, rows in group-id order (one dump per host and step)."""
+    by_step = {}
+    for name in sorted(os.listdir(os.path.join(run_dir, "rollouts"))):
+        d = np.load(os.path.join(run_dir, "rollouts", name))
+        by_step.setdefault(name.split(".")[0], []).append((d["group_ids"], d["tokens"]))
+    out = {}
+    for step, parts in by_step.items():
+        ids = np.concatenate([p[0] for p in parts])
+        out[step] = np.concatenate([p[1] for p in parts])[np.argsort(ids, kind="stable")]
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_fsdp_run_trains_and_single_and_colocated_agree(fsdp_runs):
+    """`--train.mesh data=1,fsdp=2` trains 2 steps with `--devices-per-host 2`, times the
+    reshard each step, and gives bitwise the same rollouts and params as the same setting
+    over 2 colocated hosts. Bitwise, as tests/test_train_loop.py argues for data parallel:
+    both run one SPMD program over the same 2-device mesh; FSDP's collectives are all-gathers
+    (copies) and a 2-way reduce-scatter (one IEEE add, commutative); only the transport
+    differs (in-process or gloo)."""
+    from locojax.model.loader import load
+
+    single, colo = fsdp_runs
+    perf = [json.loads(line) for line in open(single / "perf.jsonl")]
+    assert len(perf) == STEPS and all(p["perf/phase/reshard"] > 0 for p in perf)
+    ta, tb = _tokens(str(single)), _tokens(str(colo))
+    assert sorted(ta) == sorted(tb) and len(ta) == STEPS
+    for step in ta:
+        np.testing.assert_array_equal(ta[step], tb[step])
+    pa, pb = _final(str(single)), _final(str(colo))
+    p0 = load("embedded-strict", param_dtype="float32").weights
+    moved = False
+    for a, b, c in zip(jax.tree.leaves(pa), jax.tree.leaves(pb), jax.tree.leaves(p0),
+                       strict=True):
+        assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
+        moved |= not np.array_equal(np.asarray(a), np.asarray(c))
+    assert moved, "the steps did not change the params: the comparison would be vacuous"
