@@ -27,6 +27,7 @@ from pathlib import Path
 
 import bench_modes  # the script's folder is on sys.path (python puts it first)
 import bench_placement
+import local_ray
 
 
 def argv_of(point: str, run_dir: Path, steps: int, ray_address: str) -> list[str]:
@@ -61,9 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     import ray
 
-    os.environ["RAY_DEDUP_LOGS"] = "0"
-    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, logging_level="WARNING")
-    address = ray.get_runtime_context().gcs_address
+    address = local_ray.start()
     print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs; trees "
           + ", ".join(f"{n}={d}" for n, d in trees) + f"; {args.steps} steps, steady "
           f"{args.skip + 1}..{args.steps - 1}; load before {os.getloadavg()[0]:.1f}")

@@ -77,7 +77,8 @@ import sys
 import time
 from pathlib import Path
 
-import modes_report  # noqa: E402  (the script's folder is on sys.path)
+import local_ray  # the script's folder is on sys.path
+import modes_report
 
 PY = sys.executable
 CLI = [PY, "-m", "locojax.cli"]
@@ -455,11 +456,7 @@ def measure(args) -> list[Result]:
             print(f"# {spec.name} arith-var model: {cmd}")
     address = ""
     if "controller" in args.modes:
-        import ray
-
-        os.environ["RAY_DEDUP_LOGS"] = "0"
-        ray.init(num_cpus=os.cpu_count(), include_dashboard=False, logging_level="WARNING")
-        address = ray.get_runtime_context().gcs_address
+        address = local_ray.start()
     results, failed = [], set()
     t_start = time.perf_counter()
     try:

@@ -57,7 +57,8 @@ import sys
 import time
 from pathlib import Path
 
-from bench_modes import swe_train  # noqa: E402  (the script's folder is on sys.path)
+import local_ray  # the script's folder is on sys.path
+from bench_modes import swe_train
 
 PY = sys.executable
 CLI = [PY, "-m", "locojax.cli"]
@@ -206,9 +207,7 @@ def measure(work: Path, pts: list[Point], args) -> tuple[dict, dict]:
     work.mkdir(parents=True)
     os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(work / "jax_cache"))
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
-    os.environ["RAY_DEDUP_LOGS"] = "0"
-    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, logging_level="WARNING")
-    address = ray.get_runtime_context().gcs_address
+    address = local_ray.start()
     print(f"# {os.cpu_count()} CPUs, {HOSTS} simulated hosts of 1 device: "
           f"{'the hosts share the cores' if os.cpu_count() < HOSTS else 'a core per host'}")
     print(f"# held fixed: B={args.prompts} prompts x G={args.group}, TINY random f32, "
