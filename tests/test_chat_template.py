@@ -184,3 +184,24 @@ def test_curate_refuses_chat_without_a_template(tmp_path, capsys):
     assert curate.main([data, "--out", str(tmp_path / "kept.jsonl"), "--model", "embedded",
                         "--template", "chat"]) == 2
     assert "there is no tokenizer_config.json in" in capsys.readouterr().err
+
+
+def test_generate_sends_the_prompt_through_the_checkpoints_template(tmp_path, capsys):
+    """`locojax generate --template chat` renders the prompt with the checkpoint's own
+    template (not the hand-written ChatML of `--template qwen`), and a checkpoint without
+    one is refused with the file named, before any compile."""
+    import shutil
+
+    from locojax.commands import generate
+    from locojax.model.loader import EMBEDDED
+
+    model = tmp_path / "m"
+    shutil.copytree(EMBEDDED["embedded"], model)
+    argv = ["--model", str(model), "--prompt", "12+34", "--template", "chat", "--batch", "1",
+            "--max-new-tokens", "2", "--temperature", "0", "--show", "1"]
+    assert generate.main(argv) == 2
+    assert "there is no tokenizer_config.json in" in capsys.readouterr().err
+    (model / "tokenizer_config.json").write_text(json.dumps(
+        {"chat_template": "{% for m in messages %}[{{ m['content'] }}]={% endfor %}"}))
+    assert generate.main(argv) == 0
+    assert "\n[12+34]=" in capsys.readouterr().out

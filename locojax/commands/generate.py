@@ -1,10 +1,10 @@
 """`locojax generate`: sample from a model with the jitted engine and report tokens/s.
 
     locojax generate --model tiny --prompt "2+3=" --batch 4 --max-new-tokens 32
-    locojax generate --model path/to/hf_dir --prompt "Hello" --temperature 0
+    locojax generate --model path/to/hf_dir --prompt "Hello" --temperature 0 --template chat
 
 `--model` is a spec of `locojax.model.loader.load`: `embedded`, a preset (`tiny`, `small`:
-random weights, for timing) or an HF Qwen3 directory, with its tokenizer. Compile time
+random weights, for timing) or an HF directory, with its tokenizer. Compile time
 (the first call) is reported apart from the steady-state time of a second, identical call.
 """
 
@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 import time
+from typing import Literal
 
 import tyro
 
@@ -22,11 +23,13 @@ class GenerateArgs:
     """Sample completions of one prompt with the jitted engine."""
 
     model: str = "tiny"
-    """embedded, a preset with random weights (tiny, small), or an HF Qwen3 directory."""
+    """embedded, a preset with random weights (tiny, small), or an HF directory."""
     prompt: str = "Hello"
-    """Prompt text (encoded with the model's tokenizer; no chat template)."""
-    chat: bool = False
-    """Wrap the prompt as one user turn of the tokenizer's chat template."""
+    """Prompt text, encoded with the model's tokenizer."""
+    template: Literal["plain", "qwen", "chat"] = "plain"
+    """How the prompt is sent, as in `train`/`eval`: plain text; qwen (one user turn of
+    hand-written ChatML); chat (one user turn of the checkpoint's own chat template, from
+    its tokenizer_config.json or chat_template.jinja)."""
     batch: int = 4
     """Number of samples of the prompt (one prefill, cache repeated)."""
     max_new_tokens: int = 32
@@ -49,18 +52,21 @@ def main(argv: list[str]) -> int:
     args = tyro.cli(GenerateArgs, args=argv, prog="locojax generate")
     import jax
 
-    from locojax.model import loader
     from locojax.engine.engine import Engine
     from locojax.engine.sampling import SamplingConfig
+    from locojax.model import loader
+    from locojax.tokenizer.chat_template import with_chat_template
 
     try:
         model = loader.load(args.model, seed=args.seed)
         cfg, weights, tok = model.cfg, model.weights, model.tokenizer
+        if args.template == "chat":
+            tok = with_chat_template(tok, loader.resolve_dir(args.model))
         if tok.vocab_size > cfg.vocab_size:
             raise ValueError(f"tokenizer has {tok.vocab_size} ids but the model only "
                              f"{cfg.vocab_size}")
         text = (tok.apply_chat_template([{"role": "user", "content": args.prompt}])
-                if args.chat else args.prompt)
+                if args.template != "plain" else args.prompt)
         ids = tok.encode(text)
         if args.batch < 1:
             raise ValueError(f"--batch {args.batch} must be >= 1")
