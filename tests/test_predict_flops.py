@@ -76,7 +76,10 @@ def _check_engine(name):
 
 
 def _check_train(name):
-    cfg, b, g, p, n = SHAPES[name]
+    _check_train_cfg(*SHAPES[name])
+
+
+def _check_train_cfg(cfg, b, g, p, n):
     costs = ModelCosts(cfg, "float32")
     mesh = make_mesh({"data": 1}, jax.devices()[:1])
     prefix = batch_lib.SharedPrefix(p, g)
@@ -95,7 +98,8 @@ def _check_train(name):
     _within(flops[0.0], costs.train_step(rows, g, p, n).flops,
             _elementwise_bound(cfg, tokens, keys, rows * n, True, cfg.num_params()))
     # β > 0 adds the reference's no-grad forward, whose layer scan XLA counts once.
-    one = dataclasses.replace(cfg, num_hidden_layers=1)
+    one = dataclasses.replace(cfg, num_hidden_layers=1,
+                              layer_types=cfg.layer_types[:1] if cfg.layer_types else None)
     ref = ModelCosts(one, "float32").train_forward(rows, g, p, n)
     _within(flops[0.04] - flops[0.0], ref,
             _elementwise_bound(one, tokens, keys, rows * n, False))

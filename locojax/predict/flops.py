@@ -1,9 +1,12 @@
 """FLOPs and bytes of a dense decoder's programs: prefill, decode and the GRPO train step.
 
 One token through a dense decoder costs, per layer (2 FLOPs per multiply-accumulate):
-- projections: 2 (d (n h + 2 k h) + n h d + 3 d f), the q/k/v/o and SwiGLU matmuls;
-- attention: 4 n h c for a query reading c keys (q·k, then p·v);
-and once per token the LM head, 2 d v, wherever logits are taken. Backward is twice the
+- projections: 2 (d (n h + 2 k h) + n h d + 3 d f), the q/k/v/o and gated-MLP matmuls;
+- attention: 4 n h c for a query reading c keys (q·k, then p·v); in a sliding-window layer
+  (Gemma 3's local layers) at most W of them, c_local = min(c, W);
+and once per token the LM head, 2 d v, wherever logits are taken. Only matmuls count: the
+families' other differences (Qwen2's q/k/v bias adds, Gemma's extra norms and GELU) are
+elementwise work, and their parameters are in the weight bytes (`ModelConfig.num_params`). Backward is twice the
 forward's matmuls (the input and the weight gradient of each), so a train step is 3x a
 forward, plus one more forward with remat and one no-grad forward for the reference (β > 0).
 
@@ -11,7 +14,7 @@ The totals follow what locojax's programs actually compute (`engine.py`, `train_
 so that they can be checked against XLA's `cost_analysis()` of those programs
 (tests/test_predict_flops.py):
 - prefill runs each prompt once (not once per sample), dense masked attention over its P
-  columns, and the LM head on the last position only;
+  columns (a local layer: over at most W of them), and the LM head on the last position only;
 - a decode step runs every row of the call (finished rows too: shapes are static) and reads
   `kv_slots` keys per row: the whole fixed-size cache, S = P + N - 1, in locojax's engine
   (`kv_read="static"`), or only the filled part, P + i at step i, in a paged engine
@@ -21,7 +24,13 @@ so that they can be checked against XLA's `cost_analysis()` of those programs
   LM head on the N positions that predict response tokens.
 
 Bytes are what a step must move between memory and the compute units at least: every
-weight once per program call (per decode step), the KV cache read, activations in and out.
+weight once per program call (per decode step), the KV cache read (a local layer's at most
+its window), activations in and out.
+
+Sliding windows: locojax's decode reads a local layer's cache from the first block inside
+the window (`attention.CacheBlocks`), as the count does; its prefill and train step compute
+the masked scores of a local layer densely, which XLA counts and the model does not (the
+model counts what a block-skipping attention kernel computes, the accelerator case).
 
 Reference: Kaplan et al. 2020 (C_forward ≈ 2N + 2 n_layer n_ctx d_attn); Chinchilla
 appendix F; jax-ml "How to Scale Your Model", ch. "All about Transformer math".
@@ -33,7 +42,7 @@ import dataclasses
 
 import numpy as np
 
-from locojax.model.config import ModelConfig
+from locojax.model.config import SLIDING, ModelConfig
 
 ITEMSIZE = {"float32": 4, "bfloat16": 2, "float64": 8, "float16": 2, "float8": 1, "int8": 1}
 
@@ -76,12 +85,21 @@ class ModelCosts:
         c = self.cfg
         return 4.0 * c.num_attention_heads * c.head_dim * keys
 
+    def layer_keys(self, keys):
+        """Σ over layers of the keys a query reads when `keys` are visible: every one in a
+        full-attention layer, at most W in a sliding-window layer (scalar or array)."""
+        c = self.cfg
+        local = sum(kind == SLIDING for kind in c.layer_types or ())
+        full = c.num_hidden_layers - local
+        return full * keys + (local * np.minimum(keys, c.sliding_window) if local else 0.0)
+
     def head_flops(self) -> float:
         return 2.0 * self.cfg.hidden_size * self.cfg.vocab_size
 
     def token_flops(self, keys: float, head: bool = True) -> float:
-        """Forward FLOPs of one token attending to `keys` keys in every layer."""
-        body = self.cfg.num_hidden_layers * (self.proj_flops() + self.attn_flops(keys))
+        """Forward FLOPs of one token attending to `keys` keys (at most W in local layers)."""
+        body = (self.cfg.num_hidden_layers * self.proj_flops()
+                + self.attn_flops(self.layer_keys(keys)))
         return body + (self.head_flops() if head else 0.0)
 
     def weight_bytes(self, itemsize: int | None = None) -> float:
@@ -91,6 +109,12 @@ class ModelCosts:
         """Bytes of keys and values one token leaves in the cache (all layers)."""
         c = self.cfg
         return 2.0 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * self.itemsize
+
+    def kv_read_bytes(self, keys):
+        """Bytes of keys and values one query reads with `keys` cached (local layers: at most
+        W of them)."""
+        c = self.cfg
+        return 2.0 * c.num_key_value_heads * c.head_dim * self.itemsize * self.layer_keys(keys)
 
     # --- locojax's programs ----------------------------------------------------------------
 
@@ -106,7 +130,7 @@ class ModelCosts:
         """One decode step of `rows` rows each reading `keys` cached keys: weights read once,
         every row's keys and values read."""
         flops = rows * self.token_flops(keys)
-        moved = self.weight_bytes() + rows * keys * self.kv_bytes_per_token()
+        moved = self.weight_bytes() + rows * self.kv_read_bytes(keys)
         return Costs(flops, moved)
 
     def decode(self, rows: float, prompt_len: int, steps: int, max_new: int,
@@ -121,9 +145,8 @@ class ModelCosts:
             return self.decode_step(rows, prompt_len + max_new - 1).scale(steps)
         i = np.arange(1, steps + 1, dtype=np.float64)
         keys = prompt_len + i  # the fed token's own slot included
-        flops = rows * float(np.sum(self.token_flops(0) + self.cfg.num_hidden_layers
-                                    * self.attn_flops(1) * keys))
-        moved = steps * self.weight_bytes() + rows * float(np.sum(keys)) * self.kv_bytes_per_token()
+        flops = rows * float(np.sum(self.token_flops(keys)))
+        moved = steps * self.weight_bytes() + rows * float(np.sum(self.kv_read_bytes(keys)))
         return Costs(flops, moved)
 
     def train_forward(self, rows: float, group: int, prompt_len: int, new: int) -> float:

@@ -1,12 +1,20 @@
 """Which model to cost: a shipped config name, a preset, a checkpoint directory or a
 `config.json`, read into a `ModelConfig` for its shapes only.
 
-The cost model covers any dense decoder whose layer is attention (GQA, full context) plus a
-gated MLP of three matrices: Qwen2/2.5/3, Llama, Mistral. It does not run the model, so
-what `hf_config.py` must refuse for the forward (another `model_type`, RoPE scaling, q/k/v
-biases) is accepted here when it does not change a FLOP count by more than a bias add.
-What would change the count without the model knowing is refused, naming the field:
-mixture-of-experts (`num_experts`, ...), sliding-window layers, a non-gated MLP.
+The cost model covers any dense decoder whose layer is attention (GQA) plus a gated MLP of
+three matrices: the families locojax runs (`locojax/model/families.py`: Qwen3, Qwen2/2.5
+with q/k/v biases, Llama, Gemma 3 text with its sliding-window local layers), and other
+dense decoders of the same layer (Mistral, ...), costed as a plain (Llama) layer. It does
+not run the model, so what `hf_config.py` must refuse for the forward (another
+`model_type`, a RoPE scaling, biases) is accepted here when it does not change a FLOP count
+by more than a bias add. What would change the count without the model knowing is refused,
+naming the field: mixture-of-experts (`num_experts`, ...), a non-gated MLP, a layer type
+other than full or sliding-window attention.
+
+Sliding windows: a layer is local as HF decides it: `layer_types`; else Gemma 3's
+`sliding_window_pattern` (every P-th layer global, default 6); else Qwen's
+`use_sliding_window` with `max_window_layers` (layers from that index on are local); else
+Mistral's bare `sliding_window` (every layer local).
 """
 
 from __future__ import annotations
@@ -15,7 +23,8 @@ import json
 from pathlib import Path
 
 from locojax.model import config as model_config
-from locojax.model.config import ModelConfig
+from locojax.model.config import FULL, SLIDING, ModelConfig
+from locojax.model.families import FAMILIES
 
 MODELS_DIR = Path(__file__).parent / "models"
 ASSETS_DIR = Path(__file__).parent.parent / "assets"
@@ -30,6 +39,7 @@ _REQUIRED = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_atten
 _MOE = ("num_experts", "num_local_experts", "n_routed_experts", "moe_intermediate_size",
         "num_experts_per_tok")
 _GATED_ACTS = ("silu", "swish", "gelu", "gelu_pytorch_tanh", "gelu_new")
+_PLAIN = "llama"  # the family a dense decoder outside FAMILIES is costed as
 
 
 class UncostableModel(ValueError):
@@ -40,6 +50,34 @@ def shipped() -> list[str]:
     """Names `--model` accepts without a path: shipped configs, presets, embedded checkpoints."""
     return sorted([p.stem for p in MODELS_DIR.glob("*.json")] + list(model_config.PRESETS)
                   + list(EMBEDDED))
+
+
+def _layer_types(d: dict, family: str, layers: int, source: str) -> tuple[str, ...] | None:
+    """Per-layer attention kinds as HF decides them (module docstring); None: all full."""
+    kinds = d.get("layer_types")
+    window = d.get("sliding_window")
+    defaults = FAMILIES[family].hf_defaults
+    if kinds is None and "sliding_window_pattern" in defaults:
+        every = int(d.get("sliding_window_pattern", defaults["sliding_window_pattern"]))
+        kinds = [SLIDING if (i + 1) % every else FULL for i in range(layers)]
+    elif kinds is None and window and d.get("use_sliding_window", "use_sliding_window" not in d
+                                            and family == _PLAIN):
+        first = int(d.get("max_window_layers", 0 if family == _PLAIN else 28))
+        kinds = [SLIDING if i >= first else FULL for i in range(layers)]
+    kinds = tuple(kinds or ())
+    if kinds and len(kinds) != layers:
+        raise UncostableModel(f"{source}: cannot cost field layer_types: {len(kinds)} entries "
+                              f"for {layers} layers")
+    for i, kind in enumerate(kinds):
+        if kind not in (FULL, SLIDING):
+            raise UncostableModel(f"{source}: cannot cost field layer_types[{i}]={kind!r}: only "
+                                  f"{FULL!r} and {SLIDING!r} layers are costed")
+    if SLIDING not in kinds:
+        return None
+    if not (window or defaults.get("sliding_window")):
+        raise UncostableModel(f"{source}: cannot cost field sliding_window={window!r}: "
+                              "sliding-attention layers need a window")
+    return kinds
 
 
 def from_dict(d: dict, source: str = "config.json") -> ModelConfig:
@@ -55,16 +93,8 @@ def from_dict(d: dict, source: str = "config.json") -> ModelConfig:
     for field in _MOE:
         if d.get(field):
             refuse(field, "mixture-of-experts; the cost model counts dense decoders only")
-    window = d.get("sliding_window")
-    windowed = d.get("use_sliding_window", "sliding_window_pattern" in d or "gemma" in
-                     str(d.get("model_type", "")))
-    if window and windowed:
-        refuse("sliding_window", "sliding-window layers read fewer keys than the context; the "
-               "cost model assumes full attention in every layer")
-    for i, kind in enumerate(d.get("layer_types") or ()):
-        if kind != "full_attention":
-            raise UncostableModel(f"{source}: cannot cost field layer_types[{i}]={kind!r}: only "
-                                  "full-attention layers are costed")
+    family = d.get("model_type") if d.get("model_type") in FAMILIES else _PLAIN
+    defaults = FAMILIES[family].hf_defaults
     act = d.get("hidden_act", d.get("hidden_activation", "silu"))
     if act not in _GATED_ACTS:
         refuse("hidden_act" if "hidden_act" in d else "hidden_activation",
@@ -73,16 +103,21 @@ def from_dict(d: dict, source: str = "config.json") -> ModelConfig:
     kv = int(d.get("num_key_value_heads") or heads)
     if heads % kv:
         refuse("num_key_value_heads", f"{heads} query heads do not share {kv} kv heads evenly")
-    head_dim = d.get("head_dim") or int(d["hidden_size"]) // heads
+    layers = int(d["num_hidden_layers"])
+    kinds = _layer_types(d, family, layers, source)
+    head_dim = d.get("head_dim") or defaults["head_dim"] or int(d["hidden_size"]) // heads
     dtype = str(d.get("torch_dtype", d.get("dtype")) or "bfloat16").removeprefix("torch.")
+    dtype = dtype if dtype in ("float32", "bfloat16") else "float32"
     return ModelConfig(
-        vocab_size=int(d["vocab_size"]), hidden_size=int(d["hidden_size"]),
-        intermediate_size=int(d["intermediate_size"]),
-        num_hidden_layers=int(d["num_hidden_layers"]), num_attention_heads=heads,
-        num_key_value_heads=kv, head_dim=int(head_dim),
-        tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
-        param_dtype=dtype if dtype in ("float32", "bfloat16") else "float32",
-        compute_dtype=dtype if dtype in ("float32", "bfloat16") else "float32")
+        model_type=family, vocab_size=int(d["vocab_size"]), hidden_size=int(d["hidden_size"]),
+        intermediate_size=int(d["intermediate_size"]), num_hidden_layers=layers,
+        num_attention_heads=heads, num_key_value_heads=kv, head_dim=int(head_dim),
+        layer_types=kinds,
+        sliding_window=int(d.get("sliding_window") or defaults.get("sliding_window") or 0)
+        if kinds else None,
+        tie_word_embeddings=bool(d.get("tie_word_embeddings",
+                                       defaults["tie_word_embeddings"])),
+        param_dtype=dtype, compute_dtype=dtype)
 
 
 def load(name: str) -> tuple[ModelConfig, str]:
