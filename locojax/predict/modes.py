@@ -73,8 +73,8 @@ def _rollout(ctx: Ctx, prompts: float, rows: float, chips: float, steps: float, 
     """A host's rollout phases for its prompts/rows (device phases on `cores` per process,
     host phases on `host_cores`)."""
     decode = ctx.decode(rows, chips, steps, cores)
-    tp = steps * ctx.tp_comm(rows / max(1.0, chips / ctx.model_parallel()),
-                             ctx.model_parallel())
+    tp = ctx.wl.turns * steps * ctx.tp_comm(rows / max(1.0, chips / ctx.model_parallel()),
+                                            ctx.model_parallel())
     return {"admission": ctx.admission(prompts, host_cores),
             "prefill": ctx.prefill(prompts, chips, cores),
             "decode": decode - tp, "tp_comm": tp,
@@ -146,10 +146,10 @@ def controller(ctx: Ctx, decode_chunk: int = 0) -> Prediction:
     ph["dispatch"] = (rounds + 2) * dispatch
     ph["dispatch_latency"] = (rounds + 2) * 2 * ctx.dcn_latency(h + 1)
     nic, a = ctx.hw("dcn_bandwidth"), ctx.dcn_latency(h + 1)
-    cols = wl.prompt_columns + wl.max_new
+    cols = wl.prompt_columns + wl.response_columns
     ph["scatter"] = (2 * a + wl.prompts * wl.prompt_columns * 4 / nic  # prompts out
                      + wl.rows * cols * 18 / nic)  # batch out: ids, positions, masks, logprobs
-    ph["gather"] = a + wl.rows * wl.max_new * 8 / nic  # tokens and logprobs back
+    ph["gather"] = a + wl.rows * wl.response_columns * 8 / nic  # tokens and logprobs back
     ph.update(_train(ctx, wl.rows / h, per_host, cl.chips, h, c))
     ph["other"] = ctx.step_fixed(full)
     chunk = "whole loop" if decode_chunk <= 0 else f"{decode_chunk} iteration(s)"

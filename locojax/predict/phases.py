@@ -138,18 +138,20 @@ class Ctx:
 
     def decode_keys(self, steps: float) -> float:
         if self.kv_read == "static":
-            return self.wl.prompt_columns + self.wl.max_new - 1
+            return self.wl.prompt_columns + self.wl.response_columns - 1
         return self.wl.prompt_columns + steps / 2
 
     def decode(self, rows: float, chips: float, steps: float, cores: float = 0.0) -> float:
-        """`steps` iterations of a decode loop over `rows` rows spread over `chips` chips."""
+        """`steps` iterations of a decode loop over `rows` rows spread over `chips` chips, in
+        each model turn (a multi-turn row decodes once per turn, the cache then holding the
+        whole trajectory: `decode_keys`)."""
         if steps <= 0:
             return 0.0
         mp = self.model_parallel()
         groups = max(1.0, chips / mp)
         per = self.mc.decode_step(max(rows / groups, 1e-9), self.decode_keys(steps))
         one = self.dev.seconds("decode_step", per, chips=mp, cores=cores)
-        return steps * (one + self.tp_comm(rows / groups, mp))
+        return self.wl.turns * steps * (one + self.tp_comm(rows / groups, mp))
 
     def extend(self, rows: float, chips: float, cores: float = 0.0) -> float:
         """Prefill of the observation tokens written after each env turn (multi-turn)."""
@@ -171,7 +173,7 @@ class Ctx:
 
     def train_compute(self, rows: float, chips: float, cores: float = 0.0) -> float:
         wl = self.wl
-        per = self.mc.train_step(rows / chips, wl.group, wl.prompt_columns, wl.max_new,
+        per = self.mc.train_step(rows / chips, wl.group, wl.prompt_columns, wl.response_columns,
                                  reference=wl.beta > 0, remat=self.remat)
         return self.dev.seconds("train", per, chips=1, cores=cores)
 
@@ -181,7 +183,8 @@ class Ctx:
         P + N - 1 columns. On cpu-here it is costed with the train step's fit at its FLOPs
         (no fit of its own: no N = 1 run times a forward alone)."""
         wl = self.wl
-        flops = self.mc.train_forward(rows / chips, 1, wl.prompt_columns, wl.max_new)
+        flops = self.mc.train_forward(rows / chips, 1, wl.prompt_columns,
+                                       wl.response_columns)
         kind = "train" if self.cluster.hw.kind == "cpu" else "forward"
         return self.dev.seconds(kind, Costs(flops, self.mc.weight_bytes()), chips=1,
                                 cores=cores)

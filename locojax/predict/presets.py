@@ -53,6 +53,7 @@ def from_run(cfg, lengths_from: str = "", chars_per_token: float = 0.0) -> Workl
     multi = getattr(cfg, "multi_turn", None)
     turns = getattr(multi, "max_turns", 1) if task.name in ("swe", "calc") else 1
     obs = getattr(multi, "max_obs_tokens", 0) if turns > 1 else 0
+    trajectory = getattr(multi, "max_trajectory_tokens", 0) if turns > 1 else 0
     cpt = chars_per_token or (1.0 if str(cfg.model).startswith(("embedded", "tiny", "small"))
                               else CHARS_PER_TOKEN)
     if ro.ignore_eos:
@@ -68,4 +69,4 @@ def from_run(cfg, lengths_from: str = "", chars_per_token: float = 0.0) -> Workl
                                    "--lengths-from RUN_DIR or a data file for a distribution)")
     return Workload(f"train {task.name}", ro.prompts_per_step, algo.group_size, p, n, lengths,
                     task=task.name, beta=float(algo.beta), turns=max(1, turns),
-                    obs_tokens=obs, source=lengths.source)
+                    obs_tokens=obs, trajectory=trajectory, source=lengths.source)

@@ -90,11 +90,21 @@ class Workload:
     turns: int = 1  # model turns per trajectory
     obs_tokens: int = 0  # tokens of each env observation between turns
     tool_s: float = 0.0  # seconds of env/tool work per row per env turn (0: use the task's)
+    trajectory: int = 0  # M: columns after the prompt of a multi-turn row (0: turns N + obs)
     source: str = ""
 
     @property
     def rows(self) -> int:
         return self.prompts * self.group
+
+    @property
+    def response_columns(self) -> int:
+        """Columns after the prompt, in the KV cache and the train batch: N, or for a
+        multi-turn task M (`--multi-turn.max-trajectory-tokens`; unset: every turn's N
+        tokens and the observations between them)."""
+        if self.turns <= 1:
+            return self.max_new
+        return self.trajectory or self.turns * self.max_new + (self.turns - 1) * self.obs_tokens
 
     def decode_steps(self, rows_per_loop: float) -> float:
         """Decode iterations of one static-batch loop over `rows_per_loop` rows: the longest
