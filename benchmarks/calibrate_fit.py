@@ -35,16 +35,32 @@ def c(value, unit, origin, source):
     return {"value": float(value), "unit": unit, "origin": origin, "source": source}
 
 
+# Workloads whose completions are exactly N tokens (--rollout.ignore-eos): N - 1 decode
+# iterations per generate call, each over all slots, so the decode phase times one step.
+FIXED_LENGTH = ("arith", "gsm8k", "math")
+
+
+def response_columns(shape, workload: str) -> int:
+    """Columns after the prompt in the KV cache and the train batch (bench_modes' swe: two
+    turns and one observation, its --multi-turn.max-trajectory-tokens)."""
+    if workload == "swe":
+        from bench_modes import SWE_OBS_TOKENS
+
+        return 2 * shape.new_tokens + SWE_OBS_TOKENS
+    return shape.new_tokens
+
+
 def flops_of(point, rec) -> dict:
     """Per program kind: (seconds measured, FLOPs) of one run, where the kind is timed."""
     shape, workload = point[0], point[1]
     cfg = model_config.PRESETS[shape.arch]()
     mc = ModelCosts(cfg, "float32")
     b, g, p, n = rec["prompts"], shape.group, shape.prompt_tokens, shape.new_tokens
+    m = response_columns(shape, workload)
     perf = rec["perf"]
     out = {"prefill": (perf["perf/phase/prefill"], mc.prefill(b, p).flops),
-           "train": (perf["perf/phase/train"], mc.train_step(b * g, g, p, n).flops)}
-    if workload == "arith":  # fixed length: N - 1 decode iterations, each over all slots
+           "train": (perf["perf/phase/train"], mc.train_step(b * g, g, p, m).flops)}
+    if workload in FIXED_LENGTH:
         out["decode_step"] = (perf["perf/phase/decode"] / (n - 1),
                               mc.decode_step(b * g, p + n - 1).flops)
     return out, f"{shape_key(cfg)}/P{p}-N{n}"
@@ -93,9 +109,12 @@ def fits(points: dict, recs: list[dict]) -> dict:
             for key, kinds in by.items()}
 
 
-def host_rates(points: dict, recs: list[dict]) -> dict:
-    """Per-item host rates through the origin (Σ t x / Σ x²) over the 2-core runs, and the
-    per-step remainder (step minus the phases)."""
+def host_rates(points: dict, recs: list[dict], task_of: dict) -> dict:
+    """Per-item host rates through the origin (Σ t x / Σ x²) over the 2-core runs: admission
+    and batch over all of them, the reward per row per task (`task_of`: workload -> task),
+    swe's env time per row and env turn (as `phases.Ctx.env` costs a single-process run: one
+    env worker per core it is given, here 1); and the per-step remainder (step minus the
+    phases)."""
     two = [r for r in recs if r["cores"] == 2]
 
     def through_origin(pairs):
@@ -103,11 +122,20 @@ def host_rates(points: dict, recs: list[dict]) -> dict:
         return float(np.dot(x, t) / np.dot(x, x))
 
     rows = lambda r: r["prompts"] * points[r["point"]][0].group  # noqa: E731
+    task = lambda r: task_of[points[r["point"]][1]]  # noqa: E731
+    reward = {}
+    for t in sorted({task(r) for r in two}):
+        pairs = [(rows(r), r["perf"]["perf/phase/detokenize_reward"]) for r in two
+                 if task(r) == t and "perf/phase/detokenize_reward" in r["perf"]]
+        if pairs:
+            reward[t] = through_origin(pairs)
+    env = [(rows(r), r["perf"]["perf/phase/env"]) for r in two
+           if task(r) == "swe" and "perf/phase/env" in r["perf"]]
     return {
         "admission_per_prompt": through_origin([(r["prompts"], r["perf"]["perf/phase/admission"])
                                                 for r in two]),
-        "reward_per_row": through_origin([(rows(r), r["perf"]["perf/phase/detokenize_reward"])
-                                          for r in two]),
+        "reward_per_row": reward,
+        "env_per_row_turn": {"swe": through_origin(env)} if env else {},
         "batch_per_row": through_origin([(rows(r), r["perf"]["perf/phase/batch"]) for r in two]),
         "step_fixed": statistics.median(
             r["perf"]["perf/step_time"] - sum(v for k, v in r["perf"].items()
@@ -124,11 +152,14 @@ def ring_fit(probe: dict) -> tuple[float, float]:
     return float(intercept / (2 * (p - 1))), float(2 * (p - 1) / p / max(slope, 1e-30))
 
 
-def write(points: dict, probes: dict, recs: list[dict], command: str) -> None:
+def write(points: dict, probes: dict, recs: list[dict], command: str, task_of: dict) -> None:
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     loads = [r["load"] for r in recs]
+    kept = sorted({f"{r['point']} from `{r['session']}`" for r in recs
+                   if r.get("session", command) != command})
     where = (f"`{command}` on {date}, {os.cpu_count()} cores ({platform.processor() or 'cpu'}),"
-             f" load {min(loads):.1f}-{max(loads):.1f}")
+             f" load {min(loads):.1f}-{max(loads):.1f}"
+             + (f" (runs kept from an earlier calibration: {'; '.join(kept)})" if kept else ""))
     probe_src = f"benchmarks/predict_probes.py, run by {where}"
     a2, b2 = ring_fit(probes["allreduce_2"])
     a4, b4 = ring_fit(probes["allreduce_4"])
@@ -188,13 +219,17 @@ def write(points: dict, probes: dict, recs: list[dict], command: str) -> None:
 
     rates_path = PREDICT / "host_rates.json"
     rates = json.loads(rates_path.read_text())
-    h = host_rates(points, recs)
+    h = host_rates(points, recs, task_of)
     src = f"through-origin fit over the 2-core N = 1 runs of {where}"
     rates["admission_per_prompt"] = c(h["admission_per_prompt"], "s per prompt", "measured", src)
     rates["batch_per_row"] = c(h["batch_per_row"], "s per row", "measured", src)
     rates["step_fixed"] = c(h["step_fixed"], "s per step per process", "measured",
                             f"median of step minus its phases, 2-core N = 1 runs of {where}")
-    rates["reward_per_row"]["arith"] = c(h["reward_per_row"], "s per row", "measured", src)
+    for task, v in h["reward_per_row"].items():
+        rates["reward_per_row"][task] = c(v, "s per row", "measured", f"{task} runs: {src}")
+    for task, v in h["env_per_row_turn"].items():
+        rates["env_per_row_turn"][task] = c(v, "s per row per env turn", "measured",
+                                            f"{task} runs' env phase, one env worker: {src}")
     rates["controller_dispatch_s"] = c(probes["ray"]["ray_call_s"], "s per host per controller "
                                        "round trip", "measured", "Ray actor call round trip "
                                        f"(issue 24's controller is a Ray driver): {probe_src}")
@@ -223,10 +258,10 @@ def write(points: dict, probes: dict, recs: list[dict], command: str) -> None:
           f"4 processes α {a4 * 1e3:.3f} ms β {b4 / 1e9:.2f} GB/s")
 
 
-def main(points: dict, run_probes, run_points) -> int:
+def main(points: dict, run_probes, run_points, task_of: dict) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--points", nargs="+", default=["tiny-arith", "tiny-arith-var",
-                                                    "small-arith", "placement-arith"],
+                                                    "placement-arith", "gsm8k", "math", "swe"],
                     choices=sorted(points))
     ap.add_argument("--work-dir", default="/tmp/locojax_calibrate")
     ap.add_argument("--refit", action="store_true", help="no runs: fit the saved ones again")
@@ -241,9 +276,15 @@ def main(points: dict, run_probes, run_points) -> int:
     if not args.refit:
         if not args.no_probes or "probes" not in data:
             data["probes"] = run_probes()
+        date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+        for r in data["runs"]:  # the session each kept run came from, for the sources
+            r.setdefault("session", f"{data.get('command', '?')}` before `{date}")
         new = run_points(args.points, work, args.timeout, args.sft_steps)
-        data["runs"] = [r for r in data["runs"] if r["point"] not in args.points] + new
         data["command"] = " ".join(["benchmarks/calibrate_predict.py", *sys.argv[1:]])
+        for r in new:
+            r["session"] = data["command"]
+        data["runs"] = [r for r in data["runs"] if r["point"] not in args.points] + new
         saved.write_text(json.dumps(data, indent=1))
-    write(points, data["probes"], data["runs"], data.get("command", "calibrate_predict.py"))
+    write(points, data["probes"], data["runs"], data.get("command", "calibrate_predict.py"),
+          task_of)
     return 0

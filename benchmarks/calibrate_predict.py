@@ -6,11 +6,14 @@ here from single-process runs only:
    memory copy bandwidth, gloo all-reduce time over 2 and 4 local processes (the link
    between simulated hosts), Ray call and weight-push round trips;
 2. `locojax train --mode single --devices-per-host 1` runs at N = 1 of the benchmarks'
-   shapes, at the rows each host gets at N = 1, 2 and 4 (B, B/2, B/4 prompts; B/3 for
-   bench_placement's 3-worker leases), on 2 cores and on 1 (`taskset -c 0`), interleaved;
-   their phase medians give, per model shape and program kind, t(1 core) = a + flops / F1
-   and the parallel share φ (locojax/predict/devices.py), and the host rates per prompt and
-   row; the arith-var run dumps its rollouts, whose lengths become the workload's;
+   shapes (bench_modes.py's gsm8k, math and swe and its legacy arith shapes,
+   bench_placement.py's arith), at the rows each host gets at N = 1, 2 and 4 (B, B/2, B/4
+   prompts; B/3 for bench_placement's 3-worker leases), on 2 cores and on 1
+   (`taskset -c 0`), interleaved; their phase medians give, per model shape and program
+   kind, t(1 core) = a + flops / F1 and the parallel share φ (locojax/predict/devices.py),
+   the host rates per prompt and row, the reward per row of each task and swe's env time
+   per row; the arith-var run dumps its rollouts, whose lengths become the workload's.
+   math shares gsm8k's shapes: it runs on 2 cores only, for its reward rate (math-verify);
 3. writes locojax/predict/hardware/cpu-here.json, host_rates.json and the arith-var length
    samples in workloads.json, each number with this command, the date and the load.
 
@@ -34,14 +37,24 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_modes import SHAPES, Shape, run_command, sft_model, train_argv  # noqa: E402
+from bench_modes import (  # noqa: E402
+    DATA,
+    PAPER,
+    SHAPES,
+    Shape,
+    prepare_data,
+    run_command,
+    sft_model,
+    train_argv,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
 PROBES = [PY, str(Path(__file__).parent / "predict_probes.py")]
 ONE_CORE = ["taskset", "-c", "0"]
 
-# name -> (shape, workload, prompts per run, steps, skip); prompts: B, and its shares per host.
+# name -> (shape, workload, prompts per run, steps, skip[, cores]); prompts: B, and its shares
+# per host; cores: which of 2 and 1 (taskset) each prompt count runs on (default both).
 POINTS = {
     "tiny-arith": (SHAPES["tiny"], "arith", (8, 4, 2), 12, 2),
     "tiny-arith-var": (SHAPES["tiny"], "arith-var", (8, 4, 2), 12, 2),
@@ -49,7 +62,11 @@ POINTS = {
     "small-arith-var": (SHAPES["small"], "arith-var", (16, 8, 4), 6, 2),
     "placement-arith": (Shape("PLACEMENT", "tiny", 12, 4, 16, 128, 8), "arith", (12, 6, 4, 3),
                         8, 3),
+    "gsm8k": (PAPER["gsm8k"], "gsm8k", (8, 4, 2), 6, 2),
+    "math": (PAPER["math"], "math", (8, 2), 6, 2, (2,)),
+    "swe": (PAPER["swe"], "swe", (8, 4, 2), 5, 2),
 }
+TASK = {"arith": "arith", "arith-var": "arith", "gsm8k": "gsm8k", "math": "math", "swe": "swe"}
 
 
 def load() -> float:
@@ -88,15 +105,15 @@ def steady(run_dir: Path, steps: int, skip: int) -> dict:
 
 
 def one_run(name: str, prompts: int, cores: int, work: Path, model: str, timeout: float,
-            dump: bool) -> dict:
-    shape, workload, _, steps, skip = POINTS[name]
+            dump: bool, data: str = "") -> dict:
+    shape, workload, _, steps, skip = POINTS[name][:5]
     sh = Shape(shape.name, shape.arch, prompts, shape.group, shape.prompt_tokens,
                shape.new_tokens, steps)
     run_dir = work / f"{name}-b{prompts}-c{cores}"
     if run_dir.exists():
         subprocess.run(["rm", "-rf", str(run_dir)], check=True)
     run_dir.mkdir(parents=True)
-    argv = train_argv(sh, workload, model, "single", 1, steps, 0.0, run_dir)
+    argv = train_argv(sh, workload, model, "single", 1, steps, 0.0, run_dir, data=data)
     if dump:
         argv.append("--dump-rollouts")
     argv = (ONE_CORE if cores == 1 else []) + argv
@@ -117,21 +134,31 @@ def one_run(name: str, prompts: int, cores: int, work: Path, model: str, timeout
 
 
 def run_points(names: list[str], work: Path, timeout: float, sft_steps: int) -> list[dict]:
+    # One JAX compilation cache for every run here and validate_predict.py's (bench_modes
+    # --work-dir is this work dir): compile time is apart in every figure, this only
+    # shortens the runs.
+    os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(work / "jax_cache"))
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
     recs = []
     for name in names:
-        shape, workload, prompt_list, _, _ = POINTS[name]
-        model = shape.arch
+        shape, workload, prompt_list = POINTS[name][:3]
+        cores_list = POINTS[name][5] if len(POINTS[name]) > 5 else (2, 1)
+        model, data = shape.arch, ""
         if workload == "arith-var":
             model = str(sft_model(shape, work, sft_steps, timeout)[0])
+        if workload in DATA:
+            data = str(prepare_data(workload, DATA[workload].resolve(), shape.prompt_tokens,
+                                    work))
         for i, b in enumerate(prompt_list):
-            order = (2, 1) if i % 2 == 0 else (1, 2)  # interleave: alternate which goes first
+            # interleave: alternate which goes first
+            order = cores_list if i % 2 == 0 else tuple(reversed(cores_list))
             for cores in order:
                 dump = workload == "arith-var" and cores == 2 and b == prompt_list[0]
-                recs.append(one_run(name, b, cores, work, model, timeout, dump))
+                recs.append(one_run(name, b, cores, work, model, timeout, dump, data))
     return recs
 
 
 if __name__ == "__main__":
     from calibrate_fit import main  # noqa: E402  (the fit and the writing, one file each)
 
-    sys.exit(main(POINTS, run_probes, run_points))
+    sys.exit(main(POINTS, run_probes, run_points, TASK))

@@ -1,22 +1,39 @@
-"""Validate `locojax predict` on this machine: predict bench_modes.py at N = 2 and 4 and
-bench_placement.py at 4 hosts from the cpu-here profile calibrated at N = 1
-(calibrate_predict.py), and print predicted against measured, per phase and per step.
+"""Validate `locojax predict` on this machine: predict bench_modes.py and bench_placement.py
+at N = 2 and 4 from the cpu-here profile calibrated at N = 1 (calibrate_predict.py), and
+print predicted against measured, per phase and per step.
+
+What is measured (`--measure`), each benchmark as it runs by default unless said:
+- bench_modes.py, strong scaling, one repeat, N = 2 and 4 (`--hosts`), its three modes
+  (single, colocated, controller) on its three workloads (gsm8k, math, swe) and, with
+  `--workloads ... arith arith-var`, its legacy TINY arith shapes;
+- bench_placement.py at 4 hosts on both its workloads (arith, swe): colocated, DA at
+  rollout fraction 0.5 and async with k = 2 (`--fractions`, `--ks`), 6 steps of which 2
+  warm up: the other fractions and k run the same code with other counts, left out to
+  keep calibration + validation near 40 minutes.
 
 Each prediction goes through the command's own builder (`locojax.predict.from_train`), on
 the exact `train` arguments the benchmark ran: the pairing of docs/pod_scale.md. Target:
 step time within 25% at every held-out point; the table marks a miss and the term to blame
 (the phase with the largest absolute error).
 
-bench_modes runs N = 1 too, in the same session as N = 2 and 4. Those points are not held
-out: they are printed apart, and give a second prediction of each held-out point,
-"rescaled": every phase of the prediction multiplied by measured / predicted of that phase
-at N = 1 in the same session (same shape, workload and mode). It uses N = 1 runs only, and
-removes what the machine's load did between the calibration session and this one.
+Measured phases are process 0's (`perf/phase/*`, medians over the steady steps), with the
+split train step (`--profile-split`, bench_modes' default) read as the model's terms:
+train = train_compute + train_wait, allreduce = train_collective. In controller mode the
+data path is the controller's (`perf/controller/phase/*`): its decode phase waits for the
+hosts' generate calls, which queue behind the hosts' previous train step, so the measured
+`generate` is the controller's prefill (dispatch) + decode less host 0's train phases and
+metrics, compared with the model's prefill + decode + dispatch + dispatch_latency + gather.
+
+With `--hosts 1 2 4`, the N = 1 runs (not held out) are printed apart and give a second
+prediction of each held-out point, "rescaled": every phase of the prediction multiplied by
+measured / predicted of that phase at N = 1 in the same session (same shape, workload and
+mode). It uses N = 1 runs only, and removes what the machine's load did between the
+calibration session and this one.
 
 Usage:
     .venv/bin/python benchmarks/validate_predict.py --measure        # run both benchmarks
     .venv/bin/python benchmarks/validate_predict.py                  # report from saved runs
-    .venv/bin/python benchmarks/validate_predict.py --measure --shapes tiny --no-placement
+    .venv/bin/python benchmarks/validate_predict.py --measure --workloads gsm8k --no-placement
 """
 
 from __future__ import annotations
@@ -39,24 +56,27 @@ from locojax.predict import from_train, modes, placement  # noqa: E402
 PY = sys.executable
 HERE = Path(__file__).parent
 CAL = Path("/tmp/locojax_calibrate")  # calibrate_predict.py's work dir: SFT models, dumps
-PHASES = ("admission", "prefill", "decode", "detokenize_reward", "batch", "train",
-          "wait_rollouts")
+PHASES = ("admission", "prefill", "decode", "generate", "extend", "env", "detokenize_reward",
+          "batch", "scatter", "train", "allreduce", "wait_rollouts")
+GENERATE = ("prefill", "decode", "dispatch", "dispatch_latency", "gather")  # controller
 TARGET = 0.25
 
 
 def measure(args) -> None:
     out = Path(args.work_dir)
     out.mkdir(parents=True, exist_ok=True)
-    if args.shapes:
-        cmd = [PY, str(HERE / "bench_modes.py"), "--shapes", *args.shapes, "--workloads",
-               *args.workloads, "--hosts", "1", "2", "4", "--repeats", str(args.repeats),
-               "--modes", "single", "colocated", "--scaling", "strong", "--no-split",
-               "--work-dir", str(CAL), "--json", str(out / "modes.json")]
+    if args.workloads:
+        cmd = [PY, str(HERE / "bench_modes.py"), "--workloads", *args.workloads,
+               "--shapes", *args.shapes, "--hosts", *map(str, args.hosts), "--repeats", "1",
+               "--modes", *args.modes, "--scaling", "strong", "--work-dir", str(CAL),
+               "--json", str(out / "modes.json")]
         print(f"$ {shlex.join(cmd)}   # load {os.getloadavg()[0]:.2f}", flush=True)
         subprocess.run(cmd, check=False)
-    if args.placement:
-        cmd = [PY, str(HERE / "bench_placement.py"), "--steps", "10", "--skip", "3",
-               "--repeats", "1", "--work-dir", str(out / "placement")]
+    for workload in args.placement:
+        cmd = [PY, str(HERE / "bench_placement.py"), "--workload", workload, "--fractions",
+               *map(str, args.fractions), "--ks", *map(str, args.ks), "--steps",
+               str(args.placement_steps), "--skip", "2", "--repeats", "1", "--work-dir",
+               str(out / f"placement-{workload}")]
         print(f"$ {shlex.join(cmd)}   # load {os.getloadavg()[0]:.2f}", flush=True)
         subprocess.run(cmd, check=False)
 
@@ -78,48 +98,87 @@ def med(rows: list[dict], key: str) -> float:
     return statistics.median(vals) if vals else float("nan")
 
 
-def rescaled(pred, factors: dict[str, float]):
-    """The prediction with each phase times its N = 1 measured / predicted factor."""
-    import dataclasses
+def measured_terms(rows: list[dict], mode: str) -> dict[str, float]:
+    """The model's terms, measured: medians of process 0's phases (module docstring)."""
+    def phases(prefix: str) -> dict[str, float]:
+        keys = {k[len(prefix):] for r in rows for k in r if k.startswith(prefix)}
+        return {k: med(rows, prefix + k) for k in keys if "/" not in k[len(prefix):]}
 
-    phases = {k: v * factors.get(k, 1.0) for k, v in pred.phases.items()}
-    return dataclasses.replace(pred, phases=phases)
+    m = phases("perf/phase/")
+    if "train_compute" in m:
+        m["train"] = m.pop("train_compute") + m.pop("train_wait", 0.0)
+        m["allreduce"] = m.pop("train_collective", 0.0)
+    if any("perf/sync/seconds" in r for r in rows):
+        m["weight_sync"] = med(rows, "perf/sync/seconds")
+    if mode == "controller":
+        c = phases("perf/controller/phase/")
+        hosts_train = m.get("train", 0.0) + m.get("allreduce", 0.0) + m.get("metrics", 0.0)
+        m["generate"] = (c.pop("prefill", 0.0) + c.pop("decode", 0.0) + c.pop("extend", 0.0)
+                         - hosts_train)
+        m.update(c)
+    return m
 
 
-def phase_factors(pred, measured: list[dict]) -> dict[str, float]:
-    out = {}
-    for k, v in pred.phases.items():
-        m = med(measured, f"perf/phase/{k}")
-        if v > 0 and m == m:
-            out[k] = m / v
-    # What no phase holds (the step's remainder) scales with the step.
-    step_m = med(measured, "perf/step_time")
-    rest_m = step_m - sum(med(measured, f"perf/phase/{k}") for k in out)
-    rest_p = sum(v for k, v in pred.phases.items() if k not in out)
+def predicted_terms(pred) -> dict[str, float]:
+    """The prediction's phases, the controller's generate summed as it is measured."""
+    p = dict(pred.phases)
+    if pred.mode == "controller":
+        p["generate"] = sum(p.pop(k, 0.0) for k in (*GENERATE, "extend"))
+    return p
+
+
+def rescaled_step(p: dict[str, float], p_step: float, factors: dict[str, float]) -> float:
+    """The predicted step with each term times its N = 1 measured / predicted factor (the
+    remainder, what no listed term holds, by the remainder's factor)."""
+    listed = sum(p.get(k, 0.0) for k in PHASES)
+    return (sum(v * factors.get(k, 1.0) for k, v in p.items() if k in PHASES)
+            + (p_step - listed) * factors.get("rest", 1.0))
+
+
+def term_factors(p: dict[str, float], p_step: float, m: dict[str, float],
+                 m_step: float) -> dict[str, float]:
+    out = {k: m[k] / v for k, v in p.items() if k in PHASES and v > 0 and m.get(k, 0) > 0}
+    rest_p = p_step - sum(p.get(k, 0.0) for k in PHASES)
+    rest_m = m_step - sum(m.get(k, 0.0) for k in PHASES if k in p)
     if rest_p > 0 and rest_m > 0:
-        out.update({k: rest_m / rest_p for k in pred.phases if k not in out})
+        out["rest"] = rest_m / rest_p
     return out
 
 
-def row(label: str, pred, measured: list[dict], load: float, again=None,
-        again_column: bool = False) -> tuple[str, float]:
-    step_m = med(measured, "perf/step_time")
-    err = pred.step / step_m - 1
+def row(label: str, p_step: float, p: dict[str, float], m_step: float, m: dict[str, float],
+        load: float, again: float | None = None, again_column: bool = False) -> tuple[str, float]:
+    """One table row: step predicted / measured, the error, and each term predicted/measured
+    (`rest`: the step less the listed terms: the model's other/collectives, the run's
+    metrics, profiler and unphased time)."""
+    err = p_step / m_step - 1
     again_cell = "" if not again_column else " | -" if again is None else (
-        f" | {again.step:.3f} ({again.step / step_m - 1:+.0%})")
-    cells = []
-    worst, worst_abs = "", 0.0
+        f" | {again:.3f} ({again / m_step - 1:+.0%})")
+    cells, worst, worst_abs = [], "", 0.0
     for ph in PHASES:
-        m = med(measured, f"perf/phase/{ph}")
-        p = pred.phases.get(ph)
-        if p is None and m != m:
+        if ph not in p and ph not in m:
             continue
-        cells.append(f"{ph} {0 if p is None else p:.3f}/{m:.3f}")
-        if p is not None and m == m and abs(p - m) > worst_abs:
-            worst, worst_abs = ph, abs(p - m)
+        pv, mv = p.get(ph, 0.0), m.get(ph, float("nan"))
+        if pv == 0 and mv != mv:
+            continue
+        cells.append(f"{ph} {pv:.3f}/{mv:.3f}")
+        if mv == mv and abs(pv - mv) > worst_abs:
+            worst, worst_abs = ph, abs(pv - mv)
+    rest_p = p_step - sum(p.get(k, 0.0) for k in PHASES)
+    rest_m = m_step - sum(m.get(k, 0.0) for k in PHASES if k in m)
+    cells.append(f"rest {rest_p:.3f}/{rest_m:.3f}")
+    if abs(rest_p - rest_m) > worst_abs:
+        worst = "rest"
     miss = "" if abs(err) <= TARGET else f" MISS ({worst})"
-    return (f"| {label} | {pred.step:.3f} | {step_m:.3f} | {err:+.0%}{miss}{again_cell} | "
+    return (f"| {label} | {p_step:.3f} | {m_step:.3f} | {err:+.0%}{miss}{again_cell} | "
             f"{'; '.join(cells)} | {load:.2f} |"), err
+
+
+def predict_mode(run, mode: str):
+    if mode == "single":
+        return modes.single(run.ctx)
+    if mode == "controller":
+        return modes.controller(run.ctx, int(run.cfg.controller.decode_chunk))
+    return modes.colocated(run.ctx)
 
 
 def report_modes(path: Path) -> list[float]:
@@ -128,32 +187,38 @@ def report_modes(path: Path) -> list[float]:
     for r in results:
         if r["ok"]:
             groups.setdefault((r["shape"], r["workload"], r["n"], r["mode"]), []).append(r)
-    preds, factors = {}, {}
+    terms, factors = {}, {}
     for key, runs in groups.items():
         shape, workload, n, mode = key
         argv = shlex.split(runs[0]["command"])
         run = from_train.parse(train_args(argv), f"cpu-here-{n}",
                                lengths_from=lengths_dir(workload, shape))
-        preds[key] = modes.single(run.ctx) if mode == "single" else modes.colocated(run.ctx)
+        pred = predict_mode(run, mode)
+        rows = [s for r in runs for s in r["steady"]]
+        terms[key] = (pred.step, predicted_terms(pred), med(rows, "perf/step_time"),
+                      measured_terms(rows, mode))
         if n == 1:
-            factors[(shape, workload, mode)] = phase_factors(
-                preds[key], [s for r in runs for s in r["steady"]])
+            p_step, p, m_step, m = terms[key]
+            factors[(shape, workload, mode)] = term_factors(p, p_step, m, m_step)
     head = ("| point | predicted step | measured step | error | rescaled by same-session "
-            "N = 1 (error) | phases predicted/measured | load |\n|---|---|---|---|---|---|---|")
+            "N = 1 (error) | terms predicted/measured | load |\n|---|---|---|---|---|---|---|")
     errs = []
     for held_out in (False, True):
+        if not any((k[2] > 1) == held_out for k in groups):
+            continue
         print("\n## bench_modes.py: predicted / measured (s; process 0's phases, medians)"
               + (" -- held out, N = 2 and 4\n" if held_out else
                  " -- N = 1 (the calibration's kind of run, this session: not held out)\n"))
         print(head)
-        for key, runs in sorted(groups.items()):
+        for key, runs in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][3])):
             shape, workload, n, mode = key
             if (n > 1) != held_out:
                 continue
-            rows = [s for r in runs for s in r["steady"]]
+            p_step, p, m_step, m = terms[key]
             f = factors.get((shape, workload, mode))
-            again = rescaled(preds[key], f) if f and held_out else None
-            line, err = row(f"{shape} {workload} N={n} {mode}", preds[key], rows,
+            again = rescaled_step(p, p_step, f) if f and held_out else None
+            label = f"{workload}{'' if workload in bench_modes.PAPER else ' ' + shape} N={n} {mode}"
+            line, err = row(label, p_step, p, m_step, m,
                             statistics.mean(r["load_before"] for r in runs), again, True)
             print(line)
             if held_out:
@@ -161,10 +226,12 @@ def report_modes(path: Path) -> list[float]:
     return errs
 
 
-def report_placement(work: Path) -> list[float]:
-    args = argparse.Namespace(workload="arith", prompts=12, group=4, new_tokens=128, steps=10)
-    print("\n## bench_placement.py (4 hosts): predicted / measured\n")
-    print("| point | predicted step | measured step | error | phases predicted/measured | "
+def report_placement(work: Path, workload: str, steps: int) -> list[float]:
+    new_tokens = 32 if workload == "swe" else 128
+    args = argparse.Namespace(workload=workload, prompts=12, group=4, new_tokens=new_tokens,
+                              steps=steps)
+    print(f"\n## bench_placement.py --workload {workload} (4 hosts): predicted / measured\n")
+    print("| point | predicted step | measured step | error | terms predicted/measured | "
           "load |")
     print("|---|---|---|---|---|---|")
     loads = json.loads((work / "loads.json").read_text()) if (work / "loads.json").exists() else {}
@@ -182,8 +249,9 @@ def report_placement(work: Path) -> list[float]:
             pred = placement.disaggregated(ctx, pl.rollout_fraction, pl.max_staleness)
         else:
             pred = placement.async_(ctx, pl.workers, pl.learner_hosts, pl.max_staleness)
-        rows = bench_placement.steady(run_dir, args.steps, 3)
-        line, err = row(p.name, pred, rows, loads.get(run_dir.name, float("nan")))
+        rows = bench_placement.steady(run_dir, steps, 2)
+        line, err = row(p.name, pred.step, predicted_terms(pred), med(rows, "perf/step_time"),
+                        measured_terms(rows, p.mode), loads.get(run_dir.name, float("nan")))
         print(line)
         errs.append(err)
     return errs
@@ -192,10 +260,17 @@ def report_placement(work: Path) -> list[float]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--measure", action="store_true")
-    ap.add_argument("--shapes", nargs="*", default=["tiny", "small"])
-    ap.add_argument("--workloads", nargs="+", default=["arith", "arith-var"])
-    ap.add_argument("--repeats", type=int, default=1)
-    ap.add_argument("--no-placement", dest="placement", action="store_false")
+    ap.add_argument("--workloads", nargs="*", default=["gsm8k", "math", "swe"],
+                    choices=bench_modes.WORKLOADS, help="bench_modes' (none: skip it)")
+    ap.add_argument("--shapes", nargs="+", default=["tiny"], help="arith, arith-var only")
+    ap.add_argument("--modes", nargs="+", default=list(bench_modes.MODES))
+    ap.add_argument("--hosts", nargs="+", type=int, default=[2, 4],
+                    help="bench_modes' N (add 1 for the rescaled column)")
+    ap.add_argument("--placement", nargs="*", default=["arith", "swe"],
+                    help="bench_placement's workloads (none: skip it)")
+    ap.add_argument("--fractions", nargs="+", type=float, default=[0.5])
+    ap.add_argument("--ks", nargs="+", type=int, default=[2])
+    ap.add_argument("--placement-steps", type=int, default=6)
     ap.add_argument("--work-dir", default="/tmp/locojax_validate")
     args = ap.parse_args()
     if args.measure:
@@ -204,12 +279,15 @@ def main() -> int:
     errs = []
     if (work / "modes.json").exists():
         errs += report_modes(work / "modes.json")
-    if (work / "placement").exists():
-        errs += report_placement(work / "placement")
+    for workload in ("arith", "swe"):
+        if (work / f"placement-{workload}").exists():
+            errs += report_placement(work / f"placement-{workload}", workload,
+                                     args.placement_steps)
     if errs:
         within = sum(abs(e) <= TARGET for e in errs)
         print(f"\n{within} of {len(errs)} held-out points within {TARGET:.0%} "
-              f"(mean |error| {statistics.mean(abs(e) for e in errs):.0%})")
+              f"(mean |error| {statistics.mean(abs(e) for e in errs):.0%}); load now "
+              f"{os.getloadavg()[0]:.2f}")
     return 0
 
 

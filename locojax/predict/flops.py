@@ -6,9 +6,10 @@ One token through a dense decoder costs, per layer (2 FLOPs per multiply-accumul
   (Gemma 3's local layers) at most W of them, c_local = min(c, W);
 and once per token the LM head, 2 d v, wherever logits are taken. Only matmuls count: the
 families' other differences (Qwen2's q/k/v bias adds, Gemma's extra norms and GELU) are
-elementwise work, and their parameters are in the weight bytes (`ModelConfig.num_params`). Backward is twice the
-forward's matmuls (the input and the weight gradient of each), so a train step is 3x a
-forward, plus one more forward with remat and one no-grad forward for the reference (β > 0).
+elementwise work, and their parameters are in the weight bytes (`ModelConfig.num_params`).
+Backward is twice the forward's matmuls (the input and the weight gradient of each), so a
+train step is 3x a forward, plus one more forward with remat and one no-grad forward for the
+reference (β > 0).
 
 The totals follow what locojax's programs actually compute (`engine.py`, `train_step.py`),
 so that they can be checked against XLA's `cost_analysis()` of those programs

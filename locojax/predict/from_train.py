@@ -23,9 +23,10 @@ class TrainRun:
 
 
 def default_hosts(cfg) -> int:
-    """Hosts of the run on this machine: the Ray modes' --hosts, single's devices, else 1
-    (colocated's hosts are `locojax launch --hosts`, which `train` does not see)."""
-    if cfg.mode in ("disaggregated", "async"):
+    """Hosts of the run on this machine: the Ray modes' --hosts (the controller's too),
+    single's devices, else 1 (colocated's hosts are `locojax launch --hosts`, which `train`
+    does not see)."""
+    if cfg.mode in ("controller", "disaggregated", "async"):
         return int(getattr(getattr(cfg, "placement", None), "hosts", 4))
     if cfg.mode == "single":
         return max(1, int(getattr(cfg, "devices_per_host", 0) or 1))
