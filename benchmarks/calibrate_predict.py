@@ -100,7 +100,8 @@ def steady(run_dir: Path, steps: int, skip: int) -> dict:
         r = json.loads(line)
         rows.setdefault(r["step"], {}).update(r)
     keep = [rows[s] for s in range(skip + 1, steps)]
-    keys = sorted({k for r in keep for k in r if k.startswith("perf/")})
+    keys = sorted({k for r in keep for k, v in r.items()  # perf/timing names the clock
+                   if k.startswith("perf/") and not isinstance(v, str)})
     return {k: statistics.median(float(r.get(k, 0.0)) for r in keep) for k in keys}
 
 
