@@ -266,7 +266,7 @@ def main() -> int:
     ap.add_argument("--modes", nargs="+", default=list(bench_modes.MODES))
     ap.add_argument("--hosts", nargs="+", type=int, default=[2, 4],
                     help="bench_modes' N (add 1 for the rescaled column)")
-    ap.add_argument("--placement", nargs="*", default=["arith", "swe"],
+    ap.add_argument("--placement", nargs="*", default=["swe", "arith"],
                     help="bench_placement's workloads (none: skip it)")
     ap.add_argument("--fractions", nargs="+", type=float, default=[0.5])
     ap.add_argument("--ks", nargs="+", type=int, default=[2])
