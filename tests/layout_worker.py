@@ -6,8 +6,9 @@ runner; run as a script it is one process of a 2-process jax.distributed job on 
 
     python tests/layout_worker.py PORT PROCESS_ID NPROCESSES DEVICES_PER_PROCESS OUT.npz JOB...
 
-A JOB is `DTYPE/MODE` or `DTYPE/MODE/PLANT` (e.g. `float64/token-mean/host`); a float64 job
-runs under `jax.enable_x64`. Process 0 writes every job's results to OUT.npz (keys
+A JOB is `DTYPE/MODE`, `DTYPE/MODE/PLANT` (e.g. `float64/token-mean/host`) or
+`DTYPE/MODE/fsdp` (params sharded over one `fsdp` axis spanning every process's devices);
+a float64 job runs under `jax.enable_x64`. Process 0 writes every job's results to OUT.npz (keys
 `JOB|name`) for the test to compare against its single-device reference.
 """
 
@@ -227,13 +228,16 @@ def main(argv: list[str]) -> int:
     from locojax.model.sharding import make_mesh
 
     assert jax.process_count() == int(nproc) and len(jax.devices()) == int(nproc) * int(ndev)
-    mesh = make_mesh({"data": len(jax.devices())})
+    n = len(jax.devices())
+    meshes = {"train_dp": make_mesh({"data": n}), "train_fsdp": make_mesh({"data": 1, "fsdp": n})}
     results = {}
     for job in jobs:
-        dtype, mode, *plant = job.split("/")
+        dtype, mode, *extra = job.split("/")
+        rules = "train_fsdp" if extra == ["fsdp"] else "train_dp"
+        plant = extra[0] if extra and rules == "train_dp" else None
         with jax.enable_x64(dtype == "float64"):
-            got = run_layout(mesh, mode, process_local=True, dtype=dtype,
-                             plant=plant[0] if plant else None)
+            got = run_layout(meshes[rules], mode, process_local=True, rules=rules,
+                             dtype=dtype, plant=plant)
         results.update({f"{job}|{name}": value for name, value in got.items()})
     if jax.process_index() == 0:
         np.savez(out_path, **results)

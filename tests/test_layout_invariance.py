@@ -9,7 +9,8 @@ params and metrics on every layout as on one device:
   subtlest mode; every mode on all of them at once); and 2 processes x 2 devices joined by
   jax.distributed on CPU (gloo). FSDP layouts (`--train.mesh`: params, gradients and Adam
   moments sharded over `fsdp`, the batch over data x fsdp): 2 x 2 with grad-accum and
-  padding in the fast tier; 1 x 4 and 2 x 4 in every mode, and 2 x 2 alone, in the slow one.
+  padding in the fast tier; 1 x 4 and 2 x 4 in every mode, 2 x 2 alone, and fsdp over the 4
+  devices of 2 processes, in the slow one.
 
 The matrix runs in float64 (params and compute; `jax_enable_x64` in these runs only), where
 rounding is ~1e-15 and a normalisation bug ~1e-2 or more, so the bound below separates them
@@ -295,10 +296,11 @@ def _free_port() -> int:
 
 
 TWO_PROCESS_JOBS = (f"float64/{QUICK_MODE}", "float64/token-mean", "float64/token-mean/host",
-                    "float32/seq-mean-token-sum-norm")
+                    "float32/seq-mean-token-sum-norm", f"float64/{QUICK_MODE}/fsdp")
 """What crosses processes is the global counts' all-reduce, the same for every mode: the
 subtlest mode, token-mean (whose token-count denominator is what a per-host count gets
-wrong: the planted bug), and issue 9's failing f32 mode."""
+wrong: the planted bug), and issue 9's failing f32 mode; and FSDP over all 4 devices of
+both processes (the params' all-gathers and the gradients' reduce-scatter cross hosts)."""
 
 
 @pytest.mark.slow
@@ -306,7 +308,8 @@ wrong: the planted bug), and issue 9's failing f32 mode."""
 @pytest.mark.timeout(900)  # 8 compiles on 2 shared cores: < 1 min idle, ~3 min under load
 def test_two_processes_two_devices_each(tmp_path):
     """2 jax.distributed processes x 2 CPU devices, each contributing only its own rows: two
-    modes in f64, one in f32, and a planted per-host denominator, which the harness reports."""
+    modes in f64, one in f32, one with params sharded over an fsdp axis spanning both
+    processes, and a planted per-host denominator, which the harness reports."""
     counts = lw.block_token_counts("host", 2)
     assert len(set(counts)) > 1, counts
     out = tmp_path / "results.npz"
@@ -329,10 +332,10 @@ def test_two_processes_two_devices_each(tmp_path):
         assert p.returncode == 0, f"worker {i} exited with {p.returncode}:\n{log[-4000:]}"
     results = np.load(out)
     for job in TWO_PROCESS_JOBS:
-        dtype, mode, *plant = job.split("/")
+        dtype, mode, *extra = job.split("/")
         got = {k.split("|", 1)[1]: results[k] for k in results.files if k.startswith(job + "|")}
-        where = f"{mode} on 2 processes x 2 devices"
-        if not plant:
+        where = f"{mode} on 2 processes x 2 devices" + (" (fsdp 4)" if extra == ["fsdp"] else "")
+        if extra in ([], ["fsdp"]):
             compare(got, refs[job], where, mode, dtype)
             continue
         with pytest.raises(AssertionError, match=r"grads\["):
