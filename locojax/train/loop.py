@@ -65,6 +65,7 @@ def start(cfg: RunConfig, wiring) -> Trainer | None:
         return None
     memory.check()
     distributed.meet("locojax: programs compiled")  # hosts compile at different speeds
+    parts = dataclasses.replace(parts, learner=memory.learner)  # what the plan chose (auto)
     return Trainer(parts, wiring, engine, memory)
 
 
@@ -105,7 +106,7 @@ def plan_memory(parts: RunParts, wiring, engine) -> memory_plan.MemoryPlan:
     batch = batch_lib.abstract(rows, columns, mesh, wiring.train_rules, prefix,
                                staleness=remote)
     return memory_plan.plan(parts.model_cfg, learner, state, batch, ref, mesh, engine, shapes,
-                            cfg.precision, cfg.device_memory_gb)
+                            cfg.precision, cfg.device_memory_gb, auto_remat=cfg.remat == "auto")
 
 
 class Trainer:

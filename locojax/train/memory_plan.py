@@ -43,7 +43,7 @@ from locojax.model.config import ModelConfig
 from locojax.rl import micro_batches
 from locojax.rl.batch import logit_positions, split_group
 from locojax.rl import train_step as train_step_lib
-from locojax.rl.config import LearnerConfig
+from locojax.rl.config import AUTO_ACCUM, LearnerConfig
 
 GB = 1e9
 
@@ -178,16 +178,22 @@ def _group_in_step(prefix, learner: LearnerConfig, rows: int, local: int) -> int
 
 def expected_train_temporaries(cfg: ModelConfig, learner: LearnerConfig, rows: int, columns: int,
                                devices: int, platform: str | None = None,
-                               prefix=None) -> dict[str, int]:
+                               prefix=None, param_bytes: int | None = None) -> dict[str, int]:
     """Named buffers a train step needs per device beyond its state, derived from shapes.
 
-    rows x columns: the global batch; devices: how many share its rows (data parallel, params
-    replicated); prefix: the batch's `TrainBatch.shared_prefix` (what a run's batch has).
+    rows x columns: the global batch; devices: how many share its rows; prefix: the batch's
+    `TrainBatch.shared_prefix` (what a run's batch has); param_bytes: one device's share of
+    the f32 params (None: replicated, all of them; FSDP: about 1/F of them).
     Meant as an upper bound, term by term: docs/real_size.md has XLA:CPU's temporaries
     against it in every configuration measured (f32 and bf16, remat or not, 2 to 28 layers,
-    grad_accum 2, β > 0, V up to 151,936, shared prefix or not). The terms:
-    - gradients: one f32 copy of the params (two with grad_accum > 1: the running sum and a
-      micro-batch's own); the optimizer then updates in place (`train_state.apply_in_place`);
+    grad_accum 2, β > 0, V up to 151,936, shared prefix or not), data parallel: under FSDP
+    it is not one yet (TINY, 4 layers, FSDP 2: XLA 80 MB against 68 MB expected, where data
+    parallel at the same rows per device needs 44 MB; docs/real_size.md). The terms:
+    - gradients: one f32 copy of the device's params (two with grad_accum > 1: the running
+      sum and a micro-batch's own); the optimizer then updates in place
+      (`train_state.apply_in_place`); under FSDP, sharded like the params;
+    - gathered weights (FSDP only): the whole params, gathered from their shards for the
+      forward and again for the backward, in the compute dtype;
     - logits: five f32 buffers of one chunk's size: logits, log-softmax, its exp, the
       entropy's product, the logit gradient; over the positions that predict a target (the
       response's, with a shared prefix);
@@ -207,7 +213,11 @@ def expected_train_temporaries(cfg: ModelConfig, learner: LearnerConfig, rows: i
     micro = rows // learner.rows_multiple  # rows of one micro-batch, all devices
     local = max(1, micro // devices)
     v, d = cfg.vocab_size, cfg.hidden_size
-    out = {"gradients": cfg.num_params() * 4 * (2 if learner.grad_accum > 1 else 1)}
+    whole = cfg.num_params() * 4
+    param_bytes = whole if param_bytes is None else param_bytes
+    out = {"gradients": param_bytes * (2 if learner.grad_accum > 1 else 1)}
+    if param_bytes < whole:
+        out["gathered weights"] = cfg.num_params() * cfg.dtype.itemsize
     chunk = qwen3.logprob_chunk_size(micro, targets, v, learner.logprob_chunk)
     out["logits"] = 5 * local * (chunk or targets) * v * 4
     if chunk:
@@ -261,6 +271,8 @@ class MemoryPlan:
     device_memory: int | None
     device_source: str
     local_devices: int
+    learner: LearnerConfig  # what the run trains with: the plan's automatic choices made
+    chosen: list[str] = dataclasses.field(default_factory=list)  # what auto chose, and why
 
     def peak_of(self, p: Program) -> int:
         return sum(self.held.values()) + self.caches.get(p.phase, 0) + p.extra
@@ -280,18 +292,28 @@ class MemoryPlan:
     def format(self) -> str:
         """The plan as a short table (what `locojax train` prints at start-up)."""
         st = self.settings
+        layout = (f"mesh data={st['devices'] // st['fsdp']},fsdp={st['fsdp']}" if st["fsdp"] > 1
+                  else "data parallel") + (f", rollout tp {st['rollout_tp']}"
+                                           if st["rollout_tp"] > 1 else "")
         lines = [f"memory plan per device ({self.local_devices} local device"
-                 f"{'s' * (self.local_devices > 1)}; {st['precision']}, remat "
-                 f"{'on' if st['remat'] else 'off'}, logits in {st['logits']}):"]
+                 f"{'s' * (self.local_devices > 1)}; {layout}; {st['precision']}, remat "
+                 f"{'on' if st['remat'] else 'off'}, {st['grad_accum']} micro-batch"
+                 f"{'es' * (st['grad_accum'] > 1)}, logits in {st['logits']}):"]
         held = ", ".join(f"{k} {size(v)}" for k, v in self.held.items() if v)
         caches = ", ".join(f"{k} {size(v)}" for k, v in self.caches.items())
         caches = f"{caches} ({st['cache_dtype']})" if caches else "none"
-        lines.append(f"  {'held':<16} {held}; KV cache: {caches}")
+        copy = (f"; rollout's copy of the weights {size(st['rollout_copy'])} (another layout "
+                "than training's)") if st["rollout_copy"] else ""
+        lines.append(f"  {'held':<16} {held}; KV cache: {caches}{copy}")
         for p in self.programs:
-            compiled = (f"   [compiled in {p.compile_s:.1f} s]" if not p.name.startswith("decode")
-                        else "   [compiled with prefill]")
-            lines.append(f"  {p.name:<16} +{size(p.extra)} (XLA temporaries {size(p.temporaries)})"
-                         f" -> {size(self.peak_of(p))}{compiled}")
+            compiled = ("   [compiled with prefill]" if p.name.startswith("decode") else
+                        "   [from shapes]" if p.name == "reshard" else
+                        f"   [compiled in {p.compile_s:.1f} s]")
+            what = (f"XLA temporaries {size(p.temporaries)}" if p.name != "reshard" else
+                    f"rollout's copy {size(p.outputs)}, whole params gathered "
+                    f"{size(p.temporaries)}")
+            lines.append(f"  {p.name:<16} +{size(p.extra)} ({what}) -> {size(self.peak_of(p))}"
+                         f"{compiled}")
             if p.name == "train_step":
                 parts = ", ".join(f"{k} {size(v)}" for k, v in self.expected.items())
                 lines.append(f"  {'':<16} expected temporaries <= "
@@ -305,12 +327,14 @@ class MemoryPlan:
         if self.local_devices > 1:
             lines.append(f"  {'this host':<16} {self.local_devices} devices x {size(self.peak)} "
                          f"= {size(self.local_devices * self.peak)} at most")
+        lines += [f"  {'auto':<16} {c}" for c in self.chosen]
         return "\n".join(lines)
 
     def biggest(self, n: int = 4) -> list[tuple[str, int]]:
         """The largest named buffers at the peak (held ones and the train step's expected)."""
         named = dict(self.held)
         named["KV cache"] = max(self.caches.values(), default=0)
+        named["rollout's copy of the weights"] = self.settings["rollout_copy"]
         if self.peak_program.name == "train_step":
             named.update({f"train step {k}": v for k, v in self.expected.items()})
         else:
@@ -324,11 +348,12 @@ class MemoryPlan:
         cache = max(self.caches.values(), default=0)
         state = self.held.get("params", 0) + self.held.get("optimizer", 0) + e["gradients"]
         found = []  # (bytes it acts on, hint)
-        found.append((acts + logits, f"--grad-accum N: N micro-batches instead of one of "
-                                     f"{st['rows_per_micro']} rows per device divide the "
-                                     f"activations and logits ({size(acts + logits)}) by ~N"))
+        found.append((acts + logits, f"--grad-accum N: N micro-batches instead of "
+                                     f"{st['grad_accum']} of {st['rows_per_micro']} rows per "
+                                     f"device divide the activations and logits "
+                                     f"({size(acts + logits)}) by ~N"))
         if not st["remat"]:
-            found.append((acts, f"--remat: keep only each layer's input for the backward "
+            found.append((acts, f"--remat on: keep only each layer's input for the backward "
                                 f"(activations {size(acts)})"))
         if st["logprob_chunk"] == 0 and logits > 3 * qwen3.LOGITS_WHOLE_BYTES:
             found.append((logits, f"--logprob-chunk -1: chunk the logits ({size(logits)})"))
@@ -344,11 +369,43 @@ class MemoryPlan:
         if self.held.get("reference", 0):
             found.append((self.held["reference"], f"--algo.beta 0: no reference copy "
                                                   f"({size(self.held['reference'])})"))
-        found.append((state, f"FSDP, to shard params, gradients and optimizer state "
-                             f"({size(state)}) over several devices: "
-                             "LearnerConfig.rules='train_fsdp' in the library, not yet a "
-                             "`locojax train` setting"))
+        found.append((state, self._fsdp_hint(state)))
+        tp = self._tp_hint(cache)
+        if tp:
+            found.append((st["rollout_copy"] + cache, tp))
         return [h for b, h in found if b >= 0.05 * self.peak]
+
+    def _fsdp_hint(self, state: int) -> str:
+        """`--train.mesh` with the fewest FSDP ways, over this run's devices, whose saving
+        closes the gap (all of them if none does)."""
+        st = self.settings
+        n, now = st["devices"], st["fsdp"]
+        what = (f"shard params, gradients and optimizer state ({size(state)} per device) over "
+                "`fsdp`")
+        if n == 1:
+            return (f"--train.mesh data=D,fsdp=F on D x F devices (this run has 1): {what}, "
+                    f"{size(state)} / F each")
+        ways = [f for f in range(now + 1, n + 1) if n % f == 0]
+        if not ways:
+            return (f"more devices: this run already shards over all {n} (--train.mesh "
+                    f"data=1,fsdp={n}); {what}")
+        gap = self.peak - (self.device_memory or self.peak)
+        f = next((f for f in ways if state * (1 - now / f) >= gap), ways[-1])
+        return (f"--train.mesh data={n // f},fsdp={f}: {what}, {size(state * now / f)} each "
+                f"instead of {size(state)}")
+
+    def _tp_hint(self, cache: int) -> str | None:
+        """`--rollout.tp N` over the engine's devices (this host's), when the KV heads
+        split N ways."""
+        st = self.settings
+        n = st["rollout_devices"]
+        ways = [t for t in range(st["rollout_tp"] + 1, n + 1)
+                if n % t == 0 and st["kv_heads"] % t == 0]
+        if not ways:
+            return None
+        t = ways[-1]
+        return (f"--rollout.tp {t}: shard the engine's weights and KV cache ({size(cache)}) by "
+                f"heads over {t} of this host's devices")
 
     def check(self) -> None:
         """Raise MemoryPlanError, naming the biggest buffers and the settings that shrink
@@ -358,10 +415,12 @@ class MemoryPlan:
         g = size
         biggest = ", ".join(f"{k} {g(v)}" for k, v in self.biggest())
         hints = "\n  ".join(self.hints())
+        tried = "".join(f"\n(auto: {c})" for c in self.chosen)
         raise MemoryPlanError(
             f"this run needs {g(self.peak)} per device at its peak ({self.peak_program.name}), "
             f"more than the {g(self.device_memory)} available ({self.device_source}); nothing "
-            f"was run. Biggest buffers: {biggest}. Settings that shrink them:\n  {hints}\n"
+            f"was run. Biggest buffers: {biggest}. Settings that shrink them:\n  {hints}"
+            f"{tried}\n"
             "(`--plan` prints the whole plan; `--device-memory-gb` overrides the detected size.)")
 
 
@@ -378,20 +437,49 @@ class EngineShape:
 
 def plan(model_cfg: ModelConfig, learner: LearnerConfig, state, batch, ref_params, mesh, engine,
          engine_shapes: list[EngineShape], precision: str = "f32",
-         device_memory_gb: float = 0.0) -> MemoryPlan:
+         device_memory_gb: float = 0.0, auto_remat: bool = False) -> MemoryPlan:
     """Compile the run's programs at its shapes (without running them) and plan its memory.
 
     state, batch, ref_params: arrays or ShapeDtypeStructs placed as the run's will be
     (`train_state.abstract`, `batch.abstract`); ref_params None when β = 0. engine: the
-    run's `Engine`; engine_shapes: its generate calls.
+    run's `Engine`; engine_shapes: its generate calls. When the run does not fit, the
+    automatic settings (remat when `auto_remat`, micro-batches when `learner.grad_accum` is
+    AUTO_ACCUM) are raised until it does (`_fit`); `MemoryPlan.learner` is what it chose.
     """
     held = {"params": device_bytes(state.params), "optimizer": device_bytes(state.opt_state),
             "reference": device_bytes(ref_params) if ref_params is not None else 0}
+    memory, source = detect_device_memory(device_memory_gb)
+    rows, columns = batch.tokens.shape
+    devices = int(np.prod(list(mesh.shape.values()))) if mesh is not None else 1
+    fsdp = mesh.shape.get("fsdp", 1) if mesh is not None and learner.rules == "train_fsdp" else 1
+    engine_mesh = engine.layout.mesh if engine.layout is not None else None
+    tp = engine_mesh.shape.get("tensor", 1) if engine_mesh is not None else 1
+    settings = {"precision": precision, "cache_dtype": engine.cache_dtype.name,
+                "logprob_chunk": learner.logprob_chunk, "devices": devices, "fsdp": fsdp,
+                "rollout_tp": tp, "rollout_devices": engine_mesh.size if engine_mesh else 1,
+                "kv_heads": model_cfg.num_key_value_heads, "rollout_copy": 0}
+
+    def train_program(learner: LearnerConfig) -> tuple[Program, dict, dict]:
+        t0 = time.perf_counter()
+        compiled = train_step_lib.compile_update(state, batch, model_cfg, learner, ref_params,
+                                                 mesh)
+        program = Program.of("train_step", "rollout", compiled, device_bytes((state, ref_params)),
+                             time.perf_counter() - t0)
+        resolved = micro_batches.resolve(learner, batch, model_cfg.vocab_size, mesh)  # as the step
+        chunk = qwen3.logprob_chunk_size(rows // resolved.rows_multiple,
+                                         logit_positions(columns, batch.shared_prefix),
+                                         model_cfg.vocab_size, resolved.logprob_chunk)
+        shards = micro_batches.batch_shards(mesh, learner.rules, rows)
+        return program, {
+            "remat": resolved.remat, "grad_accum": resolved.grad_accum,
+            "logits": f"chunks of {chunk} positions" if chunk else "one piece",
+            "rows_per_micro": max(1, rows // resolved.rows_multiple // shards),
+            "rows_per_device": rows // learner.algo.num_minibatches // shards,
+        }, expected_train_temporaries(model_cfg, resolved, rows, columns, devices,
+                                      prefix=batch.shared_prefix, param_bytes=held["params"])
+
+    train, train_settings, expected = train_program(learner)
     programs, caches = [], {}
-    t0 = time.perf_counter()
-    compiled = train_step_lib.compile_update(state, batch, model_cfg, learner, ref_params, mesh)
-    programs.append(Program.of("train_step", "rollout", compiled,
-                               device_bytes((state, ref_params)), time.perf_counter() - t0))
     for shape in engine_shapes:
         t0 = time.perf_counter()
         prefill, decode = engine.compile(shape.prompts, shape.prompt_len, shape.sampling,
@@ -399,24 +487,100 @@ def plan(model_cfg: ModelConfig, learner: LearnerConfig, state, batch, ref_param
         seconds = time.perf_counter() - t0
         weights, cache = _argument_bytes(prefill, 0), _argument_bytes(prefill, 5)
         caches[shape.name] = max(caches.get(shape.name, 0), cache)
+        if _another_layout(prefill.input_shardings[0][0], state.params):
+            settings["rollout_copy"] = weights  # live while the engine runs, not held
+            weights = 0
         # The two compile together; the pair's time is reported once, on prefill.
         programs.append(Program.of(f"prefill {shape.name}", shape.name, prefill,
                                    weights + cache, seconds))
         programs.append(Program.of(f"decode {shape.name}", shape.name, decode,
                                    weights + cache, 0.0))
-    rows, columns = batch.tokens.shape
-    devices = int(np.prod(list(mesh.shape.values()))) if mesh is not None else 1
-    learner = micro_batches.resolve(learner, batch, model_cfg.vocab_size, mesh)  # as the step
-    chunk = qwen3.logprob_chunk_size(rows // learner.rows_multiple,
-                                     logit_positions(columns, batch.shared_prefix),
-                                     model_cfg.vocab_size, learner.logprob_chunk)
-    settings = {"precision": precision, "cache_dtype": engine.cache_dtype.name,
-                "remat": learner.remat, "grad_accum": learner.grad_accum,
-                "logprob_chunk": learner.logprob_chunk,
-                "logits": f"chunks of {chunk} positions" if chunk else "one piece",
-                "rows_per_micro": max(1, rows // learner.rows_multiple // devices)}
-    memory, source = detect_device_memory(device_memory_gb)
-    expected = expected_train_temporaries(model_cfg, learner, rows, columns, devices,
-                                          prefix=batch.shared_prefix)
-    return MemoryPlan(held, caches, programs, expected, settings, memory, source,
-                      jax.local_device_count())
+
+    if settings["rollout_copy"]:
+        programs.insert(0, _reshard(settings["rollout_copy"], 4 * model_cfg.num_params()
+                                    if fsdp > 1 and tp > 1 else 0))
+
+    def with_learner(learner, train=None, train_settings=None, expected=None) -> MemoryPlan:
+        if train is None:
+            train, train_settings, expected = train_program(learner)
+        return MemoryPlan(held, caches, [train, *programs], expected,
+                          {**settings, **train_settings}, memory, source,
+                          jax.local_device_count(), learner)
+
+    first = with_learner(learner, train, train_settings, expected)
+    if first.fits:
+        return first
+    xla_per_expected = train.temporaries / max(1, sum(expected.values()))
+
+    def estimate(learner: LearnerConfig) -> int:
+        """The peak `with_learner(learner)` would plan, without compiling: the train step's
+        temporaries its expectation times XLA's ratio to it in the first plan."""
+        resolved = micro_batches.resolve(learner, batch, model_cfg.vocab_size, mesh)
+        e = expected_train_temporaries(model_cfg, resolved, rows, columns, devices,
+                                       prefix=batch.shared_prefix, param_bytes=held["params"])
+        guess = dataclasses.replace(train, temporaries=int(xla_per_expected * sum(e.values())))
+        return max(first.peak_of(p) for p in [guess, *programs])
+
+    return _fit(first, with_learner, estimate, auto_remat)
+
+
+def _fit(first: MemoryPlan, with_learner, estimate, auto_remat: bool) -> MemoryPlan:
+    """The plan of the first escalation of the automatic settings that fits, saying what it
+    chose and why; else the last one tried, saying what was tried (`check` refuses it).
+
+    Remat first: it keeps only each layer's input whatever the batch, for about one more
+    forward, and keeps the matmuls whole; then more micro-batches (divisors of a device's
+    rows, fewest first), which divide what is left of the activations and the logits. The
+    logits are already chunked automatically (`--logprob-chunk -1`) once they are large.
+    Only the train step is compiled again: from the first escalation that `estimate` (no
+    compile) says fits, or the last, on until one does."""
+    learner, st = first.learner, first.settings
+    steps = []
+    if auto_remat and not learner.remat:
+        learner = dataclasses.replace(learner, remat=True)
+        steps.append((learner, "remat on"))
+    if first.learner.grad_accum == AUTO_ACCUM:
+        rows = st["rows_per_device"]
+        for k in range(st["grad_accum"] + 1, rows + 1):
+            if rows % k == 0:
+                steps.append((dataclasses.replace(learner, grad_accum=k),
+                              ("remat on and " if learner.remat and not first.learner.remat
+                               else "") + f"{k} micro-batches of {rows // k} rows per device"))
+    why = (f"without it the peak is {size(first.peak)} ({first.peak_program.name}), more than "
+           f"the {size(first.device_memory)} available")
+    if not steps:
+        return first
+    start = next((i for i, (c, _) in enumerate(steps) if estimate(c) <= first.device_memory),
+                 len(steps) - 1)
+    skipped = f" ({', '.join(w for _, w in steps[:start])}: estimated not to)" if start else ""
+    for candidate, what in steps[start:]:
+        tried = with_learner(candidate)
+        if tried.fits:
+            tried.chosen = [f"{what}: {why}; with it {size(tried.peak)}"]
+            return tried
+    tried.chosen = [f"tried {', then '.join(w for _, w in steps[start:])}{skipped}: none fits, "
+                    f"the last needs {size(tried.peak)}"]
+    return tried
+
+
+def _reshard(copy: int, gathered: int) -> Program:
+    """Moving the weights to the rollout layout before each rollout (`meshes.replicated`, an
+    all-gather over `fsdp`, then the engine's `place_weights`): its output is rollout's copy;
+    from FSDP to a tensor-parallel layout, the whole replicated params (`gathered`) exist
+    too until the engine's slices are taken. Counted from shapes: nothing is compiled."""
+    return Program("reshard", "rollout", 0, copy, 0, gathered, 0, 0.0)
+
+
+def _another_layout(engine_shardings, params) -> bool:
+    """Whether the engine's weights are laid out otherwise than the training params (FSDP
+    training, tensor-parallel rollout), so that rollout needs a copy of them. In the same
+    layout (both replicated) it reads the params' own buffers, even on another mesh
+    (`Colocated.rollout_weights`: a host's shards viewed on its local mesh)."""
+    def spec(sharding):
+        s = tuple(getattr(sharding, "spec", ()) or ())
+        while s and s[-1] is None:
+            s = s[:-1]
+        return s
+
+    return any(spec(e) != spec(p.sharding)
+               for e, p in zip(jax.tree.leaves(engine_shardings), jax.tree.leaves(params)))
