@@ -1,22 +1,26 @@
-"""Qwen3-0.6B at its real size on this machine: the memory plan against measured peak RSS.
+"""A real config at its real size on this machine: the memory plan against measured peak RSS.
 
     python benchmarks/bench_real_size.py --data ../shared/data/gsm8k/train.jsonl
-    python benchmarks/bench_real_size.py --model DIR --data FILE   # an existing HF Qwen3 dir
+    python benchmarks/bench_real_size.py --config gemma-3-1b-it --data FILE
+    python benchmarks/bench_real_size.py --model DIR --data FILE   # an existing HF dir
 
-Without --model it first writes a random Qwen3-0.6B HF directory (the real config: 28
-layers, d=1024, ffn 3072, 16 q / 8 kv heads of 128, vocab 151,936, tied embeddings, f32)
-with transformers, and a byte-level BPE tokenizer trained offline on the data with
-`tokenizers`, in a child process. A second child process then runs `locojax train gsm8k`'s
-Trainer in-process: it prints the memory plan (compiled at the run's shapes), runs the
-steps (GSM8K prompts, GRPO, rollout on the engine, exactly --new-tokens per completion), and
-reports its peak RSS (VmHWM) next to the plan, the step times, generation tokens/s and the
-phase times. The child's RSS before the plan (Python, jax, the tokenizer) is reported too:
-the plan counts device buffers only. With --save it then also writes the run checkpoint and
-the exported model, and reports the peak including them.
+Without --model it first writes a random-weight HF directory of --config (a published
+config.json in tests/data/hf_configs.json; default qwen3-0.6b: 28 layers, d=1024, ffn 3072,
+16 q / 8 kv heads of 128, vocab 151,936, tied) with transformers, built from the config dict
+itself (`AutoConfig.for_model`, f32, transformers' own init), and a byte-level BPE tokenizer
+trained offline on the data with `tokenizers`, in a child process. A second child process
+then runs `locojax train gsm8k`'s Trainer in-process: it prints the memory plan (compiled at
+the run's shapes), runs the steps (GSM8K prompts, GRPO, rollout on the engine, exactly
+--new-tokens per completion), and reports its peak RSS (VmHWM) next to the plan, the step
+times, generation tokens/s and the phase times. The child's RSS before the plan (Python,
+jax, the tokenizer) is reported too: the plan counts device buffers only. With --save it
+then also writes the run checkpoint and the exported model, and reports the peak including
+them.
 
 Targets (issue 11) at 8 rows x 192 tokens (4 prompts x G 2, 160-token window, 32 new): peak
 RSS within 25% of the plan, and at most params + optimizer + gradients + 30%. It is memory
-heavy (~12 GB): on a shared machine run it under `flock /tmp/locojax-heavy.lock`.
+heavy (~12 GB at 0.6B, ~4 x 4 bytes per parameter): on a shared machine run it under
+`flock /tmp/locojax_bench.lock`.
 """
 
 from __future__ import annotations
@@ -30,10 +34,7 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-QWEN3_0_6B = dict(vocab_size=151_936, hidden_size=1024, intermediate_size=3072,
-                  num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
-                  head_dim=128, tie_word_embeddings=True, max_position_embeddings=40960,
-                  rope_theta=1_000_000.0, rms_norm_eps=1e-6)
+CONFIGS = os.path.join(ROOT, "tests", "data", "hf_configs.json")
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 
@@ -53,15 +54,23 @@ def _rows(path: str, n: int) -> list[dict]:
 # --- child 1: the random HF directory --------------------------------------------------------
 
 
-def write_model(out: str, data: str, tokenizer_vocab: int, layers: int) -> None:
-    """A random-weight Qwen3-0.6B (transformers' own init, f32) and a BPE tokenizer."""
+def write_model(out: str, data: str, tokenizer_vocab: int, config: str, layers: int) -> None:
+    """A random-weight model of published config `config` (transformers' own init, f32, at
+    most `layers` layers when > 0) and a BPE tokenizer."""
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
+    with open(CONFIGS) as f:
+        fields = json.load(f)[config]
+    # Token ids of the real vocabulary mean nothing to the 4,096-token tokenizer below.
+    fields = {**fields, "torch_dtype": "float32", "bos_token_id": None, "eos_token_id": None,
+              "pad_token_id": None}
+    if layers:
+        fields["num_hidden_layers"] = layers
     os.makedirs(out, exist_ok=True)
     torch.manual_seed(0)
-    model = Qwen3ForCausalLM(Qwen3Config(**{**QWEN3_0_6B, "num_hidden_layers": layers}))
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**fields))
     model = model.float().eval()
     model.save_pretrained(out)
     del model
@@ -113,8 +122,8 @@ def train(args) -> dict:
         algo=dataclasses.replace(base.algo, group_size=args.group),
         rollout=RolloutConfig(prompts_per_step=args.prompts, max_new_tokens=args.new_tokens,
                               max_prompt_tokens=args.prompt_tokens, ignore_eos=True),
-        eval=EvalConfig(every=0), precision=args.precision,
-        remat="on" if args.remat else "off")
+        eval=EvalConfig(every=0), precision=args.precision, remat=args.remat,
+        device_memory_gb=args.device_memory_gb)
     jax_kb = _status_kb("VmRSS")
     t0 = time.perf_counter()
     trainer = start(cfg, wiring.join("single"))  # prints the plan; compiles the step's programs
@@ -132,6 +141,7 @@ def train(args) -> dict:
            "plan_text": plan.format(), "plan_peak": plan.peak, "held": plan.held,
            "expected": plan.expected, "compile_s": {p.name: p.compile_s for p in plan.programs},
            "num_params": trainer.parts.model_cfg.num_params(), "steps": steps,
+           "remat": plan.settings["remat"], "grad_accum": plan.settings["grad_accum"],
            "rows": cfg.rollout.prompts_per_step * cfg.group_size,
            "columns": cfg.rollout.max_prompt_tokens + cfg.rollout.max_new_tokens}
     if args.save:
@@ -164,7 +174,8 @@ def report(r: dict, args) -> None:
     p = r["held"]["params"]
     budget = p + r["held"]["optimizer"] + r["num_params"] * 4  # params + optimizer + grads
     print(f"\nrows x tokens: {r['rows']} x {r['columns']}; precision {args.precision}, "
-          f"remat {'on' if args.remat else 'off'}")
+          f"remat {args.remat} -> {'on' if r['remat'] else 'off'}, {r['grad_accum']} "
+          "micro-batch(es)")
     print(f"RSS before jax: {to_bytes(r['baseline_kb']) / 1e9:.2f} GB; after imports "
           f"{to_bytes(r['jax_kb']) / 1e9:.2f} GB")
     print(f"peak RSS over {len(r['steps'])} steps: {peak / 1e9:.2f} GB; plan {plan / 1e9:.2f} GB "
@@ -192,7 +203,8 @@ def report(r: dict, args) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", default="", help="an HF Qwen3 dir (default: write a random 0.6B)")
+    ap.add_argument("--model", default="", help="an HF dir (default: write a random --config)")
+    ap.add_argument("--config", default="qwen3-0.6b", help="a key of tests/data/hf_configs.json")
     ap.add_argument("--data", required=True, help="GSM8K jsonl (HF format: question, answer)")
     ap.add_argument("--work", default="", help="scratch dir (default: a temp dir, removed)")
     ap.add_argument("--prompts", type=int, default=4)
@@ -201,15 +213,17 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--precision", choices=["f32", "bf16"], default="f32")
-    ap.add_argument("--remat", action=argparse.BooleanOptionalAction, default=True)
+    ap.add_argument("--remat", choices=["auto", "on", "off"], default="on",
+                    help="auto: the plan decides against --device-memory-gb")
+    ap.add_argument("--device-memory-gb", type=float, default=0.0, help="0: this host's RAM")
     ap.add_argument("--save", action="store_true", help="also checkpoint and export, measured")
     ap.add_argument("--tokenizer-vocab", type=int, default=4096)
-    ap.add_argument("--layers", type=int, default=28, help="fewer for a quick dry run")
+    ap.add_argument("--layers", type=int, default=0, help="fewer for a quick dry run (0: all)")
     ap.add_argument("--child", choices=["write", "train"], default=None,
                     help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child == "write":
-        write_model(args.model, args.data, args.tokenizer_vocab, args.layers)
+        write_model(args.model, args.data, args.tokenizer_vocab, args.config, args.layers)
         return
     if args.child == "train":
         print("RESULT " + json.dumps(train(args)), flush=True)
@@ -221,17 +235,19 @@ def main() -> None:
     os.makedirs(work, exist_ok=True)
     model = args.model
     if not model:
-        model = os.path.join(work, "qwen3-0.6b-random")
+        model = os.path.join(work, f"{args.config}-random")
         t0 = time.perf_counter()
         _run_child(["--child", "write", "--model", model, "--data", args.data,
-                    "--tokenizer-vocab", str(args.tokenizer_vocab), "--layers", str(args.layers)])
-        print(f"wrote a random Qwen3-0.6B ({args.layers} layers) to {model} in "
+                    "--tokenizer-vocab", str(args.tokenizer_vocab), "--config", args.config,
+                    "--layers", str(args.layers)])
+        print(f"wrote a random {args.config} ({args.layers or 'all'} layers) to {model} in "
               f"{time.perf_counter() - t0:.0f} s")
     flags = ["--child", "train", "--model", model, "--data", args.data, "--work", work,
              "--prompts", str(args.prompts), "--group", str(args.group), "--prompt-tokens",
              str(args.prompt_tokens), "--new-tokens", str(args.new_tokens), "--steps",
              str(args.steps), "--precision", args.precision,
-             "--remat" if args.remat else "--no-remat"] + (["--save"] if args.save else [])
+             "--remat", args.remat, "--device-memory-gb", str(args.device_memory_gb)]
+    flags += ["--config", args.config] + (["--save"] if args.save else [])
     out = _run_child(flags)
     for line in out.splitlines():
         if line.startswith("RESULT "):
