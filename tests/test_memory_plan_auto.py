@@ -96,6 +96,7 @@ def test_auto_micro_batches_when_remat_is_off_by_name(peaks):
                                      "without it the peak is")
 
 
+@pytest.mark.timeout(900)  # 3 compiles; each took ~3 min with the 2 cores at load 10-18
 def test_fsdp_plans_a_devices_shard_and_rollouts_copy():
     """FSDP over 2 devices: a device holds its shard of the params and Adam's moments, and
     the expected gradients are as large; the replicated engine needs its own copy of
