@@ -22,7 +22,8 @@ Printed per shape: seconds (median of the runs), tokens/s, locojax's ratio to ea
 for locojax the bytes of KV cache its attention must read (every live row's written prefix
 at every decode step; the engine reads up to a block more) per second, against the memory
 bandwidth measured in this run (a 512 MiB f32 `jnp.sum`); time per generated token relative
-to `small-512`'s. `--sweep blocks` / `--sweep rows` measure qwen3.BLOCK and engine.MIN_ROWS.
+to `small-512`'s. `--sweep blocks` / `--sweep rows` measure qwen3.BLOCK and engine.MIN_ROWS;
+`--trace small-512` sums a steady decode step's time per XLA op (jax.profiler).
 
 Each shape's table row is printed as the shape ends, then the whole table. `--prompts-4096 8`
 halves small-4096's batch (64 rows; its L_r are the first 64 of the same draw, max 1,421
@@ -331,6 +332,50 @@ def bench_shape(s: Shape, runs: int, peer_runs: int, tunix_python) -> dict:
                 median={k: statistics.median(v) for k, v in times.items()})
 
 
+def trace_decode(s: Shape, start: int, steps: int = 20):
+    """Where a steady decode step's time goes, per XLA op: `steps` decode steps of the full
+    batch from step `start` (a context of P + start slots), traced with `jax.profiler` and
+    summed by op as `profile_train.py` sums a train step's."""
+    import tempfile
+    from pathlib import Path
+
+    from profile_train import trace_summary
+
+    from locojax.engine.engine import Decoding
+
+    cfg = model_config.PRESETS[s.model]()
+    weights = params.init(cfg, jax.random.key(0))
+    prompts = np.asarray(jax.random.randint(
+        jax.random.key(1), (s.prompts, s.prompt_tokens), 1, cfg.vocab_size - 1), np.int32)
+    engine = Engine(cfg)
+    sampling = SamplingConfig(max_new_tokens=s.new_tokens, temperature=1.0,
+                              ignore_eos=not s.long_tail)
+    decoding = Decoding(engine, engine.prefill(
+        weights, prompts, jax.random.key(0), sampling, num_samples=s.group,
+        limits=s.lengths() if s.long_tail else None))
+    decoding.advance(start)  # compiles; the batch keeps its R rows until half have finished
+    jax.block_until_ready(decoding.turn)
+    ms = []
+    for _ in range(2):
+        t0 = time.perf_counter()
+        decoding.advance(steps)
+        jax.block_until_ready(decoding.turn)
+        ms.append(1000 * (time.perf_counter() - t0) / steps)
+    if decoding.finished or decoding.step + steps > s.new_tokens:
+        raise SystemExit(f"{s.name}'s decode reaches step {decoding.step} of {s.new_tokens} "
+                         f"before the traced steps: lower --trace-start")
+    rows, first = decoding.turn.last.shape[0], decoding.step
+    with tempfile.TemporaryDirectory() as d:
+        with jax.profiler.trace(d):
+            t0 = time.perf_counter()
+            decoding.advance(steps)
+            jax.block_until_ready(decoding.turn)
+            traced = 1000 * (time.perf_counter() - t0) / steps
+        print(f"  [{s.name}] decode at {rows} rows, tokens {first}..{first + steps - 1} "
+              f"traced: {traced:.1f} ms/step (untraced before: "
+              + ", ".join(f"{x:.1f}" for x in ms) + ")\n" + trace_summary(Path(d), 30))
+
+
 SWEEP_TOKENS = 256  # the rows sweep's tokens a row: about the long-tailed draw's median
 
 
@@ -393,6 +438,10 @@ def main(argv=None) -> int:
                     help="steady-state runs of HF and Tunix")
     ap.add_argument("--no-tunix", action="store_true", help="skip Tunix's sampler")
     ap.add_argument("--sweep", choices=("blocks", "rows"), help="measure BLOCK or MIN_ROWS")
+    ap.add_argument("--trace", choices=list(SHAPES),
+                    help="trace steady decode steps of this shape and sum them per XLA op")
+    ap.add_argument("--trace-start", type=int, default=150,
+                    help="decode step the traced steps start from (after 2 x 20 untraced)")
     ap.add_argument("--prompts-4096", type=int, default=16,
                     help="B of small-4096 (fewer: a shorter run; its rows' L_r are the first "
                          "B x G of the same draw)")
@@ -405,6 +454,9 @@ def main(argv=None) -> int:
           "load average at start %.1f %.1f %.1f" % os.getloadavg())
     if args.sweep:
         sweep(args.sweep, args.runs)
+        return 0
+    if args.trace:
+        trace_decode(SHAPES[args.trace], args.trace_start)
         return 0
     tunix_python = None
     if not args.no_tunix:
