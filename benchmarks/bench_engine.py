@@ -390,7 +390,7 @@ def sweep(kind: str, runs: int):
         prompts = np.asarray(jax.random.randint(jax.random.key(1), (s.prompts, s.prompt_tokens),
                                                 1, cfg.vocab_size - 1), np.int32)
         arms = {b: locojax_runner(cfg, weights, prompts, s, block=b)
-                for b in (64, 128, 256, 512, 2048)}
+                for b in (32, 64, 128, 256, 512, 2048)}
         unit = f"s per generate of {s.name}"
     else:
         arms = {}

@@ -29,8 +29,8 @@ _MASKED = -1e30  # finite, so a row with no visible key (a pad query) gives 0s, 
 
 BLOCK = 256
 """Most cache slots one step of the blocked attention reads (`KVCache.empty` makes the blocks
-as equal as it can). Chosen, not measured: `benchmarks/bench_engine.py --sweep blocks` times
-it and has not been run (docs/engine_benchmark.md)."""
+as equal as it can). 256 was chosen, not measured; a decode-step A/B favours 32 (48 against
+80 ms a step at SMALL's 128 rows), not landed yet (docs/engine_benchmark.md, "Per-op trace")."""
 
 
 @jax.tree_util.register_dataclass
