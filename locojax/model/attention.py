@@ -27,10 +27,12 @@ from locojax.model.config import ModelConfig
 _MASKED = -1e30  # finite, so a row with no visible key (a pad query) gives 0s, not NaNs
 
 
-BLOCK = 256
+BLOCK = 32
 """Most cache slots one step of the blocked attention reads (`KVCache.empty` makes the blocks
-as equal as it can). 256 was chosen, not measured; a decode-step A/B favours 32 (48 against
-80 ms a step at SMALL's 128 rows), not landed yet (docs/engine_benchmark.md, "Per-op trace")."""
+as equal as it can). XLA:CPU copies each block out of the cache before the fusion that reads
+it, so a smaller block keeps that copy in cache: a decode-step A/B at SMALL's 128 rows
+measured 48 ms a step at 32 against 80 at 256, and a whole small-512 generate 1.25x faster
+(docs/engine_benchmark.md, "Per-op trace")."""
 
 
 @jax.tree_util.register_dataclass
