@@ -20,7 +20,7 @@ from locojax.model import hf_config  # noqa: E402
 
 
 @pytest.mark.slow  # compiles a real-size train step, prefill and decode
-@pytest.mark.timeout(1200)  # the train step alone took 412 s at load 7-13 (docs/real_size.md)
+@pytest.mark.timeout(1200)  # 22 s at load ~3, 826 s at load 9-17 (docs/real_size.md)
 def test_qwen3_1_7b_with_fsdp_8_fits_16_gb_per_device():
     plan = real_size_plan("qwen3-1.7b", fsdp=8, rollout_tp=8, remat="on", grad_accum=32,
                           device_memory_gb=16, evaluate=False)
