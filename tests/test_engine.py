@@ -316,26 +316,34 @@ def test_prefill_then_decode_equals_generate_and_decodes_once(tied):
         eng.decode(pending)
 
 
+def _assert_samples_as(reference, engine, w, cfg, prompts, sampling):
+    """`engine` (another layout of the same model) samples as `reference` does: the same
+    per-row uniforms, bitwise, and tokens each engine's own policy draws from them (another
+    layout is another program, whose logits may round differently, so a token may flip at a
+    draw on a boundary); rows whose tokens agree have logprobs within `logprob_tol`. Returns
+    `engine`'s generation."""
+    ref, ref_draws = _sample_with_draws(reference, w, prompts, jax.random.key(4), sampling, 2)
+    out, draws = _sample_with_draws(engine, w, prompts, jax.random.key(4), sampling, 2)
+    np.testing.assert_array_equal(draws, ref_draws)  # exact: integer bits
+    _assert_draws_explain_tokens(w, cfg, prompts, ref, ref_draws, sampling, 2)
+    _assert_draws_explain_tokens(w, cfg, prompts, out, draws, sampling, 2)
+    same = (np.asarray(out.tokens) == np.asarray(ref.tokens)).all(1)
+    assert same.any()  # else the next check is vacuous (a flip needs a draw at a boundary)
+    logits = _full_forward(w, cfg, prompts, ref, num_samples=2)[1]
+    np.testing.assert_allclose(np.asarray(out.logprobs)[same], np.asarray(ref.logprobs)[same],
+                               atol=logprob_tol("float32", logits), rtol=0)
+    return out
+
+
 @pytest.mark.slow
 def test_sharded_over_four_devices_equals_one_device(tied):
     """Batch over `data` (ROLLOUT_REPLICATED): same tokens, logprobs; output is sharded."""
     cfg, _, w = tied
     prompts = _prompts(cfg.vocab_size, seed=11)
     sampling = SamplingConfig(max_new_tokens=N, temperature=1.0, stop_token_ids=(5,))
-    single, single_draws = _sample_with_draws(Engine(cfg), w, prompts, jax.random.key(4),
-                                              sampling, 2)
     mesh = make_mesh({"data": 4}, jax.devices()[:4])
     eng = Engine(cfg, mesh=mesh)
-    multi, multi_draws = _sample_with_draws(eng, w, prompts, jax.random.key(4), sampling, 2)
-    np.testing.assert_array_equal(multi_draws, single_draws)  # exact: integer bits
-    # Another mesh is another program: each run samples those draws from its own policy.
-    _assert_draws_explain_tokens(w, cfg, prompts, single, single_draws, sampling, 2)
-    _assert_draws_explain_tokens(w, cfg, prompts, multi, multi_draws, sampling, 2)
-    same = (np.asarray(multi.tokens) == np.asarray(single.tokens)).all(1)
-    assert same.any()  # else the next check is vacuous (a flip needs a draw at a boundary)
-    logits = _full_forward(w, cfg, prompts, single, num_samples=2)[1]
-    np.testing.assert_allclose(np.asarray(multi.logprobs)[same], np.asarray(single.logprobs)[same],
-                               atol=logprob_tol("float32", logits), rtol=0)
+    multi = _assert_samples_as(Engine(cfg), eng, w, cfg, prompts, sampling)
     assert len(multi.tokens.sharding.device_set) == 4
     assert multi.tokens.sharding.spec[0] == "data"
     assert eng._cache.k.sharding.spec[1] == "data"

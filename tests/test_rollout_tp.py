@@ -12,9 +12,8 @@ reduction depth, which holds for any order, on any CPU). Hence:
 - a sampled token is the inverse-CDF draw of its row's uniform, and the uniforms are bitwise
   equal (integer threefry bits, independent of layout), so two runs can pick different
   tokens only where a uniform lies within the bound of a CDF boundary: both runs' tokens
-  are checked to be such draws under the policy a full forward recomputes
-  (`_assert_draws_explain_tokens`), and rows whose tokens agree have logprobs within
-  `logprob_tol`.
+  are checked to be such draws under the policy a full forward recomputes, and rows
+  whose tokens agree have logprobs within `logprob_tol` (`test_engine._assert_samples_as`).
 """
 
 import jax
@@ -24,9 +23,8 @@ import pytest
 from locojax.engine.engine import Engine
 from locojax.engine.sampling import SamplingConfig
 from locojax.model.sharding import ROLLOUT_TP, make_mesh
-from tests.hf_reference import logprob_tol, paired, tiny_cfg
-from tests.test_engine import (_assert_draws_explain_tokens, _full_forward, _greedy,
-                               _prompts, _sample_with_draws)
+from tests.hf_reference import paired, tiny_cfg
+from tests.test_engine import _assert_samples_as, _greedy, _prompts
 
 
 @pytest.fixture(scope="module")
@@ -60,13 +58,4 @@ def test_tp2_samples_the_draws_tp1_samples(engines):
     cfg, w, tp1, tp2 = engines
     prompts = _prompts(cfg.vocab_size, seed=11)
     sampling = SamplingConfig(max_new_tokens=8, temperature=1.0, stop_token_ids=(5,))
-    one, one_draws = _sample_with_draws(tp1, w, prompts, jax.random.key(4), sampling, 2)
-    two, two_draws = _sample_with_draws(tp2, w, prompts, jax.random.key(4), sampling, 2)
-    np.testing.assert_array_equal(two_draws, one_draws)  # exact: integer bits
-    _assert_draws_explain_tokens(w, cfg, prompts, one, one_draws, sampling, 2)
-    _assert_draws_explain_tokens(w, cfg, prompts, two, two_draws, sampling, 2)
-    same = (np.asarray(two.tokens) == np.asarray(one.tokens)).all(1)
-    assert same.any()  # else the next check is vacuous (a flip needs a draw at a boundary)
-    logits = _full_forward(w, cfg, prompts, one, num_samples=2)[1]
-    np.testing.assert_allclose(np.asarray(two.logprobs)[same], np.asarray(one.logprobs)[same],
-                               atol=logprob_tol("float32", logits), rtol=0)
+    _assert_samples_as(tp1, tp2, w, cfg, prompts, sampling)
