@@ -459,6 +459,11 @@ def plan(model_cfg: ModelConfig, learner: LearnerConfig, state, batch, ref_param
                 "rollout_tp": tp, "rollout_devices": engine_mesh.size if engine_mesh else 1,
                 "kv_heads": model_cfg.num_key_value_heads, "rollout_copy": 0}
 
+    def expected_of(resolved: LearnerConfig) -> dict[str, int]:
+        """`expected_train_temporaries` of this run's batch, under `resolved` settings."""
+        return expected_train_temporaries(model_cfg, resolved, rows, columns, devices,
+                                          prefix=batch.shared_prefix, param_bytes=held["params"])
+
     def train_program(learner: LearnerConfig) -> tuple[Program, dict, dict]:
         t0 = time.perf_counter()
         compiled = train_step_lib.compile_update(state, batch, model_cfg, learner, ref_params,
@@ -475,8 +480,7 @@ def plan(model_cfg: ModelConfig, learner: LearnerConfig, state, batch, ref_param
             "logits": f"chunks of {chunk} positions" if chunk else "one piece",
             "rows_per_micro": max(1, rows // resolved.rows_multiple // shards),
             "rows_per_device": rows // learner.algo.num_minibatches // shards,
-        }, expected_train_temporaries(model_cfg, resolved, rows, columns, devices,
-                                      prefix=batch.shared_prefix, param_bytes=held["params"])
+        }, expected_of(resolved)
 
     train, train_settings, expected = train_program(learner)
     programs, caches = [], {}
@@ -515,9 +519,7 @@ def plan(model_cfg: ModelConfig, learner: LearnerConfig, state, batch, ref_param
     def estimate(learner: LearnerConfig) -> int:
         """The peak `with_learner(learner)` would plan, without compiling: the train step's
         temporaries its expectation times XLA's ratio to it in the first plan."""
-        resolved = micro_batches.resolve(learner, batch, model_cfg.vocab_size, mesh)
-        e = expected_train_temporaries(model_cfg, resolved, rows, columns, devices,
-                                       prefix=batch.shared_prefix, param_bytes=held["params"])
+        e = expected_of(micro_batches.resolve(learner, batch, model_cfg.vocab_size, mesh))
         guess = dataclasses.replace(train, temporaries=int(xla_per_expected * sum(e.values())))
         return max(first.peak_of(p) for p in [guess, *programs])
 
