@@ -22,7 +22,7 @@ Printed per shape: seconds (median of the runs), tokens/s, locojax's ratio to ea
 for locojax the bytes of KV cache its attention must read (every live row's written prefix
 at every decode step; the engine reads up to a block more) per second, against the memory
 bandwidth measured in this run (a 512 MiB f32 `jnp.sum`); time per generated token relative
-to `small-512`'s. `--sweep blocks` / `--sweep rows` measure qwen3.BLOCK and engine.MIN_ROWS;
+to `small-512`'s. `--sweep blocks` / `--sweep rows` measure decoder.BLOCK and engine.MIN_ROWS;
 `--trace small-512` sums a steady decode step's time per XLA op (jax.profiler).
 
 Each shape's table row is printed as the shape ends, then the whole table. `--prompts-4096 8`

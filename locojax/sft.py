@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from locojax.model import qwen3
+from locojax.model import decoder
 from locojax.model.config import ModelConfig
 
 log = logging.getLogger(__name__)
@@ -99,10 +99,10 @@ def pack(seqs: Sequence[Sequence_], pad_id: int, length: int | None = None):
 def sft_loss(weights, tokens, attn, loss_mask, model_cfg: ModelConfig):
     """Mean next-token cross-entropy over completion positions. tokens: [B, T]."""
     positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
-    hidden, _ = qwen3.forward(weights, tokens, positions, model_cfg, mask=attn,
-                              unroll=qwen3.unroll_for_grad(model_cfg))
+    hidden, _ = decoder.forward(weights, tokens, positions, model_cfg, mask=attn,
+                                unroll=decoder.unroll_for_grad(model_cfg))
     # hidden at t predicts token t+1
-    logp, _ = qwen3.token_logprobs(weights, hidden[:, :-1], tokens[:, 1:], model_cfg)
+    logp, _ = decoder.token_logprobs(weights, hidden[:, :-1], tokens[:, 1:], model_cfg)
     m = loss_mask[:, 1:]
     return -jnp.sum(logp * m) / jnp.maximum(jnp.sum(m), 1.0)
 

@@ -30,10 +30,9 @@ import torch
 from locojax.engine.decode import decode_jit, prefill_jit
 from locojax.engine.engine import Engine, pad_prompts
 from locojax.engine.sampling import SamplingConfig
-from locojax.model import qwen3
+from locojax.model import decoder
 from locojax.model.sharding import make_mesh
-from tests.hf_reference import (FWD_DEPTH, assert_decisive_argmax, logprob_tol, paired,
-                                tiny_cfg)
+from tests.hf_reference import FWD_DEPTH, assert_decisive_argmax, logprob_tol, paired, tiny_cfg
 from tests.tolerance import probabilistic
 
 LENGTHS = [7, 3, 5, 1]  # a left-padded batch of different lengths
@@ -61,10 +60,10 @@ def _full_forward(w, cfg, prompts, out, num_samples=1):
     seq = np.concatenate([tokens, np.asarray(out.tokens)], axis=1)
     seq_mask = np.concatenate([mask, np.asarray(out.mask)], axis=1)
     positions = np.maximum(np.cumsum(seq_mask, axis=1) - 1, 0)
-    hidden, _ = qwen3.forward(w, jnp.asarray(seq), jnp.asarray(positions), cfg,
-                              mask=jnp.asarray(seq_mask))
+    hidden, _ = decoder.forward(w, jnp.asarray(seq), jnp.asarray(positions), cfg,
+                                mask=jnp.asarray(seq_mask))
     hidden = hidden[:, p - 1:-1]  # the state that predicts each completion token
-    return hidden, qwen3.logits(w, hidden, cfg)
+    return hidden, decoder.logits(w, hidden, cfg)
 
 
 def _greedy(eng, w, prompts, upto=N):
@@ -113,7 +112,7 @@ def test_greedy_reproduces_under_a_full_forward(tied):
     hidden, logits = _full_forward(w, cfg, prompts, out)
     assert_decisive_argmax(logits)
     np.testing.assert_array_equal(np.argmax(np.asarray(logits), -1), np.asarray(out.tokens))
-    ref, _ = qwen3.token_logprobs(w, hidden, out.tokens, cfg)
+    ref, _ = decoder.token_logprobs(w, hidden, out.tokens, cfg)
     np.testing.assert_allclose(np.asarray(out.logprobs), np.asarray(ref),
                                atol=logprob_tol("float32", logits), rtol=0)
 
@@ -156,7 +155,7 @@ def test_logprobs_equal_the_trainers_recomputation(tied, sampling):
     out = Engine(cfg).generate(w, prompts, jax.random.key(3), sampling, num_samples=3)
     assert out.tokens.shape == (12, N)
     hidden, logits = _full_forward(w, cfg, prompts, out, num_samples=3)
-    ref, _ = qwen3.token_logprobs(w, hidden, out.tokens, cfg, temperature=sampling.temperature)
+    ref, _ = decoder.token_logprobs(w, hidden, out.tokens, cfg, temperature=sampling.temperature)
     m = np.asarray(out.mask)
     np.testing.assert_allclose(np.asarray(out.logprobs)[m], np.asarray(ref)[m], rtol=0,
                                atol=logprob_tol("float32", logits, sampling.temperature))

@@ -10,12 +10,13 @@ import jax
 import numpy as np
 import pytest
 import torch
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 from safetensors import safe_open
 from safetensors.numpy import load_file, save_file
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from locojax.model import hf_io, params, qwen3, sharding
+from locojax.model import decoder, hf_io, params, sharding
 from locojax.model.hf_config import config_from_dict, config_to_dict, load_config, save_config
 from tests.hf_reference import hf_config, logit_tol, paired, random_hf_model, tiny_cfg
 
@@ -43,8 +44,8 @@ def _tensors(model_dir):
 
 def _logits(weights, cfg, tokens):
     positions = np.broadcast_to(np.arange(tokens.shape[1], dtype=np.int32), tokens.shape)
-    hidden, _ = qwen3.forward(weights, tokens, positions, cfg)
-    return np.asarray(qwen3.logits(weights, hidden, cfg))
+    hidden, _ = decoder.forward(weights, tokens, positions, cfg)
+    return np.asarray(decoder.logits(weights, hidden, cfg))
 
 
 def _hf_logits(model, tokens):

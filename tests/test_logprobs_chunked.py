@@ -1,4 +1,4 @@
-"""Chunked `qwen3.token_logprobs` (rematerialised per chunk) equals the one-piece path, and
+"""Chunked `decoder.token_logprobs` (rematerialised per chunk) equals the one-piece path, and
 its wide-dtype path (the target's own logit minus the normaliser) equals log_softmax + pick.
 
 Compared in float64, values and gradients (w.r.t. the hidden states and the tied embedding,
@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from locojax.model import config, qwen3
+from locojax.model import config, decoder
 
 CFG = config.tiny(vocab_size=97)
 B, T, D = 3, 13, CFG.hidden_size
@@ -30,8 +30,8 @@ def _inputs():
 
 
 def _loss(embed, hidden, targets, weights, chunk):
-    lp, ent = qwen3.token_logprobs({"embed": embed}, hidden, targets, CFG, temperature=0.7,
-                                   chunk=chunk)
+    lp, ent = decoder.token_logprobs({"embed": embed}, hidden, targets, CFG, temperature=0.7,
+                                     chunk=chunk)
     return jnp.sum(weights[0] * lp) + jnp.sum(weights[1] * ent), (lp, ent)
 
 
@@ -64,11 +64,11 @@ def test_target_logit_path_equals_log_softmax_and_pick(tied):
         head = {"embed": embed} if tied else {"lm_head": embed.T}
 
         def ours(head, hidden):
-            lp, ent = qwen3.token_logprobs(head, hidden, targets, cfg, temperature=0.7, chunk=0)
+            lp, ent = decoder.token_logprobs(head, hidden, targets, cfg, temperature=0.7, chunk=0)
             return jnp.sum(weights[0] * lp) + jnp.sum(weights[1] * ent), lp
 
         def textbook(head, hidden):
-            logp = jax.nn.log_softmax(qwen3.logits(head, hidden, cfg) / 0.7, axis=-1)
+            logp = jax.nn.log_softmax(decoder.logits(head, hidden, cfg) / 0.7, axis=-1)
             lp = jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
             ent = -jnp.sum(jnp.exp(logp) * logp, axis=-1)
             return jnp.sum(weights[0] * lp) + jnp.sum(weights[1] * ent), lp
@@ -88,17 +88,17 @@ def test_auto_chunk_size():
     v = 151_936
     per_position = 8 * v * 4  # f32 logits of 8 rows at one position
     # Up to LOGITS_WHOLE_BYTES the logits stay whole: SMALL's 128 rows x 95 x 4096 (199 MB).
-    assert qwen3.logprob_chunk_size(128, 95, 4096) == 0
+    assert decoder.logprob_chunk_size(128, 95, 4096) == 0
     # 8 rows x 191 positions at V = 151,936 is 930 MB: equal chunks under the budget.
-    c = qwen3.logprob_chunk_size(8, 191, v)
-    assert 0 < c * per_position <= qwen3.LOGITS_CHUNK_BYTES
+    c = decoder.logprob_chunk_size(8, 191, v)
+    assert 0 < c * per_position <= decoder.LOGITS_CHUNK_BYTES
     n = -(-191 // c)  # chunks used: the fewest that fit
-    assert n == -(-191 // (qwen3.LOGITS_CHUNK_BYTES // per_position))
+    assert n == -(-191 // (decoder.LOGITS_CHUNK_BYTES // per_position))
     # When even one position is over budget, chunks are single positions.
-    assert qwen3.logprob_chunk_size(256, 767, v) == 1
+    assert decoder.logprob_chunk_size(256, 767, v) == 1
     # An explicit chunk is kept; 0 or a chunk >= T means one piece.
-    assert qwen3.logprob_chunk_size(8, 191, v, chunk=16) == 16
-    assert qwen3.logprob_chunk_size(8, 191, v, chunk=0) == 0
-    assert qwen3.logprob_chunk_size(8, 191, v, chunk=500) == 0
+    assert decoder.logprob_chunk_size(8, 191, v, chunk=16) == 16
+    assert decoder.logprob_chunk_size(8, 191, v, chunk=0) == 0
+    assert decoder.logprob_chunk_size(8, 191, v, chunk=500) == 0
     with pytest.raises(ValueError, match="logprob chunk"):
-        qwen3.logprob_chunk_size(8, 191, v, chunk=-2)
+        decoder.logprob_chunk_size(8, 191, v, chunk=-2)

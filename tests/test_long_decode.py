@@ -19,7 +19,7 @@ from locojax.engine import decode as decode_lib
 from locojax.engine import engine as engine_lib
 from locojax.engine.engine import Engine, pad_prompts
 from locojax.engine.sampling import SamplingConfig
-from locojax.model import config, params, qwen3
+from locojax.model import config, decoder, params
 from locojax.model.sharding import make_mesh
 from tests.hf_reference import assert_decisive_argmax, logprob_tol
 from tests.tolerance import unit_roundoff, worst_case, x64
@@ -34,7 +34,7 @@ def _attention_case(dtype, t, rows=6, cache_rows=8, shards=2, block=4, slots=19,
     NaN in every block past the written ones. Returns (q, new part, prefix, dense parts)."""
     rng = np.random.default_rng(t)
     kv, g, h = 2, 2, 16
-    cache = qwen3.KVCache.empty(config.tiny(), cache_rows, slots, dtype, block, shards)
+    cache = decoder.KVCache.empty(config.tiny(), cache_rows, slots, dtype, block, shards)
     s = cache.v.shape[3]
     k = rng.normal(size=cache.k.shape[1:]).astype(dtype)  # one layer's [B, K, H, S]
     v = rng.normal(size=cache.v.shape[1:]).astype(dtype)
@@ -42,9 +42,9 @@ def _attention_case(dtype, t, rows=6, cache_rows=8, shards=2, block=4, slots=19,
     k[..., written:], v[..., written:, :] = np.nan, np.nan  # never read
     valid = rng.random((cache_rows, s)) < 0.8
     valid[:, 0] = True
-    cache = qwen3.KVCache(jnp.asarray(np.stack([k, k])), jnp.asarray(np.stack([v, v])),
-                          jnp.asarray(valid), jnp.asarray(index, jnp.int32), cache.block,
-                          shards)
+    cache = decoder.KVCache(jnp.asarray(np.stack([k, k])), jnp.asarray(np.stack([v, v])),
+                            jnp.asarray(valid), jnp.asarray(index, jnp.int32), cache.block,
+                            shards)
     used = np.concatenate([np.arange(r * cache_rows // shards, r * cache_rows // shards
                                      + rows // shards) for r in range(shards)])
     q = jnp.asarray(rng.normal(size=(rows, t, kv * g, h)).astype(dtype))
@@ -55,7 +55,7 @@ def _attention_case(dtype, t, rows=6, cache_rows=8, shards=2, block=4, slots=19,
     dense = [(jnp.asarray(np.nan_to_num(k[used])), jnp.asarray(np.nan_to_num(v[used])),
               jnp.broadcast_to(jnp.asarray(before)[:, None], (rows, t, s))),
              (new_k, new_v, causal)]
-    return q, (new_k, new_v, causal), qwen3.CacheBlocks(cache, jnp.int32(1), rows), dense
+    return q, (new_k, new_v, causal), decoder.CacheBlocks(cache, jnp.int32(1), rows), dense
 
 
 def _attention_bound(q, dense, dtype, blocks):
@@ -85,8 +85,8 @@ def _attention_bound(q, dense, dtype, blocks):
 def test_blocked_attention_equals_one_softmax_and_reads_only_written_blocks(dtype, t):
     with x64():
         q, new, prefix, dense = _attention_case(dtype, t)
-        blocked = qwen3.attention(q, [new], prefix)
-        ref = qwen3.attention(q, dense)
+        blocked = decoder.attention(q, [new], prefix)
+        ref = decoder.attention(q, dense)
         assert int(prefix.count) == 4 and prefix.cache.v.shape[3] == 20  # 4 of 5 blocks read
         assert np.isfinite(np.asarray(blocked)).all()  # no NaN slot was read
         bound = _attention_bound(q, dense, dtype, int(prefix.count))
@@ -98,12 +98,12 @@ def _bf16_case(t=1):
     """The f32 case with the cache's keys and values rounded to bf16 (NaN blocks kept)."""
     q, new, prefix, dense = _attention_case(np.float32, t)
     c = prefix.cache
-    cache = qwen3.KVCache(c.k.astype(jnp.bfloat16), c.v.astype(jnp.bfloat16), c.valid, c.index,
-                          c.block, c.shards)
+    cache = decoder.KVCache(c.k.astype(jnp.bfloat16), c.v.astype(jnp.bfloat16), c.valid, c.index,
+                            c.block, c.shards)
     k16, v16, vis = dense[0]
     rounded = (k16.astype(jnp.bfloat16).astype(jnp.float32),
                v16.astype(jnp.bfloat16).astype(jnp.float32), vis)
-    return q, new, qwen3.CacheBlocks(cache, prefix.layer, prefix.rows), [rounded, dense[1]]
+    return q, new, decoder.CacheBlocks(cache, prefix.layer, prefix.rows), [rounded, dense[1]]
 
 
 def test_bf16_cache_attention_accumulates_in_f32():
@@ -112,11 +112,11 @@ def test_bf16_cache_attention_accumulates_in_f32():
     accumulated in bf16, each weight would carry bf16's u = 2^-8 (~500x f32's bound)."""
     q, new, prefix, dense = _bf16_case()
     assert prefix.cache.k.dtype == jnp.bfloat16
-    blocked = np.asarray(qwen3.attention(q, [new], prefix), np.float64)
+    blocked = np.asarray(decoder.attention(q, [new], prefix), np.float64)
     with x64():
         f64 = [tuple(jnp.asarray(np.asarray(a, np.float64)) if a.dtype != bool else a
                      for a in part) for part in dense]
-        ref = np.asarray(qwen3.attention(jnp.asarray(np.asarray(q, np.float64)), f64))
+        ref = np.asarray(decoder.attention(jnp.asarray(np.asarray(q, np.float64)), f64))
     bound = _attention_bound(q, dense, np.float32, int(prefix.count))
     vmax = float(np.abs(np.asarray(dense[0][1])).max())
     assert np.abs(blocked - ref).max() <= bound < 0.01 * unit_roundoff(jnp.bfloat16) * vmax
@@ -136,10 +136,10 @@ def _trainer_logprobs(w, prompts, out, g, temperature):
     tok = np.concatenate([pt, np.asarray(out.tokens)], 1)
     att = np.concatenate([pm, np.asarray(out.mask)], 1)
     pos = np.maximum(np.cumsum(att, 1) - 1, 0)
-    hidden, _ = qwen3.forward(w, jnp.asarray(tok), jnp.asarray(pos), MODEL, mask=jnp.asarray(att))
+    hidden, _ = decoder.forward(w, jnp.asarray(tok), jnp.asarray(pos), MODEL, mask=jnp.asarray(att))
     hidden = hidden[:, pt.shape[1] - 1:-1]
-    lp, _ = qwen3.token_logprobs(w, hidden, out.tokens, MODEL, temperature=temperature)
-    return np.asarray(lp), np.asarray(qwen3.logits(w, hidden, MODEL))
+    lp, _ = decoder.token_logprobs(w, hidden, out.tokens, MODEL, temperature=temperature)
+    return np.asarray(lp), np.asarray(decoder.logits(w, hidden, MODEL))
 
 
 @pytest.fixture(scope="module")
@@ -255,7 +255,7 @@ def test_bf16_cache_logprobs_stay_within_bf16_rounding_of_the_trainers(weights, 
     pt, pm = pad_prompts(prompts)
     tok = np.concatenate([np.repeat(pt, 2, 0), np.asarray(out.tokens)], 1)
     att = np.concatenate([np.repeat(pm, 2, 0), m], 1)
-    hidden, _ = qwen3.forward(weights, jnp.asarray(tok), jnp.asarray(np.maximum(
+    hidden, _ = decoder.forward(weights, jnp.asarray(tok), jnp.asarray(np.maximum(
         np.cumsum(att, 1) - 1, 0)), MODEL, mask=jnp.asarray(att))
     a = float(jnp.max(jnp.abs(hidden).reshape(-1, MODEL.hidden_size) @ jnp.abs(weights["embed"]).T))
     bound = 2 * (2 * MODEL.num_hidden_layers + 2) * 2 * u * a
@@ -273,6 +273,6 @@ def test_the_memory_plan_counts_the_cache_in_its_dtype():
     for dtype in ("f32", "bf16"):
         prefill, _ = Engine(MODEL, cache_dtype=dtype).compile(4, 8, sampling, num_samples=2)
         sizes[dtype] = memory_plan._argument_bytes(prefill, 5)
-    n, blk = qwen3.KVCache.blocks(8 + 40 - 1)
+    n, blk = decoder.KVCache.blocks(8 + 40 - 1)
     kv = 2 * MODEL.num_hidden_layers * 8 * MODEL.num_key_value_heads * MODEL.head_dim * n * blk
     assert sizes["f32"] - 4 * kv == sizes["bf16"] - 2 * kv == 8 * n * blk + 4  # valid, index

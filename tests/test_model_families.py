@@ -30,13 +30,21 @@ from safetensors.numpy import load_file
 
 from locojax.engine.engine import Engine
 from locojax.engine.sampling import SamplingConfig
-from locojax.model import hf_io, params, qwen3
+from locojax.model import decoder, hf_io, params
 from locojax.model.attention import CacheBlocks, KVCache, slot_positions
 from locojax.model.config import FULL, SLIDING
 from locojax.model.hf_config import config_from_dict, load_config
 from locojax.rl.train_step import compute_logprobs
-from tests.hf_reference import (FWD_DEPTH, computing_in, cut_down, logit_tol, logprob_tol,
-                                measured_logit_tol, paired_from, published)
+from tests.hf_reference import (
+    FWD_DEPTH,
+    computing_in,
+    cut_down,
+    logit_tol,
+    logprob_tol,
+    measured_logit_tol,
+    paired_from,
+    published,
+)
 from tests.test_engine import _full_forward, _greedy
 from tests.test_extend import converse
 from tests.test_model_parity import _cached_logits, _hf_logits, _left_padded
@@ -75,8 +83,8 @@ def _in(dtype, case):
 
 @functools.partial(jax.jit, static_argnames="cfg")
 def _logits(weights, tokens, positions, cfg, mask=None):
-    hidden, _ = qwen3.forward(weights, tokens, positions, cfg, mask=mask)
-    return qwen3.logits(weights, hidden, cfg), hidden
+    hidden, _ = decoder.forward(weights, tokens, positions, cfg, mask=mask)
+    return decoder.logits(weights, hidden, cfg), hidden
 
 
 def test_the_cut_down_configs_keep_each_familys_features():
@@ -92,9 +100,9 @@ def test_the_cut_down_configs_keep_each_familys_features():
     fam = gemma.family
     assert fam.qk_norm and fam.sandwich_norms and fam.unit_offset_norm and fam.scaled_embedding
     # llama3 RoPE at head dim 16: some frequencies kept, some ramped, some slowed.
-    ratio = np.asarray(qwen3.inv_freq(llama, FULL, jnp.float32) /
-                       qwen3.inv_freq(dataclasses.replace(llama, rope_scaling=None), FULL,
-                                      jnp.float32))
+    ratio = np.asarray(decoder.inv_freq(llama, FULL, jnp.float32) /
+                       decoder.inv_freq(dataclasses.replace(llama, rope_scaling=None), FULL,
+                                        jnp.float32))
     assert (ratio == 1).any() and np.isclose(ratio, 1 / 32).any()
     assert ((ratio > 1 / 32 + 1e-3) & (ratio < 1 - 1e-3)).any()
 
@@ -206,7 +214,7 @@ def test_engine_logprobs_equal_the_trainers(case):
                        SamplingConfig(max_new_tokens=8, temperature=0.0))
     hidden, logits = _full_forward(w, cfg, prompts, out)
     np.testing.assert_array_equal(np.argmax(np.asarray(logits), -1), tokens)
-    ref, _ = qwen3.token_logprobs(w, hidden, out.tokens, cfg)
+    ref, _ = decoder.token_logprobs(w, hidden, out.tokens, cfg)
     # As `logprob_tol`: the token's logit and the log-sum-exp each move by the logits' bound,
     # plus the rounding of the sum of V terms in each program.
     bound = 2 * measured_logit_tol("float32", w, cfg, hidden) + 2 * probabilistic(FWD_DEPTH)

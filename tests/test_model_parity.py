@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 import torch
 
-from locojax.model import qwen3
-from locojax.model.qwen3 import KVCache
+from locojax.model import decoder
+from locojax.model.decoder import KVCache
 from tests.hf_reference import TERMS_PER_LOGIT, computing_in, logit_tol, paired, tiny_cfg
 from tests.tolerance import unit_roundoff, worst_case
 
@@ -41,14 +41,14 @@ def paired_in(dtype: str, cfg, seed: int):
 
 @functools.partial(jax.jit, static_argnames="cfg")
 def _logits(weights, tokens, positions, cfg, mask=None):
-    hidden, _ = qwen3.forward(weights, tokens, positions, cfg, mask=mask)
-    return qwen3.logits(weights, hidden, cfg)
+    hidden, _ = decoder.forward(weights, tokens, positions, cfg, mask=mask)
+    return decoder.logits(weights, hidden, cfg)
 
 
 @functools.partial(jax.jit, static_argnames="cfg")
 def _cached_logits(weights, tokens, positions, cache, cfg, mask=None):
-    hidden, cache = qwen3.forward(weights, tokens, positions, cfg, mask=mask, cache=cache)
-    return qwen3.logits(weights, hidden, cfg), cache
+    hidden, cache = decoder.forward(weights, tokens, positions, cfg, mask=mask, cache=cache)
+    return decoder.logits(weights, hidden, cfg), cache
 
 
 def _hf_logits(model, tokens, mask=None, positions=None):
@@ -80,7 +80,7 @@ def test_logits_match_hf(tied, dtype):
         positions = np.broadcast_to(np.arange(11, dtype=np.int32), (2, 11))
         ours = np.asarray(_logits(w, tokens, positions, cfg))
         ref = _hf_logits(model, tokens)
-        hidden, _ = qwen3.forward(w, tokens, positions, cfg)
+        hidden, _ = decoder.forward(w, tokens, positions, cfg)
     # The bound's premise on these weights: Σ_d |h_d e_vd| ≤ TERMS_PER_LOGIT · max|logit|.
     head = np.abs(np.asarray(w["embed"] if tied else w["lm_head"].T, np.float64))  # [V, D]
     terms = np.abs(np.asarray(hidden, np.float64)) @ head.T

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from locojax.model import config, params, qwen3
+from locojax.model import config, decoder, params
 from tests.hf_reference import logit_tol
 
 
@@ -20,11 +20,11 @@ def test_padding_does_not_change_real_positions():
     cfg = config.tiny()
     w = params.init(cfg, jax.random.key(0))
     toks = jax.random.randint(jax.random.key(1), (1, 6), 0, cfg.vocab_size)
-    h, _ = qwen3.forward(w, toks, jnp.arange(6)[None], cfg)
+    h, _ = decoder.forward(w, toks, jnp.arange(6)[None], cfg)
     padded = jnp.concatenate([jnp.zeros((1, 3), toks.dtype), toks], axis=1)
     pos = jnp.concatenate([jnp.zeros((1, 3), jnp.int32), jnp.arange(6)[None]], axis=1)
     mask = jnp.arange(9)[None] >= 3
-    hp, _ = qwen3.forward(w, padded, pos, cfg, mask=mask)
+    hp, _ = decoder.forward(w, padded, pos, cfg, mask=mask)
     # Two programs' final hidden states: the logits' chain up to the final norm, at the
     # hidden states' own scale (O(1) after the norm), so the logits' bound covers them.
     np.testing.assert_allclose(np.asarray(hp[:, 3:]), np.asarray(h), rtol=0,
@@ -40,5 +40,5 @@ def test_dtypes_are_checked():
         params.init(f64, jax.random.key(0))  # would otherwise silently be f32
     with jax.enable_x64(True):
         w = params.init(f64, jax.random.key(0))
-        h, _ = qwen3.forward(w, jnp.zeros((1, 3), jnp.int32), jnp.arange(3)[None], f64)
+        h, _ = decoder.forward(w, jnp.zeros((1, 3), jnp.int32), jnp.arange(3)[None], f64)
     assert h.dtype == jnp.float64 and w["embed"].dtype == jnp.float64

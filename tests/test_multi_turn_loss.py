@@ -14,17 +14,17 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import layout_worker as lw
 import numpy as np
 import pytest
+from multi_turn_batch import compact_rows, to_multi_turn
 
-import layout_worker as lw
-from locojax.model import config, params, qwen3
+from locojax.model import config, decoder, params
 from locojax.rl import train_state
 from locojax.rl.aggregation import global_counts
 from locojax.rl.algorithms import resolve
 from locojax.rl.losses import objective
 from locojax.rl.train_step import sequence_logprobs, train_step
-from multi_turn_batch import compact_rows, to_multi_turn
 
 # Both sides run the same forward on the same rows and differ only in how the per-token
 # terms are summed (≤ 160 model tokens) and in XLA's fusion of two different programs: f32
@@ -43,7 +43,7 @@ def _objective_grads(params_, batch, cols, model_c, mask_c, *, model_cfg, settin
     def loss_fn(p):
         logp, ent = sequence_logprobs(p, batch.tokens, batch.positions, batch.attn_mask,
                                       model_cfg, temperature,
-                                      unroll=qwen3.unroll_for_grad(model_cfg))
+                                      unroll=decoder.unroll_for_grad(model_cfg))
         logp_c, ent_c = pick(logp), pick(ent)
         old = jax.lax.stop_gradient(logp_c)  # the step's first update: π_old = sg(π_θ)
         behav = jnp.where(model_c, pick(batch.old_logprobs), old)

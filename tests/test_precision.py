@@ -11,7 +11,7 @@ import pytest
 
 from locojax.engine.engine import Engine, pad_prompts
 from locojax.engine.sampling import SamplingConfig
-from locojax.model import config, params, qwen3
+from locojax.model import config, decoder, params
 from locojax.rl import batch as batch_lib
 from locojax.rl import train_state, train_step
 from locojax.rl.config import AlgoConfig, LearnerConfig, OptimConfig
@@ -53,7 +53,7 @@ def test_bf16_sampler_logprobs_match_the_trainers_to_bf16_rounding(rollout):
     # embedding and the final norm. Layers at init are near-identity, so these add: hidden
     # states differ by <= (2L + 2) 2u relative, a logit by that times A = max_v sum_d |h_d
     # W_vd|, and a log-softmax by twice the largest logit difference.
-    hidden, _ = jax.jit(qwen3.forward, static_argnums=3)(
+    hidden, _ = jax.jit(decoder.forward, static_argnums=3)(
         w, jnp.asarray(b.tokens), jnp.asarray(b.positions), F32, jnp.asarray(b.attn_mask))
     a = float(jnp.max(jnp.abs(hidden).reshape(-1, F32.hidden_size) @ jnp.abs(w["embed"]).T))
     bound = 2 * (2 * F32.num_hidden_layers + 2) * 2 * U_BF16 * a

@@ -7,14 +7,14 @@ What XLA counts and the model does not: XLA's HloCostAnalysis adds one FLOP per 
 every elementwise op and reduction (norms, RoPE, SiLU, softmax, the optimizer), while the
 model counts matmuls only. So the check is two-sided: XLA's count lies between the model's
 matmul FLOPs and those plus `_elementwise_bound`, a per-element operation count of the
-program's non-matmul work, derived below from `qwen3.py`. The bound is at most a quarter of
+program's non-matmul work, derived below from `decoder.py`. The bound is at most a quarter of
 the matmul count at these shapes, so a missing layer (1/2 of TINY's body), the backward's
 factor 2, a head counted at every prompt position or a reference forward left out would all
 fail it.
 
 XLA counts the body of a loop once (HloCostAnalysis does not know trip counts): prefill and
 decode scan over layers, so they are compared at one layer (`num_hidden_layers=1`, where the
-scan body is the whole body); the train step unrolls its layers (`qwen3.unroll_for_grad`,
+scan body is the whole body); the train step unrolls its layers (`decoder.unroll_for_grad`,
 <= 8 layers) and is compared whole; its reference forward scans, so its increment over β = 0
 is compared with one layer's forward.
 """
@@ -39,7 +39,7 @@ SHAPES = {"tiny": (config.tiny(), 8, 4, 16, 32), "small": (config.small(), 16, 8
 
 def _elementwise_bound(cfg, tokens: float, keys: float, logits: float, backward: bool,
                        params: float = 0.0) -> float:
-    """Non-matmul FLOPs XLA may count, per element of each op of `qwen3._layer` and the head:
+    """Non-matmul FLOPs XLA may count, per element of each op of `decoder._layer` and the head:
     - RMSNorm (square, mean, add eps, rsqrt, multiply twice): 6 per element, on d twice per
       layer (attention and MLP input), on q and k heads ((n + k) h);
     - RoPE (two multiplies, negate, add, cos/sin of the angles): 6 per element of q and k;

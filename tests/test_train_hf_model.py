@@ -16,9 +16,14 @@ import pytest
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from locojax.model import loader, qwen3
-from tests.hf_reference import (logprob_tol, measured_logit_tol, random_hf_model,
-                                random_hf_model_from, tiny_cfg)
+from locojax.model import decoder, loader
+from tests.hf_reference import (
+    logprob_tol,
+    measured_logit_tol,
+    random_hf_model,
+    random_hf_model_from,
+    tiny_cfg,
+)
 from tests.test_model_families import CASES
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -108,9 +113,9 @@ def _check_export(export, source, dtype):
     model = loader.load(str(export), param_dtype="float32")
     tokens = np.asarray([ids], np.int32)
     positions = np.arange(len(ids), dtype=np.int32)[None]
-    hidden, _ = qwen3.forward(model.weights, jnp.asarray(tokens), jnp.asarray(positions),
-                              model.cfg)
-    ours = np.asarray(qwen3.logits(model.weights, hidden, model.cfg))
+    hidden, _ = decoder.forward(model.weights, jnp.asarray(tokens), jnp.asarray(positions),
+                                model.cfg)
+    ours = np.asarray(decoder.logits(model.weights, hidden, model.cfg))
     with torch.no_grad():
         ref = hf(input_ids=torch.as_tensor(tokens, dtype=torch.long)).logits.numpy()
     assert np.abs(ref).max() > 0.1

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from locojax.model import config, params, qwen3
+from locojax.model import config, decoder, params
 from locojax.rl import batch as batch_lib
 from locojax.rl import train_state, train_step
 from locojax.rl.config import AlgoConfig, LearnerConfig, OptimConfig
@@ -160,7 +160,7 @@ def test_injected_nan_is_skipped_and_counted_when_configured():
 def _forwards_traced(cfg, b, ref_params):
     """How many times the model forward is traced for one train step."""
     calls = []
-    real = qwen3.forward
+    real = decoder.forward
 
     def counting(*args, **kwargs):
         calls.append(1)
@@ -168,7 +168,7 @@ def _forwards_traced(cfg, b, ref_params):
 
     state = train_state.init(weights(), cfg.optim, MODEL)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(qwen3, "forward", counting)
+        mp.setattr(decoder, "forward", counting)
         jax.make_jaxpr(lambda s, bb, r: train_step._train_step(s, bb, r, model_cfg=MODEL,
                                                                cfg=cfg))(state, b, ref_params)
     return len(calls)

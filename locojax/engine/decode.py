@@ -5,7 +5,7 @@
 into a smaller batch. `engine.Engine` runs them for a single-turn generate (one turn, a
 limit of N tokens per row, no stop sequences); `extend.Conversation` runs prefill and decode
 for every turn of a multi-turn conversation. Each is a module-level jit with the cache
-donated; every forward is `qwen3.forward`, the function the trainer differentiates.
+donated; every forward is `decoder.forward`, the function the trainer differentiates.
 
 A row stops a turn at a stop token (EOS, counted from min_new_tokens), at the end of a stop
 sequence, or at its own token budget (`limit`): `stopped`. Randomness: a row's c-th model
@@ -29,7 +29,7 @@ import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding
 
 from locojax.engine.sampling import SamplingConfig, sample_with_logprobs, uniform_draws
-from locojax.model import qwen3, sharding
+from locojax.model import decoder, sharding
 from locojax.model.config import ModelConfig
 from locojax.model.params import Weights
 
@@ -50,11 +50,11 @@ class Layout:
         return jax.lax.with_sharding_constraint(x, self.sharding(axes, x.shape))
 
 
-K_AXES = ("layers", "batch", "kv_heads", "head_dim", None)  # qwen3.KVCache layouts
+K_AXES = ("layers", "batch", "kv_heads", "head_dim", None)  # decoder.KVCache layouts
 V_AXES = ("layers", "batch", "kv_heads", None, "head_dim")
 
 
-def constrain_cache(layout: Layout | None, cache: qwen3.KVCache) -> qwen3.KVCache:
+def constrain_cache(layout: Layout | None, cache: decoder.KVCache) -> decoder.KVCache:
     """The cache laid out as the engine keeps it (batch over `data`); a no-op without a mesh."""
     if layout is None:
         return cache
@@ -73,7 +73,7 @@ class Turn:
     A single-turn generate is one turn whose limit is N for every row, without stop
     sequences; a multi-turn conversation (`extend.py`) runs one per model turn."""
 
-    cache: qwen3.KVCache
+    cache: decoder.KVCache
     last: jax.Array  # [R] int32, the token sampled last (fed at the next step)
     tokens: jax.Array  # [R, N] int32, this turn's tokens; pad after a row stopped
     logprobs: jax.Array  # [R, N] f32; 0 after a row stopped
@@ -135,7 +135,7 @@ def first_token(cache, logits, draws, pos0, active, limit, sampling: SamplingCon
                 pos0=pos0, limit=limit)
 
 
-def prefill(weights: Weights, prompt_tokens, prompt_mask, key, first_row, cache: qwen3.KVCache,
+def prefill(weights: Weights, prompt_tokens, prompt_mask, key, first_row, cache: decoder.KVCache,
             active=None, limit=None, *, model_cfg: ModelConfig, sampling: SamplingConfig,
             stops: StopSequences = (), num_samples: int, layout: Layout | None) -> Turn:
     """Prefill B prompts once into the donated [R]-row cache (each repeated G times) and
@@ -150,9 +150,9 @@ def prefill(weights: Weights, prompt_tokens, prompt_mask, key, first_row, cache:
     mask = prompt_mask.astype(bool)
     positions = jnp.maximum(jnp.cumsum(mask, axis=1) - 1, 0)  # [B, P]: 0 at first real token
     prompt_len = jnp.sum(mask, axis=1, dtype=jnp.int32)  # [B]
-    hidden, pre = qwen3.forward(weights, prompt_tokens, positions, model_cfg, mask=mask,
-                                keep_kv=True)
-    logits = qwen3.logits(weights, hidden[:, -1:], model_cfg)[:, 0]  # [B, V]
+    hidden, pre = decoder.forward(weights, prompt_tokens, positions, model_cfg, mask=mask,
+                                  keep_kv=True)
+    logits = decoder.logits(weights, hidden[:, -1:], model_cfg)[:, 0]  # [B, V]
 
     def rows(x, axis=0):  # [B, ...] → [R, ...], prompt-major
         return jnp.repeat(x, g, axis=axis) if g > 1 else x
@@ -169,7 +169,7 @@ def prefill(weights: Weights, prompt_tokens, prompt_mask, key, first_row, cache:
                        stops)
 
 
-def decode(weights: Weights, cache: qwen3.KVCache, turn: Turn, until=None, stop_at=None, *,
+def decode(weights: Weights, cache: decoder.KVCache, turn: Turn, until=None, stop_at=None, *,
            model_cfg: ModelConfig, sampling: SamplingConfig, stops: StopSequences = (),
            layout: Layout | None) -> Turn:
     """Tokens 1..N-1 of a turn in a `lax.while_loop` that exits once every row has stopped,
@@ -198,8 +198,8 @@ def decode(weights: Weights, cache: qwen3.KVCache, turn: Turn, until=None, stop_
 
     def body(st: Turn):
         pos = (st.pos0 + st.step - 1)[:, None]  # [R, 1]: token step-1's position
-        hidden, cache = qwen3.forward(weights, st.last[:, None], pos, model_cfg, cache=st.cache)
-        logits = qwen3.logits(weights, hidden, model_cfg)[:, 0]  # [R, V]
+        hidden, cache = decoder.forward(weights, st.last[:, None], pos, model_cfg, cache=st.cache)
+        logits = decoder.logits(weights, hidden, model_cfg)[:, 0]  # [R, V]
         tok, lp = sample_with_logprobs(logits, None, sampling,
                                        None if st.draws is None else st.draws[st.step])
         live = ~st.done
@@ -226,7 +226,7 @@ its own (`Engine.decode`) and is handed back. Two programs rather than one cost 
 dispatch and let a profiler time prefill and decode apart at a device-synchronised
 boundary."""
 
-def compact(cache: qwen3.KVCache, turn: Turn, order, out, *, size: int, layout):
+def compact(cache: decoder.KVCache, turn: Turn, order, out, *, size: int, layout):
     """Move a turn's live rows into the first `size` rows of the cache, in place.
 
     On each of the cache's shards (devices) the live rows come first, in order, then as many

@@ -9,7 +9,7 @@ by the trainer's own forward, so sampler and trainer logprobs agree to f32 round
 Shapes are static per call: B prompts of P (left-padded) tokens, G samples per prompt,
 R = B·G rows, N = max_new_tokens, S ≥ P + N - 1 cache slots (the last sampled token is
 never fed back, so it needs no slot; S is rounded up to whole blocks of attention,
-`qwen3.KVCache.blocks`). A left-padded prompt's positions start at 0 at its first real
+`decoder.KVCache.blocks`). A left-padded prompt's positions start at 0 at its first real
 token; pad slots are marked invalid in the cache and never attended to. A decode step reads
 only the blocks written so far, so its cost grows with the tokens written, not with N.
 With `num_samples=G` (GRPO groups) each prompt is prefilled once and its cache repeated G
@@ -35,11 +35,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, SingleDeviceSharding
 
-from locojax.engine.decode import (K_AXES, V_AXES, Layout, Turn, compact_jit, decode_jit,
-                                   prefill_jit)
+from locojax.engine.decode import K_AXES, V_AXES, Layout, Turn, compact_jit, decode_jit, prefill_jit
 from locojax.engine.sampling import SamplingConfig
+from locojax.model import decoder, sharding
 from locojax.model import params as params_lib
-from locojax.model import qwen3, sharding
 from locojax.model.config import ModelConfig
 from locojax.model.params import Weights
 
@@ -68,7 +67,7 @@ def _generation_jit(turn: Turn, order, out) -> Generation:
     return Generation(tokens, mask, logprobs, length, turn.step - 1)
 
 
-def _without_cache(turn: Turn) -> tuple[qwen3.KVCache, Turn]:
+def _without_cache(turn: Turn) -> tuple[decoder.KVCache, Turn]:
     """The cache, and `turn` with its cache taken out: `decode_jit`'s two arguments."""
     return turn.cache, dataclasses.replace(turn, cache=None)
 
@@ -128,13 +127,13 @@ class Engine:
     (default ROLLOUT_REPLICATED: batch over `data`, weights replicated) to run one SPMD
     generate over several local devices. cache_dtype: a `CACHE_DTYPES` name or a dtype
     (default: the model's compute dtype). block: most cache slots attention reads per step
-    of its loop (`qwen3.BLOCK`). min_rows: a generate compacts its finished rows out while a
+    of its loop (`decoder.BLOCK`). min_rows: a generate compacts its finished rows out while a
     device's batch can halve to at least this many rows (None: never).
     """
 
     def __init__(self, model_cfg: ModelConfig, mesh: Mesh | None = None,
                  rules: sharding.Rules | None = None, cache_dtype=None,
-                 block: int = qwen3.BLOCK, min_rows: int | None = MIN_ROWS):
+                 block: int = decoder.BLOCK, min_rows: int | None = MIN_ROWS):
         self.model_cfg = model_cfg
         rules = sharding.ROLLOUT_REPLICATED if rules is None else rules
         self.layout = None if mesh is None else Layout(mesh, tuple(sorted(rules.items())))
@@ -143,7 +142,7 @@ class Engine:
         self.cache_dtype = jnp.dtype(CACHE_DTYPES.get(cache_dtype, cache_dtype)
                                      if cache_dtype is not None else model_cfg.dtype)
         self.block, self.min_rows = block, min_rows
-        self._cache: qwen3.KVCache | None = None
+        self._cache: decoder.KVCache | None = None
 
     def _shards(self, rows: int) -> int:
         """How many devices a batch of `rows` is split over."""
@@ -161,7 +160,7 @@ class Engine:
             return weights  # already laid out so: device_put's own path costs ~1 ms a call
         return jax.device_put(weights, self._weight_shardings)
 
-    def _cache_shardings(self, cache) -> qwen3.KVCache:
+    def _cache_shardings(self, cache) -> decoder.KVCache:
         """Where a cache buffer lives: committed from the start, as the buffer handed back by
         the jit is; otherwise the second call sees a differently-placed argument and XLA
         compiles generate again."""
@@ -173,14 +172,14 @@ class Engine:
             valid=self.layout.sharding(("batch", None), cache.valid.shape),
             index=self.layout.sharding((), ()))
 
-    def _empty(self, rows: int, slots: int) -> qwen3.KVCache:
-        return qwen3.KVCache.empty(self.model_cfg, rows, slots, self.cache_dtype, self.block,
-                                   self._shards(rows))
+    def _empty(self, rows: int, slots: int) -> decoder.KVCache:
+        return decoder.KVCache.empty(self.model_cfg, rows, slots, self.cache_dtype, self.block,
+                                     self._shards(rows))
 
-    def _buffer(self, rows: int, slots: int) -> qwen3.KVCache:
+    def _buffer(self, rows: int, slots: int) -> decoder.KVCache:
         c = self._cache
         self._cache = None  # donated below: never touch it again
-        n, block = qwen3.KVCache.blocks(slots, self.block)
+        n, block = decoder.KVCache.blocks(slots, self.block)
         if c is None or (c.v.shape[1], c.v.shape[3], c.block, c.v.dtype) != (
                 rows, n * block, block, self.cache_dtype):
             c = None  # freed before the new one is made: never two caches at once
@@ -227,12 +226,12 @@ class Engine:
                                   sampling=sampling, layout=self.layout).compile()
         return prefill, decode
 
-    def take_cache(self, rows: int, slots: int) -> qwen3.KVCache:
+    def take_cache(self, rows: int, slots: int) -> decoder.KVCache:
         """The engine's cache buffer for [rows, slots] (reused when the shape fits), handed
         out to be donated; give it back with `return_cache` (multi-turn, `extend.py`)."""
         return self._buffer(rows, slots)
 
-    def return_cache(self, cache: qwen3.KVCache) -> None:
+    def return_cache(self, cache: decoder.KVCache) -> None:
         self._cache = cache
 
     def generate(self, weights: Weights, prompts, key: jax.Array, sampling: SamplingConfig,

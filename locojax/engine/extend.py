@@ -42,11 +42,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from locojax.engine.decode import (StopSequences, Turn, constrain_cache, decode_jit, first_token,
-                                   prefill_jit, row_draws)
+from locojax.engine.decode import (
+    StopSequences,
+    Turn,
+    constrain_cache,
+    decode_jit,
+    first_token,
+    prefill_jit,
+    row_draws,
+)
 from locojax.engine.engine import Engine, check_prompts
 from locojax.engine.sampling import SamplingConfig
-from locojax.model import qwen3
+from locojax.model import decoder
 from locojax.model.config import ModelConfig
 
 log = logging.getLogger(__name__)
@@ -57,7 +64,7 @@ def slots_needed(prompt_len: int, max_new_tokens: int, max_turns: int, max_block
     return prompt_len + max_turns * (max_new_tokens - 1) + (max_turns - 1) * max_block
 
 
-def _extend(weights, cache: qwen3.KVCache, gather, keep_until, block, block_mask, block_pos,
+def _extend(weights, cache: decoder.KVCache, gather, keep_until, block, block_mask, block_pos,
             key, row_ids, count, active, limit, *, model_cfg: ModelConfig,
             sampling: SamplingConfig, stops: StopSequences, layout) -> Turn:
     """Continue rows after an environment turn: (gather the live rows,) drop the slots of
@@ -71,9 +78,9 @@ def _extend(weights, cache: qwen3.KVCache, gather, keep_until, block, block_mask
     slot = jnp.arange(cache.v.shape[3])[None]  # [1, S]
     cut = (slot >= keep_until[:, None]) & (slot < cache.index)  # fed tokens the host dropped
     cache = constrain_cache(layout, dataclasses.replace(cache, valid=cache.valid & ~cut))
-    hidden, cache = qwen3.forward(weights, block, block_pos, model_cfg, mask=block_mask,
-                                  cache=cache)
-    logits = qwen3.logits(weights, hidden[:, -1:], model_cfg)[:, 0]  # [R, V]
+    hidden, cache = decoder.forward(weights, block, block_pos, model_cfg, mask=block_mask,
+                                    cache=cache)
+    logits = decoder.logits(weights, hidden[:, -1:], model_cfg)[:, 0]  # [R, V]
     draws = row_draws(key, row_ids, count, sampling)
     return first_token(constrain_cache(layout, cache), logits, draws, block_pos[:, -1] + 1,
                        active, limit, sampling, stops)

@@ -3,7 +3,7 @@
 `sample` is a pure function of (logits, key, config), so the engine's decode loop and the
 tests call exactly the same code. It also returns the log-probability of the drawn token
 under the *temperature-scaled, untruncated* policy, which is what the trainer recomputes
-(`qwen3.token_logprobs(..., temperature)`) for the importance ratio: top-k / top-p only
+(`decoder.token_logprobs(..., temperature)`) for the importance ratio: top-k / top-p only
 decide which tokens may be drawn, they are not part of the policy being optimised
 (as in verl and TRL, which score rollouts with the full softmax).
 

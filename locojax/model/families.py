@@ -1,6 +1,6 @@
 """The model families locojax runs, each declared once: what it changes in the shared decoder.
 
-Every family is the same pre-norm decoder (`qwen3.py`: RMSNorm, RoPE, GQA attention, gated
+Every family is the same pre-norm decoder (`decoder.py`: RMSNorm, RoPE, GQA attention, gated
 MLP); a `Family` switches on the few parts that differ, and names the HF class and config
 defaults its `config.json` is read with (`hf_config.py`). Weight declarations (`params.py`),
 the forward, the HF loader and saver all read these switches; nothing else names a family.

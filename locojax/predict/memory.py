@@ -8,7 +8,7 @@ What a learner chip holds (bytes; P parameters, FSDP over n chips, compute items
 - the KV cache of its rollout rows: rows · S · 2 L k h s / mp (S = P + N - 1 slots);
 - the train step's temporaries for one micro-batch of r rows and T columns: activations,
   L · r · T · a with a = s (10 d + 6 f + 4 (n + 2k) h) + 12 n T per token per layer
-  (without remat; what `jax.vjp` keeps of `qwen3._layer`, the attention scores' f32 copies
+  (without remat; what `jax.vjp` keeps of `decoder._layer`, the attention scores' f32 copies
   at 12 bytes each; tests/test_predict_memory.py checks it against the memory plan's traced
   `layer_residual_bytes`), or L · r · T · d · s plus one layer's a with remat; and five f32
   buffers of a chunk of logits, r · C · V · 4 (C: T, or a chunk of positions).

@@ -129,7 +129,7 @@ class LearnerConfig:
     """Compute logits in chunks of this many positions, each rematerialised in the backward,
     so no step holds more than one chunk's [B, chunk, V] logits. -1 (default): automatic,
     chunks of at most 64 MiB once a micro-batch's whole [B, T, V] f32 logits would exceed
-    256 MiB (large vocabularies; `qwen3.logprob_chunk_size`); 0 = never chunk."""
+    256 MiB (large vocabularies; `decoder.logprob_chunk_size`); 0 = never chunk."""
     remat: bool = False
     """Rematerialise each decoder layer in the backward (activation checkpointing): keep
     only each layer's input, recompute the rest; about one more forward of compute."""

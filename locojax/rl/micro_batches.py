@@ -8,7 +8,7 @@
   β 0 and from 3.34 to 2.54 s at β 0.04 (docs/peers_benchmark.md). Only splits that keep
   each device's rows local count, and with a shared prompt (`TrainBatch.shared_prefix`) only
   splits into whole groups if one fits, so each prompt still runs once per group. If none
-  fits (a large vocabulary, whose logits `qwen3.token_logprobs` chunks anyway), 1: more
+  fits (a large vocabulary, whose logits `decoder.token_logprobs` chunks anyway), 1: more
   micro-batches would only shrink the matmuls;
 - elsewhere 1: an accelerator's matmuls want the whole batch, and the memory plan
   (`train.memory_plan`) suggests `--grad-accum` when a step does not fit.

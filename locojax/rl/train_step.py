@@ -37,7 +37,7 @@ import numpy as np
 import optax
 from jax.sharding import PartitionSpec as P
 
-from locojax.model import qwen3
+from locojax.model import decoder
 from locojax.model.config import ModelConfig
 from locojax.model.params import Weights
 from locojax.rl import batch as batch_lib
@@ -65,14 +65,14 @@ class NonFiniteError(RuntimeError):
 
 
 def sequence_logprobs(params: Weights, tokens, positions, attn_mask, model_cfg: ModelConfig,
-                      temperature: float = 1.0, chunk: int = qwen3.AUTO_CHUNK,
+                      temperature: float = 1.0, chunk: int = decoder.AUTO_CHUNK,
                       unroll: bool = False, remat: bool = False,
                       prefix: batch_lib.SharedPrefix | None = None):
     """log π(tokens[b, t] | tokens[b, :t]) and the entropy of that distribution, [B, T] each.
 
     Aligned with `tokens`; column 0 (no context to predict it from) is 0. The hidden state
     at t predicts token t + 1, so the forward runs on tokens[:, :-1]. `unroll`, `remat`: see
-    `qwen3.forward` (set where the result is differentiated); `chunk`: `qwen3.token_logprobs`.
+    `decoder.forward` (set where the result is differentiated); `chunk`: `decoder.token_logprobs`.
 
     `prefix` (a `TrainBatch.shared_prefix`, P columns): columns 1..P-1 hold no target, so
     their logits are skipped and they read 0. With groups of G > 1 rows the prompt's forward
@@ -81,10 +81,11 @@ def sequence_logprobs(params: Weights, tokens, positions, attn_mask, model_cfg: 
     """
     b = tokens.shape[0]
     if prefix is None:
-        hidden, _ = qwen3.forward(params, tokens[:, :-1], positions[:, :-1], model_cfg,
-                                  mask=attn_mask[:, :-1], unroll=unroll, remat=remat)  # [B, T-1, D]
-        logp, ent = qwen3.token_logprobs(params, hidden, tokens[:, 1:], model_cfg, temperature,
-                                         chunk)
+        hidden, _ = decoder.forward(params, tokens[:, :-1], positions[:, :-1], model_cfg,
+                                    mask=attn_mask[:, :-1], unroll=unroll,
+                                    remat=remat)  # [B, T-1, D]
+        logp, ent = decoder.token_logprobs(params, hidden, tokens[:, 1:], model_cfg, temperature,
+                                           chunk)
         zero = jnp.zeros((b, 1), logp.dtype)
         return jnp.concatenate([zero, logp], axis=1), jnp.concatenate([zero, ent], axis=1)
     p = prefix.columns
@@ -92,11 +93,11 @@ def sequence_logprobs(params: Weights, tokens, positions, attn_mask, model_cfg: 
         hidden = _prefix_hidden(params, tokens, positions, attn_mask, model_cfg, p,
                                 prefix.group, unroll, remat)
     else:
-        hidden, _ = qwen3.forward(params, tokens[:, :-1], positions[:, :-1], model_cfg,
-                                  mask=attn_mask[:, :-1], unroll=unroll, remat=remat)
+        hidden, _ = decoder.forward(params, tokens[:, :-1], positions[:, :-1], model_cfg,
+                                    mask=attn_mask[:, :-1], unroll=unroll, remat=remat)
         hidden = hidden[:, p - 1:]  # [B, T-P, D]: the positions that predict targets
-    logp, ent = qwen3.token_logprobs(params, hidden, tokens[:, p:], model_cfg, temperature,
-                                     chunk)
+    logp, ent = decoder.token_logprobs(params, hidden, tokens[:, p:], model_cfg, temperature,
+                                       chunk)
     zero = jnp.zeros((b, p), logp.dtype)
     return jnp.concatenate([zero, logp], axis=1), jnp.concatenate([zero, ent], axis=1)
 
@@ -129,18 +130,18 @@ def _prefix_hidden(params, tokens, positions, attn_mask, model_cfg, p: int, g: i
 
     def body(carry, xs):
         (x_p, x_r), (w, kind) = carry, xs
-        x_p, (k, v) = qwen3.layer(cfg, x_p, w, pos_p, (None, causal_p), kind=kind)
-        x_r, _ = qwen3.layer(cfg, x_r, w, pos_r, visible_r, (rows(k), rows(v), rows(pos_p)),
-                             kind)
+        x_p, (k, v) = decoder.layer(cfg, x_p, w, pos_p, (None, causal_p), kind=kind)
+        x_r, _ = decoder.layer(cfg, x_r, w, pos_r, visible_r, (rows(k), rows(v), rows(pos_p)),
+                               kind)
         return (x_p, x_r), None
 
     if remat:  # prevent_cse is needed only where the scan is unrolled into straight code
         body = jax.checkpoint(body, prevent_cse=unroll)
-    embed = lambda t: qwen3.embed(params, t, cfg)  # noqa: E731  [., ., D]
-    kinds = qwen3.layer_kinds(cfg, qwen3.wide_dtype(cfg.dtype))
+    embed = lambda t: decoder.embed(params, t, cfg)  # noqa: E731  [., ., D]
+    kinds = decoder.layer_kinds(cfg, decoder.wide_dtype(cfg.dtype))
     (x_p, x_r), _ = jax.lax.scan(body, (embed(first(tokens)), embed(tokens[:, p:-1])),
                                  (params["layers"], kinds), unroll=unroll)
-    norm = lambda x: qwen3.final_norm(params, x, cfg)  # noqa: E731
+    norm = lambda x: decoder.final_norm(params, x, cfg)  # noqa: E731
     return jnp.concatenate([rows(norm(x_p[:, -1:])), norm(x_r)], axis=1)
 
 
@@ -184,7 +185,7 @@ def _micro_loss(params, data, counts: Counts, first, fresh_tokens, s: LossSettin
     b: TrainBatch = data["batch"]
     logp, ent = sequence_logprobs(params, b.tokens, b.positions, b.attn_mask, model_cfg,
                                   cfg.temperature, cfg.logprob_chunk,
-                                  unroll=qwen3.unroll_for_grad(model_cfg), remat=cfg.remat,
+                                  unroll=decoder.unroll_for_grad(model_cfg), remat=cfg.remat,
                                   prefix=b.shared_prefix)  # as `_for_split` left it
     own = jax.lax.stop_gradient(logp)  # π_θ before any update of this step, bitwise
     old = own if data["prox"] is None else jnp.where(first, own, data["prox"])

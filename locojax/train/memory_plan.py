@@ -37,12 +37,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from locojax.engine.sampling import SamplingConfig
+from locojax.model import decoder
 from locojax.model import params as params_lib
-from locojax.model import qwen3
 from locojax.model.config import ModelConfig
 from locojax.rl import micro_batches
-from locojax.rl.batch import logit_positions, split_group
 from locojax.rl import train_step as train_step_lib
+from locojax.rl.batch import logit_positions, split_group
 from locojax.rl.config import AUTO_ACCUM, LearnerConfig
 
 GB = 1e9
@@ -128,7 +128,7 @@ def layer_residual_bytes(cfg: ModelConfig, rows: int, t: int, platform: str,
     (attending to `slots` prompt keys first, as the shared-prefix forward's responses do,
     when > 0).
 
-    Counted exactly from `jax.vjp` of `qwen3.layer` at these shapes, less the layer's own
+    Counted exactly from `jax.vjp` of `decoder.layer` at these shapes, less the layer's own
     inputs (weights, and the prompt's keys and values)."""
     shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype),
                           params_lib.abstract(cfg)["layers"])  # one layer's weights
@@ -136,14 +136,14 @@ def layer_residual_bytes(cfg: ModelConfig, rows: int, t: int, platform: str,
     pos = jnp.zeros((rows, t), jnp.int32)
     causal = jnp.ones((rows, t, t), bool)
     if not slots:
-        return _residual_bytes(lambda x, w: qwen3.layer(cfg, x, w, pos, (None, causal))[0],
+        return _residual_bytes(lambda x, w: decoder.layer(cfg, x, w, pos, (None, causal))[0],
                                (x, shapes), platform)
     kv = (rows, cfg.num_key_value_heads, cfg.head_dim, slots)
     k = jax.ShapeDtypeStruct(kv, cfg.dtype)
     v = jax.ShapeDtypeStruct((*kv[:2], slots, kv[2]), cfg.dtype)
     visible = (jnp.ones((rows, t, slots), bool), causal)
     return _residual_bytes(
-        lambda x, w, k, v: qwen3.layer(cfg, x, w, pos, visible, (k, v))[0],
+        lambda x, w, k, v: decoder.layer(cfg, x, w, pos, visible, (k, v))[0],
         (x, shapes, k, v), platform)
 
 
@@ -161,8 +161,8 @@ def _forward_residual_bytes(cfg: ModelConfig, rows: int, columns: int, group: in
                                                  False, remat)
     else:
         def hidden(w, tokens, positions, attn):
-            return qwen3.forward(w, tokens[:, :-1], positions[:, :-1], cfg, mask=attn[:, :-1],
-                                 remat=remat)[0]
+            return decoder.forward(w, tokens[:, :-1], positions[:, :-1], cfg, mask=attn[:, :-1],
+                                   remat=remat)[0]
     return _residual_bytes(hidden, (w,), platform, consts=(tok, tok, mask))
 
 
@@ -218,7 +218,7 @@ def expected_train_temporaries(cfg: ModelConfig, learner: LearnerConfig, rows: i
     out = {"gradients": param_bytes * (2 if learner.grad_accum > 1 else 1)}
     if param_bytes < whole:
         out["gathered weights"] = cfg.num_params() * cfg.dtype.itemsize
-    chunk = qwen3.logprob_chunk_size(micro, targets, v, learner.logprob_chunk)
+    chunk = decoder.logprob_chunk_size(micro, targets, v, learner.logprob_chunk)
     out["logits"] = 5 * local * (chunk or targets) * v * 4
     if chunk:
         out["embedding-gradient partial"] = v * d * 4
@@ -355,7 +355,7 @@ class MemoryPlan:
         if not st["remat"]:
             found.append((acts, f"--remat on: keep only each layer's input for the backward "
                                 f"(activations {size(acts)})"))
-        if st["logprob_chunk"] == 0 and logits > 3 * qwen3.LOGITS_WHOLE_BYTES:
+        if st["logprob_chunk"] == 0 and logits > 3 * decoder.LOGITS_WHOLE_BYTES:
             found.append((logits, f"--logprob-chunk -1: chunk the logits ({size(logits)})"))
         if st["precision"] == "f32":
             found.append((acts + cache, "--precision bf16: bf16 activations and KV cache; "
@@ -471,9 +471,9 @@ def plan(model_cfg: ModelConfig, learner: LearnerConfig, state, batch, ref_param
         program = Program.of("train_step", "rollout", compiled, device_bytes((state, ref_params)),
                              time.perf_counter() - t0)
         resolved = micro_batches.resolve(learner, batch, model_cfg.vocab_size, mesh)  # as the step
-        chunk = qwen3.logprob_chunk_size(rows // resolved.rows_multiple,
-                                         logit_positions(columns, batch.shared_prefix),
-                                         model_cfg.vocab_size, resolved.logprob_chunk)
+        chunk = decoder.logprob_chunk_size(rows // resolved.rows_multiple,
+                                           logit_positions(columns, batch.shared_prefix),
+                                           model_cfg.vocab_size, resolved.logprob_chunk)
         shards = micro_batches.batch_shards(mesh, learner.rules, rows)
         return program, {
             "remat": resolved.remat, "grad_accum": resolved.grad_accum,

@@ -6,7 +6,7 @@ logprobs come from the same code (DESIGN.md, "sampler logprobs equal trainer log
 Qwen3, Qwen2/2.5, Llama 3.x and Gemma 3 share it; `cfg.family` (`families.py`) switches
 the parts that differ (biases, q/k norms, Gemma's norms, embedding scale and activation),
 and each layer's `LayerKind` carries its RoPE frequencies and attention window, so Gemma's
-local and global layers are one scan. (Named for the first family; every family runs here.)
+local and global layers are one scan.
 
 Reference: HF transformers `modeling_qwen3.py` (and the `modeling_*.py` of the other
 families); layout after jax-llm-examples `qwen3`. Departures: layers are scanned (stacked
@@ -29,8 +29,15 @@ import jax.numpy as jnp
 import numpy as np
 
 # BLOCK and attention too: the engine and tests name the cache and attention as qwen3.*.
-from locojax.model.attention import (BLOCK, CacheBlocks, KVCache, attention,  # noqa: F401
-                                     slot_positions, wide_dtype, within)
+from locojax.model.attention import (  # noqa: F401
+    BLOCK,
+    CacheBlocks,
+    KVCache,
+    attention,
+    slot_positions,
+    wide_dtype,
+    within,
+)
 from locojax.model.config import FULL, SLIDING, ModelConfig
 from locojax.model.params import Weights
 
