@@ -92,3 +92,35 @@ def test_kill_mid_save_never_leaves_a_loadable_partial_checkpoint(tmp_path):
         assert meta["step"] == latest == int(state["step"])
         assert float(state["big"].min()) == float(state["big"].max()) == latest
     assert mid_save, "no kill landed inside a save: the test checked nothing"
+
+
+
+def test_a_checkpoint_resumes_under_another_train_mesh(tmp_path):
+    """Orbax writes every array whole (each host its shards of it), so params saved sharded
+    over `fsdp` restore replicated, and replicated ones restore sharded (`--train.mesh` may
+    change on resume, train/resume.py): bit for bit, laid out as the resuming run asks.
+    One checkpoint holds both directions' params."""
+    from locojax.model import config as model_config
+    from locojax.model import params as params_lib
+    from locojax.model.sharding import TRAIN_DP, TRAIN_FSDP, make_mesh, weight_shardings
+
+    cfg = model_config.tiny()
+    mesh = make_mesh({"data": 2, "fsdp": 2}, jax.devices()[:4])
+    fsdp, dp = (weight_shardings(cfg, mesh, rules) for rules in (TRAIN_FSDP, TRAIN_DP))
+    assert any("fsdp" in s.spec for s in jax.tree.leaves(fsdp))  # really sharded
+    rng = np.random.default_rng(0)  # numpy: no per-leaf compile of the initialisers
+    init = jax.tree.map(lambda a: rng.standard_normal(a.shape).astype(a.dtype),
+                        jax.eval_shape(lambda: params_lib.init(cfg, jax.random.key(0))))
+    saved = {"sharded": jax.device_put(init, fsdp), "replicated": jax.device_put(init, dp)}
+    resumed = {"sharded": dp, "replicated": fsdp}  # each restored in the other layout
+    ckpt = Checkpointer(str(tmp_path))
+    ckpt.save(1, saved, {})
+    ckpt.wait()
+    like = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                        saved, resumed)
+    state, _ = ckpt.restore(1, like)
+    for x, y, want in zip(jax.tree.leaves(saved), jax.tree.leaves(state),
+                          jax.tree.leaves(resumed), strict=True):
+        assert y.sharding.is_equivalent_to(want, y.ndim)
+        assert np.asarray(x).tobytes() == np.asarray(y).tobytes()
+    ckpt.close()
