@@ -152,6 +152,32 @@ def ring_fit(probe: dict) -> tuple[float, float]:
     return float(intercept / (2 * (p - 1))), float(2 * (p - 1) / p / max(slope, 1e-30))
 
 
+def machine_terms(probes: dict, probe_src: str) -> dict:
+    """The shared machine's measured terms (locojax/predict/shared_machine.py), where the
+    probes ran: the over-subscription penalty by process count, a multi-device process's
+    loop iteration by device count."""
+    out = {}
+    if "oversub" in probes:
+        o = probes["oversub"]
+        out["oversubscription"] = {
+            k: c(v["penalty"], "x fair time-slicing", "measured",
+                 f"{k} processes of a jitted MLP forward + backward at once on {o['cores']} "
+                 f"cores ({'pinned one a core' if int(k) <= o['cores'] else 'unpinned'}), "
+                 f"median wall {v['wall']:.3f} s over one process alone on one core "
+                 f"({o['alone_1_core']:.3f} s) x max(1, k / cores): `predict_probes.py "
+                 f"oversub`, run by {probe_src.removeprefix('benchmarks/predict_probes.py, run by ')}")
+            for k, v in o["by_k"].items()}
+    if "multidev" in probes:
+        out["multi_device_iteration_s"] = {
+            n: c(v, "s per loop iteration", "measured",
+                 f"one process, {n} simulated CPU devices: a sharded `while_loop` whose condition "
+                 f"reduces over the devices, per iteration (400 less 100 iterations): "
+                 f"`predict_probes.py multidev`, run by "
+                 f"{probe_src.removeprefix('benchmarks/predict_probes.py, run by ')}")
+            for n, v in probes["multidev"]["iteration_s_by_devices"].items()}
+    return out
+
+
 def write(points: dict, probes: dict, recs: list[dict], command: str, task_of: dict) -> None:
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     loads = [r["load"] for r in recs]
@@ -215,6 +241,7 @@ def write(points: dict, probes: dict, recs: list[dict], command: str, task_of: d
         "matmul_one_core": c(probes["matmul_1"]["matmul_flops_per_s"], "FLOP/s", "measured",
                              f"taskset -c 0, {probe_src}"),
     }
+    profile.update(machine_terms(probes, probe_src))
     (PREDICT / "hardware" / "cpu-here.json").write_text(json.dumps(profile, indent=1) + "\n")
 
     rates_path = PREDICT / "host_rates.json"
@@ -254,6 +281,8 @@ def write(points: dict, probes: dict, recs: list[dict], command: str, task_of: d
             print(f"| {key} | {kind} | {v['a'] * 1e3:.2f} | {f1} | {v['phi']:.2f}"
                   f" | {v['points']} | {v['median_rel_err']:.0%} / {v['max_rel_err']:.0%} |")
     print(f"\nhost rates: {json.dumps(h)}")
+    for name, table in machine_terms(probes, "").items():
+        print(f"{name}: " + ", ".join(f"{k}: {v['value']:.4g}" for k, v in table.items()))
     print(f"gloo ring fit: 2 processes α {a2 * 1e3:.3f} ms β {b2 / 1e9:.2f} GB/s; "
           f"4 processes α {a4 * 1e3:.3f} ms β {b4 / 1e9:.2f} GB/s")
 

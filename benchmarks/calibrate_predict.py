@@ -4,7 +4,10 @@ Everything the validation (`validate_predict.py`) later predicts at N = 2 and 4 
 here from single-process runs only:
 1. probes (`predict_probes.py`): the f32 matmul peak on 2 cores and on 1 (`taskset -c 0`),
    memory copy bandwidth, gloo all-reduce time over 2 and 4 local processes (the link
-   between simulated hosts), Ray call and weight-push round trips;
+   between simulated hosts), Ray call and weight-push round trips, and the machine terms
+   of hosts sharing one machine (locojax/predict/shared_machine.py): the over-subscription
+   penalty of k processes on the cores, and a multi-device process's loop iteration at N
+   devices;
 2. `locojax train --mode single --devices-per-host 1` runs at N = 1 of the benchmarks'
    shapes (bench_modes.py's gsm8k, math and swe and its legacy arith shapes,
    bench_placement.py's arith), at the rows each host gets at N = 1, 2 and 4 (B, B/2, B/4
@@ -89,6 +92,8 @@ def run_probes() -> dict:
     res["allreduce_2"] = probe(["allreduce", "--n", "2"])
     res["allreduce_4"] = probe(["allreduce", "--n", "4"])
     res["ray"] = probe(["ray"])
+    res["oversub"] = probe(["oversub"])
+    res["multidev"] = probe(["multidev"])
     res["load_after"] = load()
     print(f"# probes: {json.dumps(res)}", flush=True)
     return res

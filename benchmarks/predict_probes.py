@@ -8,7 +8,17 @@ runs them; each prints one JSON line).
   (what the train step's gradient all-reduce is, `train_step._accumulate_flat`) at several
   sizes, median of 20 after 3 warm-ups; process 0 prints;
 - `ray`: a local Ray cluster, one actor: the round trip of a call returning a small result,
-  and of a call taking a weights-sized dict of arrays by reference (put + fetch), median of 30.
+  and of a call taking a weights-sized dict of arrays by reference (put + fetch), median of 30;
+- `oversub --ks K...`: K processes at once, each a jitted MLP forward + backward (a train
+  step's kind of XLA:CPU program) run R times after warm-up, started together; pinned one
+  per core when K <= cores and unpinned otherwise, as `locojax launch` places its hosts.
+  Prints each K's median wall per process against one process alone on one core (taskset)
+  times max(1, K / cores), fair time-slicing: the ratio is the over-subscription penalty;
+- `multidev --ns N...`: one process with N simulated CPU devices (`jax_num_cpu_devices`, as
+  `--mode single --devices-per-host N`), a jitted `lax.while_loop` whose body is a tiny
+  matmul on rows sharded over the N devices and whose condition reduces a per-row flag over
+  all of them (the decode loop's shape, `engine/decode.py`): seconds per iteration, from the
+  difference of two loop lengths (call overhead cancels), median of 5.
 """
 
 from __future__ import annotations
@@ -119,18 +129,139 @@ def ray_probe(weight_bytes: int = 427_520) -> dict:
         ray.shutdown()
 
 
+def _mlp_step():
+    """A jitted MLP forward + backward, about 0.8 GFLOP a call, and its arguments."""
+    import jax
+    import jax.numpy as jnp
+
+    k = jax.random.split(jax.random.key(0), 3)
+    w1 = jax.random.normal(k[0], (256, 1024), jnp.float32) * 0.05
+    w2 = jax.random.normal(k[1], (1024, 256), jnp.float32) * 0.05
+    x = jax.random.normal(k[2], (256, 256), jnp.float32)
+
+    def loss(w, x):
+        return jnp.mean(jnp.tanh(jnp.tanh(x @ w[0]) @ w[1]) ** 2)
+
+    f = jax.jit(jax.grad(loss))
+    return lambda: jax.block_until_ready(f((w1, w2), x))
+
+
+OVERSUB_CALLS = 10
+
+
+def _oversub_worker() -> None:
+    """Warm up, say ready, wait for `go` on stdin, run the calls, print the wall."""
+    step = _mlp_step()
+    for _ in range(3):
+        step()
+    print("ready", flush=True)
+    sys.stdin.readline()
+    t = time.perf_counter()
+    for _ in range(OVERSUB_CALLS):
+        step()
+    print(json.dumps({"wall": time.perf_counter() - t}), flush=True)
+
+
+def _oversub_once(k: int, cpus: list[int], one_core: bool = False) -> float:
+    """Median wall of k processes started together (see the module docstring)."""
+    cmd = [sys.executable, __file__, "oversub-worker"]
+    procs = []
+    for i in range(k):
+        pin = [cpus[0]] if one_core else [cpus[i]] if k <= len(cpus) else None
+        prefix = ["taskset", "-c", ",".join(map(str, pin))] if pin else []
+        procs.append(subprocess.Popen([*prefix, *cmd], stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, text=True))
+    for p in procs:
+        if p.stdout.readline().strip() != "ready":
+            raise RuntimeError("oversub probe worker failed to start")
+    for p in procs:
+        p.stdin.write("go\n")
+        p.stdin.flush()
+    walls = [json.loads(p.communicate(timeout=600)[0].strip().splitlines()[-1])["wall"]
+             for p in procs]
+    return statistics.median(walls)
+
+
+def oversub(ks: list[int]) -> dict:
+    cpus = sorted(os.sched_getaffinity(0))
+    alone = _oversub_once(1, cpus, one_core=True)
+    out = {}
+    for k in ks:
+        wall = _oversub_once(k, cpus)
+        out[k] = {"wall": wall, "penalty": wall / (alone * max(1.0, k / len(cpus)))}
+    return {"cores": len(cpus), "alone_1_core": alone, "calls": OVERSUB_CALLS, "by_k": out}
+
+
+def _multidev_one(n: int) -> float:
+    from locojax import distributed
+
+    distributed.set_cpu_devices(n)
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+    mesh = Mesh(np.array(jax.devices()[:n]), ("data",))
+    rows = NamedSharding(mesh, P("data"))
+    h = jax.device_put(jnp.ones((4 * n, 64), jnp.float32) * 0.01, rows)
+    done = jax.device_put(jnp.zeros((4 * n,), bool), rows)
+    w = jax.device_put(jnp.eye(64, dtype=jnp.float32), NamedSharding(mesh, P()))
+
+    @jax.jit
+    def loop(h, done, w, iters):
+        def cond(st):
+            i, _, d = st
+            return (i < iters) & ~jnp.all(d)
+
+        def body(st):
+            i, h, d = st
+            h = jnp.tanh(h @ w)
+            return i + 1, h, d | (h[:, 0] > 10.0)
+
+        return jax.lax.while_loop(cond, body, (jnp.int32(0), h, done))[1]
+
+    def timed(iters: int) -> float:
+        return median_time(lambda: loop(h, done, w, iters).block_until_ready(), 5)
+
+    short, long = 100, 400
+    return (timed(long) - timed(short)) / (long - short)
+
+
+def multidev(ns: list[int]) -> dict:
+    """One fresh process per N: the device count is fixed when the backend starts."""
+    out = {}
+    for n in ns:
+        r = subprocess.run([sys.executable, __file__, "multidev-worker", "--n", str(n)],
+                           capture_output=True, text=True, timeout=600, check=False)
+        if r.returncode:
+            raise RuntimeError(f"multidev probe n={n} failed:\n{r.stderr[-2000:]}")
+        out[n] = json.loads(r.stdout.strip().splitlines()[-1])["iteration_s"]
+    return {"iteration_s_by_devices": out}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("probe", choices=("matmul", "stream", "allreduce", "allreduce-worker", "ray"))
+    ap.add_argument("probe", choices=("matmul", "stream", "allreduce", "allreduce-worker", "ray",
+                                      "oversub", "oversub-worker", "multidev",
+                                      "multidev-worker"))
     ap.add_argument("--n", type=int, default=2)
+    ap.add_argument("--ks", type=int, nargs="+", default=[2, 3, 4, 5, 6, 8])
+    ap.add_argument("--ns", type=int, nargs="+", default=[1, 2, 4, 8])
     ap.add_argument("--pid", type=int, default=0)
     ap.add_argument("--port", type=int, default=0)
     args = ap.parse_args()
     if args.probe == "allreduce-worker":
         _allreduce_worker(args.pid, args.n, args.port)
         return 0
+    if args.probe == "oversub-worker":
+        _oversub_worker()
+        return 0
+    if args.probe == "multidev-worker":
+        print(json.dumps({"iteration_s": _multidev_one(args.n)}), flush=True)
+        return 0
     result = {"matmul": matmul, "stream": stream, "ray": ray_probe,
-              "allreduce": lambda: allreduce(args.n)}[args.probe]()
+              "allreduce": lambda: allreduce(args.n), "oversub": lambda: oversub(args.ks),
+              "multidev": lambda: multidev(args.ns)}[args.probe]()
     print(json.dumps(result), flush=True)
     return 0
 

@@ -68,3 +68,16 @@ def test_processor_sharing_splits_a_shared_core():
     res = run(spec(steps=1, leases_per_step=2, workers=2, lease=one_core, shared_cores=1.0,
                    train=lambda g: Task.fixed(0.0), sync=lambda g: Task.fixed(0.0)))
     assert np.allclose(res.step_end, [2.0])
+
+
+def test_a_chained_task_runs_after_its_first_with_its_own_processes():
+    """Guards the lease's env part (`Task.then`): it starts when the first part ends and
+    shares the cores as `procs` processes. Two leases at once on 2 shared cores: both first
+    parts (1 core-second, 1 process each) take 1 s; then 2 x 4 env processes get 0.25 core
+    each, and 4 processes x 0.25 core-second each take 1 s more."""
+    core_s = lambda c: 1.0 / min(c, 1.0)  # noqa: E731  1 s on a whole core
+    env = Task(lambda c: 0.25 / min(c, 1.0), 4)
+    res = run(spec(steps=1, leases_per_step=2, workers=2, shared_cores=2.0,
+                   lease=lambda g: Task(core_s, 1, env), train=lambda g: Task.fixed(0.25),
+                   sync=lambda g: Task.fixed(0.1)))
+    assert np.allclose(res.step_end, [2.0 + 0.25 + 0.1])

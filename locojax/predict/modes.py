@@ -17,7 +17,10 @@ The buffered modes (disaggregated, async) run the discrete-event simulation
 (`placement.py`).
 
 On cpu-here, where every simulated host is a process on one machine, a phase's processes
-share `shared_cores`: N concurrent processes get cores / N each (`devices.KindFit`).
+share `shared_cores`: N concurrent processes get cores / N each (`devices.KindFit`), with
+the machine's measured terms (`shared_machine.py`): over-subscribed processes pay ρ(N),
+single's N devices pay their loop's meeting per decode iteration, and every host's env
+processes share the same cores.
 """
 
 from __future__ import annotations
@@ -69,10 +72,10 @@ def cores_each(ctx: Ctx, processes: float) -> float:
 
 
 def _rollout(ctx: Ctx, prompts: float, rows: float, chips: float, steps: float, cores: float,
-             host_cores: float) -> dict[str, float]:
+             host_cores: float, devices: int = 1) -> dict[str, float]:
     """A host's rollout phases for its prompts/rows (device phases on `cores` per process,
-    host phases on `host_cores`)."""
-    decode = ctx.decode(rows, chips, steps, cores)
+    host phases and env on `host_cores`; `devices`: simulated devices in the process)."""
+    decode = ctx.decode(rows, chips, steps, cores, devices)
     tp = ctx.wl.turns * steps * ctx.tp_comm(rows / max(1.0, chips / ctx.model_parallel()),
                                             ctx.model_parallel())
     return {"admission": ctx.admission(prompts, host_cores),
@@ -113,14 +116,17 @@ def single(ctx: Ctx) -> Prediction:
     c = cores_each(ctx, n)  # N device programs at once in one process
     steps = wl.decode_steps(wl.rows)
     if cl.shared_cores:  # simulated devices: one per "chip", each its share of rows
-        ph = _rollout(ctx, wl.prompts / n, wl.rows / n, 1, steps, c, c)
+        ctx = dataclasses.replace(ctx, one_process=True)  # device threads, not processes
+        ph = _rollout(ctx, wl.prompts / n, wl.rows / n, 1, steps, c, c, devices=n)
         ph["train"] = ctx.train_compute(wl.rows / n, 1, c)
     else:
         ph = _rollout(ctx, wl.prompts, wl.rows, n, steps, c, c)
         ph["train"] = ctx.train_compute(wl.rows, n, c)
-    # Host work of all rows in the one process (devices idle meanwhile: a whole core).
+    # Host work of all rows in the one process (devices idle meanwhile: a whole core; its
+    # env processes, the whole machine where the hosts share one).
     full = 1.0
-    ph.update(admission=ctx.admission(wl.prompts, full), env=ctx.env(wl.rows, full),
+    ph.update(admission=ctx.admission(wl.prompts, full),
+              env=ctx.env(wl.rows, cl.shared_cores or full),
               detokenize_reward=ctx.reward(wl.rows, full), batch=ctx.batch(wl.rows, full))
     ici, _ = ctx.train_network(n, 1)
     ph["allreduce"] = 0.0 if cl.shared_cores else ici  # in-process sum on cpu-here
@@ -137,7 +143,8 @@ def controller(ctx: Ctx, decode_chunk: int = 0) -> Prediction:
     steps = wl.decode_steps(wl.rows)
     ph = _rollout(ctx, wl.prompts / h, wl.rows / h, per_host, steps, c, c)
     full = 1.0  # central host work: the hosts wait, the controller's process runs
-    ph.update(admission=ctx.admission(wl.prompts, full), env=ctx.env(wl.rows, full),
+    ph.update(admission=ctx.admission(wl.prompts, full),
+              env=ctx.env(wl.rows, cl.shared_cores or full),
               detokenize_reward=ctx.reward(wl.rows, full), batch=ctx.batch(wl.rows, full))
     rounds = 1 if decode_chunk <= 0 else math.ceil(max(steps, 1.0) / decode_chunk)
     # Per round (the decode rounds, the prefill call, the train call): the controller's

@@ -13,7 +13,10 @@ the time of each phase for a group of hosts doing a share of the step's work:
   all-reduces per layer per decode step, over ICI;
 - weight transfer to rollout hosts (DA, async): a pipelined broadcast over DCN.
 Host work runs on host cores at the measured rates of this machine's core
-(`host_rates.json`), scaled by the profile's `host_core_speed`.
+(`host_rates.json`), scaled by the profile's `host_core_speed`. Where the profile's hosts
+share one machine (cpu-here), its measured machine terms apply (`shared_machine.py`):
+over-subscribed processes, a multi-device process's loop iterations, env processes on the
+shared cores.
 
 Static shapes: as locojax's engine, prompts are padded to P columns and every row of a
 decode loop is computed until the longest stops.
@@ -28,6 +31,7 @@ from pathlib import Path
 
 from locojax.model.config import ModelConfig
 from locojax.predict import collectives as coll
+from locojax.predict import shared_machine
 from locojax.predict.devices import device_model, shape_key
 from locojax.predict.flops import ITEMSIZE, Costs, ModelCosts
 from locojax.predict.hardware import Cluster
@@ -62,6 +66,7 @@ class Ctx:
     remat: bool = False
     fsdp_chips: int = 0  # chips the train state is sharded over (0: the fewest that fit)
     env_workers: int = 0  # env threads per host (0: host_rates' env_workers)
+    one_process: bool = False  # the busy units are devices of one process (--mode single)
     rates: dict = dataclasses.field(default_factory=host_rates)
     ledger: Ledger = dataclasses.field(default_factory=Ledger)
 
@@ -107,18 +112,39 @@ class Ctx:
         return self.host_seconds(self.rate("step_fixed"), cores)
 
     def env(self, rows: float, cores: float = 1.0) -> float:
-        """Tool time of the env turns of `rows` rows over the host's env workers."""
+        """Tool time of the env turns of `rows` rows over the host's env workers. Where the
+        hosts share one machine, `cores` is what this host's env processes get of it (the
+        machine's cores over the hosts in env at once), and the rate measured with the whole
+        machine is core-seconds over those (`shared_machine.env_seconds`)."""
         turns = self.wl.turns - 1
         if turns <= 0:
             return 0.0
         per = self.wl.tool_s or self.rate("env_per_row_turn", self.wl.task)
         workers = self.env_workers or self.c("host.env_workers", self.rates["env_workers"])
+        shared = self.cluster.shared_cores
+        if shared:
+            t = shared_machine.env_seconds(per, rows, turns, workers, cores, shared)
+            return t / self.hw("host_core_speed")
         workers = min(workers, float(self.cluster.hw.host_cores.value))
-        if self.cluster.shared_cores:
-            workers = min(workers, max(cores, 1e-9))
         return self.host_seconds(per * rows * turns / max(1.0, workers), min(cores, 1.0))
 
+    def env_processes(self, rows: float) -> float:
+        """The env processes one host runs at once: its env workers, at most one a row."""
+        workers = self.env_workers or self.c("host.env_workers", self.rates["env_workers"])
+        return max(1.0, min(workers, rows))
+
     # --- device work --------------------------------------------------------------------
+
+    def device(self, kind: str, per: Costs, chips: float, cores: float) -> float:
+        """One program's time; where the hosts share one machine and its busy processes
+        over-subscribe the cores (each gets `cores` < 1), times the measured penalty
+        ρ(shared / cores). Devices of one process (`one_process`) are threads, not
+        processes: no penalty."""
+        t = self.dev.seconds(kind, per, chips=chips, cores=cores)
+        shared = self.cluster.shared_cores
+        if shared and 0 < cores < 1 and not self.one_process:
+            t *= shared_machine.oversubscription(self.cluster.hw, self.ledger, shared / cores)
+        return t
 
     def model_parallel(self) -> int:
         """Chips that share one copy of the weights in rollout (tensor parallel): the
@@ -133,7 +159,7 @@ class Ctx:
         mp = self.model_parallel()
         groups = max(1.0, chips / mp)
         per = self.mc.prefill(max(prompts / groups, 1e-9), self.wl.prompt_columns)
-        t = self.dev.seconds("prefill", per, chips=mp, cores=cores)
+        t = self.device("prefill", per, mp, cores)
         return t + self.tp_comm(prompts / groups * self.wl.prompt_columns, mp)
 
     def decode_keys(self, steps: float) -> float:
@@ -141,16 +167,19 @@ class Ctx:
             return self.wl.prompt_columns + self.wl.response_columns - 1
         return self.wl.prompt_columns + steps / 2
 
-    def decode(self, rows: float, chips: float, steps: float, cores: float = 0.0) -> float:
+    def decode(self, rows: float, chips: float, steps: float, cores: float = 0.0,
+               devices: int = 1) -> float:
         """`steps` iterations of a decode loop over `rows` rows spread over `chips` chips, in
         each model turn (a multi-turn row decodes once per turn, the cache then holding the
-        whole trajectory: `decode_keys`)."""
+        whole trajectory: `decode_keys`). `devices`: the simulated devices one process
+        drives, whose loop meets at every iteration where the hosts share one machine."""
         if steps <= 0:
             return 0.0
         mp = self.model_parallel()
         groups = max(1.0, chips / mp)
         per = self.mc.decode_step(max(rows / groups, 1e-9), self.decode_keys(steps))
-        one = self.dev.seconds("decode_step", per, chips=mp, cores=cores)
+        one = self.device("decode_step", per, mp, cores)
+        one += shared_machine.loop_iteration_extra(self.cluster.hw, self.ledger, devices)
         return self.wl.turns * steps * (one + self.tp_comm(rows / groups, mp))
 
     def extend(self, rows: float, chips: float, cores: float = 0.0) -> float:
@@ -160,7 +189,7 @@ class Ctx:
             return 0.0
         groups = max(1.0, chips / self.model_parallel())
         per = self.mc.prefill(max(rows / groups, 1e-9), self.wl.obs_tokens)
-        return turns * self.dev.seconds("prefill", per, chips=self.model_parallel(), cores=cores)
+        return turns * self.device("prefill", per, self.model_parallel(), cores)
 
     def tp_comm(self, tokens: float, mp: int) -> float:
         """Two activation all-reduces per layer for `tokens` tokens over mp chips (ICI)."""
@@ -175,7 +204,7 @@ class Ctx:
         wl = self.wl
         per = self.mc.train_step(rows / chips, wl.group, wl.prompt_columns, wl.response_columns,
                                  reference=wl.beta > 0, remat=self.remat)
-        return self.dev.seconds("train", per, chips=1, cores=cores)
+        return self.device("train", per, 1, cores)
 
     def logprob_check(self, rows: float, chips: float, cores: float = 0.0) -> float:
         """A rollout worker's trainer forward over its lease's rows (`rollout_worker.py`:
@@ -186,8 +215,7 @@ class Ctx:
         flops = self.mc.train_forward(rows / chips, 1, wl.prompt_columns,
                                        wl.response_columns)
         kind = "train" if self.cluster.hw.kind == "cpu" else "forward"
-        return self.dev.seconds(kind, Costs(flops, self.mc.weight_bytes()), chips=1,
-                                cores=cores)
+        return self.device(kind, Costs(flops, self.mc.weight_bytes()), 1, cores)
 
     def fsdp(self, chips: float) -> int:
         """Chips the train state is sharded over: the fewest (power of two) whose share of

@@ -10,6 +10,9 @@ The learner's update trains all R rows over the learner chips, then pushes the n
 Per lease a fixed dispatch cost is paid (`lease_fixed_s`: a Ray call and its result's
 transfer; two DCN latencies plus a controller dispatch where the profile has none), and the
 worker's logprob check, a trainer forward over the lease's rows (locojax/fleet).
+A lease's env turns are a task of their own, run by the worker's env processes: where the
+hosts share one machine they take their share of the cores as processes, beside the
+learner's and the other workers' (`shared_machine.py`).
 """
 
 from __future__ import annotations
@@ -47,14 +50,21 @@ def _spec(ctx: Ctx, workers: int, learners: int, k: int, newest: bool, seed: int
     fixed = lease_fixed(ctx)
     shared = cl.shared_cores
 
+    env_procs = ctx.env_processes(rows) if shared else 1
+
     def lease(rng):
         steps_ = min(wl.max_new - 1, max(0.0, float(wl.completion.sample(rng, rows).max()) - 1))
 
         def seconds(c: float) -> float:
             c = c or cores_each(ctx, 1)
-            return (fixed + sum(_rollout(ctx, u, rows, per_host, steps_, c, c).values())
-                    + ctx.logprob_check(rows, per_host, c))
-        return simulate.Task(seconds, 1)
+            ph = _rollout(ctx, u, rows, per_host, steps_, c, c)
+            ph.pop("env")
+            return fixed + sum(ph.values()) + ctx.logprob_check(rows, per_host, c)
+
+        def env(c: float) -> float:  # each of the env processes gets c
+            return ctx.env(rows, env_procs * c if c else cores_each(ctx, 1))
+        then = simulate.Task(env, env_procs) if wl.turns > 1 else None
+        return simulate.Task(seconds, 1, then)
 
     learner_chips = learners * per_host
 

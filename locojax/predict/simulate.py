@@ -30,10 +30,12 @@ import numpy as np
 @dataclasses.dataclass
 class Task:
     """Work that takes `seconds(cores)` when it has `cores` cores per process to itself, run by
-    `procs` processes at once (a learner group of L hosts is one task of L processes)."""
+    `procs` processes at once (a learner group of L hosts is one task of L processes), and
+    then `then`, if any (a lease's env turns, run by its env processes)."""
 
     seconds: Callable[[float], float]
-    procs: int = 1
+    procs: float = 1
+    then: Task | None = None
 
     @classmethod
     def fixed(cls, s: float, procs: int = 1) -> "Task":
@@ -150,7 +152,10 @@ def run(spec: Spec) -> Result:
                 finished.append(r)
         for r in finished:
             running.remove(r)
-            r.done()
+            if r.task.then is not None:
+                running.append(_Running(r.task.then, r.done))
+            else:
+                r.done()
     if len(step_end) < spec.steps:
         raise RuntimeError(f"simulation stalled after {len(step_end)} of {spec.steps} steps")
     return Result(np.asarray(step_end), np.asarray(waits), np.asarray(staleness),

@@ -1,0 +1,78 @@
+"""Terms of a profile whose simulated hosts share one machine (`shared_cores`: cpu-here).
+
+On a cluster every host has its own cores. Here every simulated host is a process on one
+machine, and three facts of that machine enter the step. Each is measured by a probe of
+the machine (benchmarks/predict_probes.py), never fitted to a benchmark run:
+- **Over-subscription.** k busy processes on c < k cores take longer than fair time-slicing,
+  t(1 core) · k / c: each process's XLA thread pool wants every core. The penalty ρ(k) is
+  measured with k processes of one jitted program at once (`oversub`). It is 1 at k <= c,
+  linear in k between c and the measured k, and held beyond the largest.
+- **A multi-device program's loop.** One process driving N simulated devices (`--mode
+  single --devices-per-host N`) pays, per loop iteration, the N device threads meeting:
+  the decode loop's condition reduces a flag over all of them. The per-iteration time i(N)
+  of a tiny sharded `while_loop` is measured (`multidev`); the term is i(N) - i(1), since
+  the N = 1 fits already hold i(1). It is linear in N between the measured N.
+- **Env processes share the cores too.** The sandboxed tool runs of every host are
+  processes on the same cores, so a host's env time is its env work in core-seconds over
+  the cores its env processes get (`env_seconds`), not over cores of its own.
+None of these applies to a profile without `shared_cores`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from locojax.predict.hardware import Hardware
+from locojax.predict.origin import Const, Ledger, from_json
+
+
+def _table(hw: Hardware, field: str, ledger: Ledger) -> list[tuple[float, float]]:
+    """A profile's {count: entry} table as sorted (count, value), every entry in the ledger."""
+    raw = hw.extra.get(field) or {}
+    out = []
+    for key, entry in raw.items():
+        c = entry if isinstance(entry, Const) else from_json(entry, f"{hw.path}: {field}.{key}")
+        out.append((float(key), ledger.get(f"{hw.name}.{field}.{key}", c)))
+    return sorted(out)
+
+
+def shared_cores(hw: Hardware) -> float:
+    c = hw.extra.get("shared_cores")
+    return float(c) if c else 0.0
+
+
+def oversubscription(hw: Hardware, ledger: Ledger, processes: float) -> float:
+    """ρ(k): k busy processes' time over fair time-slicing on the shared cores (1 where the
+    hosts do not share a machine, at k <= cores, or without a measured table)."""
+    cores = shared_cores(hw)
+    if not cores or processes <= cores:
+        return 1.0
+    table = [(k, v) for k, v in _table(hw, "oversubscription", ledger) if k > cores]
+    if not table:
+        return 1.0
+    ks, vs = zip(*([(cores, 1.0)] + table))
+    return float(np.interp(processes, ks, vs))
+
+
+def loop_iteration_extra(hw: Hardware, ledger: Ledger, devices: int) -> float:
+    """Seconds per loop iteration that N devices in one process add to one device's loop:
+    i(N) - i(1), at least 0 (0 where the hosts do not share a machine, at N = 1, or without
+    a measured table)."""
+    if not shared_cores(hw) or devices <= 1:
+        return 0.0
+    table = _table(hw, "multi_device_iteration_s", ledger)
+    if not table:
+        return 0.0
+    ns, vs = zip(*table)
+    return max(0.0, float(np.interp(devices, ns, vs) - np.interp(1, ns, vs)))
+
+
+def env_seconds(per_row_turn: float, rows: float, turns: int, workers: float,
+                cores: float, calibration_cores: float) -> float:
+    """Env time of `rows` rows' `turns` tool turns when this host's env processes get
+    `cores` cores of the shared machine. `per_row_turn` was measured with the whole machine
+    (`calibration_cores`) and `workers` env processes: its work is per_row_turn ·
+    min(calibration_cores, workers) core-seconds, and no more than `workers` cores (one
+    each) can run it."""
+    work = per_row_turn * min(calibration_cores, workers) * rows * turns
+    return work / max(min(cores, workers), 1e-9)
