@@ -117,7 +117,13 @@ def test_fsdp_plans_a_devices_shard_and_rollouts_copy():
     prefill = next(p for p in plan.programs if p.name == "prefill rollout")
     assert prefill.extra >= whole + prefill.temporaries
     reshard = next(p for p in plan.programs if p.name == "reshard")
-    assert reshard.extra == whole  # the all-gather's output is the replicated engine's copy
+    # The all-gather's output is the replicated engine's copy of the weights FSDP shards
+    # (the norm scales are replicated in both layouts: the engine reads the params' own);
+    # what XLA stages it through is less than a second whole replica.
+    moved = 2 * (whole - shard)  # whole - shard is half the weights FSDP shards
+    assert moved <= reshard.outputs < moved + 1024  # and the output tuple's pointers
+    assert reshard.extra == reshard.outputs + reshard.temporaries
+    assert reshard.temporaries < whole
     assert "rollout's copy of the weights" in plan.format()
     # Named among the hints once the copy and the cache are >= 5% of the peak; here (a
     # TINY cache against the train step's peak) they are not, so asked for directly.

@@ -150,6 +150,12 @@ class Engine:
             return 1
         return rows // self.layout.sharding(("batch",), (rows,)).shard_shape((rows,))[0]
 
+    @property
+    def weight_shardings(self):
+        """Where this engine wants each weight (None without a mesh): the layout a trainer's
+        reshard writes (`wiring.rollout_weights`), so that `place_weights` finds it done."""
+        return self._weight_shardings
+
     def place_weights(self, weights: Weights) -> Weights:
         """Weights laid out for this engine's mesh (a no-op without one)."""
         if self._weight_shardings is None:

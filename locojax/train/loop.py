@@ -106,7 +106,8 @@ def plan_memory(parts: RunParts, wiring, engine) -> memory_plan.MemoryPlan:
     batch = batch_lib.abstract(rows, columns, mesh, wiring.train_rules, prefix,
                                staleness=remote)
     return memory_plan.plan(parts.model_cfg, learner, state, batch, ref, mesh, engine, shapes,
-                            cfg.precision, cfg.device_memory_gb, auto_remat=cfg.remat == "auto")
+                            cfg.precision, cfg.device_memory_gb, auto_remat=cfg.remat == "auto",
+                            rollout_layout=wiring.reshard_target(engine.weight_shardings))
 
 
 class Trainer:
@@ -216,8 +217,8 @@ class Trainer:
         examples = eval_share(parts, self.wiring)
         n = len(examples) * self.host.num_processes
         per_host = cfg.batch_size // self.host.num_processes
-        local = evaluate(self.engine, self.wiring.rollout_weights(self.state.params),
-                         parts.tokenizer, parts.task, self.runner, examples,
+        weights = self.wiring.rollout_weights(self.state.params, self.engine.weight_shardings)
+        local = evaluate(self.engine, weights, parts.tokenizer, parts.task, self.runner, examples,
                          self.cfg.rollout.max_new_tokens, self.cfg.rollout.max_prompt_tokens,
                          batch_size=per_host, pool=self.producer.envs, limits=parts.limits)
         self.runner.metrics()  # eval scoring is not rollout scoring: keep counters per step

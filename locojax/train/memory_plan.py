@@ -1,8 +1,9 @@
 """The memory plan of a run: what each device holds at its peak, known before the first step.
 
 Before any weight is read, `plan` compiles, without running, the programs of a step at the
-run's exact shapes: `train_step`, and the engine's prefill and decode for rollout (and for
-evaluation, at its own batch). XLA's per-device memory analysis of each gives its arguments,
+run's exact shapes: `train_step`, the engine's prefill and decode for rollout (and for
+evaluation, at its own batch), and, when rollout lays the weights out otherwise than
+training, the reshard that moves them (`meshes.to_layout`). XLA's per-device memory analysis of each gives its arguments,
 outputs, the part aliased through donation, and its temporaries. To that the plan adds what
 the run holds throughout: the f32 master params, the optimizer state, the reference copy
 (β > 0) and the engine's KV cache, in the engine's cache dtype (a bf16 cache counts half; a
@@ -44,6 +45,7 @@ from locojax.rl import micro_batches
 from locojax.rl import train_step as train_step_lib
 from locojax.rl.batch import logit_positions, split_group
 from locojax.rl.config import AUTO_ACCUM, LearnerConfig
+from locojax.train import meshes
 
 GB = 1e9
 
@@ -307,11 +309,10 @@ class MemoryPlan:
         lines.append(f"  {'held':<16} {held}; KV cache: {caches}{copy}")
         for p in self.programs:
             compiled = ("   [compiled with prefill]" if p.name.startswith("decode") else
-                        "   [from shapes]" if p.name == "reshard" else
                         f"   [compiled in {p.compile_s:.1f} s]")
-            what = (f"XLA temporaries {size(p.temporaries)}" if p.name != "reshard" else
-                    f"rollout's copy {size(p.outputs)}, whole params gathered "
-                    f"{size(p.temporaries)}")
+            what = f"XLA temporaries {size(p.temporaries)}"
+            if p.name == "reshard":
+                what = f"rollout's copy {size(p.outputs)}, {what}"
             lines.append(f"  {p.name:<16} +{size(p.extra)} ({what}) -> {size(self.peak_of(p))}"
                          f"{compiled}")
             if p.name == "train_step":
@@ -437,12 +438,14 @@ class EngineShape:
 
 def plan(model_cfg: ModelConfig, learner: LearnerConfig, state, batch, ref_params, mesh, engine,
          engine_shapes: list[EngineShape], precision: str = "f32",
-         device_memory_gb: float = 0.0, auto_remat: bool = False) -> MemoryPlan:
+         device_memory_gb: float = 0.0, auto_remat: bool = False,
+         rollout_layout=None) -> MemoryPlan:
     """Compile the run's programs at its shapes (without running them) and plan its memory.
 
     state, batch, ref_params: arrays or ShapeDtypeStructs placed as the run's will be
     (`train_state.abstract`, `batch.abstract`); ref_params None when β = 0. engine: the
-    run's `Engine`; engine_shapes: its generate calls. When the run does not fit, the
+    run's `Engine`; engine_shapes: its generate calls; rollout_layout: where the reshard
+    writes the weights (`wiring.reshard_target`; None: the engine's own layout). When the run does not fit, the
     automatic settings (remat when `auto_remat`, micro-batches when `learner.grad_accum` is
     AUTO_ACCUM) are raised until it does (`_fit`); `MemoryPlan.learner` is what it chose.
     """
@@ -501,8 +504,7 @@ def plan(model_cfg: ModelConfig, learner: LearnerConfig, state, batch, ref_param
                                    weights + cache, 0.0))
 
     if settings["rollout_copy"]:
-        programs.insert(0, _reshard(settings["rollout_copy"], 4 * model_cfg.num_params()
-                                    if fsdp > 1 and tp > 1 else 0))
+        programs.insert(0, _reshard(state.params, rollout_layout or engine.weight_shardings))
 
     def with_learner(learner, train=None, train_settings=None, expected=None) -> MemoryPlan:
         if train is None:
@@ -565,12 +567,17 @@ def _fit(first: MemoryPlan, with_learner, estimate, auto_remat: bool) -> MemoryP
     return tried
 
 
-def _reshard(copy: int, gathered: int) -> Program:
-    """Moving the weights to the rollout layout before each rollout (`meshes.replicated`, an
-    all-gather over `fsdp`, then the engine's `place_weights`): its output is rollout's copy;
-    from FSDP to a tensor-parallel layout, the whole replicated params (`gathered`) exist
-    too until the engine's slices are taken. Counted from shapes: nothing is compiled."""
-    return Program("reshard", "rollout", 0, copy, 0, gathered, 0, 0.0)
+def _reshard(params, layout) -> Program:
+    """The move of the weights from the training layout to `layout`, the rollout's, before
+    each rollout (`meshes.to_layout`), compiled as the run compiles it: its output is
+    rollout's copy, its temporaries what XLA stages the shards through on their way (about
+    a device's share of the params, never a whole replica: `to_layout`)."""
+    leaves = jax.tree.leaves(params)
+    t0 = time.perf_counter()
+    moving, program = meshes.layout_program(params, layout)
+    compiled = program.lower([leaves[i] for i in moving]).compile()
+    return Program.of("reshard", "rollout", compiled, device_bytes([leaves[i] for i in moving]),
+                      time.perf_counter() - t0)
 
 
 def _another_layout(engine_shardings, params) -> bool:

@@ -10,8 +10,10 @@ The learner's devices are laid out data-major, fsdp-minor, in process order, so 
 split over (data, fsdp), lands on the same devices as over a plain `data` mesh, and an
 fsdp group spans hosts only when F exceeds a host's devices. Rollout always stays inside a
 host (DESIGN.md: no cross-host synchronisation during decode), so before each step's
-rollout the weights move from the training layout to the rollout layout (`replicated`, then
-the engine's `place_weights`): the step's `perf/phase/reshard`.
+rollout the weights move from the training layout to the rollout layout in one program
+(`to_layout`; across hosts to `across_hosts`' layout, then `local_view`): the step's
+`perf/phase/reshard`. No device ever holds a whole replica for the move: from FSDP to
+tensor-parallel rollout XLA's SPMD partitioner sends each shard where it belongs (all-to-all).
 
 References: levanter's separate parameter and compute mappings; Tunix `role_to_mesh`.
 """
@@ -23,7 +25,7 @@ import functools
 
 import jax
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 from locojax.model.sharding import ROLLOUT_REPLICATED, ROLLOUT_TP, RULES, Rules, make_mesh
 
@@ -121,8 +123,7 @@ def rollout_mesh(tp: int, local_devices) -> tuple[Mesh, Rules]:
 
 def replicated(params, mesh: Mesh):
     """`params` replicated over `mesh` (an all-gather over `fsdp`; a no-op when they are
-    already): the whole model on every device, e.g. to hand each host its replica or to
-    export it."""
+    already): the whole model on every device, e.g. to export it."""
     if all(x.is_fully_replicated for x in jax.tree.leaves(params)):
         return params
     return _gather(mesh)(params)
@@ -133,16 +134,78 @@ def _gather(mesh: Mesh):
     return jax.jit(lambda tree: tree, out_shardings=NamedSharding(mesh, P()))
 
 
-def local_replica(params, mesh: Mesh):
-    """This host's replica of replicated (possibly multi-process) params: its own shards,
-    viewed as arrays on `mesh` (its local devices): no copy, no collective."""
-    if all(x.is_fully_addressable for x in jax.tree.leaves(params)):
-        return params
-    sharding = NamedSharding(mesh, P())
+def to_layout(tree, shardings):
+    """`tree` laid out as `shardings` (a tree of NamedShardings over the same devices) say, in
+    one program that every process holding a part of it joins (`layout_program`). Where a
+    leaf's layout changes, XLA's SPMD partitioner moves its shards device to device: FSDP's
+    model-width shards to tensor-parallel head, MLP and vocabulary shards by all-to-alls,
+    never through a whole replica (`jax.device_put` between two shardings in one process
+    goes through the host's copy of the whole array instead). Leaves already laid out so
+    are returned as they are (no copy)."""
+    leaves, treedef = jax.tree.flatten(tree)
+    moving, program = layout_program(tree, shardings)
+    if moving:
+        for i, x in zip(moving, program([leaves[i] for i in moving])):
+            leaves[i] = x
+    return jax.tree.unflatten(treedef, leaves)
 
-    def local(x):
+
+def layout_program(tree, shardings):
+    """(the positions of `tree`'s leaves whose layout `to_layout` changes, the jitted program
+    that moves them: a list of those leaves in, the list laid out as `shardings` out). `tree`
+    may be abstract (ShapeDtypeStructs with shardings): the memory plan compiles the program
+    that each step then runs."""
+    leaves, treedef = jax.tree.flatten(tree)
+    targets = treedef.flatten_up_to(shardings)
+    moving = [i for i, (x, s) in enumerate(zip(leaves, targets)) if not _same_layout(x, s)]
+    return moving, _identity(tuple(targets[i] for i in moving))
+
+
+@functools.cache
+def _identity(shardings: tuple):
+    """One jitted identity per target layout, so that each step's move hits its cache."""
+    return jax.jit(lambda xs: xs, out_shardings=list(shardings))
+
+
+def _same_layout(x, sharding) -> bool:
+    """Whether every device of `sharding` already holds its part of `x` (device order and
+    mesh shape aside: a replicated leaf is laid out alike on any mesh of its devices)."""
+    have = x.sharding
+    if have.device_set != sharding.device_set:
+        return False
+    return have.devices_indices_map(x.shape) == sharding.devices_indices_map(x.shape)
+
+
+def host_devices(process: int) -> list:
+    """Process `process`'s devices, by id: a host's rollout mesh and its block of
+    `across_hosts`' mesh list them in this order, so their device positions coincide."""
+    return sorted((d for d in jax.devices() if d.process_index == process), key=lambda d: d.id)
+
+
+def across_hosts(shardings):
+    """The global layout whose shards on each host are the host-local layout `shardings`
+    (NamedShardings over this host's rollout mesh, `host_devices` order): the same specs
+    over a mesh {host: H, *the local mesh's axes}, so replicated across hosts. The move to
+    it is the cross-host part of the reshard; `local_view` then takes each host's part."""
+    local = jax.tree.leaves(shardings)[0].mesh
+    hosts = jax.process_count()
+    grid = np.stack([np.asarray(host_devices(p)).reshape(local.devices.shape)
+                     for p in range(hosts)])
+    mesh = Mesh(grid, ("host", *local.axis_names),
+                axis_types=(AxisType.Auto,) * (1 + len(local.axis_names)))
+    return jax.tree.map(lambda s: NamedSharding(mesh, s.spec), shardings)
+
+
+def local_view(tree, shardings):
+    """This host's part of a multi-process `tree` laid out as `across_hosts(shardings)`, as
+    arrays laid out as `shardings` on its local mesh: its own shards, no copy, no collective."""
+    if all(x.is_fully_addressable for x in jax.tree.leaves(tree)):
+        return tree
+
+    def local(x, sharding):
         shards = {s.device: s.data for s in x.addressable_shards}
         return jax.make_array_from_single_device_arrays(
-            x.shape, sharding, [shards[d] for d in np.asarray(mesh.devices).flat])
+            x.shape, sharding,
+            [shards[d] for d in sharding.addressable_devices_indices_map(x.shape)])
 
-    return jax.tree.map(local, params)
+    return jax.tree.map(local, tree, shardings)

@@ -58,7 +58,7 @@ class InlineSource:
     def take(self, step: int, params, timer: StepTimer) -> RolloutRecord:
         start, stop = self.wiring.host_slice(self.producer.prompts_per_step)
         with timer.phase("reshard") as ph:  # training layout -> rollout layout (meshes.py)
-            weights = self.producer.engine.place_weights(self.wiring.rollout_weights(params))
+            weights = self.wiring.rollout_weights(params, self.producer.engine.weight_shardings)
             ph.sync(weights)
         record, self._feedback = self.producer.produce(step, weights, start, stop, timer)
         return record

@@ -21,9 +21,9 @@ way to use one host's devices from one process; it never crosses a process bound
 is not the single-controller baseline of the paper (DESIGN.md, "Coordination modes").
 
 `colocated` (LoCoJAX-CO): one process per host. Each admits its own contiguous share of the
-prompts (whole groups), generates on its local devices with its host-local replica of the
-params (the addressable shards of the replicated training params: no copy, no cross-host
-collective during decode), scores locally, then joins one synchronous train step through
+prompts (whole groups), generates on its local devices with its host's copy of the
+params (`rollout_weights`: the addressable shards of the params laid out for its engine on
+every host; no copy when training is data parallel, no cross-host collective during decode), scores locally, then joins one synchronous train step through
 `make_array_from_process_local_data`.
 
 Both run the producer inline at depth 0 (`source.InlineSource`). `disaggregated` and `async`
@@ -38,6 +38,8 @@ import json
 import jax
 import numpy as np
 from jax.experimental import multihost_utils
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from locojax import distributed
 from locojax.distributed import HostInfo
@@ -65,10 +67,16 @@ class Single:
     def host_slice(self, n: int) -> tuple[int, int]:
         return 0, n
 
-    def rollout_weights(self, params):
-        """The params as the engine takes them: this process holds every shard, so the
-        engine's `place_weights` moves them to its layout (a no-op when data parallel)."""
-        return params
+    def reshard_target(self, layout):
+        """The layout the reshard writes for an engine whose weights are laid out as
+        `layout`: that layout itself (this process holds every device)."""
+        return layout
+
+    def rollout_weights(self, params, layout=None):
+        """The params laid out as the engine's `layout` (`Engine.weight_shardings`; None:
+        replicated over the rollout mesh): one program from the training layout
+        (`meshes.to_layout`; nothing moves when the two agree, as data parallel)."""
+        return meshes.to_layout(params, layout or _replicated(params, self.rollout_mesh))
 
     def global_batch(self, local: batch_lib.TrainBatch) -> batch_lib.TrainBatch:
         return batch_lib.shard(local, self.train_mesh, self.train_rules)
@@ -92,7 +100,8 @@ class Colocated:
         # Global devices in process order, so process p's rows land on process p's devices.
         devices = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
         self.train_mesh, self.train_rules = meshes.train_mesh(train or TrainConfig(), devices)
-        self.rollout_mesh, self.rollout_rules = meshes.rollout_mesh(tp, jax.local_devices())
+        self.rollout_mesh, self.rollout_rules = meshes.rollout_mesh(
+            tp, meshes.host_devices(jax.process_index()))
 
     def rollout_source(self, producer) -> InlineSource:
         return InlineSource(producer, self)
@@ -102,12 +111,19 @@ class Colocated:
         start = jax.process_index() * share
         return start, start + share
 
-    def rollout_weights(self, params):
-        """This host's replica: the local shards of replicated params, viewed on the local
-        mesh. Params sharded over `fsdp` are first gathered (a collective every host joins:
-        each calls this at the same point of the same step)."""
-        params = meshes.replicated(params, self.train_mesh)
-        return meshes.local_replica(params, self.rollout_mesh)
+    def reshard_target(self, layout):
+        """The global layout the reshard writes for an engine laid out as `layout` on this
+        host: that layout on every host (`meshes.across_hosts`)."""
+        return meshes.across_hosts(layout) if jax.process_count() > 1 else layout
+
+    def rollout_weights(self, params, layout=None):
+        """This host's weights laid out as its engine's `layout` (`Engine.weight_shardings`;
+        None: replicated over the rollout mesh). The cross-host part is one program every
+        host joins (each calls this at the same point of the same step): from the training
+        layout to `layout` on every host, then each host views its own shards on its local
+        mesh. No copy when the two layouts agree (data parallel, tp 1)."""
+        layout = layout or _replicated(params, self.rollout_mesh)
+        return meshes.local_view(meshes.to_layout(params, self.reshard_target(layout)), layout)
 
     def global_batch(self, local: batch_lib.TrainBatch) -> batch_lib.TrainBatch:
         return batch_lib.from_process_local(local, self.train_mesh, self.train_rules)
@@ -144,6 +160,11 @@ class Colocated:
         rows = multihost_utils.process_allgather(np.asarray([values.get(k, 0.0) for k in keys],
                                                             np.float64))
         return [dict(zip(keys, map(float, row))) for row in np.asarray(rows)]
+
+
+def _replicated(params, mesh):
+    """Every leaf replicated over `mesh`: an engine without tensor parallelism."""
+    return jax.tree.map(lambda _: NamedSharding(mesh, P()), params)
 
 
 NAMES_BYTES = 8192
