@@ -2,7 +2,7 @@
 a report header saying where the run happened.
 
 Layout tests build meshes over subsets of these (1, 2, 4 or 8 devices); everything else
-runs on device 0. Also the one fixture two modules share: the multi-turn reference run.
+runs on device 0. Also the fixtures two modules share: the multi-turn and FSDP reference runs.
 """
 
 import os
@@ -75,3 +75,12 @@ def calc_demo_colocated(tmp_path_factory):
     from calc_demo_run import run_colocated
 
     return run_colocated(tmp_path_factory.mktemp("calc_demo_colocated") / "run")
+
+
+@pytest.fixture(scope="session")
+def fsdp_colocated(tmp_path_factory):
+    """The FSDP reference run (fsdp_run), made once: single (test_train_mesh), the controller
+    mode and async (test_ray_modes) must reproduce it."""
+    from fsdp_run import run_colocated
+
+    return run_colocated(tmp_path_factory.mktemp("fsdp_colocated") / "run")

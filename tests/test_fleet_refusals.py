@@ -92,3 +92,21 @@ def test_another_runs_checkpoint_is_refused_before_any_actor_starts(tmp_path, mo
     with pytest.raises(ValueError, match=r"checkpoint 1 under .* is of another run: config "
                                          r"fields .*optim\.lr \(0\.5 -> "):
         _run(cfg)
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_layouts_that_do_not_fit_are_refused_before_any_actor_starts(tmp_path, mode):
+    """`--train.mesh` and `--rollout.tp` run in every mode (issue 26); settings that do not
+    cover the learner's devices, or split a host's devices or the model's heads unevenly,
+    are refused naming the setting. The hosts here have 1 device each, so FSDP 4 cannot
+    cover the learner's (1 or 2) devices and tp 2 cannot split a host's."""
+    learner = 2 if mode == "controller" else 1  # of 2 hosts, the Ray modes' other is a worker
+    with pytest.raises(ValueError, match=rf"--train.mesh 'data=1,fsdp=4' covers data x fsdp = "
+                                         rf"1 x 4 = 4 devices, but the learner has {learner}"):
+        _run(_config(tmp_path, mode, "--train.mesh", "data=1,fsdp=4"))
+    with pytest.raises(ValueError, match=r"--rollout.tp 2 does not divide this host's 1 "):
+        _run(_config(tmp_path, mode, "--rollout.tp", "2"))
+    with pytest.raises(ValueError, match=r"--rollout.tp 8 does not divide the model's "
+                                         r"num_attention_heads"):
+        _run(_config(tmp_path, mode, "--rollout.tp", "8", "--devices-per-host", "8",
+                     "--rollout.prompts-per-step", "8"))  # 16 rows: 1 per device

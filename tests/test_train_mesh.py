@@ -11,12 +11,14 @@ equivalence of tests/test_train_loop.py with FSDP on).
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
 import jax
 import numpy as np
 import pytest
+from fsdp_run import FSDP_ARGS, FSDP_STEPS, tokens_by_step
 
 from locojax.distributed import HostInfo
 from locojax.model import config as model_config
@@ -65,16 +67,16 @@ def test_mesh_must_cover_the_learners_devices():
     assert TrainConfig("data=8,fsdp=1").rules == TrainConfig().rules == "train_dp"
 
 
-def test_run_config_wires_fsdp_into_the_learner_and_refuses_where_unsupported():
-    cfg = RunConfig(mode="single", train=TrainConfig("data=1,fsdp=2"))
-    assert cfg.learner_config().rules == "train_fsdp"
+def test_run_config_wires_fsdp_into_the_learner_in_every_mode():
+    """Every mode takes both settings (the Ray modes' refusals of layouts that do not fit:
+    tests/test_fleet_refusals.py)."""
+    for mode in ("single", "colocated", "controller", "disaggregated", "async"):
+        cfg = RunConfig(mode=mode, train=TrainConfig("data=1,fsdp=2"),
+                        rollout=RolloutConfig(tp=2))
+        assert cfg.learner_config().rules == "train_fsdp"
     assert RunConfig(mode="single").learner_config().rules == "train_dp"
     with pytest.raises(ValueError, match="rollout.tp must be >= 1"):
         RolloutConfig(tp=0)
-    for mode in ("controller", "disaggregated", "async"):
-        with pytest.raises(ValueError, match="--train.mesh with fsdp and --rollout.tp run in "
-                                             "the single and colocated modes"):
-            RunConfig(mode=mode, rollout=RolloutConfig(tp=2))
     with pytest.raises(ValueError, match="--profile-split times a data-parallel step"):
         RunConfig(mode="single", train=TrainConfig("fsdp=2"), profile_split=True)
 
@@ -155,45 +157,21 @@ def test_cli_refuses_bad_layout_settings_before_any_work(args, message, tmp_path
     assert not (tmp_path / "r" / "metrics.jsonl").exists()
 
 
-STEPS = 2
-RUN = ["--task.level", "2", "--rollout.prompts-per-step", "8", "--algo.group-size", "4",
-       "--rollout.max-new-tokens", "10", "--rollout.max-prompt-tokens", "8",
-       "--eval.every", "0", "--optim.lr", "3e-4", "--no-progress", "--no-tensorboard",
-       "--dump-rollouts", "--train.mesh", "data=1,fsdp=2", "--steps", str(STEPS)]
-"""A 2-step run of the demo's TINY checkpoint (embedded-strict: right 38% of the time, so
-rewards vary within groups and the params move) with params sharded over 2 devices."""
-
-
 @pytest.fixture(scope="module")
-def fsdp_runs(tmp_path_factory):
-    """The same FSDP run as one process x 2 devices (single) and 2 processes x 1 device
-    (colocated: the fsdp axis spans the hosts)."""
-    root = tmp_path_factory.mktemp("fsdp")
-    base = ["train", "demo", "--model", "embedded-strict", *RUN]
-    locojax(*base, "--mode", "single", "--devices-per-host", "2", "--run-dir",
-            str(root / "single"))
-    locojax("launch", "--hosts", "2", "--devices-per-host", "1", "--heartbeat-s", "10", "--",
-            *base, "--mode", "colocated", "--run-dir", str(root / "colocated"))
-    return root / "single", root / "colocated"
+def fsdp_runs(fsdp_colocated):
+    """The FSDP reference run (tests/fsdp_run.py: 2 colocated hosts x 1 device, the fsdp axis
+    spanning the hosts) and the same setting as one process x 2 devices (single)."""
+    single = fsdp_colocated.parent / "single"
+    if not single.exists():
+        locojax("train", "demo", *FSDP_ARGS, "--mode", "single", "--devices-per-host", "2",
+                "--run-dir", str(single))
+    return single, fsdp_colocated
 
 
 def _final(run_dir):
     from locojax.model.loader import load
 
     return load(os.path.join(run_dir, "final_model"), param_dtype="float32").weights
-
-
-def _tokens(run_dir):
-    """Every step's sampled tokens, rows in group-id order (one dump per host and step)."""
-    by_step = {}
-    for name in sorted(os.listdir(os.path.join(run_dir, "rollouts"))):
-        d = np.load(os.path.join(run_dir, "rollouts", name))
-        by_step.setdefault(name.split(".")[0], []).append((d["group_ids"], d["tokens"]))
-    out = {}
-    for step, parts in by_step.items():
-        ids = np.concatenate([p[0] for p in parts])
-        out[step] = np.concatenate([p[1] for p in parts])[np.argsort(ids, kind="stable")]
-    return out
 
 
 @pytest.mark.slow
@@ -209,16 +187,38 @@ def test_fsdp_run_trains_and_single_and_colocated_agree(fsdp_runs):
 
     single, colo = fsdp_runs
     perf = [json.loads(line) for line in open(single / "perf.jsonl")]
-    assert len(perf) == STEPS and all(p["perf/phase/reshard"] > 0 for p in perf)
-    ta, tb = _tokens(str(single)), _tokens(str(colo))
-    assert sorted(ta) == sorted(tb) and len(ta) == STEPS
+    assert len(perf) == FSDP_STEPS and all(p["perf/phase/reshard"] > 0 for p in perf)
+    ta, tb = tokens_by_step(str(single)), tokens_by_step(str(colo))
+    assert sorted(ta) == sorted(tb) and len(ta) == FSDP_STEPS
     for step in ta:
         np.testing.assert_array_equal(ta[step], tb[step])
     pa, pb = _final(str(single)), _final(str(colo))
-    p0 = load("embedded-strict", param_dtype="float32").weights
+    p0 = load("embedded", param_dtype="float32").weights
     moved = False
     for a, b, c in zip(jax.tree.leaves(pa), jax.tree.leaves(pb), jax.tree.leaves(p0),
                        strict=True):
         assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
         moved |= not np.array_equal(np.asarray(a), np.asarray(c))
     assert moved, "the steps did not change the params: the comparison would be vacuous"
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_fsdp_run_resumes_bitwise(fsdp_runs, tmp_path):
+    """The single FSDP run (`--train.mesh data=1,fsdp=2`, a checkpoint every step), its last
+    checkpoint and export lost: resumed from checkpoint 1, it trains step 2 again and ends
+    with the same params and metrics log, byte for byte (the data-parallel version is
+    tests/test_resume.py's `test_resume_after_damage_continues_bitwise`). The checkpoint
+    holds the params whole, each host writing its shards (tests/test_checkpoint.py)."""
+    single, _ = fsdp_runs
+    run = tmp_path / "run"
+    shutil.copytree(single, run)
+    shutil.rmtree(run / "checkpoints" / str(FSDP_STEPS))
+    shutil.rmtree(run / "final_model")
+    locojax("train", "demo", *FSDP_ARGS, "--mode", "single", "--devices-per-host", "2",
+            "--run-dir", str(run))
+    for name in ("final_model/model.safetensors", "metrics.jsonl"):
+        assert (run / name).read_bytes() == (single / name).read_bytes(), name
+    # Resumed, not run again from the start: step 1's timings are the first run's line.
+    first, again = ((d / "perf.jsonl").read_text().splitlines() for d in (single, run))
+    assert len(again) == FSDP_STEPS and again[0] == first[0]

@@ -44,7 +44,7 @@ from locojax.fleet.controller_host import ControllerHost
 from locojax.fleet.faults import Faults
 from locojax.model import loader
 from locojax.profiler import StepTimer
-from locojax.train import resume
+from locojax.train import meshes, resume
 from locojax.train.build import RunParts
 from locojax.train.config import RunConfig, check_run
 
@@ -296,6 +296,7 @@ def check_settings(cfg: RunConfig) -> RunParts:
     check_run(cfg, n, n * (cfg.devices_per_host or 1))
     parts = RunParts.of(cfg)
     loader.check_weights(cfg.model, parts.model_cfg)
+    meshes.check_tp_model(cfg.rollout.tp, parts.model_cfg)  # the hosts' engines
     # The hosts' view of the config (`GroupHost._run`), as their checkpoints hold it.
     resume.check(dataclasses.replace(cfg, run_dir=os.path.abspath(cfg.run_dir),
                                      devices_per_host=cfg.devices_per_host or 1))

@@ -29,6 +29,7 @@ from locojax.engine.extend import Conversation, TurnOutput
 from locojax.engine.sampling import SamplingConfig
 from locojax.fleet.faults import Faults, kill_self
 from locojax.fleet.learner import GroupHost
+from locojax.train.meshes import TrainConfig
 from locojax.train.record import RolloutRecord
 from locojax.train.wiring import Colocated
 
@@ -53,7 +54,7 @@ class ControllerSource:
         self.faults: Faults = wiring.faults
         self.cv = threading.Condition()
         self.waiting: int | None = None  # the step `take` waits for
-        self.params = None  # the params `take` waits with
+        self.weights = None  # the params `take` waits with, in the engine's layout
         self.shards: dict[int, Shard] = {}
         self.admission: dict = {}
         self.saved: tuple | None = None  # (start step, checkpointed JSON) once `begin` ran
@@ -71,13 +72,18 @@ class ControllerSource:
             self.cv.notify_all()
 
     def take(self, step: int, params, timer) -> RolloutRecord:
+        # On the loop's thread, as colocated's `InlineSource.take`: under FSDP the gather is
+        # a collective every host joins at this point of the step.
+        with timer.phase("reshard") as ph:  # training layout -> rollout layout (meshes.py)
+            weights = self.engine.place_weights(self.wiring.rollout_weights(params))
+            ph.sync(weights)
         with timer.phase("wait_controller"), self.cv:
-            self.params, self.waiting = params, step
+            self.weights, self.waiting = weights, step
             self.cv.notify_all()
             while step not in self.shards:
                 self.cv.wait()
             shard = self.shards.pop(step)
-            self.waiting = self.params = None
+            self.waiting = self.weights = None
         self.admission, self._metrics = shard.admission, shard.metrics
         return shard.record
 
@@ -105,10 +111,10 @@ class ControllerSource:
             self.cv.wait(POLL_S)
 
     def _weights(self, step: int):
-        """The params the loop waits with in `take(step)`, on the engine's devices."""
+        """The params the loop waits with in `take(step)`, placed for the engine."""
         with self.cv:
             self._wait(lambda: self.waiting == step)
-            return self.wiring.rollout_weights(self.params)
+            return self.weights
 
     def generate(self, step: int, prompt_tokens, prompt_mask, key_data, first_row: int,
                  sampling: SamplingConfig, num_samples: int, chunk: int = 0):
@@ -168,8 +174,9 @@ class ControllerWiring(Colocated):
     name = "controller"
     remote_rollouts = False  # this host's engine generates the controller's rows
 
-    def __init__(self, host, source_box: dict, run_dir: str, faults: Faults):
-        super().__init__(host)
+    def __init__(self, host, source_box: dict, run_dir: str, faults: Faults,
+                 train: TrainConfig | None = None, tp: int = 1):
+        super().__init__(host, train, tp)
         self.box, self.run_dir, self.faults = source_box, run_dir, faults
 
     def rollout_source(self, producer) -> ControllerSource:
@@ -192,7 +199,8 @@ class ControllerHost(GroupHost):
 
     def run(self, cfg, coordinator: str, devices_per_host: int, faults: Faults) -> dict:
         def wiring(host, cfg):
-            return ControllerWiring(host, self.box, cfg.run_dir, faults)
+            return ControllerWiring(host, self.box, cfg.run_dir, faults, cfg.train,
+                                    cfg.rollout.tp)
 
         try:
             return self._run(cfg, coordinator, devices_per_host, wiring)

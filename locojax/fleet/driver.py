@@ -40,7 +40,7 @@ from locojax.fleet.placement import PlacementPlan, place
 from locojax.fleet.rollout_worker import RolloutWorker
 from locojax.fleet.verifier import Verifier
 from locojax.model import loader
-from locojax.train import resume
+from locojax.train import meshes, resume
 from locojax.train.build import RunParts
 from locojax.train.config import RunConfig, check_run
 
@@ -67,6 +67,7 @@ def check_settings(cfg: RunConfig) -> PlacementPlan:
     # actor's constructor while Ray restarts it.
     parts = RunParts.of(cfg)
     loader.check_weights(cfg.model, parts.model_cfg)
+    meshes.check_tp_model(cfg.rollout.tp, parts.model_cfg)  # the workers' engines
     # The learner group's view of the config (`GroupHost._run`), as its checkpoints hold it.
     resume.check(dataclasses.replace(cfg, run_dir=os.path.abspath(cfg.run_dir),
                                      devices_per_host=plan.devices_per_host))

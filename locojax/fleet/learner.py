@@ -12,10 +12,11 @@ step's rollouts come from the dispatcher's versioned buffer instead of this host
   host 0 meanwhile watches the parameter server and restores it if Ray restarted it, and
   every `stall_warning_s` of waiting logs a warning naming the units it waits for and who
   holds them;
-- `publish(v)`: every host keeps the newest K versions host-side (numpy, checksummed: they
-  go into the checkpoint and restore a restarted parameter server); host 0 pushes version
-  v to the server and tells the dispatcher its number and checksum, which opens the gate
-  for step v + k;
+- `publish(v)`: every host takes the params whole (gathered once if `--train.mesh` shards
+  them over `fsdp`: `perf/phase/reshard`) and keeps the newest K versions host-side (numpy,
+  checksummed: they go into the checkpoint and restore a restarted parameter server); host
+  0 pushes version v to the server and tells the dispatcher its number and checksum, which
+  opens the gate for step v + k;
 - `state` / `begin`: the buffer, the leases and the kept versions, into the checkpoint and
   back; on resume host 0 rewinds the server and the dispatcher to the checkpoint.
 
@@ -49,6 +50,8 @@ from locojax.fleet.parameter_server import TRANSIENT, ObjectStoreTransport
 from locojax.fleet.placement import PlacementPlan
 from locojax.fleet.versions import VersionStore, nbytes, verify
 from locojax.model import loader
+from locojax.train import meshes
+from locojax.train.meshes import TrainConfig
 from locojax.train.record import RolloutRecord
 from locojax.train.wiring import Colocated
 
@@ -70,8 +73,10 @@ class Handles:
 class RemoteSource:
     """`source.RolloutSource` of a learner host in the Ray modes."""
 
-    def __init__(self, handles: Handles, plan: PlacementPlan, run_dir: str, faults: Faults):
+    def __init__(self, handles: Handles, plan: PlacementPlan, run_dir: str, faults: Faults,
+                 mesh):
         self.dispatcher, self.server = handles.dispatcher, handles.server
+        self.mesh = mesh  # the learner's: params sharded over its `fsdp` are gathered
         self.plan, self.run_dir, self.faults = plan, run_dir, faults
         self.host, self.num_hosts = jax.process_index(), jax.process_count()
         self.is_main = self.host == 0
@@ -85,7 +90,7 @@ class RemoteSource:
 
     def begin(self, step: int, params, saved) -> None:
         arrays, state = saved if saved and saved[1] else ({}, {})
-        tree = loader.host_local(params)
+        tree = self._whole(params)
         if state:
             for v, digest in sorted((int(v), d) for v, d in state["versions"].items()):
                 kept = jax.tree.map(np.asarray, arrays["versions"][f"v{v}"])
@@ -136,8 +141,9 @@ class RemoteSource:
         if faults.kill_learner_after == step and self.is_main \
                 and faults.fire(self.run_dir, "kill_learner"):
             kill_self(f"learner host 0 after the update of step {step}")
+        with timer.phase("reshard"):  # the training layout -> the whole params
+            tree = self._whole(params)
         with timer.phase("weight_sync"):
-            tree = loader.host_local(params)
             digest = self.kept.add(version, tree)
             if not self.is_main:
                 return {}
@@ -160,6 +166,12 @@ class RemoteSource:
 
     def close(self) -> None:
         pass
+
+    def _whole(self, params):
+        """A version as workers take it: the whole params, as numpy on every host. Sharded
+        over `fsdp`, they are gathered first, once (a collective every learner host joins:
+        each calls this at the same point of the step)."""
+        return loader.host_local(meshes.replicated(params, self.mesh))
 
     # --- the parameter server ---------------------------------------------------------------
 
@@ -201,12 +213,12 @@ class LearnerWiring(Colocated):
     remote_rollouts = True  # this host's engine only evaluates; batches carry staleness
 
     def __init__(self, host: HostInfo, handles: Handles, plan: PlacementPlan, run_dir: str,
-                 faults: Faults):
-        super().__init__(host)
+                 faults: Faults, train: TrainConfig | None = None, tp: int = 1):
+        super().__init__(host, train, tp)
         self.handles, self.plan, self.run_dir, self.faults = handles, plan, run_dir, faults
 
     def rollout_source(self, producer) -> RemoteSource:
-        return RemoteSource(self.handles, self.plan, self.run_dir, self.faults)
+        return RemoteSource(self.handles, self.plan, self.run_dir, self.faults, self.train_mesh)
 
 
 class GroupHost:
@@ -250,6 +262,7 @@ class Learner(GroupHost):
     def run(self, cfg, coordinator: str, handles: Handles, plan: PlacementPlan,
             faults: Faults) -> dict:
         def wiring(host, cfg):
-            return LearnerWiring(host, handles, plan, cfg.run_dir, faults)
+            return LearnerWiring(host, handles, plan, cfg.run_dir, faults, cfg.train,
+                                 cfg.rollout.tp)
 
         return self._run(cfg, coordinator, plan.devices_per_host, wiring)

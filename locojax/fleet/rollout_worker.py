@@ -52,18 +52,19 @@ class RolloutWorker:
         distributed.set_cpu_devices(devices)  # before anything touches the backend
         import jax
 
-        from locojax.model.sharding import ROLLOUT_REPLICATED, make_mesh
+        from locojax.train import meshes
         from locojax.train.build import RunParts
 
         self.index, self.cfg, self.faults = index, cfg, faults
         parts = RunParts.of(cfg)
-        mesh = make_mesh({"data": jax.local_device_count()}, jax.local_devices())
-        self.engine = parts.engine(mesh)
+        # `--rollout.tp`: data x tensor over this host's devices, as a colocated host's engine
+        mesh, rules = meshes.rollout_mesh(cfg.rollout.tp, jax.local_devices())
+        self.engine = parts.engine(mesh, rules)
         dump_dir = os.path.join(cfg.run_dir, "rollouts") if cfg.dump_rollouts else None
         pool = VerifierPool(verifiers, verifier_timeout_s, attempts)
         self.producer = parts.producer(self.engine, pool, dump_dir)
         # The starting weights, on this host's devices: only to compile before any lease.
-        self._warm_weights = parts.weights(mesh, ROLLOUT_REPLICATED)
+        self._warm_weights = parts.weights(mesh, rules)
         self.transport = ObjectStoreTransport(server)
         self.version, self.digest, self.weights = None, None, None
 
@@ -84,7 +85,8 @@ class RolloutWorker:
                                               dump=False)
             self._logprob_gap(record)
             self.weights = self._warm_weights = None
-            log.info("ready (warm-up %.1fs)", time.perf_counter() - t)
+            log.info("ready (engine mesh %s, warm-up %.1fs)", dict(self.engine.layout.mesh.shape),
+                     time.perf_counter() - t)
         return os.getpid()
 
     def produce(self, lease: Lease):

@@ -23,10 +23,10 @@ from locojax.fleet.placement import ASYNC_MODES, PlacementConfig
 from locojax.rl.algorithms import resolve
 from locojax.rl.config import AlgoConfig, LearnerConfig, OptimConfig
 from locojax.rollout.limits import MultiTurnConfig
+from locojax.train import meshes
 from locojax.train.curation import CurationConfig
 from locojax.train.dynamic_sampling import DynamicSamplingConfig
 from locojax.train.meshes import TrainConfig
-
 
 COMPUTE_DTYPES = {"f32": "float32", "bf16": "bfloat16"}
 """`RunConfig.precision` -> `ModelConfig.compute_dtype` (master weights are always f32); also
@@ -59,7 +59,8 @@ class RolloutConfig:
     tp: int = 1
     """Tensor parallelism of rollout within a host: heads, MLP and vocabulary split over this
     many of the host's devices, rows over the rest (`sharding.ROLLOUT_TP`). It must divide
-    the host's devices and the model's heads and MLP width. Single and colocated modes."""
+    the host's devices and the model's heads and MLP width. Every mode: in disaggregated and
+    async, the rollout workers' engines."""
 
     def __post_init__(self):
         for name in ("prompts_per_step", "max_new_tokens", "max_prompt_tokens", "tp"):
@@ -250,10 +251,6 @@ class RunConfig:
             # learner.
             raise ValueError(f"mode {self.mode!r}: --curation.enabled and --dynamic.max-rounds "
                              "run in the single and colocated modes so far")
-        if self.mode not in ("single", "colocated") and (self.train.fsdp > 1
-                                                         or self.rollout.tp > 1):
-            raise ValueError(f"mode {self.mode!r}: --train.mesh with fsdp and --rollout.tp run "
-                             "in the single and colocated modes so far")
         if self.profile_split and self.train.fsdp > 1:
             raise ValueError("--profile-split times a data-parallel step; with --train.mesh "
                              "fsdp > 1 XLA schedules the collectives inside the step")
@@ -291,6 +288,8 @@ def check_run(cfg: RunConfig, num_processes: int, num_devices: int) -> None:
     if b % num_processes:
         raise ValueError(f"rollout.prompts_per_step={b} does not split over {num_processes} "
                          "hosts: each host must get whole groups")
+    cfg.train.shape(num_devices)  # --train.mesh must cover the learner's devices
+    meshes.check_tp(cfg.rollout.tp, num_devices // num_processes)  # and tp a host's
     rows = b * g
     if rows % num_devices:
         raise ValueError(f"prompts_per_step x group_size = {b} x {g} = {rows} rows do not "
