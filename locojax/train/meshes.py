@@ -64,7 +64,7 @@ class TrainConfig:
     over all D x F devices, and params, gradients and Adam moments are sharded over `fsdp`
     on their model-width axis (ZeRO-3 style), so each device holds 1/F of them. D x F must
     be the learner's devices (all hosts'). Empty: `data` over every device (params
-    replicated). Single and colocated modes."""
+    replicated). Every mode (in disaggregated and async, the learner group's)."""
 
     def __post_init__(self):
         parse_mesh(self.mesh)
