@@ -152,29 +152,36 @@ def ring_fit(probe: dict) -> tuple[float, float]:
     return float(intercept / (2 * (p - 1))), float(2 * (p - 1) / p / max(slope, 1e-30))
 
 
+_BY = "benchmarks/predict_probes.py, run by "
+
+
 def machine_terms(probes: dict, probe_src: str) -> dict:
     """The shared machine's measured terms (locojax/predict/shared_machine.py), where the
-    probes ran: the over-subscription penalty by process count, a multi-device process's
-    loop iteration by device count."""
+    probes ran (a probe measured again by --redo-probes names its own command): the
+    over-subscription penalty by process count, a multi-device process's loop iteration by
+    device count."""
     out = {}
     if "oversub" in probes:
         o = probes["oversub"]
+        run_by = o.get("command") or probe_src.removeprefix(_BY)
         out["oversubscription"] = {
             k: c(v["penalty"], "x fair time-slicing", "measured",
                  f"{k} processes of a jitted MLP forward + backward at once on {o['cores']} "
-                 f"cores ({'pinned one a core' if int(k) <= o['cores'] else 'unpinned'}), "
-                 f"median wall {v['wall']:.3f} s over one process alone on one core "
+                 f"cores ({'pinned one a core' if int(k) <= o['cores'] else 'unpinned'}, "
+                 f"{o['calls']} calls, median of {o.get('rounds', 1)} round(s)), median wall "
+                 f"{v['wall']:.3f} s over one process alone on one core "
                  f"({o['alone_1_core']:.3f} s) x max(1, k / cores): `predict_probes.py "
-                 f"oversub`, run by {probe_src.removeprefix('benchmarks/predict_probes.py, run by ')}")
+                 f"oversub`, run by {run_by}")
             for k, v in o["by_k"].items()}
     if "multidev" in probes:
+        m = probes["multidev"]
+        run_by = m.get("command") or probe_src.removeprefix(_BY)
         out["multi_device_iteration_s"] = {
             n: c(v, "s per loop iteration", "measured",
-                 f"one process, {n} simulated CPU devices: a sharded `while_loop` whose condition "
-                 f"reduces over the devices, per iteration (400 less 100 iterations): "
-                 f"`predict_probes.py multidev`, run by "
-                 f"{probe_src.removeprefix('benchmarks/predict_probes.py, run by ')}")
-            for n, v in probes["multidev"]["iteration_s_by_devices"].items()}
+                 f"one process, {n} simulated CPU devices: a sharded `while_loop` whose "
+                 f"condition reduces over the devices, per iteration ({m.get('loops', '400 - 100')}"
+                 f" iterations): `predict_probes.py multidev`, run by {run_by}")
+            for n, v in m["iteration_s_by_devices"].items()}
     return out
 
 
@@ -295,6 +302,9 @@ def main(points: dict, run_probes, run_points, task_of: dict) -> int:
     ap.add_argument("--work-dir", default="/tmp/locojax_calibrate")
     ap.add_argument("--refit", action="store_true", help="no runs: fit the saved ones again")
     ap.add_argument("--no-probes", action="store_true", help="reuse the saved probes")
+    ap.add_argument("--redo-probes", nargs="+", default=[], metavar="PROBE",
+                    help="with --refit: measure these probes again (e.g. oversub multidev), "
+                         "keep the rest and the runs")
     ap.add_argument("--sft-steps", type=int, default=150)
     ap.add_argument("--timeout", type=float, default=1800)
     args = ap.parse_args()
@@ -302,6 +312,15 @@ def main(points: dict, run_probes, run_points, task_of: dict) -> int:
     work.mkdir(parents=True, exist_ok=True)
     saved = work / "calibration.json"
     data = json.loads(saved.read_text()) if saved.exists() else {"runs": []}
+    if args.redo_probes:
+        if not args.refit:
+            raise SystemExit("--redo-probes goes with --refit (the runs are kept)")
+        date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+        command = " ".join(["benchmarks/calibrate_predict.py", *sys.argv[1:]])
+        for name, res in run_probes(args.redo_probes).items():
+            res["command"] = f"`{command}` on {date}, load {res['load']:.1f}"
+            data["probes"][name] = res
+        saved.write_text(json.dumps(data, indent=1))
     if not args.refit:
         if not args.no_probes or "probes" not in data:
             data["probes"] = run_probes()

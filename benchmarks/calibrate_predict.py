@@ -84,17 +84,21 @@ def probe(args: list[str], prefix: list[str] = ()) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def run_probes() -> dict:
-    res = {"load_before": load()}
-    res["matmul_2"] = probe(["matmul"])
-    res["matmul_1"] = probe(["matmul"], ONE_CORE)
-    res["stream"] = probe(["stream"])
-    res["allreduce_2"] = probe(["allreduce", "--n", "2"])
-    res["allreduce_4"] = probe(["allreduce", "--n", "4"])
-    res["ray"] = probe(["ray"])
-    res["oversub"] = probe(["oversub"])
-    res["multidev"] = probe(["multidev"])
-    res["load_after"] = load()
+PROBE_ARGS = {"matmul_2": (["matmul"], []), "matmul_1": (["matmul"], ONE_CORE),
+              "stream": (["stream"], []), "allreduce_2": (["allreduce", "--n", "2"], []),
+              "allreduce_4": (["allreduce", "--n", "4"], []), "ray": (["ray"], []),
+              "oversub": (["oversub"], []), "multidev": (["multidev"], [])}
+
+
+def run_probes(names: list[str] | None = None) -> dict:
+    """Every probe (or those named), each result under its name, with the load."""
+    res = {"load_before": load()} if names is None else {}
+    for name in names or PROBE_ARGS:
+        args, prefix = PROBE_ARGS[name]
+        res[name] = probe(args, prefix)
+        res[name]["load"] = load()
+    if names is None:
+        res["load_after"] = load()
     print(f"# probes: {json.dumps(res)}", flush=True)
     return res
 

@@ -10,7 +10,8 @@ runs them; each prints one JSON line).
 - `ray`: a local Ray cluster, one actor: the round trip of a call returning a small result,
   and of a call taking a weights-sized dict of arrays by reference (put + fetch), median of 30;
 - `oversub --ks K...`: K processes at once, each a jitted MLP forward + backward (a train
-  step's kind of XLA:CPU program) run R times after warm-up, started together; pinned one
+  step's kind of XLA:CPU program) run 100 times after warm-up, started together, in 3
+  rounds (the median of the processes' walls, then of the rounds); pinned one
   per core when K <= cores and unpinned otherwise, as `locojax launch` places its hosts.
   Prints each K's median wall per process against one process alone on one core (taskset)
   times max(1, K / cores), fair time-slicing: the ratio is the over-subscription penalty;
@@ -18,7 +19,7 @@ runs them; each prints one JSON line).
   `--mode single --devices-per-host N`), a jitted `lax.while_loop` whose body is a tiny
   matmul on rows sharded over the N devices and whose condition reduces a per-row flag over
   all of them (the decode loop's shape, `engine/decode.py`): seconds per iteration, from the
-  difference of two loop lengths (call overhead cancels), median of 5.
+  difference of two loop lengths, 2000 and 200 (call overhead cancels), median of 9.
 """
 
 from __future__ import annotations
@@ -146,24 +147,28 @@ def _mlp_step():
     return lambda: jax.block_until_ready(f((w1, w2), x))
 
 
-OVERSUB_CALLS = 10
+OVERSUB_CALLS = 100  # about 1.5 s alone on one core: long against start-up jitter
+OVERSUB_ROUNDS = 3
 
 
 def _oversub_worker() -> None:
-    """Warm up, say ready, wait for `go` on stdin, run the calls, print the wall."""
+    """Warm up, say ready; then per round wait for `go` on stdin, run the calls, print the
+    wall."""
     step = _mlp_step()
     for _ in range(3):
         step()
     print("ready", flush=True)
-    sys.stdin.readline()
-    t = time.perf_counter()
-    for _ in range(OVERSUB_CALLS):
-        step()
-    print(json.dumps({"wall": time.perf_counter() - t}), flush=True)
+    for _ in range(OVERSUB_ROUNDS):
+        sys.stdin.readline()
+        t = time.perf_counter()
+        for _ in range(OVERSUB_CALLS):
+            step()
+        print(json.dumps({"wall": time.perf_counter() - t}), flush=True)
 
 
 def _oversub_once(k: int, cpus: list[int], one_core: bool = False) -> float:
-    """Median wall of k processes started together (see the module docstring)."""
+    """Median over rounds of the median wall of k processes started together (see the
+    module docstring)."""
     cmd = [sys.executable, __file__, "oversub-worker"]
     procs = []
     for i in range(k):
@@ -174,12 +179,15 @@ def _oversub_once(k: int, cpus: list[int], one_core: bool = False) -> float:
     for p in procs:
         if p.stdout.readline().strip() != "ready":
             raise RuntimeError("oversub probe worker failed to start")
+    rounds = []
+    for _ in range(OVERSUB_ROUNDS):
+        for p in procs:
+            p.stdin.write("go\n")
+            p.stdin.flush()
+        rounds.append(statistics.median(json.loads(p.stdout.readline())["wall"] for p in procs))
     for p in procs:
-        p.stdin.write("go\n")
-        p.stdin.flush()
-    walls = [json.loads(p.communicate(timeout=600)[0].strip().splitlines()[-1])["wall"]
-             for p in procs]
-    return statistics.median(walls)
+        p.communicate(timeout=600)
+    return statistics.median(rounds)
 
 
 def oversub(ks: list[int]) -> dict:
@@ -189,7 +197,8 @@ def oversub(ks: list[int]) -> dict:
     for k in ks:
         wall = _oversub_once(k, cpus)
         out[k] = {"wall": wall, "penalty": wall / (alone * max(1.0, k / len(cpus)))}
-    return {"cores": len(cpus), "alone_1_core": alone, "calls": OVERSUB_CALLS, "by_k": out}
+    return {"cores": len(cpus), "alone_1_core": alone, "calls": OVERSUB_CALLS,
+            "rounds": OVERSUB_ROUNDS, "by_k": out}
 
 
 def _multidev_one(n: int) -> float:
@@ -221,9 +230,9 @@ def _multidev_one(n: int) -> float:
         return jax.lax.while_loop(cond, body, (jnp.int32(0), h, done))[1]
 
     def timed(iters: int) -> float:
-        return median_time(lambda: loop(h, done, w, iters).block_until_ready(), 5)
+        return median_time(lambda: loop(h, done, w, iters).block_until_ready(), 9)
 
-    short, long = 100, 400
+    short, long = 200, 2000
     return (timed(long) - timed(short)) / (long - short)
 
 
@@ -236,7 +245,7 @@ def multidev(ns: list[int]) -> dict:
         if r.returncode:
             raise RuntimeError(f"multidev probe n={n} failed:\n{r.stderr[-2000:]}")
         out[n] = json.loads(r.stdout.strip().splitlines()[-1])["iteration_s"]
-    return {"iteration_s_by_devices": out}
+    return {"iteration_s_by_devices": out, "loops": "2000 - 200"}
 
 
 def main() -> int:
