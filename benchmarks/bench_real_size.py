@@ -3,6 +3,7 @@
     python benchmarks/bench_real_size.py --data ../shared/data/gsm8k/train.jsonl
     python benchmarks/bench_real_size.py --config gemma-3-1b-it --data FILE
     python benchmarks/bench_real_size.py --model DIR --data FILE   # an existing HF dir
+    python benchmarks/bench_real_size.py --config llama-3.2-1b-instruct --data FILE --plan-only
 
 Without --model it first writes a random-weight HF directory of --config (a published
 config.json in tests/data/hf_configs.json; default qwen3-0.6b: 28 layers, d=1024, ffn 3072,
@@ -54,9 +55,11 @@ def _rows(path: str, n: int) -> list[dict]:
 # --- child 1: the random HF directory --------------------------------------------------------
 
 
-def write_model(out: str, data: str, tokenizer_vocab: int, config: str, layers: int) -> None:
+def write_model(out: str, data: str, tokenizer_vocab: int, config: str, layers: int,
+                weights: bool = True) -> None:
     """A random-weight model of published config `config` (transformers' own init, f32, at
-    most `layers` layers when > 0) and a BPE tokenizer."""
+    most `layers` layers when > 0) and a BPE tokenizer; without `weights`, only its
+    config.json (enough for the plan: `--plan-only`)."""
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -69,11 +72,14 @@ def write_model(out: str, data: str, tokenizer_vocab: int, config: str, layers: 
     if layers:
         fields["num_hidden_layers"] = layers
     os.makedirs(out, exist_ok=True)
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**fields))
-    model = model.float().eval()
-    model.save_pretrained(out)
-    del model
+    if weights:
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**fields))
+        model = model.float().eval()
+        model.save_pretrained(out)
+        del model
+    else:
+        AutoConfig.for_model(**fields).save_pretrained(out)
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -123,10 +129,12 @@ def train(args) -> dict:
         rollout=RolloutConfig(prompts_per_step=args.prompts, max_new_tokens=args.new_tokens,
                               max_prompt_tokens=args.prompt_tokens, ignore_eos=True),
         eval=EvalConfig(every=0), precision=args.precision, remat=args.remat,
-        device_memory_gb=args.device_memory_gb)
+        device_memory_gb=args.device_memory_gb, plan_only=args.plan_only)
     jax_kb = _status_kb("VmRSS")
     t0 = time.perf_counter()
     trainer = start(cfg, wiring.join("single"))  # prints the plan; compiles the step's programs
+    if args.plan_only:
+        return {"plan_only": True, "init_s": time.perf_counter() - t0}
     init_s = time.perf_counter() - t0
     plan = trainer.memory
     steps = []
@@ -168,6 +176,9 @@ def _run_child(argv: list[str]) -> str:
 
 
 def report(r: dict, args) -> None:
+    if r.get("plan_only"):
+        print(f"planned in {r['init_s']:.1f} s; nothing run (--plan-only)")
+        return
     to_bytes = lambda kb: kb * 1024  # noqa: E731  (/proc's "kB" are KiB)
     peak = to_bytes(r["steps"][-1]["hwm_kb"])
     plan = r["plan_peak"]
@@ -219,11 +230,14 @@ def main() -> None:
     ap.add_argument("--save", action="store_true", help="also checkpoint and export, measured")
     ap.add_argument("--tokenizer-vocab", type=int, default=4096)
     ap.add_argument("--layers", type=int, default=0, help="fewer for a quick dry run (0: all)")
+    ap.add_argument("--plan-only", action="store_true",
+                    help="write only the config and tokenizer, print the run's plan, run nothing")
     ap.add_argument("--child", choices=["write", "train"], default=None,
                     help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child == "write":
-        write_model(args.model, args.data, args.tokenizer_vocab, args.config, args.layers)
+        write_model(args.model, args.data, args.tokenizer_vocab, args.config, args.layers,
+                    not args.plan_only)
         return
     if args.child == "train":
         print("RESULT " + json.dumps(train(args)), flush=True)
@@ -239,7 +253,7 @@ def main() -> None:
         t0 = time.perf_counter()
         _run_child(["--child", "write", "--model", model, "--data", args.data,
                     "--tokenizer-vocab", str(args.tokenizer_vocab), "--config", args.config,
-                    "--layers", str(args.layers)])
+                    "--layers", str(args.layers)] + (["--plan-only"] if args.plan_only else []))
         print(f"wrote a random {args.config} ({args.layers or 'all'} layers) to {model} in "
               f"{time.perf_counter() - t0:.0f} s")
     flags = ["--child", "train", "--model", model, "--data", args.data, "--work", work,
@@ -248,6 +262,7 @@ def main() -> None:
              str(args.steps), "--precision", args.precision,
              "--remat", args.remat, "--device-memory-gb", str(args.device_memory_gb)]
     flags += ["--config", args.config] + (["--save"] if args.save else [])
+    flags += ["--plan-only"] if args.plan_only else []
     out = _run_child(flags)
     for line in out.splitlines():
         if line.startswith("RESULT "):

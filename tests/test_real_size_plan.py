@@ -35,3 +35,8 @@ def test_qwen3_1_7b_with_fsdp_8_fits_16_gb_per_device():
     # sum and a micro-batch's own).
     assert plan.expected["gradients"] == 2 * plan.held["params"]
     assert plan.settings["rollout_copy"] > 0  # rollout's own layout: the plan counts it
+    # The reshard, FSDP 8 to tp 8 in one program: rollout's copy, and what XLA stages the
+    # shards through, at most a device's share of each side; never the whole params, which
+    # the move through a replica gathered on every device (6.88 GB in f32).
+    reshard = next(p for p in plan.programs if p.name == "reshard")
+    assert reshard.temporaries <= plan.held["params"] + plan.settings["rollout_copy"] < whole / 2
