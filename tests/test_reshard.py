@@ -1,11 +1,12 @@
 """The reshard: the weights from the learner's layout to the rollout's before each rollout,
-in one program (`meshes.to_layout`), never through a whole replica per device.
+in one program (`meshes.to_layout`), not through the whole params on every device.
 
 Guards: the move from FSDP to tensor-parallel rollout, as each wiring does it, keeps every bit
 and lands exactly where the engine wants each weight (so its `place_weights` does nothing
 more); weights already in the rollout's layout are not copied; and XLA's program for the move
-needs no more than a device's share of the source and of the target, which is what the memory
-plan's `reshard` line reports (the old way gathered the whole f32 params on every device first:
+needs no more than a device's share of the source and of the target when the fsdp and tensor
+groups are the same devices (fsdp 8, tp 8), which is what the memory plan's `reshard` line
+reports (the old way gathered the whole f32 params on every device first:
 16 GB at Qwen3-4B). The 2-step FSDP runs, single and colocated, bitwise alike with the reshard
 in every step: tests/test_train_mesh.py.
 """

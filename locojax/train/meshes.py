@@ -12,8 +12,9 @@ fsdp group spans hosts only when F exceeds a host's devices. Rollout always stay
 host (DESIGN.md: no cross-host synchronisation during decode), so before each step's
 rollout the weights move from the training layout to the rollout layout in one program
 (`to_layout`; across hosts to `across_hosts`' layout, then `local_view`): the step's
-`perf/phase/reshard`. No device ever holds a whole replica for the move: from FSDP to
-tensor-parallel rollout XLA's SPMD partitioner sends each shard where it belongs (all-to-all).
+`perf/phase/reshard`. No device holds the whole params for the move: from FSDP F to
+tensor-parallel rollout over the same F devices, XLA's SPMD partitioner sends each shard where
+it belongs (all-to-all).
 
 References: levanter's separate parameter and compute mappings; Tunix `role_to_mesh`.
 """
@@ -137,10 +138,13 @@ def _gather(mesh: Mesh):
 def to_layout(tree, shardings):
     """`tree` laid out as `shardings` (a tree of NamedShardings over the same devices) say, in
     one program that every process holding a part of it joins (`layout_program`). Where a
-    leaf's layout changes, XLA's SPMD partitioner moves its shards device to device: FSDP's
-    model-width shards to tensor-parallel head, MLP and vocabulary shards by all-to-alls,
-    never through a whole replica (`jax.device_put` between two shardings in one process
-    goes through the host's copy of the whole array instead). Leaves already laid out so
+    leaf's layout changes, XLA's SPMD partitioner moves its shards device to device: when
+    the rollout's tensor groups are the learner's fsdp groups (F = T, e.g. fsdp 8 and tp 8),
+    FSDP's model-width shards become head, MLP and vocabulary shards by all-to-alls, never
+    through a whole replica. When they are not (data 2 x fsdp 4 to tensor 2), XLA replicates
+    each such weight on its way ("involuntary full rematerialization"): the whole of one
+    weight at a time, not the whole params. (`jax.device_put` between two shardings in one
+    process goes through the host's copy of each whole array.) Leaves already laid out so
     are returned as they are (no copy)."""
     leaves, treedef = jax.tree.flatten(tree)
     moving, program = layout_program(tree, shardings)
