@@ -185,8 +185,10 @@ def machine_terms(probes: dict, probe_src: str) -> dict:
     return out
 
 
-def write(points: dict, probes: dict, recs: list[dict], command: str, task_of: dict) -> None:
-    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+def write(points: dict, probes: dict, recs: list[dict], command: str, task_of: dict,
+          date: str = "") -> None:
+    """`date`: when the runs and probes were measured (a refit writes later)."""
+    date = date or datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     loads = [r["load"] for r in recs]
     kept = sorted({f"{r['point']} from `{r['session']}`" for r in recs
                    if r.get("session", command) != command})
@@ -329,10 +331,11 @@ def main(points: dict, run_probes, run_points, task_of: dict) -> int:
             r.setdefault("session", f"{data.get('command', '?')}` before `{date}")
         new = run_points(args.points, work, args.timeout, args.sft_steps)
         data["command"] = " ".join(["benchmarks/calibrate_predict.py", *sys.argv[1:]])
+        data["date"] = date
         for r in new:
             r["session"] = data["command"]
         data["runs"] = [r for r in data["runs"] if r["point"] not in args.points] + new
         saved.write_text(json.dumps(data, indent=1))
     write(points, data["probes"], data["runs"], data.get("command", "calibrate_predict.py"),
-          task_of)
+          task_of, date=data.get("date", ""))
     return 0

@@ -46,7 +46,7 @@ def _ctx(hw, chips: int, turns: int = 1, tool_s: float = 0.0) -> Ctx:
 
 def test_oversubscription_is_one_up_to_the_cores_then_linear_then_held():
     hw, led = _profile(oversubscription=OVER), Ledger()
-    rho = lambda k: shared_machine.oversubscription(hw, led, k)  # noqa: E731
+    rho = lambda k: shared_machine.oversubscription(hw, led, k)
     assert rho(1) == rho(2) == 1.0
     assert rho(3) == pytest.approx(1.3)  # halfway from (2 cores, 1) to (4, 1.6)
     assert rho(4) == pytest.approx(1.6)
@@ -57,7 +57,7 @@ def test_oversubscription_is_one_up_to_the_cores_then_linear_then_held():
 
 def test_loop_iteration_extra_is_the_meeting_beyond_one_device():
     hw, led = _profile(multi_device_iteration_s=LOOP), Ledger()
-    extra = lambda n: shared_machine.loop_iteration_extra(hw, led, n)  # noqa: E731
+    extra = lambda n: shared_machine.loop_iteration_extra(hw, led, n)
     assert extra(1) == 0.0
     assert extra(2) == pytest.approx(3e-4 - 1e-5)
     assert extra(3) == pytest.approx(5e-4 - 1e-5)

@@ -75,7 +75,7 @@ def test_a_chained_task_runs_after_its_first_with_its_own_processes():
     shares the cores as `procs` processes. Two leases at once on 2 shared cores: both first
     parts (1 core-second, 1 process each) take 1 s; then 2 x 4 env processes get 0.25 core
     each, and 4 processes x 0.25 core-second each take 1 s more."""
-    core_s = lambda c: 1.0 / min(c, 1.0)  # noqa: E731  1 s on a whole core
+    core_s = lambda c: 1.0 / min(c, 1.0)  # 1 s on a whole core
     env = Task(lambda c: 0.25 / min(c, 1.0), 4)
     res = run(spec(steps=1, leases_per_step=2, workers=2, shared_cores=2.0,
                    lease=lambda g: Task(core_s, 1, env), train=lambda g: Task.fixed(0.25),
