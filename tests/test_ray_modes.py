@@ -32,6 +32,7 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow]
 ray = pytest.importorskip("ray")
 
 from calc_demo_run import CALC_DEMO_ARGS  # noqa: E402
+from fsdp_run import FSDP_ARGS, tokens_by_step  # noqa: E402
 from test_train_loop import _rollouts  # noqa: E402
 from locojax.train.config import PRESETS  # noqa: E402
 
@@ -99,15 +100,12 @@ def assert_bitwise_equal(a, b):
         assert np.asarray(x).tobytes() == np.asarray(y).tobytes()
 
 
-def assert_same_rollouts(a, b):
-    """Every step's dumped rows (tokens, logprobs, ...) equal bitwise."""
-    names = sorted(os.listdir(os.path.join(a, "rollouts")))
-    assert names and names == sorted(os.listdir(os.path.join(b, "rollouts")))
-    for name in names:
-        x, y = (np.load(os.path.join(d, "rollouts", name)) for d in (a, b))
-        assert sorted(x.files) == sorted(y.files)
-        for k in x.files:
-            assert x[k].tobytes() == y[k].tobytes(), (name, k)
+def assert_same_tokens(a, b):
+    """Every step's sampled tokens equal, whichever processes dumped them."""
+    ta, tb = tokens_by_step(str(a)), tokens_by_step(str(b))
+    assert ta and sorted(ta) == sorted(tb)
+    for step in ta:
+        np.testing.assert_array_equal(ta[step], tb[step])
 
 
 def check_net_bytes(run_dir):
@@ -152,10 +150,14 @@ def reference(cluster, tmp_path_factory):
     return str(run_dir)
 
 
-def test_lock_step_modes_equal_colocated(cluster, tmp_path):
+def test_lock_step_modes_equal_colocated(cluster, fsdp_colocated, tmp_path):
     """The controller mode, async with k = 0 and disaggregated with k = 0 (no overlap) give
     colocated's params, bitwise: 2 hosts x 1 device, each generating and training half the
-    batch (admitting and scoring it too, but under the controller)."""
+    batch (admitting and scoring it too, but under the controller). The chunked controller
+    run and the async run train with `--train.mesh data=1,fsdp=2` and reproduce colocated's
+    FSDP run (tests/fsdp_run.py), bitwise: the same sharded train step on the same devices,
+    and rollouts generated with the same bits (the params gathered whole: each controller
+    host's engine, and each version the async learner publishes)."""
     colo = tmp_path / "colocated"
     out = subprocess.run(
         [sys.executable, "-m", "locojax.cli", "launch", "--hosts", "2", "--heartbeat-s", "10",
@@ -169,12 +171,15 @@ def test_lock_step_modes_equal_colocated(cluster, tmp_path):
     assert jsonl(tmp_path / "controller" / "metrics.jsonl") == jsonl(colo / "metrics.jsonl")
     perf = jsonl(tmp_path / "controller" / "perf.jsonl")
     assert all(p["perf/controller/round_trips"] == 2 for p in perf)  # a call per host, step
-    # --controller.decode-chunk 2: the same rows, 2 decode iterations per round trip
-    train(tmp_path / "chunked", "--mode", "controller", "--hosts", "2",
-          "--controller.decode-chunk", "2")
-    assert_bitwise_equal(colo, tmp_path / "chunked")
-    assert_same_rollouts(tmp_path / "controller", tmp_path / "chunked")
-    iterations = [m["rollout/decode_iterations"] for m in jsonl(colo / "metrics.jsonl")]
+    # --controller.decode-chunk 2, FSDP: the same rows, 2 decode iterations per round trip
+    chunked = tmp_path / "chunked"
+    train(chunked, "--mode", "controller", "--hosts", "2", "--controller.decode-chunk", "2",
+          preset=("demo", *FSDP_ARGS))
+    assert_bitwise_equal(fsdp_colocated, chunked)
+    assert jsonl(chunked / "metrics.jsonl") == jsonl(fsdp_colocated / "metrics.jsonl")
+    assert_same_tokens(fsdp_colocated, chunked)
+    iterations = [m["rollout/decode_iterations"]
+                  for m in jsonl(fsdp_colocated / "metrics.jsonl")]
     for p, i in zip(jsonl(tmp_path / "chunked" / "perf.jsonl"), iterations, strict=True):
         # each host's ceil(its iterations / 2) calls: ceil(I / 2) to ceil(I / 2) + 2 in all
         assert -(-i // 2) <= p["perf/controller/round_trips"] <= -(-i // 2) + 2, (p, i)
@@ -184,28 +189,31 @@ def test_lock_step_modes_equal_colocated(cluster, tmp_path):
           "0.5", "--max-staleness", "0")
     assert_bitwise_equal(colo, tmp_path / "da")
     check_net_bytes(tmp_path / "da")
-    # async, k = 0, through the CLI joining this cluster: 1 worker makes both leases.
+    # async, k = 0, FSDP over the 2 learner hosts, through the CLI joining this cluster: 1
+    # worker makes both leases.
     out = subprocess.run(
         [sys.executable, "-m", "locojax.cli", "train", "demo", "--mode", "async",
          "--max-staleness", "0", "--workers", "1", "--learner-hosts", "2", "--hosts", "3",
          "--prompts-per-lease", "4", "--ray-address", cluster,
-         "--run-dir", str(tmp_path / "async"), *COMMON],
+         "--run-dir", str(tmp_path / "async"), *FSDP_ARGS],
         cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert_bitwise_equal(colo, tmp_path / "async")
+    assert_bitwise_equal(fsdp_colocated, tmp_path / "async")
+    assert_same_tokens(fsdp_colocated, tmp_path / "async")
     text = out.stdout + out.stderr
     assert "async: 2 learner host(s) + 1 rollout worker(s)" in text
     for prefix in ("(learner 0 pid=", "(learner 1 pid=", "(worker 0 pid=", "(dispatcher pid="):
         assert prefix in text  # logs are prefixed by role and index
     rows = jsonl(tmp_path / "async" / "metrics.jsonl")
-    assert [r["sync/version"] for r in rows] == [1.0, 2.0, 3.0]
+    assert [r["sync/version"] for r in rows] == [1.0, 2.0]
     assert all(r["rollout/staleness/max"] == 0 for r in rows)
     check_net_bytes(colo)
-    check_net_bytes(tmp_path / "async")
+    check_net_bytes(tmp_path / "async")  # the pushed versions are the whole params
+    assert all(p["perf/phase/reshard"] > 0 for p in jsonl(tmp_path / "async" / "perf.jsonl"))
     # Every metric colocated logs (rewards, losses, ...) is the same number, but the
     # logprob mismatch: here the workers measure it with their own forward.
     mismatch = "rollout/logprob_mismatch"
-    for c, a in zip(jsonl(colo / "metrics.jsonl"), rows, strict=True):
+    for c, a in zip(jsonl(fsdp_colocated / "metrics.jsonl"), rows, strict=True):
         assert {k: a[k] for k in c if k != mismatch} == {k: c[k] for k in c if k != mismatch}
         # A full forward vs the engine's cached decode: f32 rounding of logits of magnitude
         # ~10 through d=128 dot products gives gaps ~1e-5 per token at most; the mean is far
@@ -318,15 +326,22 @@ def test_a_corrupted_version_stops_the_run(cluster, tmp_path):
     assert not (tmp_path / "final_model").exists()
 
 
-def test_async_keeps_every_sample_within_k_versions(cluster, tmp_path):
+def test_async_keeps_every_sample_within_k_versions(cluster, tmp_path, capfd):
     """k = 2, workers pulling the newest version: a row may be up to 2 versions old (which
-    rows are depends on timing), never more, and still every prompt trains exactly once."""
+    rows are depends on timing), never more, and still every prompt trains exactly once.
+    Hosts of 2 devices, and `--rollout.tp 2`: each worker's engine splits heads, MLP and
+    vocabulary over its 2 devices, and its rows' logprobs still agree with the trainer's."""
     train(tmp_path, "--mode", "async", "--max-staleness", "2", "--workers", "2", "--hosts", "3",
-          "--lease-timeout-s", "60")
+          "--lease-timeout-s", "60", "--devices-per-host", "2", "--rollout.tp", "2")
+    assert capfd.readouterr().err.count("ready (engine mesh {'data': 1, 'tensor': 2}") >= 2
     rows = jsonl(tmp_path / "metrics.jsonl")
     assert len(rows) == STEPS
     for r in rows:
         assert r["rollout/staleness/max"] <= 2
+        # As in test_lock_step_modes_equal_colocated: f32 rounding of a forward against the
+        # cached decode, in another order of the same sums (tensor-parallel partial sums),
+        # is ~1e-5 per token at most; a sampler/trainer disagreement is >= 1e-2.
+        assert 0 <= r["rollout/logprob_mismatch"] < 1e-4
         # Ratios of row counts out of 32: only f64 rounding (1e-16) separates the sum from 1.
         assert sum(r[f"rollout/staleness/frac_{s}"] for s in range(3)) == pytest.approx(1.0)
     assert rows[0]["rollout/staleness/max"] == 0  # step 0 can only be made by version 0

@@ -72,10 +72,10 @@ class ControllerSource:
             self.cv.notify_all()
 
     def take(self, step: int, params, timer) -> RolloutRecord:
-        # On the loop's thread, as colocated's `InlineSource.take`: under FSDP the gather is
-        # a collective every host joins at this point of the step.
+        # On the loop's thread, as colocated's `InlineSource.take`: the reshard's cross-host
+        # part is one program every host joins at this point of the step.
         with timer.phase("reshard") as ph:  # training layout -> rollout layout (meshes.py)
-            weights = self.engine.place_weights(self.wiring.rollout_weights(params))
+            weights = self.wiring.rollout_weights(params, self.engine.weight_shardings)
             ph.sync(weights)
         with timer.phase("wait_controller"), self.cv:
             self.weights, self.waiting = weights, step
