@@ -22,7 +22,8 @@ Printed per shape: seconds (median of the runs), tokens/s, locojax's ratio to ea
 for locojax the bytes of KV cache its attention must read (every live row's written prefix
 at every decode step; the engine reads up to a block more) per second, against the memory
 bandwidth measured in this run (a 512 MiB f32 `jnp.sum`); time per generated token relative
-to `small-512`'s. `--sweep blocks` / `--sweep rows` measure decoder.BLOCK and engine.MIN_ROWS;
+to `small-512`'s. `--sweep blocks` / `rows` / `folds` measure decoder.BLOCK, engine.MIN_ROWS
+and attention.FOLD_SLOTS;
 `--trace small-512` sums a steady decode step's time per XLA op (jax.profiler).
 
 Each shape's table row is printed as the shape ends, then the whole table. `--prompts-4096 8`
@@ -430,6 +431,56 @@ def sweep(kind: str, runs: int):
               f" ms (runs {' '.join(f'{t:.1f}' for t in spent[1:])}; first {spent[0]:.0f})")
 
 
+FOLD_WRITTEN, FOLD_STEPS = 1056, 16  # the folds sweep's context: ~small-4096's 8-row tail
+
+
+def sweep_folds(runs: int):
+    """attention.FOLD_SLOTS: ms per SMALL decode step at 128 ... 8 rows, FOLD_WRITTEN slots
+    written, with m = 1, 2, 4, 8, 16 blocks folded per iteration of attention's loop (up to
+    4,096 rows x m x block row-slots an iteration), arms interleaved; each timed span is
+    FOLD_STEPS steps of the engine's decode loop from a prefilled cache set FOLD_WRITTEN."""
+    from locojax.engine.decode import decode_jit
+
+    cfg = model_config.small()
+    weights = params.init(cfg, jax.random.key(0))
+    sampling = SamplingConfig(max_new_tokens=FOLD_WRITTEN + FOLD_STEPS, temperature=1.0,
+                              ignore_eos=True)
+    arms = {}
+    for rows in (128, 64, 32, 16, 8):
+        engine = Engine(cfg, min_rows=None)
+        prompts = np.asarray(jax.random.randint(jax.random.key(1), (rows, 32), 1,
+                                                cfg.vocab_size - 1), np.int32)
+        for m in (1, 2, 4, 8, 16):
+            if rows * m * engine.block > 4096:
+                continue
+
+            def run(engine=engine, prompts=prompts, fold_slots=rows * m * engine.block):
+                turn = engine.prefill(weights, prompts, jax.random.key(0), sampling).prefilled
+                cache = dataclasses.replace(turn.cache, index=jnp.int32(FOLD_WRITTEN),
+                                            fold_slots=fold_slots)
+                turn = dataclasses.replace(turn, cache=None)
+                jax.block_until_ready((cache, turn))
+                t0 = time.perf_counter()
+                out = decode_jit(weights, cache, turn, None, jnp.int32(1 + FOLD_STEPS),
+                                 model_cfg=cfg, sampling=sampling, layout=engine.layout)
+                jax.block_until_ready(out)
+                spent = time.perf_counter() - t0
+                engine.return_cache(out.cache)
+                return 1000 * spent / FOLD_STEPS
+
+            arms[rows, m] = run
+    for fn in arms.values():
+        fn()
+    times = {k: [] for k in arms}
+    for _ in range(runs):
+        for k, fn in arms.items():
+            times[k].append(fn())
+    for (rows, m), v in times.items():
+        print(f"  rows {rows:3d}, fold {m:2d} ({rows * m * 32:5d} row-slots an iteration): "
+              f"{statistics.median(v):6.2f} ms per decode step at {FOLD_WRITTEN} slots "
+              f"(runs {' '.join(f'{t:.2f}' for t in v)})", flush=True)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
@@ -437,7 +488,8 @@ def main(argv=None) -> int:
     ap.add_argument("--peer-runs", "--hf-runs", type=int, default=2,
                     help="steady-state runs of HF and Tunix")
     ap.add_argument("--no-tunix", action="store_true", help="skip Tunix's sampler")
-    ap.add_argument("--sweep", choices=("blocks", "rows"), help="measure BLOCK or MIN_ROWS")
+    ap.add_argument("--sweep", choices=("blocks", "rows", "folds"),
+                    help="measure BLOCK, MIN_ROWS or FOLD_SLOTS")
     ap.add_argument("--trace", choices=list(SHAPES),
                     help="trace steady decode steps of this shape and sum them per XLA op")
     ap.add_argument("--trace-start", type=int, default=150,
@@ -452,8 +504,12 @@ def main(argv=None) -> int:
     print(f"jax {jax.__version__} on {jax.devices()[0].platform} x{jax.device_count()}, "
           f"{os.cpu_count()} cores ({platform.machine()}), torch threads {TORCH_THREADS}, "
           "load average at start %.1f %.1f %.1f" % os.getloadavg())
-    if args.sweep:
+    if args.sweep == "folds":
+        sweep_folds(args.runs)
+    elif args.sweep:
         sweep(args.sweep, args.runs)
+    if args.sweep:
+        print("load average at end " + " ".join(f"{x:.1f}" for x in os.getloadavg()))
         return 0
     if args.trace:
         trace_decode(SHAPES[args.trace], args.trace_start)

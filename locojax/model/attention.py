@@ -35,6 +35,16 @@ measured 48 ms a step at 32 against 80 at 256, and a whole small-512 generate 1.
 (docs/engine_benchmark.md, "Per-op trace")."""
 
 
+FOLD_SLOTS = 0
+"""Row-slots a decode step's attention loop reads per iteration, at least (0: one block):
+an iteration folds in `CacheBlocks.fold` consecutive blocks, FOLD_SLOTS / (rows x block)
+of them, so few rows still read big arrays per op (XLA:CPU's cost per op, not the bytes,
+is most of a step at 8 rows and 1,000 slots: docs/engine_benchmark.md). Off by default:
+on XLA:CPU a folded step is not bitwise the unfolded one (the same updates on other
+shapes round differently in the last bit), so a fold that changes with the batch would end
+compaction's bitwise guarantee; `bench_engine.py --sweep folds` measures it."""
+
+
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
 class KVCache:
@@ -55,6 +65,7 @@ class KVCache:
     index: jax.Array  # [] int32
     block: int = dataclasses.field(default=BLOCK, metadata=dict(static=True))  # S % block == 0
     shards: int = dataclasses.field(default=1, metadata=dict(static=True))
+    fold_slots: int = dataclasses.field(default=FOLD_SLOTS, metadata={"static": True})
 
     @staticmethod
     def blocks(slots: int, block: int = BLOCK) -> tuple[int, int]:
@@ -65,7 +76,7 @@ class KVCache:
 
     @classmethod
     def empty(cls, cfg: ModelConfig, batch: int, slots: int, dtype=None, block: int = BLOCK,
-              shards: int = 1) -> "KVCache":
+              shards: int = 1, fold_slots: int = FOLD_SLOTS) -> "KVCache":
         """At least `slots` slots, in `blocks(slots, block)`; dtype: the keys' and values'
         (default: the compute dtype; attention reads either in f32)."""
         n, block = cls.blocks(slots, block)
@@ -75,7 +86,7 @@ class KVCache:
         return cls(
             k=jnp.zeros(k_shape, dtype), v=jnp.zeros(shape, dtype),
             valid=jnp.zeros((batch, n * block), bool), index=jnp.zeros((), jnp.int32),
-            block=block, shards=shards)
+            block=block, shards=shards, fold_slots=fold_slots)
 
     def read(self, x, axis: int, b: int, start, size):
         """`dynamic_slice(x, start, size)` of the b rows a b-row batch uses (x: a cache array,
@@ -135,18 +146,28 @@ class CacheBlocks:
         too_old = jnp.sum(pos < oldest[:, None], axis=1, dtype=jnp.int32)  # [b]
         return jnp.min(too_old) // c.block
 
-    def read(self, j, dtype):
-        """Block j: keys [b, K, H, blk], values [b, K, blk, H] in `dtype`, visible [b, T, blk]
-        (T is 1 without a window: every query sees the same slots)."""
+    def fold(self, t: int) -> int:
+        """Blocks one loop iteration folds in (static): for a decode step (t = 1) enough
+        that rows x fold x block reaches the cache's `fold_slots`, at most every block; 1
+        for several queries (prefill, `extend`)."""
+        c = self.cache
+        if t > 1:
+            return 1
+        return max(1, min(c.v.shape[3] // c.block, c.fold_slots // (self.rows * c.block)))
+
+    def read(self, j, m: int, dtype):
+        """Blocks j .. j + m - 1 (all before `count`), in one slice: keys [b, K, H, m·blk],
+        values [b, K, m·blk, H] in `dtype`, visible [b, T, m·blk] (T is 1 without a window:
+        every query sees the same slots)."""
         c, b, blk = self.cache, self.rows, self.cache.block
         _, _, kv, h, _ = c.k.shape
         zero, first = jnp.zeros((), jnp.int32), jnp.asarray(j * blk, jnp.int32)
-        k = c.read(c.k, 1, b, (self.layer, zero, zero, first), (1, kv, h, blk))[0]
-        v = c.read(c.v, 1, b, (self.layer, zero, first, zero), (1, kv, blk, h))[0]
-        valid = c.read(c.valid, 0, b, (first,), (blk,))
-        visible = (valid & (first + jnp.arange(blk) < c.index)[None])[:, None]  # [b, 1, blk]
+        k = c.read(c.k, 1, b, (self.layer, zero, zero, first), (1, kv, h, m * blk))[0]
+        v = c.read(c.v, 1, b, (self.layer, zero, first, zero), (1, kv, m * blk, h))[0]
+        valid = c.read(c.valid, 0, b, (first,), (m * blk,))
+        visible = (valid & (first + jnp.arange(m * blk) < c.index)[None])[:, None]  # [b, 1, ·]
         if self.window is not None:
-            key_pos = c.read(self.slot_positions, 0, b, (first,), (blk,))
+            key_pos = c.read(self.slot_positions, 0, b, (first,), (m * blk,))
             visible = visible & within(self.positions, key_pos, self.window)
         return k.astype(dtype), v.astype(dtype), visible
 
@@ -224,15 +245,42 @@ def attention(q, parts, blocks: CacheBlocks | None = None, scale: float | None =
     p = barrier(jnp.exp(s - m))
     carry = m, jnp.sum(p, -1, keepdims=True), mix(p, jnp.concatenate([v for _, v, _ in parts], 2))
 
-    def block(j, carry):
-        k, v, visible = blocks.read(j, q.dtype)
+    m_blocks, blk = blocks.fold(t), blocks.cache.block
+
+    def block(j, carry):  # block j
+        k, v, visible = blocks.read(j, 1, q.dtype)
         return add(carry, masked_score(k, visible), v)
 
-    if blocks.cache.v.shape[3] == blocks.cache.block:
+    def blocks_from(j, carry):  # blocks j .. j + m_blocks - 1, one after another, in one read
+        k, v, visible = blocks.read(j, m_blocks, q.dtype)
+        m, total, acc = carry
+        s = masked_score(k, visible)
+        s = s.reshape(s.shape[:-1] + (m_blocks, blk))  # [B, K, G, 1, m, blk]
+        ms = jax.lax.cummax(jnp.concatenate([m, jnp.max(s, axis=-1)], -1), axis=4)
+        m_new = ms[..., 1:]  # [B, K, G, 1, m]: the running max after each block
+        p = barrier(jnp.exp(s - m_new[..., None]))
+        decay, sums = jnp.exp(ms[..., :-1] - m_new), jnp.sum(p, -1)
+        v = v.reshape(v.shape[:2] + (m_blocks, blk) + v.shape[3:])  # [B, K, m, blk, H]
+        mixes = jnp.sum(p[:, :, :, 0, :, :, None] * v[:, :, None].astype(wide), axis=4)
+        for i in range(m_blocks):  # `add`'s updates, block by block
+            d = decay[..., i:i + 1]
+            total = total * d + sums[..., i:i + 1]
+            acc = acc * bt(d) + mixes[:, None, :, :, i]  # [B, 1, K, G, H]
+        return m_new[..., -1:], total, acc
+
+    if blocks.cache.v.shape[3] == blk:
         # One block: read it without a loop. Unwritten slots add exact zeros (exp(-1e30 - m)).
         carry = block(0, carry)
     else:
-        carry = jax.lax.fori_loop(blocks.first, blocks.count, block, carry)
+        # The blocks [first, count) in order: the first (count - first) % m_blocks one by
+        # one, then m_blocks per iteration (fewer, bigger ops: XLA:CPU's cost per op is
+        # what a few rows' step pays), each block folded as `add` folds it.
+        first, count = blocks.first, blocks.count
+        rest = first + (count - first) % m_blocks
+        carry = jax.lax.fori_loop(first, rest if m_blocks > 1 else count, block, carry)
+        if m_blocks > 1:
+            carry = jax.lax.fori_loop(0, (count - rest) // m_blocks,
+                                      lambda i, c: blocks_from(rest + i * m_blocks, c), carry)
     _, total, acc = carry
     return (acc / bt(total)).reshape(b, t, n, h).astype(q.dtype)  # [B, T, N, H]
 
