@@ -150,6 +150,7 @@ def reference(cluster, tmp_path_factory):
     return str(run_dir)
 
 
+@pytest.mark.timeout(900)  # 5 runs, and the shared FSDP reference when first to use it
 def test_lock_step_modes_equal_colocated(cluster, fsdp_colocated, tmp_path):
     """The controller mode, async with k = 0 and disaggregated with k = 0 (no overlap) give
     colocated's params, bitwise: 2 hosts x 1 device, each generating and training half the
