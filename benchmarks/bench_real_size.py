@@ -100,13 +100,13 @@ def train(args) -> dict:
     baseline_kb = _status_kb("VmRSS")  # before jax and locojax
     import dataclasses
 
-    from locojax.model import loader
     from locojax.envs.base import Example
     from locojax.envs.gsm8k import make_prompt
+    from locojax.model import loader
     from locojax.profiler import StepTimer
     from locojax.rollout.single_turn import encode_prompt
-    from locojax.train.config import EvalConfig, RolloutConfig, gsm8k_qwen3
     from locojax.train import wiring
+    from locojax.train.config import EvalConfig, RolloutConfig, gsm8k_qwen3
     from locojax.train.loop import start
 
     # The first 64 rows whose chat-formatted prompt fits the window, as the run formats them.

@@ -77,9 +77,9 @@ def _allreduce_worker(pid: int, n: int, port: int) -> None:
                        distributed.ENV_PROCESS_ID: str(pid)})
     distributed.initialize(devices_per_host=1)
     import jax
-    import jax.numpy as jnp
     import numpy as np
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
 
     mesh = Mesh(np.array(jax.devices()), ("data",))
     out = {}
@@ -208,7 +208,8 @@ def _multidev_one(n: int) -> float:
     import jax
     import jax.numpy as jnp
     import numpy as np
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
 
     mesh = Mesh(np.array(jax.devices()[:n]), ("data",))
     rows = NamedSharding(mesh, P("data"))

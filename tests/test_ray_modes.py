@@ -34,6 +34,7 @@ ray = pytest.importorskip("ray")
 from calc_demo_run import CALC_DEMO_ARGS  # noqa: E402
 from fsdp_run import FSDP_ARGS, tokens_by_step  # noqa: E402
 from test_train_loop import _rollouts  # noqa: E402
+
 from locojax.train.config import PRESETS  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

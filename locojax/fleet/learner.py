@@ -25,9 +25,9 @@ checksums it was restored to and where they came from, and counted in
 `perf/sync/ps_restores`.
 
 Metrics (host 0): `sync/version`, and in perf.jsonl `perf/net/weight_sync_push_bytes` and,
-as wall-clock figures, `perf/sync/seconds`, `perf/sync/ps_restores` and the dispatcher's `DispatchStats`. The
-record's stats add the staleness histogram, the workers' logprob check and phases
-(`train/record.py`).
+as wall-clock figures, `perf/sync/seconds`, `perf/sync/ps_restores` and the dispatcher's
+`DispatchStats`. The record's stats add the staleness histogram, the workers' logprob check
+and phases (`train/record.py`).
 """
 
 from __future__ import annotations

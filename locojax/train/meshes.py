@@ -26,7 +26,8 @@ import functools
 
 import jax
 import numpy as np
-from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import AxisType, Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from locojax.model.sharding import ROLLOUT_REPLICATED, ROLLOUT_TP, RULES, Rules, make_mesh
 

@@ -21,9 +21,10 @@ way to use one host's devices from one process; it never crosses a process bound
 is not the single-controller baseline of the paper (DESIGN.md, "Coordination modes").
 
 `colocated` (LoCoJAX-CO): one process per host. Each admits its own contiguous share of the
-prompts (whole groups), generates on its local devices with its host's copy of the
-params (`rollout_weights`: the addressable shards of the params laid out for its engine on
-every host; no copy when training is data parallel, no cross-host collective during decode), scores locally, then joins one synchronous train step through
+prompts (whole groups), generates on its local devices with its host's copy of the params
+(`rollout_weights`: the addressable shards of the params laid out for its engine on every
+host; no copy when training is data parallel, no cross-host collective during decode),
+scores locally, then joins one synchronous train step through
 `make_array_from_process_local_data`.
 
 Both run the producer inline at depth 0 (`source.InlineSource`). `disaggregated` and `async`
