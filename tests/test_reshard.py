@@ -29,11 +29,14 @@ def _host():
     return HostInfo(process_id=0, num_processes=1)
 
 
+@pytest.mark.parametrize("to_engine", [True, False], ids=["to-engine-layout", "default"])
 @pytest.mark.parametrize("kind", [wiring.Single, wiring.Colocated])
-def test_fsdp_to_tp_moves_every_bit_where_the_engine_wants_it(kind):
+def test_fsdp_to_tp_moves_every_bit_where_the_engine_wants_it(kind, to_engine):
     """The learner's FSDP layout (2 x 4) to the rollout's TP layout (data 4 x tensor 2) in one
     program (`meshes.to_layout`), and back to a plain replica for export: the same bits,
-    placed as each layout says, so that the engine's `place_weights` has nothing left to do."""
+    placed as each layout says. Given the engine's layout, the engine's `place_weights` has
+    nothing left to do; without one (`layout=None`: replicated over the rollout mesh),
+    `place_weights` finishes the move."""
     from locojax.engine.engine import Engine
 
     w = kind(_host(), TrainConfig("data=2,fsdp=4"), tp=2)
@@ -45,8 +48,11 @@ def test_fsdp_to_tp_moves_every_bit_where_the_engine_wants_it(kind):
     sharded = [x for x in jax.tree.leaves(params) if "fsdp" in x.sharding.spec]
     assert len(sharded) >= len(jax.tree.leaves(params)) // 2  # FSDP really shards them
     engine = Engine(cfg, mesh=w.rollout_mesh, rules=w.rollout_rules)
-    rollout = w.rollout_weights(params, engine.weight_shardings)
-    assert engine.place_weights(rollout) is rollout  # already laid out: not moved again
+    if to_engine:
+        rollout = w.rollout_weights(params, engine.weight_shardings)
+        assert engine.place_weights(rollout) is rollout  # already laid out: not moved again
+    else:
+        rollout = engine.place_weights(w.rollout_weights(params))
     whole = meshes.replicated(params, w.train_mesh)
     for a, b, c, want in zip(jax.tree.leaves(params), jax.tree.leaves(rollout),
                              jax.tree.leaves(whole), jax.tree.leaves(engine.weight_shardings),

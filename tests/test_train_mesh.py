@@ -95,32 +95,6 @@ def _host():
     return HostInfo(process_id=0, num_processes=1)
 
 
-@pytest.mark.parametrize("kind", [wiring.Single, wiring.Colocated])
-def test_reshard_moves_weights_between_layouts_bitwise(kind):
-    """The learner's FSDP layout (2 x 4) to the rollout's TP layout (data 4 x tensor 2) and
-    back to a plain replica for export: the same bits, placed as each layout says."""
-    from locojax.engine.engine import Engine
-
-    w = kind(_host(), TrainConfig("data=2,fsdp=4"), tp=2)
-    assert dict(w.train_mesh.shape) == {"data": 2, "fsdp": 4}
-    assert dict(w.rollout_mesh.shape) == {"data": 4, "tensor": 2}
-    cfg = model_config.tiny()
-    train_shardings = weight_shardings(cfg, w.train_mesh, w.train_rules)
-    params = jax.device_put(params_lib.init(cfg, jax.random.key(0)), train_shardings)
-    sharded = [x for x in jax.tree.leaves(params) if "fsdp" in x.sharding.spec]
-    assert len(sharded) >= len(jax.tree.leaves(params)) // 2  # FSDP really shards them
-    engine = Engine(cfg, mesh=w.rollout_mesh, rules=w.rollout_rules)
-    rollout = engine.place_weights(w.rollout_weights(params))
-    whole = meshes.replicated(params, w.train_mesh)
-    for a, b, c, want in zip(jax.tree.leaves(params), jax.tree.leaves(rollout),
-                             jax.tree.leaves(whole), jax.tree.leaves(engine._weight_shardings),
-                             strict=True):
-        assert b.sharding.is_equivalent_to(want, b.ndim)
-        assert c.is_fully_replicated
-        assert np.asarray(a).tobytes() == np.asarray(b).tobytes() == np.asarray(c).tobytes()
-    assert any("tensor" in x.sharding.spec for x in jax.tree.leaves(rollout))
-
-
 def test_export_refuses_a_shard_for_the_weight(tmp_path):
     """`loader.save` of FSDP-sharded params would write one shard as the whole weight."""
     from locojax.model import loader
