@@ -20,6 +20,7 @@ import pytest
 from locojax.distributed import HostInfo
 from locojax.model import config as model_config
 from locojax.model import params as params_lib
+from locojax.model.loader import host_local
 from locojax.model.sharding import RULES, make_mesh, weight_shardings
 from locojax.train import memory_plan, meshes, wiring
 from locojax.train.meshes import TrainConfig
@@ -101,3 +102,48 @@ def test_the_move_never_holds_a_whole_replica():
     assert m.temp_size_in_bytes <= share + copy <= 4 * cfg.num_params() / 4
 
 
+
+
+@pytest.mark.parametrize("spans_hosts", [False, True], ids=["fsdp-in-host", "fsdp-spans-hosts"])
+def test_publish_copies_shards_to_host_never_a_whole_replica(spans_hosts, monkeypatch):
+    """The Ray learner's publish (`RemoteSource._whole`, through `meshes.host_copy`) of FSDP 8
+    params: numpy with the bits the old gather (`replicated` on every device, then one
+    host copy) gave, and each leaf reaches host memory from shards, never from a whole copy
+    on every device. One host holding every fsdp shard copies them out as they are (no
+    device program at all). An fsdp group spanning hosts, simulated here as the 8 devices
+    in 4 "hosts" x 2 (one process cannot have 2 hosts; the 2-process run is
+    test_ray_modes' `test_disaggregated_fsdp_*`), moves each leaf to a copy per host split
+    over its 2 devices: half a leaf per device."""
+    pytest.importorskip("ray")
+    from locojax.fleet.learner import RemoteSource
+
+    cfg = model_config.tiny()
+    mesh = make_mesh({"data": 1, "fsdp": 8}, jax.devices()[:8])
+    params = jax.device_put(params_lib.init(cfg, jax.random.key(0)),
+                            weight_shardings(cfg, mesh, RULES["train_fsdp"]))
+    want = host_local(meshes.replicated(params, mesh))
+    copied = []
+
+    def assemble(x):
+        copied.append(x)
+        return real_assemble(x)
+
+    real_assemble = meshes.assemble
+    monkeypatch.setattr(meshes, "assemble", assemble)
+    if spans_hosts:
+        monkeypatch.setattr(meshes, "_every_host_holds_it", lambda x: False)
+        monkeypatch.setattr(meshes, "_hosts_grid", lambda: np.asarray(jax.devices()[:8])
+                            .reshape(4, 2))
+    else:
+        def no_program(*a, **k):
+            raise AssertionError("a device program ran: every shard was already here")
+        monkeypatch.setattr(meshes, "to_layout", no_program)
+    got = RemoteSource._whole(None, params)  # the method reads nothing of its instance
+    for a, b, x, p in zip(jax.tree.leaves(got), jax.tree.leaves(want), copied,
+                          jax.tree.leaves(params), strict=True):
+        assert isinstance(a, np.ndarray) and a.tobytes() == b.tobytes()
+        if not p.is_fully_replicated:  # a sharded weight: never whole on every device
+            assert not x.is_fully_replicated, x.sharding
+            share = max(s.data.size for s in x.addressable_shards)
+            assert share == x.size // (2 if spans_hosts else 8), (x.shape, x.sharding)
+    assert sum(not p.is_fully_replicated for p in jax.tree.leaves(params)) >= 6  # not vacuous

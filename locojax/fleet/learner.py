@@ -12,11 +12,12 @@ step's rollouts come from the dispatcher's versioned buffer instead of this host
   host 0 meanwhile watches the parameter server and restores it if Ray restarted it, and
   every `stall_warning_s` of waiting logs a warning naming the units it waits for and who
   holds them;
-- `publish(v)`: every host takes the params whole (gathered once if `--train.mesh` shards
-  them over `fsdp`: `perf/phase/reshard`) and keeps the newest K versions host-side (numpy,
-  checksummed: they go into the checkpoint and restore a restarted parameter server); host
-  0 pushes version v to the server and tells the dispatcher its number and checksum, which
-  opens the gate for step v + k;
+- `publish(v)`: every host copies the params whole into its memory (from its own shards, and
+  across hosts where an `fsdp` group spans them, one weight at a time, never the whole
+  params on a device: `meshes.host_copy`, `perf/phase/reshard`) and keeps the newest K
+  versions host-side (numpy, checksummed: they go into the checkpoint and restore a
+  restarted parameter server); host 0 pushes version v to the server and tells the
+  dispatcher its number and checksum, which opens the gate for step v + k;
 - `state` / `begin`: the buffer, the leases and the kept versions, into the checkpoint and
   back; on resume host 0 rewinds the server and the dispatcher to the checkpoint.
 
@@ -49,7 +50,6 @@ from locojax.fleet.faults import Faults, kill_self
 from locojax.fleet.parameter_server import TRANSIENT, ObjectStoreTransport
 from locojax.fleet.placement import PlacementPlan
 from locojax.fleet.versions import VersionStore, nbytes, verify
-from locojax.model import loader
 from locojax.train import meshes
 from locojax.train.meshes import TrainConfig
 from locojax.train.record import RolloutRecord
@@ -73,10 +73,8 @@ class Handles:
 class RemoteSource:
     """`source.RolloutSource` of a learner host in the Ray modes."""
 
-    def __init__(self, handles: Handles, plan: PlacementPlan, run_dir: str, faults: Faults,
-                 mesh):
+    def __init__(self, handles: Handles, plan: PlacementPlan, run_dir: str, faults: Faults):
         self.dispatcher, self.server = handles.dispatcher, handles.server
-        self.mesh = mesh  # the learner's: params sharded over its `fsdp` are gathered
         self.plan, self.run_dir, self.faults = plan, run_dir, faults
         self.host, self.num_hosts = jax.process_index(), jax.process_count()
         self.is_main = self.host == 0
@@ -141,7 +139,7 @@ class RemoteSource:
         if faults.kill_learner_after == step and self.is_main \
                 and faults.fire(self.run_dir, "kill_learner"):
             kill_self(f"learner host 0 after the update of step {step}")
-        with timer.phase("reshard"):  # the training layout -> the whole params
+        with timer.phase("reshard"):  # the training layout -> the whole params, host-side
             tree = self._whole(params)
         with timer.phase("weight_sync"):
             digest = self.kept.add(version, tree)
@@ -168,10 +166,11 @@ class RemoteSource:
         pass
 
     def _whole(self, params):
-        """A version as workers take it: the whole params, as numpy on every host. Sharded
-        over `fsdp`, they are gathered first, once (a collective every learner host joins:
-        each calls this at the same point of the step)."""
-        return loader.host_local(meshes.replicated(params, self.mesh))
+        """A version as workers take it: the whole params, as numpy on every host, copied
+        from this host's shards (`meshes.host_copy`: sharded over an `fsdp` group that spans
+        hosts, each leaf in turn crosses hosts first, in a collective every learner host
+        joins at the same point of the step; never the whole params on a device)."""
+        return meshes.host_copy(params)
 
     # --- the parameter server ---------------------------------------------------------------
 
@@ -218,7 +217,7 @@ class LearnerWiring(Colocated):
         self.handles, self.plan, self.run_dir, self.faults = handles, plan, run_dir, faults
 
     def rollout_source(self, producer) -> RemoteSource:
-        return RemoteSource(self.handles, self.plan, self.run_dir, self.faults, self.train_mesh)
+        return RemoteSource(self.handles, self.plan, self.run_dir, self.faults)
 
 
 class GroupHost:

@@ -214,3 +214,76 @@ def local_view(tree, shardings):
             [shards[d] for d in sharding.addressable_devices_indices_map(x.shape)])
 
     return jax.tree.map(local, tree, shardings)
+
+
+def host_copy(tree):
+    """Every leaf of `tree` whole, as numpy in this process's memory, with no whole copy of
+    the params on any device: what the Ray modes publish as a version.
+
+    Each leaf is assembled from this host's shards (one device-to-host copy per distinct
+    shard). A leaf sharded over an fsdp group that spans hosts has shards this host lacks:
+    it is first moved, alone, to `spread_over_hosts` (a whole copy per host, split over that
+    host's devices: 1/L of the leaf on each of its L), in one program every process joins
+    (each calls this at the same point), and copied out before the next leaf moves. So a
+    device holds at most 1/L of one leaf beyond its own shards; a host of one device holds
+    one whole leaf at a time, never the whole params, which `replicated` put on every
+    learner device."""
+    return jax.tree.map(_host_leaf, tree)
+
+
+def _host_leaf(x):
+    if not isinstance(x, jax.Array):
+        return np.asarray(x)
+    if not _every_host_holds_it(x):
+        x = to_layout(x, spread_over_hosts(x, _hosts_grid()))
+    return assemble(x)
+
+
+def assemble(x) -> np.ndarray:
+    """`x` whole in numpy, from this process's shards; they must cover it."""
+    out, seen = np.empty(x.shape, x.dtype), set()
+    for shard in x.addressable_shards:
+        box = _box(shard.index, x.shape)
+        if box not in seen:
+            seen.add(box)
+            out[shard.index] = np.asarray(shard.data)
+    if sum(int(np.prod([b - a for a, b in box])) for box in seen) != x.size:
+        raise ValueError(f"this process's shards of a {x.shape} array do not cover it "
+                         f"({x.sharding})")
+    return out
+
+
+def _box(index, shape) -> tuple:
+    """A shard's index as ((start, stop) per dim): equal for replicas of the same shard."""
+    return tuple(s.indices(n)[:2] for s, n in zip(index, shape))
+
+
+def _every_host_holds_it(x) -> bool:
+    """Whether each process's devices hold every part of `x` (the same answer on every
+    process: computed from the global layout). Shards of a NamedSharding are equal or
+    disjoint, so a process covers `x` when its distinct shards add up to its size."""
+    boxes: dict[int, set] = {}
+    for device, index in x.sharding.devices_indices_map(x.shape).items():
+        boxes.setdefault(device.process_index, set()).add(_box(index, x.shape))
+    return all(sum(int(np.prod([b - a for a, b in box])) for box in held) == x.size
+               for held in boxes.values())
+
+
+@functools.cache
+def _hosts_grid() -> np.ndarray:
+    """Every process's devices, a row per process (`host_devices` order)."""
+    return np.stack([np.asarray(host_devices(p)) for p in range(jax.process_count())])
+
+
+def spread_over_hosts(x, grid: np.ndarray) -> NamedSharding:
+    """A whole copy of `x` per row of `grid` (a host), split over the row's L devices on the
+    dimension `x` is sharded on (or the first that L divides); replicated over the row when
+    none is (a norm scale, or L = 1)."""
+    mesh = Mesh(grid, ("host", "local"), axis_types=(AxisType.Auto,) * 2)
+    L = grid.shape[1]
+    spec = getattr(x.sharding, "spec", ())
+    dims = [d for d, axes in enumerate(spec) if axes is not None] + list(range(x.ndim))
+    dim = next((d for d in dims if L > 1 and x.shape[d] % L == 0), None)
+    if dim is None:
+        return NamedSharding(mesh, P())
+    return NamedSharding(mesh, P(*[None] * dim, "local"))
