@@ -240,6 +240,11 @@ class Engine:
     def return_cache(self, cache: decoder.KVCache) -> None:
         self._cache = cache
 
+    def release_cache(self) -> None:
+        """Drop the cache buffer kept between calls (the next generate allocates a new one):
+        a trainer's rollout and train step alternate, and the train step needs no cache."""
+        self._cache = None
+
     def generate(self, weights: Weights, prompts, key: jax.Array, sampling: SamplingConfig,
                  num_samples: int = 1, prompt_mask=None, first_row: int = 0,
                  limits=None) -> Generation:

@@ -45,6 +45,27 @@ shapes round differently in the last bit), so a fold that changes with the batch
 compaction's bitwise guarantee; `bench_engine.py --sweep folds` measures it."""
 
 
+def _bits(x):
+    """A 16-bit float cache array as its bits (uint16); any other array as it is.
+
+    XLA:CPU computes no bf16/f16 op, slices and updates included: it converts their operands
+    to f32, and it hoists that conversion of the whole cache out of the layer and decode
+    loops, so a decode step held the cache of every layer in f32 (two such copies, and a
+    bf16 copy: at Qwen3-4B 11 GB a device). Sliced and updated as integers, the cache is
+    read and written in place; the bits are the values', so this is exact. A read hoists the
+    whole-cache bitcast in turn (a uint16 copy), unless an optimization barrier ties the
+    cache to the loop's slice index (`KVCache.read`); then it fuses into the slice.
+    """
+    if jnp.dtype(x.dtype).itemsize == 2 and jnp.issubdtype(x.dtype, jnp.floating):
+        return jax.lax.bitcast_convert_type(x, jnp.uint16)
+    return x
+
+
+def _unbits(x, dtype):
+    """`_bits` undone: x back as `dtype`."""
+    return jax.lax.bitcast_convert_type(x, dtype) if x.dtype != dtype else x
+
+
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
 class KVCache:
@@ -92,11 +113,14 @@ class KVCache:
         """`dynamic_slice(x, start, size)` of the b rows a b-row batch uses (x: a cache array,
         its batch at `axis`; start and size without the batch axis)."""
         d = self.shards
-        y = x.reshape(x.shape[:axis] + (d, x.shape[axis] // d) + x.shape[axis + 1:])
+        if _bits(x) is not x:  # see `_bits`; the barrier keeps XLA from converting the whole
+            x, start = jax.lax.optimization_barrier(  # cache out of the loop
+                (x, tuple(jnp.asarray(i, jnp.int32) for i in start)))
+        y = _bits(x).reshape(x.shape[:axis] + (d, x.shape[axis] // d) + x.shape[axis + 1:])
         zero = jnp.zeros((), jnp.int32)
         out = jax.lax.dynamic_slice(y, tuple(start[:axis]) + (zero, zero) + tuple(start[axis:]),
                                     tuple(size[:axis]) + (d, b // d) + tuple(size[axis:]))
-        return out.reshape(tuple(size[:axis]) + (b,) + tuple(size[axis:]))
+        return _unbits(out.reshape(tuple(size[:axis]) + (b,) + tuple(size[axis:])), x.dtype)
 
     def write(self, x, new, axis: int, slot_axis: int, slot=None):
         """x with `new` (a b-row batch's T slots, its batch at `axis`) written in place at
@@ -106,8 +130,9 @@ class KVCache:
             a.shape[:axis] + (d, a.shape[axis] // d) + a.shape[axis + 1:])
         start = [jnp.zeros((), jnp.int32)] * (x.ndim + 1)
         start[slot_axis + 1] = self.index if slot is None else jnp.asarray(slot, jnp.int32)
-        return jax.lax.dynamic_update_slice(split(x), split(new.astype(x.dtype)),
-                                            start).reshape(x.shape)
+        out = jax.lax.dynamic_update_slice(split(_bits(x)), split(_bits(new.astype(x.dtype))),
+                                           start)
+        return _unbits(out.reshape(x.shape), x.dtype)
 
 
 def wide_dtype(dtype):

@@ -221,6 +221,7 @@ class Trainer:
         local = evaluate(self.engine, weights, parts.tokenizer, parts.task, self.runner, examples,
                          self.cfg.rollout.max_new_tokens, self.cfg.rollout.max_prompt_tokens,
                          batch_size=per_host, pool=self.producer.envs, limits=parts.limits)
+        self.engine.release_cache()  # as after a rollout: the train step runs without it
         self.runner.metrics()  # eval scoring is not rollout scoring: keep counters per step
         sums = self.wiring.sum_over_hosts({k: v * len(examples) for k, v in local.items()})
         out = {k: float(v) / n for k, v in sums.items()}

@@ -5,10 +5,12 @@ run's exact shapes: `train_step`, the engine's prefill and decode for rollout (a
 evaluation, at its own batch), and, when rollout lays the weights out otherwise than
 training, the reshard that moves them (`meshes.to_layout`). XLA's per-device memory analysis of each gives its arguments,
 outputs, the part aliased through donation, and its temporaries. To that the plan adds what
-the run holds throughout: the f32 master params, the optimizer state, the reference copy
-(β > 0) and the engine's KV cache, in the engine's cache dtype (a bf16 cache counts half; a
-generate compacts finished rows within that one buffer, never a second). A device's peak is
-that held memory plus the most any one program needs on top of it.
+the run holds throughout: the f32 master params, the optimizer state and the reference copy
+(β > 0); and, in the rollout and evaluation programs only, the engine's KV cache, in the
+engine's cache dtype (a bf16 cache counts half; a generate compacts finished rows within that
+one buffer, never a second). The trainer releases that cache after each rollout and
+evaluation (`Engine.release_cache`), so the train step and the reshard run without it. A
+device's peak is the held memory plus the most any one program needs on top of it.
 
 The compiles are the run's own compiles: the abstract arguments are placed exactly as the
 real ones will be, so the jit caches that the first step hits already hold them and start-up
@@ -82,7 +84,7 @@ class Program:
     """One compiled program's memory on one device (XLA's `memory_analysis`)."""
 
     name: str
-    phase: str  # which held cache is live while it runs: "rollout" or "eval"
+    phase: str  # which engine cache is live while it runs: "rollout", "eval" or "train" (none)
     arguments: int
     outputs: int
     aliased: int  # outputs written over donated arguments
@@ -266,7 +268,8 @@ class MemoryPlan:
     """Per-device memory of a run: held buffers, each program's needs on top, the peak."""
 
     held: dict[str, int]  # name -> bytes, held all run (the KV caches by phase, see below)
-    caches: dict[str, int]  # phase -> bytes of the KV cache held during that phase
+    caches: dict[str, int]  # phase -> bytes of the KV cache live during that phase (none in
+    # "train": the trainer releases the engine's cache after each generate, `Engine.release_cache`)
     programs: list[Program]
     expected: dict[str, int]  # `expected_train_temporaries`
     settings: dict  # what the hints need: remat, grad_accum, rows per micro-batch, ...
@@ -471,7 +474,7 @@ def plan(model_cfg: ModelConfig, learner: LearnerConfig, state, batch, ref_param
         t0 = time.perf_counter()
         compiled = train_step_lib.compile_update(state, batch, model_cfg, learner, ref_params,
                                                  mesh)
-        program = Program.of("train_step", "rollout", compiled, device_bytes((state, ref_params)),
+        program = Program.of("train_step", "train", compiled, device_bytes((state, ref_params)),
                              time.perf_counter() - t0)
         resolved = micro_batches.resolve(learner, batch, model_cfg.vocab_size, mesh)  # as the step
         chunk = decoder.logprob_chunk_size(rows // resolved.rows_multiple,
@@ -576,7 +579,7 @@ def _reshard(params, layout) -> Program:
     t0 = time.perf_counter()
     moving, program = meshes.layout_program(params, layout)
     compiled = program.lower([leaves[i] for i in moving]).compile()
-    return Program.of("reshard", "rollout", compiled, device_bytes([leaves[i] for i in moving]),
+    return Program.of("reshard", "train", compiled, device_bytes([leaves[i] for i in moving]),
                       time.perf_counter() - t0)
 
 

@@ -61,6 +61,7 @@ class InlineSource:
             weights = self.wiring.rollout_weights(params, self.producer.engine.weight_shardings)
             ph.sync(weights)
         record, self._feedback = self.producer.produce(step, weights, start, stop, timer)
+        self.producer.engine.release_cache()  # the train step runs without it (memory plan)
         return record
 
     def publish(self, version: int, params, timer: StepTimer) -> dict[str, float]:
