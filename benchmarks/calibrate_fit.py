@@ -178,11 +178,20 @@ def machine_terms(probes: dict, probe_src: str) -> dict:
         run_by = m.get("command") or probe_src.removeprefix(_BY)
         out["multi_device_iteration_s"] = {
             n: c(v, "s per loop iteration", "measured",
-                 f"one process, {n} simulated CPU devices: a sharded `while_loop` whose "
-                 f"condition reduces over the devices, per iteration ({m.get('loops', '400 - 100')}"
-                 f" iterations): `predict_probes.py multidev`, run by {run_by}")
+                 f"one process, {n} simulated CPU devices: {_multidev_loop(m)}, per "
+                 f"iteration: `predict_probes.py multidev`, run by {run_by}")
             for n, v in m["iteration_s_by_devices"].items()}
     return out
+
+
+def _multidev_loop(m: dict) -> str:
+    """What the multidev probe timed: the engine's decode (now) or a tiny loop (before)."""
+    loops = m.get("loops", "400 - 100")
+    if loops.startswith("engine"):
+        return (f"the engine's decode loop at TINY, 16 rows of 16-token prompts over the "
+                f"devices ({loops})")
+    return (f"a sharded `while_loop` whose condition reduces over the devices ({loops} "
+            f"iterations)")
 
 
 def write(points: dict, probes: dict, recs: list[dict], command: str, task_of: dict,

@@ -16,10 +16,14 @@ runs them; each prints one JSON line).
   Prints each K's median wall per process against one process alone on one core (taskset)
   times max(1, K / cores), fair time-slicing: the ratio is the over-subscription penalty;
 - `multidev --ns N...`: one process with N simulated CPU devices (`jax_num_cpu_devices`, as
-  `--mode single --devices-per-host N`), a jitted `lax.while_loop` whose body is a tiny
-  matmul on rows sharded over the N devices and whose condition reduces a per-row flag over
-  all of them (the decode loop's shape, `engine/decode.py`): seconds per iteration, from the
-  difference of two loop lengths, 2000 and 200 (call overhead cancels), median of 9.
+  `--mode single --devices-per-host N`) running the engine's own decode loop: TINY's
+  config, 16 rows (4 prompts x 4 samples) of 16-token prompts sharded over the N devices
+  as `--mode single` shards them, every row decoding to the end (`ignore_eos`). Seconds
+  per iteration from the difference of 64- and 16-token generates (prefill and call
+  overhead cancel), median of 9. No benchmark runs this shape (bench_modes' TINY points
+  have 32 rows and 256- or 768-token prompts). The decode step's dozens of small kernels
+  per device and its two cross-device reductions per iteration are what N device threads
+  on 2 cores contend on; a tiny loop with one reduction measured a tenth of it.
 """
 
 from __future__ import annotations
@@ -201,39 +205,36 @@ def oversub(ks: list[int]) -> dict:
             "rounds": OVERSUB_ROUNDS, "by_k": out}
 
 
+MULTIDEV_TOKENS = (16, 64)  # two generate lengths: their difference is 48 iterations
+
+
 def _multidev_one(n: int) -> float:
     from locojax import distributed
 
     distributed.set_cpu_devices(n)
     import jax
-    import jax.numpy as jnp
     import numpy as np
-    from jax.sharding import Mesh, NamedSharding
-    from jax.sharding import PartitionSpec as P
+    from jax.sharding import Mesh
 
-    mesh = Mesh(np.array(jax.devices()[:n]), ("data",))
-    rows = NamedSharding(mesh, P("data"))
-    h = jax.device_put(jnp.ones((4 * n, 64), jnp.float32) * 0.01, rows)
-    done = jax.device_put(jnp.zeros((4 * n,), bool), rows)
-    w = jax.device_put(jnp.eye(64, dtype=jnp.float32), NamedSharding(mesh, P()))
+    from locojax.engine.engine import Engine
+    from locojax.engine.sampling import SamplingConfig
+    from locojax.model import config as model_config
+    from locojax.model import params
+    from locojax.model.sharding import ROLLOUT_REPLICATED
 
-    @jax.jit
-    def loop(h, done, w, iters):
-        def cond(st):
-            i, _, d = st
-            return (i < iters) & ~jnp.all(d)
+    cfg = model_config.PRESETS["tiny"]()
+    weights = params.init(cfg, jax.random.key(0))
+    prompts = np.asarray(jax.random.randint(jax.random.key(1), (4, 16), 0, cfg.vocab_size),
+                         np.int32)
+    engine = Engine(cfg, mesh=Mesh(np.array(jax.devices()[:n]), ("data",)),
+                    rules=ROLLOUT_REPLICATED)
 
-        def body(st):
-            i, h, d = st
-            h = jnp.tanh(h @ w)
-            return i + 1, h, d | (h[:, 0] > 10.0)
+    def timed(tokens: int) -> float:
+        sampling = SamplingConfig(max_new_tokens=tokens, temperature=1.0, ignore_eos=True)
+        return median_time(lambda: jax.block_until_ready(engine.generate(
+            weights, prompts, jax.random.key(0), sampling, num_samples=4)), 9)
 
-        return jax.lax.while_loop(cond, body, (jnp.int32(0), h, done))[1]
-
-    def timed(iters: int) -> float:
-        return median_time(lambda: loop(h, done, w, iters).block_until_ready(), 9)
-
-    short, long = 200, 2000
+    short, long = MULTIDEV_TOKENS
     return (timed(long) - timed(short)) / (long - short)
 
 
@@ -246,7 +247,7 @@ def multidev(ns: list[int]) -> dict:
         if r.returncode:
             raise RuntimeError(f"multidev probe n={n} failed:\n{r.stderr[-2000:]}")
         out[n] = json.loads(r.stdout.strip().splitlines()[-1])["iteration_s"]
-    return {"iteration_s_by_devices": out, "loops": "2000 - 200"}
+    return {"iteration_s_by_devices": out, "loops": "engine decode, 64 - 16 tokens"}
 
 
 def main() -> int:

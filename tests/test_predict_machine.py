@@ -64,6 +64,15 @@ def test_loop_iteration_extra_is_the_meeting_beyond_one_device():
     assert extra(8) == pytest.approx(7e-4 - 1e-5)
 
 
+def test_loop_iteration_extra_may_be_a_gain():
+    """Two device threads on two cores can beat one device's loop (the idle core): the
+    measured gain is kept, not clipped to 0."""
+    hw = _profile(multi_device_iteration_s={"1": _m(8e-4), "2": _m(6e-4), "4": _m(3e-3)})
+    extra = lambda n: shared_machine.loop_iteration_extra(hw, Ledger(), n)
+    assert extra(2) == pytest.approx(-2e-4)
+    assert extra(3) == pytest.approx((6e-4 + 3e-3) / 2 - 8e-4)  # linear between 2 and 4
+
+
 def test_no_machine_term_where_the_hosts_do_not_share_a_machine():
     """The tables are read only under `shared_cores`: without it every prediction is the one
     without the tables, and a TPU profile's env is its own hosts' formula."""

@@ -139,7 +139,10 @@ def controller(ctx: Ctx, decode_chunk: int = 0) -> Prediction:
     cl, wl = ctx.cluster, ctx.wl
     h = cl.hosts
     per_host = min(cl.chips, cl.chips_per_host)
-    c = cores_each(ctx, h + 1)  # the controller is one more process on cpu-here
+    # The controller's process waits while the hosts run their device phases (it blocks on
+    # their generate and train calls; its own work, scoring and the batch, runs while the
+    # hosts wait), so the hosts' device phases share the cores h ways, not h + 1.
+    c = cores_each(ctx, h)
     steps = wl.decode_steps(wl.rows)
     ph = _rollout(ctx, wl.prompts / h, wl.rows / h, per_host, steps, c, c)
     full = 1.0  # central host work: the hosts wait, the controller's process runs

@@ -8,10 +8,13 @@ the machine (benchmarks/predict_probes.py), never fitted to a benchmark run:
   measured with k processes of one jitted program at once (`oversub`). It is 1 at k <= c,
   linear in k between c and the measured k, and held beyond the largest.
 - **A multi-device program's loop.** One process driving N simulated devices (`--mode
-  single --devices-per-host N`) pays, per loop iteration, the N device threads meeting:
-  the decode loop's condition reduces a flag over all of them. The per-iteration time i(N)
-  of a tiny sharded `while_loop` is measured (`multidev`); the term is i(N) - i(1), since
-  the N = 1 fits already hold i(1). It is linear in N between the measured N.
+  single --devices-per-host N`) runs each decode iteration's dozens of small kernels on N
+  device threads, which meet twice an iteration (the loop condition reduces over all of
+  them). More device threads than cores contend for them at every kernel and meeting;
+  fewer use a core that one device's loop leaves idle. The per-iteration time i(N) of the
+  engine's own decode loop at a probe shape no benchmark runs is measured (`multidev`);
+  the term is i(N) - i(1), since the N = 1 fits already hold i(1), and it may be negative.
+  It is linear in N between the measured N.
 - **Env processes share the cores too.** The sandboxed tool runs of every host are
   processes on the same cores, so a host's env time is its env work in core-seconds over
   the cores its env processes get (`env_seconds`), not over cores of its own.
@@ -56,15 +59,16 @@ def oversubscription(hw: Hardware, ledger: Ledger, processes: float) -> float:
 
 def loop_iteration_extra(hw: Hardware, ledger: Ledger, devices: int) -> float:
     """Seconds per loop iteration that N devices in one process add to one device's loop:
-    i(N) - i(1), at least 0 (0 where the hosts do not share a machine, at N = 1, or without
-    a measured table)."""
+    i(N) - i(1), negative where N threads gain more from the idle core than they lose to
+    contention (0 where the hosts do not share a machine, at N = 1, or without a measured
+    table)."""
     if not shared_cores(hw) or devices <= 1:
         return 0.0
     table = _table(hw, "multi_device_iteration_s", ledger)
     if not table:
         return 0.0
     ns, vs = zip(*table)
-    return max(0.0, float(np.interp(devices, ns, vs) - np.interp(1, ns, vs)))
+    return float(np.interp(devices, ns, vs) - np.interp(1, ns, vs))
 
 
 def env_seconds(per_row_turn: float, rows: float, turns: int, workers: float,
