@@ -223,6 +223,99 @@ def test_lock_step_modes_equal_colocated(cluster, fsdp_colocated, tmp_path):
         assert 0 <= a[mismatch] < 1e-4
 
 
+@pytest.mark.timeout(900)  # and the shared references, when first to use them
+def test_disaggregated_fsdp_trains_its_first_step_as_colocated_fsdp(reference, fsdp_colocated,
+                                                                     tmp_path):
+    """disaggregated, k = 1, the learner on `--train.mesh data=1,fsdp=2` over its 2 hosts of
+    1 device (the fsdp group spans them, so each published version crosses hosts: the
+    `meshes.host_copy` path), 2 workers. Steps 1 and 2 both train rows of version 0 (one
+    step stale), published from the sharded initial params: their tokens are bitwise the
+    data-parallel DA reference's (version 0 is the same bits whatever the learner's layout).
+    Step 1 (fresh rows) is colocated FSDP's step 1 (tests/fsdp_run.py), every metric bitwise
+    but the workers' logprob check: the same sharded train step on the same devices and
+    rows. Each kept version is the params whole: the last one is the export, bitwise."""
+    from locojax.checkpoint import Checkpointer
+
+    run = tmp_path / "da_fsdp"
+    train(run, "--mode", "disaggregated", "--hosts", "4", "--rollout-fraction", "0.5",
+          "--lease-timeout-s", "60", preset=("demo", *FSDP_ARGS))
+    rows = jsonl(run / "metrics.jsonl")
+    assert [r["rollout/staleness/mean"] for r in rows] == [0.0, 1.0]
+    mine, ref = tokens_by_step(str(run)), tokens_by_step(reference)
+    assert sorted(mine) == ["step00001", "step00002"]
+    for step in mine:
+        np.testing.assert_array_equal(mine[step], ref[step])
+    mismatch = "rollout/logprob_mismatch"
+    colo = jsonl(fsdp_colocated / "metrics.jsonl")[0]
+    assert {k: rows[0][k] for k in colo if k != mismatch} == \
+        {k: colo[k] for k in colo if k != mismatch}
+    assert 0 <= rows[0][mismatch] < 1e-4  # as in test_lock_step_modes_equal_colocated
+    versions = Checkpointer(str(run / "checkpoints")).restore_rollout(2)["versions"]
+    final = params(run)
+    assert len(jax.tree.leaves(versions["v2"])) == len(final)
+    for a, b in zip(jax.tree.leaves(versions["v2"]), final):
+        assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
+    p = sum(np.asarray(x).size for x in final)
+    for perf in jsonl(run / "perf.jsonl"):
+        assert perf["perf/net/weight_sync_push_bytes"] == 4 * p  # the whole f32 params
+        assert perf["perf/phase/reshard"] > 0
+
+
+def test_controller_tp_samples_what_it_samples_without_tp(cluster, tmp_path):
+    """The controller mode with `--rollout.tp 2` on 2 hosts x 2 devices (each host's engine
+    splits heads, MLP and vocabulary over its 2 devices) samples the rows tp 1 samples, one
+    step against the same run without tp, as far as test_rollout_tp.py's contract allows.
+
+    The two forwards are the same sums in another order: each logit within `tol` = 2 x
+    probabilistic(DEPTH) x Σ_d |h_d e_vd| (`hf_reference.measured_logit_tol`'s form, with
+    DEPTH = 8192 >= the embedded model's ~4.8k reduction terms in sequence: 4 layers x
+    (norm 128, projections 128, q/k norm 32, scores 32, softmax and p.v <= 20 each, o-proj
+    128, norm 128, gate/up 128, down 384), final norm 128, logits 128), and by
+    Cauchy-Schwarz Σ_d |h_d e_vd| <= |h| |e_v| <= sqrt(D) max|final norm scale| max|e_v| for
+    every prompt (RMSNorm leaves |x / rms(x)| = sqrt(D)). The uniforms are bitwise alike, so
+    a draw changes only if its uniform lies within the CDF's shift (each log-prob moves by
+    at most 2 tol / τ) of one of its token's two boundaries: probability <= 4 tol / τ per
+    draw, q <= 4 tol / τ x max_new_tokens per row. The rows whose tokens differ are then at
+    most the count a Binomial(rows, q) exceeds with probability < 1e-9 (for the embedded
+    model, 16 of 32), while a wrong split changes nearly every row from its first draw.
+    Rows alike have log-probs within the bound, not all bitwise (the tensor-parallel
+    program really ran), and agree with the trainer's, as in the async tp test."""
+    import math
+
+    from locojax.model.loader import load
+    from tests.tolerance import probabilistic
+
+    args = ("--mode", "controller", "--hosts", "2", "--devices-per-host", "2")
+    one = [a if a != str(STEPS) else "1" for a in COMMON]  # one step
+    train(tmp_path / "tp1", *args, preset=("demo", *one))
+    train(tmp_path / "tp2", *args, "--rollout.tp", "2", preset=("demo", *one))
+    fields = ("tokens", "mask", "logprobs")
+    a, b = _rollouts(str(tmp_path / "tp1"), fields), _rollouts(str(tmp_path / "tp2"), fields)
+    assert sorted(a) == sorted(b) == ["step00001"]
+    (ta, mask, la), (tb, _, lb) = a["step00001"], b["step00001"]
+    rows, same = len(ta), (ta == tb).all(axis=1)
+    differ = int(rows - same.sum())
+
+    cfg = config(tmp_path / "tp1")
+    w = load("embedded", param_dtype="float32").weights
+    terms = math.sqrt(w["embed"].shape[1]) * float(np.abs(w["final_norm"]).max()) * float(
+        np.linalg.norm(np.asarray(w["embed"]), axis=1).max())
+    tol = 2 * probabilistic(8192) * terms  # DEPTH
+    q = 4 * tol / cfg.rollout.temperature * cfg.rollout.max_new_tokens
+    bound = next(k for k in range(rows + 1) if sum(
+        math.comb(rows, j) * q ** j * (1 - q) ** (rows - j) for j in range(k + 1, rows + 1))
+        < 1e-9)
+    assert bound <= rows // 2, (q, bound)  # the check can tell a broken split
+    assert differ <= bound, f"{differ} of {rows} rows differ (bound {bound}, q {q:.3g})"
+    # Rows alike: each sampled token's log-prob moves by at most 2 tol / τ, plus the
+    # rounding of each run's V-term log-sum-exp (`hf_reference.logprob_tol`'s form).
+    gap = np.abs(la - lb)[same][mask[same]]
+    assert gap.max() <= 2 * tol / cfg.rollout.temperature + 2 * probabilistic(8192), gap.max()
+    assert (la != lb).any()  # tp 2 ran another program (its partial sums round otherwise)
+    for r in jsonl(tmp_path / "tp2" / "metrics.jsonl"):
+        assert 0 <= r["rollout/logprob_mismatch"] < 1e-4  # as in the async tp test
+
+
 @pytest.mark.parametrize("mode", [
     # 2 learner hosts, 2 workers running the calculator tool on their own hosts (same lease
     # shapes as each colocated host's)

@@ -6,9 +6,10 @@ and lands exactly where the engine wants each weight (so its `place_weights` doe
 more); weights already in the rollout's layout are not copied; and XLA's program for the move
 needs no more than a device's share of the source and of the target when the fsdp and tensor
 groups are the same devices (fsdp 8, tp 8), which is what the memory plan's `reshard` line
-reports (the old way gathered the whole f32 params on every device first:
-16 GB at Qwen3-4B). The 2-step FSDP runs, single and colocated, bitwise alike with the reshard
-in every step: tests/test_train_mesh.py.
+reports (the old way gathered the whole f32 params on every device first: 16 GB at
+Qwen3-4B); and the Ray learner's publish copies each version to host memory from shards,
+never through a whole replica per device. The 2-step FSDP runs, single and colocated,
+bitwise alike with the reshard in every step: tests/test_train_mesh.py.
 """
 
 import dataclasses
