@@ -88,11 +88,22 @@ def test_the_plans_compiles_are_the_runs_compiles(tmp_path, caplog):
     assert 2 * 4 * n <= plan.held["optimizer"] < 2 * 4 * n + 64
     assert plan.peak == max(plan.peak_of(p) for p in plan.programs) > sum(plan.held.values())
     assert "memory plan per device" in plan.format()
+    # The engine's cache counts in its own phase's programs only: the trainer releases it
+    # after each rollout and evaluation, so the train step runs without it (checked below).
+    by_name = {p.name: p for p in plan.programs}
+    assert plan.peak_of(by_name["train_step"]) == sum(plan.held.values()) + by_name[
+        "train_step"].extra
+    for phase in ("rollout", "eval"):
+        program = by_name[f"decode {phase}"]
+        assert plan.caches[phase] > 0
+        assert plan.peak_of(program) == (sum(plan.held.values()) + plan.caches[phase]
+                                         + program.extra)
 
     caplog.clear()
     final = trainer.run()  # evaluation before, one step, evaluation after
     recompiled = [r.getMessage() for r in caplog.records if "compiling" in r.getMessage()]
     assert recompiled == []
+    assert trainer.engine._cache is None  # released after the last evaluation
 
     # bf16 compute, f32 everywhere it is kept: the checkpoint and the exported model.
     assert 0 < final["rollout/logprob_mismatch"] < 0.05  # see tests/test_precision.py
@@ -108,7 +119,8 @@ def test_the_plans_compiles_are_the_runs_compiles(tmp_path, caplog):
 def test_a_bf16_cache_is_the_runs_the_plans_and_logs_its_mismatch(tmp_path):
     """--rollout.cache-dtype bf16 under f32 compute reaches the engine (whose cache the run's
     decodes leave in bf16), the plan (which counts the cache in bf16 and stops hinting it)
-    and a 1-step run, which logs the sampler-trainer gap."""
+    and a 1-step run, which logs the sampler-trainer gap, and frees the cache after its
+    rollout."""
     from locojax.train import wiring
     from locojax.train.loop import start
 
@@ -120,8 +132,16 @@ def test_a_bf16_cache_is_the_runs_the_plans_and_logs_its_mismatch(tmp_path):
     assert trainer.memory.settings["cache_dtype"] == "bfloat16"
     assert "(bfloat16)" in trainer.memory.format()
     assert not any("--rollout.cache-dtype" in h for h in trainer.memory.hints())
+    released, release = [], trainer.engine.release_cache
+
+    def record_release():  # the cache the rollout decoded into, as the trainer frees it
+        released.append(trainer.engine._cache)
+        release()
+
+    trainer.engine.release_cache = record_release
     final = trainer.run()
-    assert trainer.engine._cache.k.dtype == jnp.bfloat16  # what the rollout decoded into
+    assert len(released) == 1 and released[0].k.dtype == released[0].v.dtype == jnp.bfloat16
+    assert trainer.engine._cache is None  # the train step ran without it
     # Rounding the cached keys and values to bf16 is a part of what bf16 compute rounds, so
     # the gap stays within that one's (tests/test_precision.py derives it; < 0.05 here).
     assert 0 < final["rollout/logprob_mismatch"] < 0.05
