@@ -30,6 +30,7 @@ from tests.test_long_decode import (  # weights: the module's fixture
     _compactions,
     _rollout,
     _trainer_logprobs,
+    block_loop,  # noqa: F401
     weights,  # noqa: F401
 )
 
@@ -50,6 +51,7 @@ def _windowed(prefix: CacheBlocks, window: int) -> CacheBlocks:
                                slot_positions=pos)
 
 
+@pytest.mark.usefixtures("block_loop")
 @pytest.mark.parametrize("window", [None, 5], ids=["full", "window"])
 @pytest.mark.parametrize("index", [3, 8, 13, 20])
 def test_folded_blocks_attend_as_one_softmax(index, window):
@@ -84,6 +86,7 @@ class _Engine(Engine):
         return dataclasses.replace(super()._empty(rows, slots), fold_slots=self.fold_slots)
 
 
+@pytest.mark.usefixtures("block_loop")  # its 4-block cache is otherwise read whole
 def test_folded_generate_samples_as_unfolded(weights, monkeypatch):  # noqa: F811
     """16 greedy rows in 32-slot blocks (`BLOCK`), 120 new tokens (4 blocks), own budgets,
     compacted to 8 rows; a fold of 1,024 row-slots: 2 blocks an iteration at 16 rows, 4 at

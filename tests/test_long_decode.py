@@ -19,7 +19,7 @@ from locojax.engine import decode as decode_lib
 from locojax.engine import engine as engine_lib
 from locojax.engine.engine import Engine, pad_prompts
 from locojax.engine.sampling import SamplingConfig
-from locojax.model import config, decoder, params
+from locojax.model import attention, config, decoder, params
 from locojax.model.sharding import make_mesh
 from tests.hf_reference import assert_decisive_argmax, logprob_tol
 from tests.tolerance import unit_roundoff, worst_case, x64
@@ -80,6 +80,18 @@ def _attention_bound(q, dense, dtype, blocks):
     return 2 * (2 * delta + 2 * worst_case(depth, dtype) + u) * vmax
 
 
+@pytest.fixture
+def block_loop(monkeypatch):
+    """Attention reads every cache block by block (`attention.WHOLE_BLOCKS` 1), even one of
+    the 5 blocks these cases have, which it would otherwise read whole; the jit caches are
+    cleared either side, so no program traced under the other setting is reused."""
+    monkeypatch.setattr(attention, "WHOLE_BLOCKS", 1)
+    jax.clear_caches()
+    yield
+    jax.clear_caches()
+
+
+@pytest.mark.usefixtures("block_loop")
 @pytest.mark.parametrize("t", [1, 3], ids=["decode", "extend"])
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_blocked_attention_equals_one_softmax_and_reads_only_written_blocks(dtype, t):
@@ -106,6 +118,7 @@ def _bf16_case(t=1):
     return q, new, decoder.CacheBlocks(cache, prefix.layer, prefix.rows), [rounded, dense[1]]
 
 
+@pytest.mark.usefixtures("block_loop")
 def test_bf16_cache_attention_accumulates_in_f32():
     """A bf16 cache's blocks are read into f32 and accumulated there: the blocked attention
     equals float64 arithmetic on the same bf16 values within the f32 bound above. Had it

@@ -1,0 +1,103 @@
+"""Where a locojax generate's time per token goes at the long-tailed lengths, phase by phase.
+
+small-512 at 128 and 64 rows and small-4096 at 64 (`bench_engine.py --prompts-4096 8`), each
+compiled, then `--runs` generates of each, interleaved. Every program (prefill, each decode
+phase at its batch size, each compaction) is synchronised and timed as `bench_engine.profile`
+times it; each decode phase's live tokens (row-steps whose row has not ended) are counted
+from the forced lengths. docs/engine_benchmark.md, "The 4096 target", holds a run.
+
+    .venv/bin/python benchmarks/profile_generate.py [--runs 2]
+"""
+
+import argparse
+import dataclasses
+import os
+import sys
+import time
+
+import jax
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_engine as be
+
+from locojax.engine import engine as engine_lib
+from locojax.model import config as model_config
+from locojax.model import params
+
+PROGRAMS = ("prefill_jit", "decode_jit", "compact_jit")
+
+
+def load() -> str:
+    return " ".join(f"{x:.1f}" for x in os.getloadavg())
+
+
+def spans_of(once):
+    """(total s, [(program, s, rows after, first step, step after)]) of one generate."""
+    spans, real = [], {n: getattr(engine_lib, n) for n in PROGRAMS}
+
+    def timed_program(name):
+        def run(*args, **kw):
+            t0 = time.perf_counter()
+            out = jax.block_until_ready(real[name](*args, **kw))
+            seconds = time.perf_counter() - t0
+            turn = out if name == "prefill_jit" else out[1] if name == "compact_jit" else out
+            before = args[2] if name == "decode_jit" else None  # the turn it went on from
+            spans.append((name, seconds, turn.last.shape[0],
+                          None if before is None else int(before.step), int(turn.step)))
+            return out
+        return run
+
+    for name in PROGRAMS:
+        setattr(engine_lib, name, timed_program(name))
+    try:
+        total = be.timed(once)
+    finally:
+        for name, fn in real.items():
+            setattr(engine_lib, name, fn)
+    return total, spans
+
+
+def report(name, s, total, spans):
+    lengths = s.lengths()
+    tokens = int(lengths.sum())
+    print(f"\n{name}: {total:.3f} s, {tokens} tokens, {1000 * total / tokens:.3f} ms/token, "
+          f"load {load()}")
+    for program, sec, rows, a, b in spans:
+        if program != "decode_jit":
+            print(f"  {program[:-4]} -> {rows} rows: {sec:.3f} s")
+            continue
+        live = int(np.clip(np.minimum(lengths, b) - a, 0, None).sum())  # tokens a..b-1
+        print(f"  decode {rows:4d} rows, tokens {a}..{b - 1} ({b - a} steps): "
+              f"{1000 * sec / max(b - a, 1):.2f} ms/step, {sec:.3f} s, live tokens {live} "
+              f"({live / max((b - a) * rows, 1):.2f} of row-steps), "
+              f"{1000 * sec / max(live, 1):.3f} ms/live token; written slots "
+              f"{s.prompt_tokens + a}..{s.prompt_tokens + b}")
+    print(f"  rest (host syncs, dispatch, result): {total - sum(x[1] for x in spans):.3f} s")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--runs", type=int, default=2, help="profiled generates of each shape")
+    args = ap.parse_args(argv)
+    print("load average at start " + load(), flush=True)
+    cfg = model_config.PRESETS["small"]()
+    weights = params.init(cfg, jax.random.key(0))
+    shapes = {"small-512 (128 rows)": be.SHAPES["small-512"],
+              "small-512 (64 rows)": dataclasses.replace(be.SHAPES["small-512"], prompts=8),
+              "small-4096 (64 rows)": dataclasses.replace(be.SHAPES["small-4096"], prompts=8)}
+    runners = {}
+    for name, s in shapes.items():
+        prompts = np.asarray(jax.random.randint(
+            jax.random.key(1), (s.prompts, s.prompt_tokens), 1, cfg.vocab_size - 1), np.int32)
+        runners[name] = be.locojax_runner(cfg, weights, prompts, s)
+        print(f"{name}: first run (compiles) {be.timed(runners[name]):.1f} s", flush=True)
+    for _ in range(args.runs):
+        for name, once in runners.items():
+            report(name, shapes[name], *spans_of(once))
+    print("load average at end " + load())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
