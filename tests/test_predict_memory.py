@@ -37,3 +37,15 @@ def test_small_model_fits_unsharded_and_405b_needs_sharding():
     # 18 bytes of train state a parameter (7.3 TB) cannot sit on one 192 GiB chip.
     assert big.settings["fsdp"] >= 64 and big.settings["mp"] > 1
     assert big.parts["params"] + big.parts["optimizer"] < 192 * 2 ** 30
+
+
+def test_the_cache_and_the_train_step_are_never_counted_together():
+    """The trainer frees the engine's cache before the train step (`Engine.release_cache`):
+    the peak is the held state plus the larger of the two phases, not their sum."""
+    p = memory.plan_for(_ctx("qwen3-4b", "v5e-8"), fsdp=8, mp=8, grad_accum=32, remat=True)
+    rollout = p.parts["KV cache"]
+    train = p.parts["gradients"] + p.parts["activations"] + p.parts["logits"]
+    held = sum(p.parts.values()) - rollout - train
+    assert rollout > 0 and train > 0
+    assert p.peak == pytest.approx(held + max(rollout, train), rel=1e-12)
+    assert p.peak < sum(p.parts.values())

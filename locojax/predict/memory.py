@@ -12,6 +12,10 @@ What a learner chip holds (bytes; P parameters, FSDP over n chips, compute items
   at 12 bytes each; tests/test_predict_memory.py checks it against the memory plan's traced
   `layer_residual_bytes`), or L · r · T · d · s plus one layer's a with remat; and five f32
   buffers of a chunk of logits, r · C · V · 4 (C: T, or a chunk of positions).
+The KV cache and the train step's buffers are never live at once: the trainer releases the
+engine's cache after each rollout (`Engine.release_cache`), so the peak is what is held
+throughout (params, optimizer, reference, rollout's weights) plus the larger of the rollout
+(the cache) and the train step (gradients, activations, logits), as the memory plan counts it.
 The planner tries, in the memory plan's order of hints, grad_accum, remat, FSDP and a
 smaller rollout batch per chip until the peak fits 90% of HBM.
 """
@@ -25,6 +29,8 @@ from locojax.predict.phases import Ctx
 
 GB = 1e9
 HEADROOM = 0.9  # of HBM: what XLA and the runtime keep for themselves
+ROLLOUT = ("KV cache",)  # live only while rollout runs
+TRAIN = ("gradients", "activations", "logits")  # live only while the train step runs
 
 
 def activation_bytes_per_token_layer(cfg, itemsize: int, keys: float) -> float:
@@ -39,9 +45,17 @@ class Plan:
     parts: dict[str, float]  # bytes per device
     hbm: float
 
+    def _sum(self, names) -> float:
+        return sum(self.parts.get(n, 0.0) for n in names)
+
     @property
     def peak(self) -> float:
-        return sum(self.parts.values())
+        held = sum(v for k, v in self.parts.items() if k not in ROLLOUT + TRAIN)
+        return held + max(self._sum(ROLLOUT), self._sum(TRAIN))
+
+    @property
+    def peak_phase(self) -> str:
+        return "rollout" if self._sum(ROLLOUT) > self._sum(TRAIN) else "train step"
 
     @property
     def fits(self) -> bool:
@@ -55,8 +69,10 @@ class Plan:
                 f" {st['dtype']}):")
         parts = ", ".join(f"{k} {v / GB:.2f} GB" for k, v in self.parts.items() if v)
         verdict = "fits" if self.fits else "DOES NOT FIT"
-        return (f"{head}\n  {parts}\n  peak {self.peak / GB:.2f} GB of {self.hbm / GB:.1f} GB "
-                f"({100 * self.peak / self.hbm:.0f}%): {verdict} (limit {HEADROOM:.0%})")
+        return (f"{head}\n  {parts}\n  peak {self.peak / GB:.2f} GB in the {self.peak_phase} "
+                f"(the KV cache and the train step's buffers are never live at once) of "
+                f"{self.hbm / GB:.1f} GB ({100 * self.peak / self.hbm:.0f}%): {verdict} "
+                f"(limit {HEADROOM:.0%})")
 
 
 def plan_for(ctx: Ctx, fsdp: int, mp: int, grad_accum: int, remat: bool,
