@@ -235,10 +235,10 @@ class TunixRunner:
         self.proc.wait(timeout=60)
 
 
-def profile(once):
-    """Where one locojax generate's time goes: each of its programs (prefill, every decode
-    phase at its batch size, every compaction) timed on its own, synchronised; the rest
-    (host syncs, dispatch, assembling the result) is the total less their sum."""
+def program_spans(once):
+    """(total s, [(program, s, rows after, first step, step after)]) of one locojax generate:
+    each of its programs (prefill, every decode phase at its batch size, every compaction)
+    timed on its own, synchronised."""
     from locojax.engine import engine as engine_lib
 
     spans, real = [], {n: getattr(engine_lib, n) for n in ("prefill_jit", "decode_jit",
@@ -263,6 +263,13 @@ def profile(once):
     finally:
         for name, fn in real.items():
             setattr(engine_lib, name, fn)
+    return total, spans
+
+
+def profile(once):
+    """Where one locojax generate's time goes: its programs (`program_spans`); the rest
+    (host syncs, dispatch, assembling the result) is the total less their sum."""
+    total, spans = program_spans(once)
     print(f"  profile of one locojax generate ({total:.3f} s, programs synchronised):")
     for name, sec, rows, a, b in spans:
         what = (f"decode {rows:4d} rows: tokens {a}..{b - 1} ({b - a} steps), "

@@ -13,7 +13,6 @@ import argparse
 import dataclasses
 import os
 import sys
-import time
 
 import jax
 import numpy as np
@@ -21,41 +20,12 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_engine as be
 
-from locojax.engine import engine as engine_lib
 from locojax.model import config as model_config
 from locojax.model import params
-
-PROGRAMS = ("prefill_jit", "decode_jit", "compact_jit")
 
 
 def load() -> str:
     return " ".join(f"{x:.1f}" for x in os.getloadavg())
-
-
-def spans_of(once):
-    """(total s, [(program, s, rows after, first step, step after)]) of one generate."""
-    spans, real = [], {n: getattr(engine_lib, n) for n in PROGRAMS}
-
-    def timed_program(name):
-        def run(*args, **kw):
-            t0 = time.perf_counter()
-            out = jax.block_until_ready(real[name](*args, **kw))
-            seconds = time.perf_counter() - t0
-            turn = out if name == "prefill_jit" else out[1] if name == "compact_jit" else out
-            before = args[2] if name == "decode_jit" else None  # the turn it went on from
-            spans.append((name, seconds, turn.last.shape[0],
-                          None if before is None else int(before.step), int(turn.step)))
-            return out
-        return run
-
-    for name in PROGRAMS:
-        setattr(engine_lib, name, timed_program(name))
-    try:
-        total = be.timed(once)
-    finally:
-        for name, fn in real.items():
-            setattr(engine_lib, name, fn)
-    return total, spans
 
 
 def report(name, s, total, spans):
@@ -94,7 +64,7 @@ def main(argv=None) -> int:
         print(f"{name}: first run (compiles) {be.timed(runners[name]):.1f} s", flush=True)
     for _ in range(args.runs):
         for name, once in runners.items():
-            report(name, shapes[name], *spans_of(once))
+            report(name, shapes[name], *be.program_spans(once))
     print("load average at end " + load())
     return 0
 
