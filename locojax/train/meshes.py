@@ -247,7 +247,7 @@ def assemble(x) -> np.ndarray:
         if box not in seen:
             seen.add(box)
             out[shard.index] = np.asarray(shard.data)
-    if sum(int(np.prod([b - a for a, b in box])) for box in seen) != x.size:
+    if _size(seen) != x.size:
         raise ValueError(f"this process's shards of a {x.shape} array do not cover it "
                          f"({x.sharding})")
     return out
@@ -258,6 +258,11 @@ def _box(index, shape) -> tuple:
     return tuple(s.indices(n)[:2] for s, n in zip(index, shape))
 
 
+def _size(boxes) -> int:
+    """Elements in distinct boxes (shards of a NamedSharding are equal or disjoint)."""
+    return sum(int(np.prod([b - a for a, b in box])) for box in boxes)
+
+
 def _every_host_holds_it(x) -> bool:
     """Whether each process's devices hold every part of `x` (the same answer on every
     process: computed from the global layout). Shards of a NamedSharding are equal or
@@ -265,8 +270,7 @@ def _every_host_holds_it(x) -> bool:
     boxes: dict[int, set] = {}
     for device, index in x.sharding.devices_indices_map(x.shape).items():
         boxes.setdefault(device.process_index, set()).add(_box(index, x.shape))
-    return all(sum(int(np.prod([b - a for a, b in box])) for box in held) == x.size
-               for held in boxes.values())
+    return all(_size(held) == x.size for held in boxes.values())
 
 
 @functools.cache
