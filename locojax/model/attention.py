@@ -63,9 +63,12 @@ def _bits(x):
     whole-cache bitcast in turn (a uint16 copy), unless an optimization barrier ties the
     cache to the loop's slice index (`KVCache.read`); then it fuses into the slice.
     """
-    if jnp.dtype(x.dtype).itemsize == 2 and jnp.issubdtype(x.dtype, jnp.floating):
-        return jax.lax.bitcast_convert_type(x, jnp.uint16)
-    return x
+    return jax.lax.bitcast_convert_type(x, jnp.uint16) if _half(x.dtype) else x
+
+
+def _half(dtype) -> bool:
+    """Whether `dtype` is a 16-bit float, which `_bits` reads and writes as its bits."""
+    return jnp.dtype(dtype).itemsize == 2 and jnp.issubdtype(dtype, jnp.floating)
 
 
 def _unbits(x, dtype):
@@ -120,7 +123,7 @@ class KVCache:
         """`dynamic_slice(x, start, size)` of the b rows a b-row batch uses (x: a cache array,
         its batch at `axis`; start and size without the batch axis)."""
         d = self.shards
-        if _bits(x) is not x:  # see `_bits`; the barrier keeps XLA from converting the whole
+        if _half(x.dtype):  # see `_bits`; the barrier keeps XLA from converting the whole
             x, start = jax.lax.optimization_barrier(  # cache out of the loop
                 (x, tuple(jnp.asarray(i, jnp.int32) for i in start)))
         y = _bits(x).reshape(x.shape[:axis] + (d, x.shape[axis] // d) + x.shape[axis + 1:])
