@@ -9,7 +9,9 @@ What is measured (`--measure`), each benchmark as it runs by default unless said
 - bench_placement.py at 4 hosts on both its workloads (arith, swe): colocated, DA at
   rollout fraction 0.5 and async with k = 2 (`--fractions`, `--ks`), 6 steps of which 2
   warm up: the other fractions and k run the same code with other counts, left out to
-  keep calibration + validation near 40 minutes.
+  keep calibration + validation near 40 minutes. Its DA and async points are simulated as
+  the 6-step runs they are, not as a long run's steady state (`placement.Window`): in a
+  short run the last steps' rollouts may all be in early.
 
 Each prediction goes through the command's own builder (`locojax.predict.from_train`), on
 the exact `train` arguments the benchmark ran: the pairing of docs/pod_scale.md. Target:
@@ -60,6 +62,7 @@ PHASES = ("admission", "prefill", "decode", "generate", "extend", "env", "detoke
           "batch", "scatter", "train", "allreduce", "wait_rollouts")
 GENERATE = ("prefill", "decode", "dispatch", "dispatch_latency", "gather")  # controller
 TARGET = 0.25
+PLACEMENT_SKIP = 2  # bench_placement's warm-up steps here; its steady steps are 3..steps-1
 
 
 def measure(args) -> None:
@@ -75,7 +78,8 @@ def measure(args) -> None:
     for workload in args.placement:
         cmd = [PY, str(HERE / "bench_placement.py"), "--workload", workload, "--fractions",
                *map(str, args.fractions), "--ks", *map(str, args.ks), "--steps",
-               str(args.placement_steps), "--skip", "2", "--repeats", "1", "--work-dir",
+               str(args.placement_steps), "--skip", str(PLACEMENT_SKIP), "--repeats", "1",
+               "--work-dir",
                str(out / f"placement-{workload}")]
         print(f"$ {shlex.join(cmd)}   # load {os.getloadavg()[0]:.2f}", flush=True)
         subprocess.run(cmd, check=False)
@@ -243,13 +247,16 @@ def report_placement(work: Path, workload: str, steps: int) -> list[float]:
         argv = bench_placement.train_argv(p, args, run_dir, "auto")
         run = from_train.parse(train_args(argv), f"cpu-here-{bench_placement.HOSTS}")
         pl, ctx = run.cfg.placement, run.ctx
+        window = placement.Window(steps, PLACEMENT_SKIP)  # the run made, end included
         if p.mode == "colocated":
             pred = modes.colocated(ctx)
         elif p.mode == "disaggregated":
-            pred = placement.disaggregated(ctx, pl.rollout_fraction, pl.max_staleness)
+            pred = placement.disaggregated(ctx, pl.rollout_fraction, pl.max_staleness,
+                                           window=window)
         else:
-            pred = placement.async_(ctx, pl.workers, pl.learner_hosts, pl.max_staleness)
-        rows = bench_placement.steady(run_dir, steps, 2)
+            pred = placement.async_(ctx, pl.workers, pl.learner_hosts, pl.max_staleness,
+                                    window=window)
+        rows = bench_placement.steady(run_dir, steps, PLACEMENT_SKIP)
         line, err = row(p.name, pred.step, predicted_terms(pred), med(rows, "perf/step_time"),
                         measured_terms(rows, p.mode), loads.get(run_dir.name, float("nan")))
         print(line)

@@ -9,11 +9,14 @@
   every sample is exactly k versions old; when rollout is (one lease per worker per step),
   each lease starts just before the previous version is published: staleness 1.
 - Processor sharing: two equal one-core tasks on one shared core both end at twice the time.
+- A short run's end: with k at least the run's steps, every lease may start on the first
+  version, so the rollouts are all in early and the later updates have the cores alone.
 """
 
 import math
 
 import numpy as np
+import pytest
 
 from locojax.predict.simulate import Spec, Task, run
 
@@ -81,3 +84,31 @@ def test_a_chained_task_runs_after_its_first_with_its_own_processes():
                    lease=lambda g: Task(core_s, 1, env), train=lambda g: Task.fixed(0.25),
                    sync=lambda g: Task.fixed(0.1)))
     assert np.allclose(res.step_end, [2.0 + 0.25 + 0.1])
+
+
+def test_a_short_runs_rollouts_are_in_early_when_k_covers_it():
+    """One worker and the learner share one core; a lease is 0.1 core-second, an update 1,
+    a push nothing; one lease a step, 6 steps.
+    - k = 1: each update overlaps the next step's lease, so the core does 1.1 s of work
+      a step: steps [1.2, 1.1, 1.1, 1.1, 1.1, 1.0] (the first pays lease 0 alone, the last
+      has no lease beside it).
+    - k = 6: all six leases may use version 0. The other five (0.5 core-s) share the core
+      with the first update (1.0 s for them, 0.5 of the update), which then ends alone at
+      0.1 + 1.0 + 0.5 = 1.6; every later update has the core to itself: 1.0 s.
+    bench_placement's steady steps of a 6-step run (placement.Window(6, 2): steps 3..5)
+    then read 1.1 and 1.0: a long run's steady state (1.1) would overstate the second."""
+    from locojax.predict.placement import Window
+
+    core = lambda w: (lambda c: w / min(c, 1.0))  # noqa: E731  w seconds on a whole core
+    base = dict(steps=6, leases_per_step=1, workers=1, shared_cores=1.0,
+                lease=lambda g: Task(core(0.1)), train=lambda g: Task(core(1.0)),
+                sync=lambda g: Task.fixed(0.0))
+    k1 = run(spec(max_staleness=1, **base)).step_times()
+    k6 = run(spec(max_staleness=6, **base)).step_times()
+    assert np.allclose(k1, [1.2, 1.1, 1.1, 1.1, 1.1, 1.0])
+    assert np.allclose(k6, [1.6, 1.0, 1.0, 1.0, 1.0, 1.0])
+    w = Window(6, 2)
+    kept = slice(w.skip, w.steps - 1)
+    assert np.median(k1[kept]) == pytest.approx(1.1) and np.median(k6[kept]) == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="no steady step"):
+        Window(3, 2)

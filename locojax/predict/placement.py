@@ -29,6 +29,27 @@ SIM_STEPS = 12  # simulated steps; the first SKIP and the last are left out, as 
 SKIP = 3
 
 
+@dataclasses.dataclass(frozen=True)
+class Window:
+    """The run simulated and the steps its step time is the median of: `steps` in all, the
+    first `skip` and the last left out (bench_placement's steady steps). The default is a
+    long run's steady state. A short run differs at its end: its last k steps' leases may
+    start k versions early, so those steps' rollouts are already in before the learner
+    reaches them, and it trains with the cores to itself. Predicting a given run (the
+    validation's 6-step runs) simulates that run's steps."""
+
+    steps: int = SIM_STEPS
+    skip: int = SKIP
+
+    def __post_init__(self):
+        if self.steps < self.skip + 2:
+            raise ValueError(f"a window of {self.steps} steps leaves no steady step after "
+                             f"skipping {self.skip} and the last")
+
+
+STEADY = Window()
+
+
 def per_lease(prompts: int, workers: int) -> int:
     return max(n for n in range(1, max(prompts // workers, 1) + 1) if prompts % n == 0)
 
@@ -87,14 +108,14 @@ def _spec(ctx: Ctx, workers: int, learners: int, k: int, newest: bool, seed: int
 
 
 def buffered(ctx: Ctx, mode: str, workers: int, learners: int, k: int, seed: int = 0,
-             steps: int = SIM_STEPS) -> Prediction:
+             window: Window = STEADY) -> Prediction:
     """`disaggregated` (deterministic versions) or `async` (newest) by simulation."""
-    spec, info = _spec(ctx, workers, learners, k, mode == "async", seed, steps)
+    spec, info = _spec(ctx, workers, learners, k, mode == "async", seed, window.steps)
     res = simulate.run(spec)
-    times = res.step_times()[SKIP:steps - 1]
-    step = float(np.median(times))
-    wait = float(np.median(res.wait[SKIP:steps - 1]))
-    train = float(np.median(res.train_s[SKIP:steps - 1]))
+    kept = slice(window.skip, window.steps - 1)
+    step = float(np.median(res.step_times()[kept]))
+    wait = float(np.median(res.wait[kept]))
+    train = float(np.median(res.train_s[kept]))
     phases = {"wait_rollouts": wait, "train": train, "weight_sync": info["weight_sync"]}
     phases["other"] = max(0.0, step - sum(phases.values()))
     layout = (f"{learners} learner host(s) + {workers} rollout worker(s) on "
@@ -103,19 +124,21 @@ def buffered(ctx: Ctx, mode: str, workers: int, learners: int, k: int, seed: int
                       step_override=step)
 
 
-def disaggregated(ctx: Ctx, fraction: float, k: int = 1, seed: int = 0) -> Prediction:
+def disaggregated(ctx: Ctx, fraction: float, k: int = 1, seed: int = 0,
+                  window: Window = STEADY) -> Prediction:
     h = ctx.cluster.hosts
     workers = int(np.floor(fraction * h + 0.5))
     if workers < 1 or workers >= h:
         return Prediction("disaggregated", f"f={fraction:g} of {h} hosts", {}, notes=[
             f"rollout fraction {fraction:g} of {h} hosts leaves no worker or no learner"])
-    p = buffered(ctx, "disaggregated", workers, h - workers, k, seed)
+    p = buffered(ctx, "disaggregated", workers, h - workers, k, seed, window)
     p.notes.append(f"f={fraction:g}")
     return p
 
 
-def async_(ctx: Ctx, workers: int, learners: int, k: int, seed: int = 0) -> Prediction:
-    return buffered(ctx, "async", workers, learners, k, seed)
+def async_(ctx: Ctx, workers: int, learners: int, k: int, seed: int = 0,
+           window: Window = STEADY) -> Prediction:
+    return buffered(ctx, "async", workers, learners, k, seed, window)
 
 
 @dataclasses.dataclass
