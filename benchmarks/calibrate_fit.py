@@ -201,8 +201,11 @@ def write(points: dict, probes: dict, recs: list[dict], command: str, task_of: d
     loads = [r["load"] for r in recs]
     kept = sorted({f"{r['point']} from `{r['session']}`" for r in recs
                    if r.get("session", command) != command})
+    others = [r["other_share"] for r in recs if "other_share" in r]  # calibrate_predict's
     where = (f"`{command}` on {date}, {os.cpu_count()} cores ({platform.processor() or 'cpu'}),"
              f" load {min(loads):.1f}-{max(loads):.1f}"
+             + (f", other processes <= {100 * max(others):.1f}% of the machine in each run"
+                if others else "")
              + (f" (runs kept from an earlier calibration: {'; '.join(kept)})" if kept else ""))
     probe_src = f"benchmarks/predict_probes.py, run by {where}"
     a2, b2 = ring_fit(probes["allreduce_2"])
