@@ -6,7 +6,8 @@ each sample's reward is what the task's reward gives its text, and the summary i
 rows add up to; a procedural task's counts and pass@k agree; a multi-turn task (calc) runs
 with its tools; malformed rows are refused naming file:line, or skipped and counted; a
 checkpoint's chat template renders the prompts; 2 colocated hosts give exactly the rows and
-summary of 1.
+summary of 1; `--tp 2` gives the rows of `--tp 1`, and a tp that does not split the host's
+devices or the model is refused.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -180,3 +183,53 @@ def test_two_hosts_give_the_rows_of_one(tmp_path):
     two_rows, two = _launch(tmp_path, 2, "two")
     assert two_rows == one_rows
     assert {**two, "hosts": 1} == one and two["hosts"] == 2
+
+
+@pytest.mark.slow
+def test_tp2_scores_the_rows_of_tp1(tmp_path, monkeypatch):
+    """`--tp 2` (data 4 x tensor 2 over the 8 test devices, ROLLOUT_TP) gives the greedy
+    completions and rewards of `--tp 1`. The two differ only in the order of the forward's
+    sums (tests/test_rollout_tp.py), so a greedy token can differ only where its top logit
+    leads by at most 2 · logit_tol; every generated position of the tp 1 run is checked
+    to lead by more (a full forward over its prompts and tokens), so equality holds on any
+    CPU. Also: the engine's weights really are split over `tensor`."""
+    from locojax.engine.engine import Engine
+    from locojax.model import decoder
+    from tests.hf_reference import assert_decisive_argmax
+
+    seen, prefill, decode = [], Engine.prefill, Engine.decode
+
+    def record_prefill(self, weights, prompts, *a, prompt_mask=None, **kw):
+        seen.append([self, weights, prompts, prompt_mask])
+        return prefill(self, weights, prompts, *a, prompt_mask=prompt_mask, **kw)
+
+    def record_decode(self, pending):
+        seen[-1].append(gen := decode(self, pending))
+        return gen
+
+    monkeypatch.setattr(Engine, "prefill", record_prefill)
+    monkeypatch.setattr(Engine, "decode", record_decode)
+    argv = ["--model", "embedded", "--task", "arith", "--level", "2", "--limit", "8", *SMALL]
+    one_rows, one = run_eval(tmp_path, *argv, "--tp", "1")
+    tp1 = seen[:]
+    two_rows, two = run_eval(tmp_path, *argv, "--tp", "2")
+    assert [r["completions"] for r in two_rows] == [r["completions"] for r in one_rows]
+    assert two_rows == one_rows and two == one
+    for eng, w, prompts, mask, gen in tp1:
+        seq = jnp.concatenate([jnp.asarray(prompts), gen.tokens], axis=1)
+        seq_mask = jnp.concatenate([jnp.asarray(mask), gen.mask], axis=1)
+        positions = jnp.maximum(jnp.cumsum(seq_mask, axis=1) - 1, 0)
+        hidden, _ = decoder.forward(w, seq, positions, eng.model_cfg, mask=seq_mask)
+        logits = decoder.logits(w, hidden[:, prompts.shape[1] - 1:-1], eng.model_cfg)
+        assert_decisive_argmax(np.asarray(logits)[np.asarray(gen.mask, bool)])
+    specs = {str(x.sharding.spec) for _, w, *_ in seen[len(tp1):] for x in jax.tree.leaves(w)}
+    assert any("tensor" in s for s in specs), specs
+
+
+@pytest.mark.parametrize("tp,why", [
+    ("3", "--tp 3 does not divide this host's 8 device(s)"),
+    ("8", "--tp 8 does not divide the model's num_attention_heads (4)")])
+def test_bad_tp_is_refused(tp, why, capsys):
+    """A tp that does not split the host's 8 devices, or the embedded model's 4 heads."""
+    assert eval_cmd.main(["--model", "embedded", "--task", "arith", "--tp", tp]) == 2
+    assert why in capsys.readouterr().err

@@ -3,6 +3,7 @@
     locojax eval --model DIR --task gsm8k --data gsm8k/test.jsonl
     locojax eval --model DIR --task math --data math500/test.jsonl --k 8 --template chat
     locojax eval --model embedded-calc --task calc --level 2 --limit 200      # multi-turn
+    locojax eval --model DIR --task gsm8k --data FILE --tp 8   # weights split over 8 devices
     locojax launch --hosts 2 -- eval --model DIR --task gsm8k --data FILE     # 2 local hosts
 
 Samples k completions of every row on the engine (batched, one compiled shape), scores them
@@ -21,6 +22,12 @@ calc, swe without --data) are scored on their held-out split for --seed.
 Under `locojax launch --hosts N` each host scores its own contiguous share of the rows on its
 own devices; host 0 gathers the rows and writes the files. A sample is keyed by its global
 row, so the result does not depend on the number of hosts.
+
+With --tp N each host's engine splits the model's heads, MLP and vocabulary, and its KV
+cache, over N of its devices (rows over the rest), as `train --rollout.tp N` does: a
+checkpoint trained that way to fit its devices is scored on the same devices. Greedy
+completions are those of --tp 1 wherever the top token leads by more than the reduction-order
+bound (tests/test_rollout_tp.py).
 """
 
 from __future__ import annotations
@@ -68,6 +75,10 @@ class EvalArgs:
     """Difficulty level of procedural tasks (arith, calc, swe)."""
     seed: int = 0
     """Seed of the samples, and of a procedural task's held-out split."""
+    tp: int = 1
+    """Tensor parallelism: each host's engine holds its weights and KV cache split over this
+    many of its devices (heads, MLP, vocabulary), rows over the rest; as `train --rollout.tp`.
+    Must divide the host's devices and the model's attention heads and MLP width."""
     precision: Literal["f32", "bf16"] = "f32"
     """Compute dtype (weights are held in f32, as in training)."""
     sandbox: str = "auto"
@@ -158,24 +169,30 @@ def main(argv: list[str]) -> int:
 
 def _setup(args: EvalArgs, host):
     """The parts every host builds: wiring, task, model, tokenizer, sampling, limits."""
+    import jax
+
     from locojax.engine.sampling import SamplingConfig
     from locojax.envs import registry
     from locojax.model import loader
-    from locojax.model.sharding import ROLLOUT_REPLICATED, weight_shardings
+    from locojax.model.sharding import weight_shardings
     from locojax.rollout.limits import resolve
     from locojax.tokenizer.chat_template import with_chat_template
+    from locojax.train import meshes
     from locojax.train.config import COMPUTE_DTYPES
     from locojax.train.wiring import Colocated, Single
 
-    wiring = Colocated(host) if host.is_multihost else Single(host)
+    meshes.check_tp(args.tp, jax.local_device_count(), flag="--tp")
+    meshes.check_tp_model(args.tp, loader.load_config(args.model), flag="--tp")
+    wiring = (Colocated if host.is_multihost else Single)(host, tp=args.tp)
     task = registry.build(registry.TaskConfig(
         name=args.task, level=args.level, data=args.data, test_data=args.data,
         template=args.template, skip_invalid=args.skip_invalid, sandbox=args.sandbox),
         args.seed, args.multi_turn.max_turns)
-    mesh = wiring.rollout_mesh  # this host's devices: each host holds its own replica
+    # This host's devices (each host holds its own copy), split over `tensor` under --tp.
+    mesh, rules = wiring.rollout_mesh, wiring.rollout_rules
     model = loader.load(args.model, seed=args.seed, param_dtype="float32",
                         compute_dtype=COMPUTE_DTYPES[args.precision],
-                        shardings=lambda c: weight_shardings(c, mesh, ROLLOUT_REPLICATED))
+                        shardings=lambda c: weight_shardings(c, mesh, rules))
     tokenizer = model.tokenizer
     if args.template == "chat":
         tokenizer = with_chat_template(tokenizer, loader.resolve_dir(args.model))
@@ -204,7 +221,7 @@ def _score(args: EvalArgs, host, wiring, task, model, tokenizer, sampling, limit
     lo, hi = n * h // hosts, n * (h + 1) // hosts
     mine, rows = examples[lo:hi], []
     if mine:
-        engine = Engine(model.cfg, mesh=wiring.rollout_mesh)
+        engine = Engine(model.cfg, mesh=wiring.rollout_mesh, rules=wiring.rollout_rules)
         mt = args.multi_turn
         with RewardRunner() as runner, EnvPool(mt.env_workers, mt.env_timeout_s) as pool:
             scores = evaluate.score(engine, model.weights, tokenizer, task, runner, mine,

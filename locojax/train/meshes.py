@@ -93,20 +93,21 @@ class TrainConfig:
         return {"data": data} if fsdp == 1 else {"data": data, "fsdp": fsdp}
 
 
-def check_tp(tp: int, local_devices: int) -> None:
-    """`--rollout.tp` must split a host's devices into whole tensor-parallel groups."""
+def check_tp(tp: int, local_devices: int, flag: str = "--rollout.tp") -> None:
+    """The tensor-parallel size `flag` names (`--rollout.tp`, `eval --tp`) must split a
+    host's devices into whole groups."""
     if tp < 1 or local_devices % tp:
-        raise ValueError(f"--rollout.tp {tp} does not divide this host's {local_devices} "
+        raise ValueError(f"{flag} {tp} does not divide this host's {local_devices} "
                          "device(s): rollout is tensor-parallel within a host")
 
 
-def check_tp_model(tp: int, model_cfg) -> None:
+def check_tp_model(tp: int, model_cfg, flag: str = "--rollout.tp") -> None:
     """Refuse a tp that would leave the attention or the MLP unsplit (a rule whose axis does
     not divide a dimension falls back to replication: `sharding.spec`). K/V heads fewer than
     tp are replicated, as in Megatron's GQA."""
     for name in ("num_attention_heads", "intermediate_size"):
         if getattr(model_cfg, name) % tp:
-            raise ValueError(f"--rollout.tp {tp} does not divide the model's {name} "
+            raise ValueError(f"{flag} {tp} does not divide the model's {name} "
                              f"({getattr(model_cfg, name)})")
 
 
