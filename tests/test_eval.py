@@ -6,8 +6,8 @@ each sample's reward is what the task's reward gives its text, and the summary i
 rows add up to; a procedural task's counts and pass@k agree; a multi-turn task (calc) runs
 with its tools; malformed rows are refused naming file:line, or skipped and counted; a
 checkpoint's chat template renders the prompts; 2 colocated hosts give exactly the rows and
-summary of 1; `--tp 2` gives the rows of `--tp 1`, and a tp that does not split the host's
-devices or the model is refused.
+summary of 1; `--tp 2` gives the rows of `--tp 1`, in one process and on 2 hosts, and a tp
+that does not split the host's devices or the model is refused.
 """
 
 from __future__ import annotations
@@ -159,12 +159,17 @@ def test_chat_template_renders_the_prompts(tmp_path):
                           str(DATA / "gsm8k_small.jsonl"), "--template", "chat"]) == 2
 
 
-def _launch(tmp_path, hosts: int, name: str) -> tuple[list[dict], dict]:
+LAUNCHED = ["--model", "embedded", "--task", "gsm8k", "--data", str(DATA / "gsm8k_small.jsonl"),
+            "--k", "2", "--batch-size", "4", "--max-new-tokens", "12", "--max-prompt-tokens", "64"]
+TP = ["--model", "embedded-strict", "--task", "arith", "--level", "2", "--limit", "8", *SMALL]
+"""Rows on which every greedy token of embedded-strict is decisive (test_tp2_...)."""
+
+
+def _launch(tmp_path, hosts: int, name: str, argv=LAUNCHED, devices: int = 1
+            ) -> tuple[list[dict], dict]:
     out = tmp_path / f"{name}.jsonl"
     cmd = [sys.executable, "-m", "locojax.cli", "launch", "--hosts", str(hosts),
-           "--devices-per-host", "1", "--", "eval", "--model", "embedded", "--task", "gsm8k",
-           "--data", str(DATA / "gsm8k_small.jsonl"), "--k", "2", "--batch-size", "4",
-           "--max-new-tokens", "12", "--max-prompt-tokens", "64", "--out", str(out)]
+           "--devices-per-host", str(devices), "--", "eval", *argv, "--out", str(out)]
     env = {**os.environ, "LOCOJAX_HEARTBEAT_S": "60"}
     res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900, env=env,
                          check=False)
@@ -209,12 +214,12 @@ def test_tp2_scores_the_rows_of_tp1(tmp_path, monkeypatch):
 
     monkeypatch.setattr(Engine, "prefill", record_prefill)
     monkeypatch.setattr(Engine, "decode", record_decode)
-    argv = ["--model", "embedded", "--task", "arith", "--level", "2", "--limit", "8", *SMALL]
-    one_rows, one = run_eval(tmp_path, *argv, "--tp", "1")
+    one_rows, one = run_eval(tmp_path, *TP, "--tp", "1")
     tp1 = seen[:]
-    two_rows, two = run_eval(tmp_path, *argv, "--tp", "2")
+    two_rows, two = run_eval(tmp_path, *TP, "--tp", "2")
     assert [r["completions"] for r in two_rows] == [r["completions"] for r in one_rows]
     assert two_rows == one_rows and two == one
+    assert 0 < one["accuracy"] < 1  # rewards that could differ
     for eng, w, prompts, mask, gen in tp1:
         seq = jnp.concatenate([jnp.asarray(prompts), gen.tokens], axis=1)
         seq_mask = jnp.concatenate([jnp.asarray(mask), gen.mask], axis=1)
@@ -233,3 +238,15 @@ def test_bad_tp_is_refused(tp, why, capsys):
     """A tp that does not split the host's 8 devices, or the embedded model's 4 heads."""
     assert eval_cmd.main(["--model", "embedded", "--task", "arith", "--tp", tp]) == 2
     assert why in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_two_hosts_tp2_give_the_rows_of_one(tmp_path):
+    """`launch --hosts 2 --devices-per-host 2 -- eval --tp 2`: each host splits its engine
+    over its own 2 devices. The rows of `TP`, whose greedy tokens are decisive
+    (test_tp2_scores_the_rows_of_tp1), so equal to one host's without tp on any CPU."""
+    one_rows, one = _launch(tmp_path, 1, "one", TP)
+    two_rows, two = _launch(tmp_path, 2, "two", [*TP, "--tp", "2"], devices=2)
+    assert two_rows == one_rows
+    assert {**two, "hosts": 1} == one and two["hosts"] == 2
