@@ -166,7 +166,8 @@ def machine_terms(probes: dict, probe_src: str) -> dict:
         run_by = o.get("command") or probe_src.removeprefix(_BY)
         out["oversubscription"] = {
             k: c(v["penalty"], "x fair time-slicing", "measured",
-                 f"{k} processes of a jitted MLP forward + backward at once on {o['cores']} "
+                 f"{k} processes of {o.get('program', 'a jitted MLP forward + backward')} "
+                 f"at once on {o['cores']} "
                  f"cores ({'pinned one a core' if int(k) <= o['cores'] else 'unpinned'}, "
                  f"{o['calls']} calls, median of {o.get('rounds', 1)} round(s)), median wall "
                  f"{v['wall']:.3f} s over one process alone on one core "

@@ -9,9 +9,9 @@ runs them; each prints one JSON line).
   sizes, median of 20 after 3 warm-ups; process 0 prints;
 - `ray`: a local Ray cluster, one actor: the round trip of a call returning a small result,
   and of a call taking a weights-sized dict of arrays by reference (put + fetch), median of 30;
-- `oversub --ks K...`: K processes at once, each a jitted MLP forward + backward (a train
-  step's kind of XLA:CPU program) run 100 times after warm-up, started together, in 3
-  rounds (the median of the processes' walls, then of the rounds); pinned one
+- `oversub --ks K...`: K processes at once, each the GRPO train step at TINY on a
+  synthetic 32-row, 128-token batch (`OVERSUB_SHAPE`, a shape no benchmark runs) run 12
+  times after warm-up, started together, in 3 rounds (the median of the processes' walls, then of the rounds); pinned one
   per core when K <= cores and unpinned otherwise, as `locojax launch` places its hosts.
   Prints each K's median wall per process against one process alone on one core (taskset)
   times max(1, K / cores), fair time-slicing: the ratio is the over-subscription penalty;
@@ -134,31 +134,45 @@ def ray_probe(weight_bytes: int = 427_520) -> dict:
         ray.shutdown()
 
 
-def _mlp_step():
-    """A jitted MLP forward + backward, about 0.8 GFLOP a call, and its arguments."""
+OVERSUB_SHAPE = (8, 4, 64, 64)  # B prompts, G, prompt and completion tokens: no benchmark's
+
+
+def _train_step():
+    """The GRPO train step itself at TINY on a synthetic batch of 32 rows x 128 tokens (a
+    shape no benchmark runs), and its arguments: what a host's processes run, with its
+    working set (activations and logits, some tens of MB) and so its contention for the
+    memory system, which a small cache-resident kernel would not show."""
     import jax
-    import jax.numpy as jnp
 
-    k = jax.random.split(jax.random.key(0), 3)
-    w1 = jax.random.normal(k[0], (256, 1024), jnp.float32) * 0.05
-    w2 = jax.random.normal(k[1], (1024, 256), jnp.float32) * 0.05
-    x = jax.random.normal(k[2], (256, 256), jnp.float32)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from profile_train import synthetic_batch
 
-    def loss(w, x):
-        return jnp.mean(jnp.tanh(jnp.tanh(x @ w[0]) @ w[1]) ** 2)
+    from locojax.model import config as model_config
+    from locojax.model import params as params_lib
+    from locojax.rl import train_state
+    from locojax.rl.config import AlgoConfig, LearnerConfig, OptimConfig
+    from locojax.rl.train_step import train_step
 
-    f = jax.jit(jax.grad(loss))
-    return lambda: jax.block_until_ready(f((w1, w2), x))
+    cfg = model_config.PRESETS["tiny"]()
+    lcfg = LearnerConfig(algo=AlgoConfig(group_size=OVERSUB_SHAPE[1], beta=0.0),
+                         optim=OptimConfig(lr=1e-5))
+    state = [train_state.init(params_lib.init(cfg, jax.random.key(0)), lcfg.optim, cfg)]
+    batch = jax.device_put(synthetic_batch(cfg, OVERSUB_SHAPE))
+
+    def step():
+        state[0], _ = train_step(state[0], batch, None, model_cfg=cfg, cfg=lcfg)
+        jax.block_until_ready(state[0])
+    return step
 
 
-OVERSUB_CALLS = 100  # about 1.5 s alone on one core: long against start-up jitter
+OVERSUB_CALLS = 12  # about 1.6 s alone on one core: long against start-up jitter
 OVERSUB_ROUNDS = 3
 
 
 def _oversub_worker() -> None:
     """Warm up, say ready; then per round wait for `go` on stdin, run the calls, print the
     wall."""
-    step = _mlp_step()
+    step = _train_step()
     for _ in range(3):
         step()
     print("ready", flush=True)
@@ -201,7 +215,10 @@ def oversub(ks: list[int]) -> dict:
     for k in ks:
         wall = _oversub_once(k, cpus)
         out[k] = {"wall": wall, "penalty": wall / (alone * max(1.0, k / len(cpus)))}
-    return {"cores": len(cpus), "alone_1_core": alone, "calls": OVERSUB_CALLS,
+    b, g, prompt, completion = OVERSUB_SHAPE
+    program = (f"the GRPO train step at TINY, {b * g} rows x {prompt + completion} tokens, "
+               f"synthetic")
+    return {"program": program, "cores": len(cpus), "alone_1_core": alone, "calls": OVERSUB_CALLS,
             "rounds": OVERSUB_ROUNDS, "by_k": out}
 
 

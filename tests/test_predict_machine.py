@@ -24,7 +24,7 @@ def _m(v: float) -> Const:
     return Const(v, "x", "measured", "made up for the test")
 
 
-OVER = {"2": _m(1.1), "4": _m(1.6), "8": _m(2.0)}  # k = 2 = cores: never read
+OVER = {"2": _m(1.1), "4": _m(1.6), "8": _m(2.0)}
 LOOP = {"1": _m(1e-5), "2": _m(3e-4), "4": _m(7e-4)}
 
 
@@ -44,11 +44,13 @@ def _ctx(hw, chips: int, turns: int = 1, tool_s: float = 0.0) -> Ctx:
                env_workers=4)
 
 
-def test_oversubscription_is_one_up_to_the_cores_then_linear_then_held():
+def test_oversubscription_is_one_for_one_process_then_linear_then_held():
     hw, led = _profile(oversubscription=OVER), Ledger()
     rho = lambda k: shared_machine.oversubscription(hw, led, k)
-    assert rho(1) == rho(2) == 1.0
-    assert rho(3) == pytest.approx(1.3)  # halfway from (2 cores, 1) to (4, 1.6)
+    assert rho(1) == 1.0  # one process alone: the reference
+    assert rho(1.5) == pytest.approx(1.05)  # halfway from (1, 1) to (2, 1.1)
+    assert rho(2) == pytest.approx(1.1)  # two processes, one a core: measured, not 1
+    assert rho(3) == pytest.approx(1.35)  # halfway from (2, 1.1) to (4, 1.6)
     assert rho(4) == pytest.approx(1.6)
     assert rho(6) == pytest.approx(1.8)
     assert rho(16) == pytest.approx(2.0)  # beyond the largest measured k: held
@@ -109,13 +111,15 @@ def test_env_seconds_counts_core_seconds_over_the_cores_the_processes_get():
 
 
 def test_penalty_applies_to_processes_not_to_devices_of_one_process():
-    """Colocated's 4 hosts are 4 processes on 2 cores: device phases times ρ(4); single's 4
+    """Colocated's 4 hosts are 4 processes on 2 cores: device phases times ρ(4); its 2 hosts
+    are one a core, and still pay ρ(2), their contention for the memory system. Single's 4
     devices are threads of one process: no penalty, but each decode iteration pays the
     devices' meeting, i(4) - i(1)."""
     plain, penal = _profile(), _profile(oversubscription=OVER, multi_device_iteration_s=LOOP)
-    co0, co1 = modes.colocated(_ctx(plain, 4)), modes.colocated(_ctx(penal, 4))
-    for phase in ("prefill", "decode", "train"):
-        assert co1.phases[phase] == pytest.approx(1.6 * co0.phases[phase])
+    for chips, rho in ((4, 1.6), (2, 1.1)):  # 2 hosts on 2 cores: one a core, still ρ(2)
+        co0, co1 = modes.colocated(_ctx(plain, chips)), modes.colocated(_ctx(penal, chips))
+        for phase in ("prefill", "decode", "train"):
+            assert co1.phases[phase] == pytest.approx(rho * co0.phases[phase])
     ctx = _ctx(penal, 4)
     s0, s1 = modes.single(_ctx(plain, 4)), modes.single(ctx)
     assert s1.phases["train"] == pytest.approx(s0.phases["train"])

@@ -136,13 +136,13 @@ class Ctx:
     # --- device work --------------------------------------------------------------------
 
     def device(self, kind: str, per: Costs, chips: float, cores: float) -> float:
-        """One program's time; where the hosts share one machine and its busy processes
-        over-subscribe the cores (each gets `cores` < 1), times the measured penalty
-        ρ(shared / cores). Devices of one process (`one_process`) are threads, not
+        """One program's time; where the hosts share one machine and several busy processes
+        share its cores (each gets `cores`, so shared / cores of them), times the measured
+        penalty ρ(shared / cores). Devices of one process (`one_process`) are threads, not
         processes: no penalty."""
         t = self.dev.seconds(kind, per, chips=chips, cores=cores)
         shared = self.cluster.shared_cores
-        if shared and 0 < cores < 1 and not self.one_process:
+        if shared and 0 < cores < shared and not self.one_process:
             t *= shared_machine.oversubscription(self.cluster.hw, self.ledger, shared / cores)
         return t
 

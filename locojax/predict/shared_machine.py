@@ -3,10 +3,12 @@
 On a cluster every host has its own cores. Here every simulated host is a process on one
 machine, and three facts of that machine enter the step. Each is measured by a probe of
 the machine (benchmarks/predict_probes.py), never fitted to a benchmark run:
-- **Over-subscription.** k busy processes on c < k cores take longer than fair time-slicing,
-  t(1 core) · k / c: each process's XLA thread pool wants every core. The penalty ρ(k) is
-  measured with k processes of one jitted program at once (`oversub`). It is 1 at k <= c,
-  linear in k between c and the measured k, and held beyond the largest.
+- **Contention and over-subscription.** k busy processes take longer than each alone on its
+  share of the cores, t(1 core) · max(1, k / c): at k <= c, pinned one a core as `locojax
+  launch` pins them, they still share the memory system and the last-level cache; at k > c
+  each process's XLA thread pool also wants every core. The penalty ρ(k) is measured with k
+  processes of the train step at once (`oversub`), over one process alone on one core. It
+  is 1 for one process, linear in k between the measured k, and held beyond the largest.
 - **A multi-device program's loop.** One process driving N simulated devices (`--mode
   single --devices-per-host N`) runs each decode iteration's dozens of small kernels on N
   device threads, which meet twice an iteration (the loop condition reduces over all of
@@ -45,15 +47,14 @@ def shared_cores(hw: Hardware) -> float:
 
 
 def oversubscription(hw: Hardware, ledger: Ledger, processes: float) -> float:
-    """ρ(k): k busy processes' time over fair time-slicing on the shared cores (1 where the
-    hosts do not share a machine, at k <= cores, or without a measured table)."""
-    cores = shared_cores(hw)
-    if not cores or processes <= cores:
+    """ρ(k): k busy processes' time over each alone on its share of the shared cores (1 for
+    one process, where the hosts do not share a machine, or without a measured table)."""
+    if not shared_cores(hw) or processes <= 1:
         return 1.0
-    table = [(k, v) for k, v in _table(hw, "oversubscription", ledger) if k > cores]
+    table = [(k, v) for k, v in _table(hw, "oversubscription", ledger) if k > 1]
     if not table:
         return 1.0
-    ks, vs = zip(*([(cores, 1.0)] + table))
+    ks, vs = zip(*([(1.0, 1.0)] + table))
     return float(np.interp(processes, ks, vs))
 
 
