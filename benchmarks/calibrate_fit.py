@@ -202,7 +202,8 @@ def write(points: dict, probes: dict, recs: list[dict], command: str, task_of: d
     loads = [r["load"] for r in recs]
     kept = sorted({f"{r['point']} from `{r['session']}`" for r in recs
                    if r.get("session", command) != command})
-    others = [r["other_share"] for r in recs if "other_share" in r]  # calibrate_predict's
+    others = [r["other_share"] for r in recs  # calibrate_predict's; swe's sandboxes read as other
+              if "other_share" in r and not r.get("own_work_escapes")]
     where = (f"`{command}` on {date}, {os.cpu_count()} cores ({platform.processor() or 'cpu'}),"
              f" load {min(loads):.1f}-{max(loads):.1f}"
              + (f", other processes <= {100 * max(others):.1f}% of the machine in each run"
