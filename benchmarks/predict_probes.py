@@ -11,10 +11,11 @@ runs them; each prints one JSON line).
   and of a call taking a weights-sized dict of arrays by reference (put + fetch), median of 30;
 - `oversub --ks K...`: K processes at once, each the GRPO train step at TINY on a
   synthetic 32-row, 128-token batch (`OVERSUB_SHAPE`, a shape no benchmark runs) run 12
-  times after warm-up, started together, in 3 rounds (the median of the processes' walls, then of the rounds); pinned one
-  per core when K <= cores and unpinned otherwise, as `locojax launch` places its hosts.
-  Prints each K's median wall per process against one process alone on one core (taskset)
-  times max(1, K / cores), fair time-slicing: the ratio is the over-subscription penalty;
+  times after warm-up, started together, in 3 rounds (the median of the processes' walls,
+  then of the rounds); pinned one per core when K <= cores and unpinned otherwise, as
+  `locojax launch` places its hosts. Prints each K's median wall per process against one
+  process alone on one core (taskset) times max(1, K / cores), fair time-slicing: the ratio
+  is the penalty of their contention (memory system, shared cache) and over-subscription;
 - `multidev --ns N...`: one process with N simulated CPU devices (`jax_num_cpu_devices`, as
   `--mode single --devices-per-host N`) running the engine's own decode loop: TINY's
   config, 16 rows (4 prompts x 4 samples) of 16-token prompts sharded over the N devices
