@@ -35,24 +35,13 @@ HERE = Path(__file__).resolve().parent
 def worker(shape: str, beta: float) -> int:
     sys.path.insert(0, str(HERE))
     import jax
-    import jax.numpy as jnp
+    from profile_train import SHAPES, synthetic_setup
 
-    from locojax.model import config as model_config
-    from locojax.model import params as params_lib
-    from locojax.rl import train_state
-    from locojax.rl.config import AlgoConfig, LearnerConfig, OptimConfig
     from locojax.rl.train_step import train_step
-    from profile_train import SHAPES, synthetic_batch
 
-    cfg = model_config.PRESETS[shape]()
-    w = params_lib.init(cfg, jax.random.key(0))
-    ref = jax.tree.map(jnp.copy, w) if beta else None
     accum = os.environ.get("AB_GRAD_ACCUM")
     accum = {"grad_accum": int(accum)} if accum else {}
-    lcfg = LearnerConfig(algo=AlgoConfig(group_size=SHAPES[shape][1], beta=beta),
-                         optim=OptimConfig(lr=1e-5), **accum)
-    state = train_state.init(w, lcfg.optim, cfg)
-    batch = jax.device_put(synthetic_batch(cfg, SHAPES[shape]))
+    state, batch, ref, cfg, lcfg = synthetic_setup(shape, SHAPES[shape], beta, **accum)
     out = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)
     for _ in range(2):  # compile, then one warm step

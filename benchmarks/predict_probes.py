@@ -144,21 +144,12 @@ def _train_step():
     working set (activations and logits, some tens of MB) and so its contention for the
     memory system, which a small cache-resident kernel would not show."""
     import jax
+    from profile_train import synthetic_setup  # this script's directory is on sys.path
 
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from profile_train import synthetic_batch
-
-    from locojax.model import config as model_config
-    from locojax.model import params as params_lib
-    from locojax.rl import train_state
-    from locojax.rl.config import AlgoConfig, LearnerConfig, OptimConfig
     from locojax.rl.train_step import train_step
 
-    cfg = model_config.PRESETS["tiny"]()
-    lcfg = LearnerConfig(algo=AlgoConfig(group_size=OVERSUB_SHAPE[1], beta=0.0),
-                         optim=OptimConfig(lr=1e-5))
-    state = [train_state.init(params_lib.init(cfg, jax.random.key(0)), lcfg.optim, cfg)]
-    batch = jax.device_put(synthetic_batch(cfg, OVERSUB_SHAPE))
+    state, batch, _, cfg, lcfg = synthetic_setup("tiny", OVERSUB_SHAPE)
+    state = [state]
 
     def step():
         state[0], _ = train_step(state[0], batch, None, model_cfg=cfg, cfg=lcfg)

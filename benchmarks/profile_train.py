@@ -50,6 +50,19 @@ def synthetic_batch(cfg, shape, seed: int = 0) -> batch_lib.TrainBatch:
         return batch_lib.from_rollout(*args)
 
 
+def synthetic_setup(preset: str, shape, beta: float = 0.0, **learner):
+    """(state, batch, ref, model config, learner config) of a synthetic train step: the
+    preset's random f32 weights (seed 0), AdamW, `synthetic_batch` at `shape`; `ref` a copy
+    of the weights when beta > 0; `learner`: further LearnerConfig fields."""
+    cfg = model_config.PRESETS[preset]()
+    weights = params_lib.init(cfg, jax.random.key(0))
+    ref = jax.tree.map(jnp.copy, weights) if beta else None
+    lcfg = LearnerConfig(algo=AlgoConfig(group_size=shape[1], beta=beta),
+                         optim=OptimConfig(lr=1e-5), **learner)
+    state = train_state.init(weights, lcfg.optim, cfg)
+    return state, jax.device_put(synthetic_batch(cfg, shape)), ref, cfg, lcfg
+
+
 def trace_summary(trace_dir: Path, top: int) -> str:
     files = sorted(trace_dir.rglob("*.xplane.pb"))
     if not files:
@@ -85,13 +98,7 @@ def main(argv=None) -> int:
     ap.add_argument("--top", type=int, default=30)
     ap.add_argument("--hlo", default="", help="write the optimized HLO text here")
     args = ap.parse_args(argv)
-    cfg = model_config.PRESETS[args.shape]()
-    weights = params_lib.init(cfg, jax.random.key(0))
-    ref = jax.tree.map(jnp.copy, weights) if args.beta else None
-    lcfg = LearnerConfig(algo=AlgoConfig(group_size=SHAPES[args.shape][1], beta=args.beta),
-                         optim=OptimConfig(lr=1e-5))
-    state = train_state.init(weights, lcfg.optim, cfg)
-    batch = jax.device_put(synthetic_batch(cfg, SHAPES[args.shape]))
+    state, batch, ref, cfg, lcfg = synthetic_setup(args.shape, SHAPES[args.shape], args.beta)
     if args.hlo:
         lowered = train_step.lower(state, batch, ref, model_cfg=cfg, cfg=lcfg)
         Path(args.hlo).write_text(lowered.compile().as_text())
