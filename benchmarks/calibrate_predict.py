@@ -99,13 +99,13 @@ def busy_s() -> float:
     return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
-def disturbed(rec: dict) -> bool:
-    return not rec["own_work_escapes"] and rec["other_share"] > DISTURBED
-
-
 def children_cpu_s() -> float:
     r = resource.getrusage(resource.RUSAGE_CHILDREN)
     return r.ru_utime + r.ru_stime
+
+
+def disturbed(rec: dict) -> bool:
+    return not rec["own_work_escapes"] and rec["other_share"] > DISTURBED
 
 
 def probe(args: list[str], prefix: list[str] = ()) -> dict:

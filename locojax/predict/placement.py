@@ -25,9 +25,6 @@ from locojax.predict import simulate
 from locojax.predict.modes import Prediction, _rollout, _train, cores_each
 from locojax.predict.phases import Ctx
 
-SIM_STEPS = 12  # simulated steps; the first SKIP and the last are left out, as the benchmark
-SKIP = 3
-
 
 @dataclasses.dataclass(frozen=True)
 class Window:
@@ -38,8 +35,8 @@ class Window:
     reaches them, and it trains with the cores to itself. Predicting a given run (the
     validation's 6-step runs) simulates that run's steps."""
 
-    steps: int = SIM_STEPS
-    skip: int = SKIP
+    steps: int = 12  # a long run: 12 simulated steps, the first 3 and the last left out
+    skip: int = 3
 
     def __post_init__(self):
         if self.steps < self.skip + 2:
