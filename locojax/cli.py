@@ -21,6 +21,7 @@ SUBCOMMANDS = {
     "eval": ("locojax.commands.eval", "score a checkpoint on a task: accuracy, pass@k, lengths"),
     "plot": ("locojax.commands.plot", "write a PNG of a run's reward, accuracy and timings"),
     "predict": ("locojax.commands.predict", "step time, memory and placement before launch"),
+    "convert": ("locojax.commands.convert", "a GGUF file to an HF checkpoint directory"),
 }
 
 
