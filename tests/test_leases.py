@@ -6,7 +6,8 @@ import re
 import pytest
 
 from locojax.fleet.leases import LeaseTable, UnitFailed
-from locojax.fleet.placement import PlacementConfig, Schedule
+from locojax.fleet.placement import Schedule
+from locojax.train.placement_config import PlacementConfig
 
 
 def table(k=1, steps=4, b=8, per_lease=4, newest=False):

@@ -6,7 +6,8 @@ import sys
 
 import pytest
 
-from locojax.fleet.placement import PlacementConfig, place
+from locojax.fleet.placement import place
+from locojax.train.placement_config import PlacementConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

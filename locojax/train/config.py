@@ -19,7 +19,6 @@ import tyro
 from locojax.envs import registry
 from locojax.envs.registry import TaskConfig
 from locojax.envs.rewards import RewardConfig
-from locojax.fleet.placement import ASYNC_MODES, PlacementConfig
 from locojax.rl.algorithms import resolve
 from locojax.rl.config import AlgoConfig, LearnerConfig, OptimConfig
 from locojax.rollout.limits import MultiTurnConfig
@@ -27,6 +26,7 @@ from locojax.train import meshes
 from locojax.train.curation import CurationConfig
 from locojax.train.dynamic_sampling import DynamicSamplingConfig
 from locojax.train.meshes import TrainConfig
+from locojax.train.placement_config import ASYNC_MODES, PlacementConfig
 
 COMPUTE_DTYPES = {"f32": "float32", "bf16": "bfloat16"}
 """`RunConfig.precision` -> `ModelConfig.compute_dtype` (master weights are always f32); also
