@@ -26,6 +26,7 @@ import logging
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
 from locojax.engine.sampling import SamplingConfig, sample_with_logprobs, uniform_draws
@@ -133,6 +134,25 @@ def first_token(cache, logits, draws, pos0, active, limit, sampling: SamplingCon
                 done=done if active is None else done | ~active,
                 length=jnp.ones((r,), jnp.int32), step=jnp.asarray(1, jnp.int32), draws=draws,
                 pos0=pos0, limit=limit)
+
+
+def check_prompts(tokens: np.ndarray, mask: np.ndarray, vocab_size: int) -> None:
+    """What `prefill` takes, checked on the host: [B, P] ids, left-padded, every row with a
+    real token, every real id in the vocabulary. Raise ValueError naming the first row that
+    is not."""
+    if tokens.ndim != 2 or tokens.shape != mask.shape:
+        raise ValueError(
+            f"prompt_tokens {tokens.shape} and prompt_mask {mask.shape} must both be [B, P]")
+    for i in range(tokens.shape[0]):
+        m = mask[i]
+        if not m.any():
+            raise ValueError(f"prompt row {i} has no real token")
+        if not m[np.argmax(m):].all():
+            raise ValueError(f"prompt row {i} is not left-padded (mask {m.astype(int).tolist()})")
+        bad = (tokens[i] < 0) | (tokens[i] >= vocab_size)
+        if (bad & m).any():
+            raise ValueError(f"prompt row {i} has token id {int(tokens[i][bad & m][0])} outside "
+                             f"[0, {vocab_size})")
 
 
 def prefill(weights: Weights, prompt_tokens, prompt_mask, key, first_row, cache: decoder.KVCache,

@@ -35,7 +35,17 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, SingleDeviceSharding
 
-from locojax.engine.decode import K_AXES, V_AXES, Layout, Turn, compact_jit, decode_jit, prefill_jit
+from locojax.engine.decode import (
+    K_AXES,
+    V_AXES,
+    Layout,
+    Turn,
+    check_prompts,
+    compact_jit,
+    decode_jit,
+    prefill_jit,
+)
+from locojax.engine.extend import Conversation
 from locojax.engine.sampling import SamplingConfig
 from locojax.model import decoder, sharding
 from locojax.model import params as params_lib
@@ -87,23 +97,6 @@ def pad_prompts(prompts: Sequence[Sequence[int]], pad_id: int = 0, length: int |
             tokens[i, p - len(ids):] = np.asarray(ids, np.int32)
             mask[i, p - len(ids):] = True
     return tokens, mask
-
-
-def check_prompts(tokens: np.ndarray, mask: np.ndarray, vocab_size: int) -> None:
-    """Raise ValueError naming the first row that is empty, not left-padded, or out of vocab."""
-    if tokens.ndim != 2 or tokens.shape != mask.shape:
-        raise ValueError(
-            f"prompt_tokens {tokens.shape} and prompt_mask {mask.shape} must both be [B, P]")
-    for i in range(tokens.shape[0]):
-        m = mask[i]
-        if not m.any():
-            raise ValueError(f"prompt row {i} has no real token")
-        if not m[np.argmax(m):].all():
-            raise ValueError(f"prompt row {i} is not left-padded (mask {m.astype(int).tolist()})")
-        bad = (tokens[i] < 0) | (tokens[i] >= vocab_size)
-        if (bad & m).any():
-            raise ValueError(f"prompt row {i} has token id {int(tokens[i][bad & m][0])} outside "
-                             f"[0, {vocab_size})")
 
 
 CACHE_DTYPES = {"f32": jnp.float32, "bf16": jnp.bfloat16}
@@ -319,10 +312,8 @@ class Engine:
         return decoding.result()
 
     def conversation(self, sampling: SamplingConfig, slots: int, stops=(), max_block: int = 64,
-                     compact: bool = True):
+                     compact: bool = True) -> Conversation:
         """A multi-turn batch on this engine (`extend.Conversation`)."""
-        from locojax.engine.extend import Conversation  # extend builds on this module
-
         return Conversation(self, sampling, slots, stops, max_block, compact)
 
 

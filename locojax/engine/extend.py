@@ -45,13 +45,13 @@ import numpy as np
 from locojax.engine.decode import (
     StopSequences,
     Turn,
+    check_prompts,
     constrain_cache,
     decode_jit,
     first_token,
     prefill_jit,
     row_draws,
 )
-from locojax.engine.engine import Engine, check_prompts
 from locojax.engine.sampling import SamplingConfig
 from locojax.model import decoder
 from locojax.model.config import ModelConfig
@@ -127,9 +127,13 @@ class Conversation:
     `extend(rows, keep, appended, limits)` continues the named rows: the last turn's first
     `keep` tokens are kept (the rest is cut), `appended` (environment tokens) follow, and
     the next turn of those rows is returned. `close` hands the cache back to the engine.
+
+    `engine` is an `engine.Engine`, whose cache, layout and weight placement the rows use.
+    This module imports nothing from engine.py, which imports it (`Engine.conversation`):
+    one direction only (tests/test_import_layers.py).
     """
 
-    def __init__(self, engine: Engine, sampling: SamplingConfig, slots: int,
+    def __init__(self, engine, sampling: SamplingConfig, slots: int,
                  stops: StopSequences = (), max_block: int = 64, compact: bool = True):
         if any(not seq for seq in stops):
             raise ValueError("stop sequences must be non-empty token id tuples")
