@@ -1,6 +1,6 @@
 """The split train step (`--profile-split`) is the fused one, run as separate programs.
 
-Same pieces (`local_sums`, `allreduce_sums`, `_apply`), on a 2-device data-parallel mesh,
+Same pieces (`local_sums`, `allreduce_sums`, `apply`), on a 2-device data-parallel mesh,
 through micro-batches, mini-batches and epochs. Not bitwise: XLA compiles the local sums in
 their own module, where it may fuse and so round differently (seen: 665 of 69,856 params
 differ after one update, by <= 6.5e-9; 22,177 after four, by <= 6e-8). Bounds, per update:
@@ -71,6 +71,6 @@ def test_split_step_is_the_fused_step_bitwise(algo):
 def test_one_device_has_no_collective_to_split():
     mesh = make_mesh({"data": 1}, jax.devices()[:1])
     cfg = dataclasses.replace(LearnerConfig(algo=AlgoConfig(name="grpo")), grad_accum=1)
-    assert ts._flat_allreduce_axis(mesh, cfg) is None
+    assert ts.flat_allreduce_axis(mesh, cfg) is None
     _, _, perf = run(cfg, True, mesh)
     assert "perf/phase/train" in perf and "perf/phase/train_wait" not in perf

@@ -15,14 +15,15 @@ compute too. The barrier's time is how long this host waited for the slowest hos
 its local work (the straggler wait); the all-reduce then starts with every host present, so
 its time is the collective's own: the pack and unpack of the buffer and the transfer.
 
-The pieces are the fused step's own (`local_sums`, `allreduce_sums`, `_apply`): the same
-sums, but compiled in their own XLA modules, which may fuse and so round differently, so
-the params agree with the fused step's within a few ulps, not bitwise
-(tests/test_split_step.py). Use it to measure, not in runs that must be bitwise. What the
-split costs is a program launch and a host round trip per piece and update;
-`benchmarks/bench_split.py` measures it against the fused step, interleaved. Only the flat data-parallel layout splits
-(params replicated over a `data` axis of more than one device); elsewhere `timed_update`
-runs the fused step as one `train` phase.
+The pieces are the fused step's own public functions (`train_step.prepare`, `local_sums`,
+`allreduce_sums`, `apply`): the same sums, but compiled in their own XLA modules, which may
+fuse and so round differently, so the params agree with the fused step's within a few ulps,
+not bitwise (tests/test_split_step.py). Use it to measure, not in runs that must be
+bitwise. What the split costs is a program launch and a host round trip per piece and
+update (no benchmark measures it against the fused step yet). Only the flat data-parallel
+layout splits (params replicated over a `data` axis of more than one device,
+`train_step.flat_allreduce_axis`); elsewhere `timed_update` runs the fused step as one
+`train` phase.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from locojax.rl.train_state import TrainState, pin
 def timed_update(state: TrainState, batch: TrainBatch, model_cfg: ModelConfig,
                  cfg: LearnerConfig, ref_params, mesh, timer: StepTimer, split: bool):
     """`train_step.update` timed as one `train` phase, or split (see the module doc)."""
-    if split and ts._flat_allreduce_axis(mesh, cfg) is not None:
+    if split and ts.flat_allreduce_axis(mesh, cfg) is not None:
         return update(state, batch, model_cfg, cfg, ref_params, mesh, timer)
     with timer.phase("train") as ph:
         state, metrics = ts.update(state, batch, model_cfg, cfg, ref_params, mesh=mesh)
@@ -57,8 +58,8 @@ def timed_update(state: TrainState, batch: TrainBatch, model_cfg: ModelConfig,
 def update(state, batch, model_cfg, cfg, ref_params, mesh, timer: StepTimer):
     """The fused step's `update`, as separately timed programs."""
     ts.check(batch, cfg, ref_params)
-    cfg = micro_batches.resolve(ts._program_cfg(cfg), batch, model_cfg.vocab_size, mesh)
-    axis = ts._flat_allreduce_axis(mesh, cfg)
+    cfg = micro_batches.resolve(ts.program_cfg(cfg), batch, model_cfg.vocab_size, mesh)
+    axis = ts.flat_allreduce_axis(mesh, cfg)
     static = dict(model_cfg=model_cfg, cfg=cfg, mesh=mesh)
     with timer.phase("train_compute") as ph:
         data, counts, fresh_tokens, extra = _prepare(state.params, batch, ref_params, **static)
@@ -89,8 +90,8 @@ _STATIC = ("model_cfg", "cfg", "mesh")
 
 @functools.partial(jax.jit, static_argnames=_STATIC)
 def _prepare(params, batch, ref_params, *, model_cfg, cfg, mesh):
-    data, counts, fresh_tokens, extra, _ = ts._prepare(params, batch, ref_params, model_cfg,
-                                                       cfg)
+    data, counts, fresh_tokens, extra, _ = ts.prepare(params, batch, ref_params, model_cfg,
+                                                      cfg)
     return data, counts, fresh_tokens, extra
 
 
@@ -98,7 +99,7 @@ def _prepare(params, batch, ref_params, *, model_cfg, cfg, mesh):
 def _local(params, data, counts, fresh_tokens, i, *, model_cfg, cfg, mesh):
     """Update i's per-device sums, stacked over the devices ([D, ...] on `data`)."""
     _, s = ts.resolve(cfg.algo)
-    axis = ts._flat_allreduce_axis(mesh, cfg)
+    axis = ts.flat_allreduce_axis(mesh, cfg)
     m = i % cfg.algo.num_minibatches
     micro, counts = jax.tree.map(lambda x: x[m], (data, counts))
 
@@ -129,5 +130,5 @@ def _allreduce(parts, *, mesh, axis):
 @functools.partial(jax.jit, static_argnames=_STATIC, donate_argnames=("state",))
 def _apply(state, grads, loss, *, model_cfg, cfg, mesh):
     grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
-    state, metrics = ts._apply(state, grads, loss, model_cfg, cfg)
+    state, metrics = ts.apply(state, grads, loss, model_cfg, cfg)
     return pin(state, model_cfg, mesh, cfg.rules), metrics

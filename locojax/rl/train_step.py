@@ -76,7 +76,7 @@ def sequence_logprobs(params: Weights, tokens, positions, attn_mask, model_cfg: 
 
     `prefix` (a `TrainBatch.shared_prefix`, P columns): columns 1..P-1 hold no target, so
     their logits are skipped and they read 0. With groups of G > 1 rows the prompt's forward
-    runs once per group (`_prefix_hidden`): same objective, same gradients, a third fewer
+    runs once per group (`prefix_hidden`): same objective, same gradients, a third fewer
     FLOPs at SMALL. Only valid for whole groups: the caller passes None otherwise.
     """
     b = tokens.shape[0]
@@ -90,8 +90,8 @@ def sequence_logprobs(params: Weights, tokens, positions, attn_mask, model_cfg: 
         return jnp.concatenate([zero, logp], axis=1), jnp.concatenate([zero, ent], axis=1)
     p = prefix.columns
     if prefix.group > 1:
-        hidden = _prefix_hidden(params, tokens, positions, attn_mask, model_cfg, p,
-                                prefix.group, unroll, remat)
+        hidden = prefix_hidden(params, tokens, positions, attn_mask, model_cfg, p,
+                               prefix.group, unroll, remat)
     else:
         hidden, _ = decoder.forward(params, tokens[:, :-1], positions[:, :-1], model_cfg,
                                     mask=attn_mask[:, :-1], unroll=unroll, remat=remat)
@@ -102,8 +102,8 @@ def sequence_logprobs(params: Weights, tokens, positions, attn_mask, model_cfg: 
     return jnp.concatenate([zero, logp], axis=1), jnp.concatenate([zero, ent], axis=1)
 
 
-def _prefix_hidden(params, tokens, positions, attn_mask, model_cfg, p: int, g: int, unroll,
-                   remat: bool = False):
+def prefix_hidden(params, tokens, positions, attn_mask, model_cfg, p: int, g: int, unroll,
+                  remat: bool = False):
     """Hidden states [B, T-P, D] of positions P-1 .. T-2, the prompt run once per group.
 
     The first row of each group holds the group's prompt. One scan over the layers runs, per
@@ -245,13 +245,14 @@ def _accumulate(params, micro, counts, first, fresh_tokens, s, model_cfg, cfg,
     return grads, loss, {**metrics, **extremes}
 
 
-def _flat_allreduce_axis(mesh, cfg: LearnerConfig) -> str | None:
+def flat_allreduce_axis(mesh, cfg: LearnerConfig) -> str | None:
     """The mesh axis to all-reduce gradients over by hand, or None to leave it to XLA.
 
     Data parallel with replicated params (train_dp) on a mesh whose only axis is `data`,
     of more than one device. XLA would all-reduce every gradient leaf (and metric) as its
     own operand, and XLA:CPU's AllReduceThunk runs a tuple operand by operand: one gloo
-    round trip each across hosts. `_accumulate_flat` sends one flat buffer instead.
+    round trip each across hosts. `_accumulate_flat` sends one flat buffer instead. Also
+    the layout `split_step` can split (its all-reduce is this one, as its own program).
     """
     if mesh is None or cfg.rules != "train_dp" or tuple(mesh.shape) != ("data",):
         return None
@@ -305,8 +306,10 @@ def allreduce_sums(grads, loss, metrics, axis: str):
     return grads, loss, sums
 
 
-def _apply(state: TrainState, grads, loss, model_cfg, cfg: LearnerConfig):
-    """AdamW on `grads`, or no change at all if the loss or gradients are non-finite."""
+def apply(state: TrainState, grads, loss, model_cfg, cfg: LearnerConfig):
+    """AdamW on `grads` (already summed over every device and micro-batch), or no change at
+    all if the loss or gradients are non-finite; returns (state, `actor/*` optimizer
+    metrics). The step's last piece: `split_step` runs it as a program of its own."""
     grad_norm = optax.tree.norm(grads)
     ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
     lr = schedule(cfg.optim)(adam_count(state.opt_state))
@@ -320,10 +323,12 @@ def _apply(state: TrainState, grads, loss, model_cfg, cfg: LearnerConfig):
     return state, metrics
 
 
-def _prepare(params, batch: TrainBatch, ref_params, model_cfg, cfg: LearnerConfig):
+def prepare(params, batch: TrainBatch, ref_params, model_cfg, cfg: LearnerConfig):
     """Everything computed once per step, before any update: ref / π_old logprobs, row
-    flags, and the per-mini-batch global counts. Returns per-update data laid out
-    [M, k, B / (M k), ...] (mini-batch, micro-batch, rows)."""
+    flags, and the per-mini-batch global counts. Returns (data, counts, fresh_tokens,
+    extra metrics, `LossSettings`), data laid out per update [M, k, B / (M k), ...]
+    (mini-batch, micro-batch, rows) and counts [M]. Traced inside `train_step`, or as a
+    program of its own by `split_step`."""
     _, s = resolve(cfg.algo)
     n_mini, k = cfg.algo.num_minibatches, cfg.grad_accum
     batch, group = _for_split(batch, n_mini * k)
@@ -363,11 +368,11 @@ def _train_step(state: TrainState, batch: TrainBatch, ref_params=None, *,
     cfg = micro_batches.resolve(cfg, batch, model_cfg.vocab_size, mesh)
     logger.info("compiling train_step: batch %s, algo %s, %d update(s) x %d micro-batch(es)",
                 batch.tokens.shape, cfg.algo.name, cfg.updates_per_step, cfg.grad_accum)
-    data, counts, fresh_tokens, extra, s = _prepare(state.params, batch, ref_params, model_cfg,
-                                                    cfg)
+    data, counts, fresh_tokens, extra, s = prepare(state.params, batch, ref_params, model_cfg,
+                                                   cfg)
     n_mini = cfg.algo.num_minibatches
 
-    axis = _flat_allreduce_axis(mesh, cfg)
+    axis = flat_allreduce_axis(mesh, cfg)
 
     def update(state, i):
         m = i % n_mini
@@ -378,7 +383,7 @@ def _train_step(state: TrainState, batch: TrainBatch, ref_params=None, *,
             grads, loss, metrics = _accumulate(*args)
         else:
             grads, loss, metrics = _accumulate_flat(*args, mesh, axis)
-        state, opt_metrics = _apply(state, grads, loss, model_cfg, cfg)
+        state, opt_metrics = apply(state, grads, loss, model_cfg, cfg)
         if mesh is not None:
             state = pin(state, model_cfg, mesh, cfg.rules)
         return state, ({**metrics, **opt_metrics}, grads if return_grads else None)
@@ -441,9 +446,11 @@ def _kind(x: float) -> str:
     return "nan" if np.isnan(x) else "inf" if np.isinf(x) else "non-finite"
 
 
-def _program_cfg(cfg: LearnerConfig) -> LearnerConfig:
-    """The policy on non-finite steps is applied by `update`, not in the program: one
-    compiled step serves both settings."""
+def program_cfg(cfg: LearnerConfig) -> LearnerConfig:
+    """`cfg` as the compiled step sees it: the policy on non-finite steps is applied by
+    `update` (`finish`), not in the program, so one compiled step serves both settings.
+    Every caller that compiles or runs a step (`update`, `compile_update`, `split_step`)
+    passes its config through this."""
     return dataclasses.replace(cfg, skip_nonfinite=False)
 
 
@@ -453,7 +460,7 @@ def compile_update(state, batch: TrainBatch, model_cfg: ModelConfig, cfg: Learne
     these (arrays, or ShapeDtypeStructs placed as the real ones will be). It lands in the
     jit cache `update` then hits; its `memory_analysis()` is the step's per-device need."""
     return train_step.lower(state, batch, ref_params, model_cfg=model_cfg,
-                            cfg=_program_cfg(cfg), mesh=mesh).compile()
+                            cfg=program_cfg(cfg), mesh=mesh).compile()
 
 
 def update(state: TrainState, batch: TrainBatch, model_cfg: ModelConfig, cfg: LearnerConfig,
@@ -466,7 +473,7 @@ def update(state: TrainState, batch: TrainBatch, model_cfg: ModelConfig, cfg: Le
     """
     check(batch, cfg, ref_params)
     state, metrics = train_step(state, batch, ref_params, model_cfg=model_cfg,
-                                cfg=_program_cfg(cfg), mesh=mesh)
+                                cfg=program_cfg(cfg), mesh=mesh)
     return finish(state, metrics, cfg)
 
 

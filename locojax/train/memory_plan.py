@@ -155,14 +155,14 @@ def _forward_residual_bytes(cfg: ModelConfig, rows: int, columns: int, group: in
                             remat: bool, platform: str) -> int:
     """Bytes autodiff keeps from the whole differentiated forward of `sequence_logprobs` (the
     hidden states the logits read), exactly as the train step runs it: with `group` > 1 the
-    prompt once per group (`train_step._prefix_hidden`); with remat, every layer's input."""
+    prompt once per group (`train_step.prefix_hidden`); with remat, every layer's input."""
     w = params_lib.abstract(cfg)
     tok = jax.ShapeDtypeStruct((rows, columns), jnp.int32)
     mask = jax.ShapeDtypeStruct((rows, columns), bool)
     if group > 1:
         def hidden(w, tokens, positions, attn):
-            return train_step_lib._prefix_hidden(w, tokens, positions, attn, cfg, p, group,
-                                                 False, remat)
+            return train_step_lib.prefix_hidden(w, tokens, positions, attn, cfg, p, group,
+                                                False, remat)
     else:
         def hidden(w, tokens, positions, attn):
             return decoder.forward(w, tokens[:, :-1], positions[:, :-1], cfg, mask=attn[:, :-1],
