@@ -71,8 +71,8 @@ def cores_each(ctx: Ctx, processes: float) -> float:
     return float(ctx.cluster.hw.host_cores.value)
 
 
-def _rollout(ctx: Ctx, prompts: float, rows: float, chips: float, steps: float, cores: float,
-             host_cores: float, devices: int = 1) -> dict[str, float]:
+def rollout_phases(ctx: Ctx, prompts: float, rows: float, chips: float, steps: float,
+                   cores: float, host_cores: float, devices: int = 1) -> dict[str, float]:
     """A host's rollout phases for its prompts/rows (device phases on `cores` per process,
     host phases and env on `host_cores`; `devices`: simulated devices in the process)."""
     decode = ctx.decode(rows, chips, steps, cores, devices)
@@ -87,8 +87,10 @@ def _rollout(ctx: Ctx, prompts: float, rows: float, chips: float, steps: float, 
             "batch": ctx.batch(rows, host_cores)}
 
 
-def _train(ctx: Ctx, rows_per_host: float, chips_per_host: float, chips: int, hosts: int,
-           cores: float) -> dict[str, float]:
+def train_phases(ctx: Ctx, rows_per_host: float, chips_per_host: float, chips: int,
+                 hosts: int, cores: float) -> dict[str, float]:
+    """A learner host's train phases: its rows' update on its chips (`cores` per process),
+    and the gradient all-reduce over all `chips` of `hosts` hosts (ICI, then DCN)."""
     ici, dcn = ctx.train_network(chips, hosts)
     return {"train": ctx.train_compute(rows_per_host, chips_per_host, cores),
             "allreduce": ici + dcn}
@@ -100,8 +102,8 @@ def colocated(ctx: Ctx) -> Prediction:
     per_host = min(cl.chips, cl.chips_per_host)
     c = cores_each(ctx, h)
     steps = wl.decode_steps(wl.rows)  # the step waits for the longest row of any host
-    ph = _rollout(ctx, wl.prompts / h, wl.rows / h, per_host, steps, c, c)
-    ph.update(_train(ctx, wl.rows / h, per_host, cl.chips, h, c))
+    ph = rollout_phases(ctx, wl.prompts / h, wl.rows / h, per_host, steps, c, c)
+    ph.update(train_phases(ctx, wl.rows / h, per_host, cl.chips, h, c))
     ph["collectives"] = ctx.small_collectives(h, 2)  # metric sums, non-finite flags
     ph["other"] = ctx.step_fixed(c)
     return Prediction("colocated", cl.describe(), ph)
@@ -117,10 +119,10 @@ def single(ctx: Ctx) -> Prediction:
     steps = wl.decode_steps(wl.rows)
     if cl.shared_cores:  # simulated devices: one per "chip", each its share of rows
         ctx = dataclasses.replace(ctx, one_process=True)  # device threads, not processes
-        ph = _rollout(ctx, wl.prompts / n, wl.rows / n, 1, steps, c, c, devices=n)
+        ph = rollout_phases(ctx, wl.prompts / n, wl.rows / n, 1, steps, c, c, devices=n)
         ph["train"] = ctx.train_compute(wl.rows / n, 1, c)
     else:
-        ph = _rollout(ctx, wl.prompts, wl.rows, n, steps, c, c)
+        ph = rollout_phases(ctx, wl.prompts, wl.rows, n, steps, c, c)
         ph["train"] = ctx.train_compute(wl.rows, n, c)
     # Host work of all rows in the one process (devices idle meanwhile: a whole core; its
     # env processes, the whole machine where the hosts share one).
@@ -144,7 +146,7 @@ def controller(ctx: Ctx, decode_chunk: int = 0) -> Prediction:
     # hosts wait), so the hosts' device phases share the cores h ways, not h + 1.
     c = cores_each(ctx, h)
     steps = wl.decode_steps(wl.rows)
-    ph = _rollout(ctx, wl.prompts / h, wl.rows / h, per_host, steps, c, c)
+    ph = rollout_phases(ctx, wl.prompts / h, wl.rows / h, per_host, steps, c, c)
     full = 1.0  # central host work: the hosts wait, the controller's process runs
     ph.update(admission=ctx.admission(wl.prompts, full),
               env=ctx.env(wl.rows, cl.shared_cores or full),
@@ -160,7 +162,7 @@ def controller(ctx: Ctx, decode_chunk: int = 0) -> Prediction:
     ph["scatter"] = (2 * a + wl.prompts * wl.prompt_columns * 4 / nic  # prompts out
                      + wl.rows * cols * 18 / nic)  # batch out: ids, positions, masks, logprobs
     ph["gather"] = a + wl.rows * wl.response_columns * 8 / nic  # tokens and logprobs back
-    ph.update(_train(ctx, wl.rows / h, per_host, cl.chips, h, c))
+    ph.update(train_phases(ctx, wl.rows / h, per_host, cl.chips, h, c))
     ph["other"] = ctx.step_fixed(full)
     chunk = "whole loop" if decode_chunk <= 0 else f"{decode_chunk} iteration(s)"
     return Prediction("controller", f"1 controller + {cl.describe()}, decode dispatch per "

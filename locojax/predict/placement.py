@@ -22,7 +22,7 @@ import dataclasses
 import numpy as np
 
 from locojax.predict import simulate
-from locojax.predict.modes import Prediction, _rollout, _train, cores_each
+from locojax.predict.modes import Prediction, cores_each, rollout_phases, train_phases
 from locojax.predict.phases import Ctx
 
 
@@ -75,7 +75,7 @@ def _spec(ctx: Ctx, workers: int, learners: int, k: int, newest: bool, seed: int
 
         def seconds(c: float) -> float:
             c = c or cores_each(ctx, 1)
-            ph = _rollout(ctx, u, rows, per_host, steps_, c, c)
+            ph = rollout_phases(ctx, u, rows, per_host, steps_, c, c)
             ph.pop("env")
             return fixed + sum(ph.values()) + ctx.logprob_check(rows, per_host, c)
 
@@ -89,7 +89,7 @@ def _spec(ctx: Ctx, workers: int, learners: int, k: int, newest: bool, seed: int
     def train(rng):
         def seconds(c: float) -> float:
             c = c or cores_each(ctx, 1)
-            ph = _train(ctx, wl.rows / learners, per_host, learner_chips, learners, c)
+            ph = train_phases(ctx, wl.rows / learners, per_host, learner_chips, learners, c)
             return (sum(ph.values()) + ctx.batch(wl.rows / learners, c)
                     + ctx.small_collectives(learners, 2) + ctx.step_fixed(c))
         return simulate.Task(seconds, learners)
