@@ -1,7 +1,7 @@
 """Interleaved A/B of the GRPO train step: the same step under several arms, in one run.
 
 An arm is a name, a code tree (PYTHONPATH: e.g. a checkout of another commit) and extra
-environment (e.g. XLA_FLAGS). Each arm is one long-lived process that builds DESIGN.md's
+environment (e.g. XLA_FLAGS). Each arm is one long-lived process that builds docs/design.md's
 TINY or SMALL synthetic batch (`profile_train.synthetic_batch`: every token real, shared
 prompts per group) and compiles `train_step`; then the arms take turns, `--block` steps each
 per round for `--rounds` rounds, so load drifts hit every arm alike. Prints each arm's median

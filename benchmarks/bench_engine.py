@@ -3,7 +3,7 @@
 Every side runs the same Qwen3 architecture with random f32 weights, on the same prompts
 (16 prompts x G 8 = 128 rows of 32 tokens at SMALL), sampling at temperature 1, with the
 same number of tokens per row:
-- `tiny`, `small` (DESIGN.md's shapes): exactly N = 32 / 64 tokens per row (locojax
+- `tiny`, `small` (docs/design.md's shapes): exactly N = 32 / 64 tokens per row (locojax
   `ignore_eos`, HF `min_new_tokens = N`, Tunix's EOS outside the vocabulary);
 - `small-512`, `small-1024`, `small-4096`: SMALL with N max new tokens, row r ending by EOS
   after L_r tokens, L_r drawn once (seed 0) from a log-normal of median 200 tokens and

@@ -54,7 +54,7 @@ class Shape:
     obs_tokens: int  # O
 
 
-SHAPES = {  # DESIGN.md's TINY and SMALL rollout shapes, run for T turns
+SHAPES = {  # docs/design.md's TINY and SMALL rollout shapes, run for T turns
     "tiny": Shape("TINY", "tiny", 8, 4, 16, 32, 4, 32),
     "small": Shape("SMALL", "small", 16, 8, 32, 64, 4, 64),
 }

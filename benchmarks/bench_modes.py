@@ -9,7 +9,7 @@ Every point is a real `locojax train` run, started as a user would:
     controller  locojax train ... --mode controller --hosts N --devices-per-host 1 --ray-address A
                                                  1 controller (Ray driver) + N host actors
 
-colocated against controller is the paper's comparison (DESIGN.md, "Coordination modes"): the
+colocated against controller is the paper's comparison (docs/design.md, "Coordination modes"): the
 same N processes, the same train step and gloo all-reduce; only where admission, scoring and
 batch assembly run differs. single (one process, no process boundary) is shown for scale.
 
@@ -20,7 +20,7 @@ Workloads (`--workloads`, default gsm8k math swe), each with locojax's own data 
   ../shared/data/math500/test.jsonl), `--task.name math`, the math-verify reward.
 - `swe`: multi-turn bug fixing (`train swe`, generated level-1 repositories): 2 model turns
   around an error observation, then a sandboxed test run per row (autosubmit).
-The model is DESIGN.md's TINY architecture with random f32 weights and the built-in char
+The model is docs/design.md's TINY architecture with random f32 weights and the built-in char
 tokenizer (locojax's SFT knows only arith and calc, so no model here has learned GSM8K).
 gsm8k and math run with `--rollout.ignore-eos`: every completion is the shape's 64 tokens,
 in every mode alike, so each generate call is 63 decode iterations (swe's turns stop at a
@@ -28,7 +28,7 @@ sampled EOS or the cap, the same in every mode: same seed, same rows). The char
 tokenizer encodes printable ASCII only, and a prompt longer than P tokens stops a run, so the
 data file a run gets is the source file less the rows whose prompt does not encode within P
 tokens with the task's template (a copy in --work-dir; the script prints how many it kept).
-Legacy workloads `arith` and `arith-var` (DESIGN.md's TINY/SMALL shapes, `--shapes`) remain for
+Legacy workloads `arith` and `arith-var` (docs/design.md's TINY/SMALL shapes, `--shapes`) remain for
 calibrate_predict.py, validate_predict.py and ab_runs.py.
 
 Scaling (`--scaling`, default both), each table labelled by what is held fixed:
@@ -88,7 +88,7 @@ ROOT = Path(__file__).resolve().parent.parent
 @dataclasses.dataclass(frozen=True)
 class Shape:
     name: str
-    arch: str  # model preset (DESIGN.md canonical shape)
+    arch: str  # model preset (docs/design.md canonical shape)
     prompts: int  # B, over all hosts (strong scaling's global batch)
     group: int  # G
     prompt_tokens: int  # P (padded columns)
@@ -104,7 +104,7 @@ class Shape:
             object.__setattr__(self, "title", self.name)
 
 
-SHAPES = {  # the legacy arith workloads' shapes (DESIGN.md's TINY and SMALL)
+SHAPES = {  # the legacy arith workloads' shapes (docs/design.md's TINY and SMALL)
     "tiny": Shape("TINY", "tiny", 8, 4, 16, 32, steps=20),
     "small": Shape("SMALL", "small", 16, 8, 32, 64, steps=7),
 }

@@ -1,6 +1,6 @@
 """locojax against Tunix and TRL: the same GRPO step, side by side, in one run.
 
-Each side runs DESIGN.md's TINY or SMALL GRPO step as its own docs set it up, in its own
+Each side runs docs/design.md's TINY or SMALL GRPO step as its own docs set it up, in its own
 process and environment (`benchmarks/peers/*_worker.py`):
 - locojax: the `single`-mode step of `locojax train` (jitted prefill + decode, fused train step);
 - Tunix 0.1.7: `GRPOLearner` on an `RLCluster`, colocated (actor = rollout = reference mesh),

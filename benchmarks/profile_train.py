@@ -1,6 +1,6 @@
 """Where a GRPO train step's time goes: a per-op trace of `train_step`, summed by op.
 
-Builds a synthetic batch at a DESIGN.md shape (random f32 weights, every prompt and response
+Builds a synthetic batch at a docs/design.md shape (random f32 weights, every prompt and response
 token real, random advantages), compiles `train_step`, times steady steps, then traces a
 few steps with `jax.profiler` and sums the XLA:CPU events of the trace by op name (and by
 op kind: the name without its numeric suffix). Totals are wall time of the events on all

@@ -1,4 +1,4 @@
-"""Run checkpoints: everything needed to continue a run bitwise (DESIGN.md, exact continuation).
+"""Run checkpoints: everything a run needs to continue bitwise (docs/design.md, exact continuation).
 
 A checkpoint holds two items, and a third where a mode has one:
 - `state`: the array pytree (params, optimizer state, step counter, PRNG key data), written

@@ -9,7 +9,7 @@
 
 Compile time is measured from JAX's own monitoring events (trace, lowering and backend
 compile durations) and subtracted from the phase it happened in, so the first step's phases
-show steady-state cost and `perf/compile_time` shows the rest. (DESIGN.md, "timing is honest".)
+show steady-state cost and `perf/compile_time` shows the rest. (docs/design.md, "timing is honest".)
 
 Timing mode (`TIMING`, logged with every step): each phase ends with `block_until_ready` of
 what it dispatched, so a phase holds its device work; the step is the sum of its phases and

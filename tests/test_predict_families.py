@@ -25,7 +25,7 @@ from locojax.predict import spec
 from locojax.predict.flops import ModelCosts
 from locojax.predict.spec import UncostableModel
 
-B, G, P, N = 8, 4, 16, 32  # TINY's canonical step (DESIGN.md)
+B, G, P, N = 8, 4, 16, 32  # TINY's canonical step (docs/design.md)
 
 
 def family(model_type: str, window: int | None = None, layers: int = 2):

@@ -1,6 +1,6 @@
 """The cost model's FLOP counts against XLA's `cost_analysis()` of locojax's own compiled
 programs (prefill, a decode step, the train step with and without a reference model), at
-DESIGN.md's TINY and SMALL shapes. Nothing runs: every program is compiled from abstract
+docs/design.md's TINY and SMALL shapes. Nothing runs: every program is compiled from abstract
 shapes.
 
 What XLA counts and the model does not: XLA's HloCostAnalysis adds one FLOP per element of
@@ -33,7 +33,7 @@ from locojax.rl import batch as batch_lib
 from locojax.rl import train_state, train_step
 from locojax.rl.config import AlgoConfig, LearnerConfig, OptimConfig
 
-# (model, B, G, P, N): DESIGN.md's canonical shapes.
+# (model, B, G, P, N): docs/design.md's canonical shapes.
 SHAPES = {"tiny": (config.tiny(), 8, 4, 16, 32), "small": (config.small(), 16, 8, 32, 64)}
 
 

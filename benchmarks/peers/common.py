@@ -4,7 +4,7 @@ Imported by the locojax worker and by the peer workers, which run in their own v
 needs nothing but the standard library and numpy.
 
 Identical work on every side:
-- the same Qwen3 config (DESIGN.md TINY / SMALL), random f32 weights;
+- the same Qwen3 config (docs/design.md TINY / SMALL), random f32 weights;
 - the same prompts: step s uses `prompts(shape, s)`, B rows of exactly P token ids in
   [1, V) (0 is every side's pad id, so no real prompt token is mistaken for padding);
 - exactly N new tokens: each side's EOS id is V, one past the vocabulary, so it can never

@@ -108,7 +108,7 @@ def row_draws(key, row_ids, count, sampling: SamplingConfig):
     `fold_in(fold_in(key, row_ids[r]), count[r] + t)`; None when greedy.
 
     A row's tokens so depend on neither its batch, the device layout nor the host
-    (DESIGN.md, mode equivalence). All steps' draws at once, before the loop: one threefry
+    (docs/design.md, mode equivalence). All steps' draws at once, before the loop: one threefry
     call instead of one per step (threefry is most of the compile time of a decode loop and
     ~1 ms per step on CPU)."""
     if sampling.greedy:

@@ -1,10 +1,10 @@
 """Batched generation on local devices: `Engine.generate` = prefill + decode (`decode.py`).
 
-The engine sees token ids only (DESIGN.md: "the engine knows nothing about tokenization"),
+The engine sees token ids only (docs/design.md: "the engine knows nothing about tokenization"),
 holds the KV-cache buffer across calls (donated into each program and handed back) and the
 device layout. The returned logprobs are those of the temperature-scaled policy, computed
 by the trainer's own forward, so sampler and trainer logprobs agree to f32 rounding
-(DESIGN.md, correctness contracts).
+(docs/design.md, correctness contracts).
 
 Shapes are static per call: B prompts of P (left-padded) tokens, G samples per prompt,
 R = B·G rows, N = max_new_tokens, S ≥ P + N - 1 cache slots (the last sampled token is

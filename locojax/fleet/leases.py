@@ -1,6 +1,6 @@
 """Leased units of rollout work, and the admission gate that bounds staleness.
 
-The asynchronous modes (DESIGN.md, "Asynchrony") hand rollout work to workers as leases. A
+The asynchronous modes (docs/design.md, "Asynchrony") hand rollout work to workers as leases. A
 lease is a fixed unit: `prompts_per_lease` consecutive prompt slots of one step, i.e. whole
 groups, always generated as one batch of the same shape. A row's tokens depend on its
 sampling key and, through matmul blocking, on the shape of the batch it was generated in,

@@ -1,6 +1,6 @@
 """Placement and schedule of the Ray modes (disaggregated, async): settings, checked plan.
 
-DESIGN.md "Asynchrony": one mechanism, three settings.
+docs/design.md "Asynchrony": one mechanism, three settings.
 - placement: which hosts learn and which produce rollouts. `disaggregated` splits `hosts`
   by `rollout_fraction`; `async` has `learner_hosts` learners and `workers` rollout workers.
 - max staleness k (`Schedule`): 0 lock-step (equals colocated), 1 DA's one-step overlap,

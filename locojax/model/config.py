@@ -1,4 +1,4 @@
-"""Decoder config (Qwen3, Qwen2/2.5, Llama 3.x, Gemma 3 text), and DESIGN.md's benchmark shapes.
+"""Decoder config (Qwen3, Qwen2/2.5, Llama 3.x, Gemma 3 text); docs/design.md's benchmark shapes.
 
 The field names follow the HF configs (`Qwen3Config`, ...) so that `config.json` maps onto
 them directly (see `hf_config.py`); everything else in locojax reads only this dataclass.
@@ -164,12 +164,14 @@ def _available(name: str, field: str):
 
 
 def tiny(**overrides) -> ModelConfig:
-    """DESIGN.md TINY: 2 layers, d=64, ffn 128, 4 heads, 2 kv heads, head_dim 16, vocab 512, tied."""
+    """docs/design.md TINY: 2 layers, d=64, ffn 128, 4 heads, 2 kv heads, head_dim 16, vocab
+    512, tied."""
     return dataclasses.replace(ModelConfig(), **overrides)
 
 
 def small(**overrides) -> ModelConfig:
-    """DESIGN.md SMALL: 4 layers, d=256, ffn 768, 8 heads, 4 kv heads, head_dim 32, vocab 4096, tied."""
+    """docs/design.md SMALL: 4 layers, d=256, ffn 768, 8 heads, 4 kv heads, head_dim 32, vocab
+    4096, tied."""
     base = ModelConfig(
         vocab_size=4096, hidden_size=256, intermediate_size=768, num_hidden_layers=4,
         num_attention_heads=8, num_key_value_heads=4, head_dim=32,

@@ -2,7 +2,7 @@
 
 `forward(weights, tokens, positions, cfg, mask=..., cache=...) -> (hidden, cache)`
 serves prefill, decode and training alike, so the sampler's logprobs and the trainer's
-logprobs come from the same code (DESIGN.md, "sampler logprobs equal trainer logprobs").
+logprobs come from the same code (docs/design.md, "sampler logprobs equal trainer logprobs").
 Qwen3, Qwen2/2.5, Llama 3.x and Gemma 3 share it; `cfg.family` (`families.py`) switches
 the parts that differ (biases, q/k norms, Gemma's norms, embedding scale and activation),
 and each layer's `LayerKind` carries its RoPE frequencies and attention window, so Gemma's

@@ -6,7 +6,7 @@ Specs:
   `embedded-strict`: one that answers in the `#### N` format but has only half learned the
   arithmetic (the `demo` preset's: its gain is the task); `embedded-calc`: a sibling that
   learned calculator tool use (the `calc-demo` preset);
-- `tiny` / `small`: DESIGN.md's benchmark shapes with random weights and the char tokenizer;
+- `tiny` / `small`: docs/design.md's benchmark shapes with random weights and the char tokenizer;
 - a directory: an HF checkpoint of a family in `families.py` (Qwen3, Qwen2/2.5, Llama 3.x,
   Gemma 3 text). Its tokenizer is `tokenizer.json` if present, else the one named in
   `locojax.json` (written by `locojax sft` for char-level checkpoints).

@@ -1,6 +1,6 @@
 """The LoCoJAX paper's three studies, reproduced by the cost model beside the paper's figures.
 
-Paper figures (issue 25; DESIGN.md):
+Paper figures (issue 25; docs/design.md):
 - size sweep, dense 0.6B → 405B, decode-heavy, TPU v7x: at 0.6B host orchestration is 36% of
   the (single-controller) step and the network 2%; for large models network costs dominate
   the non-compute time;

@@ -1,7 +1,7 @@
 """A discrete-event simulation of the buffered modes (disaggregated, async): leases, versions,
 length tails, pacing and, on one shared machine, processor sharing.
 
-The system (DESIGN.md "Asynchrony"; locojax/fleet): W rollout workers take leases, each the
+The system (docs/design.md "Asynchrony"; locojax/fleet): W rollout workers take leases, each the
 generation of `per_lease` prompts of a step s; the learner trains step s once every lease of
 s is back, then publishes version s + 1 (a weight push). A lease of step s may start once
 - disaggregated (deterministic schedule): version max(0, s - k) is published, and uses it;

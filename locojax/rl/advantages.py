@@ -3,7 +3,7 @@
 All take `rewards [B]` and `group_id [B]` (any ints; rows with equal ids are one group, in
 any order) and return `(advantages [B], metrics)`. They run on whatever rows they are
 given: in colocated mode that is one host's rollouts, which is exact because groups never
-span hosts (DESIGN.md), and for the batch baseline means a per-host baseline.
+span hosts (docs/design.md), and for the batch baseline means a per-host baseline.
 
 References: GRPO, Shao et al. 2024 (DeepSeekMath) §4.1.2; Dr.GRPO, Liu et al. 2025
 ("Understanding R1-Zero-like training"); RLOO, Ahmadian et al. 2024 / Kool et al. 2019;

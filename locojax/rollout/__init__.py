@@ -1,1 +1,1 @@
-"""Host-local rollout: prompts in, scored completions out (DESIGN.md, "the step")."""
+"""Host-local rollout: prompts in, scored completions out (docs/design.md, "the step")."""

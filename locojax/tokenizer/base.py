@@ -1,6 +1,6 @@
 """The tokenizer interface every part of locojax uses, and the Qwen chat format.
 
-The engine sees token ids only (DESIGN.md); strings exist at the edges: prompts are
+The engine sees token ids only (docs/design.md); strings exist at the edges: prompts are
 rendered with `apply_chat_template` and encoded, completions are decoded for rewards.
 Any object with these members is a tokenizer; `CharTokenizer` and `HFTokenizer` are the
 two that ship.

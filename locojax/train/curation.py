@@ -8,7 +8,7 @@ with probability `keep_prob`: down-weighting) for `readmit_after` steps, after w
 admissible again and re-scored when next drawn. Held prompts wait in a re-admission queue
 ordered by release step.
 
-Admission stays exact under resume and on any layout (DESIGN.md):
+Admission stays exact under resume and on any layout (docs/design.md):
 - the table is identical on every host: each host reports the pass counts of its own groups
   (`observations`), the wiring gathers them, and every host folds in all of them sorted by
   (slot, round);

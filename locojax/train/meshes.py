@@ -9,7 +9,7 @@
 The learner's devices are laid out data-major, fsdp-minor, in process order, so the batch,
 split over (data, fsdp), lands on the same devices as over a plain `data` mesh, and an
 fsdp group spans hosts only when F exceeds a host's devices. Rollout always stays inside a
-host (DESIGN.md: no cross-host synchronisation during decode), so before each step's
+host (docs/design.md: no cross-host synchronisation during decode), so before each step's
 rollout the weights move from the training layout to the rollout layout in one program
 (`to_layout`; across hosts to `across_hosts`' layout, then `local_view`): the step's
 `perf/phase/reshard`. No device holds the whole params for the move: from FSDP F to

@@ -1,4 +1,4 @@
-"""Resume checks what it resumes (DESIGN.md, "Resume resumes the same run").
+"""Resume checks what it resumes (docs/design.md, "Resume resumes the same run").
 
 Every checkpoint's JSON records the run's config, and `fingerprints` of what the run read:
 the model directory (its starting weights, which are also the KL reference), the data files
@@ -37,7 +37,7 @@ from locojax.tokenizer import fingerprint
 log = logging.getLogger(__name__)
 
 _LOGGING = "what is logged, traced or shown, not what is computed"
-_MEMORY = ("memory and speed knobs: the objective does not depend on them (DESIGN.md), so "
+_MEMORY = ("memory and speed knobs: the objective does not depend on them (docs/design.md), so "
            "the run goes on with the same objective, equal to f32 rounding rather than bitwise")
 _HOW = "how the work is executed, not what is computed"
 _CLUSTER = "how the Ray cluster runs the work, not what it computes"

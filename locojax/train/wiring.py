@@ -18,7 +18,7 @@ five questions for the loop:
 `single`: one process owns every local device. It admits all prompts, runs one SPMD generate
 over its mesh (rows sharded over `data`), scores everything itself and trains. The fastest
 way to use one host's devices from one process; it never crosses a process boundary, so it
-is not the single-controller baseline of the paper (DESIGN.md, "Coordination modes").
+is not the single-controller baseline of the paper (docs/design.md, "Coordination modes").
 
 `colocated` (LoCoJAX-CO): one process per host. Each admits its own contiguous share of the
 prompts (whole groups), generates on its local devices with its host's copy of the params
