@@ -20,8 +20,9 @@ def test_train_and_test_never_overlap(name, level):
     assert len(test_keys) == len(t0.test) == 100  # held-out problems are distinct
     train_keys = {e.meta["key"] for t in (t0, t1) for e in t.train[:1500]}
     assert not train_keys & test_keys
-    assert all(is_held_out(k) for k in test_keys)
-    assert not any(is_held_out(k) for k in train_keys)
+    share = t0.test.test_permille
+    assert all(is_held_out(k, share) for k in test_keys)
+    assert not any(is_held_out(k, share) for k in train_keys)
     # Other seeds sample other problems, but never from the held-out part either.
     assert {e.meta["key"] for e in t1.test} != test_keys
 
@@ -124,3 +125,62 @@ def test_registry():
     held = ex.meta["key"]
     with pytest.raises(ValueError, match="only 1 distinct held-out problems found, 5 requested"):
         ProceduralSplit(lambda rng: (held, ex), "test", 0, 5)  # one problem, 5 wanted
+
+
+def test_chat_arith_asks_an_instruct_model_in_words():
+    """Level 0 with the chat template: one user message per problem, the flexible reward
+    reads the last number, and the format check wants the reply to end with it."""
+    t = arith.task(level=0, template="chat", mode="flexible")
+    assert len(t.test) == 200 and t.test.test_permille == 350
+    for ex in list(t.train[:200]) + list(t.test):
+        (msg,) = ex.prompt
+        m = re.fullmatch(r"What is (\d+) ([+-]) (\d+)\? Give only the final number\.",
+                         msg["content"])
+        assert msg["role"] == "user" and m, msg
+        a, op, b = int(m[1]), m[2], int(m[3])
+        assert 0 <= a <= 20 and 0 <= b <= 20 and int(ex.answer) == (a + b if op == "+" else a - b)
+    ex = t.test[0]
+    assert t.score(f"{ex.meta['key']} = {ex.answer}", ex)[0] == 1.0
+    assert t.score(f"The answer is {ex.answer}.", ex)[0] == 1.0
+    assert t.score(f"{ex.answer} is not it, {int(ex.answer) + 1}", ex)[0] == 0.0
+    assert t.format_check(f"It is {ex.answer}.", ex)
+    assert not t.format_check(f"{ex.answer}, because I said so", ex)
+    assert not t.format_check("no number", ex)
+
+
+def test_arith_options_are_checked():
+    with pytest.raises(ValueError, match="template must be 'plain' or 'chat'"):
+        arith.task(level=0, template="qwen")
+    with pytest.raises(ValueError, match="'\\*' needs exactly 2 operands"):
+        arith.ArithConfig(operands=3, ops="+*")
+    times = arith.task(config=arith.ArithConfig(operands=2, min_digits=1, max_digits=1,
+                                                 ops="*"), template="chat", mode="flexible",
+                       test_size=5)
+    ex = times.test[0]
+    a, b = map(int, ex.meta["key"].split("*"))
+    assert int(ex.answer) == a * b and " * " in ex.prompt[0]["content"]
+
+
+def test_the_reward_is_chosen_from_the_config_or_refused():
+    from pathlib import Path
+
+    from locojax.envs.registry import TaskConfig, build
+
+    data = str(Path(__file__).parent / "data" / "gsm8k_small.jsonl")
+    ex_text = "so the total is 42"
+    for name, extra in (("arith", {"level": 0}), ("gsm8k", {"data": data})):
+        strict = build(TaskConfig(name=name, **extra), seed=0)
+        flexible = build(TaskConfig(name=name, reward="flexible", **extra), seed=0)
+        ex = flexible.test[0]
+        said = ex_text.replace("42", ex.answer)
+        assert flexible.score(said, ex)[0] == 1.0 and strict.score(said, ex)[0] == 0.0
+        weighted = build(TaskConfig(name=name, format_weight=0.5, **extra), seed=0)
+        assert weighted.score(f"{said}\n#### {ex.answer}", ex)[0] == 1.5
+    with pytest.raises(ValueError, match="task.reward must be one of strict, flexible"):
+        TaskConfig(reward="lenient")
+    with pytest.raises(ValueError, match="task.format_weight must be >= 0"):
+        TaskConfig(format_weight=-1.0)
+    with pytest.raises(ValueError, match="task 'calc' has its own reward"):
+        build(TaskConfig(name="calc", reward="flexible"), seed=0)
+    with pytest.raises(ValueError, match="task 'math' scores"):
+        build(TaskConfig(name="math", data=data, reward="flexible"), seed=0)

@@ -296,6 +296,9 @@ class Task:
     """Most model turns per episode (1 for single-turn)."""
     demo: Callable[[Example], Demo] | None = None
     """The ideal completion of an example, for SFT; None if the task has no gold completion."""
+    format_check: Callable[[str, Example], bool] | None = None
+    """Whether a completion answers in the task's format, right or wrong (evaluation reports
+    the share, so a gain in accuracy can be told apart from a gain in format)."""
 
     @property
     def multi_turn(self) -> bool:

@@ -95,6 +95,14 @@ def format_ok(completion: str, example: Example) -> float:
     return float(last.startswith("####") and normalize_number(last[4:]) is not None)
 
 
+def ends_with_number(completion: str, example: Example) -> bool:
+    """The flexible format: the reply ends with its final number (trailing punctuation
+    aside), so the number the flexible reward reads is the one the reply concludes with."""
+    tail = completion.rstrip().rstrip(".!")
+    last = _NUM_RE.findall(tail)
+    return bool(last) and tail.endswith(last[-1])
+
+
 def reward(mode: Literal["strict", "flexible"] = "strict", format_weight: float = 0.0) -> Reward:
     """Correctness in the given mode, plus `format_weight` * format_ok if positive."""
     fns = {"strict": correct_strict, "flexible": correct_flexible}
@@ -153,4 +161,5 @@ def task(train_path: str, test_path: str, template: Literal["plain", "qwen", "ch
         test=load(test_path, template, skip_invalid),  # a Dataset: knows what it skipped
         reward=reward(mode, format_weight),
         demo=single_turn_demo,
+        format_check=format_ok if mode == "strict" else ends_with_number,
     )

@@ -41,8 +41,9 @@ class TaskConfig:
     """Held-out data file for gsm8k / math (default: the training file); swe: a task
     directory (default: none held out for your tasks)."""
     template: str = "plain"
-    """Prompt template of gsm8k and math: plain (text), qwen (one user message in hand-written
-    ChatML) or chat (one user message in the checkpoint's own chat template from its
+    """Prompt template of gsm8k, math and arith: plain (text), qwen (one user message in
+    hand-written ChatML; gsm8k, math) or chat (one user message in the checkpoint's own
+    chat template from its
     tokenizer_config.json; stop tokens from its generation_config.json)."""
     autosubmit: bool = False
     """swe: at the env's turn limit, score the repository as if the model had submitted."""
@@ -51,6 +52,13 @@ class TaskConfig:
     epochs, which is where pass-rate curation has prompts to hold back."""
     skip_invalid: bool = False
     """gsm8k / math: skip malformed rows (and count them) instead of stopping at the first."""
+    reward: str = "strict"
+    """Correctness reward of gsm8k and arith: strict (the number after `####`) or flexible
+    (the last number in the reply, as lm-eval's flexible-extract; for instruct models that
+    answer "... = 42" or "The answer is 42")."""
+    format_weight: float = 0.0
+    """gsm8k, arith and math: weight of a format reward added to correctness (gsm8k/arith:
+    a `#### N` last line; math: a \\boxed answer); 0 = correctness alone."""
     sandbox: str = "auto"
     """Isolation of the model-written code a task runs (swe's tests): auto (namespaces, else
     bubblewrap, else the run refuses to start and says how to get isolation), namespaces,
@@ -64,18 +72,36 @@ class TaskConfig:
             raise ValueError(f"unknown task {self.name!r}; valid tasks: {', '.join(task_names())}")
         if self.train_size < 1:
             raise ValueError(f"task.train_size must be >= 1, got {self.train_size}")
+        if self.reward not in REWARDS:
+            raise ValueError(f"task.reward must be one of {', '.join(REWARDS)}, got "
+                             f"{self.reward!r}")
+        if self.format_weight < 0:
+            raise ValueError(f"task.format_weight must be >= 0, got {self.format_weight}")
         if self.sandbox not in MODES:
             raise ValueError(f"task.sandbox must be one of {', '.join(MODES)}, got "
                              f"{self.sandbox!r}")
+
+
+REWARDS = ("strict", "flexible")
+"""`--task.reward` values (gsm8k, arith)."""
 
 
 def _procedural(cfg: TaskConfig, seed: int, max_turns: int) -> dict:
     return dict(level=cfg.level, seed=seed, train_size=cfg.train_size)
 
 
+def _arith(cfg: TaskConfig, seed: int, max_turns: int) -> dict:
+    return dict(_procedural(cfg, seed, max_turns), mode=cfg.reward,
+                format_weight=cfg.format_weight, template=cfg.template)
+
+
 def _data_files(cfg: TaskConfig, seed: int, max_turns: int) -> dict:
     return dict(train_path=cfg.data, test_path=cfg.test_data or cfg.data, template=cfg.template,
-                skip_invalid=cfg.skip_invalid)
+                skip_invalid=cfg.skip_invalid, format_weight=cfg.format_weight)
+
+
+def _gsm8k(cfg: TaskConfig, seed: int, max_turns: int) -> dict:
+    return dict(_data_files(cfg, seed, max_turns), mode=cfg.reward)
 
 
 def _swe(cfg: TaskConfig, seed: int, max_turns: int) -> dict:
@@ -86,10 +112,20 @@ def _swe(cfg: TaskConfig, seed: int, max_turns: int) -> dict:
 
 
 def _no_inputs(cfg: TaskConfig) -> None:
-    pass
+    _reward_is_its_own(cfg)
+
+
+def _reward_is_its_own(cfg: TaskConfig) -> None:
+    """Tasks whose reward takes no options refuse them rather than ignore them."""
+    if cfg.name in ("calc", "swe") and (cfg.reward != "strict" or cfg.format_weight):
+        raise ValueError(f"task {cfg.name!r} has its own reward: --task.reward and "
+                         "--task.format-weight do not apply")
+    if cfg.name == "math" and cfg.reward != "strict":
+        raise ValueError("task 'math' scores \\boxed answers: --task.reward does not apply")
 
 
 def _files_exist(cfg: TaskConfig) -> None:
+    _reward_is_its_own(cfg)
     if not cfg.data:
         raise ValueError(f"task {cfg.name!r} needs --task.data FILE (HF-format jsonl or parquet)")
     for path in (cfg.data, cfg.test_data):
@@ -98,6 +134,7 @@ def _files_exist(cfg: TaskConfig) -> None:
 
 
 def _swe_inputs(cfg: TaskConfig) -> None:
+    _reward_is_its_own(cfg)
     for path in (cfg.data, cfg.test_data):
         if path and not Path(path).is_dir():
             raise ValueError(f"swe task directory {path!r} does not exist")
@@ -117,9 +154,9 @@ class Entry:
 
 
 TASKS = {
-    "arith": Entry("locojax.envs.tasks.arith", _procedural, _no_inputs),
+    "arith": Entry("locojax.envs.tasks.arith", _arith, _no_inputs),
     "calc": Entry("locojax.envs.tasks.calc", _procedural, _no_inputs),
-    "gsm8k": Entry("locojax.envs.gsm8k", _data_files, _files_exist),
+    "gsm8k": Entry("locojax.envs.gsm8k", _gsm8k, _files_exist),
     "math": Entry("locojax.envs.math_boxed", _data_files, _files_exist),
     "swe": Entry("locojax.envs.swe.workload", _swe, _swe_inputs),
 }

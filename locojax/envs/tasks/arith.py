@@ -14,6 +14,7 @@ learnable, which is where GRPO has room to help:
 
 | level | operands | digits | ops |
 |---|---|---|---|
+| 0 | 2 | 0-20 | +- |
 | 1 | 2 | 1-2 | + |
 | 2 | 2 | 2 | +- |
 | 3 | 2 | 3 | +- |
@@ -26,9 +27,14 @@ from __future__ import annotations
 import dataclasses
 import random
 
-from locojax.envs.base import ANSWER_PREFIX, Demo, Example, Segment, Task, single_turn_demo
+from typing import Literal
+
+from locojax.envs.base import (
+    ANSWER_PREFIX, Demo, Example, Prompt, Segment, Task, single_turn_demo,
+)
+from locojax.envs.gsm8k import ends_with_number, format_ok
 from locojax.envs.gsm8k import reward as gsm8k_reward
-from locojax.envs.tasks.procedural import ProceduralSplit
+from locojax.envs.tasks.procedural import TEST_PERMILLE, ProceduralSplit
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,7 +48,13 @@ class ArithConfig:
     max_digits: int = 3
     """Most digits of an operand; each operand's digit count is uniform in [min, max]."""
     ops: str = "+-"
-    """Operators to draw from: any of '+', '-'."""
+    """Operators to draw from: any of '+', '-', and '*' with two operands (left-to-right
+    evaluation and the usual precedence agree only there)."""
+    max_value: int = 0
+    """If > 0: operands are uniform in [0, max_value] instead of by digit count."""
+    test_permille: int = TEST_PERMILLE
+    """Share of the problem space held out, in thousandths: a small space (level 0 has 672
+    problems) needs a larger share to hold 200 distinct held-out ones."""
 
     def __post_init__(self):
         if self.operands < 2:
@@ -50,11 +62,15 @@ class ArithConfig:
         if not 1 <= self.min_digits <= self.max_digits <= 9:
             raise ValueError(f"need 1 <= min_digits <= max_digits <= 9, got "
                              f"{self.min_digits}, {self.max_digits}")
-        if not self.ops or set(self.ops) - set("+-"):
-            raise ValueError(f"ops must be a non-empty subset of '+-', got {self.ops!r}")
+        if not self.ops or set(self.ops) - set("+-*"):
+            raise ValueError(f"ops must be a non-empty subset of '+-*', got {self.ops!r}")
+        if "*" in self.ops and self.operands != 2:
+            raise ValueError(f"'*' needs exactly 2 operands, got {self.operands}")
 
 
 LEVELS = {
+    0: ArithConfig(operands=2, min_digits=1, max_digits=2, ops="+-", max_value=20,
+                   test_permille=350),
     1: ArithConfig(operands=2, min_digits=1, max_digits=2, ops="+"),
     2: ArithConfig(operands=2, min_digits=2, max_digits=2),
     3: ArithConfig(operands=2, min_digits=3, max_digits=3),
@@ -70,6 +86,8 @@ def at_level(n: int) -> ArithConfig:
 
 
 def _number(rng: random.Random, cfg: ArithConfig) -> int:
+    if cfg.max_value > 0:
+        return rng.randint(0, cfg.max_value)
     d = rng.randint(cfg.min_digits, cfg.max_digits)
     return rng.randint(0 if d == 1 else 10 ** (d - 1), 10**d - 1)
 
@@ -78,7 +96,7 @@ def solve(nums: list[int], ops: list[str]) -> tuple[list[str], int]:
     """(chain lines 'a+b=c', final value) of a left-to-right evaluation."""
     value, lines = nums[0], []
     for op, n in zip(ops, nums[1:]):
-        new = value + n if op == "+" else value - n
+        new = value + n if op == "+" else value - n if op == "-" else value * n
         lines.append(f"{value}{op}{n}={new}")
         value = new
     return lines, value
@@ -113,18 +131,42 @@ def sample(rng: random.Random, cfg: ArithConfig) -> tuple[str, Example]:
     return expr, Example("", expr + "=", str(value), solution, {"operands": cfg.operands})
 
 
+CHAT_INSTRUCTION = "Give only the final number."
+"""What a chat prompt asks for: the reply is scored by its last number (flexible) and
+counted as in format when it ends with that number (`ends_with_number`)."""
+
+
+def chat_prompt(expr: str) -> Prompt:
+    """One user message for an instruct model: 'What is 37 + 5? Give only the final number.'"""
+    spaced = "".join(f" {c} " if c in "+-*" else c for c in expr)
+    return ({"role": "user", "content": f"What is {spaced}? {CHAT_INSTRUCTION}"},)
+
+
 def task(level: int | None = 3, config: ArithConfig | None = None, seed: int = 0,
-         train_size: int = 100_000, test_size: int = 200, format_weight: float = 0.0) -> Task:
-    """The arith task at a preset `level`, or with an explicit `config` (which wins)."""
+         train_size: int = 100_000, test_size: int = 200, format_weight: float = 0.0,
+         mode: Literal["strict", "flexible"] = "strict",
+         template: Literal["plain", "chat"] = "plain") -> Task:
+    """The arith task at a preset `level`, or with an explicit `config` (which wins).
+
+    template: plain ('374+481=', for the char-level checkpoints) or chat (one user message
+    in the checkpoint's own chat template, `chat_prompt`, for instruct models, with
+    `ends_with_number` as its format check). mode: the reward, strict (`#### N`) or
+    flexible (the last number)."""
     cfg = config or at_level(level if level is not None else 3)
+    if template not in ("plain", "chat"):
+        raise ValueError(f"arith template must be 'plain' or 'chat', got {template!r}")
 
     def draw(rng: random.Random) -> tuple[str, Example]:
-        return sample(rng, cfg)
+        key, ex = sample(rng, cfg)
+        if template == "chat":
+            ex = dataclasses.replace(ex, prompt=chat_prompt(key))
+        return key, ex
 
     return Task(
         name="arith",
-        train=ProceduralSplit(draw, "train", seed, train_size),
-        test=ProceduralSplit(draw, "test", seed, test_size),
-        reward=gsm8k_reward("strict", format_weight),
+        train=ProceduralSplit(draw, "train", seed, train_size, cfg.test_permille),
+        test=ProceduralSplit(draw, "test", seed, test_size, cfg.test_permille),
+        reward=gsm8k_reward(mode, format_weight),
         demo=single_turn_demo,
+        format_check=ends_with_number if template == "chat" else format_ok,
     )
