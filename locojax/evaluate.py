@@ -126,16 +126,31 @@ def evaluate(engine: Engine, weights, tokenizer, task: Task, runner: RewardRunne
         used = s.tool_calls[:, 0] > 0
         out.update({"eval/tool_call_rate": float(np.mean(used)),
                     "eval/correct_no_tool": float(np.mean(correct & ~used))})
+    if task.format_check is not None:
+        ok = in_format(task, s, examples)[:, 0]
+        out.update({"eval/format_rate": float(np.mean(ok)),
+                    "eval/correct_in_format": float(np.mean(correct & ok))})
     return out
+
+
+def in_format(task: Task, s: Scores, examples) -> np.ndarray:
+    """[E, k] whether each completion stopped by itself and passes the task's format check:
+    a gain in accuracy with this share flat is the task, not the format."""
+    ok = [[bool(task.format_check(t, ex)) for t in row] for row, ex in zip(s.texts, examples)]
+    return np.asarray(ok, bool).reshape(s.truncated.shape) & ~s.truncated
 
 
 def derived(shares: dict[str, float]) -> dict[str, float]:
     """Ratios of summed shares: accuracy among the answers given without a tool call (absent
-    when every answer called a tool)."""
-    if "eval/tool_call_rate" not in shares or shares["eval/tool_call_rate"] >= 1.0:
-        return {}
-    return {"eval/accuracy_no_tool": shares["eval/correct_no_tool"]
-            / (1.0 - shares["eval/tool_call_rate"])}
+    when every answer called a tool), and among the answers in the task's format."""
+    out = {}
+    if shares.get("eval/tool_call_rate", 1.0) < 1.0:
+        out["eval/accuracy_no_tool"] = (shares["eval/correct_no_tool"]
+                                        / (1.0 - shares["eval/tool_call_rate"]))
+    if shares.get("eval/format_rate", 0.0) > 0.0:
+        out["eval/accuracy_in_format"] = (shares["eval/correct_in_format"]
+                                          / shares["eval/format_rate"])
+    return out
 
 
 def greedy_eval(weights, model_cfg, tokenizer, task: Task, num_examples: int,

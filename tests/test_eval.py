@@ -103,6 +103,17 @@ def test_eval_procedural_counts_and_pass_at_k(tmp_path):
             np.mean([pass_at_k(k, c, j) for c in solved]), abs=1e-12)
     assert summary["pass@1"] == pytest.approx(summary["accuracy"], abs=1e-12)
     assert summary["pass@4"] == pytest.approx(np.mean([c > 0 for c in solved]), abs=1e-12)
+    # The format share: completions that stopped by themselves on a `#### N` line, right or
+    # wrong, recomputed from the rows' own texts.
+    from locojax.envs.gsm8k import format_ok
+
+    ok = np.asarray([[bool(format_ok(t, None)) and not cut
+                      for t, cut in zip(r["completions"], r["truncated"])] for r in rows])
+    assert [r["in_format"] for r in rows] == ok.tolist() and 0 < ok.sum()
+    right = np.asarray([[x >= 1 - 1e-6 for x in r["rewards"]] for r in rows])
+    assert summary["format_rate"] == pytest.approx(ok.mean(), abs=1e-12)
+    assert summary["accuracy_in_format"] == pytest.approx((ok & right).sum() / ok.sum(),
+                                                          abs=1e-12)
 
 
 @pytest.mark.slow

@@ -55,8 +55,12 @@ class EvalArgs:
     """The rows to score (.jsonl or .parquet) for gsm8k / math; for swe a task directory;
     procedural tasks need none."""
     template: Literal["plain", "qwen", "chat"] = "plain"
-    """Prompt template of gsm8k and math: plain, qwen (hand-written ChatML) or chat (the
-    checkpoint's own chat template, from its tokenizer_config.json)."""
+    """Prompt template of gsm8k, math and arith: plain, qwen (hand-written ChatML; gsm8k,
+    math) or chat (the checkpoint's own chat template, from its tokenizer_config.json)."""
+    reward: Literal["strict", "flexible"] = "strict"
+    """Correctness of gsm8k and arith: strict (`#### N`) or flexible (the last number)."""
+    format_weight: float = 0.0
+    """Weight of the task's format reward (gsm8k, arith, math), as `train --task.format-weight`."""
     k: int = 1
     """Samples per row; pass@j is reported for j = 1, 2, 4, ... up to k."""
     temperature: float | None = None
@@ -98,7 +102,7 @@ def summarize(rows: list[dict], k: int, multi_turn: bool) -> dict[str, float]:
     """The aggregate of per-row records (as `row_record` writes them; at least one)."""
     import numpy as np
 
-    from locojax.evaluate import pass_at_k
+    from locojax.evaluate import CORRECT, pass_at_k
 
     solved = [r["correct"] for r in rows]
     out = {"rows": len(rows), "samples_per_row": k,
@@ -110,10 +114,15 @@ def summarize(rows: list[dict], k: int, multi_turn: bool) -> dict[str, float]:
            "truncated_fraction": float(np.mean([r["truncated"] for r in rows]))}
     if multi_turn:
         out["tool_call_rate"] = float(np.mean([[t > 0 for t in r["tool_calls"]] for r in rows]))
+    if "in_format" in rows[0]:
+        ok = np.asarray([r["in_format"] for r in rows], bool)
+        right = np.asarray([[x >= CORRECT for x in r["rewards"]] for r in rows], bool)
+        out["format_rate"] = float(ok.mean())
+        out["accuracy_in_format"] = float((ok & right).sum() / max(ok.sum(), 1))
     return out
 
 
-def row_record(example, scores, i: int, tokenizer) -> dict:
+def row_record(example, scores, i: int, tokenizer, in_format=None) -> dict:
     """Row i of `scores` (an `evaluate.Scores`) as one JSON-able record, with the prompt as
     the model saw it (chat messages rendered by the run's template)."""
     prompt = example.prompt
@@ -127,6 +136,8 @@ def row_record(example, scores, i: int, tokenizer) -> dict:
            "completions": list(scores.texts[i])}
     if scores.tool_calls is not None:
         rec["tool_calls"] = [int(x) for x in scores.tool_calls[i]]
+    if in_format is not None:
+        rec["in_format"] = [bool(x) for x in in_format[i]]
     return rec
 
 
@@ -186,7 +197,8 @@ def _setup(args: EvalArgs, host):
     wiring = (Colocated if host.is_multihost else Single)(host, tp=args.tp)
     task = registry.build(registry.TaskConfig(
         name=args.task, level=args.level, data=args.data, test_data=args.data,
-        template=args.template, skip_invalid=args.skip_invalid, sandbox=args.sandbox),
+        template=args.template, skip_invalid=args.skip_invalid, sandbox=args.sandbox,
+        reward=args.reward, format_weight=args.format_weight),
         args.seed, args.multi_turn.max_turns)
     # This host's devices (each host holds its own copy), split over `tensor` under --tp.
     mesh, rules = wiring.rollout_mesh, wiring.rollout_rules
@@ -228,7 +240,9 @@ def _score(args: EvalArgs, host, wiring, task, model, tokenizer, sampling, limit
                                     sampling, args.k, args.max_prompt_tokens,
                                     args.batch_size, jax.random.key(args.seed),
                                     first_index=lo, pool=pool, limits=limits)
-        rows = [row_record(ex, scores, i, tokenizer) for i, ex in enumerate(mine)]
+        fmt = (evaluate.in_format(task, scores, mine) if task.format_check is not None
+               else None)
+        rows = [row_record(ex, scores, i, tokenizer, fmt) for i, ex in enumerate(mine)]
     return gather_rows(wiring, rows)
 
 
@@ -255,5 +269,7 @@ def _report(args: EvalArgs, host, task, sampling, rows: list[dict]) -> None:
     passes = "  ".join(f"pass@{j} {summary[f'pass@{j}']:.3f}" for j in pass_ks(args.k))
     print(f"accuracy {summary['accuracy']:.3f}  {passes}  mean length "
           f"{summary['mean_length']:.1f} tokens  truncated {summary['truncated_fraction']:.3f}"
-          + (f"  tool-call rate {summary['tool_call_rate']:.3f}" if task.multi_turn else ""))
+          + (f"  tool-call rate {summary['tool_call_rate']:.3f}" if task.multi_turn else "")
+          + (f"\nin format {summary['format_rate']:.3f}  accuracy in format "
+             f"{summary['accuracy_in_format']:.3f}" if "format_rate" in summary else ""))
     print(f"rows: {args.out}\nsummary: {args.out}.summary.json")
