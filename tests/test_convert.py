@@ -126,3 +126,16 @@ def test_the_command_names_a_missing_file_and_a_missing_package(tmp_path, capsys
     assert convert_cmd.main(["smollm2", str(tmp_path / "out")]) == 2
     assert "locojax-no-such-distribution, which is not installed" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_the_real_demo_converts_first_and_names_a_missing_package(tmp_path, capsys,
+                                                                  monkeypatch):
+    from locojax.commands import demo
+
+    monkeypatch.setitem(gguf_convert.NAMED_FILES, "smollm2",
+                        ("locojax-no-such-distribution", "x.gguf"))
+    model = tmp_path / "absent"
+    assert demo.main(["--real", "--model", str(model), "--run-dir", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert "locojax demo --real" in err and "locojax-no-such-distribution" in err
+    assert not model.exists() and not (tmp_path / "r").exists()

