@@ -30,6 +30,7 @@ actions and observations as in SWE-agent's ACI.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol, runtime_checkable
@@ -58,7 +59,51 @@ class Example:
 
 
 Reward = Callable[[str, Example], float]
-"""A pure function of (completion, example). It must not mutate either argument."""
+"""A pure function of (completion, example). It must not mutate either argument. Its value
+must be a finite number with |value| <= REWARD_LIMIT (`check_reward`)."""
+
+REWARD_LIMIT = 1e6
+"""The largest |reward| a run trains on, for a part and for a weighted total alike.
+
+The trainer computes advantages in float32 (`rl/advantages.py`): rewards are summed per group
+and their deviations squared, so a value must stay finite through that, not only through the
+cast. (2 x 1e6)^2 = 4e12, summed over any realistic group, is far below float32's 3.4e38, and
+at 1e6 float32 still resolves 1/16. A value within the range is finite after the cast to
+float32, so the one test covers both. Real rewards are O(1); a value outside is a bug."""
+
+
+class RewardValueError(ValueError):
+    """A reward value the trainer cannot train on (see `check_reward`)."""
+
+
+def check_reward(value: Any) -> float:
+    """`value` as a float the trainer can train on, or `RewardValueError` saying why not: not a
+    number (`float()` fails in any way, OverflowError for a huge int included), not finite, or
+    outside +-REWARD_LIMIT (1e39 is finite in float64 but inf in float32; 1e300 squares to inf).
+
+    The policy where rewards are scored (`rewards.RewardRunner`, `ToolEnv`): such a value
+    scores 0 and counts as an error (`reward/errors`), like a reward that raised; it never
+    reaches the advantages, and never stops the run."""
+    try:
+        f = float(value)
+    except Exception as e:  # noqa: BLE001 - any `__float__` of any returned object
+        raise RewardValueError(f"reward returned {_describe(value)}, not a number "
+                               f"({type(e).__name__})") from None
+    if not math.isfinite(f):
+        raise RewardValueError(f"reward returned non-finite {f}")
+    if abs(f) > REWARD_LIMIT:
+        raise RewardValueError(f"reward returned {f:.6g}, outside +-{REWARD_LIMIT:g} "
+                               "(locojax.envs.base.REWARD_LIMIT)")
+    return f
+
+
+def _describe(value: Any) -> str:
+    """Type and a short repr of a value, never raising (a 5000-digit int has no repr)."""
+    try:
+        text = repr(value)
+    except Exception as e:  # noqa: BLE001
+        text = f"<no repr: {type(e).__name__}>"
+    return f"{type(value).__name__} {text[:80]}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,7 +125,10 @@ def reward_name(fn: Reward) -> str:
 def combine_rewards(terms: Sequence[tuple[Reward, float]]) -> CombinedReward:
     """Weighted sum of reward functions, e.g. `[(correct, 1.0), (format_ok, 0.1)]`.
 
-    Nested combinations are flattened, their weights multiplied through.
+    Nested combinations are flattened, their weights multiplied through. A weight must be a
+    finite number. Each part's value and the weighted total are checked by `check_reward`
+    where they are scored (`rewards.RewardRunner.score_batch`): a bad part scores 0, and a
+    total outside the range makes the row's total 0; both count in `reward/errors`.
     """
     if not terms:
         raise ValueError("combine_rewards needs at least one (reward, weight) pair")
@@ -89,6 +137,13 @@ def combine_rewards(terms: Sequence[tuple[Reward, float]]) -> CombinedReward:
         if not (isinstance(term, tuple) and len(term) == 2 and callable(term[0])):
             raise TypeError(f"combine_rewards term {i} must be (callable, weight), got {term!r}")
         fn, weight = term
+        try:
+            finite = math.isfinite(float(weight))
+        except (TypeError, ValueError, OverflowError):
+            finite = False
+        if not finite:
+            raise ValueError(f"combine_rewards term {i} ({reward_name(fn)}): the weight must be "
+                             f"a finite number, got {_describe(weight)}")
         if isinstance(fn, CombinedReward):
             parts.extend((n, f, w * float(weight)) for n, f, w in fn.parts)
         else:
@@ -220,7 +275,9 @@ class ToolEnv:
         self.result_limit = result_limit
         # `score` lets the trainer route the final reward through a RewardRunner (timeouts,
         # error counting); by default the reward is called directly.
-        self._score = score or (lambda fn, completion, ex: float(fn(completion, ex)))
+        # `check_reward`: a value the trainer cannot train on raises, which the env pool
+        # counts as an env error, the trajectory scoring 0.
+        self._score = score or (lambda fn, completion, ex: check_reward(fn(completion, ex)))
         self.example: Example | None = None
         self.tool_calls = 0
 

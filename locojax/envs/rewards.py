@@ -3,8 +3,15 @@
 A reward function is user code (or math-verify, or code the model wrote running in the
 sandbox). It may raise, hang, or return garbage. `RewardRunner` calls it so that:
 
-- an exception, or a non-finite / non-numeric result, scores 0 and counts `reward/errors`;
+- an exception, or a value the trainer cannot train on, scores 0 and counts `reward/errors`:
+  every part's value and every weighted total is checked by `base.check_reward` (a number,
+  finite, |r| <= `base.REWARD_LIMIT` = 1e6, so finite in the trainer's float32). This is the
+  policy for bad values, here and in docs/security.md: a counted 0, never a NaN advantage and
+  never a stopped run (1e39 used to become inf in float32 and stop the run at step 0);
 - a call that exceeds `timeout_s` scores 0, counts `reward/timeouts`, and returns promptly;
+- nothing a reward does in a worker process reaches the caller as an exception: the worker
+  checks the value and sends back a plain float or an error text, and a message the parent
+  cannot read (a result that fails to unpickle) is that row's error, the worker replaced;
 - it works from any thread. Signal-based timeouts (`signal.alarm`, which math-verify uses)
   only work in the main thread, and the trainer scores rewards from worker threads.
 
@@ -32,7 +39,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import multiprocessing as mp
 import os
 import pickle
@@ -45,7 +51,8 @@ from typing import Any, Literal, NamedTuple
 
 import numpy as np
 
-from locojax.envs.base import CombinedReward, Example, Reward, reward_name
+from locojax.envs.base import (CombinedReward, Example, Reward, RewardValueError, check_reward,
+                               reward_name)
 
 log = logging.getLogger(__name__)
 
@@ -81,12 +88,27 @@ class _Outcome(NamedTuple):
 
 def _check_value(v: Any) -> _Outcome:
     try:
-        f = float(v)
-    except (TypeError, ValueError):
-        return _Outcome(0.0, "error", f"reward returned {type(v).__name__} {v!r:.80}, not a number")
-    if not math.isfinite(f):
-        return _Outcome(0.0, "error", f"reward returned non-finite {f}")
-    return _Outcome(f, "ok")
+        return _Outcome(check_reward(v), "ok")
+    except RewardValueError as e:
+        return _Outcome(0.0, "error", str(e))
+
+
+_ARITY = {"ready": 1, "loaded": 2, "load_error": 2, "ok": 2, "error": 2}
+"""The messages a worker sends, and their lengths."""
+
+
+def _well_formed(msg: Any) -> bool:
+    return (isinstance(msg, tuple) and len(msg) >= 1 and isinstance(msg[0], str)
+            and _ARITY.get(msg[0]) == len(msg))
+
+
+def _error_text(e: BaseException) -> str:
+    """`Type: message` of an exception, never raising (its `__str__` is the reward's code)."""
+    try:
+        text = str(e)
+    except Exception:  # noqa: BLE001
+        text = "<unprintable>"
+    return f"{type(e).__name__}: {text}"[:500]
 
 
 class Deadline(Exception):
@@ -141,13 +163,17 @@ def _worker_main(conn: Connection) -> None:
                 fns[key] = pickle.loads(blob)
                 conn.send(("loaded", key))
             except BaseException as e:  # noqa: BLE001
-                conn.send(("load_error", f"{type(e).__name__}: {e}"))
+                conn.send(("load_error", _error_text(e)))
             continue
         _, key, completion, example = msg
+        # Checked here, so only a float or a text crosses back: the parent never unpickles an
+        # object the reward made.
         try:
-            conn.send(("ok", fns[key](completion, example)))
+            value = fns[key](completion, example)
+            out = _check_value(value)
         except BaseException as e:  # noqa: BLE001
-            conn.send(("error", f"{type(e).__name__}: {e}"))
+            out = _Outcome(0.0, "error", _error_text(e))
+        conn.send(("ok", out.value) if out.status == "ok" else ("error", out.detail))
 
 
 _CTX = mp.get_context("spawn")  # fork is unsafe in a process running JAX threads
@@ -221,6 +247,14 @@ class RewardRunner:
                     if o.status != "ok":
                         self._counts[o.status + "s"] += 1
                         self._log(name, o)
+        # Each part is within range, but a weighted sum of them need not be.
+        for i, t in enumerate(total):
+            o = _check_value(t)
+            if o.status != "ok":
+                total[i] = 0.0
+                with self._lock:
+                    self._counts["errors"] += 1
+                    self._log("total", o._replace(detail="weighted total: " + o.detail))
         return Scores(total, per_part)
 
     def metrics(self, reset: bool = True) -> dict[str, float]:
@@ -358,6 +392,10 @@ class RewardRunner:
                         msg = w.conn.recv()
                     except (EOFError, OSError):
                         msg = ("died", f"worker exited with code {w.proc.exitcode}")
+                    except Exception as e:  # noqa: BLE001 - a message that fails to unpickle
+                        msg = ("unreadable", f"its result cannot be read ({_error_text(e)})")
+                    if not _well_formed(msg):
+                        msg = ("unreadable", "it sent a malformed message")
                     self._handle(w, msg, results, todo)
                 elif time.monotonic() >= w.deadline:
                     self._handle(w, ("timeout", ""), results, todo)

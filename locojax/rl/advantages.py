@@ -8,6 +8,12 @@ span hosts (docs/design.md), and for the batch baseline means a per-host baselin
 References: GRPO, Shao et al. 2024 (DeepSeekMath) §4.1.2; Dr.GRPO, Liu et al. 2025
 ("Understanding R1-Zero-like training"); RLOO, Ahmadian et al. 2024 / Kool et al. 2019;
 REINFORCE with a baseline, Williams 1992. Legend: b, c rows of the batch.
+
+Rewards reach here checked (`envs/base.check_reward`, applied by `envs/rewards.RewardRunner`
+and `ToolEnv`: a value that is not finite or exceeds `REWARD_LIMIT` scored 0 and was counted
+in `reward/errors`). A reward that came another way (a custom env's step rewards) gets the
+same policy here, in float32: it counts as 0 and in `rollout/bad_rewards`, so one value can
+never make a NaN or inf advantage for its group.
 """
 
 from __future__ import annotations
@@ -15,10 +21,26 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from locojax.envs.base import REWARD_LIMIT
+
+
+def usable(rewards):
+    """(rewards as float32 with every value the trainer cannot train on as 0, how many were).
+
+    Checked after the cast: 1e39 is finite in float64 and inf in float32."""
+    r = jnp.asarray(rewards).astype(jnp.float32)
+    ok = jnp.isfinite(r) & (jnp.abs(r) <= REWARD_LIMIT)
+    return jnp.where(ok, r, 0.0), jnp.sum(~ok).astype(jnp.float32)
+
+
+def _metrics(rewards, group_id, bad):
+    return {"rollout/frac_zero_std": frac_zero_std(rewards, group_id),
+            "rollout/bad_rewards": bad}
+
 
 def _groups(rewards, group_id):
     """Per-row statistics of the row's own group: count, sum, mean, and whether constant."""
-    r = rewards.astype(jnp.float32)
+    r, _ = usable(rewards)
     same = group_id[:, None] == group_id[None, :]  # [B, B]: row b and row c share a group
     # Masked sums, not a matmul: matmuls run at reduced precision on TPU by default.
     count = same.sum(axis=1).astype(jnp.float32)  # [B]
@@ -47,12 +69,13 @@ def grpo(rewards, group_id, *, scale_by_std: bool = True, eps: float = 1e-6):
     rewards are all equal (and singleton groups) get exactly 0, not 0/ε noise.
     """
     r, same, count, _, mean, constant = _groups(rewards, group_id)
+    _, bad = usable(rewards)
     centred = r - mean
     sq = jnp.where(same, (r[None, :] - mean[:, None]) ** 2, 0.0).sum(axis=1)
     std = jnp.sqrt(sq / jnp.maximum(count - 1.0, 1.0))
     adv = centred / (std + eps) if scale_by_std else centred
     adv = jnp.where(constant, 0.0, adv)
-    return adv, {"rollout/frac_zero_std": frac_zero_std(rewards, group_id)}
+    return adv, _metrics(rewards, group_id, bad)
 
 
 def rloo(rewards, group_id, **_):
@@ -61,9 +84,10 @@ def rloo(rewards, group_id, **_):
     Unbiased (the baseline does not depend on b's own sample). Singleton groups get 0.
     """
     r, _, count, total, _, constant = _groups(rewards, group_id)
+    _, bad = usable(rewards)
     others = (total - r) / jnp.maximum(count - 1.0, 1.0)
     adv = jnp.where((count > 1) & ~constant, r - others, 0.0)
-    return adv, {"rollout/frac_zero_std": frac_zero_std(rewards, group_id)}
+    return adv, _metrics(rewards, group_id, bad)
 
 
 def batch_baseline(rewards, group_id, **_):
@@ -71,8 +95,8 @@ def batch_baseline(rewards, group_id, **_):
 
     `group_id` is only used for the `rollout/frac_zero_std` metric.
     """
-    r = rewards.astype(jnp.float32)
-    return r - jnp.mean(r), {"rollout/frac_zero_std": frac_zero_std(rewards, group_id)}
+    r, bad = usable(rewards)
+    return r - jnp.mean(r), _metrics(rewards, group_id, bad)
 
 
 _SETTINGS = ("scale_by_std", "eps")
