@@ -8,6 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from locojax.envs import gsm8k, math_boxed
+from locojax.envs.base import Example
 from locojax.envs.data import DataError
 
 GOOD = {"question": "What is 2+2?", "answer": "2+2=<<2+2=4>>4\n#### 4"}
@@ -161,3 +162,40 @@ def test_math_rows_without_solution_and_numeric_answers(tmp_path):
                                          {"problem": "q", "answer": 3.5}]),
                    tmp_path / "eval.parquet")
     assert [e.answer for e in math_boxed.load(tmp_path / "eval.parquet")] == ["27.0", "3.5"]
+
+
+# Rows whose parse fails outside JSONDecodeError: json raises RecursionError past the
+# interpreter's recursion limit (100000 levels is far past the default 1000), and ValueError
+# for an integer over Python's int-string limit (4300 digits by default; 5000 is over it).
+UNPARSABLE = [
+    ('{"question": "q", "answer": ' + "[" * 100_000 + "]" * 100_000 + "}", "nested too deeply"),
+    ('{"question": "q", "answer": ' + "9" * 5000 + "}", "cannot parse the line (ValueError"),
+]
+
+
+@pytest.mark.parametrize("bad,phrase", UNPARSABLE, ids=["deep", "long_int"])
+def test_a_row_that_fails_to_parse_in_any_way_names_file_and_line(tmp_path, bad, phrase):
+    for lines, line in [([GOOD, bad, GOOD], 2), ([bad, GOOD], 1)]:  # the first line too
+        path = write_jsonl(tmp_path / "train.jsonl", lines)
+        with pytest.raises(DataError) as err:
+            gsm8k.load(path)
+        assert f"{path}:{line}: " in str(err.value) and phrase in str(err.value), str(err.value)
+        ds = gsm8k.load(path, skip_invalid=True)
+        assert len(ds) == len(lines) - 1 and ds.skipped == 1
+        assert ds.problems[0].startswith(f"{path}:{line}: ") and phrase in ds.problems[0]
+
+
+def test_a_converter_that_fails_unexpectedly_names_file_and_line(tmp_path):
+    """Not only RowError: whatever a converter raises on a row is that row's error."""
+    from locojax.envs.data import load_examples
+
+    def convert(row, id_):
+        return Example(id_, row["question"], str(1 / len(row["answer"])))  # "" divides by 0
+
+    path = write_jsonl(tmp_path / "t.jsonl", [{"question": "q", "answer": "1"},
+                                               {"question": "q", "answer": []}])
+    with pytest.raises(DataError, match=rf"{path}:2: ZeroDivisionError"):
+        load_examples(path, convert, {"question": str}, {"answer": (str, list)})
+    ds = load_examples(path, convert, {"question": str}, {"answer": (str, list)},
+                       skip_invalid=True)
+    assert len(ds) == 1 and ds.skipped == 1

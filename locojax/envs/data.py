@@ -12,6 +12,10 @@ A JSON number with a fraction or exponent is read as a `NumberText`: a float who
 the text the file wrote, so an answer stored as `27.0` or `1.50` compares as that text, not
 as Python's rendering of the parsed float.
 
+A row fails however its parse fails (RecursionError on deeply nested JSON, ValueError on
+an integer longer than Python's int-string limit, any exception a converter raises): always
+as a row error naming `file:line`, never as a bare exception.
+
 A `.json` file must be JSON Lines too: one holding a single JSON document (an array of rows,
 or an object spread over lines) is refused as a whole, naming the file and how to convert it,
 rather than reported as broken lines. A line that is not UTF-8 is a row error with its line.
@@ -122,6 +126,10 @@ def read_rows(path: str | os.PathLike) -> Iterator[tuple[int, Any]]:
                 if kind is not None:
                     raise DataError(_document_error(path, array=kind == "array")) from None
                 row = DataError(f"broken JSON line ({e.msg} at column {e.colno})")
+            except RecursionError:
+                row = DataError("JSON nested too deeply to parse")
+            except Exception as e:  # noqa: BLE001 - e.g. ValueError: a 5000-digit integer
+                row = DataError(f"cannot parse the line ({_reason(e)})")
             else:  # a whole array of rows on one line
                 if first and isinstance(row, list) and row and all(
                         isinstance(r, dict) for r in row):
@@ -138,9 +146,14 @@ def _json_document(path: str) -> str | None:
     try:
         with open(path, "rb") as f:
             doc = json.loads(f.read())
-    except (ValueError, UnicodeDecodeError):
+    except Exception:  # noqa: BLE001 - not one document, however it fails (RecursionError...)
         return None
     return "array" if isinstance(doc, list) else "value"
+
+
+def _reason(e: BaseException) -> str:
+    """`Type: message`, short, for a row error."""
+    return f"{type(e).__name__}: {str(e)[:200]}"
 
 
 def _document_error(path: str, array: bool) -> str:
@@ -196,8 +209,8 @@ def load_examples(
                 raise RowError(str(row))
             check_fields(row, required, optional)
             examples.append(convert(row, f"{name}:{line_no}"))
-        except RowError as e:
-            where = f"{path}:{line_no}: {e}"
+        except Exception as e:  # noqa: BLE001 - every way a row can fail names its line
+            where = f"{path}:{line_no}: {e if isinstance(e, RowError) else _reason(e)}"
             if not skip_invalid:
                 raise DataError(where + " (pass skip_invalid=True to skip such rows)") from None
             skipped += 1
