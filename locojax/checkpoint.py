@@ -12,7 +12,8 @@ complete, and `latest_step` never returns an uncommitted step, so a crash mid-sa
 previous checkpoint as the one that loads. The last `keep` steps are kept. A committed step
 whose files were damaged afterwards is moved out of the way by `set_aside` (to
 `<step>.unrestorable`, which Orbax does not list), so the run can fall back to the previous
-one and later write that step again (`train/resume.py`).
+one and later write that step again (`train/resume.py`, which sets aside only a checkpoint
+with a deterministic defect, never one that met an I/O error).
 
 PRNG keys are stored as raw key data (`jax.random.key_data`) so that restore does not depend
 on Orbax's typed-key support; callers wrap them back with `jax.random.wrap_key_data`.
@@ -25,6 +26,17 @@ from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
+
+
+SET_ASIDE = ".unrestorable"
+"""Suffix of a checkpoint moved out of the way by `Checkpointer.set_aside`."""
+
+
+def set_aside_names(directory: str) -> list[str]:
+    """The checkpoints set aside under `directory` (`<step>.unrestorable[-n]`), sorted."""
+    if not os.path.isdir(directory):
+        return []
+    return sorted(n for n in os.listdir(directory) if SET_ASIDE in n)
 
 
 class Checkpointer:
@@ -85,9 +97,9 @@ class Checkpointer:
         longer listed); returns its new path."""
         self.wait()
         src = os.path.join(self.directory, str(step))
-        dst, n = f"{src}.unrestorable", 1
+        dst, n = f"{src}{SET_ASIDE}", 1
         while os.path.exists(dst):
-            dst, n = f"{src}.unrestorable-{n}", n + 1
+            dst, n = f"{src}{SET_ASIDE}-{n}", n + 1
         os.rename(src, dst)
         self._manager.reload()
         return dst

@@ -6,18 +6,24 @@ while wall-clock timings can never be reproduced:
 - `perf.jsonl`: every `perf/*` timing.
 Both also go to TensorBoard (`tb/`). Only process 0 writes.
 
-On resume, `truncate_after(step)` drops lines a killed run wrote after its last checkpoint,
-so the resumed log continues exactly where the checkpoint left off. A run killed while
-appending leaves a partial last line: it is dropped too (any other unreadable line is an
-error naming the file and line). The kept lines are written to a temporary file that
-replaces the log, so a kill during the rewrite loses nothing.
+On resume, `truncate_after(step)` repairs the log to the checkpoint's step: it drops lines a
+killed run wrote after its last checkpoint, so the resumed log continues exactly where the
+checkpoint left off. A run killed while appending leaves a partial last line: it is dropped
+too (any other unreadable line is an error naming the file and line). Steps up to the
+checkpoint's that have no line (a log cut short, e.g. restored from an older copy, or a
+disk that filled) cannot be written again: they are named in a warning rather than left a
+silent gap. The kept lines are written to a temporary file that replaces the log, so a kill
+during the rewrite loses nothing.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
+
+log = logging.getLogger(__name__)
 
 METRICS_FILE = "metrics.jsonl"
 PERF_FILE = "perf.jsonl"
@@ -46,14 +52,20 @@ class MetricsLogger:
             self._tb = SummaryWriter(os.path.join(run_dir, "tb"))
 
     def truncate_after(self, step: int) -> None:
-        """Drop every logged line with a step greater than `step` (resume from `step`)."""
+        """Drop every logged line with a step greater than `step` (resume from `step`), and
+        warn naming the steps 1..step that `metrics.jsonl` has no line for."""
         if not self.enabled:
             return
         for name in (METRICS_FILE, PERF_FILE):
             path = os.path.join(self.run_dir, name)
             if not os.path.exists(path):
+                if name == METRICS_FILE and step > 0:
+                    log.warning("%s is missing: steps 1-%d, which the checkpoint holds, have "
+                                "no metrics", path, step)
                 continue
             keep = [line for line in _complete_lines(path) if json.loads(line)["step"] <= step]
+            if name == METRICS_FILE:
+                _warn_missing(path, {json.loads(line)["step"] for line in keep}, step)
             tmp = f"{path}.tmp"
             with open(tmp, "w") as f:
                 f.writelines(keep)
@@ -79,6 +91,22 @@ class MetricsLogger:
     def close(self) -> None:
         if self._tb is not None:
             self._tb.close()
+
+
+def _warn_missing(path: str, logged: set[int], step: int) -> None:
+    """Warn if any of steps 1..step (each step logs one line, labelled step + 1) is absent."""
+    missing = sorted(set(range(1, step + 1)) - logged)
+    if not missing:
+        return
+    spans, first = [], missing[0]
+    for a, b in zip(missing, missing[1:] + [None]):
+        if b != a + 1:
+            spans.append(f"{first}" if first == a else f"{first}-{a}")
+            first = b
+    last = max((s for s in logged if s <= step), default=None)
+    log.warning("%s has no line for step(s) %s, up to the checkpoint's step %d (its last line "
+                "is step %s): those steps were trained, but their metrics are lost", path,
+                ", ".join(spans), step, last)
 
 
 def _complete_lines(path: str) -> list[str]:

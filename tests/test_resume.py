@@ -240,3 +240,111 @@ def test_resume_after_damage_continues_bitwise(tmp_path, caplog):
         start(_replace(cfg, "optim.lr", 1.0), wiring.join("single"))
     assert "compiling" not in caplog.text
     assert json.loads((run / "final_model" / "locojax.json").read_text())["steps"] == 2
+
+
+# --- I/O errors, set-aside checkpoints, the metrics log (issue 38) -------------------------
+
+
+class _Flaky:
+    """A Checkpointer whose first `fails` restores raise `error` (a disk or network fault)."""
+
+    def __init__(self, ckpt, error, fails):
+        self.ckpt, self.error, self.fails = ckpt, error, fails
+
+    def __getattr__(self, name):
+        return getattr(self.ckpt, name)
+
+    def restore(self, step, like):
+        if self.fails:
+            self.fails -= 1
+            raise self.error
+        return self.ckpt.restore(step, like)
+
+
+IO_ERRORS = [
+    OSError(5, "Input/output error", "/ckpt/2/state/d/abc"),
+    # tensorstore's form of an EIO (absl maps EIO to UNAVAILABLE), as Orbax re-raises it
+    ValueError('UNAVAILABLE: Error reading local file "/ckpt/2/state/d/abc": [OS error: '
+               'Input/output error]'),
+]
+
+
+@pytest.mark.parametrize("error", IO_ERRORS, ids=["oserror", "tensorstore"])
+def test_an_io_error_is_retried_and_never_sets_a_checkpoint_aside(tmp_path, caplog,
+                                                                  monkeypatch, error):
+    """One transient read error used to set both good checkpoints aside. Now it is retried;
+    one that persists stops the run naming the file, and both checkpoints stay listed."""
+    monkeypatch.setattr(resume, "IO_RETRY_DELAY_S", 0.0)
+    cfg = _cfg(tmp_path)
+    _save_like_a_run(cfg, [1, 2])
+    directory = resume.checkpoint_dir(cfg)
+    caplog.set_level(logging.WARNING, logger="locojax")
+    got = resume.restore(cfg, _Flaky(Checkpointer(directory), error, 1), _state(0), True)
+    assert got.step == 2 and "I/O error reading /ckpt/2/state/d/abc" in caplog.text
+    with pytest.raises(resume.CheckpointIOError,
+                       match=r"checkpoint 2: reading /ckpt/2/state/d/abc failed 3 times"):
+        resume.restore(cfg, _Flaky(Checkpointer(directory), error, 99), _state(0), True)
+    assert Checkpointer(directory).all_steps() == [1, 2]
+    assert resume.set_aside_names(directory) == []
+
+
+def test_a_defect_is_not_an_io_error():
+    """What `restore` sets aside: decoding and structure errors, and a missing file."""
+    for e in IO_ERRORS + [TimeoutError("read timed out"), PermissionError(13, "denied")]:
+        assert resume.is_io_error(e), e
+    for e in [ValueError('OUT_OF_RANGE: Error reading "w/.zarray" in OCDBT database at local '
+                         'file "/c/2/state/"'),
+              ValueError("Requested shape: (5,) is not compatible with the stored shape"),
+              FileNotFoundError(2, "No such file", "/c/1/meta/metadata"), KeyError("state")]:
+        assert not resume.is_io_error(e), e
+
+
+@DAMAGE_WARNINGS
+def test_set_aside_checkpoints_never_start_the_run_again_from_step_0(tmp_path):
+    """After every checkpoint was set aside, the next start trained from step 0 and wiped
+    metrics.jsonl. Now it is refused (before any work), saying what to do."""
+    from locojax.train import wiring
+    from locojax.train.loop import start
+
+    cfg = _cfg(tmp_path)
+    _save_like_a_run(cfg, [1])
+    directory = resume.checkpoint_dir(cfg)
+    _damage(directory, 1)
+    with pytest.raises(RuntimeError, match=r"tried \[1\]"):
+        resume.restore(cfg, Checkpointer(directory), _state(0), is_main=True)
+    assert resume.set_aside_names(directory) == ["1.unrestorable"]
+    log = tmp_path / "run" / "metrics.jsonl"
+    log.write_text('{"step": 1, "reward": 0.5}\n')
+    for attempt in (lambda: resume.check(cfg),
+                    lambda: resume.restore(cfg, Checkpointer(directory), _state(0), True),
+                    lambda: start(cfg, wiring.join("single"))):
+        with pytest.raises(RuntimeError, match=r"set aside: 1\.unrestorable\), and starting "
+                                               r"again from step 0 would lose the run") as e:
+            attempt()
+        assert "rename <step>.unrestorable back to <step>" in str(e.value)
+        assert "choose another --run-dir" in str(e.value)
+    assert log.read_text() == '{"step": 1, "reward": 0.5}\n'
+
+
+def test_the_metrics_log_is_repaired_to_the_checkpoints_step(tmp_path, caplog):
+    """Lines after the restored step and a cut last line are dropped; steps up to it that
+    have no line are named in a warning, not left a silent gap."""
+    from locojax.metrics import METRICS_FILE, MetricsLogger
+
+    path = tmp_path / METRICS_FILE
+    rows = "".join(json.dumps({"step": s, "r": s / 10}) + "\n" for s in (0, 1, 2, 3, 4))
+    logger = MetricsLogger(str(tmp_path), tensorboard=False)
+    caplog.set_level(logging.WARNING, logger="locojax")
+    path.write_text(rows + '{"step": 5, "r"')
+    logger.truncate_after(3)
+    assert path.read_text() == "".join(rows.splitlines(keepends=True)[:4])
+    assert "no line for step" not in caplog.text
+    path.write_text(rows[:rows.index('{"step": 3')] + '{"step": 3, "r')  # cut at step 3
+    logger.truncate_after(6)
+    assert path.read_text() == rows[:rows.index('{"step": 3')]
+    assert "no line for step(s) 3-6, up to the checkpoint's step 6 (its last line is step 2)" \
+        in caplog.text
+    caplog.clear()
+    path.write_text("".join(json.dumps({"step": s}) + "\n" for s in (1, 3)))
+    logger.truncate_after(3)
+    assert "no line for step(s) 2, up to" in caplog.text

@@ -10,9 +10,16 @@ and the tokenizer's vocabulary. Resuming (`--checkpoint.resume`, the default):
   field that differs is refused by name, and so is a fingerprint that differs (the model,
   data and test data are compared by content, so a moved file is the same file).
   `--checkpoint.resume-force` resumes anyway and logs each difference.
-- `restore(...)`: the newest committed checkpoint that restores. One that does not (damaged
-  files) is set aside as `<step>.unrestorable`, with a warning, and the previous one is
-  tried. With forced differences, a restore that fails names them instead of Orbax's error.
+- `restore(...)`: the newest committed checkpoint that restores. One with a deterministic
+  defect (its data fails to decode, its structure does not match, a file is missing) is set
+  aside as `<step>.unrestorable`, with a warning, and the previous one is tried. An I/O
+  error (`is_io_error`: EIO, a stale NFS handle, a timeout) says nothing about the
+  checkpoint: the read is retried `IO_ATTEMPTS` times, then the run stops naming the file,
+  and nothing is set aside (one transient error used to rename both good checkpoints, and
+  the next start trained from step 0). With forced differences, a restore that fails names
+  them instead of Orbax's error.
+- A run dir holding set-aside checkpoints and none that restores is refused (`check`, and
+  `restore`), saying what to do: it never starts again from step 0 on its own.
 - `export_if_missing(...)`: a run resumed at its last step whose exported model is missing
   or incomplete (the run was killed while exporting) exports it again.
 
@@ -23,14 +30,17 @@ Hashing reads every byte of the model's files and data once per process (sha256,
 from __future__ import annotations
 
 import dataclasses
+import errno
 import hashlib
 import json
 import logging
 import os
+import re
+import time
 from pathlib import Path
 from typing import Any
 
-from locojax.checkpoint import Checkpointer
+from locojax.checkpoint import SET_ASIDE, Checkpointer, set_aside_names
 from locojax.model import loader
 from locojax.tokenizer import fingerprint
 
@@ -171,11 +181,30 @@ def has_checkpoints(directory: str) -> bool:
     return os.path.isdir(directory) and any(n.isdigit() for n in os.listdir(directory))
 
 
+def refuse_fresh_start(directory: str, tried: list[int] = ()) -> None:
+    """Raise (RuntimeError) if `directory` holds set-aside checkpoints: with none that
+    restores, the run would start again from step 0 and rewrite the run's logs."""
+    aside = set_aside_names(directory)
+    if not aside and not tried:
+        return
+    what = f"tried {list(tried)}, each set aside with the warning above; " if tried else ""
+    raise RuntimeError(
+        f"no checkpoint under {directory} can be restored ({what}set aside: "
+        f"{', '.join(aside)}), and starting again from step 0 would lose the run. If a "
+        f"checkpoint was set aside by a passing fault (a disk or network error), rename "
+        f"<step>{SET_ASIDE} back to <step> to try it again; to start over, move {directory} "
+        "away or choose another --run-dir")
+
+
 def check(cfg) -> None:
     """Refuse, before any work, to resume a checkpoint of another run (ValueError naming
-    every field and input that differs), or any checkpoint without --checkpoint.resume."""
+    every field and input that differs), or any checkpoint without --checkpoint.resume, or
+    a fresh start over checkpoints set aside (`refuse_fresh_start`)."""
     directory = checkpoint_dir(cfg)
-    if cfg.plan_only or not has_checkpoints(directory):
+    if cfg.plan_only:
+        return
+    if not has_checkpoints(directory):
+        refuse_fresh_start(directory)
         return
     if not cfg.checkpoint.resume:
         raise ValueError(f"{directory} holds checkpoints of an earlier run; pass "
@@ -227,14 +256,91 @@ class Resumed:
     rollout: dict | None  # the rollout source's arrays (Ray modes), if any
 
 
+IO_ATTEMPTS = 3
+"""Reads of a checkpoint that fail with an I/O error before the run stops."""
+IO_RETRY_DELAY_S = 2.0
+"""Wait before the first retry; doubled before each next one."""
+
+_NOT_FOUND = (FileNotFoundError, NotADirectoryError, IsADirectoryError)  # structure, not I/O
+# Status codes tensorstore (Orbax's array I/O) gives an OS error (absl's ErrnoToStatusCode:
+# EIO, EAGAIN, ESTALE -> UNAVAILABLE; EACCES -> PERMISSION_DENIED; ENOSPC ->
+# RESOURCE_EXHAUSTED; ETIMEDOUT -> DEADLINE_EXCEEDED). Damaged data decodes to OUT_OF_RANGE,
+# DATA_LOSS, INVALID_ARGUMENT, FAILED_PRECONDITION or NOT_FOUND: deterministic.
+_IO_STATUS = re.compile(r"\b(UNAVAILABLE|DEADLINE_EXCEEDED|RESOURCE_EXHAUSTED|ABORTED|"
+                        r"PERMISSION_DENIED|CANCELLED):")
+_FILE = re.compile(r'(?:local )?file "([^"]+)"')
+
+
+class CheckpointIOError(RuntimeError):
+    """Reading a checkpoint kept failing with an I/O error: the run stops, nothing set aside."""
+
+
+def _chain(e: BaseException):
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        yield e
+        e = e.__cause__ or e.__context__
+
+
+def is_io_error(e: BaseException) -> bool:
+    """Whether a failed read says nothing about the checkpoint itself (retry it; never set
+    it aside): an OSError other than a missing file, or tensorstore's status for one."""
+    for x in _chain(e):
+        if isinstance(x, OSError) and not isinstance(x, _NOT_FOUND) \
+                and x.errno != errno.ENOENT:
+            return True
+        if _IO_STATUS.search(str(x)):
+            return True
+    return False
+
+
+def failed_file(e: BaseException, fallback: str) -> str:
+    """The file a failed read names (an OSError's filename, tensorstore's `file "..."`)."""
+    for x in _chain(e):
+        if isinstance(x, OSError) and x.filename:
+            return os.fspath(x.filename)
+    for x in _chain(e):
+        if m := _FILE.findall(str(x)):
+            return m[-1]
+    return fallback
+
+
+def _read(ckpt: Checkpointer, step: int, like):
+    """(state, meta, rollout) of checkpoint `step`, retrying I/O errors; past the last
+    attempt, a RuntimeError naming the file stops the run."""
+    delay = IO_RETRY_DELAY_S
+    for attempt in range(1, IO_ATTEMPTS + 1):
+        try:
+            state, meta = ckpt.restore(step, like)
+            return state, meta, ckpt.restore_rollout(step)
+        except Exception as e:  # noqa: BLE001 - sorted below: I/O, or a defect
+            if not is_io_error(e):
+                raise
+            where = failed_file(e, os.path.join(ckpt.directory, str(step)))
+            first = str(e).splitlines()[0] if str(e) else ""
+            if attempt == IO_ATTEMPTS:
+                raise CheckpointIOError(
+                    f"checkpoint {step}: reading {where} failed {IO_ATTEMPTS} times with an "
+                    f"I/O error ({type(e).__name__}: {first[:300]}). Not set aside: the "
+                    "checkpoint may be whole. Fix the storage and start the run again") from e
+            log.warning("checkpoint %d: I/O error reading %s (%s: %s); retrying in %.0f s "
+                        "(attempt %d of %d)", step, where, type(e).__name__, first[:200],
+                        delay, attempt + 1, IO_ATTEMPTS)
+            time.sleep(delay)
+            delay *= 2
+
+
 def restore(cfg, ckpt: Checkpointer, like, is_main: bool) -> Resumed | None:
     """The newest committed checkpoint that restores into `like`'s structure; None if there
-    is none. Damaged ones are set aside (by the main host) and the previous one tried."""
+    is none and none was set aside. A defective one is set aside (by the main host) and the
+    previous one tried; an I/O error is retried, then stops the run (`_read`)."""
     failed = []
     for step in sorted(ckpt.all_steps(), reverse=True):
         try:
-            state, meta = ckpt.restore(step, like)
-            rollout = ckpt.restore_rollout(step)
+            state, meta, rollout = _read(ckpt, step, like)
+        except CheckpointIOError:  # retried and failed: stop, setting nothing aside
+            raise
         except Exception as e:  # noqa: BLE001 - damaged files, or another run's arrays
             reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
             _refuse_if_forced(cfg, ckpt, step, reason)
@@ -247,9 +353,7 @@ def restore(cfg, ckpt: Checkpointer, like, is_main: bool) -> Resumed | None:
             log.warning("resumed from checkpoint %d: the newer checkpoint(s) %s could not be "
                         "restored", step, failed)
         return Resumed(int(meta["next_step"]), state, meta, rollout)
-    if failed:
-        raise RuntimeError(f"no checkpoint under {ckpt.directory} can be restored (tried "
-                           f"{failed}; each was set aside, with the warning above)")
+    refuse_fresh_start(ckpt.directory, failed)
     return None
 
 
