@@ -5,8 +5,9 @@ rollout source (`source.py`: the producer half, `producer.py`, run inline or by 
 workers into a versioned buffer), run the global update, publish the new weights as the
 next version. What differs between coordination modes lives in the wiring (`wiring.py`;
 the Ray modes' in `fleet/`); everything else is shared. `start(cfg, wiring)` is the one
-entry for every mode: it builds the run's parts (`build.py`), plans its memory, and makes
-the `Trainer` whose `run()` trains.
+entry for every mode: it takes the run directory's lock (`run_lock.py`, process 0 only),
+builds the run's parts (`build.py`), plans its memory, and makes the `Trainer` whose `run()`
+trains.
 
 Randomness: step s samples with `fold_in(key(seed), s)`, and the engine draws row r with a
 key folded from its global row index, so tokens do not depend on which host or device
@@ -34,7 +35,7 @@ from locojax.profiler import StepTimer, TraceWindow
 from locojax.rl import batch as batch_lib
 from locojax.rl import train_state
 from locojax.rl.split_step import timed_update
-from locojax.train import memory_plan, meshes, resume
+from locojax.train import memory_plan, meshes, resume, run_lock
 from locojax.train.build import RunParts
 from locojax.train.comm_probe import AllReduceProbe
 from locojax.train.config import COMPUTE_DTYPES, RunConfig, check_run
@@ -54,6 +55,19 @@ def start(cfg: RunConfig, wiring) -> Trainer | None:
     Before reading any weight it compiles the step's programs at the run's shapes and plans
     their memory (`memory_plan.py`), refusing a run that cannot fit; the run reuses them."""
     check_run(cfg, wiring.host.num_processes, jax.device_count())
+    # Process 0 writes the run dir's logs and export: a second run on it is refused here,
+    # before it reads, truncates or compiles anything. Held until `Trainer.run` ends.
+    lock = run_lock.acquire(cfg.run_dir) \
+        if wiring.host.process_id == 0 and not cfg.plan_only else None
+    try:
+        return _start(cfg, wiring, lock)
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
+
+
+def _start(cfg: RunConfig, wiring, lock: run_lock.RunLock | None) -> Trainer | None:
     resume.check(cfg)  # a checkpoint of another run is refused before any compile
     parts = RunParts.of(cfg)
     meshes.check_tp_model(cfg.rollout.tp, parts.model_cfg)
@@ -66,7 +80,7 @@ def start(cfg: RunConfig, wiring) -> Trainer | None:
     memory.check()
     distributed.meet("locojax: programs compiled")  # hosts compile at different speeds
     parts = dataclasses.replace(parts, learner=memory.learner)  # what the plan chose (auto)
-    return Trainer(parts, wiring, engine, memory)
+    return Trainer(parts, wiring, engine, memory, lock)
 
 
 def eval_share(parts: RunParts, wiring) -> list:
@@ -114,8 +128,10 @@ class Trainer:
     """Owns the run's state; `run()` executes the remaining steps. Made by `start`, which
     compiled `engine`'s programs and the train step for `memory`, the run's plan."""
 
-    def __init__(self, parts: RunParts, wiring, engine, memory: memory_plan.MemoryPlan):
+    def __init__(self, parts: RunParts, wiring, engine, memory: memory_plan.MemoryPlan,
+                 lock: run_lock.RunLock | None = None):
         self.started = time.monotonic()
+        self.lock = lock  # the run dir's (process 0's), released when `run` ends
         cfg = self.cfg = parts.cfg
         self.parts, self.wiring, self.engine, self.memory = parts, wiring, engine, memory
         self.host = wiring.host
@@ -150,7 +166,9 @@ class Trainer:
             self.logger.truncate_after(-1)  # a fresh run owns its logs
             return 0, None
         self.state, step = found.state, found.step
-        self.logger.truncate_after(step)  # lines are labelled 1..step for steps done
+        # Lines are labelled 1..step for steps done: later ones (a killed run's) and a cut
+        # last line are dropped, and steps missing from the log are a warning.
+        self.logger.truncate_after(step)
         log.info("resumed from %s at step %d", self.ckpt.directory, step)
         if step >= self.cfg.steps:  # it had ended: was its export whole?
             params = self._whole_params()
@@ -231,6 +249,13 @@ class Trainer:
     # --- the run -----------------------------------------------------------------------------
 
     def run(self) -> dict[str, float]:
+        try:
+            return self._run()
+        finally:
+            if self.lock is not None:
+                self.lock.release()
+
+    def _run(self) -> dict[str, float]:
         cfg = self.cfg
         # First, so that remote workers can start generating while this host evaluates.
         self.rollouts.begin(self.start_step, self.state.params, self.saved_rollouts)
