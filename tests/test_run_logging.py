@@ -84,6 +84,22 @@ def test_plot_writes_png(tmp_path):
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
 
 
+def test_several_runs_are_compared_in_one_png(tmp_path, capsys):
+    from locojax.commands import plot as plot_cmd
+
+    for seed in (0, 1):
+        log = MetricsLogger(str(tmp_path / f"s{seed}"), tensorboard=False)
+        for step in (0, 10):
+            log.log(step, {"reward/mean": 0.1 * step + seed, "eval/accuracy": 0.3 + seed,
+                           "eval/format_rate": 0.5})
+    runs = [str(tmp_path / "s0"), str(tmp_path / "s1")]
+    assert plot_cmd.main(runs) == 2 and "several runs need --out" in capsys.readouterr().err
+    assert plot_cmd.main([*runs, "--out", str(tmp_path / "both.png")]) == 0
+    with open(tmp_path / "both.png", "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    assert plot_cmd.main([*runs, str(tmp_path / "none"), "--out", str(tmp_path / "x.png")]) == 2
+
+
 def test_plot_of_a_non_run_dir_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="not a locojax run directory|metrics.jsonl"):
         plot(str(tmp_path))

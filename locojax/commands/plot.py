@@ -1,4 +1,9 @@
-"""`locojax plot RUN_DIR`: one PNG of reward, held-out accuracy, step time and phase breakdown."""
+"""`locojax plot RUN_DIR`: one PNG of reward, held-out accuracy, step time and phase breakdown.
+
+`locojax plot RUN_DIR RUN_DIR ... --out FILE`: several runs (seeds, settings) overlaid, one
+line each: mean reward, held-out accuracy, and the held-out format rate where the task has
+a format check.
+"""
 
 from __future__ import annotations
 
@@ -19,10 +24,10 @@ ACCURACY_KEYS = ("eval/accuracy", "eval/pass@1")
 class PlotArgs:
     """Plot a run directory's metrics.jsonl and perf.jsonl."""
 
-    run_dir: tyro.conf.Positional[str]
-    """The run directory (holds metrics.jsonl and perf.jsonl)."""
+    run_dirs: tyro.conf.Positional[tuple[str, ...]]
+    """The run directory (holds metrics.jsonl and perf.jsonl), or several to compare."""
     out: str = ""
-    """Output PNG path (default RUN_DIR/summary.png)."""
+    """Output PNG path (default RUN_DIR/summary.png; required with several runs)."""
 
 
 def _series(rows: list[dict], key: str):
@@ -34,16 +39,47 @@ def _first_present(rows, keys):
     return next((k for k in keys if any(k in r for r in rows)), None)
 
 
+def _metrics(run_dir: str) -> list[dict]:
+    path = os.path.join(run_dir, METRICS_FILE)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path} not found: is {run_dir!r} a locojax run directory?")
+    return read_jsonl(path)
+
+
+COMPARED = ((REWARD_KEYS, "mean reward"), (ACCURACY_KEYS, "held-out accuracy"),
+            (("eval/format_rate",), "held-out format rate"))
+
+
+def compare(run_dirs: list[str], out: str) -> str:
+    """One PNG of several runs' `COMPARED` series, a line per run, labelled by directory."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = {os.path.basename(os.path.abspath(d)): _metrics(d) for d in run_dirs}
+    fig, axes = plt.subplots(1, len(COMPARED), figsize=(5 * len(COMPARED), 3.8))
+    for ax, (keys, title) in zip(axes, COMPARED):
+        for name, rows in runs.items():
+            key = _first_present(rows, keys)
+            if key:
+                ax.plot(*_series(rows, key), marker="o", ms=3, label=name)
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
+
+
 def plot(run_dir: str, out: str = "") -> str:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    metrics_path = os.path.join(run_dir, METRICS_FILE)
-    if not os.path.exists(metrics_path):
-        raise FileNotFoundError(f"{metrics_path} not found: is {run_dir!r} a locojax run directory?")
-    rows = read_jsonl(metrics_path)
+    rows = _metrics(run_dir)
     perf_path = os.path.join(run_dir, PERF_FILE)
     perf = read_jsonl(perf_path) if os.path.exists(perf_path) else []
 
@@ -81,8 +117,12 @@ def plot(run_dir: str, out: str = "") -> str:
 
 def main(argv: list[str]) -> int:
     args = tyro.cli(PlotArgs, args=argv, prog="locojax plot")
+    if len(args.run_dirs) > 1 and not args.out:
+        print("locojax plot: several runs need --out FILE", file=sys.stderr)
+        return 2
     try:
-        print(plot(args.run_dir, args.out))
+        print(plot(args.run_dirs[0], args.out) if len(args.run_dirs) == 1
+              else compare(list(args.run_dirs), args.out))
     except FileNotFoundError as e:
         print(f"locojax plot: {e}", file=sys.stderr)
         return 2
