@@ -19,31 +19,42 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import shlex
-import statistics
 import sys
 from pathlib import Path
 
-import bench_modes  # the script's folder is on sys.path (python puts it first)
-import bench_placement
-import local_ray
+if __name__ == "__main__" and not __package__:  # run as a file: import as `-m` does
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+from benchmarks import bench_placement, harness  # noqa: E402
+from benchmarks.workloads import CLI, SHAPES, train_argv  # noqa: E402
 
 
 def argv_of(point: str, run_dir: Path, steps: int, ray_address: str) -> list[str]:
     """The point's `locojax` argv, without the interpreter (each tree runs its own)."""
     kind, _, value = point.rpartition("-")
     if kind in ("single", "colocated"):
-        shape = bench_modes.SHAPES["tiny"]
-        argv = bench_modes.train_argv(shape, "arith", shape.arch, kind, int(value), steps, 0.0,
-                                      run_dir)
+        shape = SHAPES["tiny"]
+        argv = train_argv(shape, "arith", shape.arch, kind, int(value), steps, 0.0, run_dir)
     else:
         args = argparse.Namespace(workload="arith", prompts=12, group=4, new_tokens=128,
                                   steps=steps)
         p = (bench_placement.points([float(value)], []) if kind == "da"
              else bench_placement.points([], [int(value[1:])]))[1]
         argv = bench_placement.train_argv(p, args, run_dir, ray_address)
-    return argv[len(bench_modes.CLI):]
+    return argv[len(CLI):]
+
+
+def run_in_tree(tree: Path, cmd: list[str], log: Path, timeout: float) -> int:
+    """Run cmd with `tree` as the working directory and on PYTHONPATH: `python -m` puts the
+    working directory first on sys.path, so the cwd decides which tree runs."""
+    os.environ["PYTHONPATH"] = str(tree)
+    cwd = os.getcwd()
+    os.chdir(tree)
+    try:
+        return harness.run_logged(cmd, log, timeout)[0]
+    finally:
+        os.chdir(cwd)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -60,53 +71,43 @@ def main(argv: list[str] | None = None) -> int:
     trees = [(n, Path(d).resolve()) for n, d in (t.split("=", 1) for t in args.tree)]
     work = Path(args.work_dir)
     work.mkdir(parents=True, exist_ok=True)
-    import ray
-
-    address = local_ray.start()
-    print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs; trees "
-          + ", ".join(f"{n}={d}" for n, d in trees) + f"; {args.steps} steps, steady "
-          f"{args.skip + 1}..{args.steps - 1}; load before {os.getloadavg()[0]:.1f}")
     times: dict[tuple[str, str], list[float]] = {}
-    try:
+    with harness.local_ray() as address:
+        print(harness.header("ab_runs"))
+        print("# trees " + ", ".join(f"{n}={d}" for n, d in trees) + f"; {args.steps} steps, "
+              f"steady {args.skip + 1}..{args.steps - 1}; load before {harness.load():.1f}")
         for r in range(args.rounds):
             for point in args.points:
-                order = trees if r % 2 == 0 else trees[::-1]
-                for name, tree in order:
+                for name, tree in harness.order(trees, r, "alternate"):
                     run_dir = work / f"{point}-{name}-r{r}"
-                    cli = argv_of(point, run_dir, args.steps, address)
-                    cmd = [sys.executable, "-m", "locojax.cli", *cli]
+                    cmd = [sys.executable, "-m", "locojax.cli",
+                           *argv_of(point, run_dir, args.steps, address)]
                     print(f"$ (cd {tree} && PYTHONPATH={tree} {shlex.join(cmd)})", flush=True)
-                    load = os.getloadavg()[0]
-                    os.environ["PYTHONPATH"] = str(tree)
-                    cwd = os.getcwd()
-                    os.chdir(tree)
-                    try:
-                        code = bench_placement.run(cmd, work / f"{run_dir.name}.log",
-                                                   args.timeout)
-                    finally:
-                        os.chdir(cwd)
-                    if code:
-                        print(f"# FAILED (exit {code}): {work / f'{run_dir.name}.log'}")
+                    load = harness.load()
+                    log = work / f"{run_dir.name}.log"
+                    if code := run_in_tree(tree, cmd, log, args.timeout):
+                        print(f"# FAILED (exit {code}): {log}")
                         continue
-                    rows = bench_placement.steady(run_dir, args.steps, args.skip)
-                    t = bench_placement.med(rows, "perf/step_time")
+                    rows = harness.steady_rows(run_dir, args.steps, args.skip)
+                    t = harness.med(rows, "perf/step_time")
                     times.setdefault((point, name), []).append(t)
                     print(f"# {point} {name}: {t:.4f} s/step (load {load:.1f})", flush=True)
-    finally:
-        ray.shutdown()
-    first = trees[0][0]
-    print("\n| point | " + " | ".join(f"{n} s/step (runs)" for n, _ in trees)
-          + f" | {first} / other |")
-    print("|---|" + "---|" * (len(trees) + 1))
-    for point in args.points:
-        cells, med = [], {}
-        for name, _ in trees:
-            runs = times.get((point, name), [])
-            med[name] = statistics.median(runs) if runs else float("nan")
-            cells.append(f"{med[name]:.4f} ({', '.join(f'{x:.4f}' for x in runs)})")
-        ratios = ", ".join(f"{med[first] / med[n]:.3f}" for n, _ in trees[1:])
-        print(f"| {point} | " + " | ".join(cells) + f" | {ratios} |")
+    print("\n".join(report(times, [n for n, _ in trees], args.points)))
     return 0
+
+
+def report(times: dict[tuple[str, str], list[float]], trees: list[str],
+           points: list[str]) -> list[str]:
+    """Per point, each tree's median (and its runs) and the first tree's over each other's."""
+    first, rows = trees[0], []
+    for point in points:
+        runs = {name: times.get((point, name), []) for name in trees}
+        med = {name: harness.median(runs[name]) for name in trees}
+        rows.append([point, *(f"{med[n]:.4f} ({', '.join(f'{x:.4f}' for x in runs[n])})"
+                              for n in trees),
+                     ", ".join(f"{med[first] / med[n]:.3f}" for n in trees[1:])])
+    return ["", *harness.table(["point", *(f"{n} s/step (runs)" for n in trees),
+                                f"{first} / other"], rows)]
 
 
 if __name__ == "__main__":

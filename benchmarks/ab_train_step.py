@@ -23,20 +23,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+if __name__ == "__main__" and not __package__:  # run as a file: import as `-m` does
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+from benchmarks import harness  # noqa: E402
 
 
 def worker(shape: str, beta: float) -> int:
-    sys.path.insert(0, str(HERE))
     import jax
-    from profile_train import SHAPES, synthetic_setup
 
+    from benchmarks.profile_train import SHAPES, synthetic_setup
     from locojax.rl.train_step import train_step
 
     accum = os.environ.get("AB_GRAD_ACCUM")
@@ -61,7 +61,7 @@ def worker(shape: str, beta: float) -> int:
 
 def parse_arm(spec: str):
     name, _, rest = spec.partition("=")
-    code, env = str(HERE.parent), {}
+    code, env = str(harness.ROOT), {}
     for part in filter(None, rest.split(";")):
         if part.startswith("@"):
             code = part[1:]
@@ -84,35 +84,44 @@ def main(argv=None) -> int:
     if args.worker:
         return worker(args.shape, args.beta)
     arms = [parse_arm(a) for a in args.arm]
-    print("command: " + " ".join(sys.argv) + "\nload average at start %.2f %.2f %.2f"
-          % os.getloadavg(), flush=True)
-    procs = {}
-    for name, code, env in arms:
-        e = dict(os.environ, PYTHONPATH=code, **env)
-        procs[name] = subprocess.Popen(
-            [sys.executable, str(Path(__file__).resolve()), "--worker", "--shape", args.shape,
-             "--beta", str(args.beta), "--arm", name], stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=e)
+    print(harness.command_line() + "\n" + harness.header("ab_train_step"), flush=True)
+    procs = {name: start_worker(name, code, env, args) for name, code, env in arms}
     for name, p in procs.items():  # compiles run concurrently: not timed
         json.loads(p.stdout.readline())
-    times = {name: [] for name in procs}
-    names = list(procs)
-    for r in range(args.rounds):
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            p = procs[name]
+
+    def block(p: subprocess.Popen):
+        def run() -> list[float]:
             p.stdin.write(f"{args.block}\n")
             p.stdin.flush()
-            times[name] += json.loads(p.stdout.readline())["times"]
+            return json.loads(p.stdout.readline())["times"]
+        return run
+
+    runs = harness.interleave({name: block(p) for name, p in procs.items()}, args.rounds,
+                              "rotate")
     for p in procs.values():
         p.stdin.close()
         p.wait()
-    base = statistics.median(times[names[0]])
+    times = {name: [t for r in rs for t in r] for name, rs in runs.items()}
+    first = arms[0][0]
+    base = harness.median(times[first])
     for (name, code, env) in arms:
-        m = statistics.median(times[name])
+        m = harness.median(times[name])
         print(f"{name:>12}: median {m:.4f} s over {len(times[name])} steps, "
-              f"{base / m:.2f}x vs {names[0]}  ({code}; {env})")
-    print("load average at end %.2f %.2f %.2f" % os.getloadavg())
+              f"{base / m:.2f}x vs {first}  ({code}; {env})")
+    print(f"load average at end {harness.loads()}")
     return 0
+
+
+def start_worker(name: str, code: str, env: dict, args) -> subprocess.Popen:
+    """One arm's worker: `-P -m`, so that nothing is put before PYTHONPATH, whose first entry
+    is the arm's tree (its locojax; its benchmarks too where it has the package) and whose
+    second is this tree (for `benchmarks.profile_train` in a tree without it)."""
+    path = os.pathsep.join([code, str(harness.ROOT)])
+    return subprocess.Popen(
+        [sys.executable, "-P", "-m", "benchmarks.ab_train_step", "--worker", "--shape",
+         args.shape, "--beta", str(args.beta), "--arm", name], stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        env=dict(os.environ, PYTHONPATH=path, **env))
 
 
 if __name__ == "__main__":

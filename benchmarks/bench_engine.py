@@ -40,26 +40,28 @@ import argparse
 import dataclasses
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import time
 
-import jax
-import jax.numpy as jnp
-import numpy as np
+if __name__ == "__main__" and not __package__:  # run as a file: import as `-m` does
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-from locojax.engine.decode import compact_jit
-from locojax.engine.engine import Engine
-from locojax.engine.sampling import SamplingConfig
-from locojax.model import config as model_config
-from locojax.model import params
-from locojax.model.hf_io import to_state_dict
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from benchmarks import harness  # noqa: E402
+from benchmarks.harness import timed  # noqa: E402
+from benchmarks.peers import install  # noqa: E402
+from locojax.engine.engine import Engine  # noqa: E402
+from locojax.engine.sampling import SamplingConfig  # noqa: E402
+from locojax.model import config as model_config  # noqa: E402
+from locojax.model import params  # noqa: E402
+from locojax.model.hf_io import to_state_dict  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "peers"))
-import install  # noqa: E402
 
 TORCH_THREADS = 2
 MEDIAN_LENGTH, SIGMA = 200, 1.0
@@ -92,12 +94,6 @@ SHAPES = {s.name: s for s in [
     Shape("small", "small", 16, 8, 32, 64, False),
     *(Shape(f"small-{n}", "small", 16, 8, 32, n, True) for n in (512, 1024, 4096)),
 ]}
-
-
-def timed(fn) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
 
 
 def read_bandwidth(runs: int = 5) -> float:
@@ -279,22 +275,22 @@ def profile(once):
     print(f"    rest (host syncs, dispatch, result): {total - sum(x[1] for x in spans):.3f} s")
 
 
-HEADER = ("| shape | tokens | locojax tok/s | HF tok/s | Tunix tok/s | vs HF | vs Tunix | cache "
-          "read GB/s (of bandwidth) | s/token vs small-512 | first run s (locojax / HF / Tunix) |"
-          "\n|---|---|---|---|---|---|---|---|---|---|")
+HEAD = ["shape", "tokens", "locojax tok/s", "HF tok/s", "Tunix tok/s", "vs HF", "vs Tunix",
+        "cache read GB/s (of bandwidth)", "s/token vs small-512",
+        "first run s (locojax / HF / Tunix)"]
 
 
-def table_row(r: dict, bandwidth: float, per_token_512: float | None) -> str:
+def table_row(r: dict, bandwidth: float, per_token_512: float | None) -> list[str]:
     """One shape's row of the table: rates, locojax's ratios, its cache reads."""
     s, med, tok = r["shape"], r["median"], r["tokens"]
     rate = {k: f"{tok / v:,.0f}" for k, v in med.items()}
     ratio = {k: f"{v / med['locojax']:.2f}x" for k, v in med.items()}
     read = cache_bytes(r["cfg"], s) / med["locojax"]
     rel = f"{med['locojax'] / tok / per_token_512:.2f}x" if per_token_512 and s.long_tail else ""
-    return (f"| {s.name} | {tok} | {rate['locojax']} | {rate.get('HF', '-')} | "
-            f"{rate.get('Tunix', '-')} | {ratio.get('HF', '-')} | {ratio.get('Tunix', '-')} | "
-            f"{read / 1e9:.2f} ({100 * read / bandwidth:.0f}% of {bandwidth / 1e9:.1f}) | {rel} | "
-            + " / ".join(f"{v:.1f}" for v in r["first"].values()) + " |")
+    return [s.name, str(tok), rate["locojax"], rate.get("HF", "-"), rate.get("Tunix", "-"),
+            ratio.get("HF", "-"), ratio.get("Tunix", "-"),
+            f"{read / 1e9:.2f} ({100 * read / bandwidth:.0f}% of {bandwidth / 1e9:.1f})", rel,
+            " / ".join(f"{v:.1f}" for v in r["first"].values())]
 
 
 def bench_shape(s: Shape, runs: int, peer_runs: int, tunix_python) -> dict:
@@ -322,170 +318,19 @@ def bench_shape(s: Shape, runs: int, peer_runs: int, tunix_python) -> dict:
             first["Tunix"] = tunix.first
         except RuntimeError as e:
             print(f"  Tunix: {e}")
-    times = {name: [] for name in first}
-    for i in range(max(runs, peer_runs)):
-        if i < runs:
-            times["locojax"].append(timed(sides["locojax"]))
-        if i < peer_runs:
-            times["HF"].append(timed(sides["HF"]))
-            if tunix is not None:
-                times["Tunix"].append(tunix())
-        print("  " + ", ".join(f"{k} {' '.join(f'{t:.3f}' for t in v)}"
-                               for k, v in times.items()), flush=True)
+    arms = {"locojax": lambda: timed(sides["locojax"]), "HF": lambda: timed(sides["HF"]),
+            "Tunix": tunix}
+    times = harness.interleave(
+        {k: arms[k] for k in first}, max(runs, peer_runs),
+        limits={"locojax": runs, "HF": peer_runs, "Tunix": peer_runs},
+        after_round=lambda _, times: print("  " + ", ".join(
+            f"{k} {' '.join(f'{t:.3f}' for t in v)}" for k, v in times.items()), flush=True))
     if tunix is not None:
         tunix.close()
     if s.long_tail:
         profile(sides["locojax"])
     return dict(shape=s, cfg=cfg, tokens=int(lengths.sum()), first=first,
                 median={k: statistics.median(v) for k, v in times.items()})
-
-
-def trace_decode(s: Shape, start: int, steps: int = 20):
-    """Where a steady decode step's time goes, per XLA op: `steps` decode steps of the full
-    batch from step `start` (a context of P + start slots), traced with `jax.profiler` and
-    summed by op as `profile_train.py` sums a train step's."""
-    import tempfile
-    from pathlib import Path
-
-    from profile_train import trace_summary
-
-    from locojax.engine.engine import Decoding
-
-    cfg = model_config.PRESETS[s.model]()
-    weights = params.init(cfg, jax.random.key(0))
-    prompts = np.asarray(jax.random.randint(
-        jax.random.key(1), (s.prompts, s.prompt_tokens), 1, cfg.vocab_size - 1), np.int32)
-    engine = Engine(cfg)
-    sampling = SamplingConfig(max_new_tokens=s.new_tokens, temperature=1.0,
-                              ignore_eos=not s.long_tail)
-    decoding = Decoding(engine, engine.prefill(
-        weights, prompts, jax.random.key(0), sampling, num_samples=s.group,
-        limits=s.lengths() if s.long_tail else None))
-    decoding.advance(start)  # compiles; the batch keeps its R rows until half have finished
-    jax.block_until_ready(decoding.turn)
-    ms = []
-    for _ in range(2):
-        t0 = time.perf_counter()
-        decoding.advance(steps)
-        jax.block_until_ready(decoding.turn)
-        ms.append(1000 * (time.perf_counter() - t0) / steps)
-    if decoding.finished or decoding.step + steps > s.new_tokens:
-        raise SystemExit(f"{s.name}'s decode reaches step {decoding.step} of {s.new_tokens} "
-                         f"before the traced steps: lower --trace-start")
-    rows, first = decoding.turn.last.shape[0], decoding.step
-    with tempfile.TemporaryDirectory() as d:
-        with jax.profiler.trace(d):
-            t0 = time.perf_counter()
-            decoding.advance(steps)
-            jax.block_until_ready(decoding.turn)
-            traced = 1000 * (time.perf_counter() - t0) / steps
-        print(f"  [{s.name}] decode at {rows} rows, tokens {first}..{first + steps - 1} "
-              f"traced: {traced:.1f} ms/step (untraced before: "
-              + ", ".join(f"{x:.1f}" for x in ms) + ")\n" + trace_summary(Path(d), 30))
-
-
-SWEEP_TOKENS = 256  # the rows sweep's tokens a row: about the long-tailed draw's median
-
-
-def sweep(kind: str, runs: int):
-    """qwen3.BLOCK (generate time at small-1024 per block size) or engine.MIN_ROWS (time per
-    decode step of SWEEP_TOKENS exact-length tokens a row at 128 ... 2 rows, and what one
-    compaction costs): the measurements behind them."""
-    cfg = model_config.small()
-    weights = params.init(cfg, jax.random.key(0))
-    if kind == "blocks":
-        s = SHAPES["small-1024"]
-        prompts = np.asarray(jax.random.randint(jax.random.key(1), (s.prompts, s.prompt_tokens),
-                                                1, cfg.vocab_size - 1), np.int32)
-        arms = {b: locojax_runner(cfg, weights, prompts, s, block=b)
-                for b in (32, 64, 128, 256, 512, 2048)}
-        unit = f"s per generate of {s.name}"
-    else:
-        arms = {}
-        for rows in (128, 64, 32, 16, 8, 4, 2):
-            s = Shape(f"rows-{rows}", "small", rows, 1, 32, SWEEP_TOKENS, False)
-            prompts = np.asarray(jax.random.randint(jax.random.key(1), (rows, 32), 1,
-                                                    cfg.vocab_size - 1), np.int32)
-            arms[rows] = locojax_runner(cfg, weights, prompts, s, min_rows=None)
-        unit = f"ms per decode step (rows x {SWEEP_TOKENS} tokens, exact length)"
-    for fn in arms.values():
-        fn()
-    times = {k: [] for k in arms}
-    for _ in range(runs):  # interleaved
-        for k, fn in arms.items():
-            times[k].append(timed(fn))
-    scale = 1.0 if kind == "blocks" else 1000 / (SWEEP_TOKENS - 1)
-    for k, v in times.items():
-        print(f"  {kind[:-1]} {k}: {scale * statistics.median(v):.3f} {unit} "
-              f"(runs {' '.join(f'{scale * t:.3f}' for t in v)})")
-    if kind == "rows":  # what one compaction costs: 128 -> 64 rows, every slot written
-        engine = Engine(cfg, min_rows=None)
-        sampling = SamplingConfig(max_new_tokens=SWEEP_TOKENS)
-        written = 32 + SWEEP_TOKENS - 1
-        prompts = np.asarray(jax.random.randint(jax.random.key(1), (128, 32), 1,
-                                                cfg.vocab_size - 1), np.int32)
-        spent = []
-        for _ in range(runs + 1):
-            turn = engine.prefill(weights, prompts, jax.random.key(0), sampling).prefilled
-            cache = dataclasses.replace(turn.cache, index=jnp.int32(written))
-            turn = dataclasses.replace(turn, cache=None, done=jnp.arange(128) % 2 == 0)
-            jax.block_until_ready((cache, turn))
-            t0 = time.perf_counter()
-            jax.block_until_ready(compact_jit(cache, turn, None, None, size=64, layout=None))
-            spent.append(1000 * (time.perf_counter() - t0))
-        print(f"  compact 128 -> 64 rows at {written} written slots: "
-              f"{statistics.median(spent[1:]):.1f}"
-              f" ms (runs {' '.join(f'{t:.1f}' for t in spent[1:])}; first {spent[0]:.0f})")
-
-
-FOLD_WRITTEN, FOLD_STEPS = 1056, 16  # the folds sweep's context: ~small-4096's 8-row tail
-
-
-def sweep_folds(runs: int):
-    """attention.FOLD_SLOTS: ms per SMALL decode step at 128 ... 8 rows, FOLD_WRITTEN slots
-    written, with m = 1, 2, 4, 8, 16 blocks folded per iteration of attention's loop (up to
-    4,096 rows x m x block row-slots an iteration), arms interleaved; each timed span is
-    FOLD_STEPS steps of the engine's decode loop from a prefilled cache set FOLD_WRITTEN."""
-    from locojax.engine.decode import decode_jit
-
-    cfg = model_config.small()
-    weights = params.init(cfg, jax.random.key(0))
-    sampling = SamplingConfig(max_new_tokens=FOLD_WRITTEN + FOLD_STEPS, temperature=1.0,
-                              ignore_eos=True)
-    arms = {}
-    for rows in (128, 64, 32, 16, 8):
-        engine = Engine(cfg, min_rows=None)
-        prompts = np.asarray(jax.random.randint(jax.random.key(1), (rows, 32), 1,
-                                                cfg.vocab_size - 1), np.int32)
-        for m in (1, 2, 4, 8, 16):
-            if rows * m * engine.block > 4096:
-                continue
-
-            def run(engine=engine, prompts=prompts, fold_slots=rows * m * engine.block):
-                turn = engine.prefill(weights, prompts, jax.random.key(0), sampling).prefilled
-                cache = dataclasses.replace(turn.cache, index=jnp.int32(FOLD_WRITTEN),
-                                            fold_slots=fold_slots)
-                turn = dataclasses.replace(turn, cache=None)
-                jax.block_until_ready((cache, turn))
-                t0 = time.perf_counter()
-                out = decode_jit(weights, cache, turn, None, jnp.int32(1 + FOLD_STEPS),
-                                 model_cfg=cfg, sampling=sampling, layout=engine.layout)
-                jax.block_until_ready(out)
-                spent = time.perf_counter() - t0
-                engine.return_cache(out.cache)
-                return 1000 * spent / FOLD_STEPS
-
-            arms[rows, m] = run
-    for fn in arms.values():
-        fn()
-    times = {k: [] for k in arms}
-    for _ in range(runs):
-        for k, fn in arms.items():
-            times[k].append(fn())
-    for (rows, m), v in times.items():
-        print(f"  rows {rows:3d}, fold {m:2d} ({rows * m * 32:5d} row-slots an iteration): "
-              f"{statistics.median(v):6.2f} ms per decode step at {FOLD_WRITTEN} slots "
-              f"(runs {' '.join(f'{t:.2f}' for t in v)})", flush=True)
 
 
 def main(argv=None) -> int:
@@ -507,19 +352,20 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     SHAPES["small-4096"] = dataclasses.replace(SHAPES["small-4096"], prompts=args.prompts_4096)
 
-    print("command: " + " ".join([sys.executable.split("/")[-1]] + sys.argv))
-    print(f"jax {jax.__version__} on {jax.devices()[0].platform} x{jax.device_count()}, "
-          f"{os.cpu_count()} cores ({platform.machine()}), torch threads {TORCH_THREADS}, "
-          "load average at start %.1f %.1f %.1f" % os.getloadavg())
-    if args.sweep == "folds":
-        sweep_folds(args.runs)
-    elif args.sweep:
-        sweep(args.sweep, args.runs)
-    if args.sweep:
-        print("load average at end " + " ".join(f"{x:.1f}" for x in os.getloadavg()))
-        return 0
-    if args.trace:
-        trace_decode(SHAPES[args.trace], args.trace_start)
+    print(harness.command_line())
+    print(harness.header("bench_engine", f"jax on {jax.devices()[0].platform} "
+                         f"x{jax.device_count()}, torch threads {TORCH_THREADS}"))
+    if args.sweep or args.trace:
+        from benchmarks import engine_sweeps
+
+        if args.sweep == "folds":
+            engine_sweeps.sweep_folds(args.runs)
+        elif args.sweep:
+            engine_sweeps.sweep(args.sweep, args.runs)
+        else:
+            engine_sweeps.trace_decode(SHAPES[args.trace], args.trace_start)
+            return 0
+        print(f"load average at end {harness.loads()}")
         return 0
     tunix_python = None
     if not args.no_tunix:
@@ -536,16 +382,14 @@ def main(argv=None) -> int:
         results.append(bench_shape(SHAPES[name], args.runs, args.peer_runs, tunix_python))
         if name == "small-512":
             per_token_512 = results[-1]["median"]["locojax"] / results[-1]["tokens"]
-        load = " ".join(f"{x:.1f}" for x in os.getloadavg())
-        print(f"{HEADER}\n{table_row(results[-1], bandwidth, per_token_512)}\n  load average "
-              f"{load}", flush=True)
+        print("\n".join(harness.table(HEAD, [table_row(results[-1], bandwidth, per_token_512)]))
+              + f"\n  load average {harness.loads()}", flush=True)
     bandwidth = max(bandwidth, read_bandwidth())  # the better of two, around the runs
 
-    print("\n" + HEADER)
-    for r in results:
-        print(table_row(r, bandwidth, per_token_512))
-    print("load average at end %.1f %.1f %.1f; medians of steady-state runs, sides alternating"
-          % os.getloadavg())
+    print("\n" + "\n".join(harness.table(HEAD, [table_row(r, bandwidth, per_token_512)
+                                                for r in results])))
+    print(f"load average at end {harness.loads()}; medians of steady-state runs, sides "
+          "alternating")
     return 0
 
 

@@ -33,13 +33,17 @@ import statistics
 import sys
 import time
 
-import jax
-import numpy as np
+if __name__ == "__main__" and not __package__:  # run as a file: import as `-m` does
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-from locojax.engine.engine import Engine, pad_prompts
-from locojax.engine.extend import Conversation, _bucket, slots_needed
-from locojax.engine.sampling import SamplingConfig
-from locojax.model import config, params
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+from benchmarks import harness  # noqa: E402
+from locojax.engine.engine import Engine, pad_prompts  # noqa: E402
+from locojax.engine.extend import Conversation, _bucket, slots_needed  # noqa: E402
+from locojax.engine.sampling import SamplingConfig  # noqa: E402
+from locojax.model import config, params  # noqa: E402
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,21 +133,30 @@ def bench(s: Shape, repeats: int, finish: float) -> dict:
         "mask": lambda: run_extend(eng, w, s, sampling, prompts, masks, False, finish),
         "reprefill": lambda: run_reprefill(eng, w, s, sampling, prompts, masks, finish, 1),
     }
-    compile_s = {}
-    for name, fn in programs.items():  # warm-up: every shape of the run compiles here
-        t0 = time.perf_counter()
-        fn()
-        compile_s[name] = time.perf_counter() - t0
-    runs = {name: [] for name in programs}
-    for _ in range(repeats):
-        for name, fn in programs.items():
-            runs[name].append(fn())
+    # warm-up: every shape of the run compiles here
+    compile_s = {name: harness.timed(fn) for name, fn in programs.items()}
+    runs = harness.interleave(programs, repeats)
     per_turn = {name: [statistics.median(r[t] for r in rs) for t in range(s.turns)]
                 for name, rs in runs.items()}
     total = {name: statistics.median(sum(r) for r in rs) for name, rs in runs.items()}
     # Warm-up time less one steady run: the compile (and first-touch) cost of each program.
     return {"per_turn": per_turn, "total": total,
             "compile": {k: v - total[k] for k, v in compile_s.items()}}
+
+
+def table(res: dict, rows: list[int]) -> list[str]:
+    """Per turn and for the whole trajectory: each program's median seconds and the ratios
+    reprefill / extend and mask / extend (> 1: extend is faster)."""
+    def cells(label, live, t: dict) -> list:
+        e, m, p = t["extend"], t["mask"], t["reprefill"]
+        return [label, live, f"{e:.4f}", f"{m:.4f}", f"{p:.4f}", f"{p / e:.2f}", f"{m / e:.2f}"]
+
+    pt = res["per_turn"]
+    return harness.table(
+        ["turn", "live rows", "extend s", "mask s", "reprefill s", "reprefill / extend",
+         "mask / extend"],
+        [*(cells(t + 1, rows[t], {k: v[t] for k, v in pt.items()}) for t in range(len(rows))),
+         cells("trajectory", "", res["total"])])
 
 
 def main(argv=None) -> int:
@@ -153,10 +166,8 @@ def main(argv=None) -> int:
     ap.add_argument("--finish", type=float, default=0.5,
                     help="fraction of live rows that finish after each turn (0: none)")
     args = ap.parse_args(argv)
-    print(f"# bench_extend: python {sys.version.split()[0]}, jax {jax.__version__}, "
-          f"{os.cpu_count()} CPU cores, load average before: "
-          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    print(f"# command: {' '.join([sys.executable, *sys.argv])}")
+    print(harness.header("bench_extend"))
+    print(f"# {harness.command_line()}")
     for name in args.shapes:
         s = SHAPES[name]
         r = s.prompts * s.group
@@ -166,22 +177,11 @@ def main(argv=None) -> int:
               f"(exact), O {s.obs_tokens} observation tokens per turn; live rows per turn "
               f"{rows}; {args.repeats} interleaved repeats, medians", flush=True)
         res = bench(s, args.repeats, args.finish)
-        pt = res["per_turn"]
-        print("\n| turn | live rows | extend s | mask s | reprefill s | reprefill / extend "
-              "| mask / extend |")
-        print("|---|---|---|---|---|---|---|")
-        for t in range(s.turns):
-            e, m, p = pt["extend"][t], pt["mask"][t], pt["reprefill"][t]
-            print(f"| {t + 1} | {rows[t]} | {e:.4f} | {m:.4f} | {p:.4f} | {p / e:.2f} "
-                  f"| {m / e:.2f} |")
-        tot = res["total"]
-        print(f"| trajectory | | {tot['extend']:.4f} | {tot['mask']:.4f} | "
-              f"{tot['reprefill']:.4f} | {tot['reprefill'] / tot['extend']:.2f} "
-              f"| {tot['mask'] / tot['extend']:.2f} |")
+        print("\n" + "\n".join(table(res, rows)))
         c = res["compile"]
         print(f"\ncompile + first run less a steady one (s): extend {c['extend']:.1f}, "
               f"mask {c['mask']:.1f}, reprefill {c['reprefill']:.1f}")
-    print(f"\n# load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(f"\n# load average after: {harness.loads()}")
     return 0
 
 

@@ -46,8 +46,11 @@ import sys
 import time
 from pathlib import Path
 
-PY = sys.executable
-CLI = [PY, "-m", "locojax.cli"]
+if __name__ == "__main__" and not __package__:  # run as a file: import as `-m` does
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+from benchmarks import harness  # noqa: E402
+from benchmarks.harness import CLI  # noqa: E402
 ARMS = ("grpo", "grpo+ds", "grpo+cur", "grpo+ds+cur")
 
 
@@ -116,12 +119,12 @@ def run_all(args) -> dict:
             shutil.rmtree(run_dir, ignore_errors=True)
             cmd = command(arm, seed, run_dir, args)
             with heavy_lock(args.lock):
-                load_before = os.getloadavg()[0]
+                load_before = harness.load()
                 t0 = time.monotonic()
                 proc = subprocess.run(cmd, capture_output=True, text=True,
                                       env={**os.environ, "PYTHONUNBUFFERED": "1"})
                 wall = time.monotonic() - t0
-                load_after = os.getloadavg()[0]
+                load_after = harness.load()
             (run_dir / "stdout.txt").write_text(proc.stdout + proc.stderr)
             if proc.returncode != 0:
                 sys.exit(f"run failed ({proc.returncode}): {shlex.join(cmd)}\n"
@@ -142,30 +145,33 @@ def report(results: dict, out: Path) -> str:
     arms = list(dict.fromkeys(r["arm"] for r in runs))
     limit = cfg["time_limit_s"]
     marks = [round(limit * f) for f in (0.25, 0.5, 0.75)]
+    head = ["arm", "start", *(f"@{m} s" for m in marks), "end", "gain per seed", "min gain",
+            "steps", "s/step", "wall s", "refilled/step", "zero-std", "filtered", "load"]
     lines = [f"time limit {limit:.0f} s per run (trainer clock), mode {cfg['mode']}"
              + (f" x {cfg['hosts']} hosts" if cfg["mode"] == "colocated" else "")
              + f", model {cfg['model']}, seeds {cfg['seeds']}, extra: {cfg['train_args']!r}",
-             "", "| arm | start | " + " | ".join(f"@{m} s" for m in marks)
-             + " | end | gain per seed | min gain | steps | s/step | wall s | refilled/step "
-               "| zero-std | filtered | load |",
-             "|" + "---|" * (11 + len(marks))]
-    for arm in arms:
-        rs = [r for r in runs if r["arm"] == arm]
-        mean = lambda xs: statistics.mean(xs)  # noqa: E731
-        start = mean([r["evals"][0][2] for r in rs])
-        at = [mean([acc_at(r["evals"], m) for r in rs]) for m in marks]
-        end = mean([r["evals"][-1][2] for r in rs])
-        gains = [r["evals"][-1][2] - r["evals"][0][2] for r in rs]
-        lines.append(
-            f"| {arm} | {start:.3f} | " + " | ".join(f"{a:.3f}" for a in at)
-            + f" | {end:.3f} | {', '.join(f'{g:+.3f}' for g in gains)} | {min(gains):+.3f} "
-            f"| {mean([r['steps'] for r in rs]):.0f} | {mean([r['median_step_s'] for r in rs]):.2f} "
-            f"| {mean([r['wall_s'] for r in rs]):.0f} | {mean([r['refilled_per_step'] for r in rs]):.1f} "
-            f"| {mean([r['frac_zero_std'] for r in rs]):.2f} | {mean([r['frac_filtered'] for r in rs]):.2f} "
-            f"| {min(r['load'][0] for r in rs):.1f}-{max(r['load'][1] for r in rs):.1f} |")
+             "", *harness.table(head, [arm_row([r for r in runs if r["arm"] == arm], marks)
+                                       for arm in arms])]
     text = "\n".join(lines)
     plot(results, out / "learning.png")
     return text
+
+
+def arm_row(rs: list[dict], marks: list[int]) -> list[str]:
+    """One arm's accuracies (start, at the marks, end), gains and run figures, means over
+    its seeds."""
+    mean = statistics.mean
+    gains = [r["evals"][-1][2] - r["evals"][0][2] for r in rs]
+    return [rs[0]["arm"], f"{mean([r['evals'][0][2] for r in rs]):.3f}",
+            *(f"{mean([acc_at(r['evals'], m) for r in rs]):.3f}" for m in marks),
+            f"{mean([r['evals'][-1][2] for r in rs]):.3f}", ", ".join(f"{g:+.3f}" for g in gains),
+            f"{min(gains):+.3f}", f"{mean([r['steps'] for r in rs]):.0f}",
+            f"{mean([r['median_step_s'] for r in rs]):.2f}",
+            f"{mean([r['wall_s'] for r in rs]):.0f}",
+            f"{mean([r['refilled_per_step'] for r in rs]):.1f}",
+            f"{mean([r['frac_zero_std'] for r in rs]):.2f}",
+            f"{mean([r['frac_filtered'] for r in rs]):.2f}",
+            f"{min(r['load'][0] for r in rs):.1f}-{max(r['load'][1] for r in rs):.1f}"]
 
 
 def plot(results: dict, path: Path) -> None:
@@ -222,7 +228,8 @@ def main() -> None:
         out = Path(args.report)
         print(report(json.loads((out / "results.json").read_text()), out))
         return
-    print(f"uptime: {os.getloadavg()}")
+    print(harness.command_line())
+    print(harness.header("bench_learning"))
     results = run_all(args)
     print()
     print(report(results, Path(args.out)))

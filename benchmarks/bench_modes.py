@@ -64,66 +64,32 @@ Usage (from the repository root: `python -m locojax.cli` puts the cwd first on s
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
-import platform
 import shlex
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-import local_ray  # the script's folder is on sys.path
-import modes_report
+if __name__ == "__main__" and not __package__:  # run as a file: import as `-m` does
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-PY = sys.executable
-CLI = [PY, "-m", "locojax.cli"]
-ROOT = Path(__file__).resolve().parent.parent
-
-
-@dataclasses.dataclass(frozen=True)
-class Shape:
-    name: str
-    arch: str  # model preset (docs/design.md canonical shape)
-    prompts: int  # B, over all hosts (strong scaling's global batch)
-    group: int  # G
-    prompt_tokens: int  # P (padded columns)
-    new_tokens: int  # most tokens per completion (swe: per model turn)
-    steps: int  # default steps per run
-    weak_prompts: int = 0  # b: weak scaling's prompts per host (0: B / 4)
-    title: str = ""  # the tables' heading
-
-    def __post_init__(self):
-        if not self.weak_prompts:
-            object.__setattr__(self, "weak_prompts", max(1, self.prompts // 4))
-        if not self.title:
-            object.__setattr__(self, "title", self.name)
-
-
-SHAPES = {  # the legacy arith workloads' shapes (docs/design.md's TINY and SMALL)
-    "tiny": Shape("TINY", "tiny", 8, 4, 16, 32, steps=20),
-    "small": Shape("SMALL", "small", 16, 8, 32, 64, steps=7),
-}
-PAPER = {  # the paper's workloads, TINY architecture (random f32 weights, char tokenizer)
-    "gsm8k": Shape("GSM8K", "tiny", 8, 4, 256, 64, steps=5,
-                   title="GSM8K (TINY random f32, char tokenizer, P 256, 64 new tokens)"),
-    "math": Shape("MATH", "tiny", 8, 4, 256, 64, steps=5,
-                  title="Boxed math, MATH-500 rows, math-verify (TINY, P 256, 64 new tokens)"),
-    "swe": Shape("SWE", "tiny", 8, 4, 768, 32, steps=5,
-                 title="swe level 1 (TINY, P 768, 2 turns of <= 32 tokens, sandboxed tests)"),
-}
-WORKLOADS = ("gsm8k", "math", "swe", "arith", "arith-var")
-MODES = ("single", "colocated", "controller")
-SWE_PROMPT_TOKENS = 768  # the char tokenizer's SWE prompts are 620-670 characters
-SWE_OBS_TOKENS = 64
-SFT_LEVEL = 1  # arith level of the variable-length workload's SFT and prompts
-FIXED_LEVEL = 3  # arith level of the fixed-length workload (content only: lengths are forced)
-DATA = {"gsm8k": ROOT.parent / "shared/data/gsm8k/train.jsonl",
-        "math": ROOT.parent / "shared/data/math500/test.jsonl"}
+from benchmarks import harness, modes_report  # noqa: E402
+from benchmarks.workloads import (  # noqa: E402
+    DATA,
+    MODES,
+    PAPER,
+    SHAPES,
+    WORKLOADS,
+    Shape,
+    prepare_data,
+    sft_model,
+    train_argv,
+)
 
 
 @dataclasses.dataclass
@@ -149,147 +115,14 @@ class Result:
     wall: float = float("nan")
 
 
-# --- commands --------------------------------------------------------------------------------
-
-
-def run_command(argv: list[str], log_path: Path, timeout: float) -> tuple[int, str]:
-    """Run argv in its own session, output to log_path; on timeout SIGINT (launch stops its
-    hosts on SIGINT), then SIGKILL. Returns (exit code, last lines of output)."""
-    with open(log_path, "w") as log:
-        p = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                             env=dict(os.environ, PYTHONUNBUFFERED="1"))
-        try:
-            code = p.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGINT)
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
-            code = -9
-    tail = log_path.read_text(errors="replace").strip().splitlines()[-8:]
-    return code, "\n".join(tail)
-
-
-def sft_model(shape: Shape, work_dir: Path, sft_steps: int, timeout: float) -> tuple[Path, str]:
-    """The arith-var workload's model: `locojax sft` on level-1 arith (reused if present)."""
-    out = work_dir / f"sft-{shape.arch}-level{SFT_LEVEL}-steps{sft_steps}"
-    argv = [*CLI, "sft", "--task", "arith", "--level", str(SFT_LEVEL), "--arch", shape.arch,
-            "--sft.steps", str(sft_steps), "--eval-examples", "0", "--out", str(out)]
-    cmd = shlex.join(argv)
-    if (out / "locojax.json").exists():
-        print(f"# reusing SFT model {out} (made by: {cmd})", flush=True)
-        return out, cmd
-    print(f"$ {cmd}", flush=True)
-    code, tail = run_command(argv, work_dir / f"sft-{shape.arch}.log", timeout)
-    if code != 0:
-        raise RuntimeError(f"SFT for {shape.name} failed ({code}):\n{tail}")
-    return out, cmd
-
-
-def prepare_data(workload: str, source: Path, prompt_tokens: int, work_dir: Path) -> Path:
-    """`source` less the rows whose prompt (the task's plain template) does not encode within
-    `prompt_tokens` with the char tokenizer: non-ASCII text, or too long (the run would stop)."""
-    from locojax.envs import gsm8k, math_boxed
-    from locojax.rollout.single_turn import encode_prompt
-    from locojax.tokenizer.char import CharTokenizer
-
-    module = gsm8k if workload == "gsm8k" else math_boxed
-    out = work_dir / f"{workload}-p{prompt_tokens}-{source.stem}.jsonl"
-    tok, lines = CharTokenizer(), source.read_text().splitlines(keepends=True)
-    examples = module.load(source, "plain").examples  # ids name the file's line: "x.jsonl:12"
-    kept = []
-    for ex in examples:
-        try:
-            fits = len(encode_prompt(tok, ex)) <= prompt_tokens
-        except ValueError:  # a character outside the char tokenizer's
-            fits = False
-        if fits:
-            kept.append(lines[int(ex.id.rsplit(":", 1)[1]) - 1])
-    out.write_text("".join(kept))
-    print(f"# {workload}: {len(kept)} of {len(examples)} rows of {source} encode within "
-          f"{prompt_tokens} char tokens -> {out}", flush=True)
-    return out
-
-
-def swe_train(mode: str, model: str, prompts: int, group: int, turn_tokens: int, steps: int,
-              run_dir: Path, beta: float = 0.0) -> list[str]:
-    """`train swe` on generated level-1 repositories: 2 model turns of at most `turn_tokens`
-    around one error observation, then the sandboxed test run (also bench_placement's)."""
-    return [
-        "train", "swe", "--mode", mode, "--model", model, "--task.level", "1",
-        "--rollout.prompts-per-step", str(prompts), "--algo.group-size", str(group),
-        "--rollout.max-prompt-tokens", str(SWE_PROMPT_TOKENS),
-        "--rollout.max-new-tokens", str(turn_tokens), "--multi-turn.max-turns", "2",
-        "--multi-turn.max-obs-tokens", str(SWE_OBS_TOKENS),
-        "--multi-turn.max-trajectory-tokens", str(2 * turn_tokens + SWE_OBS_TOKENS),
-        "--algo.beta", str(beta), "--steps", str(steps), "--eval.every", "0",
-        "--no-progress", "--no-tensorboard", "--run-dir", str(run_dir),
-    ]
-
-
-def train_argv(shape: Shape, workload: str, model: str, mode: str, n: int, steps: int,
-               beta: float, run_dir: Path, *, prompts: int = 0, data: str = "",
-               ray_address: str = "", split: bool = False,
-               decode_chunk: int = 0) -> list[str]:
-    """The run's argv. `prompts`: the global prompts per step (0: the shape's B)."""
-    b = prompts or shape.prompts
-    if workload == "swe":
-        train = swe_train(mode, model, b, shape.group, shape.new_tokens, steps, run_dir, beta)
-    elif workload in ("gsm8k", "math"):
-        train = [
-            "train", "gsm8k", "--mode", mode, "--model", model, "--task.name", workload,
-            "--task.data", data, "--task.template", "plain",
-            "--rollout.prompts-per-step", str(b), "--algo.group-size", str(shape.group),
-            "--rollout.max-prompt-tokens", str(shape.prompt_tokens),
-            "--rollout.max-new-tokens", str(shape.new_tokens), "--rollout.ignore-eos",
-            "--algo.beta", str(beta), "--steps", str(steps), "--eval.every", "0",
-            "--no-progress", "--no-tensorboard", "--run-dir", str(run_dir),
-        ]
-    else:
-        fixed = workload == "arith"
-        train = [
-            "train", "demo", "--mode", mode, "--model", model, "--task.name", "arith",
-            "--task.level", str(FIXED_LEVEL if fixed else SFT_LEVEL),
-            "--rollout.prompts-per-step", str(b), "--algo.group-size", str(shape.group),
-            "--rollout.max-prompt-tokens", str(shape.prompt_tokens),
-            "--rollout.max-new-tokens", str(shape.new_tokens),
-            *(["--rollout.ignore-eos"] if fixed else []),
-            "--algo.beta", str(beta), "--steps", str(steps), "--eval.every", "0",
-            "--no-progress", "--no-tensorboard", "--run-dir", str(run_dir),
-        ]
-    if split:
-        train.append("--profile-split")
-    if mode == "single":
-        return [*CLI, *train, "--devices-per-host", str(n)]
-    if mode == "controller":
-        return [*CLI, *train, "--hosts", str(n), "--devices-per-host", "1",
-                *(["--controller.decode-chunk", str(decode_chunk)] if decode_chunk else []),
-                *(["--ray-address", ray_address] if ray_address else [])]
-    return [*CLI, "launch", "--hosts", str(n), "--devices-per-host", "1", "--", *train]
-
-
 # --- measuring -------------------------------------------------------------------------------
 
 
-def read_jsonl(path: Path) -> dict[int, dict]:
-    rows = {}
-    for line in path.read_text().splitlines():
-        if line.strip():
-            row = json.loads(line)
-            rows.setdefault(row["step"], {}).update(row)
-    return rows
-
-
 def summarize(res: Result, run_dir: Path, steps: int, skip: int) -> None:
-    perf = read_jsonl(run_dir / "perf.jsonl")
-    metrics = read_jsonl(run_dir / "metrics.jsonl")
-    steady = [s for s in range(skip + 1, steps)]  # 1-based; the last step holds the checkpoint
-    missing = [s for s in steady if s not in perf]
-    if not steady or missing:
-        raise RuntimeError(f"no steady steps to measure (steps {missing or steady} missing)")
-    res.steady = [perf[s] for s in steady]
+    res.steady = harness.steady_rows(run_dir, steps, skip)
+    perf = harness.read_steps(run_dir / "perf.jsonl")
+    metrics = harness.read_steps(run_dir / "metrics.jsonl")
+    steady = harness.steady_steps(steps, skip)
     res.step_time = statistics.median(float(row["perf/step_time"]) for row in res.steady)
     res.compile_time = sum(float(r.get("perf/compile_time", 0.0)) for r in perf.values())
     res.lengths = [float(metrics[s]["rollout/response_length/mean"]) for s in steady]
@@ -302,11 +135,11 @@ def run_point(res: Result, argv: list[str], run_dir: Path, steps: int, skip: int
     shutil.rmtree(run_dir, ignore_errors=True)  # a leftover checkpoint would be resumed
     run_dir.mkdir(parents=True)
     res.command = shlex.join(argv)
-    res.load_before = os.getloadavg()[0]
+    res.load_before = harness.load()
     print(f"$ {res.command}   # load {res.load_before:.1f}", flush=True)
     t0 = time.perf_counter()
-    code, tail = run_command(argv, run_dir.parent / f"{run_dir.name}.log", timeout)
-    res.wall, res.load_after = time.perf_counter() - t0, os.getloadavg()[0]
+    code, tail = harness.run_logged(argv, run_dir.parent / f"{run_dir.name}.log", timeout)
+    res.wall, res.load_after = time.perf_counter() - t0, harness.load()
     if code != 0:
         lines = [ln for ln in tail.splitlines() if ln.strip()]
         res.error = f"exit {code}: {lines[-1] if lines else ''}"
@@ -338,13 +171,8 @@ def plan(args) -> list[tuple]:
         for rep in range(args.repeats):
             for i, ((n, b), scalings) in enumerate(points.items()):
                 out += [(workload, spec, rep, n, mode, b, scalings)
-                        for mode in rotate(args.modes, i + rep)]
+                        for mode in harness.rotated(args.modes, i + rep)]
     return out
-
-
-def rotate(modes: list[str], i: int) -> list[str]:
-    k = i % len(modes)
-    return modes[k:] + modes[:k]
 
 
 def items(args) -> list[tuple[str, Shape]]:
@@ -352,19 +180,6 @@ def items(args) -> list[tuple[str, Shape]]:
     of --shapes."""
     return [(w, spec) for w in args.workloads
             for spec in ([PAPER[w]] if w in PAPER else [SHAPES[s] for s in args.shapes])]
-
-
-def machine() -> str:
-    model = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return (f"{model or platform.processor() or platform.machine()}, {os.cpu_count()} CPU "
-            f"cores, python {sys.version.split()[0]}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -435,12 +250,8 @@ def measure(args) -> list[Result]:
     work = Path(args.work_dir).resolve()
     root = work / "runs"
     root.mkdir(parents=True, exist_ok=True)
-    os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(work / "jax_cache"))
-    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
-    print(f"# bench_modes: {machine()}; load average before "
-          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}; JAX cache "
-          f"{os.environ['JAX_COMPILATION_CACHE_DIR']}; "
-          f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}")
+    harness.share_jax_cache(work)
+    print(harness.header("bench_modes", f"JAX cache {os.environ['JAX_COMPILATION_CACHE_DIR']}"))
     if max(args.hosts) > (os.cpu_count() or 1):
         print(f"# NOTE: N = {max(args.hosts)} > {os.cpu_count()} cores: the N host processes "
               "(and single's N devices) share the cores", flush=True)
@@ -454,12 +265,10 @@ def measure(args) -> list[Result]:
             path, cmd = sft_model(spec, work, args.sft_steps, args.timeout)
             models[(w, spec.name)] = str(path)
             print(f"# {spec.name} arith-var model: {cmd}")
-    address = ""
-    if "controller" in args.modes:
-        address = local_ray.start()
+    ray = harness.local_ray() if "controller" in args.modes else contextlib.nullcontext("")
     results, failed = [], set()
     t_start = time.perf_counter()
-    try:
+    with ray as address:
         for w, spec, rep, n, mode, b, scalings in plan(args):
             res = Result(spec.name, w, args.betas[0], n, mode, rep, "", scalings, b * spec.group)
             if (w, spec.name, n, mode, b) in failed:
@@ -478,13 +287,8 @@ def measure(args) -> list[Result]:
             if args.json:  # kept current, so --report-only works on a stopped grid
                 Path(args.json).write_text(json.dumps(
                     [dataclasses.asdict(r) for r in results], indent=1))
-    finally:
-        if address:
-            import ray
-
-            ray.shutdown()
     print(f"\n# total wall {time.perf_counter() - t_start:.0f}s; load average after: "
-          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+          f"{harness.loads()}")
     return results
 
 

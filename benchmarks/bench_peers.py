@@ -36,17 +36,20 @@ import json
 import os
 import platform
 import queue
-import statistics
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
+if __name__ == "__main__" and not __package__:  # run as a file: import as `-m` does
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+from benchmarks import harness  # noqa: E402
+from benchmarks.harness import fmt, median_time  # noqa: E402
+from benchmarks.peers import common, install  # noqa: E402
+
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE / "peers"))
-import common  # noqa: E402
-import install  # noqa: E402
 
 SIDES = ("locojax", "tunix", "trl")
 DEFAULTS = {"tiny": dict(block=5, repeats=4), "small": dict(block=2, repeats=3)}
@@ -119,20 +122,17 @@ def matmul_peak(n: int = 2048, runs: int = 5) -> float:
     a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
     b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32)
     f = jax.jit(jnp.dot)
-    f(a, b).block_until_ready()
-    times = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        f(a, b).block_until_ready()
-        times.append(time.perf_counter() - t0)
-    return 2 * n ** 3 / statistics.median(times)
+    return 2 * n ** 3 / median_time(lambda: f(a, b).block_until_ready(), runs, warm=1)
 
 
 def side_argv(side: str, python: str, shape: str, beta: float, warmup: int,
               max_steps: int) -> list[str]:
-    script = str(HERE / "peers" / f"{side}_worker.py")
-    argv = [python, script, "--shape", shape, "--beta", str(beta), "--warmup", str(warmup)]
-    return argv if side == "locojax" else argv + ["--max-steps", str(max_steps)]
+    common_args = ["--shape", shape, "--beta", str(beta), "--warmup", str(warmup)]
+    if side == "locojax":  # in this environment, as a module of this package
+        return [python, "-m", "benchmarks.peers.locojax_worker", *common_args]
+    # in the peer's venv, as a file: it imports `common` from its own folder
+    return [python, str(HERE / "peers" / f"{side}_worker.py"), *common_args,
+            "--max-steps", str(max_steps)]
 
 
 def run_point(shape: str, beta: float, pythons: dict, args, work: Path) -> dict:
@@ -161,10 +161,9 @@ def run_point(shape: str, beta: float, pythons: dict, args, work: Path) -> dict:
             warm = " ".join(f"{r['step_s']:.2f}" for r in msg["warmup"])
             print(f"# {shape} β={beta:g} {side}: ready (set-up {msg['setup_s']:.1f} s, warm-up "
                   f"steps {warm} s)", flush=True)
-    loads = [os.getloadavg()[0]]
+    loads = [harness.load()]
     for rnd in range(repeats):
-        order = [s for s in SIDES[rnd % 3:] + SIDES[:rnd % 3] if s in workers]
-        for side in order:
+        for side in [s for s in harness.rotated(SIDES, rnd) if s in workers]:
             w = workers[side]
             if w.error:
                 continue
@@ -175,7 +174,7 @@ def run_point(shape: str, beta: float, pythons: dict, args, work: Path) -> dict:
                 times = " ".join(f"{r['step_s']:.3f}" for r in msg["steps"])
                 print(f"# {shape} β={beta:g} round {rnd + 1}/{repeats} {side}: {times} s",
                       flush=True)
-        loads.append(os.getloadavg()[0])
+        loads.append(harness.load())
     for side, w in workers.items():
         w.close()
         if w.error:
@@ -186,54 +185,54 @@ def run_point(shape: str, beta: float, pythons: dict, args, work: Path) -> dict:
 
 
 def med(rows, key):
-    return statistics.median(r[key] for r in rows) if rows else float("nan")
+    return harness.median([r[key] for r in rows])
 
 
-def fmt(x, spec=".3f"):
-    return "n/a" if x != x else format(x, spec)
+def step_rows(r: dict) -> list:
+    """One point's rows of the per-step table, a side each."""
+    out = []
+    for side in SIDES:
+        res = r["sides"][side]
+        head = [r["shape"].upper(), f"{r['beta']:g}", side]
+        if not res["steps"]:
+            why = (res["error"] or "no steps").replace("|", "/")
+            out.append(harness.table_row(head)[:-1] + f"| FAILED: {why[:300]} |||||||")
+            continue
+        rows = res["steps"]
+        ref = fmt(med(rows, "reference"))
+        if side == "locojax" and r["beta"]:
+            ref = "in train"
+        warm = " ".join(f"{w['step_s']:.2f}" for w in res["warmup"])
+        out.append([*head, fmt(med(rows, "step_s")), fmt(med(rows, "generate")), ref,
+                    fmt(med(rows, "train")), fmt(med(rows, "other")), len(rows), warm,
+                    f"{fmt(min(r['load']), '.1f')}-{fmt(max(r['load']), '.1f')}"])
+    return out
+
+
+def speedup_row(r: dict) -> list | str:
+    """Peer median / locojax median of the step and its phases; > 1: locojax faster."""
+    ours = r["sides"]["locojax"]["steps"]
+    if not ours:
+        return f"| {r['shape'].upper()} | {r['beta']:g} | locojax failed ||||||||"
+    cells = [harness.ratio(med(rows, key), med(ours, key)) if rows else float("nan")
+             for key in ("step_s", "generate", "train")
+             for rows in (r["sides"][peer]["steps"] for peer in ("tunix", "trl"))]
+    peers = [c for c in cells[:2] if c == c]
+    best = min(peers) if peers else float("nan")
+    c = [fmt(x, ".2f") + ("x" if x == x else "") for x in [*cells[:2], best, *cells[2:]]]
+    return [r["shape"].upper(), f"{r['beta']:g}", *c]
 
 
 def print_tables(results: list[dict], peak: dict) -> None:
     print("\n## Per step (median seconds over steady steps; phases are medians too)\n")
-    print("| shape | β | side | step | generate | reference | train | other | steady steps "
-          "| warm-up steps | load avg (1 min) |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
-    for r in results:
-        for side in SIDES:
-            res = r["sides"][side]
-            head = f"| {r['shape'].upper()} | {r['beta']:g} | {side} "
-            if not res["steps"]:
-                why = (res["error"] or "no steps").replace("|", "/")
-                print(f"{head}| FAILED: {why[:300]} |||||||")
-                continue
-            rows = res["steps"]
-            ref = fmt(med(rows, "reference"))
-            if side == "locojax" and r["beta"]:
-                ref = "in train"
-            warm = " ".join(f"{w['step_s']:.2f}" for w in res["warmup"])
-            print(f"{head}| {fmt(med(rows, 'step_s'))} | {fmt(med(rows, 'generate'))} | {ref} "
-                  f"| {fmt(med(rows, 'train'))} | {fmt(med(rows, 'other'))} | {len(rows)} "
-                  f"| {warm} | {fmt(min(r['load']), '.1f')}-{fmt(max(r['load']), '.1f')} |")
+    print("\n".join(harness.table(
+        ["shape", "β", "side", "step", "generate", "reference", "train", "other", "steady steps",
+         "warm-up steps", "load avg (1 min)"], [row for r in results for row in step_rows(r)])))
     print("\n## locojax speed-up (peer median step / locojax median step; > 1: locojax faster)\n")
-    print("| shape | β | vs Tunix | vs TRL | vs best peer | generate vs Tunix | generate vs TRL "
-          "| train vs Tunix | train vs TRL |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for r in results:
-        ours = r["sides"]["locojax"]["steps"]
-        if not ours:
-            print(f"| {r['shape'].upper()} | {r['beta']:g} | locojax failed ||||||||")
-            continue
-        cells, best = [], float("nan")
-        for key in ("step_s", "generate", "train"):
-            for peer in ("tunix", "trl"):
-                rows = r["sides"][peer]["steps"]
-                cells.append(med(rows, key) / med(ours, key) if rows else float("nan"))
-        peers = [c for c in cells[:2] if c == c]
-        best = min(peers) if peers else float("nan")
-        c = [fmt(x, ".2f") + ("x" if x == x else "") for x in cells]
-        print(f"| {r['shape'].upper()} | {r['beta']:g} | {c[0]} | {c[1]} | "
-              f"{fmt(best, '.2f')}{'x' if best == best else ''} | {c[2]} | {c[3]} | {c[4]} "
-              f"| {c[5]} |")
+    print("\n".join(harness.table(
+        ["shape", "β", "vs Tunix", "vs TRL", "vs best peer", "generate vs Tunix",
+         "generate vs TRL", "train vs Tunix", "train vs TRL"],
+        [speedup_row(r) for r in results])))
     for r in results:
         f = r["sides"]["locojax"].get("flops")
         ours = r["sides"]["locojax"]["steps"]
@@ -246,16 +245,6 @@ def print_tables(results: list[dict], peak: dict) -> None:
               f"{gf:.1f} GFLOP/s at its median step = {100 * gf * 1e9 / peak['small']:.0f}% of "
               f"the measured f32 matmul peak {peak['small'] / 1e9:.1f} GFLOP/s; train phase "
               f"alone {f['train'] / med(ours, 'train') / 1e9:.1f} GFLOP/s")
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def main(argv=None) -> int:
@@ -283,10 +272,8 @@ def main(argv=None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     cache = Path(args.cache)
 
-    print("command: " + " ".join([Path(sys.executable).name] + sys.argv))
-    print(f"machine: {os.cpu_count()} CPU cores ({cpu_model()}), {platform.platform()}, "
-          f"python {platform.python_version()}; load average at start "
-          + " ".join(f"{x:.2f}" for x in os.getloadavg()))
+    print(harness.command_line())
+    print(harness.header("bench_peers", platform.platform()))
     pythons: dict = {}
     for side in args.sides:
         if side == "locojax":
@@ -329,11 +316,11 @@ def main(argv=None) -> int:
                             if r["sides"][side].get("versions")), None) for side in args.sides}
     print("\nversions: " + "; ".join(f"{k}: {v}" for k, v in versions.items()))
     print(f"total wall {time.perf_counter() - t_start:.0f} s; load average at end "
-          + " ".join(f"{x:.2f}" for x in os.getloadavg()))
+          f"{harness.loads()}")
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(
-        {"command": sys.argv, "cpus": os.cpu_count(), "cpu": cpu_model(), "versions": versions,
-         "matmul_peak_flops": peak, "results": results}, indent=1))
+        {"command": sys.argv, "cpus": os.cpu_count(), "cpu": harness.cpu_model(),
+         "versions": versions, "matmul_peak_flops": peak, "results": results}, indent=1))
     print(f"json: {args.json}")
     ok = all(r["sides"][s]["steps"] for r in results for s in args.sides)
     return 0 if ok else 1

@@ -50,18 +50,18 @@ import json
 import os
 import shlex
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-import local_ray  # the script's folder is on sys.path
-from bench_modes import swe_train
+if __name__ == "__main__" and not __package__:  # run as a file: import as `-m` does
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-PY = sys.executable
-CLI = [PY, "-m", "locojax.cli"]
+from benchmarks import harness  # noqa: E402
+from benchmarks.harness import CLI, med  # noqa: E402
+from benchmarks.workloads import swe_train  # noqa: E402
+
 HOSTS = 4
 # Colocated's rollout phases (what DA moves to its workers); swe adds extend and env.
 ROLLOUT_PHASES = ("admission", "prefill", "decode", "extend", "env", "detokenize_reward")
@@ -111,43 +111,16 @@ def arith_train(p: Point, args, run_dir: Path) -> list[str]:
              "--no-tensorboard", "--run-dir", str(run_dir), *p.extra]
 
 
-def run(argv: list[str], log: Path, timeout: float) -> int:
-    with open(log, "w") as f:
-        proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT,
-                                start_new_session=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
-        try:
-            return proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGINT)
-            try:
-                return proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-                return -9
-
-
-def steady(run_dir: Path, steps: int, skip: int) -> list[dict]:
-    rows: dict[int, dict] = {}
-    for line in (run_dir / "perf.jsonl").read_text().splitlines():
-        r = json.loads(line)
-        rows.setdefault(r["step"], {}).update(r)
-    return [rows[s] for s in range(skip + 1, steps)]
-
-
-def med(rows: list[dict], key: str) -> float:
-    vals = [float(r[key]) for r in rows if key in r]
-    return statistics.median(vals) if vals else float("nan")
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workload", choices=("arith", "swe"), default="arith",
                     help="arith: exactly --new-tokens per completion; swe: multi-turn, 2 turns "
                     "of at most --new-tokens around an error observation, then a sandboxed test "
                     "run per row (host-heavy: its env phase dominates)")
-    ap.add_argument("--fractions", nargs="+", type=float, default=[0.25, 0.5, 0.75])
-    ap.add_argument("--ks", nargs="+", type=int, default=[1, 2, 4])
+    ap.add_argument("--fractions", nargs="*", type=float, default=[0.25, 0.5, 0.75],
+                    help="DA's rollout fractions (none: no DA point)")
+    ap.add_argument("--ks", nargs="*", type=int, default=[1, 2, 4],
+                    help="async's max staleness (none: no async point)")
     ap.add_argument("--prompts", type=int, default=12, help="B (splits over 1-4 hosts)")
     ap.add_argument("--group", type=int, default=4, help="G")
     ap.add_argument("--new-tokens", type=int, default=None,
@@ -191,7 +164,7 @@ def collect(work: Path, pts: list[Point], args) -> tuple[dict, dict]:
     for p in pts:
         for run_dir in sorted(work.glob(f"{p.name}-r*")):
             if run_dir.is_dir() and (run_dir / "final_model").exists():
-                results[p.name] += steady(run_dir, args.steps, args.skip)
+                results[p.name] += harness.steady_rows(run_dir, args.steps, args.skip)
                 if run_dir.name in saved:
                     loads[p.name].append(saved[run_dir.name])
     per_run = args.steps - args.skip - 1
@@ -201,44 +174,37 @@ def collect(work: Path, pts: list[Point], args) -> tuple[dict, dict]:
 
 
 def measure(work: Path, pts: list[Point], args) -> tuple[dict, dict]:
-    import ray
-
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(work / "jax_cache"))
-    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
-    address = local_ray.start()
-    print(f"# {os.cpu_count()} CPUs, {HOSTS} simulated hosts of 1 device: "
-          f"{'the hosts share the cores' if os.cpu_count() < HOSTS else 'a core per host'}")
-    print(f"# held fixed: B={args.prompts} prompts x G={args.group}, TINY random f32, "
-          f"{workload_line(args)}, {args.steps} steps, "
-          f"steady = steps {args.skip + 1}..{args.steps - 1}")
-    print(f"# load average before: {os.getloadavg()[0]:.1f}")
+    harness.share_jax_cache(work)
     results: dict[str, list[dict]] = {p.name: [] for p in pts}
     loads: dict[str, list[float]] = {p.name: [] for p in pts}
     by_run: dict[str, float] = {}
-    try:
+    with harness.local_ray() as address:
+        print(harness.header("bench_placement"))
+        print(f"# {os.cpu_count()} CPUs, {HOSTS} simulated hosts of 1 device: "
+              f"{'the hosts share the cores' if os.cpu_count() < HOSTS else 'a core per host'}")
+        print(f"# held fixed: B={args.prompts} prompts x G={args.group}, TINY random f32, "
+              f"{workload_line(args)}, {args.steps} steps, "
+              f"steady = steps {args.skip + 1}..{args.steps - 1}")
+        print(f"# load average before: {harness.load():.1f}")
         for rep in range(args.repeats):
-            first = (rep + args.rotate) % len(pts)
-            order = pts[first:] + pts[:first]
-            for p in order:
+            for p in harness.rotated(pts, rep + args.rotate):
                 run_dir = work / f"{p.name}-r{rep}"
                 argv = train_argv(p, args, run_dir, address)
                 print(f"$ {shlex.join(argv)}", flush=True)
-                loads[p.name].append(os.getloadavg()[0])
+                loads[p.name].append(harness.load())
                 by_run[run_dir.name] = loads[p.name][-1]
                 (work / "loads.json").write_text(json.dumps(by_run))
                 t = time.perf_counter()
-                code = run(argv, work / f"{p.name}-r{rep}.log", args.timeout)
+                code, _ = harness.run_logged(argv, work / f"{p.name}-r{rep}.log", args.timeout)
                 if code:
                     print(f"# FAILED (exit {code}); see {work / f'{p.name}-r{rep}.log'}")
                     continue
-                rows = steady(run_dir, args.steps, args.skip)
+                rows = harness.steady_rows(run_dir, args.steps, args.skip)
                 results[p.name] += rows
                 print(f"# {med(rows, 'perf/step_time'):.3f} s/step, wall "
                       f"{time.perf_counter() - t:.0f}s, load {loads[p.name][-1]:.1f}", flush=True)
-    finally:
-        ray.shutdown()
     return results, loads
 
 
@@ -246,23 +212,21 @@ def report(results: dict, loads: dict, args) -> None:
     rows_per_step = args.prompts * args.group
     colo = med(results["colocated"], "perf/step_time")
 
-    def line(name: str, label: str = "") -> str:
+    def line(name: str, label: str = "") -> list[str]:
         r = results[name]
         st = med(r, "perf/step_time")
-        return (f"| {name}{label} | {st:.3f} | {colo / st:.2f} | {rows_per_step / st:.1f} "
-                f"| {med(r, 'perf/phase/wait_rollouts'):.3f} | {med(r, 'perf/phase/train'):.3f} "
-                f"| {med(r, 'perf/rollout/step_time'):.3f} | {med(r, 'perf/sync/seconds'):.4f} "
-                f"| {statistics.mean(loads[name]) if loads[name] else float('nan'):.1f} |")
+        return [f"{name}{label}", f"{st:.3f}", f"{colo / st:.2f}", f"{rows_per_step / st:.1f}",
+                f"{med(r, 'perf/phase/wait_rollouts'):.3f}", f"{med(r, 'perf/phase/train'):.3f}",
+                f"{med(r, 'perf/rollout/step_time'):.3f}", f"{med(r, 'perf/sync/seconds'):.4f}",
+                f"{statistics.mean(loads[name]) if loads[name] else float('nan'):.1f}"]
 
-    head = ("| point | s/step | colocated / point | trained samples/s | wait rollouts | train "
-            "| rollout unit (worker) | weight sync | load avg |\n"
-            "|---|---|---|---|---|---|---|---|---|")
+    head = ["point", "s/step", "colocated / point", "trained samples/s", "wait rollouts",
+            "train", "rollout unit (worker)", "weight sync", "load avg"]
     print(f"\n## DA vs colocated at {HOSTS} hosts (median s/step; > 1 in column 3: DA faster)\n")
-    print(head)
-    print(line("colocated"))
-    for f in args.fractions:
-        workers = int(f * HOSTS + 0.5)
-        print(line(f"da-{f:g}", f" ({workers} worker{'s' if workers > 1 else ''})"))
+    workers = {f: int(f * HOSTS + 0.5) for f in args.fractions}
+    print("\n".join(harness.table(head, [line("colocated"), *(
+        line(f"da-{f:g}", f" ({workers[f]} worker{'s' if workers[f] > 1 else ''})")
+        for f in args.fractions)])))
     # What a core per host would give: colocated's measured phases, rescaled by the share of
     # hosts each side gets (perfect strong scaling assumed), overlapped as DA overlaps them.
     c = results["colocated"]
@@ -285,15 +249,16 @@ def report(results: dict, loads: dict, args) -> None:
               f"flat decode {flat:.3f} s, {(roll + train) / flat:.2f} "
               f"(measured here on {os.cpu_count()} shared cores: "
               f"{colo / med(results[f'da-{f:g}'], 'perf/step_time'):.2f})")
-    best = min((f"da-{f:g}" for f in args.fractions),
-               key=lambda n: med(results[n], "perf/step_time"))
-    ratio = colo / med(results[best], "perf/step_time")
-    print(f"\n# best DA point: {best}, {'faster' if ratio > 1 else 'slower'} than colocated by "
-          f"{abs(ratio - 1) * 100:.0f}% (colocated / DA = {ratio:.2f})")
+    if args.fractions:
+        best = min((f"da-{f:g}" for f in args.fractions),
+                   key=lambda n: med(results[n], "perf/step_time"))
+        ratio = colo / med(results[best], "perf/step_time")
+        print(f"\n# best DA point: {best}, {'faster' if ratio > 1 else 'slower'} than colocated "
+              f"by {abs(ratio - 1) * 100:.0f}% (colocated / DA = {ratio:.2f})")
+    if not args.ks:
+        return
     print(f"\n## async throughput vs max staleness k ({HOSTS - 1} workers, 1 learner host)\n")
-    print(head)
-    for k in args.ks:
-        print(line(f"async-k{k}"))
+    print("\n".join(harness.table(head, [line(f"async-k{k}") for k in args.ks])))
 
 
 if __name__ == "__main__":

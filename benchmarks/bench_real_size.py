@@ -34,6 +34,11 @@ import sys
 import tempfile
 import time
 
+if __name__ == "__main__" and not __package__:  # run as a file: import as `-m` does
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+from benchmarks import harness  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = os.path.join(ROOT, "tests", "data", "hf_configs.json")
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -243,8 +248,8 @@ def main() -> None:
         print("RESULT " + json.dumps(train(args)), flush=True)
         return
 
-    print("command: python " + " ".join(sys.argv))
-    print(f"uptime: {open('/proc/loadavg').read().strip()}")
+    print(harness.command_line())
+    print(harness.header("bench_real_size"))
     work = args.work or tempfile.mkdtemp(prefix="bench_real_size_")
     os.makedirs(work, exist_ok=True)
     model = args.model
@@ -273,7 +278,7 @@ def main() -> None:
         import shutil
 
         shutil.rmtree(work, ignore_errors=True)
-    print(f"uptime: {open('/proc/loadavg').read().strip()}")
+    print(f"load average at end {harness.loads()}")
 
 
 if __name__ == "__main__":

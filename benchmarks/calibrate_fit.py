@@ -44,7 +44,7 @@ def response_columns(shape, workload: str) -> int:
     """Columns after the prompt in the KV cache and the train batch (bench_modes' swe: two
     turns and one observation, its --multi-turn.max-trajectory-tokens)."""
     if workload == "swe":
-        from bench_modes import SWE_OBS_TOKENS
+        from benchmarks.workloads import SWE_OBS_TOKENS
 
         return 2 * shape.new_tokens + SWE_OBS_TOKENS
     return shape.new_tokens

@@ -47,16 +47,18 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
+if __name__ == "__main__" and not __package__:  # run as a file: import as `-m` does
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-sys.path.insert(0, str(Path(__file__).parent))
-from bench_modes import (  # noqa: E402
+import numpy as np  # noqa: E402
+
+from benchmarks.harness import run_logged as run_command  # noqa: E402
+from benchmarks.workloads import (  # noqa: E402
     DATA,
     PAPER,
     SHAPES,
     Shape,
     prepare_data,
-    run_command,
     sft_model,
     train_argv,
 )
@@ -211,6 +213,6 @@ def run_points(names: list[str], work: Path, timeout: float, sft_steps: int) -> 
 
 
 if __name__ == "__main__":
-    from calibrate_fit import main  # noqa: E402  (the fit and the writing, one file each)
+    from benchmarks.calibrate_fit import main  # the fit and the writing, one file each
 
     sys.exit(main(POINTS, run_probes, run_points, TASK))

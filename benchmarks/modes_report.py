@@ -13,9 +13,10 @@ so a cell says only what the run measured.
 
 from __future__ import annotations
 
-import math
 import statistics
 
+from benchmarks.harness import NAN, aa_spread, fmt, table, table_row, verdict
+from benchmarks.harness import med as median
 from locojax import profiler
 
 MODES = ("single", "colocated", "controller")
@@ -45,35 +46,6 @@ TRAFFIC = ("controller/round_trips", "controller/round_trip_s", "net/dispatch_by
            "net/weight_sync_push_bytes", "net/weight_sync_pull_bytes")
 """Per-step counts of the controller's round trips and of the network bytes (`perf/<name>`,
 profiler.py)."""
-NAN = float("nan")
-
-
-def fmt(x: float, spec: str = ".3f") -> str:
-    return "n/a" if x != x else format(x, spec)
-
-
-def median(rows: list[dict], key: str) -> float:
-    vals = [float(r[key]) for r in rows if key in r]
-    return statistics.median(vals) if vals else NAN
-
-
-def aa_spread(run_medians: list[float]) -> float:
-    """max / min - 1 of one arm's per-run medians; NaN with fewer than two runs."""
-    xs = [x for x in run_medians if x == x and x > 0]
-    return max(xs) / min(xs) - 1 if len(xs) >= 2 else NAN
-
-
-def verdict(ratio: float, spread: float) -> str:
-    """'tie' when `ratio` (a step-time ratio, > 1: the second arm is faster) lies within
-    [1 / (1 + spread), 1 + spread]; else 'faster' or 'slower' (for the second arm);
-    '?' when either is unknown."""
-    if ratio != ratio or spread != spread:
-        return "?"
-    if abs(math.log(ratio)) <= math.log1p(spread):
-        return "tie"
-    return "faster" if ratio > 1 else "slower"
-
-
 def ratio_cell(num: dict | None, den: dict | None) -> str:
     """`num` step ÷ `den` step with its verdict against the larger of the two A/A spreads."""
     if not num or not den:
@@ -156,11 +128,7 @@ def _held(scaling: str, spec) -> str:
 
 
 def step_table(by: dict, item: tuple, scaling: str, spec, hosts: list[int]) -> list[str]:
-    out = [f"\n### {spec.title}: {_held(scaling, spec)}\n",
-           "| N | rows | single s/step | colocated s/step | controller s/step "
-           "| controller ÷ colocated | single ÷ colocated | A/A spread single / colocated / "
-           "controller | runs (s/step each) |",
-           "|---|---|---|---|---|---|---|---|---|"]
+    rows_out = []
     for n in hosts:
         c = {m: by.get((*item, scaling, n, m)) for m in MODES}
         if not any(c.values()) and not any((*item, scaling, n, m) in by for m in MODES):
@@ -171,10 +139,12 @@ def step_table(by: dict, item: tuple, scaling: str, spec, hosts: list[int]) -> l
         spreads = " / ".join(_pct(c[m]["spread"]) if c[m] else "-" for m in MODES)
         runs = "; ".join(f"{m[:4]} " + ", ".join(fmt(t) for t in c[m]["runs"])
                          for m in MODES if c[m])
-        out.append(f"| {n} | {rows} | {' | '.join(step)} "
-                   f"| {ratio_cell(c['controller'], c['colocated'])} "
-                   f"| {ratio_cell(c['single'], c['colocated'])} | {spreads} | {runs} |")
-    return out
+        rows_out.append([n, rows, *step, ratio_cell(c["controller"], c["colocated"]),
+                         ratio_cell(c["single"], c["colocated"]), spreads, runs])
+    head = ["N", "rows", "single s/step", "colocated s/step", "controller s/step",
+            "controller ÷ colocated", "single ÷ colocated",
+            "A/A spread single / colocated / controller", "runs (s/step each)"]
+    return [f"\n### {spec.title}: {_held(scaling, spec)}\n", *table(head, rows_out)]
 
 
 def _failed(by: dict, item: tuple, scaling, n, mode) -> str:
@@ -190,8 +160,7 @@ def phase_table(by: dict, item: tuple, scaling: str, hosts: list[int],
             "network share", "wait share", "hosts' step max / spread", "decode iters",
             "compile s/run", "wall s/run", "load"]
     out = ["\nPhases (medians over steady steps, seconds; process 0's, in controller mode host "
-           "0's; decode iters summed over the hosts' generate calls):\n",
-           "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+           "0's; decode iters summed over the hosts' generate calls):\n", *table(head)]
     for n, m in keys:
         c = by[(*item, scaling, n, m)]
         if c is None:
@@ -204,14 +173,13 @@ def phase_table(by: dict, item: tuple, scaling: str, hosts: list[int],
                f"{fmt(c['hosts_max'])} / {fmt(c['hosts_spread'])}",
                fmt(c["decode_iters"], ".0f"), fmt(c["compile"], ".1f"), fmt(c["wall"], ".0f"),
                fmt(c["load"], ".1f")]
-        out.append("| " + " | ".join(row) + " |")
+        out.append(table_row(row))
     ctrl = [(n, c) for n, m in keys if m == "controller" and (c := by[(*item, scaling, n, m)])]
     if ctrl:
         cphases = [p for p in CONTROLLER_PHASES if any(p in c["controller"] for _, c in ctrl)]
         head = ["N", "host 0 step", "host 0 wait ctrl", *[CTRL[p] for p in cphases],
                 "round trips", "round trip s (summed)", "bytes dispatch / gather / scatter"]
-        out += ["\nThe controller's own phases and traffic per step (medians, seconds):\n",
-                "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        rows = []
         for n, c in ctrl:
             t = c["traffic"]
             row = [str(n), fmt(c["step"]), fmt(c["phases"].get("wait_controller", NAN)),
@@ -220,7 +188,9 @@ def phase_table(by: dict, item: tuple, scaling: str, hosts: list[int],
                    fmt(t.get("controller/round_trip_s", NAN)),
                    " / ".join(_kb(t.get(f"net/{k}_bytes", NAN))
                               for k in ("dispatch", "gather", "scatter"))]
-            out.append("| " + " | ".join(row) + " |")
+            rows.append(row)
+        out += ["\nThe controller's own phases and traffic per step (medians, seconds):\n",
+                *table(head, rows)]
     return out
 
 
@@ -246,10 +216,7 @@ def report(results: list, specs: dict, hosts: list[int], scalings: list[str]) ->
     spreads = mode_spreads(by)
     out.append("\n## A/A noise: each mode against itself (max / min - 1 of an arm's run "
                "medians)\n")
-    out.append("| mode | median over arms | max over arms | arms with >= 2 runs |")
-    out.append("|---|---|---|---|")
-    for m in MODES:
-        if m in spreads:
-            med, mx, k = spreads[m]
-            out.append(f"| {m} | {100 * med:.1f}% | {100 * mx:.1f}% | {k} |")
+    out += table(["mode", "median over arms", "max over arms", "arms with >= 2 runs"],
+                 [[m, f"{100 * spreads[m][0]:.1f}%", f"{100 * spreads[m][1]:.1f}%", spreads[m][2]]
+                  for m in MODES if m in spreads])
     return out

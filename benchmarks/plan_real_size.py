@@ -27,6 +27,9 @@ import os
 import sys
 import time
 
+if __name__ == "__main__" and not __package__:  # run as a file: import as `-m` does
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = os.path.join(ROOT, "tests", "data", "hf_configs.json")
 DEVICES = 8
@@ -99,10 +102,11 @@ def main() -> None:
     args = ap.parse_args()
     import jax
 
+    from benchmarks import harness  # here, not above: tests import this file by its own name
+
     jax.config.update("jax_num_cpu_devices", DEVICES)
-    print("command: python " + " ".join(sys.argv))
-    with open("/proc/loadavg") as f:
-        print(f"load average: {f.read().strip()}")
+    print(harness.command_line())
+    print(harness.header("plan_real_size"))
     t0 = time.perf_counter()
     plan = real_size_plan(args.model, args.fsdp, args.rollout_tp, args.remat, args.grad_accum,
                           args.device_memory_gb, not args.no_eval)
@@ -110,8 +114,7 @@ def main() -> None:
     print(f"planned in {time.perf_counter() - t0:.0f} s; "
           + ("fits" if plan.fits else "DOES NOT FIT; settings that shrink it:\n  "
              + "\n  ".join(plan.hints())))
-    with open("/proc/loadavg") as f:
-        print(f"load average: {f.read().strip()}")
+    print(f"load average at end {harness.loads()}")
 
 
 if __name__ == "__main__":

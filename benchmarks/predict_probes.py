@@ -38,16 +38,10 @@ import subprocess
 import sys
 import time
 
+if __name__ == "__main__" and not __package__:  # run as a file: import as `-m` does
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-def median_time(fn, runs: int, warm: int = 2) -> float:
-    for _ in range(warm):
-        fn()
-    times = []
-    for _ in range(runs):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
+from benchmarks.harness import median_time  # noqa: E402
 
 
 def matmul(n: int = 2048) -> dict:
@@ -144,8 +138,7 @@ def _train_step():
     working set (activations and logits, some tens of MB) and so its contention for the
     memory system, which a small cache-resident kernel would not show."""
     import jax
-    from profile_train import synthetic_setup  # this script's directory is on sys.path
-
+    from benchmarks.profile_train import synthetic_setup
     from locojax.rl.train_step import train_step
 
     state, batch, _, cfg, lcfg = synthetic_setup("tiny", OVERSUB_SHAPE)

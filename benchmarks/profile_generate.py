@@ -7,6 +7,9 @@ times it; each decode phase's live tokens (row-steps whose row has not ended) ar
 from the forced lengths. docs/engine_benchmark.md, "The 4096 target", holds a run.
 
     .venv/bin/python benchmarks/profile_generate.py [--runs 2]
+
+`--smoke`: one toy long-tailed shape on the TINY model instead (64 new tokens a row at most),
+for the test that runs every benchmark.
 """
 
 import argparse
@@ -14,18 +17,17 @@ import dataclasses
 import os
 import sys
 
-import jax
-import numpy as np
+if __name__ == "__main__" and not __package__:  # run as a file: import as `-m` does
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import bench_engine as be
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
 
-from locojax.model import config as model_config
-from locojax.model import params
-
-
-def load() -> str:
-    return " ".join(f"{x:.1f}" for x in os.getloadavg())
+from benchmarks import bench_engine as be  # noqa: E402
+from benchmarks import harness  # noqa: E402
+from benchmarks.harness import loads as load  # noqa: E402
+from locojax.model import config as model_config  # noqa: E402
+from locojax.model import params  # noqa: E402
 
 
 def report(name, s, total, spans):
@@ -49,22 +51,27 @@ def report(name, s, total, spans):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=2, help="profiled generates of each shape")
+    ap.add_argument("--smoke", action="store_true", help="one toy shape (TINY, <= 64 tokens)")
     args = ap.parse_args(argv)
-    print("load average at start " + load(), flush=True)
-    cfg = model_config.PRESETS["small"]()
+    print(harness.header("profile_generate"), flush=True)
+    if args.smoke:
+        shapes = {"tiny-64 (8 rows)": be.Shape("tiny-64", "tiny", 4, 2, 16, 64, True)}
+    else:
+        shapes = {"small-512 (128 rows)": be.SHAPES["small-512"],
+                  "small-512 (64 rows)": dataclasses.replace(be.SHAPES["small-512"], prompts=8),
+                  "small-4096 (64 rows)": dataclasses.replace(be.SHAPES["small-4096"],
+                                                              prompts=8)}
+    cfg = model_config.PRESETS[next(iter(shapes.values())).model]()
     weights = params.init(cfg, jax.random.key(0))
-    shapes = {"small-512 (128 rows)": be.SHAPES["small-512"],
-              "small-512 (64 rows)": dataclasses.replace(be.SHAPES["small-512"], prompts=8),
-              "small-4096 (64 rows)": dataclasses.replace(be.SHAPES["small-4096"], prompts=8)}
     runners = {}
     for name, s in shapes.items():
         prompts = np.asarray(jax.random.randint(
             jax.random.key(1), (s.prompts, s.prompt_tokens), 1, cfg.vocab_size - 1), np.int32)
         runners[name] = be.locojax_runner(cfg, weights, prompts, s)
-        print(f"{name}: first run (compiles) {be.timed(runners[name]):.1f} s", flush=True)
-    for _ in range(args.runs):
-        for name, once in runners.items():
-            report(name, shapes[name], *be.program_spans(once))
+        print(f"{name}: first run (compiles) {harness.timed(runners[name]):.1f} s", flush=True)
+    harness.interleave({name: lambda name=name: report(name, shapes[name],
+                                                        *be.program_spans(runners[name]))
+                        for name in runners}, args.runs)
     print("load average at end " + load())
     return 0
 

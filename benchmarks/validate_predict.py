@@ -49,10 +49,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-import bench_modes  # noqa: E402
-import bench_placement  # noqa: E402
+if __name__ == "__main__" and not __package__:  # run as a file: import as `-m` does
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+from benchmarks import bench_placement, harness  # noqa: E402
+from benchmarks import workloads  # noqa: E402
+from benchmarks.harness import med  # noqa: E402
 from locojax.predict import from_train, modes, placement  # noqa: E402
 
 PY = sys.executable
@@ -73,7 +75,7 @@ def measure(args) -> None:
                "--shapes", *args.shapes, "--hosts", *map(str, args.hosts), "--repeats", "1",
                "--modes", *args.modes, "--scaling", "strong", "--work-dir", str(CAL),
                "--json", str(out / "modes.json")]
-        print(f"$ {shlex.join(cmd)}   # load {os.getloadavg()[0]:.2f}", flush=True)
+        print(f"$ {shlex.join(cmd)}   # load {harness.load():.2f}", flush=True)
         subprocess.run(cmd, check=False)
     for workload in args.placement:
         cmd = [PY, str(HERE / "bench_placement.py"), "--workload", workload, "--fractions",
@@ -81,7 +83,7 @@ def measure(args) -> None:
                str(args.placement_steps), "--skip", str(PLACEMENT_SKIP), "--repeats", "1",
                "--work-dir",
                str(out / f"placement-{workload}")]
-        print(f"$ {shlex.join(cmd)}   # load {os.getloadavg()[0]:.2f}", flush=True)
+        print(f"$ {shlex.join(cmd)}   # load {harness.load():.2f}", flush=True)
         subprocess.run(cmd, check=False)
 
 
@@ -94,12 +96,7 @@ def train_args(argv: list[str]) -> list[str]:
 def lengths_dir(workload: str, shape: str) -> str:
     if workload != "arith-var":
         return ""
-    return str(CAL / f"{shape.lower()}-arith-var-b{bench_modes.SHAPES[shape.lower()].prompts}-c2")
-
-
-def med(rows: list[dict], key: str) -> float:
-    vals = [float(r[key]) for r in rows if key in r]
-    return statistics.median(vals) if vals else float("nan")
+    return str(CAL / f"{shape.lower()}-arith-var-b{workloads.SHAPES[shape.lower()].prompts}-c2")
 
 
 def measured_terms(rows: list[dict], mode: str) -> dict[str, float]:
@@ -221,7 +218,7 @@ def report_modes(path: Path) -> list[float]:
             p_step, p, m_step, m = terms[key]
             f = factors.get((shape, workload, mode))
             again = rescaled_step(p, p_step, f) if f and held_out else None
-            label = f"{workload}{'' if workload in bench_modes.PAPER else ' ' + shape} N={n} {mode}"
+            label = f"{workload}{'' if workload in workloads.PAPER else ' ' + shape} N={n} {mode}"
             line, err = row(label, p_step, p, m_step, m,
                             statistics.mean(r["load_before"] for r in runs), again, True)
             print(line)
@@ -256,7 +253,7 @@ def report_placement(work: Path, workload: str, steps: int) -> list[float]:
         else:
             pred = placement.async_(ctx, pl.workers, pl.learner_hosts, pl.max_staleness,
                                     window=window)
-        rows = bench_placement.steady(run_dir, steps, PLACEMENT_SKIP)
+        rows = harness.steady_rows(run_dir, steps, PLACEMENT_SKIP)
         line, err = row(p.name, pred.step, predicted_terms(pred), med(rows, "perf/step_time"),
                         measured_terms(rows, p.mode), loads.get(run_dir.name, float("nan")))
         print(line)
@@ -268,9 +265,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--measure", action="store_true")
     ap.add_argument("--workloads", nargs="*", default=["gsm8k", "math", "swe"],
-                    choices=bench_modes.WORKLOADS, help="bench_modes' (none: skip it)")
+                    choices=workloads.WORKLOADS, help="bench_modes' (none: skip it)")
     ap.add_argument("--shapes", nargs="+", default=["tiny"], help="arith, arith-var only")
-    ap.add_argument("--modes", nargs="+", default=list(bench_modes.MODES))
+    ap.add_argument("--modes", nargs="+", default=list(workloads.MODES))
     ap.add_argument("--hosts", nargs="+", type=int, default=[2, 4],
                     help="bench_modes' N (add 1 for the rescaled column)")
     ap.add_argument("--placement", nargs="*", default=["swe", "arith"],
@@ -294,7 +291,7 @@ def main() -> int:
         within = sum(abs(e) <= TARGET for e in errs)
         print(f"\n{within} of {len(errs)} held-out points within {TARGET:.0%} "
               f"(mean |error| {statistics.mean(abs(e) for e in errs):.0%}); load now "
-              f"{os.getloadavg()[0]:.2f}")
+              f"{harness.load():.2f}")
     return 0
 
 

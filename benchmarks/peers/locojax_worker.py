@@ -5,19 +5,16 @@ wiring's one-device mesh, `Engine.prefill` + `Engine.decode` (jitted, KV cache, 
 logprobs), detokenize and score on the host, group advantages, `batch.from_rollout` +
 `global_batch`, then `train_step.update` (one AdamW step; at β > 0 the reference forward
 runs inside the train step's jit, so locojax's reference time is part of `train`).
-Run by the driver in locojax's own environment.
+Run by the driver in locojax's own environment, as `python -m benchmarks.peers.locojax_worker`.
 """
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import bench_engine  # noqa: E402
-import common  # noqa: E402
+from benchmarks import bench_engine
+from benchmarks.peers import common
 
 
 def step_flops(cfg, s, beta: float) -> dict:

@@ -23,8 +23,7 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
+import common  # this folder, first on sys.path: the worker runs as a file in Tunix's venv
 
 
 class IdTokenizer:
