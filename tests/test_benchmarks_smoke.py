@@ -1,0 +1,188 @@
+"""Every benchmark script runs, at a toy size, and prints its table or ratio lines.
+
+Each runs as a user starts it (`python -m benchmarks.x`, a few as `python benchmarks/x.py`),
+in its own process, with the suite's XLA flags. What is asserted is the output's content:
+the header, the table's head and a row of figures, the ratio. The peers' parts never
+install anything: bench_peers runs locojax's side only, with `--no-install` and an empty
+cache; bench_engine runs without Tunix. Not run here: bench_engine's `--sweep` and
+`--trace` (engine_sweeps.py: SMALL's constants, minutes), calibrate_predict's runs (it
+writes the repository's calibration data; `--help` checks that it starts) and the peers'
+installer.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+GSM8K = ROOT.parent / "shared" / "data" / "gsm8k" / "train.jsonl"
+
+
+def bench(name: str, *args: str, as_file: bool = False, timeout: float = 300) -> str:
+    """Run a benchmark script from the repository root; its stdout (stderr on failure)."""
+    target = [str(ROOT / "benchmarks" / f"{name}.py")] if as_file else ["-m", f"benchmarks.{name}"]
+    proc = subprocess.run([sys.executable, *target, *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    assert proc.returncode == 0, f"{name} exit {proc.returncode}:\n{proc.stdout[-3000:]}\n" \
+                                 f"{proc.stderr[-3000:]}"
+    return proc.stdout
+
+
+def table_rows(out: str, first_cell: str) -> list[list[str]]:
+    """The cells of the markdown rows whose first cell is `first_cell`."""
+    return [[c.strip() for c in line.strip().strip("|").split("|")]
+            for line in out.splitlines()
+            if line.startswith("|") and line.strip("| ").split(" |")[0] == first_cell]
+
+
+def test_bench_extend_tiny():
+    out = bench("bench_extend", "--shapes", "tiny", "--repeats", "1")
+    assert "# bench_extend: " in out and "load average at start" in out
+    assert "| turn | live rows | extend s | mask s | reprefill s | reprefill / extend" in out
+    (row,) = table_rows(out, "trajectory")
+    assert float(row[2]) > 0 and float(row[5]) > 0  # extend seconds; reprefill / extend
+    assert len(table_rows(out, "4")) == 1  # TINY's 4 turns
+
+
+@pytest.mark.slow  # torch and HF generate beside the engine
+def test_bench_engine_tiny_against_hf():
+    out = bench("bench_engine", "--shapes", "tiny", "--runs", "1", "--peer-runs", "1",
+                "--no-tunix")
+    assert "# bench_engine: " in out and "memory read bandwidth" in out
+    rows = table_rows(out, "tiny")
+    assert len(rows) == 2  # printed as the shape ends, then in the whole table
+    assert rows[0][1] == str(8 * 4 * 32)  # tokens: exactly N a row
+    assert rows[-1][5].endswith("x") and rows[-1][6] == "-"  # vs HF; no Tunix
+
+
+def test_profile_generate_smoke():
+    out = bench("profile_generate", "--smoke", "--runs", "1")
+    assert "tiny-64 (8 rows): first run (compiles)" in out
+    assert "ms/token" in out and "decode" in out and "rest (host syncs" in out
+
+
+def test_profile_train_and_train_step_memory_tiny():
+    out = bench("profile_train", "--shape", "tiny", "--steps", "1", "--traced", "1",
+                "--top", "3")
+    assert "steady steps: " in out and "op kind" in out
+    out = bench("train_step_memory", "tiny", as_file=True)
+    assert "tiny" in out and "temporaries" in out and "XLA/expected" in out
+
+
+@pytest.mark.slow  # compiles a real config's programs on 8 simulated devices
+def test_plan_real_size_of_the_smallest_config():
+    out = bench("plan_real_size", "smollm2-135m-instruct", "--remat", "on", "--grad-accum",
+                "1", "--no-eval")
+    assert "# plan_real_size: " in out and "memory plan per device" in out
+    assert "; fits" in out
+
+
+def test_predict_probes_and_calibrate_start():
+    probe = json.loads(bench("predict_probes", "stream", as_file=True).splitlines()[-1])
+    assert probe["copy_bytes_per_s"] > 0 and probe["mb"] == 256
+    out = bench("calibrate_predict", "--help", as_file=True)
+    assert "--refit" in out and "--points" in out
+
+
+@pytest.fixture(scope="module")
+def modes_run(tmp_path_factory):
+    """bench_modes at its smallest: TINY arith, single mode at N = 1, 3 steps."""
+    work = tmp_path_factory.mktemp("bench_modes")
+    out = bench("bench_modes", "--workloads", "arith", "--shapes", "tiny", "--hosts", "1",
+                "--modes", "single", "--repeats", "1", "--steps", "3", "--skip", "0",
+                "--work-dir", str(work), "--json", str(work / "modes.json"))
+    return work, out
+
+
+@pytest.mark.slow  # a `locojax train` run
+def test_bench_modes_single_n1(modes_run):
+    _, out = modes_run
+    assert "# bench_modes: " in out and "## Commands" in out
+    (row,) = table_rows(out, "1")[:1]
+    assert float(row[2]) > 0 and row[3] == "-" and row[4] == "-"  # single's s/step only
+    assert "| single |" in out  # the A/A table's row (one run: no spread)
+
+
+@pytest.mark.slow  # predicts the bench_modes run above
+def test_validate_predict_reports_the_bench_modes_run(modes_run):
+    work, _ = modes_run
+    out = bench("validate_predict", "--work-dir", str(work))
+    assert "## bench_modes.py: predicted / measured" in out
+    assert len(table_rows(out, "arith TINY N=1 single")) == 1
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess  # a worker process per arm
+def test_ab_train_step_two_arms_of_this_tree():
+    out = bench("ab_train_step", "--shape", "tiny", "--arm", "a=", "--arm", "b=",
+                "--block", "1", "--rounds", "2")
+    assert "# ab_train_step: " in out
+    lines = [ln for ln in out.splitlines() if "x vs a" in ln]
+    assert len(lines) == 2 and "1.00x vs a" in lines[0] and "over 2 steps" in lines[1]
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess  # the locojax side's worker process
+def test_bench_peers_locojax_side_only_installs_nothing(tmp_path):
+    out = bench("bench_peers", "--shapes", "tiny", "--betas", "0", "--sides", "locojax",
+                "--no-install", "--cache", str(tmp_path / "no-peers"), "--warmup", "1",
+                "--block", "1", "--repeats", "1", "--work-dir", str(tmp_path),
+                "--json", str(tmp_path / "results.json"))
+    assert not (tmp_path / "no-peers").exists()
+    (ours,) = [r for r in table_rows(out, "TINY") if r[2] == "locojax"]
+    assert float(ours[3]) > 0 and ours[8] == "1"  # step seconds; 1 steady step
+    assert "| TINY | 0 | n/a | n/a | n/a |" in out  # no peer: no speed-up
+    assert json.loads((tmp_path / "results.json").read_text())["results"][0]["sides"][
+        "locojax"]["steps"]
+
+
+@pytest.mark.slow
+@pytest.mark.ray  # starts its local Ray cluster for da and async points
+def test_ab_runs_one_point_in_two_trees(tmp_path):
+    out = bench("ab_runs", "--tree", f"a={ROOT}", "--tree", f"b={ROOT}", "--points",
+                "single-1", "--rounds", "1", "--steps", "3", "--skip", "0", "--work-dir",
+                str(tmp_path))
+    assert "# ab_runs: " in out
+    (row,) = table_rows(out, "single-1")
+    assert float(row[-1]) > 0  # a / b
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+@pytest.mark.multiprocess  # 4 simulated hosts: launch's processes, Ray's actors
+def test_bench_placement_colocated_and_one_da_point(tmp_path):
+    # async is the same wiring as DA with other counts (and another ~25 s here): left out
+    out = bench("bench_placement", "--fractions", "0.5", "--ks", "--prompts", "4",
+                "--group", "2", "--new-tokens", "4", "--steps", "3", "--skip", "0",
+                "--work-dir", str(tmp_path), timeout=600)
+    assert "# bench_placement: " in out and "FAILED" not in out
+    for point in ("colocated", "da-0.5 (2 workers)"):
+        (row,) = table_rows(out, point)
+        assert float(row[1]) > 0, row  # s/step
+    assert "# best DA point: da-0.5" in out and "async" not in out
+
+
+@pytest.mark.slow  # a `locojax train` run with evaluations, then its plot
+def test_bench_learning_one_arm(tmp_path):
+    out = bench("bench_learning", "--model", "tiny", "--arms", "grpo", "--seeds", "0",
+                "--time-limit-s", "2", "--max-steps", "2", "--eval-every", "1", "--mode",
+                "single", "--train-args", "--eval.num-examples 4", "--out", str(tmp_path))
+    assert "# bench_learning: " in out
+    (row,) = table_rows(out, "grpo")
+    assert 0 <= float(row[1]) <= 1 and row[-1].count("-") >= 1  # start accuracy; load
+    assert (tmp_path / "learning.png").stat().st_size > 0
+
+
+@pytest.mark.slow  # writes a random HF model with transformers, trains one step
+@pytest.mark.skipif(not GSM8K.exists(), reason=f"needs GSM8K rows at {GSM8K}")
+def test_bench_real_size_one_layer(tmp_path):
+    out = bench("bench_real_size", "--config", "smollm2-135m-instruct", "--layers", "1",
+                "--data", str(GSM8K), "--steps", "1", "--prompts", "1", "--group", "2",
+                "--new-tokens", "4", "--tokenizer-vocab", "512", "--work", str(tmp_path),
+                as_file=True)
+    assert "# bench_real_size: " in out and "measured/plan" in out
+    assert "step 1: " in out and "tokens/s" in out
