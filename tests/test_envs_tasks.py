@@ -109,11 +109,11 @@ def test_calculator_is_safe_and_exact(expr, out):
 
 
 def test_registry():
-    assert task_names() == ["arith", "calc", "gsm8k", "math", "swe"]
+    assert task_names() == ["arith", "calc", "data", "gsm8k", "math", "swe"]
     assert make_task("arith", level=1).name == "arith"
     assert make_task("calc").multi_turn and not make_task("arith").multi_turn
     with pytest.raises(ValueError,
-                       match="unknown task 'gsm9k'; valid tasks: arith, calc, gsm8k, math, swe"):
+                       match="unknown task 'gsm9k'; valid tasks: arith, calc, data, gsm8k, math, swe"):
         make_task("gsm9k")
     with pytest.raises(TypeError, match=r"unknown option\(s\) \['lvl'\]; valid options: level"):
         make_task("arith", lvl=2)

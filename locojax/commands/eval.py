@@ -4,6 +4,7 @@
     locojax eval --model DIR --task math --data math500/test.jsonl --k 8 --template chat
     locojax eval --model embedded-calc --task calc --level 2 --limit 200      # multi-turn
     locojax eval --model DIR --task gsm8k --data FILE --tp 8   # weights split over 8 devices
+    locojax eval --model DIR --task data --data FILE --reward my_mod:fn     # your own reward
     locojax launch --hosts 2 -- eval --model DIR --task gsm8k --data FILE     # 2 local hosts
 
 Samples k completions of every row on the engine (batched, one compiled shape), scores them
@@ -35,7 +36,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
-from typing import Literal
+from typing import Annotated, Literal
 
 import tyro
 
@@ -50,15 +51,26 @@ class EvalArgs:
     """An HF checkpoint directory, a shipped checkpoint (embedded, embedded-strict,
     embedded-calc) or a preset (tiny, small: random weights)."""
     task: str = "gsm8k"
-    """Task: arith, calc, gsm8k, math, swe (see locojax.envs.registry)."""
+    """Task: arith, calc, gsm8k, math, swe, data, or your own module:function (as `train
+    --task.name`; docs/your_task.md)."""
     data: str = ""
-    """The rows to score (.jsonl or .parquet) for gsm8k / math; for swe a task directory;
-    procedural tasks need none."""
+    """The rows to score (.jsonl or .parquet) for gsm8k / math; for data also a `datasets`
+    directory or hub name; for swe a task directory; procedural tasks need none."""
     template: Literal["plain", "qwen", "chat"] = "plain"
     """Prompt template of gsm8k, math and arith: plain, qwen (hand-written ChatML; gsm8k,
     math) or chat (the checkpoint's own chat template, from its tokenizer_config.json)."""
-    reward: Literal["strict", "flexible"] = "strict"
-    """Correctness of gsm8k and arith: strict (`#### N`) or flexible (the last number)."""
+    reward: Annotated[tuple[str, ...], tyro.conf.UseAppendAction] = ()
+    """Correctness of gsm8k and arith: strict (the default, `#### N`) or flexible (the last
+    number); or your own TRL-style rewards, module:function, repeated (as `train
+    --task.reward`)."""
+    reward_weights: tuple[float, ...] = ()
+    """Weights of the module:function rewards (default: all 1)."""
+    prompt_field: str = "prompt"
+    """data: the prompt column (text, or a list of chat messages)."""
+    answer_field: str = "answer"
+    """data: the gold-answer column (optional)."""
+    split: str = "test"
+    """data: the split of a `datasets` source with several."""
     format_weight: float = 0.0
     """Weight of the task's format reward (gsm8k, arith, math), as `train --task.format-weight`."""
     k: int = 1
@@ -198,7 +210,9 @@ def _setup(args: EvalArgs, host):
     task = registry.build(registry.TaskConfig(
         name=args.task, level=args.level, data=args.data, test_data=args.data,
         template=args.template, skip_invalid=args.skip_invalid, sandbox=args.sandbox,
-        reward=args.reward, format_weight=args.format_weight),
+        reward=args.reward, format_weight=args.format_weight,
+        reward_weights=args.reward_weights, prompt_field=args.prompt_field,
+        answer_field=args.answer_field, split=args.split, test_split=args.split),
         args.seed, args.multi_turn.max_turns)
     # This host's devices (each host holds its own copy), split over `tensor` under --tp.
     mesh, rules = wiring.rollout_mesh, wiring.rollout_rules

@@ -1,12 +1,17 @@
-"""Loading jsonl / parquet rows into Examples, validating every row.
+"""Loading jsonl / parquet / `datasets` rows into Examples, validating every row.
+
+A source is a `.jsonl` (or JSON Lines `.json`) file, a `.parquet` file, a directory written
+by `datasets` (`save_to_disk`; of a `DatasetDict`, the named split), or a Hugging Face hub
+name, read by `datasets.load_dataset(name, split=...)` (needs the network, and `datasets`).
 
 A malformed row (broken JSON, not an object, a missing field, a field of the wrong type, an
 empty answer, or a task-specific problem raised by the converter) is an error that names the
 file and line: `data/train.jsonl:17: field 'answer' is empty`. With `skip_invalid=True` the
 row is skipped instead, and the count and the first few reasons are kept on the `Dataset`.
 
-Example ids are `<file name>:<line>` (1-based; for parquet, the 1-based row number), so a
-reward log can always be traced back to its source row.
+Example ids are `<file name>:<line>` (1-based; for parquet and `datasets`, the 1-based row
+number, after `/<split>` when the source has splits), so a reward log can always be traced
+back to its source row.
 
 A JSON number with a fraction or exponent is read as a `NumberText`: a float whose `str` is
 the text the file wrote, so an answer stored as `27.0` or `1.50` compares as that text, not
@@ -88,14 +93,63 @@ Converter = Callable[[Mapping[str, Any], str], Example]
 """(validated row, example id) -> Example; raises RowError for task-specific problems."""
 
 
-def read_rows(path: str | os.PathLike) -> Iterator[tuple[int, Any]]:
-    """(line number, parsed row) for each non-blank line of a .jsonl or each row of a .parquet.
+def is_hub_name(path: str) -> bool:
+    """`org/name` or `name` with no such local path and no file extension: a hub dataset."""
+    return (not os.path.exists(path) and not os.path.splitext(path)[1]
+            and path.count("/") <= 1 and not path.startswith((".", "/")) and bool(path))
+
+
+def _datasets_rows(path: str, split: str | None) -> tuple[Any, str | None]:
+    """The rows of a `datasets` directory or hub name, and the split they came from (None
+    for a directory holding one `Dataset`)."""
+    try:
+        import datasets
+    except ImportError:
+        raise DataError(f"{path}: reading a datasets directory or hub name needs the "
+                        "`datasets` package (pip install datasets)") from None
+    if not os.path.isdir(path):
+        try:
+            return datasets.load_dataset(path, split=split or "train"), split or "train"
+        except Exception as e:  # noqa: BLE001 - datasets raises many types
+            raise DataError(f"{path}: no such file or directory, and not a hub dataset "
+                            f"datasets can load ({_reason(e)})") from e
+    try:
+        ds = datasets.load_from_disk(path)
+    except Exception as e:  # noqa: BLE001
+        raise DataError(f"{path}: not a directory datasets wrote with save_to_disk "
+                        f"({_reason(e)})") from e
+    if isinstance(ds, datasets.DatasetDict):
+        if split not in ds:
+            raise DataError(f"{path}: has no split {split!r} (splits: {', '.join(ds)}); name "
+                            "one with --task.split / --task.test-split")
+        return ds[split], split
+    return ds, None
+
+
+def has_split(path: str | os.PathLike, split: str) -> bool:
+    """Whether `path` is a `datasets` directory of a `DatasetDict` holding `split` (files and
+    hub names: False; a hub name's splits would need the network to list)."""
+    index = os.path.join(os.fspath(path), "dataset_dict.json")
+    if not os.path.isfile(index):
+        return False
+    with open(index) as f:
+        return split in json.load(f).get("splits", [])
+
+
+def read_rows(path: str | os.PathLike, split: str | None = None
+              ) -> Iterator[tuple[int, Any]]:
+    """(line number, parsed row) for each non-blank line of a .jsonl, each row of a .parquet
+    or each row of a `datasets` directory or hub name (`split`: which one of several).
 
     A line that is not valid JSON, or not UTF-8, yields a DataError instance in place of the
     row, so the caller decides whether to raise or skip it; a file that holds one JSON
     document instead of JSON Lines raises.
     """
     path = os.fspath(path)
+    if os.path.isdir(path) or is_hub_name(path):
+        rows, _ = _datasets_rows(path, split)
+        yield from enumerate(rows, start=1)
+        return
     if not os.path.exists(path):
         raise DataError(f"{path}: no such file")
     if path.endswith(".parquet"):
@@ -108,7 +162,8 @@ def read_rows(path: str | os.PathLike) -> Iterator[tuple[int, Any]]:
         yield from enumerate(rows, start=1)
         return
     if not (path.endswith(".jsonl") or path.endswith(".json")):
-        raise DataError(f"{path}: unsupported format (expected .jsonl or .parquet)")
+        raise DataError(f"{path}: unsupported format (expected .jsonl, .parquet, a datasets "
+                        "directory or a hub name)")
     first = True
     with open(path, "rb") as f:
         for line_no, raw in enumerate(f, start=1):
@@ -194,14 +249,18 @@ def load_examples(
     optional: Mapping[str, type | tuple[type, ...]] = {},
     skip_invalid: bool = False,
     limit: int | None = None,
+    split: str | None = None,
 ) -> Dataset:
-    """Validate and convert every row of `path`; see the module docstring for error handling."""
+    """Validate and convert every row of `path` (`split`: of a `datasets` source with
+    several); see the module docstring for error handling."""
     path = os.fspath(path)
-    name = os.path.basename(path)
+    name, label = os.path.basename(os.path.normpath(path)), path
+    if split is not None and (is_hub_name(path) or has_split(path, split)):
+        name, label = f"{name}/{split}", f"{path}/{split}"  # ids and errors name the split
     examples: list[Example] = []
     problems: list[str] = []
     skipped = 0
-    for line_no, row in read_rows(path):
+    for line_no, row in read_rows(path, split):
         if limit is not None and len(examples) >= limit:
             break
         try:
@@ -210,15 +269,15 @@ def load_examples(
             check_fields(row, required, optional)
             examples.append(convert(row, f"{name}:{line_no}"))
         except Exception as e:  # noqa: BLE001 - every way a row can fail names its line
-            where = f"{path}:{line_no}: {e if isinstance(e, RowError) else _reason(e)}"
+            where = f"{label}:{line_no}: {e if isinstance(e, RowError) else _reason(e)}"
             if not skip_invalid:
                 raise DataError(where + " (pass skip_invalid=True to skip such rows)") from None
             skipped += 1
             if len(problems) < MAX_PROBLEMS_KEPT:
                 problems.append(where)
     if not examples:
-        raise DataError(f"{path}: no valid rows" + (f" ({skipped} skipped)" if skipped else ""))
-    return Dataset(tuple(examples), path, skipped, tuple(problems))
+        raise DataError(f"{label}: no valid rows" + (f" ({skipped} skipped)" if skipped else ""))
+    return Dataset(tuple(examples), label, skipped, tuple(problems))
 
 
 def _types(typ) -> tuple[type, ...]:

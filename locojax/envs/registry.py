@@ -7,12 +7,15 @@
 | gsm8k | single-turn | `train_path`, `test_path` (HF jsonl/parquet) |
 | math | single-turn, boxed answers | `train_path`, `test_path` |
 | swe | multi-turn bug fixing in the sandbox | nothing (`level`, ...) or `train_dir`, `test_dir` |
+| data | single-turn, any dataset, your rewards | `data`, `reward` (`module:function`, TRL-style) |
+| `module:function` | your own task (`envs/user.py`) | what your function declares |
 
 `build(TaskConfig, seed)` is what `locojax train` uses; `make_task(name, **options)` calls a
 task module's own `task(...)` with checked options (scripts, tests). Adding a task touches
 only `envs/`: its module, and one `Entry` here saying how a `TaskConfig` becomes its options
 and what its inputs must satisfy before a run starts. Task modules are imported on demand,
-so that, e.g., math-verify (and sympy) load only for math.
+so that, e.g., math-verify (and sympy) load only for math. Your own task and rewards, from
+your own code: `locojax/envs/user.py`, docs/your_task.md.
 """
 
 from __future__ import annotations
@@ -22,6 +25,9 @@ import importlib
 import inspect
 from collections.abc import Callable
 from pathlib import Path
+from typing import Annotated
+
+import tyro
 
 from locojax.envs.base import Task
 
@@ -31,12 +37,14 @@ class TaskConfig:
     """The workload."""
 
     name: str = "arith"
-    """Task: arith, calc, gsm8k, math, swe (see locojax.envs.registry)."""
+    """Task: arith, calc, gsm8k, math, swe, data (any dataset, your --task.reward), or your
+    own `module:function` returning a Task or a MultiTurnEnv (docs/your_task.md)."""
     level: int = 3
     """Difficulty level of procedural tasks (arith, calc, swe)."""
     data: str = ""
-    """Training data file (jsonl/parquet) for gsm8k / math; for swe a directory of your own
-    tasks (layout in locojax/envs/swe/tasks.py; empty: generated repositories)."""
+    """Training data file (jsonl/parquet) for gsm8k / math; for data also a `datasets`
+    directory (save_to_disk) or hub name; for swe a directory of your own tasks (layout in
+    locojax/envs/swe/tasks.py; empty: generated repositories)."""
     test_data: str = ""
     """Held-out data file for gsm8k / math (default: the training file); swe: a task
     directory (default: none held out for your tasks)."""
@@ -52,10 +60,26 @@ class TaskConfig:
     epochs, which is where pass-rate curation has prompts to hold back."""
     skip_invalid: bool = False
     """gsm8k / math: skip malformed rows (and count them) instead of stopping at the first."""
-    reward: str = "strict"
-    """Correctness reward of gsm8k and arith: strict (the number after `####`) or flexible
-    (the last number in the reply, as lm-eval's flexible-extract; for instruct models that
-    answer "... = 42" or "The answer is 42")."""
+    reward: Annotated[tuple[str, ...], tyro.conf.UseAppendAction] = ()
+    """Correctness reward of gsm8k and arith: strict (the default: the number after `####`)
+    or flexible (the last number in the reply, as lm-eval's flexible-extract; for instruct
+    models that answer "... = 42"). Or your own reward with TRL's signature,
+    `module:function` or `file.py:function`, repeated for several (data, gsm8k, math,
+    arith, your own single-turn task: it replaces the task's reward)."""
+    reward_weights: tuple[float, ...] = ()
+    """Weights of the `module:function` rewards, one each (default: all 1), e.g.
+    `--task.reward-weights 1 0.2`."""
+    prompt_field: str = "prompt"
+    """data: the column holding the prompt: text, or TRL's conversational list of messages
+    (rendered with the chat template; --task.template chat: the checkpoint's own)."""
+    answer_field: str = "answer"
+    """data: the column holding the gold answer (optional; evaluation's accuracy counts a
+    total reward >= 1 as correct). Every column but the prompt reaches the reward."""
+    split: str = "train"
+    """data: the split of a `datasets` source with several (a DatasetDict, a hub name)."""
+    test_split: str = "test"
+    """data: the held-out split (default source: --task.test-data, else this split of
+    --task.data if it has one, else --task.data itself)."""
     format_weight: float = 0.0
     """gsm8k, arith and math: weight of a format reward added to correctness (gsm8k/arith:
     a `#### N` last line; math: a \\boxed answer); 0 = correctness alone."""
@@ -67,19 +91,44 @@ class TaskConfig:
 
     def __post_init__(self):
         from locojax.envs.sandbox import MODES
+        from locojax.envs.user import is_ref
 
-        if self.name not in TASKS:
-            raise ValueError(f"unknown task {self.name!r}; valid tasks: {', '.join(task_names())}")
+        if isinstance(self.reward, str):  # TaskConfig(reward="flexible") from Python
+            object.__setattr__(self, "reward", (self.reward,))
+        object.__setattr__(self, "reward", tuple(self.reward))
+        object.__setattr__(self, "reward_weights", tuple(float(w) for w in self.reward_weights))
+        if self.name not in TASKS and not is_ref(self.name):
+            raise ValueError(f"unknown task {self.name!r}; valid tasks: {', '.join(task_names())}"
+                             ", or module:function of your own")
         if self.train_size < 1:
             raise ValueError(f"task.train_size must be >= 1, got {self.train_size}")
-        if self.reward not in REWARDS:
-            raise ValueError(f"task.reward must be one of {', '.join(REWARDS)}, got "
-                             f"{self.reward!r}")
+        bad = [r for r in self.reward if r not in REWARDS and not is_ref(r)]
+        if bad or len(self.reward) > 1 and set(self.reward) & set(REWARDS):
+            raise ValueError(f"task.reward must be one of {', '.join(REWARDS)} or module:function "
+                             f"references (several allowed), got {', '.join(self.reward)}")
+        if len(self.reward) > 1 and not all(map(is_ref, self.reward)):
+            raise ValueError("task.reward: strict or flexible is one reward, not a list")
+        if self.reward_weights and len(self.reward_weights) != len(self.user_rewards):
+            raise ValueError(f"task.reward_weights has {len(self.reward_weights)} weights for "
+                             f"{len(self.user_rewards)} module:function rewards")
         if self.format_weight < 0:
             raise ValueError(f"task.format_weight must be >= 0, got {self.format_weight}")
         if self.sandbox not in MODES:
             raise ValueError(f"task.sandbox must be one of {', '.join(MODES)}, got "
                              f"{self.sandbox!r}")
+
+
+    @property
+    def mode(self) -> str:
+        """The built-in reward mode (strict unless --task.reward flexible)."""
+        return self.reward[0] if self.reward and self.reward[0] in REWARDS else "strict"
+
+    @property
+    def user_rewards(self) -> tuple[str, ...]:
+        """The `module:function` rewards, in order."""
+        from locojax.envs.user import is_ref
+
+        return tuple(r for r in self.reward if is_ref(r))
 
 
 REWARDS = ("strict", "flexible")
@@ -91,7 +140,7 @@ def _procedural(cfg: TaskConfig, seed: int, max_turns: int) -> dict:
 
 
 def _arith(cfg: TaskConfig, seed: int, max_turns: int) -> dict:
-    return dict(_procedural(cfg, seed, max_turns), mode=cfg.reward,
+    return dict(_procedural(cfg, seed, max_turns), mode=cfg.mode,
                 format_weight=cfg.format_weight, template=cfg.template)
 
 
@@ -101,7 +150,7 @@ def _data_files(cfg: TaskConfig, seed: int, max_turns: int) -> dict:
 
 
 def _gsm8k(cfg: TaskConfig, seed: int, max_turns: int) -> dict:
-    return dict(_data_files(cfg, seed, max_turns), mode=cfg.reward)
+    return dict(_data_files(cfg, seed, max_turns), mode=cfg.mode)
 
 
 def _swe(cfg: TaskConfig, seed: int, max_turns: int) -> dict:
@@ -111,17 +160,59 @@ def _swe(cfg: TaskConfig, seed: int, max_turns: int) -> dict:
                 **({"max_turns": max_turns} if max_turns else {}))
 
 
+def _data(cfg: TaskConfig, seed: int, max_turns: int) -> dict:
+    return dict(data=cfg.data, test_data=cfg.test_data, reward=cfg.user_rewards,
+                reward_weights=cfg.reward_weights, prompt_field=cfg.prompt_field,
+                answer_field=cfg.answer_field, split=cfg.split, test_split=cfg.test_split,
+                skip_invalid=cfg.skip_invalid)
+
+
 def _no_inputs(cfg: TaskConfig) -> None:
     _reward_is_its_own(cfg)
 
 
 def _reward_is_its_own(cfg: TaskConfig) -> None:
     """Tasks whose reward takes no options refuse them rather than ignore them."""
-    if cfg.name in ("calc", "swe") and (cfg.reward != "strict" or cfg.format_weight):
+    if cfg.name in ("calc", "swe") and (cfg.reward not in ((), ("strict",))
+                                        or cfg.format_weight):
         raise ValueError(f"task {cfg.name!r} has its own reward: --task.reward and "
                          "--task.format-weight do not apply")
-    if cfg.name == "math" and cfg.reward != "strict":
+    if cfg.name == "math" and cfg.reward and not cfg.user_rewards and cfg.reward != ("strict",):
         raise ValueError("task 'math' scores \\boxed answers: --task.reward does not apply")
+    if cfg.user_rewards and cfg.format_weight:
+        raise ValueError("--task.format-weight weighs the built-in format reward; with your "
+                         "own rewards, add a format reward as another --task.reward")
+    if not cfg.user_rewards and cfg.reward_weights:
+        raise ValueError("--task.reward-weights weighs module:function rewards; none given")
+    _rewards_load(cfg)
+
+
+def _rewards_load(cfg: TaskConfig) -> None:
+    """Import each user reward now: a typo stops the run before any work."""
+    from locojax.envs.user import rewards
+
+    if cfg.user_rewards:
+        rewards(cfg.user_rewards, cfg.reward_weights)
+
+
+def _data_inputs(cfg: TaskConfig) -> None:
+    from locojax.envs.data import is_hub_name
+
+    if not cfg.data:
+        raise ValueError("task 'data' needs --task.data (jsonl, parquet, a datasets directory "
+                         "or a hub name)")
+    if cfg.reward != cfg.user_rewards:
+        raise ValueError("task 'data': --task.reward takes module:function rewards only")
+    if not cfg.user_rewards:
+        raise ValueError("task 'data' needs --task.reward module:function (a TRL-style "
+                         "reward; repeat it for several)")
+    if cfg.format_weight:
+        raise ValueError("task 'data' has no built-in format reward: add yours as another "
+                         "--task.reward")
+    for path in (cfg.data, cfg.test_data):
+        if path and not Path(path).exists() and not is_hub_name(path):
+            raise ValueError(f"data {path!r} does not exist")
+    _rewards_load(cfg)
 
 
 def _files_exist(cfg: TaskConfig) -> None:
@@ -159,6 +250,7 @@ TASKS = {
     "gsm8k": Entry("locojax.envs.gsm8k", _gsm8k, _files_exist),
     "math": Entry("locojax.envs.math_boxed", _data_files, _files_exist),
     "swe": Entry("locojax.envs.swe.workload", _swe, _swe_inputs),
+    "data": Entry("locojax.envs.user", _data, _data_inputs),
 }
 
 
@@ -168,14 +260,40 @@ def task_names() -> list[str]:
 
 def check(cfg: TaskConfig) -> None:
     """Refuse a task config whose inputs cannot serve a run (ValueError naming them)."""
-    TASKS[cfg.name].check_inputs(cfg)
+    if cfg.name in TASKS:
+        TASKS[cfg.name].check_inputs(cfg)
+        return
+    from locojax.envs.user import load_ref  # module:function: it must import
+
+    if cfg.format_weight:
+        raise ValueError(f"task {cfg.name!r} is your own: --task.format-weight does not apply")
+    if cfg.reward and not cfg.user_rewards:
+        raise ValueError(f"task {cfg.name!r} is your own: --task.reward takes module:function "
+                         "rewards only")
+    if not callable(load_ref(cfg.name)):
+        raise ValueError(f"--task.name {cfg.name!r} is not a function")
+    _rewards_load(cfg)
 
 
 def build(cfg: TaskConfig, seed: int, max_turns: int = 0) -> Task:
     """The task of a run's config; `max_turns` (multi-turn): the run's turn limit, 0 = the
     task's own default."""
     check(cfg)
-    return make_task(cfg.name, **TASKS[cfg.name].options(cfg, seed, max_turns))
+    if cfg.name not in TASKS:
+        from locojax.envs.user import user_task
+
+        options = dict(seed=seed, data=cfg.data, test_data=cfg.test_data, level=cfg.level,
+                       train_size=cfg.train_size, template=cfg.template, max_turns=max_turns,
+                       skip_invalid=cfg.skip_invalid)
+        return user_task(cfg.name, options, cfg.user_rewards, cfg.reward_weights,
+                         cfg.prompt_field, cfg.answer_field, cfg.split, cfg.test_split)
+    task = make_task(cfg.name, **TASKS[cfg.name].options(cfg, seed, max_turns))
+    if cfg.user_rewards and cfg.name != "data":  # gsm8k, math, arith: their data, your reward
+        from locojax.envs.user import rewards
+
+        task = dataclasses.replace(task, reward=rewards(cfg.user_rewards, cfg.reward_weights),
+                                   format_check=None)
+    return task
 
 
 def make_task(name: str, **kwargs) -> Task:

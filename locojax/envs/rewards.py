@@ -32,7 +32,13 @@ Isolation levels:
   among them), and "thread" with a warning for an unpicklable one (a lambda, a closure).
 
 A `CombinedReward` is run part by part, so one failing part zeroes only its own term and each
-part is logged as `reward/<name>/mean`.
+part is logged as `reward/<name>/mean`. A failure is logged naming the part and the row
+(`Example.id`).
+
+A part marked `abstains` (the user rewards of `envs/user.py`, TRL's convention) may return
+None, meaning "does not apply to this row": it contributes 0 to the total and is left out of
+its part's mean, and a row where every part abstained is a counted error scored 0. For any
+other reward None is a bad value like any other.
 """
 
 from __future__ import annotations
@@ -82,18 +88,20 @@ class RewardConfig:
 
 class _Outcome(NamedTuple):
     value: float
-    status: Literal["ok", "error", "timeout"]
+    status: Literal["ok", "error", "timeout", "none"]
     detail: str = ""
 
 
-def _check_value(v: Any) -> _Outcome:
+def _check_value(v: Any, abstains: bool = False) -> _Outcome:
+    if v is None and abstains:
+        return _Outcome(0.0, "none")
     try:
         return _Outcome(check_reward(v), "ok")
     except RewardValueError as e:
         return _Outcome(0.0, "error", str(e))
 
 
-_ARITY = {"ready": 1, "loaded": 2, "load_error": 2, "ok": 2, "error": 2}
+_ARITY = {"ready": 1, "loaded": 2, "load_error": 2, "ok": 2, "error": 2, "none": 1}
 """The messages a worker sends, and their lengths."""
 
 
@@ -170,10 +178,11 @@ def _worker_main(conn: Connection) -> None:
         # object the reward made.
         try:
             value = fns[key](completion, example)
-            out = _check_value(value)
+            out = _check_value(value, getattr(fns[key], "abstains", False))
         except BaseException as e:  # noqa: BLE001
             out = _Outcome(0.0, "error", _error_text(e))
-        conn.send(("ok", out.value) if out.status == "ok" else ("error", out.detail))
+        conn.send({"ok": ("ok", out.value), "none": ("none",)}.get(out.status,
+                                                                   ("error", out.detail)))
 
 
 _CTX = mp.get_context("spawn")  # fork is unsafe in a process running JAX threads
@@ -233,28 +242,33 @@ class RewardRunner:
         parts = fn.parts if isinstance(fn, CombinedReward) else ((reward_name(fn), fn, 1.0),)
         total = np.zeros(len(completions), np.float64)
         per_part: dict[str, np.ndarray] = {}
+        applied = np.zeros(len(completions), bool)  # some part did not abstain
         for name, part, weight in parts:
             outcomes = self._run(part, completions, examples)
             values = np.array([o.value for o in outcomes], np.float64)
             per_part[name] = values
             total += weight * values
+            counted = np.array([o.status != "none" for o in outcomes], bool)
+            applied |= counted
             with self._lock:
                 acc = self._sums.setdefault(name, [0.0, 0])
-                acc[0] += float(values.sum())
-                acc[1] += len(values)
-                for o in outcomes:
+                acc[0] += float(values[counted].sum())
+                acc[1] += int(counted.sum())
+                for o, ex in zip(outcomes, examples):
                     self._counts["calls"] += 1
-                    if o.status != "ok":
+                    if o.status in ("error", "timeout"):
                         self._counts[o.status + "s"] += 1
-                        self._log(name, o)
+                        self._log(name, o, ex)
         # Each part is within range, but a weighted sum of them need not be.
         for i, t in enumerate(total):
-            o = _check_value(t)
+            o = (_check_value(t) if applied[i] else
+                 _Outcome(0.0, "error", "every reward returned None (does not apply)"))
             if o.status != "ok":
                 total[i] = 0.0
                 with self._lock:
                     self._counts["errors"] += 1
-                    self._log("total", o._replace(detail="weighted total: " + o.detail))
+                    self._log("total", o._replace(detail="weighted total: " + o.detail),
+                              examples[i])
         return Scores(total, per_part)
 
     def metrics(self, reset: bool = True) -> dict[str, float]:
@@ -294,12 +308,13 @@ class RewardRunner:
 
     # -- internals ----------------------------------------------------------------------------
 
-    def _log(self, name: str, o: _Outcome) -> None:
+    def _log(self, name: str, o: _Outcome, example: Example) -> None:
         # The first few failures are logged in full so a broken reward is easy to diagnose;
         # after that only the counters move.
         if self._logged < 5:
             self._logged += 1
-            log.warning("reward %s %s -> 0: %s", name, o.status, o.detail)
+            log.warning("reward %s %s on row %s -> 0: %s", name, o.status,
+                        getattr(example, "id", "?"), o.detail)
 
     def mode(self, fn: Reward) -> Literal["thread", "process"]:
         """Where one reward part runs (see the module docstring for "auto")."""
@@ -328,7 +343,8 @@ class RewardRunner:
 
     def _run_thread(self, fn: Reward, completion: str, example: Example) -> _Outcome:
         try:
-            return _check_value(call_with_timeout(fn, (completion, example), self.config.timeout_s))
+            return _check_value(call_with_timeout(fn, (completion, example), self.config.timeout_s),
+                                getattr(fn, "abstains", False))
         except Deadline as e:
             return _Outcome(0.0, "timeout", str(e))
         except Exception as e:  # noqa: BLE001
@@ -419,6 +435,10 @@ class RewardRunner:
         task = w.task
         if kind == "ok" and task is not None and task >= 0:
             results[task] = _check_value(msg[1])
+            w.task = None
+            return
+        if kind == "none" and task is not None and task >= 0:
+            results[task] = _Outcome(0.0, "none")
             w.task = None
             return
         if kind == "error" and task is not None and task >= 0:
