@@ -184,3 +184,18 @@ def test_the_reward_is_chosen_from_the_config_or_refused():
         build(TaskConfig(name="calc", reward="flexible"), seed=0)
     with pytest.raises(ValueError, match="task 'math' scores"):
         build(TaskConfig(name="math", data=data, reward="flexible"), seed=0)
+
+
+def test_a_preset_reward_is_replaced_from_the_command_line_not_added_to():
+    """real-demo's preset reward is flexible: --task.reward replaces it (an appending flag
+    made it ("flexible", "strict"), refused as a list of built-ins)."""
+    import tyro
+
+    from locojax.train.config import PRESETS
+
+    def reward(*argv):
+        return tyro.extras.overridable_config_cli(PRESETS, args=["real-demo", *argv]).task.reward
+
+    assert reward() == ("flexible",)
+    assert reward("--task.reward", "strict") == ("strict",)
+    assert reward("--task.reward", "m:a", "m:b") == ("m:a", "m:b")

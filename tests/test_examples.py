@@ -33,7 +33,7 @@ def metrics(run_dir):
 def test_trl_reward_file_on_jsonl(tmp_path):
     task = ["--task.data", "examples/trl_reward/data.jsonl",
             "--task.reward", "examples/trl_reward/rewards.py:reward_len",
-            "--task.reward", "examples/trl_reward/rewards.py:correct"]
+            "examples/trl_reward/rewards.py:correct"]
     run = tmp_path / "run"
     locojax("train", "demo", *SHORT, "--run-dir", str(run), "--task.name", "data", *task,
             "--task.reward-weights", "0.1", "1", "--rollout.max-prompt-tokens", "8")

@@ -3,7 +3,7 @@
     locojax train demo --model tiny --steps 2 --task.name data \
         --task.data examples/trl_reward/data.jsonl \
         --task.reward examples/trl_reward/rewards.py:reward_len \
-        --task.reward examples/trl_reward/rewards.py:correct --task.reward-weights 0.1 1
+                      examples/trl_reward/rewards.py:correct --task.reward-weights 0.1 1
 
 `reward_len` is the example of TRL's GRPO docs; `correct` reads the dataset's `answer`
 column, which arrives as a keyword argument, one value per completion.

@@ -36,7 +36,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
-from typing import Annotated, Literal
+from typing import Literal
 
 import tyro
 
@@ -59,9 +59,9 @@ class EvalArgs:
     template: Literal["plain", "qwen", "chat"] = "plain"
     """Prompt template of gsm8k, math and arith: plain, qwen (hand-written ChatML; gsm8k,
     math) or chat (the checkpoint's own chat template, from its tokenizer_config.json)."""
-    reward: Annotated[tuple[str, ...], tyro.conf.UseAppendAction] = ()
+    reward: tuple[str, ...] = ()
     """Correctness of gsm8k and arith: strict (the default, `#### N`) or flexible (the last
-    number); or your own TRL-style rewards, module:function, repeated (as `train
+    number); or your own TRL-style rewards, module:function, several after one flag (as `train
     --task.reward`)."""
     reward_weights: tuple[float, ...] = ()
     """Weights of the module:function rewards (default: all 1)."""

@@ -25,9 +25,6 @@ import importlib
 import inspect
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
-
-import tyro
 
 from locojax.envs.base import Task
 
@@ -60,12 +57,13 @@ class TaskConfig:
     epochs, which is where pass-rate curation has prompts to hold back."""
     skip_invalid: bool = False
     """gsm8k / math: skip malformed rows (and count them) instead of stopping at the first."""
-    reward: Annotated[tuple[str, ...], tyro.conf.UseAppendAction] = ()
+    reward: tuple[str, ...] = ()
     """Correctness reward of gsm8k and arith: strict (the default: the number after `####`)
     or flexible (the last number in the reply, as lm-eval's flexible-extract; for instruct
-    models that answer "... = 42"). Or your own reward with TRL's signature,
-    `module:function` or `file.py:function`, repeated for several (data, gsm8k, math,
-    arith, your own single-turn task: it replaces the task's reward)."""
+    models that answer "... = 42"). Or your own rewards with TRL's signature,
+    `module:function` or `file.py:function`, several after one flag (data, gsm8k, math,
+    arith, your own single-turn task: they replace the task's reward). One flag, not a
+    repeated one, so that it replaces a preset's reward rather than adding to it."""
     reward_weights: tuple[float, ...] = ()
     """Weights of the `module:function` rewards, one each (default: all 1), e.g.
     `--task.reward-weights 1 0.2`."""
