@@ -9,6 +9,10 @@ kept non-negative, so no line needs a sign. Sizes stay within what a char-level 
 64-token context handles: prompts <= 12 chars; completions <= 9 chars with two operands, <= 29
 at level 4 and <= 36 at level 5.
 
+For an instruct model, `template="chat"` asks in words instead ("What is 9 + 18? Give only
+the final number.", `chat_prompt`), usually with the flexible reward (the reply's last
+number): level 0 is where SmolLM2-135M-Instruct is partly right (docs/real_model.md).
+
 Difficulty levels (`at_level(n)`); a short SFT on a tiny model leaves level 3 mediocre but
 learnable, which is where GRPO has room to help:
 
@@ -26,7 +30,6 @@ from __future__ import annotations
 
 import dataclasses
 import random
-
 from typing import Literal
 
 from locojax.envs.base import (
