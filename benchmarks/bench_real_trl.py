@@ -1,0 +1,231 @@
+"""The same learning as TRL, side by side, on the real SmolLM2-135M-Instruct.
+
+Both sides run the `real-demo` work from the same checkpoint (`make real-model`): chat
+arith level 0, the same prompts in the same order (TRL's side takes locojax's prompt stream
+and reward function, `peers/trl_real_worker.py`), G, learning rate, β, ε, temperature,
+max new tokens and steps (`SETTINGS`), and the loss aggregated as TRL's default `dapo`
+(token-mean over the batch; locojax `--algo.loss-agg token-mean`), group rewards scaled by
+their std on both. Each run is a whole process (locojax single mode; TRL with torch on every
+core), run one after another, seed-major (every side of seed 0, then of seed 1, ...), so a
+change in the machine's load falls on both.
+
+Reported per seed and side: the mean reward of the first and last tenth of the steps, held-out
+greedy accuracy of the start checkpoint and of the final model (the same `locojax eval`
+on both sides' exports, format rate and accuracy in format beside it), the median step time
+of the steady steps, the peak RSS of the process, and the locojax step's share of this
+machine's roofline: its decode steps' weight bytes at the measured memory bandwidth, its
+train step's FLOPs (3 × forward, every trained position) at the measured matmul peak.
+The per-step reward curves go to OUT/<side>-<seed>/metrics.jsonl (`locojax plot` overlays
+them). Step times are from runs made one after another, not interleaved step by step; the
+ratio is read with that said.
+
+Usage:
+    .venv/bin/python benchmarks/bench_real_trl.py --seeds 0 1 2          # the full table
+    .venv/bin/python benchmarks/bench_real_trl.py --steps 2 --sides locojax --held-out 16
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a file: import the package from the repository root
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks import harness
+from benchmarks.peers import install
+
+SETTINGS = dict(level=0, reward="flexible", prompts_per_step=8, group_size=8,
+                max_new_tokens=32, max_prompt_tokens=48, lr=1e-5, weight_decay=0.0, beta=0.0,
+                eps=0.2,
+                temperature=1.0, loss_agg="token-mean", trl_loss_type="dapo")
+"""What both sides run; the locojax side takes them as `train real-demo` flags. Adam's β and
+ε and the gradient clip (1.0) are both sides' defaults; weight decay is TRL's (0)."""
+
+
+def locojax_argv(model: str, seed: int, steps: int, run_dir: Path, eval_every: int) -> list[str]:
+    s = SETTINGS
+    return [*harness.CLI, "train", "real-demo", "--model", model, "--seed", str(seed),
+            "--steps", str(steps), "--run-dir", str(run_dir), "--task.level", str(s["level"]),
+            "--task.reward", s["reward"], "--rollout.prompts-per-step", str(s["prompts_per_step"]),
+            "--algo.group-size", str(s["group_size"]),
+            "--rollout.max-new-tokens", str(s["max_new_tokens"]),
+            "--rollout.max-prompt-tokens", str(s["max_prompt_tokens"]),
+            "--optim.lr", str(s["lr"]), "--optim.weight-decay", str(s["weight_decay"]),
+            "--algo.beta", str(s["beta"]),
+            "--algo.eps-low", str(s["eps"]), "--algo.eps-high", str(s["eps"]),
+            "--rollout.temperature", str(s["temperature"]), "--algo.loss-agg", s["loss_agg"],
+            "--eval.every", str(eval_every), "--checkpoint.no-resume"]
+
+
+def trl_argv(python: Path, model: str, seed: int, steps: int, out: Path) -> list[str]:
+    return [str(python), "-m", "benchmarks.peers.trl_real_worker", "--model", model,
+            "--out", str(out), "--seed", str(seed), "--steps", str(steps),
+            "--settings", json.dumps(SETTINGS)]
+
+
+def with_peak_rss(argv: list[str]) -> list[str]:
+    """argv under GNU time, which prints the process's peak RSS (kB) as its last line."""
+    time_bin = shutil.which("time") or "/usr/bin/time"
+    return [time_bin, "-f", "peak_rss_kb %M", *argv] if Path(time_bin).exists() else argv
+
+
+def peak_rss_gb(log: Path) -> float:
+    lines = [ln for ln in log.read_text(errors="replace").splitlines()
+             if ln.startswith("peak_rss_kb ")]
+    return int(lines[-1].split()[1]) * 1024 / 1e9 if lines else harness.NAN
+
+
+def held_out(model: str, seed: int, out: Path, rows: int) -> dict:
+    """`locojax eval`'s summary of `model` on the first `rows` of this seed's 200 held-out
+    problems (0: all)."""
+    s = SETTINGS
+    code, tail = harness.run_logged(
+        [*harness.CLI, "eval", "--model", model, "--task", "arith", "--level", str(s["level"]),
+         "--limit", str(rows),
+         "--template", "chat", "--reward", s["reward"], "--max-new-tokens",
+         str(s["max_new_tokens"]), "--max-prompt-tokens", str(s["max_prompt_tokens"]),
+         "--batch-size", "100", "--seed", str(seed), "--out", str(out)],
+        out.with_suffix(".log"), timeout=1800)
+    if code:
+        raise RuntimeError(f"locojax eval of {model} failed ({code}):\n{tail}")
+    return json.loads(Path(str(out) + ".summary.json").read_text())
+
+
+def rewards(run_dir: Path) -> list[float]:
+    rows = harness.read_steps(run_dir / "metrics.jsonl")
+    return [rows[s]["reward/mean"] for s in sorted(rows) if "reward/mean" in rows[s]]
+
+
+def step_times(run_dir: Path, log: str) -> list[float]:
+    rows = harness.read_steps(run_dir / log)
+    return [rows[s]["perf/step_time"] for s in sorted(rows) if "perf/step_time" in rows[s]]
+
+
+def roofline(run_dir: Path, model: str, bandwidth: float, peak: float) -> str:
+    """The locojax step's decode and train time against their ideal at this machine's
+    measured bandwidth and matmul peak (median of the steady steps)."""
+    from locojax.model import loader
+
+    cfg = loader.load_config(model)
+    s = SETTINGS
+    rows = harness.read_steps(run_dir / "perf.jsonl")
+    steady = [rows[k] for k in sorted(rows)[2:]]
+    weight_bytes = 4 * cfg.num_params()  # f32: what each decode step reads at least once
+    decode = harness.median([r["perf/phase/decode"] for r in steady])
+    train = harness.median([r["perf/phase/train"] for r in steady])
+    rows_per_step = s["prompts_per_step"] * s["group_size"]
+    positions = s["max_prompt_tokens"] + s["max_new_tokens"]
+    # The body runs at every position; the LM head only where a response token's logprob is
+    # read (N positions a row), as the train step computes it. 3 x: forward and backward.
+    head = 2 * cfg.hidden_size * cfg.vocab_size
+    body = sum(cfg.flops_per_token(t) - head for t in range(positions))
+    train_flops = 3 * rows_per_step * (body + s["max_new_tokens"] * head)
+    ideal_decode = s["max_new_tokens"] * weight_bytes / bandwidth
+    return (f"decode {decode:.2f} s/step, ideal {ideal_decode:.2f} s "
+            f"({harness.fmt(ideal_decode / decode, '.0%')} of the bandwidth roofline); train "
+            f"{train:.2f} s/step, {train_flops / 1e12:.2f} TFLOP "
+            f"({harness.fmt(train_flops / peak / train, '.0%')} of the matmul peak)")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="models/SmolLM2-135M-Instruct")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0])
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--eval-every", type=int, default=10)
+    ap.add_argument("--held-out", type=int, default=0,
+                    help="score only the first this many held-out problems (0: all 200)")
+    ap.add_argument("--sides", nargs="+", default=["locojax", "trl"], choices=["locojax", "trl"])
+    ap.add_argument("--out", type=Path, default=Path("runs/bench-real-trl"))
+    ap.add_argument("--no-install", action="store_true", help="use only an existing TRL venv")
+    ap.add_argument("--report-only", action="store_true",
+                    help="print the tables of the runs in --out again, without running")
+    args = ap.parse_args(argv)
+    print(harness.header("bench_real_trl", f"settings {json.dumps(SETTINGS)}"))
+    if args.report_only:
+        results = json.loads((args.out / "results.json").read_text())
+        report(results)
+        print_roofline(results, args.model)
+        return 0
+    if not Path(args.model, "config.json").is_file():
+        print(f"no checkpoint at {args.model}: make real-model", file=sys.stderr)
+        return 2
+    python = None
+    if "trl" in args.sides:
+        peer = install.PEERS["trl"]
+        if args.no_install and not install.is_ready(peer):
+            print("TRL's venv is not installed (drop --no-install)", file=sys.stderr)
+            return 2
+        python = install.install(peer)
+    args.out.mkdir(parents=True, exist_ok=True)
+    results = []
+    for seed in args.seeds:
+        base = held_out(args.model, seed, args.out / f"base-{seed}.jsonl", args.held_out)
+        for side in args.sides:
+            run_dir = args.out / f"{side}-{seed}"
+            shutil.rmtree(run_dir, ignore_errors=True)
+            argv_ = (locojax_argv(args.model, seed, args.steps, run_dir, args.eval_every)
+                     if side == "locojax" else trl_argv(python, args.model, seed, args.steps,
+                                                        run_dir))
+            log = args.out / f"{side}-{seed}.log"
+            code, tail = harness.run_logged(with_peak_rss(argv_), log, timeout=4 * 3600)
+            if code:
+                raise RuntimeError(f"{side} seed {seed} failed ({code}):\n{tail}")
+            final = held_out(str(run_dir / "final_model"), seed,
+                             args.out / f"{side}-{seed}-final.jsonl", args.held_out)
+            r = rewards(run_dir)
+            tenth = max(1, len(r) // 10)
+            times = step_times(run_dir, "perf.jsonl" if side == "locojax" else "metrics.jsonl")
+            results.append(dict(seed=seed, side=side, base=base, final=final,
+                                first=sum(r[:tenth]) / tenth, last=sum(r[-tenth:]) / tenth,
+                                step_s=harness.median(times[2:]), rss=peak_rss_gb(log),
+                                run_dir=str(run_dir)))
+            print(f"seed {seed} {side}: done, load {harness.loads()}", flush=True)
+    (args.out / "results.json").write_text(json.dumps(results, indent=1))
+    report(results)
+    print_roofline(results, args.model)
+    print(f"\nload at the end {harness.loads()}; results {args.out / 'results.json'}")
+    return 0
+
+
+def print_roofline(results: list[dict], model: str) -> None:
+    """This machine's bandwidth and matmul peak, measured now, and each locojax run's share."""
+    if not any(r["side"] == "locojax" for r in results):
+        return
+    from benchmarks.bench_engine import read_bandwidth
+    from benchmarks.bench_peers import matmul_peak
+
+    bw, peak = read_bandwidth(), matmul_peak()
+    print(f"\nmachine: {bw / 1e9:.1f} GB/s (512 MiB f32 sum), {peak / 1e9:.0f} GFLOP/s "
+          "(2048^3 f32 matmul)")
+    for r in results:
+        if r["side"] == "locojax":
+            print(f"seed {r['seed']} locojax: {roofline(Path(r['run_dir']), model, bw, peak)}")
+
+
+def report(results: list[dict]) -> None:
+    print()
+    for line in harness.table(
+            ["seed", "side", "reward first/last tenth", "held-out before -> after",
+             "in format after", "acc. in format before -> after", "s/step", "peak RSS GB"],
+            [[r["seed"], r["side"], f"{r['first']:.3f} / {r['last']:.3f}",
+              f"{r['base']['accuracy']:.3f} -> {r['final']['accuracy']:.3f}",
+              f"{r['final']['format_rate']:.3f}",
+              f"{r['base']['accuracy_in_format']:.3f} -> {r['final']['accuracy_in_format']:.3f}",
+              harness.fmt(r["step_s"], ".2f"), harness.fmt(r["rss"], ".2f")]
+             for r in results]):
+        print(line)
+    by = {(r["seed"], r["side"]): r for r in results}
+    for seed in sorted({r["seed"] for r in results}):
+        if (seed, "trl") in by and (seed, "locojax") in by:
+            ratio = harness.ratio(by[seed, "trl"]["step_s"], by[seed, "locojax"]["step_s"])
+            print(f"seed {seed}: TRL s/step / locojax s/step = {harness.fmt(ratio, '.2f')} "
+                  "(runs one after another)")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
