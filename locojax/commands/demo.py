@@ -32,6 +32,19 @@ def _pop_flag(argv: list[str], name: str, default: str) -> tuple[str, list[str]]
     return default, argv
 
 
+def _start_afresh(run_dir: str) -> None:
+    """The demo's own scratch directory: each demo starts afresh."""
+    if os.path.isdir(run_dir):
+        print(f"removing the previous demo run {run_dir}")
+        shutil.rmtree(run_dir)
+
+
+def _plotted(run_dir: str, code: int) -> int:
+    if code == 0:
+        print(f"plot: {plot(run_dir)}")
+    return code
+
+
 def _real(argv: list[str]) -> int:
     from locojax.commands.train import main as train_main
     from locojax.train.config import REAL_MODEL_DIR
@@ -48,13 +61,9 @@ def _real(argv: list[str]) -> int:
             print(f"locojax demo --real: {e}", file=sys.stderr)
             return 2
     print("locojax demo --real: GRPO on chat arithmetic from SmolLM2-135M-Instruct, single mode")
-    if os.path.isdir(run_dir):
-        print(f"removing the previous demo run {run_dir}")
-        shutil.rmtree(run_dir)
-    code = train_main(["real-demo", "--model", model, "--run-dir", run_dir, *rest])
-    if code == 0:
-        print(f"plot: {plot(run_dir)}")
-    return code
+    _start_afresh(run_dir)
+    return _plotted(run_dir, train_main(["real-demo", "--model", model, "--run-dir", run_dir,
+                                         *rest]))
 
 
 def main(argv: list[str]) -> int:
@@ -64,9 +73,7 @@ def main(argv: list[str]) -> int:
     run_dir, rest = _pop_flag(rest, "--run-dir", RUN_DIR)
     train = ["train", "demo", "--mode", mode, "--run-dir", run_dir, *rest]
     print(f"locojax demo: GRPO on built-in arith from the embedded checkpoint, mode={mode}")
-    if os.path.isdir(run_dir):  # the demo's own scratch directory: each demo starts afresh
-        print(f"removing the previous demo run {run_dir}")
-        shutil.rmtree(run_dir)
+    _start_afresh(run_dir)
     if mode == "colocated":
         code = launch(LaunchArgs(hosts=2, devices_per_host=1),
                       [sys.executable, "-m", "locojax.cli", *train])
@@ -77,6 +84,4 @@ def main(argv: list[str]) -> int:
     else:
         print(f"locojax demo: --mode must be colocated or single, got {mode!r}", file=sys.stderr)
         return 2
-    if code == 0:
-        print(f"plot: {plot(run_dir)}")
-    return code
+    return _plotted(run_dir, code)
