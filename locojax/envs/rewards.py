@@ -22,9 +22,9 @@ Isolation levels:
   cannot be stopped: its thread is abandoned and keeps its CPU until it finishes on its own,
   and a call that holds the GIL (catastrophic regex backtracking, a huge integer power, C
   code that does not release it) keeps the caller from even noticing its deadline.
-- "process": a small pool of spawned worker processes, each in its own session. A timed-out
-  call's worker is killed along with its process group and replaced, so the deadline holds
-  against anything. The reward must be picklable (a module-level function,
+- "process": a small pool of spawned worker processes (`reward_worker.py`), each in its
+  own session. A timed-out call's worker is killed along with its process group and
+  replaced, so the deadline holds against anything. The reward must be picklable (a module-level function,
   `functools.partial`, or `CombinedReward` of those).
 - "auto" (the default), per reward part: "thread" for rewards marked `@bounded` (their own
   code ends quickly without holding the GIL: the built-in format and exact-match checks, the
@@ -45,20 +45,18 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import multiprocessing as mp
-import os
 import pickle
-import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import wait
 from typing import Any, Literal, NamedTuple
 
 import numpy as np
 
-from locojax.envs.base import (CombinedReward, Example, Reward, RewardValueError, check_reward,
-                               reward_name)
+from locojax.envs.base import CombinedReward, Example, Reward, reward_name
+from locojax.envs.reward_worker import (CTX, Outcome, Worker, check_value, error_text,
+                                        well_formed)
 
 log = logging.getLogger(__name__)
 
@@ -84,39 +82,6 @@ class RewardConfig:
     """Worker processes for isolation='process' (calls in a batch run concurrently)."""
     load_timeout_s: float = 120.0
     """Deadline for a worker process to start and import the reward's module."""
-
-
-class _Outcome(NamedTuple):
-    value: float
-    status: Literal["ok", "error", "timeout", "none"]
-    detail: str = ""
-
-
-def _check_value(v: Any, abstains: bool = False) -> _Outcome:
-    if v is None and abstains:
-        return _Outcome(0.0, "none")
-    try:
-        return _Outcome(check_reward(v), "ok")
-    except RewardValueError as e:
-        return _Outcome(0.0, "error", str(e))
-
-
-_ARITY = {"ready": 1, "loaded": 2, "load_error": 2, "ok": 2, "error": 2, "none": 1}
-"""The messages a worker sends, and their lengths."""
-
-
-def _well_formed(msg: Any) -> bool:
-    return (isinstance(msg, tuple) and len(msg) >= 1 and isinstance(msg[0], str)
-            and _ARITY.get(msg[0]) == len(msg))
-
-
-def _error_text(e: BaseException) -> str:
-    """`Type: message` of an exception, never raising (its `__str__` is the reward's code)."""
-    try:
-        text = str(e)
-    except Exception:  # noqa: BLE001
-        text = "<unprintable>"
-    return f"{type(e).__name__}: {text}"[:500]
 
 
 class Deadline(Exception):
@@ -147,68 +112,6 @@ def call_with_timeout(fn: Callable[..., Any], args: tuple, timeout_s: float) -> 
     return box["value"]
 
 
-# ---------------------------------------------------------------------------------------------
-# Process workers.
-
-
-def _worker_main(conn: Connection) -> None:
-    """Loop of a reward worker process: load functions, score items, until told to stop."""
-    # Own session, so the parent can kill this worker and anything it spawned as one group.
-    os.setsid()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's business
-    fns: dict[int, Callable] = {}
-    conn.send(("ready",))
-    while True:
-        try:
-            msg = conn.recv()
-        except EOFError:
-            return
-        if msg[0] == "stop":
-            return
-        if msg[0] == "load":
-            _, key, blob = msg
-            try:
-                fns[key] = pickle.loads(blob)
-                conn.send(("loaded", key))
-            except BaseException as e:  # noqa: BLE001
-                conn.send(("load_error", _error_text(e)))
-            continue
-        _, key, completion, example = msg
-        # Checked here, so only a float or a text crosses back: the parent never unpickles an
-        # object the reward made.
-        try:
-            value = fns[key](completion, example)
-            out = _check_value(value, getattr(fns[key], "abstains", False))
-        except BaseException as e:  # noqa: BLE001
-            out = _Outcome(0.0, "error", _error_text(e))
-        conn.send({"ok": ("ok", out.value), "none": ("none",)}.get(out.status,
-                                                                   ("error", out.detail)))
-
-
-_CTX = mp.get_context("spawn")  # fork is unsafe in a process running JAX threads
-
-
-class _Worker:
-    def __init__(self, ctx):
-        self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_worker_main, args=(child,), daemon=True)
-        self.proc.start()
-        child.close()
-        self.loaded: set[int] = set()
-        self.ready = False
-        self.task: int | None = None  # index of the item being scored
-        self.deadline = 0.0
-
-    def kill(self) -> None:
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        self.proc.kill()
-        self.proc.join(timeout=5)
-        self.conn.close()
-
-
 class RewardRunner:
     """Guarded reward execution with error/timeout counters. Not itself thread-safe per batch:
     use one runner per scoring thread, or serialise `score_batch` calls."""
@@ -223,7 +126,7 @@ class RewardRunner:
         self._counts = {"calls": 0, "errors": 0, "timeouts": 0}
         self._sums: dict[str, list[float]] = {}
         self._lock = threading.Lock()
-        self._workers: list[_Worker] = []
+        self._workers: list[Worker] = []
         self._process_lock = threading.Lock()  # one batch at a time uses the worker pool
         self._unpicklable_warned: set[str] = set()
         self._logged = 0
@@ -261,8 +164,8 @@ class RewardRunner:
                         self._log(name, o, ex)
         # Each part is within range, but a weighted sum of them need not be.
         for i, t in enumerate(total):
-            o = (_check_value(t) if applied[i] else
-                 _Outcome(0.0, "error", "every reward returned None (does not apply)"))
+            o = (check_value(t) if applied[i] else
+                 Outcome(0.0, "error", "every reward returned None (does not apply)"))
             if o.status != "ok":
                 total[i] = 0.0
                 with self._lock:
@@ -308,7 +211,7 @@ class RewardRunner:
 
     # -- internals ----------------------------------------------------------------------------
 
-    def _log(self, name: str, o: _Outcome, example: Example) -> None:
+    def _log(self, name: str, o: Outcome, example: Example) -> None:
         # The first few failures are logged in full so a broken reward is easy to diagnose;
         # after that only the counters move.
         if self._logged < 5:
@@ -335,23 +238,23 @@ class RewardRunner:
         return "process"
 
     def _run(self, fn: Reward, completions: Sequence[str],
-             examples: Sequence[Example]) -> list[_Outcome]:
+             examples: Sequence[Example]) -> list[Outcome]:
         if self.mode(fn) == "thread":
             return [self._run_thread(fn, c, e) for c, e in zip(completions, examples)]
         with self._process_lock:
             return self._run_process(fn, completions, examples)
 
-    def _run_thread(self, fn: Reward, completion: str, example: Example) -> _Outcome:
+    def _run_thread(self, fn: Reward, completion: str, example: Example) -> Outcome:
         try:
-            return _check_value(call_with_timeout(fn, (completion, example), self.config.timeout_s),
+            return check_value(call_with_timeout(fn, (completion, example), self.config.timeout_s),
                                 getattr(fn, "abstains", False))
         except Deadline as e:
-            return _Outcome(0.0, "timeout", str(e))
+            return Outcome(0.0, "timeout", str(e))
         except Exception as e:  # noqa: BLE001
-            return _Outcome(0.0, "error", f"{type(e).__name__}: {e}")
+            return Outcome(0.0, "error", f"{type(e).__name__}: {e}")
 
     def _run_process(self, fn: Reward, completions: Sequence[str],
-                     examples: Sequence[Example]) -> list[_Outcome]:
+                     examples: Sequence[Example]) -> list[Outcome]:
         try:
             blob = pickle.dumps(fn)
         except Exception as e:  # a configuration error, not a reward failure
@@ -363,9 +266,9 @@ class RewardRunner:
         for w in [w for w in self._workers if not w.proc.is_alive()]:
             self._replace(w)  # died while idle (e.g. OOM-killed between batches)
         while len(self._workers) < max(1, self.config.workers):
-            self._workers.append(_Worker(_CTX))
+            self._workers.append(Worker(CTX))
         n = len(completions)
-        results: list[_Outcome | None] = [None] * n
+        results: list[Outcome | None] = [None] * n
         todo = list(range(n))[::-1]
         now = time.monotonic()
         for w in self._workers:
@@ -385,7 +288,7 @@ class RewardRunner:
                 try:
                     data = pickle.dumps(msg)
                 except Exception as e:  # noqa: BLE001 - an example the worker cannot receive
-                    results[task] = _Outcome(0.0, "error", f"cannot pickle the example: {e}")
+                    results[task] = Outcome(0.0, "error", f"cannot pickle the example: {e}")
                     continue
                 try:
                     w.conn.send_bytes(data)
@@ -409,21 +312,21 @@ class RewardRunner:
                     except (EOFError, OSError):
                         msg = ("died", f"worker exited with code {w.proc.exitcode}")
                     except Exception as e:  # noqa: BLE001 - a message that fails to unpickle
-                        msg = ("unreadable", f"its result cannot be read ({_error_text(e)})")
-                    if not _well_formed(msg):
+                        msg = ("unreadable", f"its result cannot be read ({error_text(e)})")
+                    if not well_formed(msg):
                         msg = ("unreadable", "it sent a malformed message")
                     self._handle(w, msg, results, todo)
                 elif time.monotonic() >= w.deadline:
                     self._handle(w, ("timeout", ""), results, todo)
         return results  # type: ignore[return-value]
 
-    def _replace(self, w: _Worker) -> None:
+    def _replace(self, w: Worker) -> None:
         w.kill()
-        new = _Worker(_CTX)
+        new = Worker(CTX)
         new.deadline = time.monotonic() + self.config.load_timeout_s
         self._workers[self._workers.index(w)] = new
 
-    def _handle(self, w: _Worker, msg: tuple, results: list, todo: list[int]) -> None:
+    def _handle(self, w: Worker, msg: tuple, results: list, todo: list[int]) -> None:
         kind = msg[0]
         if kind == "ready":
             w.ready = True
@@ -434,15 +337,15 @@ class RewardRunner:
             return
         task = w.task
         if kind == "ok" and task is not None and task >= 0:
-            results[task] = _check_value(msg[1])
+            results[task] = check_value(msg[1])
             w.task = None
             return
         if kind == "none" and task is not None and task >= 0:
-            results[task] = _Outcome(0.0, "none")
+            results[task] = Outcome(0.0, "none")
             w.task = None
             return
         if kind == "error" and task is not None and task >= 0:
-            results[task] = _Outcome(0.0, "error", msg[1])
+            results[task] = Outcome(0.0, "error", msg[1])
             w.task = None
             return
         # A load failure, a dead worker or a timeout: replace the worker.
@@ -453,9 +356,9 @@ class RewardRunner:
                                f"{self.config.load_timeout_s}s: {msg}")
         self._replace(w)
         if kind == "timeout":
-            results[task] = _Outcome(0.0, "timeout", f"exceeded {self.config.timeout_s}s")
+            results[task] = Outcome(0.0, "timeout", f"exceeded {self.config.timeout_s}s")
         else:
-            results[task] = _Outcome(0.0, "error", str(msg[1] if len(msg) > 1 else msg))
+            results[task] = Outcome(0.0, "error", str(msg[1] if len(msg) > 1 else msg))
 
 
 class Scores(NamedTuple):
