@@ -348,3 +348,26 @@ def test_the_metrics_log_is_repaired_to_the_checkpoints_step(tmp_path, caplog):
     path.write_text("".join(json.dumps({"step": s}) + "\n" for s in (1, 3)))
     logger.truncate_after(3)
     assert "no line for step(s) 2, up to" in caplog.text
+
+
+def test_task_reward_must_match_in_any_of_its_spellings(tmp_path):
+    """task.reward is what the run is trained on: a change is refused. A checkpoint written
+    while it was one string ("strict", "flexible") resumes a run asking for the same reward,
+    and weights left out mean 1 each."""
+    cfg = _cfg(tmp_path)
+    saved = resume.as_json(cfg)
+    for old, now in [("strict", ()), ("strict", ("strict",)), ("flexible", ("flexible",))]:
+        saved["task"]["reward"] = old
+        assert resume.differences(saved, _replace(cfg, "task.reward", now)) == [], (old, now)
+    saved["task"]["reward"] = "strict"
+    assert resume.differences(saved, _replace(cfg, "task.reward", ("flexible",))) \
+        == ["task.reward"]
+    user = dataclasses.replace(cfg.task, reward=("r.py:a", "r.py:b"), reward_weights=())
+    saved = resume.as_json(dataclasses.replace(cfg, task=user))
+    ones = dataclasses.replace(user, reward_weights=(1.0, 1.0))
+    assert resume.differences(saved, dataclasses.replace(cfg, task=ones)) == []
+    other = dataclasses.replace(user, reward_weights=(1.0, 0.2))
+    assert resume.differences(saved, dataclasses.replace(cfg, task=other)) \
+        == ["task.reward_weights"]
+    swapped = dataclasses.replace(user, reward=("r.py:b", "r.py:a"))
+    assert resume.differences(saved, dataclasses.replace(cfg, task=swapped)) == ["task.reward"]

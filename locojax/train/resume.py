@@ -71,13 +71,42 @@ MAY_CHANGE: dict[str, str] = {
     "placement.max_attempts": _CLUSTER, "placement.stall_warning_s": _CLUSTER,
     "placement.verifier_timeout_s": _CLUSTER, "placement.start_timeout_s": _CLUSTER,
 }
-"""Config fields (dotted; a section name covers its fields) a resumed run may change."""
+"""Config fields (dotted; a section name covers its fields) a resumed run may change. Not
+`task.reward` nor its weights: they are what the run is trained on; they are compared in
+one spelling (`_canonical`), so a checkpoint that recorded the reward as one string still
+resumes."""
 
 BY_CONTENT = {"model": "model", "task.data": "task.data", "task.test_data": "task.test_data"}
 """Config fields that name inputs: compared by their fingerprints (content), not by path."""
 
 MODEL_FILES = (*loader.MODEL_FILES, "*.safetensors")
 """The files of a model directory that a run reads (so other files there do not count)."""
+
+
+def _rewards(value) -> list:
+    """`task.reward` as one list: a checkpoint written while it was one string (before
+    several `module:function` rewards) recorded "strict" or "flexible"; "strict" alone is
+    the default a run with no --task.reward gets, so it is the empty list."""
+    value = [value] if isinstance(value, str) else list(value or [])
+    return [] if value == ["strict"] else value
+
+
+def _weights(rewards, value) -> list[float]:
+    """`task.reward_weights`: none given means 1 for each `module:function` reward."""
+    users = [r for r in _rewards(rewards) if ":" in r]
+    return [float(w) for w in value] if value else [1.0] * len(users)
+
+
+def _canonical(flat: dict[str, Any]) -> dict[str, Any]:
+    """The flat config with each field that has several spellings of one value in one
+    spelling: `task.reward` and its weights, the fields a user's rewards came in with."""
+    out = dict(flat)
+    if "task.reward" in out:
+        out["task.reward"] = _rewards(out["task.reward"])
+    if "task.reward_weights" in out:
+        out["task.reward_weights"] = _weights(flat.get("task.reward"),
+                                              out["task.reward_weights"])
+    return out
 
 
 def may_change(name: str) -> bool:
@@ -103,8 +132,8 @@ def differences(saved: dict, cfg) -> list[str]:
     """Fields of `cfg` that differ from the `saved` config and may not change on resume. A
     field the checkpoint does not have (it predates the field) counts only if the run sets it
     to something other than its default."""
-    now, before = flatten(as_json(cfg)), flatten(saved)
-    default = flatten(as_json(type(cfg)()))
+    now, before = _canonical(flatten(as_json(cfg))), _canonical(flatten(saved))
+    default = _canonical(flatten(as_json(type(cfg)())))
     out = []
     for name, value in now.items():
         if may_change(name) or name in BY_CONTENT:
