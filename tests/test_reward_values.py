@@ -167,3 +167,26 @@ def test_scored_rewards_give_finite_advantages():
     adv, _ = advantages.ESTIMATORS["grpo"](jnp.asarray(total.astype(np.float32)),
                                            jnp.asarray([0, 0, 0, 0]))
     assert np.isfinite(np.asarray(adv)).all()
+
+
+class _StepEnv:
+    """A custom env whose step returns `value` as its reward (no RewardRunner in between)."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def step(self, action):
+        return "obs", self.value, True, {}
+
+
+@pytest.mark.parametrize("bad", [1e39, 1e300, math.nan, 10**400, "x"],
+                         ids=["1e39", "1e300", "nan", "10**400", "text"])
+def test_a_multi_turn_step_reward_is_checked(bad):
+    """multi_turn's `_step` routes an env's step reward through check_reward: a bad value
+    raises RewardValueError naming it, which the env pool makes an env error (the trajectory
+    scores 0, counted in env/errors), where `float(reward)` let 1e39 through as inf."""
+    from locojax.rollout.multi_turn import _step
+
+    assert _step(_StepEnv(0.5), "a").reward == 0.5
+    with pytest.raises(RewardValueError, match="reward returned"):
+        _step(_StepEnv(bad), "a")

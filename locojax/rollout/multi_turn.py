@@ -37,7 +37,8 @@ import numpy as np
 
 from locojax.engine.engine import Engine, pad_prompts
 from locojax.engine.sampling import SamplingConfig
-from locojax.envs.base import TOOL_CLOSE, Example, Step, Task, truncate_to_tool_call
+from locojax.envs.base import (TOOL_CLOSE, Example, Step, Task, check_reward,
+                               truncate_to_tool_call)
 from locojax.envs.pool import EnvPool, Outcome
 from locojax.profiler import StepTimer
 from locojax.rollout.limits import Limits
@@ -146,7 +147,9 @@ def _step(env, action: str) -> Step:
     obs, reward, done, info = out  # a malformed result is an env error, caught by the pool
     if not isinstance(obs, str):
         raise TypeError(f"env step returned observation of type {type(obs).__name__}")
-    return Step(obs, float(reward), bool(done), dict(info))
+    # A value the trainer cannot use (1e39 is inf in float32, 10**400 overflows) raises
+    # RewardValueError naming it: an env error, the trajectory scores 0, never NaN advantages.
+    return Step(obs, check_reward(reward), bool(done), dict(info))
 
 
 def rollout(engine: Engine, weights, tokenizer: Tokenizer, task: Task, pool: EnvPool,
