@@ -72,6 +72,15 @@ class WorkerFailed(RuntimeError):
     """A worker's warm-up missed its deadline `max_attempts` times in a row."""
 
 
+def check_generated_with(worker: int, lease: Lease, digest: str) -> None:
+    """Raise `WeightMismatch` unless `digest`, the checksum a worker computed from the bytes
+    it generated `lease` with (`rollout_worker.pull_for`), is the one the lease named."""
+    if digest != lease.digest:
+        raise WeightMismatch(f"worker {worker} generated lease {lease.id} (step {lease.step} "
+                             f"unit {lease.unit}) with weights of checksum {digest}, but the "
+                             f"lease named version {lease.version} with checksum {lease.digest}")
+
+
 def _first_line(e: BaseException) -> str:
     text = str(e).strip()
     return f"{type(e).__name__}: {text.splitlines()[-1] if text else ''}"
@@ -337,11 +346,7 @@ class Dispatcher:
                 return
             slot.lease, (record, digest) = None, out
             slot.version = record.version
-            if digest != lease.digest:  # it generated with other bytes than the lease named
-                raise WeightMismatch(f"worker {slot.index} generated lease {lease.id} (step "
-                                     f"{lease.step} unit {lease.unit}) with weights of checksum "
-                                     f"{digest}, but the lease named version {lease.version} "
-                                     f"with checksum {lease.digest}")
+            check_generated_with(slot.index, lease, digest)
             if self.table.complete(lease.id) is None:
                 log.info("late result of lease %d (step %d unit %d) dropped", lease.id,
                          lease.step, lease.unit)

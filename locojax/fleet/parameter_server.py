@@ -127,5 +127,5 @@ class ObjectStoreTransport:
         except TRANSIENT as e:
             raise VersionUnavailable(f"weight version {version}: parameter server unreachable "
                                      f"({type(e).__name__})") from None
-        verify(tree, got, version, held)
-        return tree, SyncStats(version, nbytes(tree), time.perf_counter() - t)
+        digest = verify(tree, got, version, held)
+        return tree, SyncStats(version, nbytes(tree), time.perf_counter() - t, digest)

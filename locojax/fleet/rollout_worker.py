@@ -30,6 +30,7 @@ from locojax.fleet.faults import Faults, FaultyTimer, hang
 from locojax.fleet.leases import Lease
 from locojax.fleet.parameter_server import ObjectStoreTransport
 from locojax.fleet.verifier import VerifierPool
+from locojax.fleet.versions import checksum
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +39,14 @@ def needs_pull(held: tuple[int | None, str | None], lease: Lease) -> bool:
     """Whether the (version, checksum) a worker holds is not the one `lease` names: the
     number alone is not enough, as a restarted learner may publish other bytes under it."""
     return held != (lease.version, lease.digest)
+
+
+def pull_for(transport, lease: Lease):
+    """(The tree of `lease`'s version, its `SyncStats`, the checksum of the bytes that
+    arrived): computed from the bytes (the transport's own verification, else here), never
+    copied from the lease, so the dispatcher's comparison can fire."""
+    tree, sync = transport.pull(lease.version, lease.digest or None)
+    return tree, sync, sync.digest or checksum(tree)
 
 
 @ray.remote
@@ -98,9 +107,9 @@ class RolloutWorker:
             # Never keep two versions: the old one is gone before the new arrives. If the pull
             # fails (server down), the worker holds no version, not a stale label on None.
             self.weights, self.version, self.digest = None, None, None
-            tree, sync = self.transport.pull(lease.version, lease.digest or None)
+            tree, sync, digest = pull_for(self.transport, lease)
             self.weights = self.engine.place_weights(tree)
-            self.version, self.digest = lease.version, lease.digest
+            self.version, self.digest = lease.version, digest
             pull_bytes, pull_seconds = float(sync.bytes), sync.seconds
         timer = FaultyTimer(self.faults, self.cfg.run_dir, self.index, lease.step, lease.unit)
         record, _ = self.producer.produce(lease.step, self.weights, lease.start, lease.stop, timer,

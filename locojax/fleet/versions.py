@@ -45,14 +45,16 @@ def nbytes(tree) -> int:
     return int(sum(np.asarray(x).nbytes for x in jax.tree.leaves(tree)))
 
 
-def verify(tree, version: int, expected_version: int, expected_checksum: str) -> None:
-    """Raise `WeightMismatch` unless `tree` is version `expected_version`, bytes intact."""
+def verify(tree, version: int, expected_version: int, expected_checksum: str) -> str:
+    """Raise `WeightMismatch` unless `tree` is version `expected_version`, bytes intact;
+    returns the checksum computed from `tree`'s bytes."""
     if version != expected_version:
         raise WeightMismatch(f"asked for weight version {expected_version}, got {version}")
     got = checksum(tree)
     if got != expected_checksum:
         raise WeightMismatch(f"weight version {version} has checksum {got}, expected "
                              f"{expected_checksum}: corrupted or mixed in transit")
+    return got
 
 
 class VersionStore:
@@ -102,6 +104,7 @@ class SyncStats:
     version: int
     bytes: int
     seconds: float
+    digest: str = ""  # a pull's: the checksum computed from the bytes that arrived
 
 
 class WeightTransport(Protocol):
