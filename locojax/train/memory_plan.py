@@ -17,8 +17,9 @@ real ones will be, so the jit caches that the first step hits already hold them 
 compiles each program once (`Engine.compile`, `train_step.compile_update`); only the decode
 of a compacted, smaller batch compiles later, the first time a generate reaches that size.
 
-Next to XLA's total for the train step stands `expected_train_temporaries`, derived from the
-shapes alone: gradients, one chunk of logits with its softmax and gradient, the embedding
+Each program is kept as a `ProgramCost` (`program_cost.py`): with its memory, XLA's FLOPs and
+bytes, the account `locojax predict` reads too. Next to XLA's total for the train step stands
+`expected_train_temporaries` (`train_memory.py`), derived from the shapes alone: gradients, one chunk of logits with its softmax and gradient, the embedding
 gradient of a chunk, the activations autodiff keeps. It names the biggest buffers when a run
 does not fit (with the settings that shrink each), and tests/test_memory_plan.py checks that
 XLA's temporaries stay within it, e.g. that no [B, T, V] logits buffer appears at V = 151,936.
@@ -31,23 +32,27 @@ included) are not counted. `--device-memory-gb` overrides what is detected.
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from locojax.engine.sampling import SamplingConfig
 from locojax.model import decoder
-from locojax.model import params as params_lib
 from locojax.model.config import ModelConfig
 from locojax.rl import micro_batches
 from locojax.rl import train_step as train_step_lib
-from locojax.rl.batch import logit_positions, split_group
+from locojax.rl.batch import logit_positions
 from locojax.rl.config import AUTO_ACCUM, LearnerConfig
 from locojax.train import meshes
+from locojax.train.program_cost import ProgramCost as Program
+from locojax.train.program_cost import argument_bytes, device_bytes
+from locojax.train.train_memory import expected_train_temporaries, layer_residual_bytes
+
+__all__ = ["GB", "EngineShape", "MemoryPlan", "MemoryPlanError", "Program", "device_bytes",
+           "expected_train_temporaries", "layer_residual_bytes", "plan", "size"]
+_argument_bytes = argument_bytes  # tests/test_long_decode.py reads the old name
 
 GB = 1e9
 
@@ -59,190 +64,6 @@ def size(b: float) -> str:
 
 class MemoryPlanError(ValueError):
     """The run does not fit in device memory; the message says what to change."""
-
-
-def device_bytes(tree) -> int:
-    """Bytes one device holds of a tree of arrays or ShapeDtypeStructs (its shard of each)."""
-    total = 0
-    for x in jax.tree.leaves(tree):
-        sharding = getattr(x, "sharding", None)
-        shape = sharding.shard_shape(x.shape) if sharding is not None else x.shape
-        total += math.prod(shape) * np.dtype(x.dtype).itemsize
-    return total
-
-
-def _argument_bytes(compiled, index: int) -> int:
-    """Per-device bytes of a compiled program's positional argument `index`."""
-    infos, shardings = compiled.args_info[0][index], compiled.input_shardings[0][index]
-    return device_bytes(jax.tree.map(
-        lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh), infos, shardings,
-        is_leaf=lambda x: isinstance(x, jax.stages.ArgInfo)))
-
-
-@dataclasses.dataclass(frozen=True)
-class Program:
-    """One compiled program's memory on one device (XLA's `memory_analysis`)."""
-
-    name: str
-    phase: str  # which engine cache is live while it runs: "rollout", "eval" or "train" (none)
-    arguments: int
-    outputs: int
-    aliased: int  # outputs written over donated arguments
-    temporaries: int
-    held_arguments: int  # of `arguments`, bytes that are part of the held set
-    compile_s: float
-
-    @classmethod
-    def of(cls, name: str, phase: str, compiled, held_arguments: int, compile_s: float):
-        m = compiled.memory_analysis()
-        return cls(name, phase, int(m.argument_size_in_bytes), int(m.output_size_in_bytes),
-                   int(m.alias_size_in_bytes), int(m.temp_size_in_bytes), held_arguments,
-                   compile_s)
-
-    @property
-    def extra(self) -> int:
-        """What it needs on top of the held set: temporaries, new outputs, other inputs."""
-        return (self.temporaries + self.outputs - self.aliased
-                + self.arguments - self.held_arguments)
-
-
-def _residual_bytes(fn, args, platform: str, consts=()) -> int:
-    """Bytes `jax.vjp(fn, *args)` keeps for the backward (its pullback's residuals), less the
-    arguments themselves; `consts`: more arguments of `fn`, not differentiated. Traced
-    abstractly: nothing runs. On CPU a bf16 residual also gets an f32 copy, since XLA:CPU
-    upcasts both operands of a bf16 dot."""
-    total = {}
-
-    def probe(args, consts):
-        _, pullback = jax.vjp(lambda *a: fn(*a, *consts), *args)
-        inputs = {id(a) for a in jax.tree.leaves((args, consts))}
-        upcast = platform == "cpu"
-        total["bytes"] = sum(
-            a.size * (a.dtype.itemsize + (4 if upcast and a.dtype == jnp.bfloat16 else 0))
-            for a in jax.tree.leaves(pullback) if id(a) not in inputs)
-        return 0
-
-    jax.eval_shape(probe, args, consts)
-    return total["bytes"]
-
-
-def layer_residual_bytes(cfg: ModelConfig, rows: int, t: int, platform: str,
-                         slots: int = 0) -> int:
-    """Bytes autodiff keeps from one decoder layer's forward for its backward, on rows x t
-    (attending to `slots` prompt keys first, as the shared-prefix forward's responses do,
-    when > 0).
-
-    Counted exactly from `jax.vjp` of `decoder.layer` at these shapes, less the layer's own
-    inputs (weights, and the prompt's keys and values)."""
-    shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype),
-                          params_lib.abstract(cfg)["layers"])  # one layer's weights
-    x = jax.ShapeDtypeStruct((rows, t, cfg.hidden_size), cfg.dtype)
-    pos = jnp.zeros((rows, t), jnp.int32)
-    causal = jnp.ones((rows, t, t), bool)
-    if not slots:
-        return _residual_bytes(lambda x, w: decoder.layer(cfg, x, w, pos, (None, causal))[0],
-                               (x, shapes), platform)
-    kv = (rows, cfg.num_key_value_heads, cfg.head_dim, slots)
-    k = jax.ShapeDtypeStruct(kv, cfg.dtype)
-    v = jax.ShapeDtypeStruct((*kv[:2], slots, kv[2]), cfg.dtype)
-    visible = (jnp.ones((rows, t, slots), bool), causal)
-    return _residual_bytes(
-        lambda x, w, k, v: decoder.layer(cfg, x, w, pos, visible, (k, v))[0],
-        (x, shapes, k, v), platform)
-
-
-def _forward_residual_bytes(cfg: ModelConfig, rows: int, columns: int, group: int, p: int,
-                            remat: bool, platform: str) -> int:
-    """Bytes autodiff keeps from the whole differentiated forward of `sequence_logprobs` (the
-    hidden states the logits read), exactly as the train step runs it: with `group` > 1 the
-    prompt once per group (`train_step.prefix_hidden`); with remat, every layer's input."""
-    w = params_lib.abstract(cfg)
-    tok = jax.ShapeDtypeStruct((rows, columns), jnp.int32)
-    mask = jax.ShapeDtypeStruct((rows, columns), bool)
-    if group > 1:
-        def hidden(w, tokens, positions, attn):
-            return train_step_lib.prefix_hidden(w, tokens, positions, attn, cfg, p, group,
-                                                False, remat)
-    else:
-        def hidden(w, tokens, positions, attn):
-            return decoder.forward(w, tokens[:, :-1], positions[:, :-1], cfg, mask=attn[:, :-1],
-                                   remat=remat)[0]
-    return _residual_bytes(hidden, (w,), platform, consts=(tok, tok, mask))
-
-
-def _group_in_step(prefix, learner: LearnerConfig, rows: int, local: int) -> int:
-    """Rows per group that the step's forward shares its prompt over (1: none shared).
-
-    As in `train_step`: a split into micro-batches of single rows (rows not a multiple of
-    micro-batches x G), or a device holding part of a group, leaves no whole group."""
-    if local % (prefix.group if prefix is not None else 1):
-        return 1
-    return split_group(prefix, rows, learner.rows_multiple)
-
-
-def expected_train_temporaries(cfg: ModelConfig, learner: LearnerConfig, rows: int, columns: int,
-                               devices: int, platform: str | None = None,
-                               prefix=None, param_bytes: int | None = None) -> dict[str, int]:
-    """Named buffers a train step needs per device beyond its state, derived from shapes.
-
-    rows x columns: the global batch; devices: how many share its rows; prefix: the batch's
-    `TrainBatch.shared_prefix` (what a run's batch has); param_bytes: one device's share of
-    the f32 params (None: replicated, all of them; FSDP: about 1/F of them).
-    Meant as an upper bound, term by term: docs/real_size.md has XLA:CPU's temporaries
-    against it in every configuration measured (f32 and bf16, remat or not, 2 to 28 layers,
-    grad_accum 2, β > 0, V up to 151,936, shared prefix or not), data parallel: under FSDP
-    it is not one yet (TINY, 4 layers, FSDP 2: XLA 80 MB against 68 MB expected, where data
-    parallel at the same rows per device needs 44 MB; docs/real_size.md). The terms:
-    - gradients: one f32 copy of the device's params (two with grad_accum > 1: the running
-      sum and a micro-batch's own); the optimizer then updates in place
-      (`train_state.apply_in_place`); under FSDP, sharded like the params;
-    - gathered weights (FSDP only): the whole params, gathered from their shards for the
-      forward and again for the backward, in the compute dtype;
-    - logits: five f32 buffers of one chunk's size: logits, log-softmax, its exp, the
-      entropy's product, the logit gradient; over the positions that predict a target (the
-      response's, with a shared prefix);
-    - embedding-gradient partial: a chunk's [V, D] head gradient before it joins the sum;
-    - activations: what autodiff keeps of the whole forward (`_forward_residual_bytes`: all
-      of every layer's residuals, or with remat only every layer's input), plus one layer's
-      residuals for the gradients of the layer being differentiated (twice with remat: it is
-      recomputed, and its gradients); with the prompt shared by a group, a layer step is the
-      prompt's layer, its keys and values repeated to every row, and the responses' layer;
-    - compute copy of the embedding (compute dtype below the params'), and on CPU its f32
-      upcast: XLA:CPU has no bf16 x bf16 dot.
-    """
-    platform = platform or jax.default_backend()
-    learner = micro_batches.resolve_shape(learner, rows, columns, prefix, cfg.vocab_size, devices,
-                                          platform)
-    targets = logit_positions(columns, prefix)
-    micro = rows // learner.rows_multiple  # rows of one micro-batch, all devices
-    local = max(1, micro // devices)
-    v, d = cfg.vocab_size, cfg.hidden_size
-    whole = cfg.num_params() * 4
-    param_bytes = whole if param_bytes is None else param_bytes
-    out = {"gradients": param_bytes * (2 if learner.grad_accum > 1 else 1)}
-    if param_bytes < whole:
-        out["gathered weights"] = cfg.num_params() * cfg.dtype.itemsize
-    chunk = decoder.logprob_chunk_size(micro, targets, v, learner.logprob_chunk)
-    out["logits"] = 5 * local * (chunk or targets) * v * 4
-    if chunk:
-        out["embedding-gradient partial"] = v * d * 4
-    group = _group_in_step(prefix, learner, rows, local)
-    if group > 1:  # a layer step runs the prompt's rows, then every row's response
-        p = prefix.columns
-        repeated_kv = 2 * local * cfg.num_key_value_heads * cfg.head_dim * p * cfg.dtype.itemsize
-        one_layer = (layer_residual_bytes(cfg, local // group, p, platform) + repeated_kv
-                     + layer_residual_bytes(cfg, local, columns - p - 1, platform, slots=p))
-    else:
-        p = 0
-        one_layer = layer_residual_bytes(cfg, local, columns - 1, platform)
-    out["activations"] = (_forward_residual_bytes(cfg, local, columns, group, p, learner.remat,
-                                                  platform)
-                          + (2 if learner.remat else 1) * one_layer)
-    if cfg.dtype.itemsize < cfg.weight_dtype.itemsize:
-        out["compute copy of the embedding"] = v * d * cfg.dtype.itemsize
-        if platform == "cpu" and cfg.dtype.itemsize < 4:
-            out["compute copy of the embedding"] += v * d * 4
-    return out
 
 
 def detect_device_memory(override_gb: float = 0.0) -> tuple[int | None, str]:
@@ -489,23 +310,7 @@ def plan(model_cfg: ModelConfig, learner: LearnerConfig, state, batch, ref_param
         }, expected_of(resolved)
 
     train, train_settings, expected = train_program(learner)
-    programs, caches = [], {}
-    for shape in engine_shapes:
-        t0 = time.perf_counter()
-        prefill, decode = engine.compile(shape.prompts, shape.prompt_len, shape.sampling,
-                                         shape.num_samples)
-        seconds = time.perf_counter() - t0
-        weights, cache = _argument_bytes(prefill, 0), _argument_bytes(prefill, 5)
-        caches[shape.name] = max(caches.get(shape.name, 0), cache)
-        if _another_layout(prefill.input_shardings[0][0], state.params):
-            settings["rollout_copy"] = weights  # live while the engine runs, not held
-            weights = 0
-        # The two compile together; the pair's time is reported once, on prefill.
-        programs.append(Program.of(f"prefill {shape.name}", shape.name, prefill,
-                                   weights + cache, seconds))
-        programs.append(Program.of(f"decode {shape.name}", shape.name, decode,
-                                   weights + cache, 0.0))
-
+    programs, caches = _engine_programs(engine, engine_shapes, state.params, settings)
     if settings["rollout_copy"]:
         programs.insert(0, _reshard(state.params, rollout_layout or engine.weight_shardings))
 
@@ -529,6 +334,31 @@ def plan(model_cfg: ModelConfig, learner: LearnerConfig, state, batch, ref_param
         return max(first.peak_of(p) for p in [guess, *programs])
 
     return _fit(first, with_learner, estimate, auto_remat)
+
+
+def _engine_programs(engine, engine_shapes: list[EngineShape], params,
+                     settings: dict) -> tuple[list[Program], dict[str, int]]:
+    """The prefill and decode of each generate call, compiled as the run compiles them
+    (`Engine.compile`), and the KV cache live in each phase. Sets `settings["rollout_copy"]`
+    when the engine reads the weights in another layout than training's (its copy is live
+    while the engine runs, not held)."""
+    programs, caches = [], {}
+    for shape in engine_shapes:
+        t0 = time.perf_counter()
+        prefill, decode = engine.compile(shape.prompts, shape.prompt_len, shape.sampling,
+                                         shape.num_samples)
+        seconds = time.perf_counter() - t0
+        weights, cache = argument_bytes(prefill, 0), argument_bytes(prefill, 5)
+        caches[shape.name] = max(caches.get(shape.name, 0), cache)
+        if _another_layout(prefill.input_shardings[0][0], params):
+            settings["rollout_copy"] = weights
+            weights = 0
+        # The two compile together; the pair's time is reported once, on prefill.
+        programs.append(Program.of(f"prefill {shape.name}", shape.name, prefill,
+                                   weights + cache, seconds))
+        programs.append(Program.of(f"decode {shape.name}", shape.name, decode,
+                                   weights + cache, 0.0))
+    return programs, caches
 
 
 def _fit(first: MemoryPlan, with_learner, estimate, auto_remat: bool) -> MemoryPlan:
