@@ -51,7 +51,7 @@ class CurateArgs:
     batch_size: int = 32
     """Prompts per generate call (each sampled k times)."""
     seed: int = 0
-    """Seed of the samples."""
+    """Seed of the samples (and of a preset's random weights)."""
     skip_invalid: bool = False
     """Skip malformed rows (and report how many) instead of stopping at the first."""
     limit: int = 0
@@ -63,13 +63,11 @@ def main(argv: list[str]) -> int:
     import numpy as np
 
     from locojax import curate
-    from locojax.engine.engine import Engine
-    from locojax.engine.sampling import SamplingConfig
     from locojax.envs.base import Task, single_turn_demo
     from locojax.envs.data import DataError
     from locojax.envs.registry import TASKS
-    from locojax.model import loader
-    from locojax.tokenizer.chat_template import with_chat_template
+    from locojax.train import build
+    from locojax.train.config import RolloutConfig
 
     try:
         if args.k < 1 or args.batch_size < 1 or args.limit < 0:
@@ -81,22 +79,23 @@ def main(argv: list[str]) -> int:
         module = importlib.import_module(TASKS[args.task].module)
         data = module.load(args.data, args.template, skip_invalid=args.skip_invalid,
                            limit=args.limit or None)
-        model = loader.load(args.model)
-        tok = model.tokenizer
-        if args.template == "chat":
-            tok = with_chat_template(tok, loader.resolve_dir(args.model))
+        # The model as training samples it: the builder's parts (locojax/train/build.py).
+        tok = build.tokenizer_of(args.model, args.template)
+        sampling = build.sampling_of(RolloutConfig(
+            max_new_tokens=args.max_new_tokens, max_prompt_tokens=args.max_prompt_tokens,
+            temperature=args.temperature), tok)
+        engine = build.engine_of(build.model_config(args.model))
+        weights = build.weights_of(args.model, args.seed)
     except (ValueError, OSError, DataError) as e:
         print(f"locojax curate: {e}", file=sys.stderr)
         return 2
     if data.skipped:
         print(f"skipped {data.skipped} invalid rows of {args.data}; first: {data.problems[0]}")
     task = Task(args.task, data.examples, data.examples, module.reward(), demo=single_turn_demo)
-    sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                              stop_token_ids=tuple(tok.stop_ids), pad_token_id=tok.pad_id)
     n = len(data.examples)
     print(f"scoring {n} prompts x {args.k} samples with {args.model} ...", flush=True)
     try:
-        scored = curate.score(Engine(model.cfg), model.weights, tok, task, data.examples, args.k,
+        scored = curate.score(engine, weights, tok, task, data.examples, args.k,
                               sampling, args.max_prompt_tokens, min(args.batch_size, n),
                               args.seed)
     except ValueError as e:  # a prompt longer than --max-prompt-tokens, names the example

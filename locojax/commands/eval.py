@@ -186,74 +186,72 @@ def main(argv: list[str]) -> int:
         print(f"locojax eval: {e}", file=sys.stderr)
         return 2
     if host.process_id == 0:
-        _report(args, host, setup[1], setup[4], rows)
+        _report(args, host, setup[1].task, setup[3], rows)
     return 0
 
 
 def _setup(args: EvalArgs, host):
-    """The parts every host builds: wiring, task, model, tokenizer, sampling, limits."""
+    """The parts every host builds, by the builder training uses (`RunParts`): wiring,
+    task, weights, tokenizer, sampling, limits."""
     import jax
 
-    from locojax.engine.sampling import SamplingConfig
-    from locojax.envs import registry
-    from locojax.model import loader
-    from locojax.model.sharding import weight_shardings
-    from locojax.rollout.limits import resolve
-    from locojax.tokenizer.chat_template import with_chat_template
     from locojax.train import meshes
-    from locojax.train.config import COMPUTE_DTYPES
+    from locojax.train.build import RunParts
+    from locojax.train.config import RolloutConfig, RunConfig
     from locojax.train.wiring import Colocated, Single
 
+    task_cfg = task_config(args)
+    cfg = RunConfig(model=args.model, task=task_cfg, seed=args.seed, precision=args.precision,
+                    multi_turn=args.multi_turn, rollout=RolloutConfig(
+                        max_new_tokens=args.max_new_tokens,
+                        max_prompt_tokens=args.max_prompt_tokens, tp=args.tp))
     meshes.check_tp(args.tp, jax.local_device_count(), flag="--tp")
-    meshes.check_tp_model(args.tp, loader.load_config(args.model), flag="--tp")
+    parts = RunParts.of(cfg)
+    meshes.check_tp_model(args.tp, parts.model_cfg, flag="--tp")
     wiring = (Colocated if host.is_multihost else Single)(host, tp=args.tp)
-    task = registry.build(registry.TaskConfig(
+    # This host's devices (each host holds its own copy), split over `tensor` under --tp.
+    weights = parts.weights(wiring.rollout_mesh, wiring.rollout_rules)
+    temperature = args.temperature if args.temperature is not None else (
+        0.0 if args.k == 1 else 1.0)
+    # Eval may sample greedily, which a training run's config (whose temperature is also the
+    # learner's) cannot say: the run's sampling at eval's temperature.
+    sampling = dataclasses.replace(parts.sampling, temperature=temperature)
+    return wiring, parts, weights, sampling
+
+
+def task_config(args: EvalArgs):
+    """The task of `args` as `train --task.*` would name it, scored on its held-out rows."""
+    from locojax.envs.registry import TaskConfig
+
+    return TaskConfig(
         name=args.task, level=args.level, data=args.data, test_data=args.data,
         template=args.template, skip_invalid=args.skip_invalid, sandbox=args.sandbox,
         reward=args.reward, format_weight=args.format_weight,
         reward_weights=args.reward_weights, prompt_field=args.prompt_field,
-        answer_field=args.answer_field, split=args.split, test_split=args.split),
-        args.seed, args.multi_turn.max_turns)
-    # This host's devices (each host holds its own copy), split over `tensor` under --tp.
-    mesh, rules = wiring.rollout_mesh, wiring.rollout_rules
-    model = loader.load(args.model, seed=args.seed, param_dtype="float32",
-                        compute_dtype=COMPUTE_DTYPES[args.precision],
-                        shardings=lambda c: weight_shardings(c, mesh, rules))
-    tokenizer = model.tokenizer
-    if args.template == "chat":
-        tokenizer = with_chat_template(tokenizer, loader.resolve_dir(args.model))
-    temperature = args.temperature if args.temperature is not None else (
-        0.0 if args.k == 1 else 1.0)
-    sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=temperature,
-                              stop_token_ids=tuple(tokenizer.stop_ids),
-                              pad_token_id=tokenizer.pad_id)
-    limits = resolve(args.multi_turn, task.max_turns, args.max_new_tokens,
-                     args.max_prompt_tokens, model.cfg.max_position_embeddings
-                     ) if task.multi_turn else None
-    return wiring, task, model, tokenizer, sampling, limits
+        answer_field=args.answer_field, split=args.split, test_split=args.split)
 
 
-def _score(args: EvalArgs, host, wiring, task, model, tokenizer, sampling, limits):
+def _score(args: EvalArgs, host, wiring, parts, weights, sampling):
     """This host's share of the rows scored, then every host's records gathered."""
     import jax
 
     from locojax import evaluate
-    from locojax.engine.engine import Engine
     from locojax.envs.pool import EnvPool
     from locojax.envs.rewards import RewardRunner
 
+    task, tokenizer = parts.task, parts.tokenizer
     examples = list(task.test)[:args.limit or None]
     n, h, hosts = len(examples), host.process_id, host.num_processes
     lo, hi = n * h // hosts, n * (h + 1) // hosts
     mine, rows = examples[lo:hi], []
     if mine:
-        engine = Engine(model.cfg, mesh=wiring.rollout_mesh, rules=wiring.rollout_rules)
+        engine = parts.engine(wiring.rollout_mesh, wiring.rollout_rules)
         mt = args.multi_turn
         with RewardRunner() as runner, EnvPool(mt.env_workers, mt.env_timeout_s) as pool:
-            scores = evaluate.score(engine, model.weights, tokenizer, task, runner, mine,
+            scores = evaluate.score(engine, weights, tokenizer, task, runner, mine,
                                     sampling, args.k, args.max_prompt_tokens,
                                     args.batch_size, jax.random.key(args.seed),
-                                    first_index=lo, pool=pool, limits=limits)
+                                    first_index=lo, pool=pool, limits=parts.limits)
         fmt = (evaluate.in_format(task, scores, mine) if task.format_check is not None
                else None)
         rows = [row_record(ex, scores, i, tokenizer, fmt) for i, ex in enumerate(mine)]

@@ -4,8 +4,10 @@
     locojax generate --model path/to/hf_dir --prompt "Hello" --temperature 0 --template chat
 
 `--model` is a spec of `locojax.model.loader.load`: `embedded`, a preset (`tiny`, `small`:
-random weights, for timing) or an HF directory, with its tokenizer. Compile time
-(the first call) is reported apart from the steady-state time of a second, identical call.
+random weights, for timing) or an HF directory, with its tokenizer. The model, tokenizer,
+sampling and engine are made by the builder training uses (`locojax/train/build.py`): f32
+weights computing in `--precision`, as a run's rollout samples them. Compile time (the first
+call) is reported apart from the steady-state time of a second, identical call.
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ class GenerateArgs:
     """Nucleus truncation (1.0 = off)."""
     ignore_eos: bool = False
     """Generate exactly max_new_tokens (for timing)."""
+    precision: Literal["f32", "bf16"] = "f32"
+    """Compute dtype (weights are held in f32, as in training)."""
     seed: int = 0
     """PRNG seed of the weights (presets) and of the samples."""
     show: int = 4
@@ -52,33 +56,29 @@ def main(argv: list[str]) -> int:
     args = tyro.cli(GenerateArgs, args=argv, prog="locojax generate")
     import jax
 
-    from locojax.engine.engine import Engine
-    from locojax.engine.sampling import SamplingConfig
-    from locojax.model import loader
-    from locojax.tokenizer.chat_template import with_chat_template
+    from locojax.train import build
+    from locojax.train.config import RolloutConfig
 
     try:
-        model = loader.load(args.model, seed=args.seed)
-        cfg, weights, tok = model.cfg, model.weights, model.tokenizer
-        if args.template == "chat":
-            tok = with_chat_template(tok, loader.resolve_dir(args.model))
+        if args.batch < 1:
+            raise ValueError(f"--batch {args.batch} must be >= 1")
+        cfg = build.model_config(args.model, args.precision)
+        tok = build.tokenizer_of(args.model, args.template)
         if tok.vocab_size > cfg.vocab_size:
             raise ValueError(f"tokenizer has {tok.vocab_size} ids but the model only "
                              f"{cfg.vocab_size}")
         text = (tok.apply_chat_template([{"role": "user", "content": args.prompt}])
                 if args.template != "plain" else args.prompt)
         ids = tok.encode(text)
-        if args.batch < 1:
-            raise ValueError(f"--batch {args.batch} must be >= 1")
-        sampling = SamplingConfig(
-            max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-            top_p=args.top_p, stop_token_ids=tuple(tok.stop_ids), ignore_eos=args.ignore_eos,
-            pad_token_id=tok.pad_id)
+        sampling = build.sampling_of(RolloutConfig(
+            max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+            top_k=args.top_k, top_p=args.top_p, ignore_eos=args.ignore_eos), tok)
+        weights = build.weights_of(args.model, args.seed, args.precision)
     except (ValueError, OSError) as e:
         print(f"locojax generate: {e}", file=sys.stderr)
         return 2
 
-    engine = Engine(cfg)
+    engine = build.engine_of(cfg)
     key = jax.random.key(args.seed)
 
     def run(k):

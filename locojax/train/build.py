@@ -9,6 +9,12 @@ A learner host (single, colocated, the Ray learner group), a Ray rollout worker 
 controller's host all build their parts here; they differ only in the mesh, the layout
 rules, and where rewards are scored. Nothing reads a weight until `weights` is called, so
 planning a run (`--plan-only`) builds the parts and an engine, compiles, and stops.
+
+The commands that only sample build here too, so a model is read, tokenized and sampled
+the way training does it (f32 master weights, the run's compute dtype, the same stop ids):
+`locojax eval` builds a whole `RunParts` from its flags; `locojax generate` and `locojax
+curate`, which have no run's task, call the part functions below (`model_config`,
+`tokenizer_of`, `sampling_of`, `engine_of`, `weights_of`) that `RunParts` is made of.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from locojax.rl.config import LearnerConfig
 from locojax.rollout import limits as limits_lib
 from locojax.tokenizer import Tokenizer
 from locojax.tokenizer.chat_template import with_chat_template
-from locojax.train.config import COMPUTE_DTYPES, RunConfig
+from locojax.train.config import COMPUTE_DTYPES, RolloutConfig, RunConfig
 from locojax.train.curation import Curator
 from locojax.train.data import PromptStream
 from locojax.train.producer import Producer
@@ -50,30 +56,21 @@ class RunParts:
     @classmethod
     def of(cls, cfg: RunConfig) -> RunParts:
         task = registry.build(cfg.task, cfg.seed, cfg.multi_turn.max_turns)
-        model_cfg = loader.load_config(cfg.model, **_dtypes(cfg))
-        tokenizer = loader.load_tokenizer_of(cfg.model)
-        if cfg.task.template == "chat":
-            tokenizer = with_chat_template(tokenizer, loader.resolve_dir(cfg.model))
-        sampling = SamplingConfig(
-            max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature,
-            top_k=cfg.rollout.top_k, top_p=cfg.rollout.top_p, ignore_eos=cfg.rollout.ignore_eos,
-            stop_token_ids=tuple(tokenizer.stop_ids), pad_token_id=tokenizer.pad_id)
+        model_cfg = model_config(cfg.model, cfg.precision)
+        tokenizer = tokenizer_of(cfg.model, cfg.task.template)
         limits = None if not task.multi_turn else limits_lib.resolve(
             cfg.multi_turn, task.max_turns, cfg.rollout.max_new_tokens,
             cfg.rollout.max_prompt_tokens, model_cfg.max_position_embeddings)
-        return cls(cfg, task, model_cfg, tokenizer, cfg.learner_config(), sampling, limits)
+        return cls(cfg, task, model_cfg, tokenizer, cfg.learner_config(),
+                   sampling_of(cfg.rollout, tokenizer), limits)
 
     def engine(self, mesh, rules: Rules = ROLLOUT_REPLICATED) -> Engine:
-        dtype = self.cfg.rollout.cache_dtype  # None: the compute dtype
-        return Engine(self.model_cfg, mesh=mesh, rules=rules,
-                      cache_dtype=dtype and COMPUTE_DTYPES[dtype])
+        return engine_of(self.model_cfg, mesh, rules, self.cfg.rollout.cache_dtype)
 
     def weights(self, mesh, rules: Rules) -> Weights:
         """The starting weights, loaded (or initialised, for presets) straight into `rules`'
         layout over `mesh`, even when it spans processes."""
-        model = loader.load(self.cfg.model, seed=self.cfg.seed, **_dtypes(self.cfg),
-                            shardings=lambda c: weight_shardings(c, mesh, rules))
-        return model.weights
+        return weights_of(self.cfg.model, self.cfg.seed, self.cfg.precision, mesh, rules)
 
     def curator(self) -> Curator:
         """A fresh admission state: the pass-rate table, the re-admission queue, the cursor."""
@@ -93,6 +90,42 @@ class RunParts:
                         cfg.multi_turn, self.limits, dump_dir)
 
 
-def _dtypes(cfg: RunConfig) -> dict:
+def model_config(model: str, precision: str = "f32") -> ModelConfig:
+    """The config of `model` (a spec of `loader.load`), computing in `precision`."""
+    return loader.load_config(model, **_dtypes(precision))
+
+
+def tokenizer_of(model: str, template: str = "plain") -> Tokenizer:
+    """`model`'s tokenizer; with template `chat`, carrying the checkpoint's chat template."""
+    tokenizer = loader.load_tokenizer_of(model)
+    if template == "chat":
+        tokenizer = with_chat_template(tokenizer, loader.resolve_dir(model))
+    return tokenizer
+
+
+def sampling_of(rollout: RolloutConfig, tokenizer: Tokenizer) -> SamplingConfig:
+    """How `rollout` samples, stopping at `tokenizer`'s stop ids and padding with its pad."""
+    return SamplingConfig(
+        max_new_tokens=rollout.max_new_tokens, temperature=rollout.temperature,
+        top_k=rollout.top_k, top_p=rollout.top_p, ignore_eos=rollout.ignore_eos,
+        stop_token_ids=tuple(tokenizer.stop_ids), pad_token_id=tokenizer.pad_id)
+
+
+def engine_of(model_cfg: ModelConfig, mesh=None, rules: Rules = ROLLOUT_REPLICATED,
+              cache_dtype: str | None = None) -> Engine:
+    """An engine over `mesh` (None: the default device); `cache_dtype` None: compute dtype."""
+    return Engine(model_cfg, mesh=mesh, rules=rules,
+                  cache_dtype=cache_dtype and COMPUTE_DTYPES[cache_dtype])
+
+
+def weights_of(model: str, seed: int = 0, precision: str = "f32", mesh=None,
+               rules: Rules = ROLLOUT_REPLICATED) -> Weights:
+    """`model`'s weights in f32 (presets: initialised from `seed`), laid out by `rules` over
+    `mesh` (None: the default device)."""
+    shardings = None if mesh is None else (lambda c: weight_shardings(c, mesh, rules))
+    return loader.load(model, seed=seed, shardings=shardings, **_dtypes(precision)).weights
+
+
+def _dtypes(precision: str) -> dict:
     """f32 master weights whatever the checkpoint's dtype; `precision` sets the compute."""
-    return dict(param_dtype="float32", compute_dtype=COMPUTE_DTYPES[cfg.precision])
+    return dict(param_dtype="float32", compute_dtype=COMPUTE_DTYPES[precision])
