@@ -1,6 +1,7 @@
 """What every benchmark repeats: the machine and load header, interleaved runs of the programs
-it compares, ratios and the A/A spread, markdown tables, runs of `locojax train` in a
-subprocess with their steady steps, and the local Ray cluster.
+it compares, the roofline (this machine's matmul peak and read bandwidth, and a measured
+time's share of it), ratios and the A/A spread, markdown tables, runs of `locojax train` in
+a subprocess with their steady steps, and the local Ray cluster.
 
 A benchmark figure carries its command, machine and load (docs/design.md, STYLE 14): every
 script prints `header()` first and the load again at its end. Compared programs run
@@ -137,6 +138,48 @@ def interleave(arms: dict[K, Callable[[], T]], rounds: int, how: str = "fixed",
         if after_round is not None:
             after_round(r, out)
     return out
+
+
+# --- the roofline ----------------------------------------------------------------------------
+
+
+def read_bandwidth(runs: int = 5, n: int = 2 ** 27) -> float:
+    """Bytes/s of a jitted `jnp.sum` over n f32 values (default 512 MiB, past every cache),
+    the best of `runs`: the rate a memory-bound program can read at most."""
+    import jax
+    import jax.numpy as jnp
+
+    x = jnp.ones(n, jnp.float32)
+    f = jax.jit(jnp.sum)
+    f(x).block_until_ready()
+    return x.nbytes / min(timed(lambda: f(x).block_until_ready()) for _ in range(runs))
+
+
+def matmul_peak(n: int = 2048, runs: int = 5) -> float:
+    """FLOP/s of a jitted [n, n] @ [n, n] f32 `jnp.dot` (median of `runs`): the rate a
+    compute-bound program can reach here."""
+    import jax
+    import jax.numpy as jnp
+
+    a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
+    b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32)
+    f = jax.jit(jnp.dot)
+    return 2 * n ** 3 / median_time(lambda: f(a, b).block_until_ready(), runs, warm=1)
+
+
+def roofline_seconds(flops: float, nbytes: float, peak: float, bandwidth: float) -> float:
+    """The least time work of `flops` FLOPs reading `nbytes` bytes can take here: at the
+    matmul peak or at the read bandwidth, whichever bounds it."""
+    return max(flops / peak, nbytes / bandwidth)
+
+
+def roofline_share(seconds: float, flops: float, nbytes: float, peak: float,
+                   bandwidth: float) -> float:
+    """The roofline's time as a share of the measured `seconds` (1.0: at the roofline);
+    NaN where anything is unknown or zero."""
+    if min(seconds, peak, bandwidth) <= 0 or any(x != x for x in (seconds, flops, nbytes)):
+        return NAN
+    return roofline_seconds(flops, nbytes, peak, bandwidth) / seconds
 
 
 # --- comparing -------------------------------------------------------------------------------

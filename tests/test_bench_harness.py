@@ -101,3 +101,22 @@ def test_header_names_the_machine_versions_flags_and_load(monkeypatch):
     assert f"{__import__('os').cpu_count()} CPU cores" in line
     assert "python 3." in line and "jax 0." in line
     assert "XLA_FLAGS='--flag=1'" in line and "load average at start" in line
+
+
+def test_roofline_share_takes_the_bound_that_binds():
+    # 1e9 FLOPs at 1e10 FLOP/s is 0.1 s; 1e8 bytes at 1e10 B/s is 0.01 s: compute binds.
+    # Each value is at most two f64 divisions from the exact one (relative error <= 2^-52),
+    # far inside `isclose`'s default relative bound of 1e-9, on any machine (IEEE f64).
+    assert math.isclose(harness.roofline_seconds(1e9, 1e8, 1e10, 1e10), 0.1)
+    assert math.isclose(harness.roofline_share(0.2, 1e9, 1e8, 1e10, 1e10), 0.5)
+    # memory-bound: 1e10 bytes at 1e10 B/s is 1 s
+    assert math.isclose(harness.roofline_share(4.0, 1e6, 1e10, 1e10, 1e10), 0.25)
+    assert math.isnan(harness.roofline_share(0.0, 1e9, 1e8, 1e10, 1e10))
+    assert math.isnan(harness.roofline_share(1.0, float("nan"), 1e8, 1e10, 1e10))
+
+
+def test_roofline_measurements_at_a_toy_size_are_positive_rates():
+    # No timed assertion: only that each returns a finite, positive rate.
+    bw = harness.read_bandwidth(runs=2, n=2 ** 12)
+    peak = harness.matmul_peak(n=32, runs=2)
+    assert 0 < bw < math.inf and 0 < peak < math.inf
