@@ -41,7 +41,7 @@ import numpy as np  # noqa: E402
 
 from benchmarks import harness  # noqa: E402
 from locojax.engine.engine import Engine, pad_prompts  # noqa: E402
-from locojax.engine.extend import Conversation, _bucket, slots_needed  # noqa: E402
+from locojax.engine.extend import Conversation, bucket, slots_needed  # noqa: E402
 from locojax.engine.sampling import SamplingConfig  # noqa: E402
 from locojax.model import config, params  # noqa: E402
 
@@ -106,7 +106,7 @@ def run_reprefill(eng, w, s: Shape, sampling, prompts, masks, finish: float, dev
     times = []
     for turn in range(s.turns):
         rows = live_rows(r, turn, finish)
-        size = _bucket(len(rows), r, devices)
+        size = bucket(len(rows), r, devices)
         batch = [history[x] for x in rows] + [history[rows[0]]] * (size - len(rows))
         tokens, mask = pad_prompts(batch, 0, longest)
         t0 = time.perf_counter()

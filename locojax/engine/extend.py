@@ -105,7 +105,7 @@ class TurnOutput:
     steps: int  # decode steps the loop ran (the slowest row's length - 1)
 
 
-def _bucket(n: int, full: int, multiple: int) -> int:
+def bucket(n: int, full: int, multiple: int) -> int:
     """The batch size live rows are compacted to: `full` halved while it still holds n (and
     stays a multiple of the devices), so a run compiles for a handful of sizes."""
     size = full
@@ -220,7 +220,7 @@ class Conversation:
         # The batch after this extend: compacted (live rows only, in the order asked, then
         # filler), or the same rows with the ones not asked for masked.
         size = len(self._rows)
-        new_size = _bucket(len(rows), size, self._devices) if self.compact else size
+        new_size = bucket(len(rows), size, self._devices) if self.compact else size
         if new_size < size:
             order = rows + [-1] * (new_size - len(rows))
             gather = np.asarray([pos_of[x] for x in rows] + [pos_of[rows[0]]] * (
