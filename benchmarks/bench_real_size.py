@@ -159,7 +159,7 @@ def train(args) -> dict:
            "columns": cfg.rollout.max_prompt_tokens + cfg.rollout.max_new_tokens}
     if args.save:
         t0 = time.perf_counter()
-        trainer._save(cfg.steps - 1)
+        trainer.save(cfg.steps - 1)
         trainer.ckpt.close()
         loader.save(os.path.join(cfg.run_dir, "final_model"), trainer.parts.model_cfg,
                     trainer.state.params, cfg.model)

@@ -178,7 +178,7 @@ class Trainer:
                                          self.parts.model_cfg, params, step)
         return step, (found.rollout, found.meta["rollouts"])
 
-    def _save(self, step: int) -> None:
+    def save(self, step: int) -> None:
         """The train state, and the rollout source's: the admission state (curation table,
         data cursor), or the buffer, leases and kept versions. Not the root key: it is
         always `key(seed)`, rebuilt by every producer."""
@@ -283,7 +283,7 @@ class Trainer:
                 self.logger.log(step + 1, last)
                 if self._checkpoint_due(step):
                     with timer.phase("checkpoint"):
-                        self._save(step)
+                        self.save(step)
                 perf = {**timings, **timer.finish_step(), **self.net_bytes}
                 perf.update(self._across_hosts(perf))
                 generated = last["rollout/response_length/mean"] * cfg.rollout.prompts_per_step \
