@@ -1,12 +1,9 @@
 """bench_modes' table logic: the A/A spread, ties, and a run serving two scaling tables."""
 
 import math
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-import modes_report as mr  # noqa: E402
+from benchmarks import modes_report as mr
 
 
 def run(mode, n, steps, scalings=("strong",), ok=True, workload="gsm8k"):
