@@ -61,11 +61,20 @@ class SWEConfig:
 
 def score_submission(task: SWETask, files: dict[str, str], sandbox: Sandbox | None = None,
                      limits: Limits | None = None) -> TestOutcome:
-    """Test an edited repository as `submit` does: the task's original test files restored (edits
-    to tests do not count) and its hidden files added."""
-    files = {**files, **{t: task.files[t] for t in task.tests}, **task.hidden}
-    return run_tests(sandbox or default_sandbox(), files, task.score_tests, task.runner,
-                     limits or SWEConfig().limits)
+    """Test an edited repository as `submit` does: the task's whole test tree restored
+    (`SWETask.test_tree`: edits to tests, helpers and data files do not count, and files the
+    model added under a test directory are dropped) and its hidden files added."""
+    return run_tests(sandbox or default_sandbox(), restore_test_tree(task, files),
+                     task.score_tests, task.runner, limits or SWEConfig().limits,
+                     trusted=task.test_tree)
+
+
+def restore_test_tree(task: SWETask, files: dict[str, str]) -> dict[str, str]:
+    """`files` with `task.test_tree` as the task has it; files the model added under a test
+    directory are dropped (a planted `conftest.py` or `cases2.json` is not the task's)."""
+    dirs, every = task.test_dirs, {**task.files, **task.hidden}
+    kept = {p: t for p, t in files.items() if not (dirs and p.startswith(dirs))}
+    return {**kept, **{p: every[p] for p in task.test_tree}}
 
 
 class SWEEnv:
@@ -138,7 +147,9 @@ class SWEEnv:
         return self.sandbox
 
     def _run(self, files: dict[str, str], tests) -> TestOutcome:
-        return run_tests(self._sandbox(), files, tests, self.task.runner, self.config.limits)
+        tree = tuple(p for p in self.task.test_tree if p in files)  # as scoring will judge
+        return run_tests(self._sandbox(), files, tests, self.task.runner, self.config.limits,
+                         trusted=tree)
 
     def _finish(self, info: dict) -> Step:
         self._sandbox()

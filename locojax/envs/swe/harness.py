@@ -29,7 +29,9 @@ References: the SWE-bench harness (verdict from per-test results, not the exit c
 reward-hacking reports of RL on code (tests edited or exited early, always-equal objects).
 """
 
+import builtins
 import importlib.machinery
+import io
 import importlib.util
 import json
 import linecache
@@ -65,7 +67,10 @@ class _Finder:
 
     def find_spec(self, fullname, path=None, target=None):
         if fullname in self.names:
-            return importlib.util.spec_from_loader(fullname, self, origin=self.names[fullname])
+            origin = self.names[fullname]
+            return importlib.util.spec_from_loader(
+                fullname, self, origin=origin,
+                is_package=os.path.basename(origin) == "__init__.py")
         return None
 
     def create_module(self, spec):
@@ -74,10 +79,13 @@ class _Finder:
     def exec_module(self, module):
         path = module.__spec__.origin
         module.__file__ = path
+        if os.path.basename(path) == "__init__.py":  # a trusted package: its other modules
+            module.__path__ = [_PROXY_PATH + os.path.dirname(path)]  # are the code's, proxied
         code = compile(self.trusted[path], path, "exec", dont_inherit=True)
         exec(code, module.__dict__)  # noqa: S102 - the task's own tests, restored
 
 
+_BUILTIN_NAMES = frozenset(dir(builtins))
 _PROXY_PATH = "locojax-proxy:"
 """Prefixes the `__path__` entries of proxy packages: the stdlib's PathFinder, which comes
 first, finds nothing there, so their submodules too reach `_RepoFinder`, never a native load."""
@@ -99,7 +107,10 @@ class _RepoFinder(_Finder):
         info = self.client.request("import", name=spec.name)["ok"]
         module = _ProxyModule(spec.name)
         module.__dict__["_locojax_remote"] = self.client.resolve(info)
-        module.__file__, module.__all__ = info.get("f"), info.get("a", [])
+        # No star-import shortcut into the tests' namespace: `from code import *` binds no
+        # name of a builtin (an `all` or `len` of the code's would answer the test's asserts).
+        module.__file__ = info.get("f")
+        module.__all__ = [n for n in info.get("a", []) if n not in _BUILTIN_NAMES]
         if info.get("p"):
             module.__path__ = [_PROXY_PATH + p for p in info["p"] if _inside(p, self.work)]
         return module
@@ -141,11 +152,27 @@ def _run_minitest(tests, report, names):
                     and fn.__code__.co_filename == path):
                 continue
             try:
-                fn()
+                _call_test(fn)
             except BaseException as e:  # noqa: BLE001 - SystemExit from a test fails it too
                 report(f"{rel}::{name}", "failed", e)
             else:
                 report(f"{rel}::{name}", "passed")
+
+
+def _call_test(fn):
+    """Run one minitest test to its end: an `async def` test under asyncio; a generator test
+    (or one returning anything but None, e.g. an un-awaited coroutine) is refused, as its
+    body would not have run."""
+    flags = fn.__code__.co_flags
+    if flags & 0x80:  # CO_COROUTINE
+        import asyncio
+
+        return asyncio.run(fn())
+    if flags & (0x20 | 0x200):  # CO_GENERATOR, CO_ASYNC_GENERATOR
+        raise TypeError("minitest does not run generator tests (their body would not run)")
+    out = fn()
+    if out is not None:
+        raise TypeError(f"a minitest test must return None, got {type(out).__name__}")
 
 
 def _run_pytest(tests, report, work, names):
@@ -204,6 +231,31 @@ class _Reports:
             self.report(key, "passed")
 
 
+def _serve_from_memory(data):
+    """The tester's `open` (builtins and io) answers a trusted data file's path from `data`
+    (its text as the task has it), read-only; the work dir holds only a blank placeholder,
+    which the code may rewrite at will. Paths are compared after `abspath`, which reads
+    nothing from disk; a path resolved through the disk (`realpath`, `Path.resolve`) may
+    meet a symlink the code planted and is served from disk like any other file."""
+    real_open = io.open
+
+    def trusted_open(file, mode="r", buffering=-1, encoding=None, errors=None, newline=None,
+                     closefd=True, opener=None):
+        if isinstance(file, (str, bytes, os.PathLike)):
+            path = os.path.abspath(os.fsdecode(file))
+            if path in data:
+                if set(mode) & set("wax+"):
+                    raise PermissionError(f"{path}: a trusted test file is read-only")
+                raw = io.BytesIO(data[path].encode())
+                if "b" in mode:
+                    return raw
+                return io.TextIOWrapper(raw, encoding=encoding or "utf-8", errors=errors,
+                                        newline=newline)
+        return real_open(file, mode, buffering, encoding, errors, newline, closefd, opener)
+
+    builtins.open = io.open = trusted_open
+
+
 def main(spec_path):
     """The tester: see the module docstring."""
     with open(spec_path) as f:
@@ -218,7 +270,9 @@ def main(spec_path):
     sys.path.extend(site)
     work = os.getcwd()
     tests = [os.path.join(work, p) for p in spec["tests"]]
-    trusted = dict(zip(tests, spec["tests"].values()))
+    tree = {os.path.join(work, p): src for p, src in spec["trusted"].items()}
+    trusted = {p: src for p, src in tree.items() if p.endswith(".py")}
+    _serve_from_memory({p: src for p, src in tree.items() if not p.endswith(".py")})
     for path, src in trusted.items():  # tracebacks show the trusted source, not the file
         linecache.cache[path] = (len(src), None, src.splitlines(True), path)
     dirs = list(dict.fromkeys([module_name(work, t)[1] for t in tests] + [work]))

@@ -128,17 +128,24 @@ def run_tests(
     test_paths: Sequence[str],
     runner: str = "pytest",
     limits: Limits | None = None,
+    trusted: Sequence[str] = (),
 ) -> TestOutcome:
-    """Write `files` into a fresh sandbox, run `test_paths` with `runner`, judge the report."""
+    """Write `files` into a fresh sandbox, run `test_paths` with `runner`, judge the report.
+
+    `trusted` (with `test_paths`): the files only the tests may see (`SWETask.test_tree`).
+    They reach the tester in its spec, which it deletes before any code runs; the work dir
+    holds empty placeholders. The tester imports the `.py` ones from that copy and serves
+    the others to `open` from it, so the code can neither read nor replace them."""
     if runner not in RUNNERS:
         raise ValueError(f"unknown test runner {runner!r}; choose from {RUNNERS}")
-    missing_paths = [p for p in test_paths if p not in files]
+    missing_paths = [p for p in (*test_paths, *trusted) if p not in files]
     if missing_paths:
         raise ValueError(f"test files not in the repository: {missing_paths}")
-    # The tests reach the harness in its spec only; the files in the work dir are blanks.
-    work = {p: ("" if p in test_paths else text) for p, text in files.items()}
+    tree = dict.fromkeys((*test_paths, *trusted))
+    work = {p: ("" if p in tree else text) for p, text in files.items()}
     work.update(_HARNESS)
-    work[_SPEC] = json.dumps({"runner": runner, "tests": {p: files[p] for p in test_paths},
+    work[_SPEC] = json.dumps({"runner": runner, "tests": list(test_paths),
+                              "trusted": {p: files[p] for p in tree},
                               "site": _site_dirs(sandbox.python)})
     res = sandbox.run([sandbox.python, "-I", "-S", "-B", "-u", f"{RESERVED_PREFIX}/harness.py",
                        _SPEC], files=work, limits=limits, channel=True)

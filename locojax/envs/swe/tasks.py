@@ -109,6 +109,28 @@ class SWETask:
                         if PurePosixPath(p).name.startswith("test") and p.endswith(".py"))
         return tuple(self.tests) + tuple(hidden)
 
+    @property
+    def test_dirs(self) -> tuple[str, ...]:
+        """The test directories, as prefixes ending in "/": for each test file, the
+        outermost directory named `test*` above it (`tests/`, `pkg/tests/`), if any."""
+        roots = set()
+        for t in self.score_tests:
+            parts = PurePosixPath(t).parts[:-1]
+            top = next((i for i, d in enumerate(parts) if d.startswith("test")), None)
+            if top is not None:
+                roots.add("/".join(parts[:top + 1]) + "/")
+        return tuple(sorted(roots))
+
+    @property
+    def test_tree(self) -> tuple[str, ...]:
+        """The files the verdict trusts: restored from the task when scoring, shown to the
+        tests only (never to the code under test). The test files, every hidden file, and
+        every file under `test_dirs`, so helpers (`checks.py`, `__init__.py`) and data files
+        (`cases.json`) beside the tests are trusted too. A test file outside any test
+        directory brings only itself: its neighbours are the code under test."""
+        under = {p for p in (*self.files, *self.hidden) if p.startswith(self.test_dirs)}
+        return tuple(sorted({*self.score_tests, *self.hidden, *under}))
+
     def fixed_files(self) -> dict[str, str]:
         """`files` with `fix` applied; raises TaskError if an edit does not apply exactly once."""
         out = dict(self.files)
@@ -268,12 +290,12 @@ def validate_task(task: SWETask, sandbox=None, limits=None) -> list[str]:
     sandbox = sandbox or default_sandbox()
     problems = []
     before = run_tests(sandbox, {**task.files, **task.hidden}, task.score_tests, task.runner,
-                       limits)
+                       limits, trusted=task.test_tree)
     if before.passed:
         problems.append(f"task {task.id!r}: tests already pass before any fix")
     if task.fix:
         after = run_tests(sandbox, {**task.fixed_files(), **task.hidden}, task.score_tests,
-                          task.runner, limits)
+                          task.runner, limits, trusted=task.test_tree)
         if not after.passed:
             problems.append(f"task {task.id!r}: tests fail with the known fix:\n"
                             f"{after.output[-1500:]}")
