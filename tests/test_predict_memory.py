@@ -1,27 +1,38 @@
-"""The analytic memory plan: its activation term against what `jax.vjp` keeps of one
-decoder layer (the memory plan's traced `layer_residual_bytes`), and its planner's choices.
-
-The activation formula is an estimate written from the layer's ops; the memory plan counts
-them exactly by tracing. Agreement within [0.8, 1.4]x at TINY and SMALL, f32, over rows and
-lengths: a planner's figure, not an exact count (the doc says so).
+"""The analytic memory plan (`locojax/predict/memory.py`): it reads the train step's own rules
+(`locojax/train/train_memory.py`) rather than restating them, sizes a multi-turn run's cache
+and batch from the whole trajectory as the compiled plan does, and its planner's choices.
 """
 
+import dataclasses
+
+import jax
 import pytest
 
-from locojax.model import config
+from locojax.model import config, decoder
 from locojax.predict import hardware, memory, spec
 from locojax.predict.phases import Ctx
 from locojax.predict.workload import Lengths, Workload
+from locojax.train import train_memory
 
 
 @pytest.mark.parametrize("cfg", [config.tiny(), config.small()], ids=["tiny", "small"])
-@pytest.mark.parametrize("rows,t", [(8, 47), (32, 95)])
-def test_activation_estimate_tracks_the_traced_residuals(cfg, rows, t):
-    from locojax.train.memory_plan import layer_residual_bytes
+def test_layer_bytes_is_the_train_steps_own_traced_count(cfg):
+    """Extended from 1 and 2 rows, the count is the traced one at 5 rows exactly (integer
+    bytes of abstract shapes: nothing is rounded)."""
+    assert (memory.layer_bytes(cfg, "float32", 5, 47, "cpu")
+            == train_memory.layer_residual_bytes(cfg, 5, 47, "cpu"))
 
-    traced = layer_residual_bytes(cfg, rows, t, "cpu")
-    est = rows * t * memory.activation_bytes_per_token_layer(cfg, 4, t)
-    assert 0.8 * traced <= est <= 1.4 * traced, (est, traced)
+
+def test_logits_follow_the_decoders_chunking_rule():
+    """SMALL's canonical batch (128 rows x 64 targets x V 4096, 134 MB of f32 logits) stays
+    whole under the decoder's LOGITS_WHOLE_BYTES (256 MiB); the predictor once chunked it at
+    64 MiB, the decoder's chunk size, and so disagreed with the program it models."""
+    cfg = config.small()
+    wl = Workload("w", 16, 8, 32, 64, Lengths.fixed(64, "test"))
+    ctx = Ctx(cfg, "small", wl, hardware.parse_cluster("cpu-here-1"), dtype="float32")
+    plan = memory.plan_for(ctx, fsdp=1, mp=1, grad_accum=1, remat=False)
+    assert 128 * 64 * cfg.vocab_size * 4 <= decoder.LOGITS_WHOLE_BYTES
+    assert plan.parts["logits"] == 5 * 128 * 64 * cfg.vocab_size * 4
 
 
 def _ctx(model, cluster, rows=(128, 16)):
@@ -49,3 +60,52 @@ def test_the_cache_and_the_train_step_are_never_counted_together():
     assert rollout > 0 and train > 0
     assert p.peak == pytest.approx(held + max(rollout, train), rel=1e-12)
     assert p.peak < sum(p.parts.values())
+
+
+def test_multi_turn_is_sized_from_the_trajectory_as_the_compiled_plan_is(tmp_path,
+                                                                        monkeypatch):
+    """A small calc (multi-turn) run, planned by `locojax train --plan-only`'s compiles: the
+    predictor's KV cache is the engine's, byte for byte (both count rows x the engine's
+    slots, `extend.slots_needed`, of f32 keys and values), and its train columns are the
+    compiled batch's: the whole trajectory, not one turn's cap (the bug of issue 37, which
+    sized both from the per-turn N)."""
+    from locojax.predict import from_train
+    from locojax.train import memory_plan, wiring
+    from locojax.train.loop import start
+
+    argv = ["calc-demo", "--mode", "single", "--rollout.prompts-per-step", "4",
+            "--algo.group-size", "2", "--multi-turn.max-turns", "3", "--eval.every", "0",
+            "--steps", "1", "--no-progress", "--no-tensorboard"]
+    devices = len(jax.devices())  # the session's simulated CPU devices, one row each
+    run = from_train.parse(argv, f"cpu-here-{devices}")
+    seen = {}
+    real_plan = memory_plan.plan
+
+    def spy(*args, **kw):
+        seen["batch"] = args[3]
+        seen["plan"] = real_plan(*args, **kw)
+        return seen["plan"]
+
+    monkeypatch.setattr(memory_plan, "plan", spy)
+    cfg = dataclasses.replace(run.cfg, plan_only=True, run_dir=str(tmp_path / "run"))
+    assert start(cfg, wiring.join("single")) is None
+    compiled, wl = seen["plan"], run.ctx.wl
+    predicted = memory.plan_for(run.ctx, fsdp=1, mp=1, grad_accum=1, remat=False)
+    assert seen["batch"].tokens.shape[0] == devices
+    assert wl.turns == 3 and wl.response_columns > wl.max_new
+    # The compiled cache of one device also holds the validity mask of the other devices'
+    # rows (replicated: one bool per row and slot) and the write index (4 bytes): beyond the
+    # predictor's count by exactly those, whole bytes, no rounding.
+    slots = _engine_slots(wl)
+    others = (devices - 1) * (wl.rows // devices) * slots
+    assert compiled.caches["rollout"] - predicted.parts["KV cache"] == others + 4
+    assert wl.prompt_columns + wl.response_columns == seen["batch"].tokens.shape[1]
+
+
+def _engine_slots(wl) -> int:
+    from locojax.engine.extend import slots_needed
+    from locojax.model.attention import KVCache
+
+    n, block = KVCache.blocks(slots_needed(wl.prompt_columns, wl.max_new, wl.turns,
+                                           1 + wl.obs_tokens))
+    return n * block
