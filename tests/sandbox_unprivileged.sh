@@ -24,7 +24,7 @@ if [ "$(id -u)" != 0 ]; then
 	exit 0
 fi
 REPO=$(pwd)
-TESTS="tests/test_sandbox.py tests/test_swe_harness.py tests/test_swe_trusted_tree.py"
+TESTS="tests/test_sandbox.py tests/test_swe_harness.py tests/test_swe_trusted_tree.py tests/test_sandbox_escapes.py"
 as_nobody() {
 	setpriv --reuid=65534 --regid=65534 --clear-groups \
 		env -i HOME=/tmp PATH=/usr/local/bin:/usr/bin:/bin LANG=C.UTF-8 "$@"

@@ -38,6 +38,13 @@ leaves it no capabilities, and every uid it could switch to is unmapped."""
 _LINUX_CAPABILITY_VERSION_3 = 0x20080522
 _SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "riscv64": 41, "ppc64le": 203, "s390x": 217}
 _DEV_NODES = ("null", "zero", "full", "random", "urandom")
+SHIELDED = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGALRM",
+            "SIGTSTP", "SIGTTIN", "SIGTTOU", "SIGVTALRM", "SIGPROF", "SIGPOLL", "SIGWINCH")
+"""Signals the bootstrap ignores: the code, under the same uid as non-root, may send them to
+it (as the pid namespace's init, or its parent), and a Python process dies of SIGINT (its
+KeyboardInterrupt handler) and of the others by default: the run's result would become an
+infrastructure error. The target gets their default back before exec. SIGKILL and SIGSTOP
+cannot be ignored: an init is shielded from them by the kernel, other modes are not."""
 
 
 def _libc():
@@ -186,6 +193,8 @@ def _exec_target(libc, spec: dict, status_fd: int) -> None:
                 os.dup2(channel, 3)
                 os.close(channel)
             os.set_inheritable(3, True)
+        for name in SHIELDED:
+            signal.signal(getattr(signal, name), signal.SIG_DFL)
         for name, (soft, hard) in spec["rlimits"].items():
             resource.setrlimit(getattr(resource, name), (soft, hard))
         drop_privileges(libc, spec["uid"])
@@ -212,6 +221,8 @@ def _bootstrap(spec: dict) -> None:
     import resource
 
     status_fd, channel = spec["status_fd"], spec["channel_fd"]
+    for name in SHIELDED:  # before any code runs that could send them
+        signal.signal(getattr(signal, name), signal.SIG_IGN)
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     try:
         libc = _libc()
@@ -234,11 +245,11 @@ def _bootstrap(spec: dict) -> None:
                     f.write(f"{INNER_UID} {outer_uid} 1")
                 with open("/proc/self/gid_map", "w") as f:
                     f.write(f"{INNER_UID} {outer_gid} 1")
-                try:  # no nested user namespaces (a way to hold capabilities again)
-                    with open("/proc/sys/user/max_user_namespaces", "w") as f:
-                        f.write("0")
-                except OSError:
-                    pass
+                # No nested user namespace (in one, the code would hold every capability
+                # again). Fatal when refused (a read-only /proc/sys): the guarantee is
+                # claimed, so the run must not go ahead without it.
+                with open("/proc/sys/user/max_user_namespaces", "w") as f:
+                    f.write("0")
         # Not dumpable (only now: /proc/self/uid_map of a non-dumpable process is root's): the
         # code under test, which may share our uid, cannot open our fds (the status pipe, the
         # channel) through /proc, nor trace us.

@@ -1,0 +1,59 @@
+"""Escapes from the non-root sandbox found by issue 38's audit, one test each.
+
+Like tests/test_sandbox.py, every test runs under `auto` (and "none" where that mode claims
+the guarantee), as root and, in `make test`'s third phase, as nobody
+(tests/sandbox_unprivileged.sh): several of these routes exist only for a non-root trainer,
+whose code runs under the trainer's own uid behind a user namespace. docs/security.md says
+how each was seen to fail with its defence removed.
+"""
+
+import os
+import shutil
+import sys
+
+import pytest
+
+from locojax.envs.sandbox import Limits, Sandbox, SandboxConfig
+
+SMALL = Limits(cpu_seconds=2, wall_seconds=8, memory_bytes=512 << 20, file_size_bytes=1 << 20,
+               max_processes=8, max_output_bytes=8 << 10)
+ROOT = os.geteuid() == 0
+_BWRAP = os.environ.get("LOCOJAX_TEST_BWRAP") or shutil.which("bwrap")
+
+
+@pytest.fixture(scope="module", params=["auto"] + (["bwrap"] if _BWRAP else []))
+def sb(request) -> Sandbox:
+    return Sandbox(SandboxConfig(mode=request.param, bwrap_path=_BWRAP), SMALL)
+
+
+def test_signals_to_the_sandboxs_own_processes_do_not_end_the_run(sb):
+    """The code signals the pid namespace's init (pid 1) and its parent: non-root they share
+    its uid, and SIGINT killed the Python init (KeyboardInterrupt), turning the result into
+    an infrastructure error. The run ends as the code does."""
+    code = ("import os, signal\n"
+            "for pid in {1, os.getppid()}:\n"
+            "    for s in ('SIGINT', 'SIGTERM', 'SIGHUP', 'SIGUSR1', 'SIGQUIT', 'SIGTSTP'):\n"
+            "        try:\n"
+            "            os.kill(pid, getattr(signal, s))\n"
+            "        except OSError:\n"
+            "            pass\n"
+            "import time; time.sleep(0.3)\n"
+            "print('still here')\n"
+            "raise SystemExit(3)\n")
+    r = sb.run(code)
+    assert r.returncode == 3 and r.stdout.strip() == "still here", r
+
+
+def test_the_code_cannot_make_a_nested_user_namespace(sb):
+    """Non-root, the bootstrap sets max_user_namespaces to 0 in the run's user namespace: in
+    a nested one the code would hold every capability again (and, before the write was
+    checked, a refused write went unnoticed). As root the code has no user namespace of its
+    own to nest in, and this table row says "no" (docs/security.md)."""
+    code = ("import ctypes, os\n"
+            "libc = ctypes.CDLL(None, use_errno=True)\n"
+            "rc = libc.unshare(0x10000000)\n"
+            "print(rc, os.strerror(ctypes.get_errno()) if rc else '')\n")
+    r = sb.run(code)
+    assert r.returncode == 0, r
+    if sb.isolation.mode == "namespaces" and not ROOT:
+        assert r.stdout.startswith("-1 "), r.stdout
