@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from locojax.rl import batch as batch_lib
-from locojax.rl import micro_batches, train_step
+from locojax.rl import logprobs, micro_batches
 from locojax.rl.config import AUTO_ACCUM, AlgoConfig, LearnerConfig
 from tests.test_shared_prefix import MODEL, RTOL, B, G, grouped_batch, one_update
 
@@ -70,7 +70,7 @@ def test_automatic_split_keeps_the_update_and_the_prompt_sharing(monkeypatch):
     # a budget of one group's logits: the automatic step splits into B / G micro-batches
     monkeypatch.setattr(micro_batches, "CPU_MICRO_LOGITS_BYTES", G * targets * MODEL.vocab_size * 4)
     assert micro_batches.resolve(cfg, batch, MODEL.vocab_size).grad_accum == B // G
-    with mock.patch.object(train_step, "prefix_hidden", wraps=train_step.prefix_hidden) as spy:
+    with mock.patch.object(logprobs, "prefix_hidden", wraps=logprobs.prefix_hidden) as spy:
         metrics, grads = one_update(batch, cfg)
     assert spy.called  # the prompt ran once per group inside each micro-batch
     metrics_one, grads_one = one_update(batch, one)

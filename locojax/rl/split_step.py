@@ -15,15 +15,15 @@ compute too. The barrier's time is how long this host waited for the slowest hos
 its local work (the straggler wait); the all-reduce then starts with every host present, so
 its time is the collective's own: the pack and unpack of the buffer and the transfer.
 
-The pieces are the fused step's own public functions (`train_step.prepare`, `local_sums`,
-`allreduce_sums`, `apply`): the same sums, but compiled in their own XLA modules, which may
-fuse and so round differently, so the params agree with the fused step's within a few ulps,
-not bitwise (tests/test_split_step.py). Use it to measure, not in runs that must be
-bitwise. What the split costs is a program launch and a host round trip per piece and
-update (no benchmark measures it against the fused step yet). Only the flat data-parallel
-layout splits (params replicated over a `data` axis of more than one device,
-`train_step.flat_allreduce_axis`); elsewhere `timed_update` runs the fused step as one
-`train` phase.
+The pieces are the fused step's own public functions (`train_step.prepare`,
+`gradients.local_sums`, `gradients.allreduce_sums`, `train_step.apply`): the same sums, but
+compiled in their own XLA modules, which may fuse and so round differently, so the params
+agree with the fused step's within a few ulps, not bitwise (tests/test_split_step.py). Use
+it to measure, not in runs that must be bitwise. What the split costs is a program launch
+and a host round trip per piece and update (no benchmark measures it against the fused step
+yet). Only the flat data-parallel layout splits (params replicated over a `data` axis of
+more than one device, `gradients.flat_allreduce_axis`); elsewhere `timed_update` runs the
+fused step as one `train` phase.
 """
 
 from __future__ import annotations
@@ -37,8 +37,9 @@ from jax.sharding import PartitionSpec as P
 
 from locojax.model.config import ModelConfig
 from locojax.profiler import StepTimer
-from locojax.rl import micro_batches
+from locojax.rl import gradients, micro_batches
 from locojax.rl import train_step as ts
+from locojax.rl.algorithms import resolve
 from locojax.rl.batch import TrainBatch
 from locojax.rl.config import LearnerConfig
 from locojax.rl.train_state import TrainState, pin
@@ -47,7 +48,7 @@ from locojax.rl.train_state import TrainState, pin
 def timed_update(state: TrainState, batch: TrainBatch, model_cfg: ModelConfig,
                  cfg: LearnerConfig, ref_params, mesh, timer: StepTimer, split: bool):
     """`train_step.update` timed as one `train` phase, or split (see the module doc)."""
-    if split and ts.flat_allreduce_axis(mesh, cfg) is not None:
+    if split and gradients.flat_allreduce_axis(mesh, cfg) is not None:
         return update(state, batch, model_cfg, cfg, ref_params, mesh, timer)
     with timer.phase("train") as ph:
         state, metrics = ts.update(state, batch, model_cfg, cfg, ref_params, mesh=mesh)
@@ -59,7 +60,7 @@ def update(state, batch, model_cfg, cfg, ref_params, mesh, timer: StepTimer):
     """The fused step's `update`, as separately timed programs."""
     ts.check(batch, cfg, ref_params)
     cfg = micro_batches.resolve(ts.program_cfg(cfg), batch, model_cfg.vocab_size, mesh)
-    axis = ts.flat_allreduce_axis(mesh, cfg)
+    axis = gradients.flat_allreduce_axis(mesh, cfg)
     static = dict(model_cfg=model_cfg, cfg=cfg, mesh=mesh)
     with timer.phase("train_compute") as ph:
         data, counts, fresh_tokens, extra = _prepare(state.params, batch, ref_params, **static)
@@ -98,13 +99,13 @@ def _prepare(params, batch, ref_params, *, model_cfg, cfg, mesh):
 @functools.partial(jax.jit, static_argnames=_STATIC)
 def _local(params, data, counts, fresh_tokens, i, *, model_cfg, cfg, mesh):
     """Update i's per-device sums, stacked over the devices ([D, ...] on `data`)."""
-    _, s = ts.resolve(cfg.algo)
-    axis = ts.flat_allreduce_axis(mesh, cfg)
+    _, s = resolve(cfg.algo)
+    axis = gradients.flat_allreduce_axis(mesh, cfg)
     m = i % cfg.algo.num_minibatches
     micro, counts = jax.tree.map(lambda x: x[m], (data, counts))
 
     def local(params, micro, counts, first, fresh_tokens):
-        sums = ts.local_sums(params, micro, counts, first, fresh_tokens, s, model_cfg, cfg)
+        sums = gradients.local_sums(params, micro, counts, first, fresh_tokens, s, model_cfg, cfg)
         return jax.tree.map(lambda x: x[None], sums)
 
     return jax.shard_map(local, mesh=mesh, in_specs=(P(), P(None, axis), P(), P(), P()),
@@ -121,7 +122,7 @@ def _barrier(*, mesh, axis):
 @functools.partial(jax.jit, static_argnames=("mesh", "axis"))
 def _allreduce(parts, *, mesh, axis):
     def reduce(parts):
-        return ts.allreduce_sums(*jax.tree.map(lambda x: x[0], parts), axis)
+        return gradients.allreduce_sums(*jax.tree.map(lambda x: x[0], parts), axis)
 
     return jax.shard_map(reduce, mesh=mesh, in_specs=P(axis), out_specs=P(),
                          check_vma=False)(parts)

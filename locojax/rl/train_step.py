@@ -20,6 +20,11 @@ ratio is exactly 1 and nothing is clipped. `update` is the host-side wrapper tha
 the batch, calls `train_step`, fetches metrics and raises `NonFiniteError` unless
 `skip_nonfinite` is set.
 
+The pieces: `logprobs.py` (the forward, and the no-grad reference and π_old passes) and
+`gradients.py` (one update's loss, gradient and metric sums over micro-batches and
+devices); `split_step.py` runs this step's public pieces (`prepare`, `gradients.local_sums`,
+`gradients.allreduce_sums`, `apply`) as programs of their own.
+
 References: PPO epochs/mini-batches as in Schulman et al. 2017 and verl's `dp_actor.py`;
 global-count normalisation is `aggregation.py`.
 """
@@ -27,27 +32,30 @@ global-count normalisation is `aggregation.py`.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 
 import jax
-import jax.flatten_util
 import jax.numpy as jnp
 import numpy as np
 import optax
-from jax.sharding import PartitionSpec as P
 
-from locojax.model import decoder
 from locojax.model.config import ModelConfig
-from locojax.model.params import Weights
 from locojax.rl import batch as batch_lib
-from locojax.rl import micro_batches
-from locojax.rl.aggregation import Counts, global_counts
+from locojax.rl import gradients, logprobs, micro_batches
+from locojax.rl.aggregation import global_counts
 from locojax.rl.algorithms import resolve
-from locojax.rl.batch import TrainBatch, split_rows, unsplit_rows
+from locojax.rl.batch import TrainBatch, split_rows
 from locojax.rl.config import LearnerConfig
-from locojax.rl.losses import LossSettings, is_weight_histogram, is_weight_quantiles, objective
+from locojax.rl.losses import is_weight_quantiles
 from locojax.rl.train_state import TrainState, adam_count, apply_in_place, pin, schedule
+
+# The forward and the gradient sums live in their own modules (logprobs.py, gradients.py);
+# these names stay importable from here, where callers (the memory plan, rollout workers,
+# tests, benchmarks) have always found them.
+compute_logprobs = logprobs.compute_logprobs
+sequence_logprobs = logprobs.sequence_logprobs
+prefix_hidden = logprobs.prefix_hidden
+flat_allreduce_axis = gradients.flat_allreduce_axis
 
 logger = logging.getLogger(__name__)
 
@@ -62,249 +70,6 @@ class NonFiniteError(RuntimeError):
     def __init__(self, state, message: str):
         super().__init__(message)
         self.state = state
-
-
-def sequence_logprobs(params: Weights, tokens, positions, attn_mask, model_cfg: ModelConfig,
-                      temperature: float = 1.0, chunk: int = decoder.AUTO_CHUNK,
-                      unroll: bool = False, remat: bool = False,
-                      prefix: batch_lib.SharedPrefix | None = None):
-    """log π(tokens[b, t] | tokens[b, :t]) and the entropy of that distribution, [B, T] each.
-
-    Aligned with `tokens`; column 0 (no context to predict it from) is 0. The hidden state
-    at t predicts token t + 1, so the forward runs on tokens[:, :-1]. `unroll`, `remat`: see
-    `decoder.forward` (set where the result is differentiated); `chunk`: `decoder.token_logprobs`.
-
-    `prefix` (a `TrainBatch.shared_prefix`, P columns): columns 1..P-1 hold no target, so
-    their logits are skipped and they read 0. With groups of G > 1 rows the prompt's forward
-    runs once per group (`prefix_hidden`): same objective, same gradients, a third fewer
-    FLOPs at SMALL. Only valid for whole groups: the caller passes None otherwise.
-    """
-    b = tokens.shape[0]
-    if prefix is None:
-        hidden, _ = decoder.forward(params, tokens[:, :-1], positions[:, :-1], model_cfg,
-                                    mask=attn_mask[:, :-1], unroll=unroll,
-                                    remat=remat)  # [B, T-1, D]
-        logp, ent = decoder.token_logprobs(params, hidden, tokens[:, 1:], model_cfg, temperature,
-                                           chunk)
-        zero = jnp.zeros((b, 1), logp.dtype)
-        return jnp.concatenate([zero, logp], axis=1), jnp.concatenate([zero, ent], axis=1)
-    p = prefix.columns
-    if prefix.group > 1:
-        hidden = prefix_hidden(params, tokens, positions, attn_mask, model_cfg, p,
-                               prefix.group, unroll, remat)
-    else:
-        hidden, _ = decoder.forward(params, tokens[:, :-1], positions[:, :-1], model_cfg,
-                                    mask=attn_mask[:, :-1], unroll=unroll, remat=remat)
-        hidden = hidden[:, p - 1:]  # [B, T-P, D]: the positions that predict targets
-    logp, ent = decoder.token_logprobs(params, hidden, tokens[:, p:], model_cfg, temperature,
-                                       chunk)
-    zero = jnp.zeros((b, p), logp.dtype)
-    return jnp.concatenate([zero, logp], axis=1), jnp.concatenate([zero, ent], axis=1)
-
-
-def prefix_hidden(params, tokens, positions, attn_mask, model_cfg, p: int, g: int, unroll,
-                  remat: bool = False):
-    """Hidden states [B, T-P, D] of positions P-1 .. T-2, the prompt run once per group.
-
-    The first row of each group holds the group's prompt. One scan over the layers runs, per
-    layer, the prompt's rows [B/G, P], then the responses [B, T-P-1], which attend to that
-    layer's prompt keys and values (repeated G times, so the backward sums the G rows'
-    cotangents into one prompt backward), then causally to each other. One scan, not a
-    prompt scan then a response scan: two scans over the same layers each stacked a gradient
-    of every layer's weights before their sum (1.76 GB more at 0.6B, docs/real_size.md), and
-    the repeated keys and values of all layers at once. The hidden state at P - 1 predicts
-    every row's first response token. Reshapes keep groups inside a device's rows.
-    """
-    cfg, b = model_cfg, tokens.shape[0]
-    first = lambda x: x.reshape(b // g, g, *x.shape[1:])[:, 0, :p]  # noqa: E731  [B/G, P]
-
-    def rows(x):  # [B/G, ...] → [B, ...], each group's entry G times
-        return jnp.broadcast_to(x[:, None], (x.shape[0], g, *x.shape[1:])).reshape(b, *x.shape[1:])
-
-    pos_p, mask_p = first(positions), first(attn_mask)  # [B/G, P]
-    pos_r, mask_r = positions[:, p:-1], attn_mask[:, p:-1]  # [B, R-1]
-    r = pos_r.shape[1]
-    causal_p = jnp.tril(jnp.ones((p, p), bool))[None] & mask_p[:, None, :]  # [B/G, P, P]
-    causal_r = jnp.tril(jnp.ones((r, r), bool))[None] & mask_r[:, None, :]  # [B, R-1, R-1]
-    visible_r = (jnp.broadcast_to(rows(mask_p)[:, None], (b, r, p)), causal_r)
-
-    def body(carry, xs):
-        (x_p, x_r), (w, kind) = carry, xs
-        x_p, (k, v) = decoder.layer(cfg, x_p, w, pos_p, (None, causal_p), kind=kind)
-        x_r, _ = decoder.layer(cfg, x_r, w, pos_r, visible_r, (rows(k), rows(v), rows(pos_p)),
-                               kind)
-        return (x_p, x_r), None
-
-    if remat:  # prevent_cse is needed only where the scan is unrolled into straight code
-        body = jax.checkpoint(body, prevent_cse=unroll)
-    embed = lambda t: decoder.embed(params, t, cfg)  # noqa: E731  [., ., D]
-    kinds = decoder.layer_kinds(cfg, decoder.wide_dtype(cfg.dtype))
-    (x_p, x_r), _ = jax.lax.scan(body, (embed(first(tokens)), embed(tokens[:, p:-1])),
-                                 (params["layers"], kinds), unroll=unroll)
-    norm = lambda x: decoder.final_norm(params, x, cfg)  # noqa: E731
-    return jnp.concatenate([rows(norm(x_p[:, -1:])), norm(x_r)], axis=1)
-
-
-compute_logprobs = jax.jit(sequence_logprobs,
-                           static_argnames=("model_cfg", "temperature", "chunk", "unroll", "remat",
-                                            "prefix"))
-"""Jitted `sequence_logprobs`, e.g. for reference logprobs outside the step."""
-
-
-def _for_split(batch: TrainBatch, parts: int) -> tuple[TrainBatch, int]:
-    """The batch as a split into `parts` row-parts leaves it, and the rows per block that the
-    split keeps together (`split_rows`' group).
-
-    With a shared prefix, a split of whole groups (B a multiple of parts · G) keeps it: every
-    part still runs each prompt once per group. Otherwise the split interleaves single rows,
-    which breaks the groups, so the prefix is kept for its skipped logits alone (group 1)."""
-    sp = batch.shared_prefix
-    group = batch_lib.split_group(sp, batch.tokens.shape[0], parts)
-    if sp is None or group > 1:
-        return batch, group
-    return dataclasses.replace(batch, shared_prefix=batch_lib.SharedPrefix(sp.columns, 1)), 1
-
-
-def _scan_logprobs(params, batch: TrainBatch, parts: int, group: int, model_cfg,
-                   cfg: LearnerConfig):
-    """No-grad logprobs of the whole batch, `parts` rows-chunks at a time (bounded memory);
-    `batch` and `group` as `_for_split` gives them."""
-    def one(rows):
-        tokens, positions, attn = rows
-        return sequence_logprobs(params, tokens, positions, attn, model_cfg, cfg.temperature,
-                                 cfg.logprob_chunk, prefix=batch.shared_prefix)[0]
-
-    rows = tuple(split_rows(x, parts, group)
-                 for x in (batch.tokens, batch.positions, batch.attn_mask))
-    return jax.lax.stop_gradient(unsplit_rows(jax.lax.map(one, rows), group))
-
-
-def _micro_loss(params, data, counts: Counts, first, fresh_tokens, s: LossSettings,
-                model_cfg: ModelConfig, cfg: LearnerConfig):
-    """Loss share and metric shares of one micro-batch (global denominators throughout)."""
-    b: TrainBatch = data["batch"]
-    logp, ent = sequence_logprobs(params, b.tokens, b.positions, b.attn_mask, model_cfg,
-                                  cfg.temperature, cfg.logprob_chunk,
-                                  unroll=decoder.unroll_for_grad(model_cfg), remat=cfg.remat,
-                                  prefix=b.shared_prefix)  # as `_for_split` left it
-    own = jax.lax.stop_gradient(logp)  # π_θ before any update of this step, bitwise
-    old = own if data["prox"] is None else jnp.where(first, own, data["prox"])
-    loss, metrics, extremes = objective(logp, ent, old, b.old_logprobs, b.ref_logprobs,
-                                        b.advantages, b.loss_mask, data["stale"], counts, s)
-    if b.staleness is not None:  # asynchronous modes: the distribution of the IS weights
-        metrics["actor/is_weight_hist"] = is_weight_histogram(
-            old, b.old_logprobs, b.loss_mask, data["stale"], counts, s.is_cap, s.ratio_level)
-    if data["prox"] is None and b.staleness is None:  # `old`: the start-of-step π
-        metrics["rollout/logprob_mismatch"] = _mismatch(b.loss_mask & data["fresh"][:, None],
-                                                        b.old_logprobs, old, fresh_tokens)
-    return loss, (metrics, extremes)
-
-
-def _mismatch(mask, sampler, trainer, tokens):
-    """`rollout/logprob_mismatch`: mean |sampler − trainer| logprob over the tokens the
-    sampler drew with this step's params. Measured here only where rollouts are made inline
-    (no staleness in the batch); rollout workers measure their own rows (`fleet/`)."""
-    gap = jnp.where(mask, jnp.abs(jnp.where(mask, sampler, 0.0) - trainer), 0.0)
-    return jnp.sum(gap) / jnp.maximum(tokens, 1.0)
-
-
-def _accumulate(params, micro, counts, first, fresh_tokens, s, model_cfg, cfg,
-                keep_f32: bool = False):
-    """Σ over micro-batches (leading axis of `micro`) of loss, gradients and metric shares.
-
-    Gradients come back in the params' dtype, or in the f32 accumulator with `keep_f32`."""
-    loss_fn = functools.partial(_micro_loss, counts=counts, first=first,
-                                fresh_tokens=fresh_tokens, s=s, model_cfg=model_cfg, cfg=cfg)
-    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
-    one = jax.tree.map(lambda x: x[0], micro)
-    (l_shape, (m_shape, e_shape)), _ = jax.eval_shape(grad_fn, params, one)
-    wide = lambda p: jnp.promote_types(p.dtype, jnp.float32)  # noqa: E731  (f64 stays f64)
-    init = (
-        jax.tree.map(lambda p: jnp.zeros(p.shape, wide(p)), params),
-        jnp.zeros((), l_shape.dtype),
-        jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), m_shape),
-        {k: jnp.full((), -jnp.inf if k.endswith("_max") else jnp.inf, e.dtype)
-         for k, e in e_shape.items()},
-    )
-
-    def body(acc, data):
-        grads, loss, metrics, extremes = acc
-        (l, (m, e)), g = grad_fn(params, data)
-        grads = jax.tree.map(lambda a, b: a + b.astype(a.dtype), grads, g)
-        metrics = jax.tree.map(jnp.add, metrics, m)
-        extremes = {k: (jnp.maximum if k.endswith("_max") else jnp.minimum)(v, e[k])
-                    for k, v in extremes.items()}
-        return (grads, loss + l, metrics, extremes), None
-
-    if jax.tree.leaves(micro)[0].shape[0] == 1:  # no loop: the common case compiles smaller
-        (grads, loss, metrics, extremes), _ = body(init, one)
-    else:
-        (grads, loss, metrics, extremes), _ = jax.lax.scan(body, init, micro)
-    if not keep_f32:
-        grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
-    return grads, loss, {**metrics, **extremes}
-
-
-def flat_allreduce_axis(mesh, cfg: LearnerConfig) -> str | None:
-    """The mesh axis to all-reduce gradients over by hand, or None to leave it to XLA.
-
-    Data parallel with replicated params (train_dp) on a mesh whose only axis is `data`,
-    of more than one device. XLA would all-reduce every gradient leaf (and metric) as its
-    own operand, and XLA:CPU's AllReduceThunk runs a tuple operand by operand: one gloo
-    round trip each across hosts. `_accumulate_flat` sends one flat buffer instead. Also
-    the layout `split_step` can split (its all-reduce is this one, as its own program).
-    """
-    if mesh is None or cfg.rules != "train_dp" or tuple(mesh.shape) != ("data",):
-        return None
-    return "data" if mesh.shape["data"] > 1 else None
-
-
-def _accumulate_flat(params, micro, counts, first, fresh_tokens, s, model_cfg, cfg, mesh,
-                     axis: str):
-    """`_accumulate` per device on its own rows, then ONE psum of a flat buffer holding every
-    gradient, the loss and the metric sums (and one pmax for the extremes).
-
-    Exactly the sums XLA's partitioner would take (every share is already divided by the
-    global counts), only packed: gradients and metrics are those of `_accumulate`."""
-    def local(params, micro, counts, first, fresh_tokens):
-        return allreduce_sums(*local_sums(params, micro, counts, first, fresh_tokens, s,
-                                          model_cfg, cfg), axis)
-
-    rows = P(None, axis)  # micro leaves are [k, rows, ...]
-    # check_vma off: the grad-accum scan starts from replicated zeros and carries per-device
-    # sums; the outputs are replicated by the psum / pmax above, which out_specs P() states.
-    grads, loss, metrics = jax.shard_map(
-        local, mesh=mesh, in_specs=(P(), rows, P(), P(), P()), out_specs=P(), check_vma=False,
-    )(params, micro, counts, first, fresh_tokens)
-    grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
-    return grads, loss, metrics
-
-
-def local_sums(params, micro, counts, first, fresh_tokens, s, model_cfg, cfg):
-    """One device's share of an update, inside `shard_map`: its rows' f32 gradient, loss and
-    metric sums (and extremes), before any cross-device reduction."""
-    rows = jax.tree.leaves(micro)[0].shape[1]
-    sp = micro["batch"].shared_prefix
-    if sp is not None and rows % sp.group:  # a device holding part of a group
-        micro = {**micro, "batch": dataclasses.replace(
-            micro["batch"], shared_prefix=batch_lib.SharedPrefix(sp.columns, 1))}
-    return _accumulate(params, micro, counts, first, fresh_tokens, s, model_cfg, cfg,
-                       keep_f32=True)
-
-
-def allreduce_sums(grads, loss, metrics, axis: str):
-    """Every device's shares summed over `axis`, inside `shard_map`: one psum of one flat
-    buffer (gradients, loss, metric sums) and one pmax of the extremes."""
-    lo = [k for k in metrics if k.endswith("_min")]
-    hi = [k for k in metrics if k.endswith("_max")]
-    sums = {k: v for k, v in metrics.items() if k not in lo and k not in hi}
-    flat, unflatten = jax.flatten_util.ravel_pytree((grads, loss, sums))
-    grads, loss, sums = unflatten(jax.lax.psum(flat, axis))
-    ext = jax.lax.pmax(jnp.stack([metrics[k] for k in hi] + [-metrics[k] for k in lo]), axis)
-    sums.update({k: ext[i] for i, k in enumerate(hi)})
-    sums.update({k: -ext[len(hi) + i] for i, k in enumerate(lo)})
-    return grads, loss, sums
-
 
 def apply(state: TrainState, grads, loss, model_cfg, cfg: LearnerConfig):
     """AdamW on `grads` (already summed over every device and micro-batch), or no change at
@@ -331,7 +96,7 @@ def prepare(params, batch: TrainBatch, ref_params, model_cfg, cfg: LearnerConfig
     program of its own by `split_step`."""
     _, s = resolve(cfg.algo)
     n_mini, k = cfg.algo.num_minibatches, cfg.grad_accum
-    batch, group = _for_split(batch, n_mini * k)
+    batch, group = logprobs.for_split(batch, n_mini * k)
     rows = batch.tokens.shape[0]
     stale = (jnp.zeros((rows,), bool) if batch.staleness is None else batch.staleness > 0)
     fresh = ~stale
@@ -340,7 +105,7 @@ def prepare(params, batch: TrainBatch, ref_params, model_cfg, cfg: LearnerConfig
     if not s.beta:
         batch = dataclasses.replace(batch, ref_logprobs=None)  # never read, never computed
     elif batch.ref_logprobs is None:
-        ref = _scan_logprobs(ref_params, batch, n_mini * k, group, model_cfg, cfg)
+        ref = logprobs.scan_logprobs(ref_params, batch, n_mini * k, group, model_cfg, cfg)
         batch = dataclasses.replace(batch, ref_logprobs=ref)
     fresh_mask = batch.loss_mask & fresh[:, None]
     fresh_tokens = jnp.sum(fresh_mask.astype(jnp.float32))
@@ -348,10 +113,10 @@ def prepare(params, batch: TrainBatch, ref_params, model_cfg, cfg: LearnerConfig
     extra = {}
     prox = None
     if cfg.updates_per_step > 1:  # later updates need π_old of the start-of-step params
-        prox = _scan_logprobs(params, batch, n_mini * k, group, model_cfg, cfg)
+        prox = logprobs.scan_logprobs(params, batch, n_mini * k, group, model_cfg, cfg)
         if batch.staleness is None:
-            extra["rollout/logprob_mismatch"] = _mismatch(fresh_mask, batch.old_logprobs, prox,
-                                                          fresh_tokens)
+            extra["rollout/logprob_mismatch"] = gradients.mismatch(
+                fresh_mask, batch.old_logprobs, prox, fresh_tokens)
 
     def layout(x):  # [B, ...] → [M, k, B/(M k), ...]; both splits strided, so device-local
         x = split_rows(x, n_mini, group)
@@ -372,7 +137,7 @@ def _train_step(state: TrainState, batch: TrainBatch, ref_params=None, *,
                                                    cfg)
     n_mini = cfg.algo.num_minibatches
 
-    axis = flat_allreduce_axis(mesh, cfg)
+    axis = gradients.flat_allreduce_axis(mesh, cfg)
 
     def update(state, i):
         m = i % n_mini
@@ -380,9 +145,9 @@ def _train_step(state: TrainState, batch: TrainBatch, ref_params=None, *,
         args = (state.params, jax.tree.map(pick, data), jax.tree.map(pick, counts), i == 0,
                 fresh_tokens, s, model_cfg, cfg)
         if axis is None:
-            grads, loss, metrics = _accumulate(*args)
+            grads, loss, metrics = gradients.accumulate(*args)
         else:
-            grads, loss, metrics = _accumulate_flat(*args, mesh, axis)
+            grads, loss, metrics = gradients.accumulate_flat(*args, mesh, axis)
         state, opt_metrics = apply(state, grads, loss, model_cfg, cfg)
         if mesh is not None:
             state = pin(state, model_cfg, mesh, cfg.rules)

@@ -1,0 +1,155 @@
+"""One update's sums: gradients, loss and metrics over micro-batches and devices.
+
+`accumulate` sums, over a mini-batch's micro-batches (a `lax.scan` when there are several),
+each micro-batch's loss share (partial sum / global count: `aggregation.py`) and its
+gradient, so every split gives the same objective. Data parallel over a `data`-only mesh,
+`accumulate_flat` runs that per device (`local_sums`) and then ONE all-reduce of a flat
+buffer (`allreduce_sums`) rather than XLA's one per gradient leaf; `split_step.py` runs the
+same two pieces as programs of their own. `mismatch` is `rollout/logprob_mismatch`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.flatten_util
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+from locojax.model import decoder
+from locojax.model.config import ModelConfig
+from locojax.rl import batch as batch_lib
+from locojax.rl.aggregation import Counts
+from locojax.rl.batch import TrainBatch
+from locojax.rl.config import LearnerConfig
+from locojax.rl.logprobs import sequence_logprobs
+from locojax.rl.losses import LossSettings, is_weight_histogram, objective
+
+
+def _micro_loss(params, data, counts: Counts, first, fresh_tokens, s: LossSettings,
+                model_cfg: ModelConfig, cfg: LearnerConfig):
+    """Loss share and metric shares of one micro-batch (global denominators throughout)."""
+    b: TrainBatch = data["batch"]
+    logp, ent = sequence_logprobs(params, b.tokens, b.positions, b.attn_mask, model_cfg,
+                                  cfg.temperature, cfg.logprob_chunk,
+                                  unroll=decoder.unroll_for_grad(model_cfg), remat=cfg.remat,
+                                  prefix=b.shared_prefix)  # as `logprobs.for_split` left it
+    own = jax.lax.stop_gradient(logp)  # π_θ before any update of this step, bitwise
+    old = own if data["prox"] is None else jnp.where(first, own, data["prox"])
+    loss, metrics, extremes = objective(logp, ent, old, b.old_logprobs, b.ref_logprobs,
+                                        b.advantages, b.loss_mask, data["stale"], counts, s)
+    if b.staleness is not None:  # asynchronous modes: the distribution of the IS weights
+        metrics["actor/is_weight_hist"] = is_weight_histogram(
+            old, b.old_logprobs, b.loss_mask, data["stale"], counts, s.is_cap, s.ratio_level)
+    if data["prox"] is None and b.staleness is None:  # `old`: the start-of-step π
+        metrics["rollout/logprob_mismatch"] = mismatch(b.loss_mask & data["fresh"][:, None],
+                                                        b.old_logprobs, old, fresh_tokens)
+    return loss, (metrics, extremes)
+
+
+def mismatch(mask, sampler, trainer, tokens):
+    """`rollout/logprob_mismatch`: mean |sampler − trainer| logprob over the tokens the
+    sampler drew with this step's params. Measured here only where rollouts are made inline
+    (no staleness in the batch); rollout workers measure their own rows (`fleet/`)."""
+    gap = jnp.where(mask, jnp.abs(jnp.where(mask, sampler, 0.0) - trainer), 0.0)
+    return jnp.sum(gap) / jnp.maximum(tokens, 1.0)
+
+
+def accumulate(params, micro, counts, first, fresh_tokens, s, model_cfg, cfg,
+               keep_f32: bool = False):
+    """Σ over micro-batches (leading axis of `micro`) of loss, gradients and metric shares.
+
+    Gradients come back in the params' dtype, or in the f32 accumulator with `keep_f32`."""
+    loss_fn = functools.partial(_micro_loss, counts=counts, first=first,
+                                fresh_tokens=fresh_tokens, s=s, model_cfg=model_cfg, cfg=cfg)
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+    one = jax.tree.map(lambda x: x[0], micro)
+    (l_shape, (m_shape, e_shape)), _ = jax.eval_shape(grad_fn, params, one)
+    wide = lambda p: jnp.promote_types(p.dtype, jnp.float32)  # noqa: E731  (f64 stays f64)
+    init = (
+        jax.tree.map(lambda p: jnp.zeros(p.shape, wide(p)), params),
+        jnp.zeros((), l_shape.dtype),
+        jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), m_shape),
+        {k: jnp.full((), -jnp.inf if k.endswith("_max") else jnp.inf, e.dtype)
+         for k, e in e_shape.items()},
+    )
+
+    def body(acc, data):
+        grads, loss, metrics, extremes = acc
+        (l, (m, e)), g = grad_fn(params, data)
+        grads = jax.tree.map(lambda a, b: a + b.astype(a.dtype), grads, g)
+        metrics = jax.tree.map(jnp.add, metrics, m)
+        extremes = {k: (jnp.maximum if k.endswith("_max") else jnp.minimum)(v, e[k])
+                    for k, v in extremes.items()}
+        return (grads, loss + l, metrics, extremes), None
+
+    if jax.tree.leaves(micro)[0].shape[0] == 1:  # no loop: the common case compiles smaller
+        (grads, loss, metrics, extremes), _ = body(init, one)
+    else:
+        (grads, loss, metrics, extremes), _ = jax.lax.scan(body, init, micro)
+    if not keep_f32:
+        grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
+    return grads, loss, {**metrics, **extremes}
+
+
+def flat_allreduce_axis(mesh, cfg: LearnerConfig) -> str | None:
+    """The mesh axis to all-reduce gradients over by hand, or None to leave it to XLA.
+
+    Data parallel with replicated params (train_dp) on a mesh whose only axis is `data`,
+    of more than one device. XLA would all-reduce every gradient leaf (and metric) as its
+    own operand, and XLA:CPU's AllReduceThunk runs a tuple operand by operand: one gloo
+    round trip each across hosts. `accumulate_flat` sends one flat buffer instead. Also
+    the layout `split_step` can split (its all-reduce is this one, as its own program).
+    """
+    if mesh is None or cfg.rules != "train_dp" or tuple(mesh.shape) != ("data",):
+        return None
+    return "data" if mesh.shape["data"] > 1 else None
+
+
+def accumulate_flat(params, micro, counts, first, fresh_tokens, s, model_cfg, cfg, mesh,
+                    axis: str):
+    """`accumulate` per device on its own rows, then ONE psum of a flat buffer holding every
+    gradient, the loss and the metric sums (and one pmax for the extremes).
+
+    Exactly the sums XLA's partitioner would take (every share is already divided by the
+    global counts), only packed: gradients and metrics are those of `accumulate`."""
+    def local(params, micro, counts, first, fresh_tokens):
+        return allreduce_sums(*local_sums(params, micro, counts, first, fresh_tokens, s,
+                                          model_cfg, cfg), axis)
+
+    rows = P(None, axis)  # micro leaves are [k, rows, ...]
+    # check_vma off: the grad-accum scan starts from replicated zeros and carries per-device
+    # sums; the outputs are replicated by the psum / pmax above, which out_specs P() states.
+    grads, loss, metrics = jax.shard_map(
+        local, mesh=mesh, in_specs=(P(), rows, P(), P(), P()), out_specs=P(), check_vma=False,
+    )(params, micro, counts, first, fresh_tokens)
+    grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
+    return grads, loss, metrics
+
+
+def local_sums(params, micro, counts, first, fresh_tokens, s, model_cfg, cfg):
+    """One device's share of an update, inside `shard_map`: its rows' f32 gradient, loss and
+    metric sums (and extremes), before any cross-device reduction."""
+    rows = jax.tree.leaves(micro)[0].shape[1]
+    sp = micro["batch"].shared_prefix
+    if sp is not None and rows % sp.group:  # a device holding part of a group
+        micro = {**micro, "batch": dataclasses.replace(
+            micro["batch"], shared_prefix=batch_lib.SharedPrefix(sp.columns, 1))}
+    return accumulate(params, micro, counts, first, fresh_tokens, s, model_cfg, cfg,
+                       keep_f32=True)
+
+
+def allreduce_sums(grads, loss, metrics, axis: str):
+    """Every device's shares summed over `axis`, inside `shard_map`: one psum of one flat
+    buffer (gradients, loss, metric sums) and one pmax of the extremes."""
+    lo = [k for k in metrics if k.endswith("_min")]
+    hi = [k for k in metrics if k.endswith("_max")]
+    sums = {k: v for k, v in metrics.items() if k not in lo and k not in hi}
+    flat, unflatten = jax.flatten_util.ravel_pytree((grads, loss, sums))
+    grads, loss, sums = unflatten(jax.lax.psum(flat, axis))
+    ext = jax.lax.pmax(jnp.stack([metrics[k] for k in hi] + [-metrics[k] for k in lo]), axis)
+    sums.update({k: ext[i] for i, k in enumerate(hi)})
+    sums.update({k: -ext[len(hi) + i] for i, k in enumerate(lo)})
+    return grads, loss, sums
