@@ -44,7 +44,10 @@ def test_prints_memory_phases_and_placement_for_a_pod(capsys):
     for mode in ("| controller |", "| colocated |", "| disaggregated |", "| async |"):
         assert mode in out
     assert "best placement:" in out and "rollout fraction" in out and "staleness mean" in out
-    assert "[spec: https://cloud.google.com/tpu/docs/v5e" in out  # constants carry origins
+    # Constants carry origins; each source is printed once, in the legend.
+    assert "tpu-v5e.hbm_bandwidth = 8.19e+11 bytes/s (spec [1])" in out
+    assert "[1] https://cloud.google.com/tpu/docs/v5e (System architecture table)\n" in out
+    assert out.count("benchmarks/calibrate_predict.py --points gsm8k") == 1
 
 
 def test_train_arguments_and_an_explicit_mode(capsys):

@@ -1,13 +1,17 @@
-"""`locojax predict`: memory per device, step time per phase for each mode and the best
-placement, before launch, from the cost model in locojax/predict (docs/pod_scale.md).
+"""`locojax predict`: memory per device, the layout, step time per phase for each mode,
+throughput and chip-hours with their range, and the best placement, before launch, from
+the cost model in locojax/predict (docs/pod_scale.md).
 
     locojax predict train PRESET [train flags] --cluster PROFILE-CHIPS [predict flags]
     locojax predict workload NAME --model MODEL --cluster PROFILE-CHIPS [predict flags]
     locojax predict paper [--plot-dir DIR]       # the paper's three studies, reproduced
+    locojax predict fields                       # which train flags predict reads
 
 `train ...` takes exactly `locojax train`'s arguments, so the prediction is of the run that
 command would make: on this machine `locojax predict train demo ... --cluster cpu-here-2`
-predicts `locojax launch --hosts 2 -- train demo ...` (docs/pod_scale.md, "Pairing").
+predicts `locojax launch --hosts 2 -- train demo ...` (docs/pod_scale.md, "Pairing"). Every
+train flag is honoured, refused by name, or declared irrelevant (`predict fields`); the
+controller's decode chunk is train's `--controller.decode-chunk`.
 
 predict flags:
   --cluster PROFILE-CHIPS  v5e-64, tpu-v7x-256, h100-16, cpu-here-4 (default: cpu-here with
@@ -15,11 +19,13 @@ predict flags:
   --hardware FILE          a profile JSON of your own (--cluster may then be just the count)
   --lengths-from PATH      completion lengths from a run dir (rollouts/) or a data jsonl
   --chars-per-token X      for lengths from text (default 4, or 1 for char-level models)
-  --decode-chunk K         controller: decode iterations per round trip (default 0: one)
   --kv-read static|actual  decode reads the whole fixed cache (locojax) or the filled part
   --sweep sizes|chips      a sweep over the shipped model sizes or over chip counts
   --plot FILE              where the sweep's plot goes (default predict_sweep.png)
   --constants              every constant the prediction used, with its origin
+
+Exit status: 0 a prediction; 2 bad input (named); 3 the run fits in no layout of the
+cluster (the smallest that fits is named).
 """
 
 from __future__ import annotations
@@ -27,9 +33,9 @@ from __future__ import annotations
 import sys
 
 FLAGS = {"--cluster": "", "--hardware": "", "--lengths-from": "", "--chars-per-token": "0",
-         "--decode-chunk": "0", "--kv-read": "static", "--sweep": "", "--plot": "",
-         "--plot-dir": ""}
+         "--kv-read": "static", "--sweep": "", "--plot": "", "--plot-dir": ""}
 SWITCHES = ("--constants",)
+DOES_NOT_FIT = 3
 
 
 def _split(argv: list[str]) -> tuple[dict, list[str]]:
@@ -68,11 +74,16 @@ def main(argv: list[str]) -> int:
 
             print(paper_report.render(own["--plot-dir"] or None))
             return 0
+        if what == "fields":
+            from locojax.predict import train_fields
+
+            print(train_fields.table())
+            return 0
         if what == "train":
             return _train(rest, own)
         if what == "workload":
             return _workload(rest, own)
-        raise ValueError(f"unknown target {what!r}: train, workload or paper")
+        raise ValueError(f"unknown target {what!r}: train, workload, paper or fields")
     except (UnknownHardware, UncostableModel, ValueError, FileNotFoundError) as e:
         print(f"locojax predict: {e}", file=sys.stderr)
         return 2
@@ -85,73 +96,98 @@ def _train(rest: list[str], own: dict) -> int:
                            float(own["--chars-per-token"]), own["--kv-read"])
     cfg = run.cfg
     return _predict(run.ctx, run.source, own, only=cfg.mode if run.explicit_mode else None,
-                    placement=getattr(cfg, "placement", None))
+                    placement=cfg.placement, given=run.given, steps=cfg.steps)
 
 
 def _workload(rest: list[str], own: dict) -> int:
-    from locojax.predict import presets, spec
-
-    if not rest:
-        raise ValueError(f"workload NAME: one of {', '.join(presets.names())}")
-    name, model = rest[0], "qwen3-0.6b"
-    if "--model" in rest:
-        model = rest[rest.index("--model") + 1]
-    from locojax.predict import hardware
+    """`workload NAME [--model M] [--controller.decode-chunk K]`; anything else is refused."""
+    from locojax.predict import hardware, presets, spec
     from locojax.predict.phases import Ctx
 
+    if not rest or rest[0].startswith("-"):
+        raise ValueError(f"workload NAME: one of {', '.join(presets.names())}")
+    name, opts, args = rest[0], {"--model": "qwen3-0.6b", "--controller.decode-chunk": "0"}, \
+        rest[1:]
+    while args:
+        key, _, val = args.pop(0).partition("=")
+        if key not in opts:
+            raise ValueError(f"workload: unknown argument {key!r} (workload NAME takes "
+                             f"{', '.join(opts)}; a run's flags go to `predict train`)")
+        if not val and not args:
+            raise ValueError(f"{key} needs a value")
+        opts[key] = val or args.pop(0)
     wl, env_workers = presets.load(name)
-    model_cfg, source = spec.load(model)
+    model_cfg, source = spec.load(opts["--model"])
     cluster = hardware.parse_cluster(own["--cluster"] or "cpu-here-1", own["--hardware"])
-    ctx = Ctx(model_cfg, model, wl, cluster, dtype="bfloat16", kv_read=own["--kv-read"],
-              env_workers=env_workers)
+    ctx = Ctx(model_cfg, opts["--model"], wl, cluster, dtype="bfloat16",
+              kv_read=own["--kv-read"], env_workers=env_workers,
+              decode_chunk=int(opts["--controller.decode-chunk"]))
     return _predict(ctx, source, own)
 
 
-def _predict(ctx, source: str, own: dict, only: str | None = None, placement=None) -> int:
-    from locojax.predict import memory, modes, placement as place, report
-
-    model_cfg, model, wl, cluster = ctx.cfg, ctx.model_name, ctx.wl, ctx.cluster
-    dtype, remat = ctx.dtype, ctx.remat
-    print(f"model: {model} ({model_cfg.num_params() / 1e9:.3f}B parameters; {source})")
+def _header(ctx) -> None:
+    model_cfg, wl, cluster = ctx.cfg, ctx.wl, ctx.cluster
+    print(f"model: {ctx.model_name} ({model_cfg.num_params() / 1e9:.3f}B parameters)")
     print(f"workload: {wl.name}: B {wl.prompts} x G {wl.group} = {wl.rows} rows, P "
           f"{wl.prompt_columns}, N <= {wl.max_new}, completion mean "
           f"{wl.completion.mean:.0f}, longest of the step's rows {wl.decode_steps(wl.rows) + 1:.0f}"
           f" ({wl.completion.source})")
-    print(f"cluster: {cluster.describe()} [{cluster.hw.path}]; {dtype}, KV read {ctx.kv_read}")
-    plan = memory.fit(ctx)
-    if cluster.hw.kind != "cpu":
-        ctx.fsdp_chips, ctx.remat = plan.settings["fsdp"], plan.settings["remat"] or remat
-    print(plan.format())
-    if cluster.hw.kind == "cpu":
+    print(f"cluster: {cluster.describe()} [{cluster.hw.path}]; {ctx.dtype}, KV read "
+          f"{ctx.kv_read}")
+
+
+def _predict(ctx, source: str, own: dict, only: str | None = None, placement=None,
+             given=None, steps: int = 0) -> int:
+    from locojax.predict import layout
+
+    _header(ctx)
+    print(f"  (model config: {source})")
+    given = given or layout.Given()
+    choice = layout.choose(ctx, given)
+    print(choice.plan.format())
+    if ctx.cluster.hw.kind == "cpu":
         print("  (on this machine `locojax train ... --plan` gives XLA's exact plan)")
+    elif not choice.fits:
+        print(f"locojax predict: {layout.refusal(choice, ctx, given)}", file=sys.stderr)
+        return DOES_NOT_FIT
+    else:
+        print(f"layout: {choice.describe()}: the fastest of {choice.tried} that fit (fixed by "
+              f"the command: {given.describe()})")
+        if choice.wave_note():
+            print(f"  {choice.wave_note()}")
+    ctx = choice.ctx
     if own["--sweep"]:
         from locojax.predict import sweep
 
-        print(sweep.run(own["--sweep"], ctx, own["--plot"] or "predict_sweep.png",
-                        int(own["--decode-chunk"])))
+        print(sweep.run(own["--sweep"], ctx, own["--plot"] or "predict_sweep.png"))
         return 0
-    preds = []
-    want = lambda m: only in (None, m)  # noqa: E731
-    if want("single") and (cluster.hosts == 1 or cluster.shared_cores):
-        preds.append(modes.single(ctx))
-    if want("controller"):
-        preds.append(modes.controller(ctx, int(own["--decode-chunk"])))
-    if want("colocated"):
-        preds.append(modes.colocated(ctx))
-    if cluster.hosts >= 2 and want("disaggregated"):
-        f = getattr(placement, "rollout_fraction", 0.75)
-        preds.append(place.disaggregated(ctx, f, getattr(placement, "max_staleness", 1)))
-    if cluster.hosts >= 2 and want("async"):
-        w = getattr(placement, "workers", max(1, cluster.hosts - 1))
-        lh = getattr(placement, "learner_hosts", 1)
-        if w + lh <= cluster.hosts:
-            preds.append(place.async_(ctx, w, lh, getattr(placement, "max_staleness", 1)))
+    _modes(ctx, only, placement, steps)
+    if own["--constants"]:
+        from locojax.predict import report
+
+        print("\nconstants used (origin [source]):")
+        print("\n".join(f"  {line}" for line in report.constants(ctx.ledger)))
+    return 0
+
+
+def _modes(ctx, only, placement, steps: int) -> None:
+    from locojax.predict import modes, report, uncertainty
+    from locojax.predict import placement as place
+
+    preds = place.predict_modes(ctx, only, placement)
     print("\nstep time per phase (critical path; milliseconds):")
     print(report.phase_table(preds))
     for p in preds:
         print(f"  {p.mode}: {p.layout}" + (f"; {report.staleness_line(p)}" if p.staleness else "")
               + ("".join(f"; {n}" for n in p.notes)))
-    if cluster.hosts >= 2:
+    rng = uncertainty.step_range(ctx, lambda c: place.predict_modes(c, only, placement))
+    print(f"\nthroughput (in brackets: the range with every assumed or fitted constant from "
+          f"{uncertainty.LOW:.2g}x to {uncertainty.HIGH:.2g}x; {len(rng.constants)} such "
+          "constants):")
+    print("\n".join(uncertainty.throughput_lines(ctx, preds, rng, steps)))
+    if len(rng.nominal) > 1:
+        print("verdicts that flip in that range: " + ("; ".join(rng.flips) or "none"))
+    if ctx.cluster.hosts >= 2:
         adv = place.advise(ctx)
         co = modes.colocated(ctx).step
         print("\nbest placement:")
@@ -163,7 +199,3 @@ def _predict(ctx, source: str, own: dict, only: str | None = None, placement=Non
             w, k, p = adv.best_async
             print(f"  async: {w} workers, k = {k} ({p.layout}): {p.step:.3f} s/step, "
                   f"{co / p.step:.2f}x colocated; {report.staleness_line(p)}")
-    if own["--constants"]:
-        print("\nconstants used:")
-        print("\n".join(f"  {line}" for line in ctx.ledger.lines()))
-    return 0

@@ -69,10 +69,16 @@ class ModelCosts:
     cfg: ModelConfig
     dtype: str = "bfloat16"
     """Dtype of weights and KV cache as the programs read them (compute dtype)."""
+    kv_dtype: str = ""
+    """The KV cache's dtype where it differs (`--rollout.cache-dtype`); "": `dtype`."""
 
     @property
     def itemsize(self) -> int:
         return ITEMSIZE[self.dtype]
+
+    @property
+    def kv_itemsize(self) -> int:
+        return ITEMSIZE[self.kv_dtype or self.dtype]
 
     def proj_flops(self) -> float:
         """Matmul FLOPs of one token through one layer's projections (q, k, v, o, SwiGLU)."""
@@ -109,13 +115,14 @@ class ModelCosts:
     def kv_bytes_per_token(self) -> float:
         """Bytes of keys and values one token leaves in the cache (all layers)."""
         c = self.cfg
-        return 2.0 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * self.itemsize
+        return 2.0 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * self.kv_itemsize
 
     def kv_read_bytes(self, keys):
         """Bytes of keys and values one query reads with `keys` cached (local layers: at most
         W of them)."""
         c = self.cfg
-        return 2.0 * c.num_key_value_heads * c.head_dim * self.itemsize * self.layer_keys(keys)
+        return (2.0 * c.num_key_value_heads * c.head_dim * self.kv_itemsize
+                * self.layer_keys(keys))
 
     # --- locojax's programs ----------------------------------------------------------------
 

@@ -76,8 +76,9 @@ def rollout_phases(ctx: Ctx, prompts: float, rows: float, chips: float, steps: f
     """A host's rollout phases for its prompts/rows (device phases on `cores` per process,
     host phases and env on `host_cores`; `devices`: simulated devices in the process)."""
     decode = ctx.decode(rows, chips, steps, cores, devices)
-    tp = ctx.wl.turns * steps * ctx.tp_comm(rows / max(1.0, chips / ctx.model_parallel()),
-                                            ctx.model_parallel())
+    groups = max(1.0, chips / ctx.model_parallel())
+    tp = ctx.waves * ctx.wl.turns * steps * ctx.tp_comm(rows / groups / ctx.waves,
+                                                        ctx.model_parallel())
     return {"admission": ctx.admission(prompts, host_cores),
             "prefill": ctx.prefill(prompts, chips, cores),
             "decode": decode - tp, "tp_comm": tp,
@@ -90,10 +91,11 @@ def rollout_phases(ctx: Ctx, prompts: float, rows: float, chips: float, steps: f
 def train_phases(ctx: Ctx, rows_per_host: float, chips_per_host: float, chips: int,
                  hosts: int, cores: float) -> dict[str, float]:
     """A learner host's train phases: its rows' update on its chips (`cores` per process),
-    and the gradient all-reduce over all `chips` of `hosts` hosts (ICI, then DCN)."""
+    and the gradient all-reduce over all `chips` of `hosts` hosts (ICI, then DCN); each
+    epoch trains every row once, and every mini-batch ends in an all-reduce."""
     ici, dcn = ctx.train_network(chips, hosts)
-    return {"train": ctx.train_compute(rows_per_host, chips_per_host, cores),
-            "allreduce": ici + dcn}
+    return {"train": ctx.epochs * ctx.train_compute(rows_per_host, chips_per_host, cores),
+            "allreduce": ctx.epochs * ctx.minibatches * (ici + dcn)}
 
 
 def colocated(ctx: Ctx) -> Prediction:
@@ -136,8 +138,10 @@ def single(ctx: Ctx) -> Prediction:
     return Prediction("single", cl.describe() + ", one process", ph)
 
 
-def controller(ctx: Ctx, decode_chunk: int = 0) -> Prediction:
-    """decode_chunk: decode iterations per controller round trip (0: the whole loop)."""
+def controller(ctx: Ctx, decode_chunk: int | None = None) -> Prediction:
+    """decode_chunk: decode iterations per controller round trip (0: the whole loop; None:
+    the run's, `ctx.decode_chunk`)."""
+    decode_chunk = ctx.decode_chunk if decode_chunk is None else decode_chunk
     cl, wl = ctx.cluster, ctx.wl
     h = cl.hosts
     per_host = min(cl.chips, cl.chips_per_host)
@@ -166,4 +170,15 @@ def controller(ctx: Ctx, decode_chunk: int = 0) -> Prediction:
     ph["other"] = ctx.step_fixed(full)
     chunk = "whole loop" if decode_chunk <= 0 else f"{decode_chunk} iteration(s)"
     return Prediction("controller", f"1 controller + {cl.describe()}, decode dispatch per "
-                      f"{chunk}", ph)
+                      f"{chunk}", ph, notes=_dispatch_note(ctx))
+
+
+def _dispatch_note(ctx: Ctx) -> list[str]:
+    """Say so where a dispatch cost measured on this machine is used for another."""
+    const = ctx.rates["controller_dispatch_s"]
+    if ctx.cluster.hw.kind == "cpu" or const.origin != "measured":
+        return []
+    return [f"its dispatch, {const.value * 1e6:.0f} us per host per round trip, is a Ray call "
+            f"round trip measured on this machine (host_rates.json), not on "
+            f"{ctx.cluster.hw.name}'s hosts; `locojax predict paper` compares it with the "
+            "value fitted to the paper"]

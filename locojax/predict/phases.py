@@ -67,11 +67,18 @@ class Ctx:
     fsdp_chips: int = 0  # chips the train state is sharded over (0: the fewest that fit)
     env_workers: int = 0  # env threads per host (0: host_rates' env_workers)
     one_process: bool = False  # the busy units are devices of one process (--mode single)
+    tp: int = 0  # rollout tensor parallelism (--rollout.tp; 0: the fewest chips that fit)
+    cache_dtype: str = ""  # KV cache dtype (--rollout.cache-dtype; "": the compute dtype)
+    epochs: int = 1  # passes over the batch per step (--algo.ppo-epochs)
+    minibatches: int = 1  # optimizer updates per epoch (--algo.num-minibatches)
+    lease_prompts: int = 0  # prompts per lease in the buffered modes (0: placement's default)
+    decode_chunk: int = 0  # controller: decode iterations per round trip (0: the whole loop)
+    waves: int = 1  # rollout batches per host, where the KV cache of all rows does not fit
     rates: dict = dataclasses.field(default_factory=host_rates)
     ledger: Ledger = dataclasses.field(default_factory=Ledger)
 
     def __post_init__(self):
-        self.mc = ModelCosts(self.cfg, self.dtype)
+        self.mc = ModelCosts(self.cfg, self.dtype, self.cache_dtype)
         key = f"{shape_key(self.cfg)}/P{self.wl.prompt_columns}-N{self.wl.max_new}"
         self.dev = device_model(self.cluster.hw, self.dtype, key, self.ledger)
 
@@ -147,8 +154,11 @@ class Ctx:
         return t
 
     def model_parallel(self) -> int:
-        """Chips that share one copy of the weights in rollout (tensor parallel): the
-        fewest, a power of two, whose weights take at most half a chip's HBM."""
+        """Chips that share one copy of the weights in rollout (tensor parallel): `tp` where
+        given, else the fewest, a power of two, whose weights take at most half a chip's
+        HBM."""
+        if self.tp:
+            return self.tp
         hbm = float(self.cluster.hw.hbm_bytes.value)
         mp = 1
         while self.mc.weight_bytes() / mp > 0.5 * hbm and mp < self.cluster.chips:
@@ -156,11 +166,11 @@ class Ctx:
         return mp
 
     def prefill(self, prompts: float, chips: float, cores: float = 0.0) -> float:
-        mp = self.model_parallel()
+        mp, w = self.model_parallel(), self.waves
         groups = max(1.0, chips / mp)
-        per = self.mc.prefill(max(prompts / groups, 1e-9), self.wl.prompt_columns)
+        per = self.mc.prefill(max(prompts / groups / w, 1e-9), self.wl.prompt_columns)
         t = self.device("prefill", per, mp, cores)
-        return t + self.tp_comm(prompts / groups * self.wl.prompt_columns, mp)
+        return w * (t + self.tp_comm(prompts / groups / w * self.wl.prompt_columns, mp))
 
     def decode_keys(self, steps: float) -> float:
         if self.kv_read == "static":
@@ -172,15 +182,17 @@ class Ctx:
         """`steps` iterations of a decode loop over `rows` rows spread over `chips` chips, in
         each model turn (a multi-turn row decodes once per turn, the cache then holding the
         whole trajectory: `decode_keys`). `devices`: the simulated devices one process
-        drives, whose loop meets at every iteration where the hosts share one machine."""
+        drives, whose loop meets at every iteration where the hosts share one machine.
+        In `waves` waves (the KV cache of all rows does not fit), each wave's loop runs as
+        long as the whole batch's would (an upper bound: a wave's longest row is shorter)."""
         if steps <= 0:
             return 0.0
-        mp = self.model_parallel()
+        mp, w = self.model_parallel(), self.waves
         groups = max(1.0, chips / mp)
-        per = self.mc.decode_step(max(rows / groups, 1e-9), self.decode_keys(steps))
+        per = self.mc.decode_step(max(rows / groups / w, 1e-9), self.decode_keys(steps))
         one = self.device("decode_step", per, mp, cores)
         one += shared_machine.loop_iteration_extra(self.cluster.hw, self.ledger, devices)
-        return self.wl.turns * steps * (one + self.tp_comm(rows / groups, mp))
+        return w * self.wl.turns * steps * (one + self.tp_comm(rows / groups / w, mp))
 
     def extend(self, rows: float, chips: float, cores: float = 0.0) -> float:
         """Prefill of the observation tokens written after each env turn (multi-turn)."""

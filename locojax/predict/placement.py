@@ -63,7 +63,7 @@ def _spec(ctx: Ctx, workers: int, learners: int, k: int, newest: bool, seed: int
           steps: int) -> tuple[simulate.Spec, dict]:
     cl, wl = ctx.cluster, ctx.wl
     per_host = min(cl.chips, cl.chips_per_host)
-    u = per_lease(wl.prompts, workers)
+    u = ctx.lease_prompts or per_lease(wl.prompts, workers)
     rows = u * wl.group
     fixed = lease_fixed(ctx)
     shared = cl.shared_cores
@@ -162,3 +162,27 @@ def advise(ctx: Ctx, fractions=(0.25, 0.375, 0.5, 0.625, 0.75, 0.875),
     best_da = min(da, key=lambda x: x[1].step) if da else None
     best_async = min(asyncs, key=lambda x: x[2].step) if asyncs else None
     return Advice(da, best_da, asyncs, best_async)
+
+
+def predict_modes(ctx: Ctx, only: str | None = None, placement=None) -> list[Prediction]:
+    """The step of every mode the cluster can run (`only`: that mode alone), at the run's
+    placement settings (a PlacementConfig, or None for its defaults)."""
+    from locojax.predict import modes
+
+    cl, preds = ctx.cluster, []
+    want = lambda m: only in (None, m)  # noqa: E731
+    if want("single") and (cl.hosts == 1 or cl.shared_cores):
+        preds.append(modes.single(ctx))
+    if want("controller"):
+        preds.append(modes.controller(ctx))
+    if want("colocated"):
+        preds.append(modes.colocated(ctx))
+    k = getattr(placement, "max_staleness", 1)
+    if cl.hosts >= 2 and want("disaggregated"):
+        preds.append(disaggregated(ctx, getattr(placement, "rollout_fraction", 0.75), k))
+    if cl.hosts >= 2 and want("async"):
+        w = getattr(placement, "workers", max(1, cl.hosts - 1))
+        lh = getattr(placement, "learner_hosts", 1)
+        if w + lh <= cl.hosts:
+            preds.append(async_(ctx, w, lh, k))
+    return preds

@@ -92,3 +92,46 @@ def lines_plot(x: list, series: dict[str, list[float]], xlabel: str, ylabel: str
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def _common_tail(a: str, b: str) -> str:
+    """The longest common suffix of a and b, starting at a word."""
+    n = 0
+    while n < min(len(a), len(b)) and a[-1 - n] == b[-1 - n]:
+        n += 1
+    tail = a[len(a) - n:]
+    if n < len(a) and a[len(a) - n - 1] != " ":
+        tail = tail[tail.find(" ") + 1:] if " " in tail else ""
+    return tail
+
+
+def _records(sources: list[str], shortest: int = 80) -> list[str]:
+    """Long tails several sources share (a calibration's record), shortest first."""
+    out, left = [], list(sources)
+    while True:
+        tails = [t for i, a in enumerate(left) for b in left[i + 1:]
+                 if len(t := _common_tail(a, b)) >= shortest]
+        if not tails:
+            return out
+        tail = min(tails, key=len)
+        out.append(tail)
+        left = [s for s in left if not s.endswith(tail)]
+
+
+def constants(ledger) -> list[str]:
+    """Every constant a prediction used, one short line each, its source cited as [n]; the
+    sources as a legend after them, and a long record several sources share (a
+    calibration's command, date and load) printed once, as {A}, {B}, ..."""
+    sources: dict[str, int] = {}
+    lines = []
+    for name, c in ledger.used.items():
+        n = sources.setdefault(c.source, len(sources) + 1)
+        lines.append(f"{name} = {c.value:.4g} {c.unit} ({c.origin} [{n}])")
+    records = _records(list(sources))
+    tags = {r: "{" + chr(ord("A") + i) + "}" for i, r in enumerate(records)}
+    lines.append("sources:")
+    for src, n in sources.items():
+        r = next((r for r in records if src.endswith(r)), None)
+        lines.append(f"[{n}] " + (src[:len(src) - len(r)] + tags[r] if r else src))
+    lines += [f"{tags[r]} {r}" for r in records]
+    return lines

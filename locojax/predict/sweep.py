@@ -1,54 +1,62 @@
 """`--sweep sizes|chips`: the prediction over the shipped model sizes, or over chip counts.
 
-sizes: every shipped dense config on the given cluster (chips doubled where a model's train
-state does not fit), controller and colocated, with host / network / compute shares and a
+sizes: every shipped dense config on the given cluster (chips doubled where a model fits in
+no layout; each in its fastest layout that fits, `layout.py`), controller and colocated, with host / network / compute shares and a
 stacked-bar plot of the colocated step's split. chips: powers of two from one host's chips
 up to the given count, colocated, controller and the best DA fraction, step time plotted.
 """
 
 from __future__ import annotations
 
+import dataclasses
 
-from locojax.predict import hardware, memory, modes, placement, report, spec
+from locojax.predict import hardware, layout, modes, placement, report, spec
 from locojax.predict.phases import Ctx
 
 SIZES = ("qwen3-0.6b", "qwen3-1.7b", "qwen3-4b", "qwen3-8b", "qwen3-14b", "qwen3-32b",
          "llama-3.1-405b")
 
 
-def _with(ctx: Ctx, model: str | None = None, chips: int | None = None) -> Ctx:
+def _with(ctx: Ctx, model: str | None = None, chips: int | None = None) -> layout.Choice:
+    """ctx with another model or chip count, in its fastest layout that fits (the layout
+    chosen for speed, so that a larger model is never faster for being sharded more)."""
     cfg = ctx.cfg if model is None else spec.load(model)[0]
     cl = ctx.cluster if chips is None else hardware.Cluster(ctx.cluster.hw, chips)
-    new = Ctx(cfg, model or ctx.model_name, ctx.wl, cl, dtype=ctx.dtype, kv_read=ctx.kv_read,
-              env_workers=ctx.env_workers, rates=ctx.rates)
-    plan = memory.fit(new)
-    if cl.hw.kind != "cpu":
-        new.fsdp_chips, new.remat = plan.settings["fsdp"], plan.settings["remat"]
-    return new
+    new = dataclasses.replace(ctx, cfg=cfg, model_name=model or ctx.model_name, cluster=cl,
+                              tp=0, fsdp_chips=0, remat=False)
+    return layout.choose(new)
 
 
-def run(kind: str, ctx: Ctx, plot: str, decode_chunk: int = 0) -> str:
+def run(kind: str, ctx: Ctx, plot: str) -> str:
     if kind == "sizes":
-        return _sizes(ctx, plot, decode_chunk)
+        return _sizes(ctx, plot)
     if kind == "chips":
-        return _chips(ctx, plot, decode_chunk)
+        return _chips(ctx, plot)
     raise ValueError(f"--sweep must be sizes or chips, got {kind!r}")
 
 
-def _sizes(ctx: Ctx, plot: str, decode_chunk: int) -> str:
-    lines = ["| model | params | chips | colocated s | controller s | colocated host / network "
-             "/ compute | controller host / network / compute |", "|---|---|---|---|---|---|---|"]
+def _sizes(ctx: Ctx, plot: str) -> str:
+    lines = ["| model | params | chips | layout | colocated s | controller s | colocated host "
+             "/ network / compute | controller host / network / compute |",
+             "|---|---|---|---|---|---|---|---|"]
     labels, preds = [], []
     for m in SIZES:
         chips = ctx.cluster.chips
-        c = _with(ctx, m, chips)
-        while not memory.fit(c).fits and chips < 65536:
+        choice = _with(ctx, m, chips)
+        while not choice.fits and chips < layout.MAX_CHIPS:
             chips *= 2
-            c = _with(ctx, m, chips)
-        co, ct = modes.colocated(c), modes.controller(c, decode_chunk)
+            choice = _with(ctx, m, chips)
+        c = choice.ctx
+        if not choice.fits:
+            lines.append(f"| {m} | {c.cfg.num_params() / 1e9:.1f}B | - | fits in no layout of "
+                         f"up to {layout.MAX_CHIPS} chips | | | | |")
+            continue
+        co, ct = modes.colocated(c), modes.controller(c)
         f = lambda p: " / ".join(  # noqa: E731
             f"{p.shares[k]:.0%}" for k in ("host", "network", "compute"))
-        lines.append(f"| {m} | {c.cfg.num_params() / 1e9:.1f}B | {chips} | {co.step:.3f} | "
+        st = choice.plan.settings
+        lines.append(f"| {m} | {c.cfg.num_params() / 1e9:.1f}B | {chips} | tp {st['mp']}, "
+                     f"FSDP {st['fsdp']}{', remat' * st['remat']} | {co.step:.3f} | "
                      f"{ct.step:.3f} | {f(co)} | {f(ct)} |")
         labels.append(m)
         preds.append(co)
@@ -57,7 +65,7 @@ def _sizes(ctx: Ctx, plot: str, decode_chunk: int) -> str:
     return "\n".join(lines) + f"\nplot: {plot}"
 
 
-def _chips(ctx: Ctx, plot: str, decode_chunk: int) -> str:
+def _chips(ctx: Ctx, plot: str) -> str:
     per_host = ctx.cluster.chips_per_host
     counts, n = [], per_host
     while n <= ctx.cluster.chips:
@@ -67,8 +75,14 @@ def _chips(ctx: Ctx, plot: str, decode_chunk: int) -> str:
              "| DA s |", "|---|---|---|---|---|---|---|"]
     series = {"colocated": [], "controller": [], "best DA": []}
     for n in counts:
-        c = _with(ctx, chips=n)
-        co, ct = modes.colocated(c), modes.controller(c, decode_chunk)
+        choice = _with(ctx, chips=n)
+        if not choice.fits:
+            lines.append(f"| {n} | {choice.ctx.cluster.hosts} | does not fit | | | | |")
+            for s in series.values():
+                s.append(float("nan"))
+            continue
+        c = choice.ctx
+        co, ct = modes.colocated(c), modes.controller(c)
         adv = placement.advise(c) if c.cluster.hosts >= 2 else None
         best = adv.best_da if adv else None
         da = best[1].step if best else float("nan")

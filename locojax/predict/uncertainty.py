@@ -1,0 +1,121 @@
+"""What a buyer can act on: throughput, chip-hours, and how far the uncertain constants move
+them.
+
+Throughput of a step of R rows taking t seconds on C chips: R / t samples/s, the generated
+tokens R · turns · mean completion / t tokens/s, each also per chip; chip-hours per 1,000
+steps C · 1000 t / 3600.
+
+Range: every constant the prediction read whose origin is `assumed` or `fitted`
+(origin.py) is moved, one at a time, to LOW and to HIGH times its value (an efficiency at
+most 1), and the prediction rerun; then all at once, each to the end that made the step
+shorter (the range's low end) or longer (its high end). A verdict flips when, in any of
+those runs, which mode is fastest, or the order of two modes, differs from the nominal
+prediction; each flip names the constant and the end that does it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from locojax.predict.origin import Ledger
+from locojax.predict.phases import Ctx
+
+LOW, HIGH = 2 / 3, 3 / 2
+UNCERTAIN = ("assumed", "fitted")
+EFFICIENCY = ("matmul_efficiency", "hbm_efficiency")
+
+
+class Scaled(Ledger):
+    """A ledger that hands out some constants scaled (the others as they are)."""
+
+    def __init__(self, scale: dict[str, float]):
+        super().__init__()
+        self.scale = scale
+
+    def get(self, name, c) -> float:
+        super().get(name, c)
+        v = float(c) * self.scale.get(name, 1.0)
+        return min(v, 1.0) if name.endswith(EFFICIENCY) else v
+
+
+def uncertain(ctx: Ctx) -> list[str]:
+    """The constants a prediction with ctx read that are assumed or fitted."""
+    return [n for n, c in ctx.ledger.used.items() if c.origin in UNCERTAIN]
+
+
+def _steps(ctx: Ctx, predict, scale: dict[str, float]) -> dict[str, float]:
+    c = dataclasses.replace(ctx, ledger=Scaled(scale))
+    return {p.mode: p.step for p in predict(c) if p.phases}
+
+
+@dataclasses.dataclass
+class Range:
+    nominal: dict[str, float]  # mode -> step (s)
+    low: dict[str, float]
+    high: dict[str, float]
+    flips: list[str]
+    constants: list[str]
+
+
+def _order(steps: dict[str, float]) -> list[str]:
+    return sorted(steps, key=steps.get)
+
+
+def _flips(nominal: dict, runs: list[tuple[str, dict]]) -> list[str]:
+    out, first = [], _order(nominal)
+    for label, steps in runs:
+        order = _order(steps)
+        if order and first and order[0] != first[0]:
+            out.append(f"fastest mode {order[0]} (not {first[0]}) with {label}")
+        for i, a in enumerate(first):
+            for b in first[i + 1:]:
+                if a in steps and b in steps and steps[a] > steps[b] and order[0] == first[0]:
+                    out.append(f"{b} faster than {a} with {label}")
+    return list(dict.fromkeys(out))
+
+
+def step_range(ctx: Ctx, predict) -> Range:
+    """`predict(ctx) -> [Prediction]`, rerun over the uncertain constants (module docstring)."""
+    nominal = _steps(ctx, predict, {})
+    probe = dataclasses.replace(ctx, ledger=Ledger())
+    predict(probe)
+    names = uncertain(probe)
+    runs, lo_scale, hi_scale = [], {}, {}
+    anchor = min(nominal, key=nominal.get) if nominal else None
+    for n in names:
+        lo, hi = _steps(ctx, predict, {n: LOW}), _steps(ctx, predict, {n: HIGH})
+        runs += [(f"{n} x{LOW:.2g}", lo), (f"{n} x{HIGH:.2g}", hi)]
+        shorter = anchor and lo.get(anchor, 0) <= hi.get(anchor, 0)
+        lo_scale[n], hi_scale[n] = (LOW, HIGH) if shorter else (HIGH, LOW)
+    low, high = _steps(ctx, predict, lo_scale), _steps(ctx, predict, hi_scale)
+    runs += [("every uncertain constant at its faster end", low),
+             ("every uncertain constant at its slower end", high)]
+    return Range(nominal, low, high, _flips(nominal, runs), names)
+
+
+def _span(f, t: float, lo: float | None, hi: float | None) -> str:
+    """f(t), and the range f takes over [lo, hi] where given."""
+    if lo is None:
+        return f"{f(t):.3g}"
+    a, b = sorted((f(lo), f(hi)))
+    return f"{f(t):.3g} ({a:.3g}-{b:.3g})"
+
+
+def throughput_lines(ctx: Ctx, preds, rng: Range | None, steps: int = 0) -> list[str]:
+    """Per mode: samples/s, tokens/s (each per chip), chip-hours per 1,000 steps, with the
+    range where given, and the whole run's hours where `steps` is given."""
+    wl, chips = ctx.wl, ctx.cluster.chips
+    tokens = wl.rows * wl.turns * wl.completion.mean
+    metrics = (lambda s: wl.rows / s, lambda s: wl.rows / s / chips,  # noqa: E731
+               lambda s: tokens / s, lambda s: tokens / s / chips,
+               lambda s: chips * 1000 * s / 3600)
+    lines = ["| mode | samples/s | per chip | tokens/s | per chip | chip-hours / 1,000 steps |"
+             + (" run hours |" if steps else ""),
+             "|---|---|---|---|---|---|" + ("---|" if steps else "")]
+    for p in (p for p in preds if p.phases):
+        lo = rng.low.get(p.mode) if rng else None
+        hi = rng.high.get(p.mode) if rng else None
+        cells = " | ".join(_span(f, p.step, lo, hi) for f in metrics)
+        lines.append(f"| {p.mode} | {cells} |" + (f" {steps * p.step / 3600:.3g} |" if steps
+                                                  else ""))
+    return lines

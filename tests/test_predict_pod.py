@@ -1,0 +1,86 @@
+"""`locojax predict` at pod scale: a run that fits in no layout exits non-zero naming the
+smallest that does; the layout is chosen for speed among those that fit (so a larger model
+is never predicted faster); throughput, chip-hours and their range are printed; the
+controller's dispatch measured here is not used for a pod without saying so."""
+
+import dataclasses
+
+from locojax.commands import predict
+from locojax.predict import hardware, layout, modes, presets, spec, sweep
+from locojax.predict.phases import Ctx
+
+
+def run(capsys, *argv):
+    code = predict.main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_a_run_that_does_not_fit_exits_naming_the_smallest_layout_that_fits(capsys):
+    code, out, err = run(capsys, "workload", "gsm8k", "--model", "qwen3-32b", "--cluster",
+                         "v5e-8")
+    assert code == predict.DOES_NOT_FIT
+    assert "DOES NOT FIT" in out and "step time" not in out  # no step times for it
+    assert "The smallest layout that fits: 512 chips" in err and "tpu-v5e-512" in err
+
+
+def test_a_run_that_fits_in_no_layout_says_why(capsys):
+    # 405B's bf16 weights (812 GB) exceed a v5e host's 8 x 16 GB, and rollout stays inside a
+    # host: no chip count helps.
+    code, _, err = run(capsys, "workload", "gsm8k", "--model", "llama-3.1-405b", "--cluster",
+                       "v5e-8")
+    assert code == predict.DOES_NOT_FIT and "no layout of up to" in err
+
+
+def _ctx(model: str, cluster: str) -> Ctx:
+    wl, workers = presets.load("gsm8k")
+    return Ctx(spec.load(model)[0], model, wl, hardware.parse_cluster(cluster),
+               env_workers=workers)
+
+
+def test_the_layout_is_the_fastest_that_fits():
+    ctx = _ctx("qwen3-8b", "v5e-64")
+    best = layout.choose(ctx)
+    assert best.fits and best.tried > 1
+    for tp in (1, 2, 4, 8):  # every other tp that fits is no faster
+        c = layout.choose(dataclasses.replace(ctx, tp=tp), layout.Given(tp=tp))
+        if c.fits:
+            assert modes.colocated(c.ctx).step >= best.step
+
+
+def test_given_layout_is_kept():
+    c = layout.choose(_ctx("qwen3-0.6b", "v5e-16"), layout.Given(tp=2, fsdp=4, remat=True))
+    assert (c.plan.settings["mp"], c.plan.settings["fsdp"], c.plan.settings["remat"]) == \
+        (2, 4, True)
+
+
+def test_a_larger_model_is_never_faster_on_the_same_chips():
+    ctx = _ctx("qwen3-0.6b", "v7x-64")
+    steps = []
+    for m in sweep.SIZES[:4]:
+        c = sweep._with(ctx, m)
+        assert c.fits
+        steps.append(modes.colocated(c.ctx).step)
+    assert steps == sorted(steps), steps
+
+
+def test_throughput_chip_hours_and_their_range(capsys):
+    code, out, _ = run(capsys, "workload", "gsm8k", "--model", "qwen3-0.6b", "--cluster",
+                       "v5e-64")
+    assert code == 0
+    assert "| mode | samples/s | per chip | tokens/s | per chip | chip-hours / 1,000 steps |" \
+        in out
+    assert "verdicts that flip in that range:" in out
+    row = next(line for line in out.splitlines() if line.startswith("| colocated | ")
+               and "(" in line)
+    assert row.count("(") == 5  # every figure with its range
+    # The Ray round trip measured here is named as such where a pod's controller uses it.
+    assert "Ray call round trip measured on this machine" in out
+
+
+def test_waves_where_only_the_cache_does_not_fit():
+    ctx = _ctx("qwen3-0.6b", "v5e-8")
+    ctx = dataclasses.replace(ctx, wl=ctx.wl.with_(prompts=1024))
+    c = layout.choose(ctx)
+    assert c.fits and c.plan.settings["waves"] > 1 and c.ctx.waves == c.plan.settings["waves"]
+    assert "waves" in c.describe() and "fewer" in c.wave_note()
