@@ -15,7 +15,7 @@ SUBCOMMANDS = {
     "launch": ("locojax.commands.launch", "run a subcommand as N local hosts (jax.distributed)"),
     "devices": ("locojax.commands.devices", "show devices and test cross-host collectives"),
     "train": ("locojax.commands.train",
-              "GRPO training (modes: single, colocated, disaggregated, async)"),
+              "GRPO training (modes: single, colocated, controller, disaggregated, async)"),
     "sft": ("locojax.commands.sft", "train a char-level model on built-in task demonstrations"),
     "curate": ("locojax.commands.curate", "score a dataset's pass rates with a model and filter it"),
     "eval": ("locojax.commands.eval", "score a checkpoint on a task: accuracy, pass@k, lengths"),
