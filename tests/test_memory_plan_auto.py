@@ -19,7 +19,6 @@ import jax
 import pytest
 import tyro
 
-from locojax.commands.train import _boolean_remat
 from locojax.engine.engine import Engine
 from locojax.engine.sampling import SamplingConfig
 from locojax.model import config
@@ -132,11 +131,11 @@ def test_fsdp_plans_a_devices_shard_and_rollouts_copy():
 
 
 @pytest.mark.parametrize("argv, remat", [
-    ([], "auto"), (["--remat"], "on"), (["--no-remat"], "off"), (["--remat", "off"], "off"),
-    (["--remat", "--steps", "3"], "on"), (["--remat", "auto"], "auto")])
+    ([], "auto"), (["--remat", "on"], "on"), (["--remat", "off"], "off"),
+    (["--remat", "auto"], "auto")])
 def test_remat_flag_spellings(argv, remat):
-    """The old boolean spellings still parse; auto is the default; the learner gets a bool."""
-    cfg = tyro.extras.overridable_config_cli(PRESETS, args=_boolean_remat(["demo", *argv]),
+    """auto is the default; the learner gets a bool."""
+    cfg = tyro.extras.overridable_config_cli(PRESETS, args=["demo", *argv],
                                              prog="locojax train")
     assert cfg.remat == remat
     assert cfg.learner_config().remat is (remat == "on")

@@ -114,10 +114,9 @@ def test_multi_turn_single_and_colocated_give_the_same_run(calc_demo_colocated, 
 
 
 def test_limits_that_cannot_fit_fail_before_any_work(tmp_path):
-    """The CLI path of `limits.resolve` (its other refusals: test_multi_turn_rollout). The
-    flag is spelled the old way, `--multiturn.*`, which the CLI still accepts."""
+    """The CLI path of `limits.resolve` (its other refusals: test_multi_turn_rollout)."""
     out = locojax("train", "calc-demo", "--model", "tiny", "--run-dir", str(tmp_path / "r"),
-                  "--multiturn.max-turns", "400", check=False, timeout=120)
+                  "--multi-turn.max-turns", "400", check=False, timeout=120)
     assert out.returncode == 2, out.stdout + out.stderr
     assert "KV-cache slots per row" in out.stderr
     assert not (tmp_path / "r" / "metrics.jsonl").exists()

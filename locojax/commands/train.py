@@ -21,16 +21,7 @@ import tyro
 from locojax.fleet.placement import RAY_MODES
 from locojax.train.config import PRESETS
 
-RENAMED_FLAGS = {"--multiturn.": "--multi-turn."}
-"""Old flag prefixes, still accepted: argv is rewritten to the new spelling before parsing."""
-
-REMAT_VALUES = ("auto", "on", "off")
-"""`--remat` takes one of these; its old boolean spellings, `--remat` alone and `--no-remat`,
-are still accepted (`_boolean_remat`)."""
-
-
 def main(argv: list[str]) -> int:
-    argv = _boolean_remat([_renamed(a) for a in argv])
     cfg = tyro.extras.overridable_config_cli(PRESETS, args=argv, prog="locojax train")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if cfg.mode in RAY_MODES:
@@ -50,27 +41,6 @@ def main(argv: list[str]) -> int:
     if trainer.is_main:
         _report(final)
     return 0
-
-
-def _renamed(arg: str) -> str:
-    for old, new in RENAMED_FLAGS.items():
-        if arg.startswith(old):
-            return new + arg[len(old):]
-    return arg
-
-
-def _boolean_remat(argv: list[str]) -> list[str]:
-    """`--remat` with no value (the flag was a boolean) as `--remat on`, `--no-remat` as
-    `--remat off`."""
-    out = []
-    for i, arg in enumerate(argv):
-        if arg == "--no-remat":
-            out += ["--remat", "off"]
-        elif arg == "--remat" and (i + 1 == len(argv) or argv[i + 1] not in REMAT_VALUES):
-            out += ["--remat", "on"]
-        else:
-            out.append(arg)
-    return out
 
 
 def _run_ray(cfg) -> int:

@@ -199,8 +199,7 @@ class RunConfig:
     remat: Literal["auto", "on", "off"] = "auto"
     """Recompute each layer's activations in the backward instead of keeping them (about one
     more forward of compute); see the memory plan's `activations`. auto: on only when the
-    memory plan finds the run does not fit without it (the plan says so). `--remat` alone
-    means on, `--no-remat` off."""
+    memory plan finds the run does not fit without it (the plan says so)."""
     logprob_chunk: int = -1
     """Positions per chunk of the learner's logits (each rematerialised). -1: automatic,
     whenever a micro-batch's [rows, T, V] f32 logits would exceed 256 MiB; 0: never."""
