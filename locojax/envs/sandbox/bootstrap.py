@@ -101,6 +101,43 @@ def drop_privileges(libc, uid: int | None) -> None:
                               f"uids/gids {ids} after dropping privileges")
 
 
+# Seccomp: (AUDIT_ARCH, syscall numbers of memfd_create, memfd_secret, shmget) per machine.
+_SHARED_MEMORY_CALLS = {"x86_64": (0xC000003E, (319, 447, 29)),
+                        "aarch64": (0xC00000B7, (279, 447, 194))}
+
+
+def refuse_shared_memory(libc) -> bool:
+    """Refuse (EPERM) the system calls that make memory outside RLIMIT_AS: memfd_create and
+    memfd_secret (a memfd written but never mapped holds pages no rlimit counts) and SysV
+    shmget; and every call of another ABI (i386 on x86_64, x32), which could reach them by
+    other numbers. A classic-BPF seccomp filter, after no_new_privs. False on a machine
+    this table does not know (the stated bound then does not claim shared memory)."""
+    import ctypes
+
+    known = _SHARED_MEMORY_CALLS.get(os.uname().machine)
+    if known is None:
+        return False
+    arch, calls = known
+    ld, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06  # BPF_LD|W|ABS, JMP|JEQ|K, JMP|JGE|K, RET|K
+    allow, deny, n = 0x7FFF0000, 0x00050000 | 1, len(calls)  # SECCOMP_RET_ERRNO | EPERM
+    prog = [(ld, 0, 0, 4), (jeq, 1, 0, arch), (ret, 0, 0, deny),  # seccomp_data.arch
+            (ld, 0, 0, 0), (jge, n + 1, 0, 0x40000000)]  # seccomp_data.nr; x32 ABI bit
+    prog += [(jeq, n - i, 0, nr) for i, nr in enumerate(calls)]
+    prog += [(ret, 0, 0, allow), (ret, 0, 0, deny)]
+
+    class Insn(ctypes.Structure):
+        _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8),
+                    ("k", ctypes.c_uint32)]
+
+    class Prog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(Insn))]
+
+    insns = (Insn * len(prog))(*[Insn(*i) for i in prog])
+    fprog = Prog(len(prog), insns)
+    _check(libc.prctl(22, 2, ctypes.addressof(fprog), 0, 0), "seccomp")  # SET_SECCOMP, FILTER
+    return True
+
+
 def _check(ret: int, what: str) -> None:
     if ret != 0:
         import ctypes
@@ -199,6 +236,7 @@ def _exec_target(libc, spec: dict, status_fd: int) -> None:
             resource.setrlimit(getattr(resource, name), (soft, hard))
         drop_privileges(libc, spec["uid"])
         _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+        refuse_shared_memory(libc)
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         os.chdir(spec["work"])
         os.umask(0o022)

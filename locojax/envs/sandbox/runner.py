@@ -112,7 +112,11 @@ class Sandbox:
         # fresh host uid (as root) or our own user namespace (non-root namespaces mode).
         per_run_uid = self._root or mode == "namespaces"
         process_cap = "cgroup" if self._cgroups.pids else "rlimit" if per_run_uid else ""
-        memory_cap = "cgroup" if self._cgroups.memory else "rlimit" if process_cap else ""
+        # The product of the rlimits bounds memory only where nothing else holds any: memfd
+        # and SysV shm are refused in every mode (bootstrap.refuse_shared_memory), but only
+        # our own root has no writable /dev/shm (bwrap's --dev has one; "none" the host's).
+        memory_cap = "cgroup" if self._cgroups.memory else (
+            "rlimit" if process_cap and mode == "namespaces" else "")
         return Isolation(mode=mode, filesystem=ns, network=ns, pid=ns, uid=self._root,
                          process_cap=process_cap, memory_cap=memory_cap)
 
@@ -125,6 +129,12 @@ class Sandbox:
                 errors.append("bwrap: not installed")
                 continue
             self.isolation = self._candidate(mode)
+            if self.config.mode == "auto" and not (self.isolation.process_cap
+                                                   and self.isolation.memory_cap):
+                cap = "aggregate memory" if self.isolation.process_cap else "process"
+                errors.append(f"{mode}: no {cap} cap here (`auto` takes only a mode with both; "
+                              f"ask for it by name: --task.sandbox {mode})")
+                continue
             try:
                 r = self.run([self.python, "-c", "print('ok')"], limits=Limits(wall_seconds=30))
             except SandboxError as e:
