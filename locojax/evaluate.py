@@ -168,9 +168,3 @@ def greedy_eval(weights, model_cfg, tokenizer, task: Task, num_examples: int,
                        max_new_tokens, max_prompt_tokens, pool=pool, limits=limits)
     return {**out, **derived(out)}
 
-
-def greedy_accuracy(weights, model_cfg, tokenizer, task: Task, num_examples: int,
-                    max_new_tokens: int = 48, max_prompt_tokens: int = 32) -> float:
-    """`greedy_eval`'s held-out accuracy."""
-    return greedy_eval(weights, model_cfg, tokenizer, task, num_examples, max_new_tokens,
-                       max_prompt_tokens)["eval/accuracy"]
