@@ -20,9 +20,10 @@ under `--cache` (default ~/.cache/locojax/peers), made on first use (`--no-insta
 them only if they exist). A side that cannot be installed, or crashes, is reported with the
 reason, and the others still run and print.
 
-It also prints locojax's achieved GFLOP/s on SMALL (the matmul FLOPs its step does, counted
-by the worker, over its median step time) against the f32 matmul peak of this machine
-(2048³ `jnp.dot`, best of measurements before and after the shape's runs).
+It also prints locojax's achieved GFLOP/s at each shape (the matmul FLOPs its step does,
+counted by the worker, over its median step time) against the f32 matmul peak of this
+machine (2048³ `jnp.dot`, best of measurements before and after the shape's runs), and in
+the per-step table every side's train phase as tokens/s and as a share of that peak.
 
 Usage:
     .venv/bin/python benchmarks/bench_peers.py                       # TINY + SMALL, β 0 and 0.04
@@ -46,7 +47,7 @@ if __name__ == "__main__" and not __package__:  # run as a file: import as `-m` 
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 from benchmarks import harness  # noqa: E402
-from benchmarks.harness import fmt, median_time  # noqa: E402
+from benchmarks.harness import fmt  # noqa: E402
 from benchmarks.peers import common, install  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -114,17 +115,6 @@ class Worker:
         self._log.close()
 
 
-def matmul_peak(n: int = 2048, runs: int = 5) -> float:
-    """FLOP/s of an [n, n] @ [n, n] f32 `jnp.dot` here (median of `runs`)."""
-    import jax
-    import jax.numpy as jnp
-
-    a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
-    b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32)
-    f = jax.jit(jnp.dot)
-    return 2 * n ** 3 / median_time(lambda: f(a, b).block_until_ready(), runs, warm=1)
-
-
 def side_argv(side: str, python: str, shape: str, beta: float, warmup: int,
               max_steps: int) -> list[str]:
     common_args = ["--shape", shape, "--beta", str(beta), "--warmup", str(warmup)]
@@ -188,23 +178,32 @@ def med(rows, key):
     return harness.median([r[key] for r in rows])
 
 
-def step_rows(r: dict) -> list:
-    """One point's rows of the per-step table, a side each."""
+def step_rows(r: dict, peak: dict) -> list:
+    """One point's rows of the per-step table, a side each. The train phase's tokens/s (rows x
+    (P + N) positions, every one real here, so useful = total) and its share of the measured
+    matmul peak, at the FLOPs locojax's step does for this work (the same work on every side;
+    a side that runs the prompt once per row does more)."""
+    s = common.SHAPES[r["shape"]]
+    flops = r["sides"]["locojax"].get("flops") or {}
     out = []
     for side in SIDES:
         res = r["sides"][side]
         head = [r["shape"].upper(), f"{r['beta']:g}", side]
         if not res["steps"]:
             why = (res["error"] or "no steps").replace("|", "/")
-            out.append(harness.table_row(head)[:-1] + f"| FAILED: {why[:300]} |||||||")
+            out.append(harness.table_row(head)[:-1] + f"| FAILED: {why[:300]} |||||||||")
             continue
         rows = res["steps"]
         ref = fmt(med(rows, "reference"))
         if side == "locojax" and r["beta"]:
             ref = "in train"
         warm = " ".join(f"{w['step_s']:.2f}" for w in res["warmup"])
+        train = med(rows, "train")
+        share = harness.ratio(flops.get("train", float("nan")) / train, peak.get(r["shape"], 0))
         out.append([*head, fmt(med(rows, "step_s")), fmt(med(rows, "generate")), ref,
-                    fmt(med(rows, "train")), fmt(med(rows, "other")), len(rows), warm,
+                    fmt(train), fmt(med(rows, "other")),
+                    fmt(s.rows * (s.prompt_tokens + s.new_tokens) / train, ".0f"),
+                    fmt(share, ".0%"), len(rows), warm,
                     f"{fmt(min(r['load']), '.1f')}-{fmt(max(r['load']), '.1f')}"])
     return out
 
@@ -226,8 +225,10 @@ def speedup_row(r: dict) -> list | str:
 def print_tables(results: list[dict], peak: dict) -> None:
     print("\n## Per step (median seconds over steady steps; phases are medians too)\n")
     print("\n".join(harness.table(
-        ["shape", "β", "side", "step", "generate", "reference", "train", "other", "steady steps",
-         "warm-up steps", "load avg (1 min)"], [row for r in results for row in step_rows(r)])))
+        ["shape", "β", "side", "step", "generate", "reference", "train", "other",
+         "train tokens/s (useful = total)", "train, share of matmul peak", "steady steps",
+         "warm-up steps", "load avg (1 min)"],
+        [row for r in results for row in step_rows(r, peak)])))
     print("\n## locojax speed-up (peer median step / locojax median step; > 1: locojax faster)\n")
     print("\n".join(harness.table(
         ["shape", "β", "vs Tunix", "vs TRL", "vs best peer", "generate vs Tunix",
@@ -236,14 +237,14 @@ def print_tables(results: list[dict], peak: dict) -> None:
     for r in results:
         f = r["sides"]["locojax"].get("flops")
         ours = r["sides"]["locojax"]["steps"]
-        if r["shape"] != "small" or not f or not ours or r["shape"] not in peak:
+        if not f or not ours or r["shape"] not in peak:
             continue
         step = med(ours, "step_s")
         gf = f["total"] / step / 1e9
-        print(f"\nSMALL β={r['beta']:g}: locojax does {f['total'] / 1e9:.1f} GFLOP of matmuls per "
+        print(f"\n{r['shape'].upper()} β={r['beta']:g}: locojax does {f['total'] / 1e9:.1f} GFLOP of matmuls per "
               f"step (generate {f['generate'] / 1e9:.1f}, train {f['train'] / 1e9:.1f}): "
-              f"{gf:.1f} GFLOP/s at its median step = {100 * gf * 1e9 / peak['small']:.0f}% of "
-              f"the measured f32 matmul peak {peak['small'] / 1e9:.1f} GFLOP/s; train phase "
+              f"{gf:.1f} GFLOP/s at its median step = {100 * gf * 1e9 / peak[r['shape']]:.0f}% of "
+              f"the measured f32 matmul peak {peak[r['shape']] / 1e9:.1f} GFLOP/s; train phase "
               f"alone {f['train'] / med(ours, 'train') / 1e9:.1f} GFLOP/s")
 
 
@@ -303,13 +304,12 @@ def main(argv=None) -> int:
               f"tied, random f32; {s.prompts} prompts x G {s.group}, {s.prompt_tokens} prompt "
               f"tokens, exactly {s.new_tokens} new tokens, temperature 1, AdamW lr {common.LR}",
               flush=True)
-        before = matmul_peak() if shape == "small" else 0.0
+        before = harness.matmul_peak()
         for beta in args.betas:
             results.append(run_point(shape, beta, pythons, args, work))
-        if shape == "small":
-            peak[shape] = max(before, matmul_peak())
-            print(f"# f32 matmul peak (2048^3 jnp.dot, best of before/after): "
-                  f"{peak[shape] / 1e9:.1f} GFLOP/s", flush=True)
+        peak[shape] = max(before, harness.matmul_peak())
+        print(f"# f32 matmul peak (2048^3 jnp.dot, best of before/after): "
+              f"{peak[shape] / 1e9:.1f} GFLOP/s", flush=True)
 
     print_tables(results, peak)
     versions = {side: next((r["sides"][side]["versions"] for r in results

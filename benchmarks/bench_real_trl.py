@@ -107,7 +107,8 @@ def step_times(run_dir: Path, log: str) -> list[float]:
 
 def roofline(run_dir: Path, model: str, bandwidth: float, peak: float) -> str:
     """The locojax step's decode and train time against their ideal at this machine's
-    measured bandwidth and matmul peak (median of the steady steps)."""
+    measured bandwidth and matmul peak (median of the steady steps), and the train phase's
+    tokens/s: every position it computes, and the real (useful) ones among them."""
     from locojax.model import loader
 
     cfg = loader.load_config(model)
@@ -118,17 +119,25 @@ def roofline(run_dir: Path, model: str, bandwidth: float, peak: float) -> str:
     decode = harness.median([r["perf/phase/decode"] for r in steady])
     train = harness.median([r["perf/phase/train"] for r in steady])
     rows_per_step = s["prompts_per_step"] * s["group_size"]
-    positions = s["max_prompt_tokens"] + s["max_new_tokens"]
+    # The step computes its batch cut to a bucket (`locojax/rl/buckets.py`), P + N columns
+    # at most; a run from before the cut logged no width.
+    positions = int(harness.median([r.get("perf/train_columns", s["max_prompt_tokens"] +
+                                          s["max_new_tokens"]) for r in steady]))
     # The body runs at every position; the LM head only where a response token's logprob is
-    # read (N positions a row), as the train step computes it. 3 x: forward and backward.
+    # read (N positions a row at most), as the train step computes it. 3 x: forward and
+    # backward.
     head = 2 * cfg.hidden_size * cfg.vocab_size
     body = sum(cfg.flops_per_token(t) - head for t in range(positions))
-    train_flops = 3 * rows_per_step * (body + s["max_new_tokens"] * head)
+    train_flops = 3 * rows_per_step * (body + min(s["max_new_tokens"], positions) * head)
     ideal_decode = s["max_new_tokens"] * weight_bytes / bandwidth
+    tokens = [(r.get("perf/train_tokens_per_s", harness.NAN),
+               r.get("perf/train_real_tokens_per_s", harness.NAN)) for r in steady]
     return (f"decode {decode:.2f} s/step, ideal {ideal_decode:.2f} s "
             f"({harness.fmt(ideal_decode / decode, '.0%')} of the bandwidth roofline); train "
-            f"{train:.2f} s/step, {train_flops / 1e12:.2f} TFLOP "
-            f"({harness.fmt(train_flops / peak / train, '.0%')} of the matmul peak)")
+            f"{train:.2f} s/step at {positions} columns, {train_flops / 1e12:.2f} TFLOP "
+            f"({harness.fmt(train_flops / peak / train, '.0%')} of the matmul peak), "
+            f"{harness.fmt(harness.median([t for t, _ in tokens]), '.0f')} tokens/s of which "
+            f"useful {harness.fmt(harness.median([u for _, u in tokens]), '.0f')}")
 
 
 def main(argv=None) -> int:
@@ -196,10 +205,7 @@ def print_roofline(results: list[dict], model: str) -> None:
     """This machine's bandwidth and matmul peak, measured now, and each locojax run's share."""
     if not any(r["side"] == "locojax" for r in results):
         return
-    from benchmarks.bench_engine import read_bandwidth
-    from benchmarks.bench_peers import matmul_peak
-
-    bw, peak = read_bandwidth(), matmul_peak()
+    bw, peak = harness.read_bandwidth(), harness.matmul_peak()
     print(f"\nmachine: {bw / 1e9:.1f} GB/s (512 MiB f32 sum), {peak / 1e9:.0f} GFLOP/s "
           "(2048^3 f32 matmul)")
     for r in results:

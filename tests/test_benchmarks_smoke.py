@@ -158,7 +158,8 @@ def test_bench_peers_locojax_side_only_installs_nothing(tmp_path):
                 "--json", str(tmp_path / "results.json"))
     assert not (tmp_path / "no-peers").exists()
     (ours,) = [r for r in table_rows(out, "TINY") if r[2] == "locojax"]
-    assert float(ours[3]) > 0 and ours[8] == "1"  # step seconds; 1 steady step
+    assert float(ours[3]) > 0 and ours[10] == "1"  # step seconds; 1 steady step
+    assert float(ours[8]) > 0 and ours[9].endswith("%")  # train tokens/s, share of the peak
     assert "| TINY | 0 | n/a | n/a | n/a |" in out  # no peer: no speed-up
     assert json.loads((tmp_path / "results.json").read_text())["results"][0]["sides"][
         "locojax"]["steps"]

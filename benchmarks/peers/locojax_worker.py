@@ -2,7 +2,8 @@
 
 The same parts, in the same order, as `Trainer.step` (`locojax/train/loop.py`): the Single
 wiring's one-device mesh, `Engine.prefill` + `Engine.decode` (jitted, KV cache, behaviour
-logprobs), detokenize and score on the host, group advantages, `batch.from_rollout` +
+logprobs), detokenize and score on the host, group advantages, `batch.from_rollout`, the cut
+to the step's bucket (`buckets.fit`: nothing to cut here, every token is real) and
 `global_batch`, then `train_step.update` (one AdamW step; at β > 0 the reference forward
 runs inside the train step's jit, so locojax's reference time is part of `train`).
 Run by the driver in locojax's own environment, as `python -m benchmarks.peers.locojax_worker`.
@@ -51,7 +52,7 @@ def main(argv=None) -> int:
     from locojax.model import params as params_lib
     from locojax.model.config import ModelConfig
     from locojax.model.sharding import TRAIN_DP, weight_shardings
-    from locojax.rl import algorithms, train_state
+    from locojax.rl import algorithms, buckets, train_state
     from locojax.rl import batch as batch_lib
     from locojax.rl.config import AlgoConfig, LearnerConfig, OptimConfig
     from locojax.rl.train_step import update
@@ -100,7 +101,7 @@ def main(argv=None) -> int:
         local = batch_lib.from_rollout(rows(prompt_tokens), rows(prompt_mask), tokens, mask,
                                        logprobs, np.asarray(adv), group_ids,
                                        group_size=s.group)
-        batch = wiring.global_batch(local)
+        batch = wiring.global_batch(buckets.fit(local, wiring.gather_over_hosts)[0])
         t1 = time.perf_counter()
         box["state"], _ = update(box["state"], batch, cfg, learner, ref,
                                  mesh=wiring.train_mesh)
