@@ -193,9 +193,6 @@ class LeaseTable:
     def active(self) -> list[Lease]:
         return list(self._active.values())
 
-    def next_deadline(self) -> float | None:
-        return min((x.deadline for x in self._active.values()), default=None)
-
     # --- consumption ------------------------------------------------------------------------
 
     def step_done(self, step: int) -> bool:

@@ -120,11 +120,6 @@ class ModelConfig:
         return self.layer_types is not None and SLIDING in self.layer_types
 
     @property
-    def q_per_kv(self) -> int:
-        """g: query heads that share one key/value head."""
-        return self.num_attention_heads // self.num_key_value_heads
-
-    @property
     def dtype(self):
         return _available(self.compute_dtype, "compute_dtype")
 
