@@ -6,6 +6,7 @@ the cost model in locojax/predict (docs/pod_scale.md).
     locojax predict workload NAME --model MODEL --cluster PROFILE-CHIPS [predict flags]
     locojax predict paper [--plot-dir DIR]       # the paper's three studies, reproduced
     locojax predict fields                       # which train flags predict reads
+    locojax predict calibrate [--out FILE]       # measure this machine (a few minutes)
 
 `train ...` takes exactly `locojax train`'s arguments, so the prediction is of the run that
 command would make: on this machine `locojax predict train demo ... --cluster cpu-here-2`
@@ -63,6 +64,10 @@ def main(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__)
         return 0
+    if argv[0] == "calibrate":  # measure this machine: locojax/commands/predict_calibrate.py
+        from locojax.commands import predict_calibrate
+
+        return predict_calibrate.main(argv[1:])
     from locojax.predict.hardware import UnknownHardware
     from locojax.predict.spec import UncostableModel
 

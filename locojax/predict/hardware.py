@@ -16,12 +16,19 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import re
+import sys
 from pathlib import Path
 
 from locojax.predict.origin import Const, from_json
 
 HARDWARE_DIR = Path(__file__).parent / "hardware"
+CALIBRATED = Path(os.environ.get("LOCOJAX_PROFILE",
+                                 Path.home() / ".cache" / "locojax" / "here.json"))
+"""Where `locojax predict calibrate` writes this machine's profile, and `here` reads it."""
+EXAMPLE = "cpu-here"  # a machine measured once, shipped as an example, not this machine
+_noted: set[str] = set()
 _SCALARS = ("hbm_bytes", "hbm_bandwidth", "chips_per_host", "host_cores", "ici_bandwidth",
             "ici_latency", "ici_domain", "dcn_bandwidth", "dcn_latency", "matmul_efficiency",
             "hbm_efficiency", "loop_iteration_s", "host_core_speed")
@@ -82,8 +89,21 @@ def _aliases(name: str) -> list[str]:
 
 
 def load(name_or_file: str) -> Hardware:
-    """A profile by name (`tpu-v7x`, `v7x`, `h100`, `cpu-here`) or from a JSON file."""
+    """A profile by name (`tpu-v7x`, `v7x`, `h100`, `cpu-here`), `here` (this machine, as
+    `locojax predict calibrate` measured it) or from a JSON file."""
     path = Path(name_or_file)
+    if name_or_file == "here":
+        if not CALIBRATED.is_file():
+            raise UnknownHardware(f"no calibrated profile at {CALIBRATED}: run `locojax "
+                                  "predict calibrate` first (a few minutes), or name another "
+                                  f"profile ({', '.join(known())})")
+        path = CALIBRATED
+    elif _aliases(name_or_file)[0] == EXAMPLE and EXAMPLE not in _noted:
+        _noted.add(EXAMPLE)
+        print(f"note: {EXAMPLE} is an EXAMPLE profile, measured on the machine that wrote it, "
+              f"not on this one; its times may be several times off here. `locojax predict "
+              f"calibrate` measures this machine (a few minutes), then use --cluster here-N.",
+              file=sys.stderr)
     if not (path.suffix == ".json" and path.is_file()):
         path = next((HARDWARE_DIR / f"{n}.json" for n in _aliases(name_or_file)
                      if (HARDWARE_DIR / f"{n}.json").is_file()), None)

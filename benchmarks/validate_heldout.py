@@ -1,0 +1,158 @@
+"""Pre-registered validation of `locojax predict` (issue 37, item 3): calibrate this machine
+afresh, run every held-out point of benchmarks/predict_validation_points.json with the real
+`locojax train` / `locojax launch`, predict each from the fresh profile, and print every
+point with its signed error and the verdict against the file's target.
+
+The points, the measurement and the target were committed before the calibration and the
+model they test existed, and nothing here feeds back into either: calibrate runs only
+micro-benchmarks (`locojax/predict/calibrate.py`), never a train run.
+
+- measured: median over steps 3..S of `perf/step_time` (compile excluded,
+  locojax/profiler.py) less `perf/phase/checkpoint` (the final save), from process 0's
+  perf.jsonl (the points file's "measured" and "amended");
+- predicted: the step of the run's mode, from the command's own builder
+  (`from_train.parse`, as `locojax predict train ARGS --hardware PROFILE --cluster N`
+  prints it), with the profile's measured host rates (`calibrated.with_host_rates`).
+
+Usage:
+    .venv/bin/python benchmarks/validate_heldout.py [--work-dir DIR] [--only ID ...]
+    .venv/bin/python benchmarks/validate_heldout.py --profile FILE   # skip calibrating
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+if __name__ == "__main__" and not __package__:  # run as a file: import as `-m` does
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+from benchmarks import harness  # noqa: E402
+
+POINTS = Path(__file__).with_name("predict_validation_points.json")
+REAL = "models/SmolLM2"
+
+
+def train_args(pt: dict, run_dir: Path) -> list[str]:
+    """The `train` arguments of a point (the file's workload)."""
+    return ["demo", "--mode", pt["mode"], "--model", pt["model"], "--task.name", "arith",
+            "--task.level", "3", "--rollout.prompts-per-step", str(pt["prompts"]),
+            "--algo.group-size", str(pt["group"]),
+            "--rollout.max-prompt-tokens", str(pt["prompt_tokens"]),
+            "--rollout.max-new-tokens", str(pt["new_tokens"]), "--rollout.ignore-eos",
+            "--algo.beta", "0", "--steps", str(pt["steps"]), "--eval.every", "0",
+            "--no-progress", "--no-tensorboard", "--run-dir", str(run_dir)]
+
+
+def command(pt: dict, run_dir: Path) -> list[str]:
+    args = train_args(pt, run_dir)
+    if pt["mode"] == "single":
+        return [*harness.CLI, "train", *args, "--devices-per-host", str(pt["n"])]
+    return [*harness.CLI, "launch", "--hosts", str(pt["n"]), "--devices-per-host", "1", "--",
+            "train", *args]
+
+
+def measure(pt: dict, work: Path, timeout: float) -> float:
+    run_dir = work / pt["id"]
+    argv = command(pt, run_dir)
+    print(f"$ {shlex.join(argv)}", flush=True)
+    code, tail = harness.run_logged(argv, work / f"{pt['id']}.log", timeout)
+    if code != 0:
+        raise RuntimeError(f"{pt['id']} failed ({code}):\n{tail}")
+    steps = harness.read_steps(run_dir / "perf.jsonl")
+    times = [steps[s]["perf/step_time"] - steps[s].get("perf/phase/checkpoint", 0.0)
+             for s in range(3, pt["steps"] + 1)]
+    return statistics.median(times)
+
+
+def predict(pt: dict, profile: Path, work: Path) -> float:
+    from locojax.predict import calibrated, from_train, modes
+
+    run = from_train.parse(train_args(pt, work / pt["id"]), str(pt["n"]), str(profile))
+    run.ctx.rates = calibrated.with_host_rates(run.ctx.rates, run.ctx.cluster.hw)
+    return getattr(modes, pt["mode"])(run.ctx).step
+
+
+def real_model_busy() -> bool:
+    """Another process has the real model open (`ps aux`): its point is skipped."""
+    ps = subprocess.run(["ps", "aux"], capture_output=True, text=True).stdout
+    return any(REAL in line and str(os.getpid()) not in line for line in ps.splitlines()
+               if "grep" not in line)
+
+
+def report(rows: list[tuple], target: dict) -> list[str]:
+    lines = harness.table(["point", "model", "mode", "N", "B x G", "P", "N new",
+                           "measured s", "predicted s", "error", "within"])
+    errors = []
+    for pt, meas, pred in rows:
+        if meas is None:
+            lines.append(harness.table_row([pt["id"], pt["model"], pt["mode"], pt["n"],
+                                            f"{pt['prompts']} x {pt['group']}",
+                                            pt["prompt_tokens"], pt["new_tokens"], pred,
+                                            "", "", "skipped"]))
+            continue
+        err = pred / meas - 1
+        errors.append(err)
+        lines.append(harness.table_row([
+            pt["id"], pt["model"].split("/")[-1], pt["mode"], pt["n"],
+            f"{pt['prompts']} x {pt['group']}", pt["prompt_tokens"], pt["new_tokens"],
+            f"{meas:.3f}", f"{pred:.3f}", f"{100 * err:+.1f}%",
+            "yes" if abs(err) < target["within"] else "NO"]))
+    if errors:
+        within = sum(abs(e) < target["within"] for e in errors) / len(errors)
+        bias = statistics.mean(errors)
+        ok = within >= target["share_within"] and abs(bias) <= target["mean_signed_error_max"]
+        lines += ["", f"within {target['within']:.0%}: {within:.0%} of {len(errors)} points "
+                      f"(target >= {target['share_within']:.0%}); mean signed error "
+                      f"{100 * bias:+.1f}% (target within ±"
+                      f"{100 * target['mean_signed_error_max']:.0f}%); under-predicted "
+                      f"{sum(e < 0 for e in errors)} of {len(errors)}: "
+                      f"{'TARGET MET' if ok else 'TARGET MISSED'}"]
+    return lines
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--work-dir", default="/tmp/locojax_validate_heldout")
+    ap.add_argument("--profile", default="", help="a profile already calibrated (skip it)")
+    ap.add_argument("--only", nargs="*", default=[], help="point ids (default: all)")
+    ap.add_argument("--timeout", type=float, default=900, help="seconds per run")
+    args = ap.parse_args()
+    spec = json.loads(POINTS.read_text())
+    work = Path(args.work_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    print(harness.header("validate_heldout"), flush=True)
+    print(harness.command_line(), flush=True)
+    profile = Path(args.profile) if args.profile else work / "here.json"
+    if not args.profile:
+        argv = [*harness.CLI, "predict", "calibrate", "--out", str(profile)]
+        print(f"$ {shlex.join(argv)}", flush=True)
+        subprocess.run(argv, check=True)
+    busy = real_model_busy()
+    rows = []
+    for pt in spec["points"]:
+        if args.only and pt["id"] not in args.only:
+            continue
+        pred = predict(pt, profile, work)
+        if pt.get("conditional") and busy:
+            print(f"# {pt['id']}: skipped, another process has {REAL} open", flush=True)
+            rows.append((pt, None, f"{pred:.3f}"))
+            continue
+        meas = measure(pt, work, args.timeout)
+        print(f"# {pt['id']}: measured {meas:.3f} s/step, predicted {pred:.3f} "
+              f"({100 * (pred / meas - 1):+.1f}%); load {harness.loads()}", flush=True)
+        rows.append((pt, meas, pred))
+    print("\n".join(report(rows, spec["target"])))
+    print(f"\n# load average at the end {harness.loads()}; the machine is shared: other "
+          "processes' load enters every measured point and the calibration alike")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,341 @@
+"""`locojax predict calibrate`: measure this machine in a few minutes and write a profile
+that `locojax predict --hardware FILE` (or `--cluster here-N`) reads.
+
+What is measured, each a median of repeats, nothing fitted to a training run:
+- `peak_flops`: an f32 [n, n] @ [n, n] matmul in this process (all its cores), and in a
+  child pinned to one core (`flops_per_core`): what one of N local hosts gets;
+- `hbm_bandwidth`: bytes/s of a 256 MB copy (read + write);
+- `program_overhead`: what one call of locojax's own programs costs besides its arithmetic,
+  from a decoder so narrow (d 16, vocab 64) that its FLOPs are negligible, at 1 and 2
+  layers: per program kind (`prefill` with the generate call around it, `decode_step` one
+  iteration of the decode loop, `train` one update) a fixed part and a part per layer,
+  t = fixed + L · per_layer. These are the launches: the dispatch of the program and the
+  dozens of small kernels a layer runs, which on a CPU cost more than their FLOPs at small
+  shapes;
+- `host_rates`: host Python work per prompt and per row (tokenize a prompt, score an arith
+  completion, build the train batch's rows) and per step (`step_fixed`: writing its metrics
+  and timings);
+- `dcn_latency`, `dcn_bandwidth`: two processes joined by `jax.distributed` on 127.0.0.1
+  (gloo, as `locojax launch` joins its hosts) time a psum at several sizes; a ring
+  all-reduce over p = 2 takes 2 (p - 1) α + 2 (p - 1) / p · m / β, fitted for α and β.
+
+The device model that reads it (`calibrated.py`): a program's time is
+    fixed + L · per_layer + max(flops / F(c), bytes / bandwidth)
+with the program's FLOPs and bytes (`flops.py`, checked against XLA's `cost_analysis()` of
+the compiled programs), F(c) the matmul rate on c cores, so a new shape needs no new fit.
+Profile fields are described in docs/predict_validation.md.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from locojax.predict.hardware import CALIBRATED
+
+DEFAULT_PATH = CALIBRATED  # where `calibrate` writes and `--cluster here-N` reads
+KINDS = ("prefill", "decode_step", "train")
+PSUM_BYTES = (4_096, 65_536, 1_048_576, 4_194_304)
+
+
+def median_time(fn, reps: int, warm: int = 2) -> float:
+    for _ in range(warm):
+        fn()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def matmul_flops(n: int = 1024, reps: int = 5) -> float:
+    """f32 matmul FLOP/s of this process (2 n^3 per product)."""
+    import jax
+    import jax.numpy as jnp
+
+    a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
+    b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32)
+    f = jax.jit(jnp.dot)
+    return 2 * n ** 3 / median_time(lambda: f(a, b).block_until_ready(), reps)
+
+
+def one_core_flops() -> float:
+    """`matmul_flops` in a child pinned to one core, as one of N hosts on N cores runs."""
+    code = "from locojax.predict.calibrate import matmul_flops; print(matmul_flops())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=600, preexec_fn=lambda: os.sched_setaffinity(0, {0}),
+                         check=True)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def copy_bandwidth(mb: int = 256, reps: int = 5) -> float:
+    import numpy as np
+
+    a = np.ones(mb * 2 ** 20 // 8)
+    b = np.empty_like(a)
+    return 2 * a.nbytes / median_time(lambda: np.copyto(b, a), reps)
+
+
+def _micro(layers: int):
+    """A decoder of `layers` layers too narrow for its FLOPs to matter (d 16, vocab 64)."""
+    from locojax.model import config
+
+    return config.tiny(num_hidden_layers=layers, hidden_size=16, intermediate_size=32,
+                       num_attention_heads=2, num_key_value_heads=1, head_dim=8,
+                       vocab_size=64)
+
+
+def _generate_times(layers: int, reps: int) -> tuple[float, float]:
+    """(prefill + call, one decode iteration) seconds of the engine's generate at `layers`:
+    from generates of 8 and 136 new tokens (4 prompts x 2 samples of 8 tokens)."""
+    import jax
+    import numpy as np
+
+    from locojax.engine.engine import Engine
+    from locojax.engine.sampling import SamplingConfig
+    from locojax.model import params
+
+    cfg = _micro(layers)
+    weights = params.init(cfg, jax.random.key(0))
+    prompts = np.asarray(jax.random.randint(jax.random.key(1), (4, 8), 0, cfg.vocab_size),
+                         np.int32)
+    engine = Engine(cfg)
+
+    def timed(new: int) -> float:
+        sampling = SamplingConfig(max_new_tokens=new, temperature=1.0, ignore_eos=True)
+        return median_time(lambda: jax.block_until_ready(engine.generate(
+            weights, prompts, jax.random.key(0), sampling, num_samples=2).tokens), reps)
+
+    short, long = timed(8), timed(136)
+    iteration = max(0.0, (long - short) / 128)
+    return max(0.0, short - 7 * iteration), iteration
+
+
+def _train_time(layers: int, reps: int) -> float:
+    """Seconds of one GRPO update at `layers` on 4 rows of 8 + 8 tokens."""
+    import jax
+    import numpy as np
+
+    from locojax.model import params
+    from locojax.rl import batch as batch_lib
+    from locojax.rl import train_state
+    from locojax.rl.config import AlgoConfig, LearnerConfig, OptimConfig
+    from locojax.rl.train_step import train_step
+
+    cfg = _micro(layers)
+    lcfg = LearnerConfig(algo=AlgoConfig(group_size=2), optim=OptimConfig(lr=1e-5))
+    state = [train_state.init(params.init(cfg, jax.random.key(0)), lcfg.optim, cfg)]
+    rng = np.random.default_rng(0)
+    prompts = np.repeat(rng.integers(0, cfg.vocab_size, (2, 8)), 2, axis=0)
+    batch = jax.device_put(batch_lib.from_rollout(
+        prompts, np.ones((4, 8), bool), rng.integers(0, cfg.vocab_size, (4, 8)),
+        np.ones((4, 8), bool), -rng.random((4, 8)).astype(np.float32),
+        rng.standard_normal(4).astype(np.float32), np.repeat(np.arange(2), 2), group_size=2))
+
+    def step():
+        state[0], _ = train_step(state[0], batch, None, model_cfg=cfg, cfg=lcfg)
+        jax.block_until_ready(state[0])
+    return median_time(step, reps)
+
+
+def program_overhead(reps: int = 5) -> dict[str, dict[str, float]]:
+    """Per kind, {"fixed": s, "per_layer": s} from the narrow decoder at 1 and 2 layers."""
+    one, two = _generate_times(1, reps), _generate_times(2, reps)
+    train = (_train_time(1, reps), _train_time(2, reps))
+    out = {}
+    for kind, (t1, t2) in (("prefill", (one[0], two[0])), ("decode_step", (one[1], two[1])),
+                           ("train", train)):
+        per_layer = max(0.0, t2 - t1)
+        out[kind] = {"fixed": max(0.0, t1 - per_layer), "per_layer": per_layer}
+    return out
+
+
+def host_rates(rows: int = 256) -> dict[str, float]:
+    """Seconds of host work: per prompt tokenized, per arith row scored, per row batched."""
+    import numpy as np
+
+    from locojax.envs.registry import make_task
+    from locojax.rl import batch as batch_lib
+    from locojax.rollout.single_turn import encode_prompt
+    from locojax.tokenizer.char import CharTokenizer
+
+    task = make_task("arith", level=3)
+    examples = [task.train[i] for i in range(rows)]
+    tok = CharTokenizer()
+    t0 = time.perf_counter()
+    for e in examples:
+        encode_prompt(tok, e)
+    admission = (time.perf_counter() - t0) / rows
+    t0 = time.perf_counter()
+    for e in examples:
+        task.reward(tok.decode(tok.encode(f"The answer is {e.answer}")), e)
+    reward = (time.perf_counter() - t0) / rows
+    rng = np.random.default_rng(0)
+    g, p, n = 4, 32, 64
+    args = (np.repeat(rng.integers(0, 100, (rows // g, p)), g, axis=0), np.ones((rows, p), bool),
+            rng.integers(0, 100, (rows, n)), np.ones((rows, n), bool),
+            np.zeros((rows, n), np.float32), np.zeros(rows, np.float32),
+            np.repeat(np.arange(rows // g), g))
+    batch = median_time(lambda: batch_lib.from_rollout(*args, group_size=g), 5) / rows
+    return {"admission_per_prompt": admission, "reward_per_row.arith": reward,
+            "batch_per_row": batch, "step_fixed": _step_bookkeeping()}
+
+
+def _step_bookkeeping(reps: int = 20) -> float:
+    """Seconds of a step's own logging: one line of 40 metrics and one of 60 timings written
+    to the run's jsonl files (`MetricsLogger.log`, twice a step), what a step does besides
+    its phases."""
+    import tempfile
+
+    from locojax.metrics import MetricsLogger
+
+    metrics = {f"rollout/m{i}": float(i) for i in range(40)}
+    perf = {f"perf/phase/p{i}": float(i) for i in range(60)}
+    with tempfile.TemporaryDirectory() as d:
+        logger = MetricsLogger(d, tensorboard=False)
+        step = [0]
+
+        def one():
+            step[0] += 1
+            logger.log(step[0], metrics)
+            logger.log(step[0], perf)
+        t = median_time(one, reps)
+        getattr(logger, "close", lambda: None)()
+    return t
+
+
+def _psum_worker(pid: int, port: int) -> None:
+    from locojax import distributed
+
+    os.environ.update({distributed.ENV_COORDINATOR: f"127.0.0.1:{port}",
+                       distributed.ENV_NUM_PROCESSES: "2", distributed.ENV_PROCESS_ID: str(pid)})
+    distributed.initialize(devices_per_host=1)
+    import jax
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    mesh = Mesh(np.array(jax.devices()), ("data",))
+    f = jax.jit(jax.shard_map(lambda a: jax.lax.psum(a, "data"), mesh=mesh,
+                              in_specs=P("data"), out_specs=P("data")))
+    out = {}
+    for size in PSUM_BYTES:
+        local = np.ones((1, size // 4), np.float32)
+        x = jax.make_array_from_process_local_data(NamedSharding(mesh, P("data")), local)
+        out[size] = median_time(lambda: f(x).block_until_ready(), 15, warm=3)
+    if pid == 0:
+        print(json.dumps(out), flush=True)
+
+
+def collectives(timeout: float = 300) -> dict[str, float]:
+    """Latency α and bandwidth β of the link between two local hosts (see the docstring)."""
+    import numpy as np
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    code = "import sys; from locojax.predict.calibrate import _psum_worker as w; w(int(sys.argv[1]), int(sys.argv[2]))"
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(i), str(port)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i in range(2)]
+    outs = [p.communicate(timeout=timeout) for p in procs]
+    if any(p.returncode for p in procs):
+        raise RuntimeError("collective probe failed:\n" + outs[0][1][-2000:] + outs[1][1][-2000:])
+    times = {int(k): v for k, v in json.loads(outs[0][0].strip().splitlines()[-1]).items()}
+    m = np.array(sorted(times), float)
+    slope, intercept = np.polyfit(m, [times[int(k)] for k in m], 1)
+    # p = 2: t = 2 α + m / β.
+    return {"dcn_latency": max(intercept, 1e-7) / 2, "dcn_bandwidth": 1.0 / max(slope, 1e-15),
+            "samples": {str(int(k)): times[int(k)] for k in m}}
+
+
+def _c(value: float, unit: str, origin: str, source: str) -> dict:
+    return {"value": float(value), "unit": unit, "origin": origin, "source": source}
+
+
+def measure(say=print) -> dict:
+    """Every measurement of the module docstring, saying each as it is taken."""
+    cores = len(os.sched_getaffinity(0))
+    out = {"cores": cores}
+    steps = (("peak_flops", matmul_flops), ("flops_per_core", one_core_flops),
+             ("hbm_bandwidth", copy_bandwidth), ("program_overhead", program_overhead),
+             ("host_rates", host_rates), ("collectives", collectives))
+    for name, fn in steps:
+        t0 = time.perf_counter()
+        out[name] = fn()
+        say(f"  {name}: {_short(out[name])}  ({time.perf_counter() - t0:.0f} s)")
+    return out
+
+
+def _short(v) -> str:
+    if isinstance(v, dict):
+        return ", ".join(f"{k} {_short(x)}" for k, x in v.items() if k != "samples")
+    return f"{v:.4g}"
+
+
+def profile(m: dict, when: str, load: str) -> dict:
+    """The hardware profile (`hardware.load`'s format, kind `calibrated`) of measurements."""
+    src = f"`locojax predict calibrate` on {platform.node()} at {when}, load {load}"
+    mk = lambda v, unit, what: _c(v, unit, "measured", f"{what}: {src}")  # noqa: E731
+    coll = m["collectives"]
+    rates = m["host_rates"]
+    return {
+        "name": "here", "kind": "calibrated",
+        "peak_flops": {"float32": mk(m["peak_flops"], "FLOP/s", f"f32 1024^3 matmul on "
+                                                               f"{m['cores']} cores")},
+        "flops_per_core": mk(m["flops_per_core"], "FLOP/s", "the matmul pinned to one core"),
+        "hbm_bytes": _c(_ram(), "bytes", "measured", "host RAM (sysconf), shared"),
+        "hbm_bandwidth": mk(m["hbm_bandwidth"], "bytes/s", "256 MB copy, read + write"),
+        "chips_per_host": _c(1, "devices", "spec", "a local host is one process, one device"),
+        "host_cores": _c(m["cores"], "cores", "measured", "os.sched_getaffinity"),
+        "shared_cores": m["cores"],
+        "ici_bandwidth": mk(m["hbm_bandwidth"], "bytes/s", "in-process copy"),
+        "ici_latency": _c(1e-5, "s", "assumed", "in-process hand-off between device threads"),
+        "ici_domain": _c(1, "devices", "spec", "each local host is its own process"),
+        "ici_topology": "loopback",
+        "dcn_bandwidth": _c(coll["dcn_bandwidth"], "bytes/s", "fitted",
+                            f"2-process gloo psum at {len(PSUM_BYTES)} sizes: {src}"),
+        "dcn_latency": _c(coll["dcn_latency"], "s", "fitted", f"same fit: {src}"),
+        "collective_algorithm": "ring",
+        "matmul_efficiency": _c(1, "fraction", "spec", "F is measured, not a peak"),
+        "hbm_efficiency": _c(1, "fraction", "spec", "the bandwidth is measured"),
+        "loop_iteration_s": mk(m["program_overhead"]["decode_step"]["fixed"], "s",
+                               "decode iteration, fixed part"),
+        "host_core_speed": _c(1, "x the host rates' core", "spec",
+                              "host_rates below are this machine's own"),
+        "program_overhead": {k: {part: mk(v, "s", f"{k} {part.replace('_', ' ')}, narrow "
+                                                  "decoder at 1 and 2 layers")
+                                 for part, v in parts.items()}
+                             for k, parts in m["program_overhead"].items()},
+        "host_rates": {k: mk(v, "s", k.replace("_", " ")) for k, v in rates.items()},
+        "collective_samples_s": coll["samples"],
+    }
+
+
+def _ram() -> float:
+    return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+def run(out: Path = DEFAULT_PATH, say=print) -> Path:
+    """Measure, write the profile to `out`, and return its path."""
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    load = "{:.2f}".format(os.getloadavg()[0])
+    say(f"calibrating this machine ({len(os.sched_getaffinity(0))} cores, load {load}); "
+        "a few minutes, keep it otherwise idle:")
+    m = measure(say)
+    load = f"{load}-{os.getloadavg()[0]:.2f} (1-min average, start-end)"
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(profile(m, when, load), indent=1) + "\n")
+    say(f"wrote {out}: predict with `locojax predict train ... --hardware {out} --cluster N` "
+        f"(or `--cluster here-N`, which reads {DEFAULT_PATH})")
+    return out

@@ -1,0 +1,95 @@
+"""Program times on a machine measured by `locojax predict calibrate` (a profile of kind
+`calibrated`): from the program's FLOPs and bytes and the machine's measured rates, with no
+term fitted to a training run, so a shape nobody ran costs what its arithmetic costs.
+
+A program of kind k (`prefill`, `decode_step`: one iteration of the decode loop, `train`:
+one update; `forward`, a no-grad forward, is costed as a prefill) of a decoder of L layers,
+doing `flops` and moving `bytes` on c cores:
+    t = fixed_k + L · per_layer_k + max(flops / F(c), bytes / bandwidth)
+- fixed_k and per_layer_k: what the program costs besides its arithmetic (its launch, the
+  dozens of small kernels a layer runs), measured on a decoder too narrow for its FLOPs to
+  matter, at 1 and 2 layers (`calibrate.program_overhead`);
+- F(c): the f32 matmul rate on c cores, from the one-core and all-core measurements, linear
+  between them (c below one core: a time-sliced share, t / c);
+- the FLOPs and bytes are the cost model's (`flops.py`), which tests/test_predict_flops.py
+  checks against XLA's `cost_analysis()` of the compiled programs (`program_cost.py`).
+The model's layer count is read from its `devices.shape_key` (`L<layers>-...`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+from locojax.predict.flops import Costs
+from locojax.predict.hardware import Hardware
+from locojax.predict.origin import Ledger, from_json
+
+KIND_OF = {"prefill": "prefill", "decode_step": "decode_step", "train": "train",
+           "forward": "prefill"}
+
+
+@dataclasses.dataclass
+class Calibrated:
+    """This machine's program times from its calibrated profile (see the module docstring)."""
+
+    hw: Hardware
+    model: str  # devices.shape_key(cfg)/P..-N..
+    ledger: Ledger
+
+    @property
+    def layers(self) -> int:
+        m = re.match(r"L(\d+)-", self.model)
+        if not m:
+            raise ValueError(f"model key {self.model!r} does not start with L<layers>-")
+        return int(m.group(1))
+
+    def _get(self, name: str, entry) -> float:
+        const = entry if not isinstance(entry, dict) else from_json(entry, f"{self.hw.path}: "
+                                                                           f"{name}")
+        return self.ledger.get(f"{self.hw.name}.{name}", const)
+
+    def overhead(self, kind: str) -> float:
+        """fixed + L · per_layer of one call of `kind`."""
+        table = self.hw.extra.get("program_overhead") or {}
+        k = KIND_OF.get(kind, "prefill")
+        if k not in table:
+            raise ValueError(f"{self.hw.path}: no program_overhead.{k} (run `locojax predict "
+                             "calibrate` again)")
+        fixed = self._get(f"program_overhead.{k}.fixed", table[k]["fixed"])
+        per_layer = self._get(f"program_overhead.{k}.per_layer", table[k]["per_layer"])
+        return fixed + self.layers * per_layer
+
+    def flop_rate(self, cores: float) -> float:
+        """F(c), FLOP/s on c cores (at least one: below it the caller time-slices)."""
+        total = float(self.hw.host_cores.value)
+        every = self.ledger.get(f"{self.hw.name}.peak_flops.float32", self.hw.peak("float32"))
+        one = self._get("flops_per_core", self.hw.extra["flops_per_core"])
+        c = min(max(cores, 1.0), total)
+        return one if total <= 1 else one + (every - one) * (c - 1) / (total - 1)
+
+    def seconds(self, kind: str, c: Costs, chips: float = 1.0, cores: float = 0.0) -> float:
+        cores = cores or float(self.hw.host_cores.value)
+        bw = self.ledger.get(f"{self.hw.name}.hbm_bandwidth", self.hw.hbm_bandwidth)
+        chips = max(chips, 1.0)
+        t = self.overhead(kind) + max(c.flops / chips / self.flop_rate(cores),
+                                      c.bytes / chips / bw)
+        return t / cores if cores < 1.0 else t
+
+
+def with_host_rates(rates: dict, hw: Hardware) -> dict:
+    """`rates` (`phases.host_rates()`) with the host work a calibrated profile measured on this
+    machine (`host_rates`: `admission_per_prompt`, `batch_per_row`, `reward_per_row.TASK`)
+    in place of the shipped ones; unchanged for any other profile."""
+    measured = hw.extra.get("host_rates") if hw.kind == "calibrated" else None
+    if not measured:
+        return rates
+    out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in rates.items()}
+    for key, entry in measured.items():
+        const = from_json(entry, f"{hw.path}: host_rates.{key}")
+        name, _, task = key.partition(".")
+        if task:
+            out.setdefault(name, {})[task] = const
+        else:
+            out[name] = const
+    return out
