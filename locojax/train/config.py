@@ -42,8 +42,11 @@ class RolloutConfig:
     """B: prompts per step, over all hosts (each is sampled G = algo.group_size times)."""
     max_new_tokens: int = 24
     """N: most tokens per completion."""
-    max_prompt_tokens: int = 16
-    """P: prompts are left-padded to this; a longer prompt is an error naming it."""
+    max_prompt_tokens: int | Literal["auto"] = 16
+    """P: prompts are left-padded to this. auto: the longest prompt of the data, rounded up
+    to a bucket (`envs/data_lengths.py`). Every prompt is encoded before step 1: one longer
+    than P, or one the tokenizer cannot encode, is refused naming its row (--task.skip-invalid:
+    skipped and counted)."""
     temperature: float = 1.0
     """τ: sampling temperature (also the learner's, so logprobs are of one policy)."""
     top_k: int = 0
@@ -64,7 +67,7 @@ class RolloutConfig:
 
     def __post_init__(self):
         for name in ("prompts_per_step", "max_new_tokens", "max_prompt_tokens", "tp"):
-            if getattr(self, name) < 1:
+            if getattr(self, name) != "auto" and getattr(self, name) < 1:
                 raise ValueError(f"rollout.{name} must be >= 1, got {getattr(self, name)}")
         if self.cache_dtype not in (None, *COMPUTE_DTYPES):
             raise ValueError(f"rollout.cache_dtype must be one of {sorted(COMPUTE_DTYPES)}, got "
