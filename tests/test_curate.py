@@ -84,3 +84,39 @@ def test_cli_reports_bad_rows_and_writes_outputs(tmp_path, capsys):
 def _cpu0():
     with jax.default_device(jax.devices()[0]):
         yield
+
+
+def test_cli_with_a_users_rows_and_trl_reward(tmp_path, capsys):
+    """--task data --reward file.py:fn: the user's columns reach the reward (a reward that
+    reads only `parity` solves the even rows k of k and the odd ones never), and the prompt
+    width is sized from the rows (auto)."""
+    (tmp_path / "my_reward.py").write_text(
+        "def by_parity(prompts, completions, parity, **kwargs):\n"
+        "    return [1.0 if p == 'even' else 0.0 for p in parity]\n")
+    data = write(tmp_path / "rows.jsonl", [{"prompt": f"{i}+{i}=", "parity": "odd" if i % 2
+                                            else "even"} for i in range(5)])
+    out = str(tmp_path / "kept.jsonl")
+    args = [data, "--out", out, "--model", "tiny", "--k", "4", "--max-new-tokens", "4",
+            "--batch-size", "3", "--task", "data",
+            "--reward", f"{tmp_path / 'my_reward.py'}:by_parity"]
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert "max_prompt_tokens=8 (auto: longest prompt 4 tokens (rows.jsonl:1)" in text
+    report = [json.loads(line) for line in open(out + ".passrates.jsonl")]
+    assert [r["solved"] for r in report] == [4, 0, 4, 0, 4]
+    assert open(out).read() == ""  # each row is solved always or never: none can teach
+
+
+def test_cli_refuses_a_prompt_over_the_width_or_not_encodable_naming_its_row(tmp_path, capsys):
+    data = write(tmp_path / "g.jsonl", [*rows(2), {"question": "What is 1’s double?",
+                                                   "answer": "#### 2"}])
+    args = [data, "--out", str(tmp_path / "o.jsonl"), "--model", "tiny", "--k", "2",
+            "--max-new-tokens", "4", "--batch-size", "3"]
+    assert main(args) == 2  # the char vocabulary has no ’, found before any sampling
+    assert "g.jsonl:3: the tokenizer cannot encode its prompt" in capsys.readouterr().err
+    args[0] = write(tmp_path / "g2.jsonl", rows(12))
+    assert main([*args, "--max-prompt-tokens", "31"]) == 2  # rows 1-10 have 30 or 31 tokens
+    err = capsys.readouterr().err
+    assert ("g2.jsonl:11: its prompt has 32 tokens, more than --max-prompt-tokens=31 (and 1 "
+            "more rows)") in err
+    assert "--skip-invalid skips such rows" in err

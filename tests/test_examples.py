@@ -36,7 +36,7 @@ def test_trl_reward_file_on_jsonl(tmp_path):
             "examples/trl_reward/rewards.py:correct"]
     run = tmp_path / "run"
     locojax("train", "demo", *SHORT, "--run-dir", str(run), "--task.name", "data", *task,
-            "--task.reward-weights", "0.1", "1", "--rollout.max-prompt-tokens", "8")
+            "--task.reward-weights", "0.1", "1", "--rollout.max-prompt-tokens", "auto")
     last = metrics(run)[-1]
     assert last["step"] == 2 and last["reward/errors"] == 0
     # reward_len: -|20 - len| / 20 over completions of at most 8 characters, so in [-1, -0.6]
@@ -45,7 +45,7 @@ def test_trl_reward_file_on_jsonl(tmp_path):
     locojax("eval", "--model", str(run / "final_model"), "--task", "data",
             "--data", "examples/trl_reward/data.jsonl",
             "--reward", "examples/trl_reward/rewards.py:correct", "--max-new-tokens", "8",
-            "--max-prompt-tokens", "8", "--out", str(out))
+            "--out", str(out))  # --max-prompt-tokens: auto, from the rows
     summary = json.load(open(f"{out}.summary.json"))
     assert summary["rows"] == 24 and summary["task"] == "data"
 

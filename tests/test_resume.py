@@ -371,3 +371,15 @@ def test_task_reward_must_match_in_any_of_its_spellings(tmp_path):
         == ["task.reward_weights"]
     swapped = dataclasses.replace(user, reward=("r.py:b", "r.py:a"))
     assert resume.differences(saved, dataclasses.replace(cfg, task=swapped)) == ["task.reward"]
+
+
+def test_an_auto_prompt_width_resumes_the_width_it_resolved_to(tmp_path):
+    """A checkpoint records the resolved width (auto: from the data, which is fingerprinted):
+    a run asking for auto again resumes it; another explicit width is refused."""
+    cfg = _cfg(tmp_path)
+    saved = resume.as_json(cfg)  # max_prompt_tokens=8, as auto resolved it
+    auto = dataclasses.replace(cfg.rollout, max_prompt_tokens="auto")
+    assert resume.differences(saved, dataclasses.replace(cfg, rollout=auto)) == []
+    other = dataclasses.replace(cfg.rollout, max_prompt_tokens=16)
+    assert resume.differences(saved, dataclasses.replace(cfg, rollout=other)) \
+        == ["rollout.max_prompt_tokens"]

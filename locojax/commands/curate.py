@@ -2,19 +2,27 @@
 
     locojax curate gsm8k/train.jsonl --out curated/train.jsonl --model DIR --k 8
     locojax curate math/train.parquet --task math --out curated/train.parquet --model DIR
+    locojax curate rows.jsonl --task data --reward my_mod:fn --out kept.jsonl --model DIR
 
 Samples k completions per prompt on the engine, scores them with the task's reward, and keeps
 the rows whose pass rate c/k is strictly between --too-hard and --too-easy (by default the
-prompts solved sometimes but not always). Writes OUT (the kept rows, unchanged),
+prompts solved sometimes but not always). A sample counts as solved when its total reward
+is at least 1 (`evaluate.CORRECT`), as in evaluation. Writes OUT (the kept rows, unchanged),
 OUT.passrates.jsonl and OUT.hist.png, and prints the histogram (see `locojax.curate`).
-A malformed row stops it with `file:line: reason`; --skip-invalid skips such rows and counts
-them.
+
+The task, its rows and its reward are named as `train --task.*` names them (the same
+builder: `registry.build`): gsm8k and math rows, or `data` (any jsonl/parquet rows, the
+prompt from --prompt-field) scored by your own TRL-style rewards (`--reward mod:fn`,
+several after one flag, `--reward-weights`), or a built-in reward chosen by name (gsm8k:
+`--reward flexible`, `--format-weight`). Every prompt is encoded before any sampling, and
+--max-prompt-tokens auto (the default) sizes the prompt width from the longest. A malformed
+row, a prompt the tokenizer cannot encode, or one over an explicit --max-prompt-tokens stops
+it with `file:line: reason`; --skip-invalid skips such rows and counts them.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import sys
 from typing import Literal
 
@@ -26,13 +34,26 @@ class CurateArgs:
     """Score every prompt of a data file with a model (pass@k) and keep the informative ones."""
 
     data: tyro.conf.Positional[str]
-    """The data file (.jsonl or .parquet) in the task's row format."""
+    """The data file (.jsonl or .parquet) in the task's row format (data: any columns)."""
     out: str
     """Where the kept rows go (same format as the input)."""
     model: str = "embedded"
     """embedded, a preset (tiny, small: random weights) or an HF Qwen3 directory."""
-    task: Literal["gsm8k", "math"] = "gsm8k"
-    """Row format and reward: gsm8k (question/answer, `#### N`) or math (boxed answers)."""
+    task: str = "gsm8k"
+    """Row format and reward: gsm8k (question/answer, `#### N`), math (boxed answers), data
+    (any rows, your --reward), or your own single-turn `module:function` task over --data
+    (as `train --task.name`; docs/your_task.md)."""
+    reward: tuple[str, ...] = ()
+    """gsm8k: strict (the default) or flexible; or your own TRL-style rewards, module:function
+    or file.py:function, several after one flag (as `train --task.reward`)."""
+    reward_weights: tuple[float, ...] = ()
+    """Weights of the module:function rewards (default: all 1)."""
+    format_weight: float = 0.0
+    """Weight of the task's format reward (gsm8k, math), as `train --task.format-weight`."""
+    prompt_field: str = "prompt"
+    """data: the prompt column (text, or a list of chat messages)."""
+    answer_field: str = "answer"
+    """data: the gold-answer column (optional); every other column reaches the reward."""
     template: Literal["plain", "qwen", "chat"] = "plain"
     """Prompt template: plain text, qwen (hand-written ChatML) or chat (the checkpoint's own
     chat template, from its tokenizer_config.json)."""
@@ -46,8 +67,10 @@ class CurateArgs:
     """Sampling temperature of the k samples."""
     max_new_tokens: int = 256
     """Most tokens per completion."""
-    max_prompt_tokens: int = 256
-    """Prompts are left-padded to this; a longer one is an error naming it."""
+    max_prompt_tokens: int | Literal["auto"] = "auto"
+    """Prompts are left-padded to this. auto: the longest prompt of the file, rounded up to a
+    bucket; a prompt over an explicit width is an error naming its row (--skip-invalid:
+    skipped and counted)."""
     batch_size: int = 32
     """Prompts per generate call (each sampled k times)."""
     seed: int = 0
@@ -63,11 +86,8 @@ def main(argv: list[str]) -> int:
     import numpy as np
 
     from locojax import curate
-    from locojax.envs.base import Task, single_turn_demo
+    from locojax.commands.eval import own_flags
     from locojax.envs.data import DataError
-    from locojax.envs.registry import TASKS
-    from locojax.train import build
-    from locojax.train.config import RolloutConfig
 
     try:
         if args.k < 1 or args.batch_size < 1 or args.limit < 0:
@@ -76,31 +96,21 @@ def main(argv: list[str]) -> int:
             raise ValueError(f"need --too-hard < --too-easy, got {args.too_hard}, {args.too_easy}")
         if args.out == args.data:
             raise ValueError("--out must not be the input file")
-        module = importlib.import_module(TASKS[args.task].module)
-        data = module.load(args.data, args.template, skip_invalid=args.skip_invalid,
-                           limit=args.limit or None)
-        # The model as training samples it: the builder's parts (locojax/train/build.py).
-        tok = build.tokenizer_of(args.model, args.template)
-        sampling = build.sampling_of(RolloutConfig(
-            max_new_tokens=args.max_new_tokens, max_prompt_tokens=args.max_prompt_tokens,
-            temperature=args.temperature), tok)
-        engine = build.engine_of(build.model_config(args.model))
-        weights = build.weights_of(args.model, args.seed)
-    except (ValueError, OSError, DataError) as e:
-        print(f"locojax curate: {e}", file=sys.stderr)
+        if not args.data.endswith((".jsonl", ".parquet")):
+            raise ValueError(f"{args.data}: curate writes the kept rows as the input wrote "
+                             "them, so it reads .jsonl or .parquet files")
+        task, tok, sampling, engine, weights, width = _setup(args)
+    except (ValueError, OSError, TypeError, DataError) as e:
+        print(f"locojax curate: {own_flags(str(e))}", file=sys.stderr)
         return 2
-    if data.skipped:
-        print(f"skipped {data.skipped} invalid rows of {args.data}; first: {data.problems[0]}")
-    task = Task(args.task, data.examples, data.examples, module.reward(), demo=single_turn_demo)
-    n = len(data.examples)
+    rows = task.test  # --data as a held-out split: a Dataset, which knows what it skipped
+    examples = list(rows)[:args.limit or None]
+    if getattr(rows, "skipped", 0):
+        print(f"skipped {rows.skipped} invalid rows of {args.data}; first: {rows.problems[0]}")
+    n = len(examples)
     print(f"scoring {n} prompts x {args.k} samples with {args.model} ...", flush=True)
-    try:
-        scored = curate.score(engine, weights, tok, task, data.examples, args.k,
-                              sampling, args.max_prompt_tokens, min(args.batch_size, n),
-                              args.seed)
-    except ValueError as e:  # a prompt longer than --max-prompt-tokens, names the example
-        print(f"locojax curate: {e}", file=sys.stderr)
-        return 2
+    scored = curate.score(engine, weights, tok, task, examples, args.k, sampling, width,
+                          min(args.batch_size, n), args.seed)
     kept = scored.keep(args.too_easy, args.too_hard)
     written = curate.write_filtered(args.data, [i for i, k in zip(scored.ids, kept) if k],
                                     args.out)
@@ -114,3 +124,28 @@ def main(argv: list[str]) -> int:
           f"{int(np.sum(rate <= args.too_hard))} too hard) -> {args.out}")
     print(f"pass rates: {rates}\nhistogram: {png}")
     return 0
+
+
+def _setup(args: CurateArgs):
+    """The task (its rows, reward, prompt width), tokenizer, sampling, engine and weights,
+    by the builder's parts (locojax/train/build.py), as `train` would make them."""
+    from locojax.envs import data_lengths, registry
+    from locojax.train import build
+    from locojax.train.config import RolloutConfig
+
+    task = registry.build(registry.TaskConfig(
+        name=args.task, data=args.data, test_data=args.data, template=args.template,
+        skip_invalid=args.skip_invalid, reward=args.reward, reward_weights=args.reward_weights,
+        format_weight=args.format_weight, prompt_field=args.prompt_field,
+        answer_field=args.answer_field), args.seed)
+    if task.multi_turn:
+        raise ValueError(f"task {args.task!r} is multi-turn: curate scores single-turn rows")
+    tok = build.tokenizer_of(args.model, args.template)
+    task, prompts = data_lengths.fit(task, tok, args.max_prompt_tokens, args.skip_invalid)
+    print(f"prompts: {prompts.describe(args.max_prompt_tokens)}", flush=True)
+    sampling = build.sampling_of(RolloutConfig(
+        max_new_tokens=args.max_new_tokens, max_prompt_tokens=prompts.max_prompt_tokens,
+        temperature=args.temperature), tok)
+    engine = build.engine_of(build.model_config(args.model))
+    weights = build.weights_of(args.model, args.seed)
+    return task, tok, sampling, engine, weights, prompts.max_prompt_tokens

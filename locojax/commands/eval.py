@@ -79,8 +79,10 @@ class EvalArgs:
     """Sampling temperature (default: greedy for k = 1, else 1.0)."""
     max_new_tokens: int = 256
     """Most tokens per completion (multi-turn: per model turn)."""
-    max_prompt_tokens: int = 256
-    """Prompts are left-padded to this; a longer one is an error naming its row."""
+    max_prompt_tokens: int | Literal["auto"] = "auto"
+    """Prompts are left-padded to this. auto: the longest prompt of the rows, rounded up to a
+    bucket. Every prompt is encoded before any sampling: one longer than this, or one the
+    tokenizer cannot encode, is an error naming its row (--skip-invalid: skipped, counted)."""
     batch_size: int = 32
     """Rows per generate call (each sampled k times)."""
     limit: int = 0
@@ -103,6 +105,23 @@ class EvalArgs:
     """Where the per-row results go; the summary goes to OUT.summary.json."""
     multi_turn: MultiTurnConfig = dataclasses.field(default_factory=MultiTurnConfig)
     """Limits of multi-turn trajectories (calc, swe)."""
+
+
+MULTI_TURN_TASKS = ("calc", "swe")
+MULTI_TURN_WIDTH = 256
+"""--max-prompt-tokens auto on a built-in multi-turn task: its first prompt comes from its env,
+which the rows cannot size, so this width (a prompt over it is still an error naming it)."""
+
+OWN_FLAGS = {"--rollout.max-prompt-tokens": "--max-prompt-tokens",
+             "--task.skip-invalid": "--skip-invalid"}
+"""`train`'s spelling of an option (in the builder's messages) -> this command's."""
+
+
+def own_flags(message: str) -> str:
+    """`message` naming this command's flags rather than `train`'s."""
+    for train, own in OWN_FLAGS.items():
+        message = message.replace(train, own)
+    return message
 
 
 def pass_ks(k: int) -> list[int]:
@@ -178,8 +197,11 @@ def main(argv: list[str]) -> int:
         host = distributed.initialize()  # before anything touches the JAX backend
         setup = _setup(args, host)
     except (ValueError, OSError, TypeError, DataError) as e:
-        print(f"locojax eval: {e}", file=sys.stderr)
+        print(f"locojax eval: {own_flags(str(e))}", file=sys.stderr)
         return 2
+    if host.process_id == 0:
+        parts = setup[1]
+        print(f"prompts: {parts.prompts.describe(args.max_prompt_tokens)}", flush=True)
     try:
         rows = _score(args, host, *setup)
     except ValueError as e:  # a prompt longer than --max-prompt-tokens names its row
@@ -201,10 +223,13 @@ def _setup(args: EvalArgs, host):
     from locojax.train.wiring import Colocated, Single
 
     task_cfg = task_config(args)
+    width = args.max_prompt_tokens
+    if width == "auto" and args.task in MULTI_TURN_TASKS:
+        width = MULTI_TURN_WIDTH  # a multi-turn prompt comes from its env: not sized by rows
     cfg = RunConfig(model=args.model, task=task_cfg, seed=args.seed, precision=args.precision,
                     multi_turn=args.multi_turn, rollout=RolloutConfig(
-                        max_new_tokens=args.max_new_tokens,
-                        max_prompt_tokens=args.max_prompt_tokens, tp=args.tp))
+                        max_new_tokens=args.max_new_tokens, max_prompt_tokens=width,
+                        tp=args.tp))
     meshes.check_tp(args.tp, jax.local_device_count(), flag="--tp")
     parts = RunParts.of(cfg)
     meshes.check_tp_model(args.tp, parts.model_cfg, flag="--tp")
@@ -225,6 +250,7 @@ def task_config(args: EvalArgs):
 
     return TaskConfig(
         name=args.task, level=args.level, data=args.data, test_data=args.data,
+        train_size=1,  # a procedural task's test split does not depend on it; eval reads none
         template=args.template, skip_invalid=args.skip_invalid, sandbox=args.sandbox,
         reward=args.reward, format_weight=args.format_weight,
         reward_weights=args.reward_weights, prompt_field=args.prompt_field,
@@ -249,7 +275,7 @@ def _score(args: EvalArgs, host, wiring, parts, weights, sampling):
         mt = args.multi_turn
         with RewardRunner() as runner, EnvPool(mt.env_workers, mt.env_timeout_s) as pool:
             scores = evaluate.score(engine, weights, tokenizer, task, runner, mine,
-                                    sampling, args.k, args.max_prompt_tokens,
+                                    sampling, args.k, parts.cfg.rollout.max_prompt_tokens,
                                     args.batch_size, jax.random.key(args.seed),
                                     first_index=lo, pool=pool, limits=parts.limits)
         fmt = (evaluate.in_format(task, scores, mine) if task.format_check is not None

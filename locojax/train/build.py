@@ -25,7 +25,7 @@ import jax
 
 from locojax.engine.engine import Engine
 from locojax.engine.sampling import SamplingConfig
-from locojax.envs import registry
+from locojax.envs import data_lengths, registry
 from locojax.envs.base import Task
 from locojax.model import loader
 from locojax.model.config import ModelConfig
@@ -52,17 +52,23 @@ class RunParts:
     learner: LearnerConfig
     sampling: SamplingConfig  # how rollouts are sampled (every producer, and the plan)
     limits: limits_lib.Limits | None  # multi-turn: resolved, checked to fit cache and model
+    prompts: data_lengths.Sized | None = None  # P and the prompt lengths it came from
 
     @classmethod
     def of(cls, cfg: RunConfig) -> RunParts:
         task = registry.build(cfg.task, cfg.seed, cfg.multi_turn.max_turns)
         model_cfg = model_config(cfg.model, cfg.precision)
         tokenizer = tokenizer_of(cfg.model, cfg.task.template)
+        # Every prompt encoded once: P sized from the data (auto), or rows over P refused.
+        task, prompts = data_lengths.fit(task, tokenizer, cfg.rollout.max_prompt_tokens,
+                                         cfg.task.skip_invalid)
+        cfg = dataclasses.replace(cfg, rollout=dataclasses.replace(
+            cfg.rollout, max_prompt_tokens=prompts.max_prompt_tokens))
         limits = None if not task.multi_turn else limits_lib.resolve(
             cfg.multi_turn, task.max_turns, cfg.rollout.max_new_tokens,
             cfg.rollout.max_prompt_tokens, model_cfg.max_position_embeddings)
         return cls(cfg, task, model_cfg, tokenizer, cfg.learner_config(),
-                   sampling_of(cfg.rollout, tokenizer), limits)
+                   sampling_of(cfg.rollout, tokenizer), limits, prompts)
 
     def engine(self, mesh, rules: Rules = ROLLOUT_REPLICATED) -> Engine:
         return engine_of(self.model_cfg, mesh, rules, self.cfg.rollout.cache_dtype)

@@ -76,6 +76,7 @@ def _start(cfg: RunConfig, wiring, lock: run_lock.RunLock | None) -> Trainer | N
     memory = plan_memory(parts, wiring, engine)
     if wiring.host.process_id == 0:
         print(memory.format(), flush=True)
+        print(f"prompts: {parts.prompts.describe(cfg.rollout.max_prompt_tokens)}", flush=True)
     if cfg.plan_only:  # print the plan, load nothing, run nothing
         return None
     memory.check()

@@ -83,6 +83,14 @@ MODEL_FILES = (*loader.MODEL_FILES, "*.safetensors")
 """The files of a model directory that a run reads (so other files there do not count)."""
 
 
+RESOLVED = {"rollout.max_prompt_tokens": "auto"}
+"""Field -> a value that a run resolves at start-up from inputs the fingerprints cover,
+so they match any value the checkpoint recorded: auto's P is the longest prompt of the data,
+tokenized (`data_lengths.fit`); a checkpoint holds the resolved number. (A run that had an
+explicit P and resumes with auto may get another P: padding only, as rows over P were
+refused, unless --task.skip-invalid skipped them.)"""
+
+
 def _rewards(value) -> list:
     """`task.reward` as one list: a checkpoint written while it was one string (before
     several `module:function` rewards) recorded "strict" or "flexible"; "strict" alone is
@@ -136,7 +144,7 @@ def differences(saved: dict, cfg) -> list[str]:
     default = _canonical(flatten(as_json(type(cfg)())))
     out = []
     for name, value in now.items():
-        if may_change(name) or name in BY_CONTENT:
+        if may_change(name) or name in BY_CONTENT or RESOLVED.get(name, ()) == value:
             continue
         if before.get(name, default.get(name)) != value:
             out.append(name)

@@ -1,0 +1,109 @@
+"""Prompt lengths from the data (envs/data_lengths.py): every prompt is encoded before any
+work, `auto` sizes the width from the longest, and a row over an explicit width or one the
+tokenizer cannot encode is refused naming its row, or skipped and counted."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from locojax.envs import data_lengths
+from locojax.envs.base import Example, Task
+from locojax.envs.data import DataError, Dataset
+from locojax.model import loader
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MATH500 = os.path.join(os.path.dirname(ROOT), "shared", "data", "math500", "test.jsonl")
+TOK = loader.load_tokenizer_of("tiny")  # one token per character
+
+
+def _task(prompts, test=None):
+    rows = Dataset(tuple(Example(f"f.jsonl:{i + 1}", p, "1") for i, p in enumerate(prompts)),
+                   "f.jsonl")
+    return Task("t", rows, rows if test is None else test, lambda c, e: 0.0)
+
+
+def test_bucket_is_a_power_of_two_then_a_multiple_of_128():
+    assert [data_lengths.bucket(n) for n in (0, 1, 8, 9, 100, 128, 129, 449, 961)] \
+        == [8, 8, 8, 16, 128, 128, 256, 512, 1024]
+
+
+def test_auto_sizes_the_width_from_the_longest_prompt():
+    task, sized = data_lengths.fit(_task(["ab", "a" * 20, "abc"]), TOK, "auto")
+    assert sized.max_prompt_tokens == 32 and sized.longest == 20
+    assert sized.longest_id == "f.jsonl:2" and sized.skipped == 0
+    assert len(task.train) == 3
+    assert "auto: longest prompt 20 tokens (f.jsonl:2)" in sized.describe("auto")
+
+
+def test_an_explicit_width_refuses_a_longer_prompt_naming_row_and_length():
+    with pytest.raises(DataError, match=r"f.jsonl:2: its prompt has 20 tokens, more than "
+                       r"--rollout.max-prompt-tokens=16 \(and 1 more rows\); "
+                       r"--task.skip-invalid skips"):
+        data_lengths.fit(_task(["ab", "a" * 20, "b" * 17]), TOK, 16)
+    task, sized = data_lengths.fit(_task(["ab", "a" * 20, "b" * 17]), TOK, 16,
+                                   skip_invalid=True)
+    assert [ex.id for ex in task.train] == ["f.jsonl:1"] and task.test is task.train
+    assert sized.skipped == 2 and task.train.skipped == 2
+    assert task.train.problems[0].startswith("f.jsonl:2: its prompt has 20 tokens")
+
+
+def test_a_prompt_the_tokenizer_cannot_encode_is_refused_at_start_up():
+    """The char vocabulary has no U+2019: that row used to pass the data check and stop a
+    multi-host run at the step that drew it."""
+    with pytest.raises(DataError, match=r"f.jsonl:2: the tokenizer cannot encode its prompt "
+                       r"\(ValueError: character '’'"):
+        data_lengths.fit(_task(["ab", "what’s 2+2"]), TOK, "auto")
+    task, sized = data_lengths.fit(_task(["ab", "what’s 2+2"]), TOK, "auto",
+                                   skip_invalid=True)
+    assert [ex.id for ex in task.train] == ["f.jsonl:1"] and sized.max_prompt_tokens == 8
+
+
+def test_every_row_skipped_is_an_error():
+    with pytest.raises(DataError, match="every row of the train split was skipped"):
+        data_lengths.fit(_task(["a" * 20]), TOK, 8, skip_invalid=True)
+
+
+def test_multi_turn_needs_an_explicit_width():
+    task = Task("mt", (), (), lambda c, e: 0.0, make_env=lambda: None)
+    with pytest.raises(ValueError, match="multi-turn.*give a number"):
+        data_lengths.fit(task, TOK, "auto")
+    assert data_lengths.fit(task, TOK, 64)[1].max_prompt_tokens == 64
+
+
+def test_generated_splits_are_sized_only_for_auto():
+    """arith's 100,000 generated rows are not encoded at every start for an explicit width."""
+    from locojax.envs.registry import TaskConfig, build
+
+    task = build(TaskConfig(name="arith", level=1, train_size=50), 0)
+    _, explicit = data_lengths.fit(task, TOK, 16)
+    assert explicit.longest_id == ""
+    _, auto = data_lengths.fit(task, TOK, "auto")
+    assert auto.longest > 0 and auto.max_prompt_tokens == data_lengths.bucket(auto.longest)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.exists(MATH500), reason="MATH-500 is not in shared/data")
+def test_math500_evaluates_whole_without_a_width(tmp_path):
+    """`locojax eval` on MATH-500 with --max-prompt-tokens left out: the width comes from the
+    longest of its 500 prompts. The tiny preset's char vocabulary cannot encode 2 of them
+    (a tab, a non-ASCII character): refused by row before any sampling, or skipped and counted
+    with --skip-invalid. (With an HF tokenizer every row encodes: docs/your_task.md.)"""
+    out = tmp_path / "eval.jsonl"
+    cmd = [sys.executable, "-m", "locojax.cli", "eval", "--model", "tiny", "--task", "math",
+           "--data", MATH500, "--limit", "2", "--max-new-tokens", "2", "--batch-size", "2",
+           "--out", str(out)]
+    run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 2 and "test.jsonl:18: the tokenizer cannot encode" in run.stderr
+    assert "(and 1 more rows); --skip-invalid skips" in run.stderr
+    run = subprocess.run([*cmd, "--skip-invalid"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 0, run.stderr
+    longest = max(len(json.loads(line)["problem"]) for line in open(MATH500))
+    assert "prompts: max_prompt_tokens=1792 (auto: longest prompt 1752 tokens " \
+           "(test.jsonl:302), rounded up); skipped 2 rows" in run.stdout, run.stdout
+    assert longest < 1752  # the prompt is the problem within the task's plain template
+    summary = json.load(open(f"{out}.summary.json"))
+    assert summary["rows"] == 2 and summary["skipped"] == 2
