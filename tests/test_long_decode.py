@@ -279,13 +279,13 @@ def test_bf16_cache_logprobs_stay_within_bf16_rounding_of_the_trainers(weights, 
 def test_the_memory_plan_counts_the_cache_in_its_dtype():
     """The plan takes the cache's bytes from the compiled prefill's cache argument, so a bf16
     cache counts half an f32 one; its hints offer bf16 while the cache is f32."""
-    from locojax.train import memory_plan
+    from locojax.train.program_cost import argument_bytes
 
     sampling = SamplingConfig(max_new_tokens=40)
     sizes = {}
     for dtype in ("f32", "bf16"):
         prefill, _ = Engine(MODEL, cache_dtype=dtype).compile(4, 8, sampling, num_samples=2)
-        sizes[dtype] = memory_plan._argument_bytes(prefill, 5)
+        sizes[dtype] = argument_bytes(prefill, 5)
     n, blk = decoder.KVCache.blocks(8 + 40 - 1)
     kv = 2 * MODEL.num_hidden_layers * 8 * MODEL.num_key_value_heads * MODEL.head_dim * n * blk
     assert sizes["f32"] - 4 * kv == sizes["bf16"] - 2 * kv == 8 * n * blk + 4  # valid, index
