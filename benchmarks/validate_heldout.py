@@ -90,12 +90,12 @@ def report(rows: list[tuple], target: dict) -> list[str]:
     lines = harness.table(["point", "model", "mode", "N", "B x G", "P", "N new",
                            "measured s", "predicted s", "error", "within"])
     errors = []
-    for pt, meas, pred in rows:
+    for pt, meas, pred, why in rows:
         if meas is None:
             lines.append(harness.table_row([pt["id"], pt["model"], pt["mode"], pt["n"],
                                             f"{pt['prompts']} x {pt['group']}",
-                                            pt["prompt_tokens"], pt["new_tokens"], pred,
-                                            "", "", "skipped"]))
+                                            pt["prompt_tokens"], pt["new_tokens"], "", pred,
+                                            "", why]))
             continue
         err = pred / meas - 1
         errors.append(err)
@@ -142,12 +142,17 @@ def main() -> int:
         pred = predict(pt, profile, work)
         if pt.get("conditional") and busy:
             print(f"# {pt['id']}: skipped, another process has {REAL} open", flush=True)
-            rows.append((pt, None, f"{pred:.3f}"))
+            rows.append((pt, None, f"{pred:.3f}", "skipped"))
             continue
-        meas = measure(pt, work, args.timeout)
+        try:
+            meas = measure(pt, work, args.timeout)
+        except RuntimeError as e:  # reported as failed, never dropped
+            print(f"# {pt['id']}: FAILED: {e}", flush=True)
+            rows.append((pt, None, f"{pred:.3f}", "failed"))
+            continue
         print(f"# {pt['id']}: measured {meas:.3f} s/step, predicted {pred:.3f} "
               f"({100 * (pred / meas - 1):+.1f}%); load {harness.loads()}", flush=True)
-        rows.append((pt, meas, pred))
+        rows.append((pt, meas, pred, ""))
     print("\n".join(report(rows, spec["target"])))
     print(f"\n# load average at the end {harness.loads()}; the machine is shared: other "
           "processes' load enters every measured point and the calibration alike")
