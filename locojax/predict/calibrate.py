@@ -70,10 +70,10 @@ def matmul_flops(n: int = 1024, reps: int = 5) -> float:
 
 def one_core_flops() -> float:
     """`matmul_flops` in a child pinned to one core, as one of N hosts on N cores runs."""
-    code = "from locojax.predict.calibrate import matmul_flops; print(matmul_flops())"
+    code = ("import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "  # before jax
+            "from locojax.predict.calibrate import matmul_flops; print(matmul_flops())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=600, preexec_fn=lambda: os.sched_setaffinity(0, {0}),
-                         check=True)
+                         timeout=600, check=True)
     return float(out.stdout.strip().splitlines()[-1])
 
 

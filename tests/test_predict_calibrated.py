@@ -1,0 +1,108 @@
+"""`locojax predict calibrate`'s profile and the device model that reads it
+(`locojax/predict/calibrate.py`, `calibrated.py`), from a made-up measurement: nothing is
+timed here, every expected figure is computed by hand from the numbers below."""
+
+import json
+
+import pytest
+
+from locojax.model import config
+from locojax.predict import calibrate, calibrated, devices, hardware, phases
+from locojax.predict.flops import Costs
+from locojax.predict.origin import Ledger
+
+MEASURED = {
+    "cores": 2, "peak_flops": 4e10, "flops_per_core": 3e10, "hbm_bandwidth": 2e10,
+    "program_overhead": {"prefill": {"fixed": 1e-3, "per_layer": 2e-4},
+                         "decode_step": {"fixed": 5e-5, "per_layer": 1e-5},
+                         "train": {"fixed": 2e-3, "per_layer": 5e-4}},
+    "host_rates": {"admission_per_prompt": 1e-6, "reward_per_row.arith": 2e-5,
+                   "batch_per_row": 3e-7, "step_fixed": 1e-4},
+    "collectives": {"dcn_latency": 1e-4, "dcn_bandwidth": 1e9, "samples": {"4096": 2e-4}},
+}
+
+
+@pytest.fixture
+def profile_file(tmp_path):
+    path = tmp_path / "here.json"
+    path.write_text(json.dumps(calibrate.profile(MEASURED, "now", "0.0")))
+    return path
+
+
+def _model(path, cfg=None):
+    hw = hardware.load(str(path))
+    key = devices.shape_key(cfg or config.tiny()) + "/P16-N32"
+    return devices.device_model(hw, "float32", key, Ledger())
+
+
+def test_a_calibrated_profile_loads_and_picks_its_device_model(profile_file):
+    dev = _model(profile_file)
+    assert isinstance(dev, calibrated.Calibrated) and dev.layers == 2
+
+
+def test_program_time_is_overhead_plus_the_roofline(profile_file):
+    """TINY (2 layers): compute-bound, memory-bound, one core, half a core. Exact up to f64
+    rounding of a few operations on numbers near 1e-3 (rel 1e-12 is far above it)."""
+    dev = _model(profile_file)
+    # All cores: F = 4e10. 4e8 FLOPs -> 10 ms; 1e6 bytes -> 50 µs: compute-bound.
+    t = dev.seconds("train", Costs(4e8, 1e6), cores=2)
+    assert t == pytest.approx(2e-3 + 2 * 5e-4 + 4e8 / 4e10, rel=1e-12)
+    # Memory-bound: 2e9 bytes at 2e10 B/s = 0.1 s against 1e6 FLOPs.
+    t = dev.seconds("decode_step", Costs(1e6, 2e9), cores=2)
+    assert t == pytest.approx(5e-5 + 2 * 1e-5 + 2e9 / 2e10, rel=1e-12)
+    # One core: the one-core rate; half a core: time-sliced, twice that.
+    one = dev.seconds("prefill", Costs(3e8, 0.0), cores=1)
+    assert one == pytest.approx(1e-3 + 2 * 2e-4 + 3e8 / 3e10, rel=1e-12)
+    assert dev.seconds("prefill", Costs(3e8, 0.0), cores=0.5) == pytest.approx(2 * one,
+                                                                               rel=1e-12)
+    # A no-grad forward is costed as a prefill.
+    assert dev.seconds("forward", Costs(3e8, 0.0), cores=1) == pytest.approx(one, rel=1e-12)
+
+
+def test_the_measured_host_rates_replace_the_shipped_ones(profile_file):
+    hw = hardware.load(str(profile_file))
+    rates = calibrated.with_host_rates(phases.host_rates(), hw)
+    assert float(rates["admission_per_prompt"]) == 1e-6
+    assert float(rates["reward_per_row"]["arith"]) == 2e-5
+    assert float(rates["step_fixed"]) == 1e-4
+    shipped = phases.host_rates()  # other tasks keep the shipped rates
+    assert float(rates["reward_per_row"]["gsm8k"]) == float(shipped["reward_per_row"]["gsm8k"])
+    # Any other profile: unchanged.
+    assert calibrated.with_host_rates(shipped, hardware.load("v5e")) is shipped
+
+
+def test_here_without_a_calibration_says_how_to_make_one(tmp_path, monkeypatch):
+    monkeypatch.setattr(hardware, "CALIBRATED", tmp_path / "none.json")
+    with pytest.raises(hardware.UnknownHardware, match="run `locojax predict calibrate`"):
+        hardware.parse_cluster("here-2")
+
+
+def test_here_reads_the_calibrated_profile(profile_file, monkeypatch):
+    monkeypatch.setattr(hardware, "CALIBRATED", profile_file)
+    cl = hardware.parse_cluster("here-2")
+    assert cl.hw.kind == "calibrated" and cl.chips == 2 and cl.shared_cores == 2
+
+
+def test_the_example_profile_is_announced_once(monkeypatch, capsys):
+    monkeypatch.setattr(hardware, "_noted", set())
+    hardware.load("cpu-here")
+    hardware.load("cpu-here")
+    err = capsys.readouterr().err
+    assert err.count("cpu-here is an EXAMPLE profile") == 1
+    assert "locojax predict calibrate" in err
+
+
+def test_a_profile_without_a_kinds_overhead_names_it(tmp_path):
+    prof = calibrate.profile(MEASURED, "now", "0.0")
+    del prof["program_overhead"]["train"]
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(prof))
+    with pytest.raises(ValueError, match="no program_overhead.train"):
+        _model(path).seconds("train", Costs(1.0, 1.0))
+
+
+def test_calibrate_refuses_an_unknown_argument(capsys):
+    from locojax.commands import predict_calibrate
+
+    assert predict_calibrate.main(["--bogus"]) == 2
+    assert "unknown argument '--bogus'" in capsys.readouterr().err
