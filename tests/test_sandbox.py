@@ -328,24 +328,24 @@ def test_writing_outside_fails(sb, tmp_path):
 
 
 def test_another_runs_work_dir_is_out_of_reach(any_sb):
-    """Defence: each run sees only its own work dir (namespaces), or, as root in mode none,
-    owns it alone (a uid per run, mode 0700). Run A keeps a secret in its work dir while run B
-    looks for it in every sandbox work dir it can name."""
+    """Defence: each run sees only its own work dir (namespaces: its own root, and a tmpfs
+    copy of the work dir), or, as root in mode none, owns it alone (a uid per run, mode
+    0700). Run A's files hold a secret, on the host while A runs; run B looks for it in every
+    sandbox work dir it can name. A is ended by the test (SIGKILL, found by its argv)."""
     token = secrets.token_hex(8)
     pattern = os.path.join(tempfile.gettempdir(), "locojax-sbx-*", "work", "secret.txt")
-    # Run A holds its secret until the test drops a file in its work dir (from outside).
     holder = threading.Thread(target=any_sb.run, args=(
-        f"import os, time\nopen('secret.txt', 'w').write({token!r})\n"
-        "while not os.path.exists('release'):\n    time.sleep(0.05)",),
-        kwargs={"limits": Limits(wall_seconds=30)})
+        [any_sb.python, "-c", "import time\nwhile True: time.sleep(1)", token],),
+        kwargs={"files": {"secret.txt": token}, "limits": Limits(wall_seconds=30)})
     holder.start()
-    secret = None
+    a_pids: list[int] = []
     try:
         deadline = time.monotonic() + 20
-        while secret is None:
-            assert time.monotonic() < deadline, "run A never wrote its secret"
-            secret = next((p for p in glob.glob(pattern) if Path(p).read_text() == token), None)
+        while not a_pids:
+            assert time.monotonic() < deadline, "run A never started"
+            a_pids = _pids_with_arg(token)
             time.sleep(0.05)
+        secret = next(p for p in glob.glob(pattern) if Path(p).read_text() == token)
         if not ROOT and any_sb.isolation.mode == "none":
             return  # the same uid as run A: mode none promises nothing here (security.md)
         code = (f"import glob\nfor p in glob.glob({pattern!r}):\n    try:\n"
@@ -354,11 +354,26 @@ def test_another_runs_work_dir_is_out_of_reach(any_sb):
         r = any_sb.run(code)
         assert r.returncode == 0, r.stderr
         assert token not in r.stdout, r.stdout
-        assert os.path.exists(secret)  # run A was still holding it while B looked
+        assert os.path.exists(secret) and _pids_with_arg(token)  # A held it while B looked
     finally:
-        if secret is not None:
-            Path(secret).with_name("release").touch()
+        for pid in a_pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
         holder.join()
+
+
+def _pids_with_arg(arg: str) -> list[int]:
+    out = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if arg.encode() in f.read().split(b"\0"):
+                    out.append(int(pid))
+        except OSError:
+            pass
+    return out
 
 
 def test_trainers_environment_is_out_of_reach(any_sb, monkeypatch):

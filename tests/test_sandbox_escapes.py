@@ -101,7 +101,7 @@ def test_shared_memory_outside_rlimit_as_is_refused(sb, none_sb, mode):
         assert got["devshm"] != "made", got
 
 
-@pytest.mark.parametrize("missing", ["process_cap", "memory_cap"])
+@pytest.mark.parametrize("missing", ["process_cap", "memory_cap", "disk"])
 def test_auto_refuses_a_mode_without_caps_unless_asked_by_name(monkeypatch, missing):
     """bubblewrap non-root without a cgroup ran 40 processes under a cap of 8 and used
     /dev/shm as extra memory, logged but accepted by `auto`. A mode lacking the process or
@@ -115,7 +115,42 @@ def test_auto_refuses_a_mode_without_caps_unless_asked_by_name(monkeypatch, miss
         return dataclasses.replace(real(self, mode), **{missing: ""})
 
     monkeypatch.setattr(Sandbox, "_candidate", capless)
-    with pytest.raises(SandboxError, match="namespaces: no .* cap here .* by name"):
+    with pytest.raises(SandboxError, match="namespaces: no .*cap here .* by name"):
         Sandbox(SandboxConfig(mode="auto", bwrap_path="/nonexistent/bwrap"), SMALL)
     by_name = Sandbox(SandboxConfig(mode="namespaces"), SMALL)
-    assert getattr(by_name.isolation, missing) == ""
+    assert not getattr(by_name.isolation, missing)
+
+
+def test_disk_use_is_capped_at_the_quota(sb):
+    """0.6-2 GB went into the host's temp dir every 2 s, uncapped: the work dir is a tmpfs of
+    `disk_bytes`. Files of 1 MiB (the file-size limit) until the first error: ENOSPC (28)
+    once the quota is full, with at most the quota written."""
+    limits = dataclasses.replace(SMALL, disk_bytes=8 << 20)
+    code = ("import errno\nn = 0\ntry:\n    for i in range(64):\n"
+            "        with open(f'f{i}', 'wb') as f:\n            f.write(b'x' * (1 << 20))\n"
+            "        n += 1\nexcept OSError as e:\n    print(n, e.errno)\nelse:\n    print(n, 0)\n")
+    r = sb.run(code, limits=limits)
+    assert r.returncode == 0, r
+    written, err = map(int, r.stdout.split())
+    assert sb.isolation.disk and err == 28 and written <= 8, r.stdout
+
+
+def test_what_the_code_leaves_is_removed(sb, none_sb, monkeypatch):
+    """A `chmod 000` directory (rmtree could not remove it: disk use accumulated) holding a
+    setuid copy of an executable (owned, non-root, by the trainer's uid: another local user
+    could run it as the trainer). Nothing of either run is left in the temp dir."""
+    import tempfile
+
+    tmp = tempfile.mkdtemp(prefix="locojax-test-leftovers-")
+    os.chmod(tmp, 0o711)  # as root, mode none's fresh uid must traverse it (not pytest's)
+    monkeypatch.setattr(tempfile, "tempdir", tmp)
+    code = ("import os, shutil, sys\nos.mkdir('d')\nos.mkdir('d/e')\n"
+            "shutil.copy(sys.executable, 'd/e/sh')\nos.chmod('d/e/sh', 0o4755)\n"
+            "os.chmod('d/e', 0)\nos.chmod('d', 0)\nos.chmod('.', 0o755)\nprint('left')\n")
+    try:
+        for box in (sb, none_sb):
+            r = box.run(code, limits=dataclasses.replace(SMALL, file_size_bytes=64 << 20))
+            assert r.returncode == 0 and r.stdout == "left\n", r
+            assert os.listdir(tmp) == [], (box.isolation.mode, os.listdir(tmp))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -319,7 +319,7 @@ def test_legitimate_code_crosses_the_process_boundary(runner):
 
 def test_hidden_tests_are_not_in_the_work_dir(tmp_path):
     """The placeholders the code can see are empty; the spec is gone before it runs."""
-    files = {"calc.py": "import os\nprint(sorted(os.listdir('.')), os.listdir('.locojax'),"
+    files = {"calc.py": "import os\nprint(sorted(os.listdir('.')), sorted(os.listdir('.locojax')),"
                         " repr(open('test_calc.py').read()))\ndef add(a, b):\n    return a + b\n",
              "test_calc.py": TESTS}
     out = run_tests(default_sandbox(), files, ["test_calc.py"], "minitest")

@@ -202,9 +202,12 @@ def _build_root(libc, spec: dict) -> None:
         os.makedirs(root + "/proc")
         _mount(libc, "proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     os.makedirs(root + work)
-    _mount(libc, work, root + work, None, MS_BIND | MS_REC)
-    _mount(libc, None, root + work, None,
-           MS_BIND | MS_REMOUNT | MS_NOSUID | MS_NODEV | _locked_flags(root + work))
+    if spec["disk_bytes"]:
+        _private_work(libc, spec, root + work)
+    else:
+        _mount(libc, work, root + work, None, MS_BIND | MS_REC)
+        _mount(libc, None, root + work, None,
+               MS_BIND | MS_REMOUNT | MS_NOSUID | MS_NODEV | _locked_flags(root + work))
     _mount(libc, None, root, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
     os.chdir(root)
     nr = _SYS_PIVOT_ROOT.get(os.uname().machine)
@@ -214,6 +217,39 @@ def _build_root(libc, spec: dict) -> None:
     else:  # safe enough: the child is unprivileged and has no CAP_SYS_CHROOT to break out
         os.chroot(".")
     os.chdir("/")
+
+
+def _private_work(libc, spec: dict, dest: str) -> None:
+    """The work dir as a private tmpfs of `disk_bytes` holding a copy of the host's: a disk
+    quota, and nothing the code writes (a `chmod 000` dir, a setuid file, gigabytes) reaches
+    the host's disk; it vanishes with the run's mount namespace."""
+    import shutil
+
+    size, uid = spec["disk_bytes"], spec["uid"]
+    owner = "" if uid is None else f",uid={uid},gid={uid}"
+    _mount(libc, "tmpfs", dest, "tmpfs", MS_NOSUID | MS_NODEV,
+           f"size={size},nr_inodes={max(1024, size // 16384)},mode=0700{owner}")
+    shutil.copytree(spec["work"], dest, symlinks=True, dirs_exist_ok=True)
+    if uid is not None:  # as root: the copies are root's until given to the run's uid
+        for dirpath, dirnames, filenames in os.walk(dest):
+            for name in dirnames + filenames:
+                os.lchown(os.path.join(dirpath, name), uid, uid)
+
+
+def _read_back(spec: dict) -> dict:
+    """The files the parent asked for, read inside the run's root (a symlink the code
+    planted can only lead to what the code itself can read), each cut at its cap."""
+    work, out = spec["work"], {}
+    for rel in spec["read_back"]:
+        p = os.path.join(work, rel)
+        try:
+            if os.path.realpath(p).startswith(work + os.sep) and os.path.isfile(p):
+                fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+                with os.fdopen(fd, "rb") as f:
+                    out[rel] = f.read(spec["read_back_bytes"]).decode("utf-8", "replace")
+        except OSError:
+            pass
+    return out
 
 
 def _exec_target(libc, spec: dict, status_fd: int) -> None:
@@ -313,7 +349,10 @@ def _bootstrap(spec: dict) -> None:
     status = _wait_for(pid)
     msg = ({"signal": os.WTERMSIG(status)} if os.WIFSIGNALED(status)
            else {"exit": os.WEXITSTATUS(status)})
-    os.write(status_fd, (json.dumps(msg) + "\n").encode())
+    if spec["disk_bytes"] and spec["read_back"]:  # the tmpfs is gone once we exit
+        msg["files"] = _read_back(spec)
+    with os.fdopen(status_fd, "wb") as f:  # the parent drains it: never a short write
+        f.write((json.dumps(msg) + "\n").encode())
     os._exit(0)  # as a pid-namespace init, this kills whatever the target left behind
 
 

@@ -29,6 +29,10 @@ class Limits:
     max_processes: int = 32
     """Processes and threads of the code under test together (cgroup pids.max, or
     RLIMIT_NPROC of a uid that only this run uses); the sandbox's own processes do not count."""
+    disk_bytes: int = 256 << 20
+    """The work dir's size (namespaces mode: a tmpfs this large, in memory, so it counts in
+    the run's memory bound too); writes beyond it fail with ENOSPC. Not enforced in the
+    other modes (`Isolation.disk`)."""
     max_open_files: int = 256
     """RLIMIT_NOFILE."""
     max_output_bytes: int = 64 << 10
@@ -93,14 +97,18 @@ class Isolation:
     namespace) or "" (not enforced)."""
     memory_cap: str
     """How the run's memory is bounded as a whole: "cgroup" (a memory cgroup limit of
-    `Limits.memory_bytes`), "rlimit" (RLIMIT_AS per process times the process cap) or ""
-    (per process only: no aggregate bound)."""
+    `Limits.memory_bytes`), "rlimit" (RLIMIT_AS per process times the process cap, plus the
+    tmpfs work dir; memfd and SysV shm are refused and there is no /dev/shm) or "" (per
+    process only: no aggregate bound)."""
+    disk: bool = False
+    """The work dir is a private tmpfs of `Limits.disk_bytes` (a disk quota), which vanishes
+    with the run: nothing the code writes reaches the host's disk."""
 
     def enforced(self) -> list[str]:
         """The guarantees in force, by name."""
         return [n for n in ("filesystem", "network", "pid", "uid") if getattr(self, n)] + (
             ["process_cap"] if self.process_cap else []) + (
-            ["memory_cap"] if self.memory_cap else [])
+            ["memory_cap"] if self.memory_cap else []) + (["disk"] if self.disk else [])
 
     def describe(self, limits: Limits | None = None) -> str:
         """One line saying what is enforced, and what is not, with the numbers of `limits`."""
@@ -123,10 +131,16 @@ class Isolation:
                       + " (cgroup)")
         elif self.memory_cap == "rlimit":
             on.append("aggregate memory bound" + (
-                f" {int(limits.max_processes)} x {mib(limits.memory_bytes)}" if limits else "")
-                + " (RLIMIT_AS x process cap)")
+                f" {int(limits.max_processes)} x {mib(limits.memory_bytes)} + "
+                f"{mib(limits.disk_bytes)}" if limits else "")
+                + " (RLIMIT_AS x process cap + tmpfs work dir; no memfd, SysV shm, /dev/shm)")
         else:
             off.append("aggregate memory cap (RLIMIT_AS per process only)")
+        if self.disk:
+            on.append("disk quota" + (f" {mib(limits.disk_bytes)}" if limits else "")
+                      + " (tmpfs work dir)")
+        else:
+            off.append("disk quota")
         return (f"sandbox mode={self.mode}: enforced: {', '.join(on)}, non-root uid with no "
                 "capabilities, no_new_privs, rlimits cpu/as/fsize/nofile, wall-clock kill"
                 + (f"; NOT enforced: {', '.join(off)}" if off else ""))

@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import os
 import secrets
-import selectors
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -18,7 +15,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePosixPath
 
-from locojax.envs.sandbox import bootstrap
+from locojax.envs.sandbox import child
 from locojax.envs.sandbox.bootstrap import (CLONE_NEWIPC, CLONE_NEWNET, CLONE_NEWNS,
                                             CLONE_NEWPID, CLONE_NEWUSER, CLONE_NEWUTS)
 from locojax.envs.sandbox.cgroup import SANDBOX_PROCESSES, Cgroups
@@ -32,7 +29,6 @@ _SYSTEM_RO = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32",
               "/etc/alternatives", "/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d",
               "/etc/passwd", "/etc/group", "/etc/nsswitch.conf", "/etc/localtime")
 _UID_BASE, _UID_SPAN = 2_000_000_000, 100_000_000  # far above any real account or subuid range
-_CHANNEL_CAP = 4 << 20  # bytes kept of the private channel; beyond it the channel is void
 _logged: set[str] = set()
 _logged_lock = threading.Lock()
 
@@ -58,28 +54,6 @@ def _safe_relpath(path: str) -> str:
     if not path or p.is_absolute() or ".." in p.parts or str(p) in ("", "."):
         raise ValueError(f"sandbox file path must be relative and inside the work dir: {path!r}")
     return str(p)
-
-
-class _Tail:
-    """Keep the first and last `cap // 2` bytes of a stream and count what was dropped."""
-
-    def __init__(self, cap: int):
-        self.half, self.head, self.tail, self.total = cap // 2, bytearray(), bytearray(), 0
-
-    def add(self, data: bytes) -> None:
-        self.total += len(data)
-        room = self.half - len(self.head)
-        if room > 0:
-            self.head += data[:room]
-            data = data[room:]
-        self.tail += data
-        if len(self.tail) > self.half:
-            del self.tail[: len(self.tail) - self.half]
-
-    def text(self) -> str:
-        dropped = self.total - len(self.head) - len(self.tail)
-        mid = f"\n...[{dropped} bytes truncated]...\n".encode() if dropped else b""
-        return bytes(self.head + mid + self.tail).decode("utf-8", errors="replace")
 
 
 class Sandbox:
@@ -118,7 +92,8 @@ class Sandbox:
         memory_cap = "cgroup" if self._cgroups.memory else (
             "rlimit" if process_cap and mode == "namespaces" else "")
         return Isolation(mode=mode, filesystem=ns, network=ns, pid=ns, uid=self._root,
-                         process_cap=process_cap, memory_cap=memory_cap)
+                         process_cap=process_cap, memory_cap=memory_cap,
+                         disk=mode == "namespaces")
 
     def _choose(self) -> Isolation:
         # "auto" never falls back to "none": unisolated runs are asked for by name.
@@ -129,9 +104,11 @@ class Sandbox:
                 errors.append("bwrap: not installed")
                 continue
             self.isolation = self._candidate(mode)
-            if self.config.mode == "auto" and not (self.isolation.process_cap
-                                                   and self.isolation.memory_cap):
-                cap = "aggregate memory" if self.isolation.process_cap else "process"
+            iso = self.isolation
+            if self.config.mode == "auto" and not (iso.process_cap and iso.memory_cap
+                                                   and iso.disk):
+                cap = ("process" if not iso.process_cap else "aggregate memory"
+                       if not iso.memory_cap else "disk")
                 errors.append(f"{mode}: no {cap} cap here (`auto` takes only a mode with both; "
                               f"ask for it by name: --task.sandbox {mode})")
                 continue
@@ -180,7 +157,7 @@ class Sandbox:
         try:
             os.chmod(run_dir, 0o711)  # in mode "none" the child's uid must traverse it
             work = os.path.join(run_dir, "work")
-            self._populate(work, files)
+            self._populate(work, files, limits)
             if isinstance(cmd, str):
                 with open(os.path.join(work, "__sandbox_main__.py"), "w") as f:
                     f.write(cmd)
@@ -198,46 +175,47 @@ class Sandbox:
             except OSError as e:
                 raise SandboxError(f"cannot create the run's cgroups: {e}") from e
             spec = self._spec(run_dir, work, list(cmd), limits, uid, cgroups, env or {})
-            rc, out, err, chan, timed_out, status = self._launch(spec, limits, t0, channel)
-            if status.get("error"):
-                raise SandboxError(status["error"])
-            sig = status.get("signal")
-            if self.isolation.mode == "bwrap" and 128 < status.get("exit", 0) <= 128 + 64:
-                sig = status.pop("exit") - 128  # bwrap, as init, exits 128+N for signal N
-            if sig is None and "exit" not in status and not timed_out:
-                raise SandboxError(f"sandbox bootstrap died without a status (rc={rc}): "
-                                   f"{err[-500:]}")
-            returncode = -sig if sig else status.get("exit", -signal.SIGKILL)
-            reason = None
-            if timed_out:
-                reason = "wall_time"
-            elif sig == signal.SIGKILL and cgroups.oom_killed():
-                reason = "memory"
-            elif sig == signal.SIGXCPU or (sig == signal.SIGKILL
-                                           and time.monotonic() - t0 >= limits.cpu_seconds):
-                reason = "cpu_time"
-            elif sig == signal.SIGXFSZ:
-                reason = "file_size"
-            elif sig:
-                reason = f"signal {signal.Signals(sig).name}"
-            back = {}
-            for rel in read_back:
-                p = os.path.join(work, _safe_relpath(rel))
-                # The child may have planted symlinks (also as parent dirs): read only what
-                # really lies inside the work dir.
-                if os.path.realpath(p).startswith(work + os.sep) and os.path.isfile(p):
-                    with open(p, "rb") as f:
-                        back[rel] = f.read(read_back_bytes).decode("utf-8", "replace")
+            spec["read_back"] = [_safe_relpath(rel) for rel in read_back]
+            spec["read_back_bytes"] = int(read_back_bytes)
+            rc, out, err, chan, timed_out, status = child.launch(
+                spec, t0 + limits.wall_seconds, limits.max_output_bytes, channel, _warn_once)
+            returncode, reason = self._outcome(rc, err, timed_out, status, cgroups, limits, t0)
+            back = (status.get("files", {}) if self.isolation.disk
+                    else _read_back(work, read_back, read_back_bytes))
             return SandboxResult(returncode, out, err, timed_out, reason,
                                  time.monotonic() - t0, back, chan)
         finally:
             if uid is not None and not self.isolation.pid and not self._cgroups.pids:
-                _kill_uid(uid)  # stragglers that left the process group
+                child.kill_uid(uid)  # stragglers that left the process group
             if cgroups is not None:
                 cgroups.remove()
-            shutil.rmtree(run_dir, ignore_errors=True)
+            left = child.remove_tree(run_dir)
+            if left:
+                _warn_once(f"sandbox: could not remove a run's files: {left}")
 
-    def _populate(self, work: str, files) -> None:
+    def _outcome(self, rc, err, timed_out, status, cgroups, limits, t0) -> tuple[int, str | None]:
+        """(returncode, killed_reason) from the bootstrap's status, or SandboxError."""
+        if status.get("error"):
+            raise SandboxError(status["error"])
+        sig = status.get("signal")
+        if self.isolation.mode == "bwrap" and 128 < status.get("exit", 0) <= 128 + 64:
+            sig = status.pop("exit") - 128  # bwrap, as init, exits 128+N for signal N
+        if sig is None and "exit" not in status and not timed_out:
+            raise SandboxError(f"sandbox bootstrap died without a status (rc={rc}): "
+                               f"{err[-500:]}")
+        returncode = -sig if sig else status.get("exit", -signal.SIGKILL)
+        if timed_out:
+            return returncode, "wall_time"
+        if sig == signal.SIGKILL and cgroups.oom_killed():
+            return returncode, "memory"
+        if sig == signal.SIGXCPU or (sig == signal.SIGKILL
+                                     and time.monotonic() - t0 >= limits.cpu_seconds):
+            return returncode, "cpu_time"
+        if sig == signal.SIGXFSZ:
+            return returncode, "file_size"
+        return returncode, (f"signal {signal.Signals(sig).name}" if sig else None)
+
+    def _populate(self, work: str, files, limits: Limits) -> None:
         if files is None:
             os.mkdir(work)
         elif isinstance(files, (str, os.PathLike)):
@@ -253,6 +231,11 @@ class Sandbox:
                 with open(p, "wb") as f:
                     f.write(content.encode() if isinstance(content, str) else content)
         os.chmod(work, 0o700)
+        size = sum(os.lstat(os.path.join(d, n)).st_size for d, _, names in os.walk(work)
+                   for n in names)
+        if self.isolation.disk and size > limits.disk_bytes:
+            raise ValueError(f"sandbox files hold {size} bytes, more than the work dir's "
+                             f"quota Limits.disk_bytes={int(limits.disk_bytes)}")
 
     def _spec(self, run_dir, work, argv, limits, uid, cgroups, extra_env) -> dict:
         cpu = max(1, int(limits.cpu_seconds + 0.999))
@@ -281,7 +264,9 @@ class Sandbox:
             os.mkdir(os.path.join(run_dir, "root"))
         elif mode == "bwrap":
             argv = self._bwrap_argv(work, env) + argv
+        disk = int(limits.disk_bytes) if self.isolation.disk else 0
         return {"flags": flags, "newroot": os.path.join(run_dir, "root"), "work": work,
+                "disk_bytes": disk, "read_back": [], "read_back_bytes": 0,
                 "ro_paths": self._ro_paths, "rlimits": rlimits, "uid": uid, "argv": argv,
                 "env": env, "cgroup_procs": cgroups.procs, "status_fd": -1, "channel_fd": -1}
 
@@ -299,55 +284,17 @@ class Sandbox:
             a += ["--setenv", k, v]
         return a + ["--"]
 
-    def _launch(self, spec, limits, t0, channel: bool):
-        r, w = os.pipe()
-        cr, cw = os.pipe() if channel else (-1, -1)
-        spec["status_fd"], spec["channel_fd"] = w, cw
-        try:
-            proc = subprocess.Popen(
-                [sys.executable, "-I", "-S", "-B", os.path.abspath(bootstrap.__file__),
-                 json.dumps(spec)],
-                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                pass_fds=(w,) + ((cw,) if channel else ()), start_new_session=True, env={},
-                close_fds=True)
-        finally:
-            os.close(w)
-            if channel:
-                os.close(cw)
-        chan = _Head(_CHANNEL_CAP) if channel else None
-        try:
-            out, err, timed_out = _collect(proc, t0 + limits.wall_seconds, limits.max_output_bytes,
-                                           cr, chan)
-            if timed_out:
-                _killpg(proc.pid)
-            try:
-                rc = proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                _killpg(proc.pid)
-                rc = proc.wait()
-            os.set_blocking(r, False)  # every writer is dead by now; never hang on a straggler
-            try:
-                status_lines = os.read(r, 1 << 16).decode(errors="replace").splitlines()
-            except BlockingIOError:
-                status_lines = []
-        finally:
-            os.close(r)
-            if channel:
-                os.close(cr)
-            _killpg(proc.pid)  # anything still in the group (mode "none" leftovers)
-        status: dict = {}
-        for line in status_lines:
-            try:
-                msg = json.loads(line)
-            except ValueError:
-                continue
-            if "warning" in msg:
-                _warn_once(f"sandbox: {msg['warning']}")
-            elif "error" in msg and "error" not in status:
-                status["error"] = msg["error"]
-            else:
-                status.update({k: v for k, v in msg.items() if k != "error"})
-        return rc, out.text(), err.text(), chan and chan.value(), timed_out, status
+
+def _read_back(work: str, read_back: Sequence[str], cap: int) -> dict[str, str]:
+    """Work-dir files on the host (modes without a tmpfs work dir). The child may have
+    planted symlinks (also as parent dirs): read only what really lies inside the work dir."""
+    back = {}
+    for rel in read_back:
+        p = os.path.join(work, _safe_relpath(rel))
+        if os.path.realpath(p).startswith(work + os.sep) and os.path.isfile(p):
+            with open(p, "rb") as f:
+                back[rel] = f.read(cap).decode("utf-8", "replace")
+    return back
 
 
 def _warn_once(msg: str, emit=None) -> None:
@@ -364,73 +311,3 @@ def default_sandbox(mode: str = "auto") -> Sandbox:
     probe runs (and logs) once. Raises `SandboxError`, naming what is missing and how to get
     it, when `mode` cannot work here; "auto" never resolves to "none"."""
     return Sandbox(SandboxConfig(mode=mode))
-
-
-class _Head:
-    """The first `cap` bytes of a stream; past them the stream is void (`value()` is None)."""
-
-    def __init__(self, cap: int):
-        self.cap, self.data, self.over = cap, bytearray(), False
-
-    def add(self, data: bytes) -> None:
-        self.over = self.over or len(self.data) + len(data) > self.cap
-        if not self.over:
-            self.data += data
-
-    def value(self) -> bytes | None:
-        return None if self.over else bytes(self.data)
-
-
-def _collect(proc, deadline: float, cap: int, chan_fd: int = -1, chan: _Head | None = None):
-    """Read stdout/stderr (and the channel) until all close or the deadline passes; True if
-    it passed."""
-    out, err = _Tail(cap), _Tail(cap)
-    sel = selectors.DefaultSelector()
-    sel.register(proc.stdout, selectors.EVENT_READ, out)
-    sel.register(proc.stderr, selectors.EVENT_READ, err)
-    if chan is not None:
-        sel.register(chan_fd, selectors.EVENT_READ, chan)
-    timed_out, exited_at = False, None
-    try:
-        while sel.get_map():
-            now = time.monotonic()
-            if now >= deadline:
-                timed_out = proc.poll() is None or exited_at is None
-                break
-            if exited_at is None and proc.poll() is not None:
-                exited_at = now
-            if exited_at is not None and now - exited_at > 1.0:
-                break  # the pipes are held by a straggler; it is about to be killed
-            for key, _ in sel.select(timeout=min(0.1, deadline - now)):
-                data = os.read(key.fd, 1 << 16)
-                if data:
-                    key.data.add(data)
-                else:
-                    sel.unregister(key.fileobj)
-    finally:
-        sel.close()
-        proc.stdout.close()
-        proc.stderr.close()
-    if chan is not None and not timed_out:  # what is left after an exit; never blocks
-        os.set_blocking(chan_fd, False)
-        try:
-            while data := os.read(chan_fd, 1 << 16):
-                chan.add(data)
-        except BlockingIOError:
-            pass
-    return out, err, timed_out
-
-
-def _killpg(pgid: int) -> None:
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _kill_uid(uid: int) -> None:
-    """SIGKILL every process of `uid`: kill(-1) from a process running as that uid."""
-    subprocess.run([sys.executable, "-I", "-S", "-c",
-                    "import os, signal\ntry: os.kill(-1, signal.SIGKILL)\nexcept OSError: pass"],
-                   user=uid, group=uid, extra_groups=[], env={}, timeout=10, check=False,
-                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
