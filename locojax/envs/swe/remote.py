@@ -123,6 +123,29 @@ _MUTABLE = (list, dict, set, bytearray)
 # -- the server: runs the code under test --------------------------------------------------------
 
 
+def _ops(objects, resolve):
+    """The requests other than `call`, on the server's objects by handle."""
+    return {
+        "import": lambda m: importlib.import_module(m["name"]),
+        "getattr": lambda m: getattr(objects[m["h"]], m["name"]),
+        "setattr": lambda m: setattr(objects[m["h"]], m["name"], _decode(m["v"], resolve)),
+        "delattr": lambda m: delattr(objects[m["h"]], m["name"]),
+        "repr": lambda m: repr(objects[m["h"]]),
+        "str": lambda m: str(objects[m["h"]]),
+        "bool": lambda m: bool(objects[m["h"]]),
+        "len": lambda m: len(objects[m["h"]]),
+        "list": lambda m: list(objects[m["h"]]),
+        "dir": lambda m: sorted(dir(objects[m["h"]])),
+        "int": lambda m: int(objects[m["h"]]),
+        "float": lambda m: float(objects[m["h"]]),
+        "index": lambda m: objects[m["h"]].__index__(),
+        "getitem": lambda m: objects[m["h"]][_decode(m["k"], resolve)],
+        "setitem": lambda m: objects[m["h"]].__setitem__(_decode(m["k"], resolve),
+                                                         _decode(m["v"], resolve)),
+        "delitem": lambda m: objects[m["h"]].__delitem__(_decode(m["k"], resolve)),
+    }
+
+
 def serve(rfd, wfd, paths, site):
     """Answer the tester's requests until it closes the pipe."""
     sys.path[:0] = paths  # the repository first, as when its tests run alone
@@ -161,25 +184,7 @@ def serve(rfd, wfd, paths, site):
             v = v.item()  # numpy scalars cross as Python scalars
         return _encode(v, handle)
 
-    ops = {
-        "import": lambda m: importlib.import_module(m["name"]),
-        "getattr": lambda m: getattr(objects[m["h"]], m["name"]),
-        "setattr": lambda m: setattr(objects[m["h"]], m["name"], _decode(m["v"], resolve)),
-        "delattr": lambda m: delattr(objects[m["h"]], m["name"]),
-        "repr": lambda m: repr(objects[m["h"]]),
-        "str": lambda m: str(objects[m["h"]]),
-        "bool": lambda m: bool(objects[m["h"]]),
-        "len": lambda m: len(objects[m["h"]]),
-        "list": lambda m: list(objects[m["h"]]),
-        "dir": lambda m: sorted(dir(objects[m["h"]])),
-        "int": lambda m: int(objects[m["h"]]),
-        "float": lambda m: float(objects[m["h"]]),
-        "index": lambda m: objects[m["h"]].__index__(),
-        "getitem": lambda m: objects[m["h"]][_decode(m["k"], resolve)],
-        "setitem": lambda m: objects[m["h"]].__setitem__(_decode(m["k"], resolve),
-                                                         _decode(m["v"], resolve)),
-        "delitem": lambda m: objects[m["h"]].__delitem__(_decode(m["k"], resolve)),
-    }
+    ops = _ops(objects, resolve)
     while True:
         try:
             msg = _recv(rfd)
