@@ -30,6 +30,7 @@ import math
 from pathlib import Path
 
 from locojax.model.config import ModelConfig
+from locojax.predict import calibrated
 from locojax.predict import collectives as coll
 from locojax.predict import shared_machine
 from locojax.predict.devices import device_model, shape_key
@@ -81,6 +82,8 @@ class Ctx:
         self.mc = ModelCosts(self.cfg, self.dtype, self.cache_dtype)
         key = f"{shape_key(self.cfg)}/P{self.wl.prompt_columns}-N{self.wl.max_new}"
         self.dev = device_model(self.cluster.hw, self.dtype, key, self.ledger)
+        # A calibrated profile measured this machine's host work: it replaces the shipped.
+        self.rates = calibrated.with_host_rates(self.rates, self.cluster.hw)
 
     # --- constants ----------------------------------------------------------------------
 
