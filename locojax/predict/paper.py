@@ -25,10 +25,12 @@ model's train state does not fit: FSDP over the fewest chips that hold it).
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 from locojax.predict import hardware, memory, modes, placement, presets, spec
 from locojax.predict.origin import Const
 from locojax.predict.phases import Ctx
+from locojax.predict.uncertainty import Scaled
 
 SIZES = ("qwen3-0.6b", "qwen3-1.7b", "qwen3-4b", "qwen3-8b", "qwen3-14b", "qwen3-32b",
          "llama-3.1-405b")
@@ -43,13 +45,21 @@ HOST_SHARE_TARGET = 0.36  # the one figure fitted to
 
 
 def ctx_for(model: str, workload: str, chips: int, dispatch: float | None = None,
-            profile: str = "tpu-v7x") -> Ctx:
+            profile: str = "tpu-v7x", scale: dict | None = None) -> Ctx:
+    """The context of one of the studies' points; `scale`: constants moved by these
+    factors (the sensitivity table), or a `uncertainty.Scaled` ledger to share."""
     cfg, _ = spec.load(model)
     wl, env_workers = presets.load(workload)
     cl = hardware.parse_cluster(f"{profile}-{chips}")
-    ctx = Ctx(cfg, model, wl, cl, dtype="bfloat16", kv_read="actual", env_workers=env_workers)
-    plan = memory.fit(ctx)
-    ctx.fsdp_chips, ctx.remat = plan.settings["fsdp"], plan.settings["remat"]
+    ctx = Ctx(cfg, model, wl, cl, dtype="bfloat16", kv_read="actual", env_workers=env_workers,
+              ledger=scale if isinstance(scale, Scaled) else Scaled(scale or {}))
+    ctx.fsdp_chips, ctx.remat, _ = _plan(model, workload, chips, profile)
+    return with_dispatch(ctx, dispatch)
+
+
+def with_dispatch(ctx: Ctx, dispatch: float | None) -> Ctx:
+    """ctx with the controller's dispatch cost fitted to the paper (None: the one measured
+    here, host_rates.json)."""
     if dispatch is not None:
         ctx.rates = dict(ctx.rates, controller_dispatch_s=Const(
             dispatch, "s per host per controller round trip", "fitted",
@@ -59,25 +69,41 @@ def ctx_for(model: str, workload: str, chips: int, dispatch: float | None = None
     return ctx
 
 
+@functools.lru_cache(maxsize=None)
+def _plan(model: str, workload: str, chips: int, profile: str) -> tuple[int, bool, bool]:
+    """(FSDP chips, remat, fits) of the memory plan: it reads no time constant, so one plan
+    serves every dispatch and every move of the sensitivity table."""
+    cfg, _ = spec.load(model)
+    wl, _ = presets.load(workload)
+    ctx = Ctx(cfg, model, wl, hardware.parse_cluster(f"{profile}-{chips}"), dtype="bfloat16",
+              kv_read="actual")
+    plan = memory.fit(ctx)
+    return plan.settings["fsdp"], plan.settings["remat"], plan.fits
+
+
 def sweep_chips(model: str) -> int:
     """SWEEP_CHIPS, doubled until the model's train state and rollout weights fit."""
     chips = SWEEP_CHIPS
-    while not memory.fit(ctx_for(model, SWEEP_WORKLOAD, chips)).fits and chips < 9216:
+    while not _plan(model, SWEEP_WORKLOAD, chips, "tpu-v7x")[2] and chips < 9216:
         chips *= 2
     return chips
 
 
-def controller_host_share(dispatch: float, model: str = SIZES[0]) -> float:
-    ctx = ctx_for(model, SWEEP_WORKLOAD, sweep_chips(model), dispatch)
-    return modes.controller(ctx, DECODE_CHUNK).shares["host"]
+def controller_host_share(dispatch: float, model: str = SIZES[0],
+                          scale: dict | None = None, base: Ctx | None = None) -> float:
+    """The controller's host share at `dispatch` (`base`: the context to reuse)."""
+    ctx = base or ctx_for(model, SWEEP_WORKLOAD, sweep_chips(model), scale=scale)
+    return modes.controller(with_dispatch(ctx, dispatch), DECODE_CHUNK).shares["host"]
 
 
-def fit_dispatch(target: float = HOST_SHARE_TARGET) -> float:
-    """Bisection (in log space) on the dispatch cost for the 0.6B host share."""
-    lo, hi = 1e-7, 1.0
-    for _ in range(60):
+def fit_dispatch(target: float = HOST_SHARE_TARGET, scale: dict | None = None) -> float:
+    """Bisection (in log space) on the dispatch cost for the 0.6B host share, between 1 us
+    and 10 ms (30 halvings of that factor of 10^4 leave it within a part in 10^8)."""
+    lo, hi = 1e-6, 1e-2
+    base = ctx_for(SIZES[0], SWEEP_WORKLOAD, sweep_chips(SIZES[0]), scale=scale)
+    for _ in range(30):
         mid = (lo * hi) ** 0.5
-        if controller_host_share(mid) < target:
+        if controller_host_share(mid, base=base) < target:
             lo = mid
         else:
             hi = mid
@@ -90,7 +116,7 @@ class Row:
     values: dict
 
 
-def size_sweep(dispatch: float) -> list[Row]:
+def size_sweep(dispatch: float | None) -> list[Row]:
     rows = []
     for model in SIZES:
         chips = sweep_chips(model)
@@ -101,20 +127,21 @@ def size_sweep(dispatch: float) -> list[Row]:
     return rows
 
 
-def co_vs_controller(dispatch: float) -> list[Row]:
+def co_vs_controller(dispatch: float | None, scale: dict | None = None,
+                     points=None) -> list[Row]:
     rows = []
-    for wl in CO_WORKLOADS:
-        for chips in CO_CHIPS:
-            ctx = ctx_for(SIZES[0], wl, chips, dispatch)
-            rows.append(Row(f"{wl} @ {chips}", {
-                "workload": wl, "chips": chips, "colocated": modes.colocated(ctx),
-                "controller": modes.controller(ctx, DECODE_CHUNK)}))
+    for wl, chips in points or [(w, n) for w in CO_WORKLOADS for n in CO_CHIPS]:
+        ctx = ctx_for(SIZES[0], wl, chips, dispatch, scale=scale)
+        rows.append(Row(f"{wl} @ {chips}", {
+            "workload": wl, "chips": chips, "colocated": modes.colocated(ctx),
+            "controller": modes.controller(ctx, DECODE_CHUNK)}))
     return rows
 
 
-def da_study(dispatch: float) -> tuple[modes.Prediction, list[Row]]:
-    ctx = ctx_for(SIZES[0], SWEEP_WORKLOAD, DA_CHIPS, dispatch)
+def da_study(dispatch: float | None, scale: dict | None = None,
+             fractions=DA_FRACTIONS) -> tuple[modes.Prediction, list[Row]]:
+    ctx = ctx_for(SIZES[0], SWEEP_WORKLOAD, DA_CHIPS, dispatch, scale=scale)
     co = modes.colocated(ctx)
     rows = [Row(f"f={f:g}", {"fraction": f, "da": placement.disaggregated(ctx, f)})
-            for f in DA_FRACTIONS]
+            for f in fractions]
     return co, rows

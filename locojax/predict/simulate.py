@@ -75,10 +75,19 @@ class Result:
 
 
 class _Running:
-    __slots__ = ("task", "left", "done")
+    __slots__ = ("task", "left", "done", "_cores", "_rate")
 
     def __init__(self, task: Task, done):
         self.task, self.left, self.done = task, 1.0, done
+        self._cores, self._rate = None, 0.0
+
+    def rate(self, cores: float) -> float:
+        """Share of the task done per second at `cores` per process; a task's time depends
+        on its cores only, so it is recomputed only when they change (never, where hosts
+        do not share a machine: thousands of events for tens of tasks)."""
+        if cores != self._cores:
+            self._cores, self._rate = cores, 1.0 / max(self.task.seconds(cores), 1e-12)
+        return self._rate
 
 
 def run(spec: Spec) -> Result:
@@ -142,7 +151,7 @@ def run(spec: Spec) -> Result:
             break
         procs = sum(r.task.procs for r in running)
         cores = spec.shared_cores / procs if spec.shared_cores else 0.0
-        rates = [1.0 / max(r.task.seconds(cores), 1e-12) for r in running]
+        rates = [r.rate(cores) for r in running]
         dt = min(r.left / rate for r, rate in zip(running, rates))
         now += dt
         finished = []

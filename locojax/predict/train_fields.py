@@ -127,6 +127,7 @@ IRRELEVANT = {
     "checkpoint.export_dtype": "the export after the last step",
     "profile_dir": "a trace of steps 2-4 only",
     "tensorboard": "a few scalars per step",
+    "report_to": "a few scalars per step, to a tracker",
     "progress": "a progress bar",
     "probe_allreduce": "timed apart from the step",
     "profile_split": "timing instrumentation: the step is costed fused (the validation reads "
