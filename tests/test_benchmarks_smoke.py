@@ -109,7 +109,7 @@ def test_predict_probes_and_calibrate_start():
     probe = json.loads(bench("predict_probes", "stream", as_file=True).splitlines()[-1])
     assert probe["copy_bytes_per_s"] > 0 and probe["mb"] == 256
     out = bench("calibrate_predict", "--help", as_file=True)
-    assert "--refit" in out and "--points" in out
+    assert "locojax predict calibrate" in out  # a short caller of the command
 
 
 @pytest.fixture(scope="module")

@@ -90,8 +90,8 @@ class CpuFit:
                     if fits.get(k) and kind in fits[k]), None)
         by_model = fits.get(key) if key else None
         if not by_model or kind not in by_model:
-            raise ValueError(f"{self.hw.path}: no fit for {kind!r} (run "
-                             "benchmarks/calibrate_predict.py)")
+            raise ValueError(f"{self.hw.path}: no fit for {kind!r} (an example profile's "
+                             "fits; `locojax predict calibrate` measures this machine)")
         e = by_model[kind]
         from locojax.predict.origin import from_json
 

@@ -4,9 +4,11 @@ with its origin, and the cluster a prediction runs on.
 A profile gives the chip (peak FLOP/s per precision, HBM size and bandwidth), the host
 (chips and CPU cores per host), the fast interconnect inside an ICI/NVLink domain and the
 data-centre network (DCN/InfiniBand) between hosts, each with bandwidth and latency, and
-the efficiency factors that turn peaks into times. `cpu-here` is this machine, written by
-`benchmarks/calibrate_predict.py` from measurements (its hosts are local processes that
-share the machine's cores: `shared_cores`).
+the efficiency factors that turn peaks into times. `cpu-here` is an example: one 2-core
+machine, fitted to its runs by a script since replaced (its sources name it), announced as
+an example when used. `here` is this machine as `locojax predict calibrate` measured it
+(`CALIBRATED`; kind `calibrated`, locojax/predict/calibrated.py). On both, hosts are local
+processes that share the machine's cores (`shared_cores`).
 
 `Cluster` is a profile plus a chip count: `--cluster v5e-64` is 64 TPU v5e chips.
 """
