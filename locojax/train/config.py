@@ -184,6 +184,10 @@ class RunConfig:
     """Write a jax.profiler trace of steps 2-4 here (empty: no trace)."""
     tensorboard: bool = True
     """Also write TensorBoard scalars to run_dir/tb."""
+    report_to: Literal["none", "tensorboard", "wandb"] = "none"
+    """An experiment tracker for the metrics, besides metrics.jsonl, with the same names
+    (locojax/trackers.py): wandb (offline under run_dir/wandb unless WANDB_MODE says
+    otherwise; the wandb extra), tensorboard (run_dir/tb, as --tensorboard), or none."""
     progress: bool = True
     """Show a live progress bar (process 0 only)."""
     probe_allreduce: bool = False
