@@ -1,10 +1,11 @@
-"""Run logs: reproducible metrics and wall-clock timings, as jsonl and TensorBoard.
+"""Run logs: reproducible metrics and wall-clock timings, as jsonl (and to a tracker).
 
 Two files per run directory, because exact resume must reproduce the metrics log bitwise
 while wall-clock timings can never be reproduced:
 - `metrics.jsonl`: everything computed from data and params (rewards, losses, accuracy);
 - `perf.jsonl`: every `perf/*` timing.
-Both also go to TensorBoard (`tb/`). Only process 0 writes.
+Both also go to the run's trackers (`trackers.py`: TensorBoard in `tb/`, W&B), with the same
+names. Only process 0 writes.
 
 On resume, `truncate_after(step)` repairs the log to the checkpoint's step: it drops lines a
 killed run wrote after its last checkpoint, so the resumed log continues exactly where the
@@ -22,6 +23,9 @@ import json
 import logging
 import math
 import os
+from typing import Any
+
+from locojax import trackers
 
 log = logging.getLogger(__name__)
 
@@ -39,17 +43,17 @@ def _clean(value):
 
 
 class MetricsLogger:
-    def __init__(self, run_dir: str, enabled: bool = True, tensorboard: bool = True):
+    def __init__(self, run_dir: str, enabled: bool = True, tensorboard: bool = True,
+                 report_to: str = "none", config: dict[str, Any] | None = None):
+        """`report_to`: a tracker (`trackers.REPORT_TO`); `config`: what the tracker records
+        as the run's config (W&B)."""
         self.run_dir = run_dir
         self.enabled = enabled
-        self._tb = None
+        self._trackers: list[trackers.Tracker] = []
         if not enabled:
             return
         os.makedirs(run_dir, exist_ok=True)
-        if tensorboard:
-            from tensorboardX import SummaryWriter
-
-            self._tb = SummaryWriter(os.path.join(run_dir, "tb"))
+        self._trackers = trackers.make(report_to, run_dir, tensorboard, config)
 
     def truncate_after(self, step: int) -> None:
         """Drop every logged line with a step greater than `step` (resume from `step`), and
@@ -82,15 +86,14 @@ class MetricsLogger:
             if values:
                 with open(os.path.join(self.run_dir, name), "a") as f:
                     f.write(json.dumps({"step": step, **values}) + "\n")
-        if self._tb is not None:
-            for k, v in metrics.items():
-                if not isinstance(v, str):  # labels are not scalars
-                    self._tb.add_scalar(k, float(v), step)
-            self._tb.flush()
+        scalars = {k: float(v) for k, v in metrics.items() if not isinstance(v, str)}
+        for tracker in self._trackers:  # labels (strings) are not scalars
+            tracker.log(step, scalars)
 
     def close(self) -> None:
-        if self._tb is not None:
-            self._tb.close()
+        for tracker in self._trackers:
+            tracker.close()
+        self._trackers = []
 
 
 def _warn_missing(path: str, logged: set[int], step: int) -> None:

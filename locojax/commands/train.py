@@ -18,12 +18,18 @@ import sys
 
 import tyro
 
+from locojax import trackers
 from locojax.fleet.placement import RAY_MODES
 from locojax.train.config import PRESETS
 
 def main(argv: list[str]) -> int:
     cfg = tyro.extras.overridable_config_cli(PRESETS, args=argv, prog="locojax train")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:  # a tracker this install lacks stops the run now, not after compiling
+        trackers.check(cfg.report_to)
+    except ValueError as e:
+        print(f"locojax train: {e}", file=sys.stderr)
+        return 2
     if cfg.mode in RAY_MODES:
         return _run_ray(cfg)
     from locojax.train import wiring

@@ -145,7 +145,8 @@ class Trainer:
         self.ref_params = jax.tree.map(jnp.copy, params) if cfg.algo.beta > 0 else None
         self.state = train_state.init(params, parts.learner.optim, parts.model_cfg)
         self.runner = RewardRunner(cfg.reward)
-        self.logger = MetricsLogger(cfg.run_dir, enabled=self.is_main, tensorboard=cfg.tensorboard)
+        self.logger = MetricsLogger(cfg.run_dir, enabled=self.is_main, tensorboard=cfg.tensorboard,
+                                    report_to=cfg.report_to, config=resume.as_json(cfg))
         self.ckpt = Checkpointer(os.path.join(os.path.abspath(cfg.run_dir), "checkpoints"),
                                  keep=cfg.checkpoint.keep)
         dump_dir = os.path.join(cfg.run_dir, "rollouts") if cfg.dump_rollouts else None
