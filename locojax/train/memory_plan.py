@@ -246,7 +246,7 @@ class MemoryPlan:
             f"more than the {g(self.device_memory)} available ({self.device_source}); nothing "
             f"was run. Biggest buffers: {biggest}. Settings that shrink them:\n  {hints}"
             f"{tried}\n"
-            "(`--plan` prints the whole plan; `--device-memory-gb` overrides the detected size.)")
+            "(`--plan-only` prints the whole plan; `--device-memory-gb` overrides the detected size.)")
 
 
 @dataclasses.dataclass(frozen=True)
