@@ -52,7 +52,6 @@ from locojax.train.train_memory import expected_train_temporaries, layer_residua
 
 __all__ = ["GB", "EngineShape", "MemoryPlan", "MemoryPlanError", "Program", "device_bytes",
            "expected_train_temporaries", "layer_residual_bytes", "plan", "size"]
-_argument_bytes = argument_bytes  # tests/test_long_decode.py reads the old name
 
 GB = 1e9
 
