@@ -351,6 +351,10 @@ class Task:
     """Fresh environment per episode, or None for single-turn tasks."""
     max_turns: int = 1
     """Most model turns per episode (1 for single-turn)."""
+    env_step_s: float = 0.0
+    """The longest one env step may take by the task's own limits (the `swe` task: a test
+    run's sandbox wall clock plus its setup). The env pool's deadline is kept above it
+    (`pool.env_deadline_s`), so a slow but legal step is never an env timeout."""
     demo: Callable[[Example], Demo] | None = None
     """The ideal completion of an example, for SFT; None if the task has no gold completion."""
     format_check: Callable[[str, Example], bool] | None = None

@@ -52,6 +52,14 @@ class _Job:
     abandoned: bool = False
 
 
+def env_deadline_s(timeout_s: float, task) -> float:
+    """The env pool's deadline for `task`: `timeout_s` (`multi_turn.env_timeout_s`), raised
+    above the task's own bound on a step (`Task.env_step_s`). Equal to the SWE sandbox's
+    wall clock, it counted slow test runs as env timeouts, and the abandoned step's sandbox
+    went on beside the next one's."""
+    return max(timeout_s, getattr(task, "env_step_s", 0.0))
+
+
 class EnvPool:
     """`run(fn, args_list)` calls fn(*args) for each args on `workers` threads."""
 

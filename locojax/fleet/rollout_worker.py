@@ -70,7 +70,7 @@ class RolloutWorker:
         mesh, rules = meshes.rollout_mesh(cfg.rollout.tp, jax.local_devices())
         self.engine = parts.engine(mesh, rules)
         dump_dir = os.path.join(cfg.run_dir, "rollouts") if cfg.dump_rollouts else None
-        pool = VerifierPool(verifiers, verifier_timeout_s, attempts)
+        pool = VerifierPool(verifiers, verifier_timeout_s, attempts, cfg.reward)
         self.producer = parts.producer(self.engine, pool, dump_dir)
         # The starting weights, on this host's devices: only to compile before any lease.
         self._warm_weights = parts.weights(mesh, rules)

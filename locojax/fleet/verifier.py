@@ -19,11 +19,13 @@ retries are the pool's, and bounded.
 from __future__ import annotations
 
 import logging
+import math
 import time
 
 import numpy as np
 import ray
 
+from locojax.envs.base import CombinedReward
 from locojax.envs.rewards import RewardConfig, RewardRunner, Scores
 from locojax.fleet.actors import setup_logging
 from locojax.fleet.faults import Faults, hang_holding_the_gil
@@ -56,13 +58,32 @@ class Verifier:
         return scores, self.runner.metrics()
 
 
-class VerifierPool:
-    """The `RewardRunner` interface the producer uses, served by `Verifier` actors."""
+def scoring_bound_s(rows: int, parts: int, reward: RewardConfig) -> float:
+    """The longest one `RewardRunner` may take to score `rows` rows with `parts` reward
+    functions when every call runs to its deadline: `reward.workers` rows at a time, each
+    part in turn, `reward.timeout_s` each. Slow but legal: such rows score 0 (timeouts)."""
+    return math.ceil(rows / max(1, reward.workers)) * parts * reward.timeout_s
 
-    def __init__(self, verifiers: list, timeout_s: float = 150.0, attempts: int = 3):
+
+class VerifierPool:
+    """The `RewardRunner` interface the producer uses, served by `Verifier` actors.
+
+    A call's deadline is `timeout_s` (`--verifier-timeout-s`: the verifier's own overhead,
+    and how long a stuck one goes unnoticed) plus `scoring_bound_s` of its rows: a fixed
+    deadline per call stopped a run on a unit of slow-but-legal rewards, which single mode
+    scores 0 (issue 38)."""
+
+    def __init__(self, verifiers: list, timeout_s: float = 150.0, attempts: int = 3,
+                 reward: RewardConfig = RewardConfig()):
         self.verifiers, self.timeout_s, self.attempts = verifiers, timeout_s, attempts
+        self.reward = reward
         self._counts: dict[str, float] = {}
         self.restarts = 0  # verifiers this pool killed for missing a deadline
+
+    def deadline_s(self, fn, rows: int) -> float:
+        """The deadline of one call scoring `rows` rows with `fn`."""
+        parts = len(fn.parts) if isinstance(fn, CombinedReward) else 1
+        return self.timeout_s + scoring_bound_s(rows, parts, self.reward)
 
     def score_batch(self, fn, completions, examples) -> Scores:
         n = len(completions)
@@ -88,7 +109,7 @@ class VerifierPool:
         def submit(i: int) -> None:
             tries[i] += 1
             ref = self.verifiers[where[i]].score.remote(fn, *chunks[i])
-            calls[ref] = (i, time.monotonic() + self.timeout_s)
+            calls[ref] = (i, time.monotonic() + self.deadline_s(fn, len(chunks[i][0])))
 
         def again(i: int, why: str) -> None:
             if tries[i] >= self.attempts:
@@ -116,15 +137,17 @@ class VerifierPool:
                 if deadline <= now:
                     del calls[ref]
                     self._kill(where[i])
-                    again(i, f"no answer within --verifier-timeout-s {self.timeout_s:g}")
+                    again(i, f"no answer within {self.deadline_s(fn, len(chunks[i][0])):g} s "
+                             f"(--verifier-timeout-s {self.timeout_s:g} + its rows' reward "
+                             "deadlines)")
         return results
 
     def _kill(self, index: int) -> None:
         """A verifier that missed its deadline is stuck (it may hold the GIL, so nothing
         inside it can be asked to stop): kill its process; Ray starts a new one."""
         self.restarts += 1
-        log.warning("verifier %d missed its %.0f s deadline: killed, Ray restarts it; the call "
-                    "goes to verifier %d", index, self.timeout_s,
+        log.warning("verifier %d missed its deadline: killed, Ray restarts it; the call "
+                    "goes to verifier %d", index,
                     (index + 1) % len(self.verifiers))
         ray.kill(self.verifiers[index], no_restart=False)
 

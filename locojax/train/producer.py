@@ -29,7 +29,7 @@ import numpy as np
 from locojax.engine.engine import Engine
 from locojax.engine.sampling import SamplingConfig
 from locojax.envs.base import Task
-from locojax.envs.pool import EnvPool
+from locojax.envs.pool import EnvPool, env_deadline_s
 from locojax.envs.rewards import RewardRunner
 from locojax.profiler import StepTimer
 from locojax.rl import algorithms
@@ -78,7 +78,7 @@ class Producer:
                 # response, cut at a stop token); trajectories carry env masks and counters.
                 raise ValueError(f"task {task.name!r} is multi-turn: dynamic sampling and "
                                  "overlong shaping (--dynamic.*) are single-turn only so far")
-            self.envs = EnvPool(multi.env_workers, multi.env_timeout_s)
+            self.envs = EnvPool(multi.env_workers, env_deadline_s(multi.env_timeout_s, task))
 
     def produce(self, step: int, weights, start: int, stop: int, timer: StepTimer,
                 version: int | None = None, dump: bool = True) -> tuple[RolloutRecord, Feedback]:

@@ -33,6 +33,12 @@ from locojax.envs.swe.tasks import TaskError, load_tasks, oracle_actions, to_exa
 from locojax.envs.tasks.procedural import ProceduralSplit
 
 
+SANDBOX_SETUP_S = 15.0
+"""Room for a test run's sandbox setup and teardown (a cgroup, the work dir's copy, the
+interpreter's start, the wall-clock kill's grace) above its wall clock: a step that runs
+tests lasts at most `limits.wall_seconds` plus this (`Task.env_step_s`)."""
+
+
 def tool_calls(text: str) -> list[tuple[str, str]]:
     """Every `<tool>name args</tool>` in `text`, in order, as (name, args)."""
     out, pos = [], 0
@@ -123,7 +129,8 @@ def task(level: int = 1, seed: int = 0, train_size: int = 10_000, test_size: int
         test = ProceduralSplit(draw, "test", seed, test_size)
     config = SWEConfig(max_turns=max_turns, autosubmit=autosubmit, sandbox=sandbox)
     return Task(name="swe", train=train, test=test, reward=TranscriptReward(sandbox),
-                make_env=functools.partial(SWEEnv, config), max_turns=max_turns, demo=demo)
+                make_env=functools.partial(SWEEnv, config), max_turns=max_turns, demo=demo,
+                env_step_s=config.limits.wall_seconds + SANDBOX_SETUP_S)
 
 
 def _key(example: Example) -> str:
