@@ -5,6 +5,8 @@ controller's dispatch measured here is not used for a pod without saying so."""
 
 import dataclasses
 
+import pytest
+
 from locojax.commands import predict
 from locojax.predict import hardware, layout, modes, presets, spec, sweep
 from locojax.predict.phases import Ctx
@@ -84,3 +86,30 @@ def test_waves_where_only_the_cache_does_not_fit():
     c = layout.choose(ctx)
     assert c.fits and c.plan.settings["waves"] > 1 and c.ctx.waves == c.plan.settings["waves"]
     assert "waves" in c.describe() and "fewer" in c.wave_note()
+
+
+def test_matmul_efficiency_falls_below_a_tile_of_rows():
+    from locojax.predict.devices import Roofline, mxu_rows
+    from locojax.predict.flops import Costs
+    from locojax.predict.origin import Ledger
+
+    hw = hardware.load("v7x")
+    roof, tile = Roofline(hw, "bfloat16", Ledger()), float(mxu_rows(hw))
+    compute_bound = Costs(flops=1e15, bytes=1.0)
+    t_iter = float(hw.loop_iteration_s)
+    full = roof.seconds("train", compute_bound, rows=tile) - t_iter
+    half = roof.seconds("train", compute_bound, rows=tile / 2) - t_iter
+    # Exact up to float rounding of one division (rel 1e-12 is a thousand ulps).
+    assert half == pytest.approx(2 * full, rel=1e-12)
+    # Above a tile the full η: the same float operations but one, within approx's 1e-6.
+    assert roof.seconds("train", compute_bound, rows=4 * tile) == pytest.approx(full + t_iter)
+
+
+def test_collectives_hide_under_the_train_compute_on_accelerators_only():
+    pod, here = _ctx("qwen3-0.6b", "v5e-16"), _ctx("qwen3-0.6b", "cpu-here-2")
+    layers = pod.cfg.num_hidden_layers
+    # approx's default 1e-6: a few float operations on numbers of order 1.
+    assert pod.exposed_collectives(1.0, 100.0) == pytest.approx(1.0 / layers)  # one layer's
+    hidden = 0.8 * 1.0 * (layers - 1) / layers  # η_ovl 0.8 of the other layers' compute
+    assert pod.exposed_collectives(10.0, 1.0) == pytest.approx(10.0 - hidden)
+    assert here.exposed_collectives(1.0, 100.0) == 1.0  # gloo between processes: none

@@ -72,7 +72,9 @@ def test_honoured_fields_change_the_step():
     assert ctx("--rollout.cache-dtype", "bf16").mc.kv_bytes_per_token() == \
         base.mc.kv_bytes_per_token() / 2
     one, four = modes.colocated(base), modes.colocated(ctx("--algo.num-minibatches", "4"))
-    assert four.phases["allreduce"] == 4 * one.phases["allreduce"]
+    # Both exposed parts are one layer's share of the collectives (v5e hides the rest under
+    # the backward), so 4 x within a few ulps of the one division that differs.
+    assert four.phases["allreduce"] == pytest.approx(4 * one.phases["allreduce"], rel=1e-12)
     assert four.phases["train"] == one.phases["train"]
     two = modes.colocated(ctx("--algo.ppo-epochs", "2"))
     assert two.phases["train"] == 2 * one.phases["train"]

@@ -151,7 +151,7 @@ def _predict(ctx, source: str, own: dict, only: str | None = None, placement=Non
     choice = layout.choose(ctx, given)
     print(choice.plan.format())
     if ctx.cluster.hw.kind == "cpu":
-        print("  (on this machine `locojax train ... --plan` gives XLA's exact plan)")
+        print("  (on this machine `locojax train ... --plan-only` gives XLA's exact plan)")
     elif not choice.fits:
         print(f"locojax predict: {layout.refusal(choice, ctx, given)}", file=sys.stderr)
         return DOES_NOT_FIT

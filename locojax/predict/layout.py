@@ -10,7 +10,7 @@ fewest waves whose cache fits (each wave a decode loop over its share of the row
 fastest wins: choosing the first that fits would, e.g., shard a 1.7B model over more chips
 than a 4B one and make the larger faster. A run that fits in no layout is refused with the
 smallest chip count (doubling) that does fit, and its layout. On this machine (cpu-here)
-the layout is the command's; `locojax train --plan` gives XLA's exact plan.
+the layout is the command's; `locojax train --plan-only` gives XLA's exact plan.
 """
 
 from __future__ import annotations

@@ -91,11 +91,13 @@ def rollout_phases(ctx: Ctx, prompts: float, rows: float, chips: float, steps: f
 def train_phases(ctx: Ctx, rows_per_host: float, chips_per_host: float, chips: int,
                  hosts: int, cores: float) -> dict[str, float]:
     """A learner host's train phases: its rows' update on its chips (`cores` per process),
-    and the gradient all-reduce over all `chips` of `hosts` hosts (ICI, then DCN); each
-    epoch trains every row once, and every mini-batch ends in an all-reduce."""
+    and the gradient all-reduce over all `chips` of `hosts` hosts (ICI, then DCN): the part
+    the compute does not hide (`Ctx.exposed_collectives`); each epoch trains every row once,
+    and every mini-batch ends in an all-reduce."""
     ici, dcn = ctx.train_network(chips, hosts)
-    return {"train": ctx.epochs * ctx.train_compute(rows_per_host, chips_per_host, cores),
-            "allreduce": ctx.epochs * ctx.minibatches * (ici + dcn)}
+    train = ctx.epochs * ctx.train_compute(rows_per_host, chips_per_host, cores)
+    comm = ctx.epochs * ctx.minibatches * (ici + dcn)
+    return {"train": train, "allreduce": ctx.exposed_collectives(comm, train)}
 
 
 def colocated(ctx: Ctx) -> Prediction:

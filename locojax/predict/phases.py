@@ -40,6 +40,11 @@ from locojax.predict.origin import Const, Ledger, from_json
 from locojax.predict.workload import Workload
 
 HOST_RATES = Path(__file__).parent / "host_rates.json"
+OVERLAP = Const(0.8, "fraction of the other layers' compute", "assumed",
+                "async collectives overlap compute but share HBM bandwidth and DMA engines "
+                "with it, so not all of the compute hides them (the JAX scaling book, "
+                "'How to Scale Your Model', ch. Training: FSDP's gathers and reductions "
+                "overlap the layers' matmuls when compute-bound)")
 
 
 def host_rates(path: Path = HOST_RATES) -> dict:
@@ -145,12 +150,13 @@ class Ctx:
 
     # --- device work --------------------------------------------------------------------
 
-    def device(self, kind: str, per: Costs, chips: float, cores: float) -> float:
+    def device(self, kind: str, per: Costs, chips: float, cores: float,
+               rows: float = 0.0) -> float:
         """One program's time; where the hosts share one machine and several busy processes
         share its cores (each gets `cores`, so shared / cores of them), times the measured
         penalty ρ(shared / cores). Devices of one process (`one_process`) are threads, not
         processes: no penalty."""
-        t = self.dev.seconds(kind, per, chips=chips, cores=cores)
+        t = self.dev.seconds(kind, per, chips=chips, cores=cores, rows=rows)
         shared = self.cluster.shared_cores
         if shared and 0 < cores < shared and not self.one_process:
             t *= shared_machine.oversubscription(self.cluster.hw, self.ledger, shared / cores)
@@ -172,7 +178,8 @@ class Ctx:
         mp, w = self.model_parallel(), self.waves
         groups = max(1.0, chips / mp)
         per = self.mc.prefill(max(prompts / groups / w, 1e-9), self.wl.prompt_columns)
-        t = self.device("prefill", per, mp, cores)
+        tokens = prompts / groups / w * self.wl.prompt_columns  # rows of the matmuls
+        t = self.device("prefill", per, mp, cores, tokens)
         return w * (t + self.tp_comm(prompts / groups / w * self.wl.prompt_columns, mp))
 
     def decode_keys(self, steps: float) -> float:
@@ -193,7 +200,7 @@ class Ctx:
         mp, w = self.model_parallel(), self.waves
         groups = max(1.0, chips / mp)
         per = self.mc.decode_step(max(rows / groups / w, 1e-9), self.decode_keys(steps))
-        one = self.device("decode_step", per, mp, cores)
+        one = self.device("decode_step", per, mp, cores, rows / groups / w)
         one += shared_machine.loop_iteration_extra(self.cluster.hw, self.ledger, devices)
         return w * self.wl.turns * steps * (one + self.tp_comm(rows / groups / w, mp))
 
@@ -204,7 +211,8 @@ class Ctx:
             return 0.0
         groups = max(1.0, chips / self.model_parallel())
         per = self.mc.prefill(max(rows / groups, 1e-9), self.wl.obs_tokens)
-        return turns * self.device("prefill", per, self.model_parallel(), cores)
+        return turns * self.device("prefill", per, self.model_parallel(), cores,
+                                   rows / groups * self.wl.obs_tokens)
 
     def tp_comm(self, tokens: float, mp: int) -> float:
         """Two activation all-reduces per layer for `tokens` tokens over mp chips (ICI)."""
@@ -219,7 +227,8 @@ class Ctx:
         wl = self.wl
         per = self.mc.train_step(rows / chips, wl.group, wl.prompt_columns, wl.response_columns,
                                  reference=wl.beta > 0, remat=self.remat)
-        return self.device("train", per, 1, cores)
+        return self.device("train", per, 1, cores,
+                           rows / chips * (wl.prompt_columns + wl.response_columns))
 
     def logprob_check(self, rows: float, chips: float, cores: float = 0.0) -> float:
         """A rollout worker's trainer forward over its lease's rows (`rollout_worker.py`:
@@ -230,7 +239,22 @@ class Ctx:
         flops = self.mc.train_forward(rows / chips, 1, wl.prompt_columns,
                                        wl.response_columns)
         kind = "train" if self.cluster.hw.kind == "cpu" else "forward"
-        return self.device(kind, Costs(flops, self.mc.weight_bytes()), 1, cores)
+        return self.device(kind, Costs(flops, self.mc.weight_bytes()), 1, cores,
+                           rows / chips * (wl.prompt_columns + wl.response_columns))
+
+    def exposed_collectives(self, comm: float, compute: float) -> float:
+        """The part of a train step's collectives (gradient reduction, FSDP gathers) that
+        its compute does not hide. On accelerators XLA runs them asynchronously, each
+        layer's while the other layers compute (its latency-hiding scheduler): up to η_ovl
+        of the other L - 1 layers' compute hides them, and at least one layer's share is
+        exposed. On cpu-here (gloo between processes, measured) nothing is hidden."""
+        h = self.cluster.hw
+        if h.kind == "cpu" or comm <= 0:
+            return comm
+        layers = self.cfg.num_hidden_layers
+        eta = self.c(f"{h.name}.overlap_efficiency", h.extra.get("overlap_efficiency",
+                                                                  OVERLAP))
+        return max(comm / layers, comm - eta * compute * (layers - 1) / layers)
 
     def fsdp(self, chips: float) -> int:
         """Chips the train state is sharded over: the fewest (power of two) whose share of

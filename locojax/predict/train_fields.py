@@ -134,7 +134,7 @@ IRRELEVANT = {
                      "its phases from the split step, benchmarks/validate_predict.py)",
     "dump_rollouts": "written after the step's phases",
     "logprob_chunk": "memory: the analytic plan sizes the logits with its own chunk",
-    "plan_only": "`locojax train --plan` prints XLA's plan; predict prints its own",
+    "plan_only": "`locojax train --plan-only` prints XLA's plan; predict prints its own",
     "time_limit_s": "when the run stops (steps bounds the hours)",
     "placement.versions_kept": "parameter-server memory on the host",
     "placement.lease_timeout_s": "failure handling",

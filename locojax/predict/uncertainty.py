@@ -22,7 +22,7 @@ from locojax.predict.phases import Ctx
 
 LOW, HIGH = 2 / 3, 3 / 2
 UNCERTAIN = ("assumed", "fitted")
-EFFICIENCY = ("matmul_efficiency", "hbm_efficiency")
+EFFICIENCY = "efficiency"  # a constant named so is a fraction: at most 1
 
 
 class Scaled(Ledger):
