@@ -248,10 +248,9 @@ def test_bad_config_fails_before_any_work(args, message, tmp_path):
     assert not (tmp_path / "r" / "metrics.jsonl").exists()
 
 
-def test_plan_only_under_its_old_name_prints_the_plan_and_runs_nothing(tmp_path):
-    """`--plan` is the old spelling of `--plan-only`, still accepted."""
+def test_plan_only_prints_the_plan_and_runs_nothing(tmp_path):
     out = locojax("train", "demo", "--model", "tiny", "--mode", "single", "--run-dir",
-                  str(tmp_path / "r"), *COMMON, "--plan", timeout=300)
+                  str(tmp_path / "r"), *COMMON, "--plan-only", timeout=300)
     assert "memory plan per device" in out.stdout and "train_step" in out.stdout
     assert not (tmp_path / "r").exists()
 

@@ -210,7 +210,7 @@ class RunConfig:
     logprob_chunk: int = -1
     """Positions per chunk of the learner's logits (each rematerialised). -1: automatic,
     whenever a micro-batch's [rows, T, V] f32 logits would exceed 256 MiB; 0: never."""
-    plan_only: Annotated[bool, tyro.conf.arg(aliases=("--plan",))] = False
+    plan_only: bool = False
     """Print the memory plan (per device, from XLA's analysis of this run's programs compiled
     at its exact shapes) and exit without loading weights or running a step."""
     device_memory_gb: float = 0.0
