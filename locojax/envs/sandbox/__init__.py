@@ -11,7 +11,8 @@ line say which are in force; `docs/security.md` lists each threat, its defence a
   a new pid namespace (killing its init kills everything, including processes that `setsid`);
   new IPC and UTS namespaces. As non-root a user namespace is added to make this possible, in
   which the trainer's uid is a non-zero inner uid (so exec leaves the code no capability) and
-  no further user namespace may be made.
+  no further user namespace may be made. The work dir inside is a private tmpfs of
+  `Limits.disk_bytes` holding a copy of the host's (a disk quota; nothing reaches the host).
 - bubblewrap (`bwrap`), when installed and the direct namespaces are refused.
 - no privilege, in every mode: as root the child drops to a uid unique to the run; every
   capability set (bounding and ambient included) is emptied and securebits are locked before
@@ -20,11 +21,13 @@ line say which are in force; `docs/security.md` lists each threat, its defence a
   memory cap) and pids (its process cap). Otherwise RLIMIT_NPROC of a uid that only the run
   uses caps processes, and RLIMIT_AS times that cap bounds memory.
 - always: rlimits on CPU time, address space, file size and open files, no core dumps;
-  `PR_SET_NO_NEW_PRIVS`; a wall-clock deadline after which the whole process group is
-  SIGKILLed; stdout/stderr kept to a head and a tail of bounded size.
+  `PR_SET_NO_NEW_PRIVS`; a seccomp filter refusing memory outside RLIMIT_AS (memfd, SysV
+  shm); the bootstrap ignoring the signals the code can send it; a wall-clock deadline after
+  which the whole process group is SIGKILLed; stdout/stderr kept to a head and a tail of
+  bounded size; the run's files removed whatever their modes.
 
-Modes: "auto" is namespaces, else bwrap, else an error naming what is missing and how to get
-it; never "none". "none" (no filesystem, network or pid isolation) runs only when asked for by
+Modes: "auto" is namespaces, else bwrap, each only with a process cap, an aggregate memory
+cap and a disk quota, else an error naming what is missing and how to get it; never "none". "none" (no filesystem, network or pid isolation) runs only when asked for by
 name, and says so in one warning line.
 
 Mechanics: the parent (`runner.py`) starts `bootstrap.py` as a script (`python -I -S
@@ -41,7 +44,8 @@ human-eval `reliability_guard` and the SWE-bench harness, but here they are kern
 instead of monkey-patched.
 
 Layout: `config.py` holds limits, configuration and results; `runner.py` the parent side
-(`Sandbox`); `cgroup.py` the per-run cgroups; `bootstrap.py` the child side, run as a
+(`Sandbox`); `child.py` one child's streams, status, kill and cleanup; `cgroup.py` the
+per-run cgroups; `bootstrap.py` the child side, run as a
 stdlib-only script.
 """
 
