@@ -13,7 +13,10 @@ Three ways in, from least code to most (docs/your_task.md walks through each):
 A reference is `module:function` (imported from the current directory first, as `python
 train.py` would find it) or `path/to/file.py:function` (its directory goes on `sys.path`
 and its stem is imported). Workers that score rewards in their own process re-import it by
-the same reference: `TRLReward` pickles as its reference, never as code.
+the same reference: `TRLReward` pickles as its reference, never as code. The Ray modes ship
+the modules the references name to every actor (`shipped_modules`, Ray's runtime_env
+`py_modules`), so a cluster whose nodes lack the user's files imports them all the same; a
+`file.py` reference whose path does not exist there imports the shipped module by its stem.
 
 TRL's reward contract (`trl.GRPOTrainer`, `reward_funcs`), and where locojax departs:
 
@@ -39,6 +42,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
+import importlib.util
 import inspect
 import math
 import os
@@ -67,10 +71,11 @@ def load_ref(ref: str) -> Any:
                          "path/to/file.py:function")
     if where.endswith(".py") or os.sep in where:
         path = Path(where).resolve()
-        if not path.is_file():
-            raise ValueError(f"{ref!r}: no such file {path}")
         module_name = path.stem
-        _on_path(str(path.parent))
+        if path.is_file():
+            _on_path(str(path.parent))
+        elif not _shipped(module_name, path.name):
+            raise ValueError(f"{ref!r}: no such file {path}")
     else:
         module_name = where
         _on_path(os.getcwd())  # as `python train.py` run here would find it
@@ -84,6 +89,46 @@ def load_ref(ref: str) -> Any:
     except AttributeError:
         raise ValueError(f"{ref!r}: module {module_name!r} ({getattr(module, '__file__', '?')}) "
                          f"has no {attr!r}") from None
+
+
+def _shipped(module_name: str, file_name: str) -> bool:
+    """Whether `module_name` is importable from a file called `file_name`: a module Ray
+    shipped to this node (`shipped_modules`) for a path that exists only on the driver's."""
+    try:
+        spec = importlib.util.find_spec(module_name)
+    except (ImportError, ValueError):
+        return False
+    return spec is not None and Path(spec.origin or "").name == file_name
+
+
+def shipped_modules(refs: Sequence[str]) -> list[str]:
+    """The files or package directories of the user modules `refs` name (Ray's runtime_env
+    `py_modules`): what a Ray cluster's actors need to import them. Installed packages (in
+    site-packages) are left out: a cluster has its own environment."""
+    out: list[str] = []
+    for ref in refs:
+        load_ref(ref)  # on sys.path as the actors will look for it, and it imports
+        where = ref.rpartition(":")[0]
+        name = Path(where).stem if where.endswith(".py") or os.sep in where else where
+        spec = importlib.util.find_spec(name.partition(".")[0])
+        if spec is None or spec.origin is None or spec.name == "locojax":
+            continue  # (locojax is on every node that runs it)
+        origin = Path(spec.origin).resolve()
+        if any(origin.is_relative_to(d) for d in _installed_dirs()):
+            continue  # the standard library or an installed package
+        path = str(origin.parent if spec.submodule_search_locations else origin)
+        if path not in out:
+            out.append(path)
+    return out
+
+
+def _installed_dirs() -> list[Path]:
+    """Where this interpreter's standard library and installed packages live."""
+    import sysconfig
+
+    return [Path(sysconfig.get_paths(vars=v)[k]).resolve()
+            for v in ({}, {"base": sys.base_prefix, "platbase": sys.base_prefix})
+            for k in ("stdlib", "platstdlib", "purelib", "platlib")]
 
 
 def _on_path(directory: str) -> None:

@@ -95,7 +95,7 @@ def run(cfg: RunConfig, faults: Faults = Faults()) -> dict[str, float]:
 def connect(cfg: RunConfig) -> bool:
     """Join `--ray-address`, or start a local cluster; True if this call started one."""
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")  # workers print alike lines: keep them all
-    runtime_env = {"env_vars": forwarded_env()}
+    runtime_env = {"env_vars": forwarded_env(), **user_modules(cfg)}
     if ray.is_initialized():  # e.g. a test's cluster
         return False
     if cfg.placement.ray_address:
@@ -105,6 +105,17 @@ def connect(cfg: RunConfig) -> bool:
     ray.init(num_cpus=cfg.placement.ray_cpus or os.cpu_count(), include_dashboard=False,
              runtime_env=runtime_env, logging_level=logging.WARNING)
     return True
+
+
+def user_modules(cfg: RunConfig) -> dict:
+    """The runtime_env entry shipping the user's task and reward modules (`--task.name
+    mod:fn`, `--task.reward file.py:fn`) to every actor, on any node (`user.shipped_modules`);
+    empty when the run names none."""
+    from locojax.envs.user import is_ref, shipped_modules
+
+    refs = [*([cfg.task.name] if is_ref(cfg.task.name) else []), *cfg.task.user_rewards]
+    modules = shipped_modules(refs)
+    return {"py_modules": modules} if modules else {}
 
 
 def _check_cluster(plan: PlacementPlan) -> None:
