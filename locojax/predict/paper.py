@@ -123,7 +123,8 @@ def size_sweep(dispatch: float | None) -> list[Row]:
         ctx = ctx_for(model, SWEEP_WORKLOAD, chips, dispatch)
         ctrl, co = modes.controller(ctx, DECODE_CHUNK), modes.colocated(ctx)
         rows.append(Row(model, {"chips": chips, "params_b": ctx.cfg.num_params() / 1e9,
-                                "controller": ctrl, "colocated": co}))
+                                "controller": ctrl, "colocated": co,
+                                "fits": _plan(model, SWEEP_WORKLOAD, chips, "tpu-v7x")[2]}))
     return rows
 
 

@@ -45,7 +45,8 @@ def _sizes(d: float, m: float) -> tuple[list[str], list]:
         paper_fig = ("host 36%, network 2% (host FITTED, network predicted)"
                      if r.label == paper.SIZES[0] else
                      "network dominates non-compute" if r.label == paper.SIZES[-1] else "")
-        out.append(f"| {r.label} | {v['params_b']:.1f}B | {v['chips']} | "
+        chips = f"{v['chips']}" + ("" if v["fits"] else " (does not fit)")
+        out.append(f"| {r.label} | {v['params_b']:.1f}B | {chips} | "
                    f"{v['controller'].step:.2f} | {_split(v['controller'])} | {ct_m.step:.2f} | "
                    f"{_split(ct_m)} | {v['colocated'].step:.2f} | {_split(v['colocated'])} | "
                    f"{paper_fig} |")
@@ -56,7 +57,13 @@ def _sizes(d: float, m: float) -> tuple[list[str], list]:
                                        "env", "other"))
     out += ["", f"{paper.SIZES[-1]} (fitted dispatch): network {net:.2f} s against host "
             f"{host:.2f} s of the controller's non-compute time ({net / (net + host):.0%} "
-            "network).", ""]
+            "network)."]
+    if not fit[-1].values["fits"]:
+        out.append(f"It fits in no memory plan up to {fit[-1].values['chips']} chips (the "
+                   "plan is locojax's train step, whose attention is dense: see memory.py), "
+                   "so its row is of a run that could not start; its host share is that many "
+                   "hosts' dispatch.")
+    out.append("")
     return out, fit
 
 
