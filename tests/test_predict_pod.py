@@ -32,6 +32,8 @@ def test_a_run_that_fits_in_no_layout_says_why(capsys):
     code, _, err = run(capsys, "workload", "gsm8k", "--model", "llama-3.1-405b", "--cluster",
                        "v5e-8")
     assert code == predict.DOES_NOT_FIT and "no layout of up to" in err
+    # Another profile's host holds them: H200's 8 x 141 GB.
+    assert "Smallest that fit on the other shipped profiles: --cluster h200-" in err
 
 
 def _ctx(model: str, cluster: str) -> Ctx:

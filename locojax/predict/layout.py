@@ -196,8 +196,27 @@ def refusal(choice: Choice, ctx: Ctx, given: Given) -> str:
     fit, freed = smallest_fit(ctx, given)
     if fit is None:
         return (f"{head}; no layout of up to {MAX_CHIPS} {ctx.cluster.hw.name} chips fits "
-                f"(rollout stays inside a host of {ctx.cluster.chips_per_host} chips)")
+                f"(rollout stays inside a host of {ctx.cluster.chips_per_host} chips). "
+                + elsewhere(ctx))
     also = f", without the fixed {freed}" if freed else ""
     return (f"{head}. The smallest layout that fits: {fit.describe()}{also} "
             f"(--cluster {ctx.cluster.hw.name}-{fit.ctx.cluster.chips}; peak "
             f"{fit.plan.peak / 1e9:.1f} GB)")
+
+
+def elsewhere(ctx: Ctx) -> str:
+    """The smallest layout that fits on each other shipped accelerator profile."""
+    found = []
+    for name in hardware.known():
+        hw = hardware.load(name)
+        if hw.kind == "cpu" or hw.name == ctx.cluster.hw.name:
+            continue
+        start = hardware.Cluster(hw, int(hw.chips_per_host.value))
+        c = dataclasses.replace(ctx, cluster=start, tp=0, fsdp_chips=0)
+        first = choose(c)
+        fit = first if first.fits else smallest_fit(c)[0]
+        if fit is not None:
+            found.append(f"--cluster {hw.name}-{fit.ctx.cluster.chips} ({fit.describe()})")
+    if not found:
+        return "No shipped profile fits it either."
+    return "Smallest that fit on the other shipped profiles: " + "; ".join(found)
