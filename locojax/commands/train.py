@@ -19,8 +19,9 @@ import sys
 import tyro
 
 from locojax import trackers
-from locojax.fleet.placement import RAY_MODES
 from locojax.train.config import PRESETS
+from locojax.train.placement_config import RAY_MODES
+
 
 def main(argv: list[str]) -> int:
     cfg = tyro.extras.overridable_config_cli(PRESETS, args=argv, prog="locojax train")

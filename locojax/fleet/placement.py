@@ -20,7 +20,6 @@ import dataclasses
 import math
 
 from locojax.train.placement_config import ASYNC_MODES, PlacementConfig
-from locojax.train.placement_config import RAY_MODES as RAY_MODES  # `commands/train.py`
 
 
 @dataclasses.dataclass(frozen=True)
