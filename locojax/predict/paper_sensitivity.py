@@ -9,7 +9,7 @@ but they are inputs, not constants of the ledger; they are not moved here.
 
 from __future__ import annotations
 
-from locojax.predict import paper, placement
+from locojax.predict import modes, paper
 from locojax.predict.uncertainty import HIGH, LOW, Scaled, uncertain
 
 FITTED = "host.controller_dispatch_s"  # refitted under each move, so not moved itself
@@ -22,8 +22,6 @@ def figures(scale) -> dict[str, float]:
     d = paper.fit_dispatch(scale=scale)
     model = paper.SIZES[0]
     ctx = paper.ctx_for(model, paper.SWEEP_WORKLOAD, paper.sweep_chips(model), d, scale=scale)
-    from locojax.predict import modes
-
     net = modes.controller(ctx, paper.DECODE_CHUNK).shares["network"]
     rows = {(r.values["workload"], r.values["chips"]): r.values for r in paper.co_vs_controller(
         d, scale, points=[("gsm8k", 8), ("gsm8k", 64)])}
@@ -40,8 +38,7 @@ def constants() -> list[str]:
     """The assumed (and fitted) constants the comparison reads, the dispatch aside."""
     shared = Scaled({})
     figures(shared)
-    probe = type("Probe", (), {"ledger": shared})
-    return [n for n in uncertain(probe) if n != FITTED]
+    return [n for n in uncertain(shared) if n != FITTED]
 
 
 def _row(name: str, factor: str, f: dict) -> str:

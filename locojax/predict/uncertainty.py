@@ -38,9 +38,9 @@ class Scaled(Ledger):
         return min(v, 1.0) if name.endswith(EFFICIENCY) else v
 
 
-def uncertain(ctx: Ctx) -> list[str]:
-    """The constants a prediction with ctx read that are assumed or fitted."""
-    return [n for n, c in ctx.ledger.used.items() if c.origin in UNCERTAIN]
+def uncertain(ledger: Ledger) -> list[str]:
+    """The constants a prediction read into `ledger` that are assumed or fitted."""
+    return [n for n, c in ledger.used.items() if c.origin in UNCERTAIN]
 
 
 def _steps(ctx: Ctx, predict, scale: dict[str, float]) -> dict[str, float]:
@@ -79,7 +79,7 @@ def step_range(ctx: Ctx, predict) -> Range:
     nominal = _steps(ctx, predict, {})
     probe = dataclasses.replace(ctx, ledger=Ledger())
     predict(probe)
-    names = uncertain(probe)
+    names = uncertain(probe.ledger)
     runs, lo_scale, hi_scale = [], {}, {}
     anchor = min(nominal, key=nominal.get) if nominal else None
     for n in names:
