@@ -364,6 +364,14 @@ def test_another_runs_work_dir_is_out_of_reach(any_sb):
         holder.join()
 
 
+def _args_still_there_after(arg: str, seconds: float = 5.0) -> list[int]:
+    """`_pids_with_arg(arg)` once it is empty, or after `seconds` (as `_still_there_after`)."""
+    deadline = time.monotonic() + seconds
+    while (alive := _pids_with_arg(arg)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return alive
+
+
 def _pids_with_arg(arg: str) -> list[int]:
     out = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
@@ -428,16 +436,21 @@ def test_process_cap_probe(sb):
 
 
 def test_fork_bomb_is_contained(sb):
+    # Each fork leaves the process group (setsid): only the pid namespace (or, as root, the
+    # run's uid) ends them, not the group's kill.
     bomb = ("import os, time\nprint(os.getuid(), flush=True)\nwhile True:\n    try:\n"
-            "        os.fork()\n    except OSError:\n        time.sleep(0.01)\n")
+            "        if os.fork() == 0:\n            os.setsid()\n"
+            "    except OSError:\n        time.sleep(0.01)\n")
     limits = Limits(cpu_seconds=1, wall_seconds=3, max_processes=8)
+    token = secrets.token_hex(8)  # in every fork's argv: found by it as non-root too
     t0 = time.monotonic()
-    r = sb.run(bomb, limits=limits)
+    r = sb.run([sb.python, "-c", bomb, token], limits=limits)
     elapsed = time.monotonic() - t0
     assert 0.9 < elapsed < 10  # ended by a limit (1 s CPU or 3 s wall), not at once
     assert r.killed_reason in ("wall_time", "cpu_time"), r
+    assert _args_still_there_after(token) == []  # every forked process died
     if sb.isolation.uid:
-        assert _still_there_after(int(r.stdout.split()[0])) == []  # every forked process died
+        assert _still_there_after(int(r.stdout.split()[0])) == []
     assert sb.run("print('alive')").stdout == "alive\n"  # and the machine carries on
 
 
@@ -495,14 +508,18 @@ for p in set(kids) - dead:
 
 
 def test_process_that_leaves_the_group_is_killed(sb, tmp_path):
-    """A grandchild that calls setsid (new process group) still dies with the run."""
+    """A grandchild that calls setsid (new process group) still dies with the run. Found by
+    a token in its argv, so the check holds non-root too, where the run has no uid of its
+    own (by uid only, it passed as nobody with the pid namespace removed)."""
     assert sb.isolation.pid
+    token = secrets.token_hex(8)
     code = ("import os, subprocess, sys, time\n"
             "subprocess.Popen([sys.executable, '-c', 'import os, time; os.setsid(); "
-            "time.sleep(60)'])\nprint(os.getuid(), flush=True)\ntime.sleep(0.3)\n")
+            f"time.sleep(60)', {token!r}])\nprint(os.getuid(), flush=True)\ntime.sleep(0.3)\n")
     r = sb.run(code)
     assert r.returncode == 0, r.stderr
-    if sb.isolation.uid:  # it would sleep 60 s if nothing killed it
+    assert _args_still_there_after(token) == []  # it would sleep 60 s if nothing killed it
+    if sb.isolation.uid:
         assert _still_there_after(int(r.stdout.split()[0])) == []
 
 
