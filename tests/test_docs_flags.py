@@ -1,6 +1,6 @@
 """The README and docs/*.md cite only flags that `locojax` accepts.
 
-Every command line in a doc that starts `locojax SUBCOMMAND` (in a code block or inline,
+Every command line in a doc that runs `locojax SUBCOMMAND` (in a code block or inline,
 continued over `\\` line ends, `locojax launch ... -- SUBCOMMAND ...` read as both) has each
 of its `--flags` checked against the flags that subcommand's parser accepts, taken from the
 parser tyro builds from its argument dataclass (so a renamed or removed field fails here).
@@ -21,8 +21,9 @@ import tyro
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FLAG = re.compile(r"(?<![\w-])(--[a-z][\w.-]*[a-z0-9])")
-COMMAND = re.compile(r"\blocojax (\w[\w-]*)((?:[^`#\n|]|#(?=\w))*)")
-"""`locojax SUB args`, up to a comment (`# ...`), the end of a code span or a table cell."""
+COMMAND = re.compile(r"\blocojax(?:\.cli)? (\w[\w-]*)((?:[^`#\n|]|#(?=\w))*)")
+"""`locojax SUB args` (or `python -m locojax.cli SUB args`), up to a comment (`# ...`), the
+end of a code span or a table cell."""
 
 
 def _options(parser: argparse.ArgumentParser) -> set[str]:
@@ -102,6 +103,8 @@ def test_the_reader_catches_a_stale_flag_and_not_prose():
     assert [u.split(": ", 1)[1] for u in unknown(doc, stale)] == [
         "locojax train --multiturn.max-turns", "locojax train --no-remat",
         "locojax eval --kk", "locojax launch --nope", "locojax predict --decode-chunk"]
+    assert [u.split(": ", 1)[1] for u in unknown(doc, "python -m locojax.cli sft --nope 1")
+            ] == ["locojax sft --nope"]
     fine = ("`locojax train demo --rollout.tp 2` | `--no-such` in a table cell\n"
             "ray start --head --num-cpus 8; locojax eval --model DIR --k 8 "
             "--template chat\nlocojax demo --real")
