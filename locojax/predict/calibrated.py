@@ -68,7 +68,10 @@ class Calibrated:
         c = min(max(cores, 1.0), total)
         return one if total <= 1 else one + (every - one) * (c - 1) / (total - 1)
 
-    def seconds(self, kind: str, c: Costs, chips: float = 1.0, cores: float = 0.0) -> float:
+    def seconds(self, kind: str, c: Costs, chips: float = 1.0, cores: float = 0.0,
+                rows: float = 0.0) -> float:
+        """`rows` (the matmuls' rows per chip, the roofline's) is not used: the measured
+        matmul rate and the per-layer overhead already hold a CPU's small-shape costs."""
         cores = cores or float(self.hw.host_cores.value)
         bw = self.ledger.get(f"{self.hw.name}.hbm_bandwidth", self.hw.hbm_bandwidth)
         chips = max(chips, 1.0)
