@@ -71,12 +71,33 @@ def measure(pt: dict, work: Path, timeout: float) -> float:
     return statistics.median(times)
 
 
-def predict(pt: dict, profile: Path, work: Path) -> float:
+def prediction(pt: dict, profile: Path, work: Path):
+    """The `modes.Prediction` of a point's run (phases and step)."""
     from locojax.predict import calibrated, from_train, modes
 
     run = from_train.parse(train_args(pt, work / pt["id"]), str(pt["n"]), str(profile))
     run.ctx.rates = calibrated.with_host_rates(run.ctx.rates, run.ctx.cluster.hw)
-    return getattr(modes, pt["mode"])(run.ctx).step
+    return getattr(modes, pt["mode"])(run.ctx)
+
+
+def predict(pt: dict, profile: Path, work: Path) -> float:
+    return prediction(pt, profile, work).step
+
+
+def largest_gap(pt: dict, profile: Path, work: Path) -> str:
+    """The phase whose predicted time is furthest from the measured (median over the same
+    steps as the step time): where a miss comes from. Read after the runs, never fed back."""
+    steps = harness.read_steps(work / pt["id"] / "perf.jsonl")
+    rows = [steps[s] for s in range(3, pt["steps"] + 1)]
+    measured = {k.removeprefix("perf/phase/"): statistics.median(r.get(k, 0.0) for r in rows)
+                for k in rows[0] if k.startswith("perf/phase/") and k != "perf/phase/checkpoint"}
+    measured["other"] = statistics.median(r.get("perf/other", 0.0) for r in rows)
+    predicted = dict(prediction(pt, profile, work).phases)
+    names = set(measured) | set(predicted)
+    gaps = {n: predicted.get(n, 0.0) - measured.get(n, 0.0) for n in names}
+    worst = sorted(names, key=lambda n: -abs(gaps[n]))[:2]
+    return "; ".join(f"{n} {1e3 * predicted.get(n, 0.0):.1f} ms predicted, "
+                     f"{1e3 * measured.get(n, 0.0):.1f} measured" for n in worst)
 
 
 def real_model_busy() -> bool:
@@ -123,9 +144,17 @@ def main() -> int:
     ap.add_argument("--profile", default="", help="a profile already calibrated (skip it)")
     ap.add_argument("--only", nargs="*", default=[], help="point ids (default: all)")
     ap.add_argument("--timeout", type=float, default=900, help="seconds per run")
+    ap.add_argument("--phases", action="store_true",
+                    help="with --profile: read the runs already in --work-dir and print the "
+                         "two phases furthest from their prediction, per point; run nothing")
     args = ap.parse_args()
     spec = json.loads(POINTS.read_text())
     work = Path(args.work_dir)
+    if args.phases:
+        for pt in spec["points"]:
+            if (work / pt["id"] / "perf.jsonl").exists():
+                print(f"{pt['id']}: {largest_gap(pt, Path(args.profile), work)}")
+        return 0
     work.mkdir(parents=True, exist_ok=True)
     print(harness.header("validate_heldout"), flush=True)
     print(harness.command_line(), flush=True)
