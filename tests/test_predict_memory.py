@@ -109,3 +109,24 @@ def _engine_slots(wl) -> int:
     n, block = KVCache.blocks(slots_needed(wl.prompt_columns, wl.max_new, wl.turns,
                                            1 + wl.obs_tokens))
     return n * block
+
+
+def test_the_swe_workload_is_sized_from_its_trajectory_and_gets_remat():
+    """The issue's figure: swe-agent (8 turns of <= 512 tokens, 512-token observations, P
+    2048) at Qwen3-0.6B on 8 v5e chips holds 35.7 GB of bf16 cache per chip (32 rows x 9,728
+    slots x 114,688 bytes, plus a validity byte a slot), not one turn's 9.4 GB; and on 64 v7x
+    chips the trajectory's activations need remat, which one turn's columns would not."""
+    from locojax.predict import presets
+
+    wl, workers = presets.load("swe-agent")
+    cfg, _ = spec.load("qwen3-0.6b")
+
+    def fitted(workload, cluster):
+        return memory.fit(Ctx(cfg, "qwen3-0.6b", workload, hardware.parse_cluster(cluster),
+                              env_workers=workers))
+
+    cache = fitted(wl, "v5e-8").parts["KV cache"]
+    assert 35.6e9 < cache < 35.8e9, cache
+    one_turn = wl.with_(turns=1, obs_tokens=0, trajectory=0)
+    assert fitted(wl, "v7x-64").settings["remat"]
+    assert not fitted(one_turn, "v7x-64").settings["remat"]
