@@ -50,3 +50,17 @@ def test_the_env_pools_deadline_is_above_the_sandboxs_wall_clock():
     assert task.env_step_s > wall
     assert env_deadline_s(MultiTurnConfig().env_timeout_s, task) > wall
     assert env_deadline_s(1e4, task) == 1e4  # a longer deadline asked for is kept
+
+
+def test_a_lease_outlasts_the_verifier_calls_it_waits_on():
+    """The lease's deadline grows by its largest chunk's scoring bound (the dispatcher adds
+    what each worker's `ready` reports), keeping `--verifier-timeout-s < --lease-timeout-s`
+    true of the scaled deadlines: else the lease expired first and the unit failed anyway."""
+    reward = RewardConfig(timeout_s=5.0, workers=2)
+    pool = VerifierPool([object(), object()], timeout_s=150.0, reward=reward)
+    lease_timeout_s = 300.0
+    for rows in (1, 8, 64, 513):
+        chunk = -(-rows // 2)  # the pool's largest chunk over two verifiers
+        extra = pool.lease_extra_s(_reward, rows)
+        assert extra == scoring_bound_s(chunk, 1, reward)
+        assert pool.deadline_s(_reward, chunk) < lease_timeout_s + extra

@@ -99,6 +99,7 @@ class _Slot:
         self.failures = 0
         self.version: int | None = None  # the version it last generated with
         self.asked = 0.0  # when the `ready` call in flight was made
+        self.scoring_s = 0.0  # its leases' extra time: their rows' reward deadlines (`ready`)
         self.slow_starts = 0  # warm-ups in a row that missed their deadline
 
     def restart(self, delay: float = 0.0) -> None:
@@ -299,8 +300,10 @@ class Dispatcher:
             for slot in self.slots:
                 if not slot.idle:
                     continue
+                # A lease covers its unit's worst-case scoring too (`VerifierPool.lease_extra_s`)
                 lease = self.table.acquire(slot.index, self.newest, now,
-                                           self.plan.lease_timeout_s, self.digests)
+                                           self.plan.lease_timeout_s + slot.scoring_s,
+                                           self.digests)
                 if lease is None:
                     break  # the gate admits nothing more until the next version
                 slot.lease, slot.ref = lease, slot.handle.produce.remote(lease)
@@ -343,6 +346,7 @@ class Dispatcher:
             slot.failures = 0
             if slot.starting:  # a `ready` call: the worker is up
                 slot.starting, slot.slow_starts = False, 0
+                slot.scoring_s = out[1] if isinstance(out, tuple) else 0.0
                 return
             slot.lease, (record, digest) = None, out
             slot.version = record.version

@@ -72,6 +72,7 @@ class RolloutWorker:
         dump_dir = os.path.join(cfg.run_dir, "rollouts") if cfg.dump_rollouts else None
         pool = VerifierPool(verifiers, verifier_timeout_s, attempts, cfg.reward)
         self.producer = parts.producer(self.engine, pool, dump_dir)
+        self.pool = pool
         # The starting weights, on this host's devices: only to compile before any lease.
         self._warm_weights = parts.weights(mesh, rules)
         self.transport = ObjectStoreTransport(server)
@@ -80,9 +81,10 @@ class RolloutWorker:
     def __repr__(self) -> str:
         return f"worker {self.index}"
 
-    def ready(self, prompts_per_lease: int) -> int:
+    def ready(self, prompts_per_lease: int) -> tuple[int, float]:
         """Compile for the lease shape (one throw-away unit, with the starting weights, and its
-        logprob check), so no lease's deadline pays for compiling; returns the pid."""
+        logprob check), so no lease's deadline pays for compiling; returns (the pid, the time
+        a lease needs beyond --lease-timeout-s for its rows' reward deadlines)."""
         if self.faults.hang_warmup:
             hang(f"worker {self.index} warming up")
         if self._warm_weights is not None:
@@ -96,7 +98,8 @@ class RolloutWorker:
             self.weights = self._warm_weights = None
             log.info("ready (engine mesh %s, warm-up %.1fs)", dict(self.engine.layout.mesh.shape),
                      time.perf_counter() - t)
-        return os.getpid()
+        rows = prompts_per_lease * self.cfg.algo.group_size
+        return os.getpid(), self.pool.lease_extra_s(self.producer.task.reward, rows)
 
     def produce(self, lease: Lease):
         """Generate `lease`'s unit with exactly the version it names, bytes and all: (its

@@ -80,6 +80,13 @@ class VerifierPool:
         self._counts: dict[str, float] = {}
         self.restarts = 0  # verifiers this pool killed for missing a deadline
 
+    def lease_extra_s(self, fn, rows: int) -> float:
+        """What a lease of `rows` rows needs beyond `--lease-timeout-s`: its largest chunk's
+        scoring bound (the verifiers score their chunks at once), so the lease outlasts the
+        verifier calls it waits on, as `--verifier-timeout-s < --lease-timeout-s` meant."""
+        chunk = math.ceil(rows / max(1, len(self.verifiers)))
+        return self.deadline_s(fn, chunk) - self.timeout_s
+
     def deadline_s(self, fn, rows: int) -> float:
         """The deadline of one call scoring `rows` rows with `fn`."""
         parts = len(fn.parts) if isinstance(fn, CombinedReward) else 1
