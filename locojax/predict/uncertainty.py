@@ -7,8 +7,8 @@ steps C · 1000 t / 3600.
 
 Range: every constant the prediction read whose origin is `assumed` or `fitted`
 (origin.py) is moved, one at a time, to LOW and to HIGH times its value (an efficiency at
-most 1), and the prediction rerun; then all at once, each to the end that made the step
-shorter (the range's low end) or longer (its high end). A verdict flips when, in any of
+most 1), and the prediction rerun; then, for each mode, all at once, each to the end that
+made that mode's step shorter (the range's low end) or longer (its high end). A verdict flips when, in any of
 those runs, which mode is fastest, or the order of two modes, differs from the nominal
 prediction; each flip names the constant and the end that does it.
 """
@@ -62,34 +62,45 @@ def _order(steps: dict[str, float]) -> list[str]:
 
 
 def _flips(nominal: dict, runs: list[tuple[str, dict]]) -> list[str]:
-    out, first = [], _order(nominal)
+    """Each verdict that some run reverses (the fastest mode; the order of two modes), with
+    the runs that reverse it."""
+    by: dict[str, list[str]] = {}
+    first = _order(nominal)
     for label, steps in runs:
         order = _order(steps)
         if order and first and order[0] != first[0]:
-            out.append(f"fastest mode {order[0]} (not {first[0]}) with {label}")
+            by.setdefault(f"{order[0]} fastest (not {first[0]})", []).append(label)
+            continue
         for i, a in enumerate(first):
             for b in first[i + 1:]:
-                if a in steps and b in steps and steps[a] > steps[b] and order[0] == first[0]:
-                    out.append(f"{b} faster than {a} with {label}")
-    return list(dict.fromkeys(out))
+                if a in steps and b in steps and steps[a] > steps[b]:
+                    by.setdefault(f"{b} faster than {a}", []).append(label)
+    return [f"{verdict} with {'; '.join(dict.fromkeys(labels))}"
+            for verdict, labels in by.items()]
 
 
 def step_range(ctx: Ctx, predict) -> Range:
-    """`predict(ctx) -> [Prediction]`, rerun over the uncertain constants (module docstring)."""
+    """`predict(ctx) -> [Prediction]`, rerun over the uncertain constants (module docstring).
+    Each mode's range is its own: every constant at the end that shortens (lengthens) that
+    mode's step, as the one-at-a-time runs found it."""
     nominal = _steps(ctx, predict, {})
     probe = dataclasses.replace(ctx, ledger=Ledger())
     predict(probe)
     names = uncertain(probe.ledger)
-    runs, lo_scale, hi_scale = [], {}, {}
-    anchor = min(nominal, key=nominal.get) if nominal else None
+    runs, moved = [], {}
     for n in names:
-        lo, hi = _steps(ctx, predict, {n: LOW}), _steps(ctx, predict, {n: HIGH})
-        runs += [(f"{n} x{LOW:.2g}", lo), (f"{n} x{HIGH:.2g}", hi)]
-        shorter = anchor and lo.get(anchor, 0) <= hi.get(anchor, 0)
-        lo_scale[n], hi_scale[n] = (LOW, HIGH) if shorter else (HIGH, LOW)
-    low, high = _steps(ctx, predict, lo_scale), _steps(ctx, predict, hi_scale)
-    runs += [("every uncertain constant at its faster end", low),
-             ("every uncertain constant at its slower end", high)]
+        moved[n] = (_steps(ctx, predict, {n: LOW}), _steps(ctx, predict, {n: HIGH}))
+        runs += [(f"{n} x{LOW:.2g}", moved[n][0]), (f"{n} x{HIGH:.2g}", moved[n][1])]
+    low, high = {}, {}
+    for mode in nominal:
+        faster = {n: LOW if lo.get(mode, 0) <= hi.get(mode, 0) else HIGH
+                  for n, (lo, hi) in moved.items()}
+        slower = {n: LOW * HIGH / f for n, f in faster.items()}  # the other end
+        for label, scale, out in (("faster", faster, low), ("slower", slower, high)):
+            steps = _steps(ctx, predict, scale)
+            out[mode] = steps[mode]
+            runs.append((f"every uncertain constant at the end that makes {mode} {label}",
+                         steps))
     return Range(nominal, low, high, _flips(nominal, runs), names)
 
 
