@@ -154,3 +154,13 @@ def test_what_the_code_leaves_is_removed(sb, none_sb, monkeypatch):
             assert os.listdir(tmp) == [], (box.isolation.mode, os.listdir(tmp))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_the_start_up_line_states_the_quota_and_what_the_bound_counts(sb):
+    """`describe` says what holds: the disk quota with its size, and, where the memory bound
+    is the rlimits' product, that it counts the tmpfs work dir and that no shared memory
+    lies outside it."""
+    line = sb.isolation.describe(SMALL)
+    assert "disk quota 256 MiB (tmpfs work dir)" in line, line
+    if sb.isolation.memory_cap == "rlimit":
+        assert "8 x 512 MiB + 256 MiB" in line and "no memfd, SysV shm, /dev/shm" in line, line
