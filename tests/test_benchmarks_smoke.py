@@ -238,3 +238,13 @@ def test_bench_real_trl_locojax_side(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "TRL's venv is not installed" in proc.stderr
     assert not (tmp_path / "peers").exists()
+
+
+@pytest.mark.slow  # a 6-step `locojax train` run of the smallest pre-registered point
+def test_validate_heldout_one_point_from_the_shipped_profile(tmp_path):
+    profile = ROOT / "locojax" / "predict" / "hardware" / "cpu-here.json"
+    out = bench("validate_heldout", "--profile", str(profile), "--only", "tiny-s1-a",
+                "--work-dir", str(tmp_path))
+    assert "# validate_heldout: " in out and "load average at the end" in out
+    (row,) = table_rows(out, "tiny-s1-a")
+    assert float(row[7]) > 0 and float(row[8]) > 0  # measured and predicted s/step
