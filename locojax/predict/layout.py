@@ -41,7 +41,10 @@ class Given:
         mesh = parse_mesh(cfg.train.mesh)
         remat = {"on": True, "off": False}.get(cfg.remat)
         tp = cfg.rollout.tp if cfg.rollout.tp > 1 else 0
-        if tp and tp > min(cluster.chips, cluster.chips_per_host):
+        # cpu-here's "hosts" are simulated devices of this machine: --mode single drives
+        # them from one process, so its tp may span them.
+        per_host = cluster.chips if cluster.shared_cores else cluster.chips_per_host
+        if tp and tp > min(cluster.chips, per_host):
             raise ValueError(f"--rollout.tp {tp}: rollout stays inside a host, and a host of "
                              f"{cluster.describe()} has {cluster.chips_per_host} chips")
         given = cls(tp, mesh.get("fsdp", 0), mesh.get("data", 0), remat, cfg.grad_accum)
