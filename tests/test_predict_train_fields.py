@@ -91,3 +91,8 @@ def test_a_mesh_that_does_not_cover_the_chips_is_refused(capsys):
 def test_rollout_tp_beyond_a_host_is_refused(capsys):
     code, _, err = run(capsys, *POD, "--rollout.tp", "16")
     assert code == 2 and "rollout stays inside a host" in err
+
+
+def test_rollout_tp_that_does_not_split_the_model_is_refused(capsys):
+    code, _, err = run(capsys, *POD, "--rollout.tp", "3")  # qwen3-0.6b: 16 heads
+    assert code == 2 and "--rollout.tp 3 does not divide the model's num_attention_heads" in err

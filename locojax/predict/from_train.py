@@ -50,6 +50,9 @@ def parse(argv: list[str], cluster: str = "", hardware_file: str = "", lengths_f
         raise FileNotFoundError(f"--task.data {cfg.task.data!r}: no such file or directory")
     wl = presets.from_run(cfg, lengths_from, chars_per_token)
     model_cfg, source = spec.load(str(cfg.model))
+    from locojax.train.meshes import check_tp_model
+
+    check_tp_model(cfg.rollout.tp, model_cfg)
     cl = hardware.parse_cluster(cluster or f"cpu-here-{default_hosts(cfg)}", hardware_file)
     if cfg.device_memory_gb:
         hbm = Const(cfg.device_memory_gb * 1e9, "bytes", "data", "--device-memory-gb")
