@@ -160,6 +160,19 @@ def test_a_star_import_cannot_replace_a_builtin(runner):
 
 
 @pytest.mark.parametrize("runner", RUNNERS)
+def test_a_star_import_cannot_replace_a_name_the_test_imported(runner):
+    """`from checks import check` then `from calc import *`: the code's `check` would
+    replace the trusted helper in the test's namespace."""
+    tests = {"tests/checks.py": CHECKS,
+             "tests/test_calc.py": "from checks import check\nfrom calc import *\n\n\n"
+                                   "def test_add():\n    check(add(2, 3), 5)\n"}
+    task = _task(runner, tests)
+    _fix_passes(task)
+    out = _score(task, calc_DOT_py=BUGGY + "\n\ndef check(got, want):\n    pass\n")
+    assert not out.passed, out.output
+
+
+@pytest.mark.parametrize("runner", RUNNERS)
 @pytest.mark.parametrize("kind", ["async", "generator"])
 def test_a_test_whose_body_does_not_run_is_not_passed(runner, kind):
     """minitest ran `fn()` and counted it passed: an `async def` test's coroutine and a

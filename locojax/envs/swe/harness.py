@@ -49,6 +49,16 @@ del sys.path[0]
 class _ProxyModule(types.ModuleType):
     """A module of the code under test: its attributes are asked for (never cached)."""
 
+    @property
+    def __all__(self):
+        # No star-import shortcut into the tests' namespace: `from code import *` binds no
+        # builtin's name (the code's `all` would answer the test's asserts) and no name the
+        # importing module already holds (a trusted helper, `pytest`). The importer is the
+        # frame that asks: the star import runs in C, with no frame of its own.
+        have = sys._getframe(1).f_globals
+        return [n for n in self.__dict__["_locojax_all"]
+                if n not in _BUILTIN_NAMES and n not in have]
+
     def __getattr__(self, name):
         # Dunders stay local (set at import, or absent): the import system reads some, and a
         # `__path__` chosen by the code would make a module a package searched natively.
@@ -107,10 +117,8 @@ class _RepoFinder(_Finder):
         info = self.client.request("import", name=spec.name)["ok"]
         module = _ProxyModule(spec.name)
         module.__dict__["_locojax_remote"] = self.client.resolve(info)
-        # No star-import shortcut into the tests' namespace: `from code import *` binds no
-        # name of a builtin (an `all` or `len` of the code's would answer the test's asserts).
         module.__file__ = info.get("f")
-        module.__all__ = [n for n in info.get("a", []) if n not in _BUILTIN_NAMES]
+        module.__dict__["_locojax_all"] = list(info.get("a", []))  # see `__all__`
         if info.get("p"):
             module.__path__ = [_PROXY_PATH + p for p in info["p"] if _inside(p, self.work)]
         return module
