@@ -85,7 +85,11 @@ def test_honoured_fields_change_the_step():
 
 def test_a_mesh_that_does_not_cover_the_chips_is_refused(capsys):
     code, _, err = run(capsys, *POD, "--train.mesh", "data=2,fsdp=4")
-    assert code == 2 and "covers 8 chips, but the learner has 16" in err
+    assert code == 2 and "= 8 devices, but the learner has 16" in err
+    code, _, err = run(capsys, *POD, "--train.mesh", "fsdp=4")  # data=1: 4 of 16
+    assert code == 2 and "= 4 devices, but the learner has 16" in err
+    code, out, _ = run(capsys, *POD, "--train.mesh", "data=4,fsdp=4")
+    assert code == 0 and "FSDP 4" in out
 
 
 def test_rollout_tp_beyond_a_host_is_refused(capsys):

@@ -47,18 +47,9 @@ class Given:
         if tp and tp > min(cluster.chips, per_host):
             raise ValueError(f"--rollout.tp {tp}: rollout stays inside a host, and a host of "
                              f"{cluster.describe()} has {cluster.chips_per_host} chips")
-        given = cls(tp, mesh.get("fsdp", 0), mesh.get("data", 0), remat, cfg.grad_accum)
-        given.check(cluster.chips)
-        return given
-
-    def check(self, chips: int) -> None:
-        d, f = self.data or 0, self.fsdp or 0
-        if d and f and d * f != chips:
-            raise ValueError(f"--train.mesh data={d},fsdp={f} covers {d * f} chips, but the "
-                             f"learner has {chips}")
-        if (f or d) and chips % (f or d):
-            raise ValueError(f"--train.mesh: {f or d} does not divide the learner's {chips} "
-                             "chips")
+        if mesh and cfg.mode not in ("disaggregated", "async"):
+            cfg.train.shape(cluster.chips)  # train's own refusal: D x F must be the chips
+        return cls(tp, mesh.get("fsdp", 0), mesh.get("data", 0), remat, cfg.grad_accum)
 
     def describe(self) -> str:
         parts = [f"{k} {v}" for k, v in (("tp", self.tp), ("fsdp", self.fsdp),
@@ -135,6 +126,7 @@ def choose(ctx: Ctx, given: Given = Given()) -> Choice:
     """The fastest layout that fits on ctx's cluster, or, where none fits, the one with the
     smallest peak (its `fits` is False)."""
     if ctx.cluster.hw.kind == "cpu":
+        ctx = dataclasses.replace(ctx, fsdp_chips=given.fsdp or ctx.fsdp_chips)
         plan = memory.plan_for(ctx, given.fsdp or 1, ctx.model_parallel(),
                                max(1, given.grad_accum), bool(given.remat))
         return Choice(ctx, plan, float("nan"), int(plan.fits))
@@ -176,8 +168,7 @@ def smallest_fit(ctx: Ctx, given: Given = Given()) -> tuple[Choice | None, str]:
         chips = ctx.cluster.chips * 2
         while chips <= MAX_CHIPS:
             cl = hardware.Cluster(ctx.cluster.hw, chips)
-            mesh_ok = not (keep.data and keep.fsdp) and (
-                not (keep.fsdp or keep.data) or chips % (keep.fsdp or keep.data) == 0)
+            mesh_ok = not (keep.data or keep.fsdp)  # a mesh covers exactly its chips
             tp_ok = not keep.tp or keep.tp <= cl.chips_per_host
             if mesh_ok and tp_ok:
                 c = choose(dataclasses.replace(ctx, cluster=cl, tp=keep.tp,
