@@ -17,7 +17,7 @@ import textwrap
 import pytest
 
 from locojax.envs.sandbox import default_sandbox
-from locojax.envs.swe import SWETask, score_submission
+from locojax.envs.swe import Edit, SWETask, score_submission
 
 RUNNERS = ["minitest", "pytest"]
 BUGGY = "def add(a, b):\n    return a - b\n"
@@ -46,11 +46,11 @@ def _isolated():
     assert default_sandbox().isolation.filesystem  # auto: never an unisolated run
 
 
-def _task(runner, tests, hidden=None):
+def _task(runner, tests, hidden=None, support=()):
     files = {"calc.py": BUGGY, **tests}
     return SWETask(id="calc", description="add(2, 3) should be 5", files=files,
                    tests=tuple(p for p in tests if p.rsplit("/", 1)[-1].startswith("test_")),
-                   runner=runner, hidden=hidden or {})
+                   runner=runner, hidden=hidden or {}, support=support)
 
 
 def _score(task, **edits):
@@ -72,6 +72,32 @@ def test_editing_a_test_helper_scores_0(runner):
     _fix_passes(task)
     out = _score(task, tests__checks_DOT_py="def check(got, want):\n    pass\n")
     assert not out.passed, out.output
+
+
+@pytest.mark.parametrize("runner", RUNNERS)
+def test_a_helper_named_in_support_is_trusted_outside_a_test_directory(runner, tmp_path):
+    """Tests beside the code (no `tests/` dir): the helper is trusted when task.json names
+    it in `support`, and a fix may not edit a trusted file."""
+    import json
+
+    from locojax.envs.swe import load_tasks
+    from locojax.envs.swe.tasks import TaskError
+
+    d = tmp_path / "calc"
+    (d / "repo").mkdir(parents=True)
+    (d / "repo" / "calc.py").write_text(BUGGY)
+    (d / "repo" / "checks.py").write_text(CHECKS)
+    (d / "repo" / "test_calc.py").write_text(USES_CHECKS)
+    (d / "task.json").write_text(json.dumps({"description": "add", "tests": ["test_calc.py"],
+                                             "runner": runner, "support": ["checks.py"]}))
+    (task,) = load_tasks(tmp_path)
+    assert task.test_tree == ("checks.py", "test_calc.py")
+    _fix_passes(task)
+    out = _score(task, checks_DOT_py="def check(got, want):\n    pass\n")
+    assert not out.passed, out.output
+    with pytest.raises(TaskError, match="edits files the tests trust"):
+        SWETask(id="x", description="d", files=task.files, tests=task.tests,
+                support=("checks.py",), fix=(Edit("checks.py", "assert", "pass; assert"),))
 
 
 @pytest.mark.parametrize("runner", RUNNERS)

@@ -11,11 +11,17 @@ User task directories (one sub-directory per task; the sub-directory name is the
       fix-median/
         task.json      {"description": "median() is wrong for even-length lists ...",
                         "tests": ["tests/test_stats.py"],          # paths inside repo/
-                        "runner": "pytest"}                         # optional: or "minitest"
+                        "runner": "pytest",                         # optional: or "minitest"
+                        "support": ["checks.py"]}                   # optional, see below
         repo/          the repository the model sees and edits (UTF-8 text files only)
         hidden/        optional: files added at the same relative paths when scoring `submit`;
                        the `test*.py` ones among them are run too
         solution/      optional: fixed versions of files in repo/ (oracle + validation)
+
+The verdict trusts the task's test tree (`SWETask.test_tree`): the test files, every hidden
+file, everything under the outermost `test*` directory above a test file, and the files
+`support` names (helpers or data files the tests use outside such a directory). It is
+restored at scoring and only the tests see it: the code under test cannot read or edit it.
 
 References: SWE-bench task instances (problem statement, FAIL_TO_PASS tests, gold patch);
 SWE-Gym / R2E-Gym's executable repositories for RL.
@@ -38,7 +44,7 @@ log = logging.getLogger(__name__)
 
 MAX_REPO_FILES = 200
 MAX_FILE_BYTES = 200_000
-_TASK_KEYS = {"description", "tests", "runner"}
+_TASK_KEYS = {"description", "tests", "runner", "support"}
 
 
 class TaskError(ValueError):
@@ -71,6 +77,9 @@ class SWETask:
     """Extra files added only when scoring `submit`; the `test*.py` ones are run as well."""
     fix: tuple[Edit, ...] = ()
     """A known fix, as edits on `files` (empty when unknown)."""
+    support: tuple[str, ...] = ()
+    """Other files of `files` the tests trust (helpers, data files) outside a test
+    directory: part of `test_tree`, so restored at scoring and never shown to the code."""
     meta: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     """Generator details (kind of bug, level, split) or anything a user adds."""
 
@@ -98,6 +107,12 @@ class SWETask:
         for t in self.tests:
             if t not in self.files:
                 bad(f"test file {t!r} is not in the repository")
+        for p in self.support:
+            if p not in self.files:
+                bad(f"support file {p!r} is not in the repository")
+        edited = sorted({e.path for e in self.fix} & set(self.test_tree))
+        if edited:
+            bad(f"the fix edits files the tests trust (test_tree): {edited}")
         clash = sorted(set(self.hidden) & set(self.files))
         if clash:
             bad(f"hidden files must not replace repository files: {clash}")
@@ -129,7 +144,7 @@ class SWETask:
         (`cases.json`) beside the tests are trusted too. A test file outside any test
         directory brings only itself: its neighbours are the code under test."""
         under = {p for p in (*self.files, *self.hidden) if p.startswith(self.test_dirs)}
-        return tuple(sorted({*self.score_tests, *self.hidden, *under}))
+        return tuple(sorted({*self.score_tests, *self.hidden, *self.support, *under}))
 
     def fixed_files(self) -> dict[str, str]:
         """`files` with `fix` applied; raises TaskError if an edit does not apply exactly once."""
@@ -236,6 +251,9 @@ def load_task(task_dir: str | Path) -> SWETask:
     runner = spec.get("runner", "pytest")
     if runner not in RUNNERS:
         raise TaskError(f"{spec_path}: 'runner' must be one of {RUNNERS}, got {runner!r}")
+    support = spec.get("support", [])
+    if not isinstance(support, list) or not all(isinstance(p, str) for p in support):
+        raise TaskError(f"{spec_path}: 'support' must be a list of paths inside repo/")
     files = _read_tree(d / "repo", str(d))
     if not files:
         raise TaskError(f"{d}: repo/ is empty")
@@ -253,7 +271,8 @@ def load_task(task_dir: str | Path) -> SWETask:
                     if text != files[p] and files[p])
     try:
         return SWETask(id=d.name, description=desc, files=files, tests=tuple(tests),
-                       runner=runner, hidden=hidden, fix=fix, meta={"source": str(d)})
+                       runner=runner, hidden=hidden, fix=fix, support=tuple(support),
+                       meta={"source": str(d)})
     except TaskError as e:
         raise TaskError(f"{d}: {e}") from None
 
