@@ -37,6 +37,7 @@ FLAGS = {"--cluster": "", "--hardware": "", "--lengths-from": "", "--chars-per-t
          "--kv-read": "static", "--sweep": "", "--plot": "", "--plot-dir": ""}
 SWITCHES = ("--constants",)
 DOES_NOT_FIT = 3
+ENDS = ("faster end", "slower end")  # of the range, for colocated
 
 
 def _split(argv: list[str]) -> tuple[dict, list[str]]:
@@ -176,7 +177,7 @@ def _predict(ctx, source: str, own: dict, only: str | None = None, placement=Non
 
 
 def _modes(ctx, only, placement, steps: int) -> None:
-    from locojax.predict import modes, report, uncertainty
+    from locojax.predict import report, uncertainty
     from locojax.predict import placement as place
 
     preds = place.predict_modes(ctx, only, placement)
@@ -193,14 +194,27 @@ def _modes(ctx, only, placement, steps: int) -> None:
     if len(rng.nominal) > 1:
         print("verdicts that flip in that range: " + ("; ".join(rng.flips) or "none"))
     if ctx.cluster.hosts >= 2:
-        adv = place.advise(ctx)
-        co = modes.colocated(ctx).step
-        print("\nbest placement:")
-        if adv.best_da:
-            f, p = adv.best_da
-            print(f"  disaggregated: rollout fraction {f:g} ({p.layout}): {p.step:.3f} s/step, "
-                  f"{co / p.step:.2f}x colocated")
-        if adv.best_async:
-            w, k, p = adv.best_async
-            print(f"  async: {w} workers, k = {k} ({p.layout}): {p.step:.3f} s/step, "
-                  f"{co / p.step:.2f}x colocated; {report.staleness_line(p)}")
+        _advice(ctx, rng)
+
+
+def _advice(ctx, rng) -> None:
+    """The best DA fraction and async workers and k, and what they are at the ends of the
+    range (colocated's: the constants that make colocated faster, then slower)."""
+    from locojax.predict import modes, report, uncertainty
+    from locojax.predict import placement as place
+
+    adv = place.advise(ctx)
+    co = modes.colocated(ctx).step
+    ends = [place.advise(uncertainty.at(ctx, s)) for s in rng.ends.get("colocated", ())]
+    print("\nbest placement (in brackets: the best at the ends of colocated's range):")
+    if adv.best_da:
+        f, p = adv.best_da
+        alt = "; ".join(f"{end}: {e.best_da[0]:g}" for end, e in zip(ENDS, ends) if e.best_da)
+        print(f"  disaggregated: rollout fraction {f:g} ({alt}) ({p.layout}): {p.step:.3f} "
+              f"s/step, {co / p.step:.2f}x colocated")
+    if adv.best_async:
+        w, k, p = adv.best_async
+        alt = "; ".join(f"{end}: {e.best_async[0]} workers, k = {e.best_async[1]}"
+                        for end, e in zip(ENDS, ends) if e.best_async)
+        print(f"  async: {w} workers, k = {k} ({alt}) ({p.layout}): {p.step:.3f} s/step, "
+              f"{co / p.step:.2f}x colocated; {report.staleness_line(p)}")

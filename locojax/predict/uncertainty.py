@@ -44,8 +44,7 @@ def uncertain(ledger: Ledger) -> list[str]:
 
 
 def _steps(ctx: Ctx, predict, scale: dict[str, float]) -> dict[str, float]:
-    c = dataclasses.replace(ctx, ledger=Scaled(scale))
-    return {p.mode: p.step for p in predict(c) if p.phases}
+    return {p.mode: p.step for p in predict(at(ctx, scale)) if p.phases}
 
 
 @dataclasses.dataclass
@@ -55,6 +54,7 @@ class Range:
     high: dict[str, float]
     flips: list[str]
     constants: list[str]
+    ends: dict = dataclasses.field(default_factory=dict)  # mode -> (faster, slower) scales
 
 
 def _order(steps: dict[str, float]) -> list[str]:
@@ -91,17 +91,23 @@ def step_range(ctx: Ctx, predict) -> Range:
     for n in names:
         moved[n] = (_steps(ctx, predict, {n: LOW}), _steps(ctx, predict, {n: HIGH}))
         runs += [(f"{n} x{LOW:.2g}", moved[n][0]), (f"{n} x{HIGH:.2g}", moved[n][1])]
-    low, high = {}, {}
+    low, high, ends = {}, {}, {}
     for mode in nominal:
         faster = {n: LOW if lo.get(mode, 0) <= hi.get(mode, 0) else HIGH
                   for n, (lo, hi) in moved.items()}
         slower = {n: LOW * HIGH / f for n, f in faster.items()}  # the other end
+        ends[mode] = (faster, slower)
         for label, scale, out in (("faster", faster, low), ("slower", slower, high)):
             steps = _steps(ctx, predict, scale)
             out[mode] = steps[mode]
             runs.append((f"every uncertain constant at the end that makes {mode} {label}",
                          steps))
-    return Range(nominal, low, high, _flips(nominal, runs), names)
+    return Range(nominal, low, high, _flips(nominal, runs), names, ends)
+
+
+def at(ctx: Ctx, scale: dict) -> Ctx:
+    """ctx with the constants of `scale` moved (one end of a range)."""
+    return dataclasses.replace(ctx, ledger=Scaled(scale))
 
 
 def _span(f, t: float, lo: float | None, hi: float | None) -> str:
