@@ -43,7 +43,7 @@ def test_prints_memory_phases_and_placement_for_a_pod(capsys):
     assert "memory per device" in out and "fits" in out
     for mode in ("| controller |", "| colocated |", "| disaggregated |", "| async |"):
         assert mode in out
-    assert "best placement:" in out and "rollout fraction" in out and "staleness mean" in out
+    assert "best placement (" in out and "rollout fraction" in out and "staleness mean" in out
     # Constants carry origins; each source is printed once, in the legend.
     assert "tpu-v5e.hbm_bandwidth = 8.19e+11 bytes/s (spec [1])" in out
     assert "[1] https://cloud.google.com/tpu/docs/v5e (System architecture table)\n" in out
