@@ -5,6 +5,12 @@ coordinator through the environment (read by `locojax.distributed.initialize`). 
 every output line with `[host i]`, and because a jax.distributed job cannot survive a lost
 peer (the others would hang in a collective until the heartbeat timeout), it stops all
 processes as soon as one fails, and on Ctrl-C.
+
+When a host fails, what the others print while they are stopped (a lost peer's gloo and
+coordination-service errors, their interrupted tracebacks) is left off the screen: it says
+nothing about the failure and used to bury it. The failed host's own last line (a locojax
+command says its error there, naming the host and the user's file:line: `locojax/failure.py`)
+is repeated as the last line printed.
 """
 
 from __future__ import annotations
@@ -58,10 +64,32 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _pump(stream, prefix: str, out) -> None:
+class _Screen:
+    """What reaches the terminal: every host's lines until one fails, then that host's only.
+    Remembers each host's last non-blank line."""
+
+    def __init__(self, out, hosts: int):
+        self.out, self.lock = out, threading.Lock()
+        self.failed: int | None = None
+        self.last = [""] * hosts
+
+    def line(self, host: int, line: str) -> None:
+        with self.lock:
+            if line.strip():
+                self.last[host] = line.rstrip("\n")
+            if self.failed is None or self.failed == host:
+                self.out.write(f"[host {host}] {line}")
+                self.out.flush()
+
+    def say(self, text: str) -> None:
+        with self.lock:
+            self.out.write(text)
+            self.out.flush()
+
+
+def _pump(stream, host: int, screen: _Screen) -> None:
     for line in iter(stream.readline, ""):
-        out.write(prefix + line)
-        out.flush()
+        screen.line(host, line)
     stream.close()
 
 
@@ -92,6 +120,7 @@ def launch(args: LaunchArgs, child_argv: list[str], out=sys.stdout) -> int:
     if args.pin_cpus and shares[0] is None:
         out.write(f"[launch] {args.hosts} hosts share {len(cpus)} CPUs (not pinned)\n")
     procs, pumps = [], []
+    screen = _Screen(out, args.hosts)
     for host in range(args.hosts):
         env = dict(
             os.environ,
@@ -110,28 +139,32 @@ def launch(args: LaunchArgs, child_argv: list[str], out=sys.stdout) -> int:
             child_argv, env=env, text=True,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
         )
-        t = threading.Thread(target=_pump, args=(p.stdout, f"[host {host}] ", out), daemon=True)
+        t = threading.Thread(target=_pump, args=(p.stdout, host, screen), daemon=True)
         t.start()
         procs.append(p)
         pumps.append(t)
 
-    code = 0
+    code, failed_host = 0, None
     try:
         while any(p.poll() is None for p in procs):
             failed = [p for p in procs if p.poll() not in (None, 0)]
             if failed:
                 code = failed[0].returncode
-                host = procs.index(failed[0])
-                out.write(f"[launch] host {host} exited with {code}; stopping the others\n")
+                failed_host = procs.index(failed[0])
+                screen.failed = failed_host  # the others' dying words stay off the screen
+                screen.say(f"[launch] host {failed_host} exited with {code}; stopping the "
+                           "others\n")
                 _stop(procs, args.grace_s)
                 break
             time.sleep(0.2)
     except KeyboardInterrupt:
-        out.write("[launch] interrupted; stopping every host\n")
+        screen.say("[launch] interrupted; stopping every host\n")
         _stop(procs, args.grace_s)
         code = 130
     for t in pumps:
         t.join(timeout=5)
+    if failed_host is not None:
+        screen.say(f"[launch] host {failed_host} failed: {screen.last[failed_host]}\n")
     if code == 0:
         code = next((p.returncode for p in procs if p.returncode), 0)
     return code

@@ -18,7 +18,7 @@ import sys
 
 import tyro
 
-from locojax import trackers
+from locojax import failure, trackers
 from locojax.train.config import PRESETS
 from locojax.train.placement_config import RAY_MODES
 
@@ -36,15 +36,32 @@ def main(argv: list[str]) -> int:
     from locojax.train import wiring
     from locojax.train.loop import start
 
-    try:  # prints the memory plan; refuses a run that cannot start or does not fit
-        trainer = start(cfg, wiring.join(cfg.mode, cfg.devices_per_host, cfg.train,
-                                         cfg.rollout.tp))
+    try:
+        joined = wiring.join(cfg.mode, cfg.devices_per_host, cfg.train, cfg.rollout.tp)
     except (ValueError, FileNotFoundError, TypeError) as e:
         print(f"locojax train: {e}", file=sys.stderr)
         return 2
+    host = joined.host
+    try:  # prints the memory plan; refuses a run that cannot start or does not fit
+        trainer = start(cfg, joined)
+    except (ValueError, FileNotFoundError, TypeError) as e:
+        if host.is_multihost:  # said last, and this host leaves now (`failure.py`)
+            return failure.stop("train", e, 2, host.process_id, host.num_processes,
+                                show_traceback=False)
+        print(f"locojax train: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:
+        if host.is_multihost:
+            return failure.stop("train", e, 1, host.process_id, host.num_processes)
+        raise
     if trainer is None:  # --plan-only
         return 0
-    final = trainer.run()
+    try:
+        final = trainer.run()
+    except Exception as e:
+        if host.is_multihost:
+            return failure.stop("train", e, 1, host.process_id, host.num_processes)
+        raise
     if trainer.is_main:
         _report(final)
     return 0
