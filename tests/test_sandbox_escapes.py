@@ -164,3 +164,23 @@ def test_the_start_up_line_states_the_quota_and_what_the_bound_counts(sb):
     assert "disk quota 256 MiB (tmpfs work dir)" in line, line
     if sb.isolation.memory_cap == "rlimit":
         assert "8 x 512 MiB + 256 MiB" in line and "no memfd, SysV shm, /dev/shm" in line, line
+
+
+def test_a_file_cleanup_cannot_remove_is_no_setuid_binary(tmp_path, monkeypatch):
+    """Should removal fail anyway (a file system error), no setuid or setgid file is left:
+    the bits are cleared before anything is removed, and what is left is named."""
+    from locojax.envs.sandbox import child
+
+    run = tmp_path / "run"
+    (run / "d").mkdir(parents=True)
+    binary = run / "d" / "sh"
+    binary.write_bytes(b"#!/bin/sh\n")
+    os.chmod(binary, 0o6755)
+    os.chmod(run / "d", 0)
+
+    def fail(path, *a, **k):
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(child.shutil, "rmtree", fail)
+    assert "Input/output error" in child.remove_tree(str(run))
+    assert not binary.stat().st_mode & 0o6000, oct(binary.stat().st_mode)

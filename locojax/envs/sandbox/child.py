@@ -9,6 +9,7 @@ import os
 import selectors
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 
@@ -173,20 +174,28 @@ def kill_uid(uid: int) -> None:
 def remove_tree(path: str) -> str | None:
     """Remove a run's dir, whatever the code did to it: directories it made unreadable or
     unwritable (`chmod 000`: `rmtree` alone left them, and any setuid file inside, behind)
-    get their owner's rights back first. None, or what is left and why."""
+    get their owner's rights back first, and every setuid or setgid bit is cleared before
+    anything is removed. None, or what is left and why."""
     if not os.path.lexists(path):
         return None
     try:
         os.chmod(path, 0o700)
     except OSError:
         pass
-    for dirpath, dirnames, _ in os.walk(path):
+    for dirpath, dirnames, filenames in os.walk(path):
         for d in [dirpath] + [os.path.join(dirpath, n) for n in dirnames]:
             if not os.path.islink(d):
                 try:
                     os.chmod(d, 0o700)  # before os.walk lists it (top-down)
                 except OSError:
                     pass
+        for f in (os.path.join(dirpath, n) for n in filenames):
+            try:  # first, so that even a file rmtree fails on is no setuid binary
+                mode = os.lstat(f).st_mode
+                if stat.S_ISREG(mode) and mode & (stat.S_ISUID | stat.S_ISGID):
+                    os.chmod(f, stat.S_IMODE(mode) & ~(stat.S_ISUID | stat.S_ISGID))
+            except OSError:
+                pass
     try:
         shutil.rmtree(path)
     except OSError as e:
