@@ -5,7 +5,9 @@ Inside one sandbox run (`runner.run_tests` starts it; stdlib only, plus pytest f
 runner) there are two processes:
 
 - the *tester* (`main`), which never executes repository code. It reads the trusted test
-  sources from a spec file and deletes it (so the code never sees a hidden test), makes itself
+  tree (test files, helpers, data and hidden files) from a spec file and deletes it (so the
+  code never sees it; the work dir holds blanks), imports its `.py` files from that copy and
+  serves the others to `open` from memory, makes itself
   non-dumpable (the code, under the same uid, can neither trace it nor open its fds through
   /proc), runs the test functions (plain `test*` functions for "minitest", pytest in-process
   for "pytest") and writes one JSON line per result, then `{"done": n}`, on fd 3: the

@@ -3,9 +3,10 @@ they passed.
 
 The tests run in `harness.py`'s tester process and the code under test in its server
 process; the tester sends one line per test result on the sandbox's private channel (fd 3),
-which the code under test does not hold. The trusted test sources reach the tester in a
-spec file it deletes before any repository code runs; the test files in the work dir are
-empty placeholders, so hidden tests stay hidden. Nothing in the work dir is read back.
+which the code under test does not hold. The trusted test tree (`run_tests(trusted=...)`:
+test files, helpers, data and hidden files) reaches the tester in a spec file it deletes
+before any repository code runs; its files in the work dir are empty placeholders, so hidden
+files stay hidden and rewriting one changes nothing. Nothing in the work dir is read back.
 
 "Passed" means all of: the harness exited 0 within the limits, its channel ends with a
 `done` line counting every result line before it, no result failed, and every test function
