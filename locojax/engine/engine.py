@@ -28,6 +28,7 @@ not Gumbel-max.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Sequence
 
 import jax
@@ -113,6 +114,26 @@ uncompacted batch's (tests/test_long_decode.py), below it one in 384 differed in
 whether that is worth ~3 ms a step on the longest rows' tail is open (docs/engine_benchmark.md)."""
 
 
+WEIGHT_DTYPES = {"bf16": jnp.bfloat16}
+"""Rollout copies of the weights by name (`Engine(weights_dtype=...)`, `--rollout.weights-dtype`)."""
+
+
+def _is_matrix(x) -> bool:
+    """A weight a rollout copy narrows: the matmuls' matrices and the embedding; norm scales
+    and biases (1-D per layer) stay as they are, being few bytes and added or multiplied in
+    the compute dtype."""
+    return x.ndim >= 2 and jnp.issubdtype(x.dtype, jnp.floating)
+
+
+@functools.partial(jax.jit, static_argnames="dtype")
+def rollout_copy(weights: Weights, dtype) -> Weights:
+    """The weights a decode reads in `dtype` (bf16: half the bytes a step reads); the
+    decoder's matmuls then round their activations to `dtype` and accumulate in the compute
+    dtype (`decoder.narrow`), so the sampler's policy is the f32 learner's to bf16 rounding
+    (its logprobs' gap: `rollout/logprob_mismatch`, docs/engine_benchmark.md)."""
+    return jax.tree.map(lambda x: x.astype(dtype) if _is_matrix(x) else x, weights)
+
+
 class Engine:
     """Holds the KV-cache buffer across calls and the layout; `generate` is the entry point.
 
@@ -121,12 +142,15 @@ class Engine:
     generate over several local devices. cache_dtype: a `CACHE_DTYPES` name or a dtype
     (default: the model's compute dtype). block: most cache slots attention reads per step
     of its loop (`decoder.BLOCK`). min_rows: a generate compacts its finished rows out while a
-    device's batch can halve to at least this many rows (None: never).
+    device's batch can halve to at least this many rows (None: never). weights_dtype: a
+    `WEIGHT_DTYPES` name or a dtype to decode with a copy of the weights' matrices in
+    (`rollout_copy`; None: the weights as given).
     """
 
     def __init__(self, model_cfg: ModelConfig, mesh: Mesh | None = None,
                  rules: sharding.Rules | None = None, cache_dtype=None,
-                 block: int = decoder.BLOCK, min_rows: int | None = MIN_ROWS):
+                 block: int = decoder.BLOCK, min_rows: int | None = MIN_ROWS,
+                 weights_dtype=None):
         self.model_cfg = model_cfg
         rules = sharding.ROLLOUT_REPLICATED if rules is None else rules
         self.layout = None if mesh is None else Layout(mesh, tuple(sorted(rules.items())))
@@ -135,6 +159,13 @@ class Engine:
         self.cache_dtype = jnp.dtype(CACHE_DTYPES.get(cache_dtype, cache_dtype)
                                      if cache_dtype is not None else model_cfg.dtype)
         self.block, self.min_rows = block, min_rows
+        self.weights_dtype = (None if weights_dtype is None else
+                              jnp.dtype(WEIGHT_DTYPES.get(weights_dtype, weights_dtype)))
+        if self.weights_dtype is not None and not decoder.narrow(self.weights_dtype,
+                                                                 model_cfg.dtype):
+            raise ValueError(f"weights_dtype={weights_dtype!r}: a rollout copy must be a 16-bit "
+                             f"float narrower than the compute dtype {model_cfg.dtype} "
+                             f"(one of {sorted(WEIGHT_DTYPES)})")
         self._cache: decoder.KVCache | None = None
 
     def _shards(self, rows: int) -> int:
@@ -150,14 +181,17 @@ class Engine:
         return self._weight_shardings
 
     def place_weights(self, weights: Weights) -> Weights:
-        """Weights laid out for this engine's mesh (a no-op without one)."""
-        if self._weight_shardings is None:
-            return weights
-        placed = zip(jax.tree.leaves(weights), jax.tree.leaves(self._weight_shardings))
-        if all(isinstance(x, jax.Array) and x.sharding.is_equivalent_to(s, x.ndim)
-               for x, s in placed):
-            return weights  # already laid out so: device_put's own path costs ~1 ms a call
-        return jax.device_put(weights, self._weight_shardings)
+        """Weights laid out for this engine's mesh (a no-op without one), in its
+        `weights_dtype` (a `rollout_copy`, made here unless the matrices already are)."""
+        if self._weight_shardings is not None:
+            placed = zip(jax.tree.leaves(weights), jax.tree.leaves(self._weight_shardings))
+            if not all(isinstance(x, jax.Array) and x.sharding.is_equivalent_to(s, x.ndim)
+                       for x, s in placed):  # laid out already: device_put costs ~1 ms a call
+                weights = jax.device_put(weights, self._weight_shardings)
+        if self.weights_dtype is not None and any(
+                _is_matrix(x) and x.dtype != self.weights_dtype for x in jax.tree.leaves(weights)):
+            weights = rollout_copy(weights, self.weights_dtype)
+        return weights
 
     def _cache_shardings(self, cache) -> decoder.KVCache:
         """Where a cache buffer lives: committed from the start, as the buffer handed back by
@@ -201,8 +235,11 @@ class Engine:
             weight_shardings = jax.tree.map(lambda _: None, params_lib.abstract(cfg))
         else:
             weight_shardings = self._weight_shardings
+        abstract = params_lib.abstract(cfg)
+        if self.weights_dtype is not None:
+            abstract = jax.eval_shape(lambda w: rollout_copy(w, self.weights_dtype), abstract)
         weights = jax.tree.map(lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
-                               params_lib.abstract(cfg), weight_shardings)
+                               abstract, weight_shardings)
         cache = jax.eval_shape(lambda: self._empty(
             prompts * num_samples, prompt_len + sampling.max_new_tokens - 1))
         cache = jax.tree.map(lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
@@ -282,8 +319,8 @@ class Engine:
                 f"prompt + max_new_tokens reaches {longest} positions, more than the model's "
                 f"max_position_embeddings={self.model_cfg.max_position_embeddings}")
         cache = self._buffer(b * num_samples, p + sampling.max_new_tokens - 1)
+        weights = self.place_weights(weights)
         if self.layout is not None:
-            weights = self.place_weights(weights)
             tokens, mask = (jax.device_put(x, self.layout.sharding(("batch", None), x.shape))
                             for x in (tokens, mask))
         if limits is not None:

@@ -169,13 +169,22 @@ class CacheBlocks:
 
     @property
     def first(self):
-        """[] int32: the first block holding a slot some query may see: 0, or in a
-        sliding-window layer the block of the earliest slot inside any row's window (slot
-        positions never decrease along a row, so the slots before it are all too old)."""
-        if self.window is None:
-            return jnp.zeros((), jnp.int32)
-        oldest = jnp.min(self.positions, axis=1) - self.window + 1  # [b] oldest visible
+        """[] int32: the first block holding a slot some query may see: the block of the
+        b rows' earliest valid slot, or in a sliding-window layer the block of the earliest
+        slot inside any row's window (slot positions never decrease along a row, so the
+        slots before it are all too old).
+
+        So the left padding that every row has is not read: prompts padded to P = 256 with
+        at most 115 real tokens (the real-model GRPO run's) start 4 of a 383-slot cache's
+        12 blocks in. Exact: a block with no visible slot adds exp(-1e30 - m) = 0 to the
+        online softmax and scales it by exp(0) = 1, m being finite for every query that sees
+        a key (a decode query sees itself; a pad query's output is never used)."""
         c = self.cache
+        if self.window is None:
+            valid = c.read(c.valid, 0, self.rows, (jnp.zeros((), jnp.int32),),
+                           (c.valid.shape[1],))  # [b, S]
+            return jnp.min(jnp.argmax(valid, axis=1)).astype(jnp.int32) // c.block
+        oldest = jnp.min(self.positions, axis=1) - self.window + 1  # [b] oldest visible
         pos = c.read(self.slot_positions, 0, self.rows, (jnp.zeros((), jnp.int32),),
                      (c.valid.shape[1],))  # [b, S]
         too_old = jnp.sum(pos < oldest[:, None], axis=1, dtype=jnp.int32)  # [b]
@@ -219,6 +228,36 @@ def within(q_pos, k_pos, window):
     return q_pos[:, :, None] - k_pos[:, None, :] < window
 
 
+def _ops(q, wide):
+    """(score, mix): q [B, T, K, G, H]'s scores over keys k [B, K, H, S] -> [B, K, G, T, S],
+    and probabilities p [B, K, G, T, S] over values v [B, K, S, H] -> [B, T, K, G, H] in f32.
+
+    Decode (T = 1): broadcast multiply-reduces, which XLA:CPU runs several times faster than
+    B*K tiny batched matmuls. Same math, f32 accumulation, as the einsums."""
+    if q.shape[1] == 1:
+        q1 = q[:, 0, :, :, :, None].astype(wide)  # [B, K, G, H, 1]
+
+        def score(k):  # [B, K, G, 1, S]
+            return jnp.sum(q1 * k[:, :, None].astype(wide), axis=3)[:, :, :, None]
+
+        def mix(p, v):  # [B, 1, K, G, H]
+            return jnp.sum(p[:, :, :, 0, :, None] * v[:, :, None].astype(wide),
+                           axis=3)[:, None]
+        return score, mix
+
+    def score(k):  # f32 scores; XLA:CPU has no bf16 x bf16 -> f32 dot, so upcast first
+        return jnp.einsum("btkgh,bkhs->bkgts", q.astype(wide), k.astype(wide))
+
+    def mix(p, v):
+        return jnp.einsum("bkgts,bksh->btkgh", p.astype(v.dtype), v).astype(wide)
+    return score, mix
+
+
+def _bt(x):
+    """[B, K, G, T, 1] -> [B, T, K, G, 1]: a softmax statistic beside the output it scales."""
+    return jnp.moveaxis(x, 3, 1)
+
+
 def attention(q, parts, blocks: CacheBlocks | None = None, scale: float | None = None):
     """GQA of q [B,T,N,H] under one softmax spanning several key/value blocks; scores are
     q·k · scale (default 1/sqrt(H)).
@@ -235,26 +274,10 @@ def attention(q, parts, blocks: CacheBlocks | None = None, scale: float | None =
     scale = h ** -0.5 if scale is None else scale
     kv_heads, wide = parts[0][0].shape[1], wide_dtype(q.dtype)
     q = q.reshape(b, t, kv_heads, n // kv_heads, h)  # [B, T, K, G, H]
-    # Decode (T = 1): broadcast multiply-reduces, which XLA:CPU runs several times faster
-    # than B*K tiny batched matmuls; the barriers stop it fusing the reductions into the
-    # softmax, which recomputed them. Same math, f32 accumulation, as the einsums.
-    decode = t == 1
-    barrier = jax.lax.optimization_barrier if decode else (lambda x: x)
-    if decode:
-        q1 = q[:, 0, :, :, :, None].astype(wide)  # [B, K, G, H, 1]
-
-        def score(k):  # [B, K, G, 1, S]
-            return jnp.sum(q1 * k[:, :, None].astype(wide), axis=3)[:, :, :, None]
-
-        def mix(p, v):  # [B, 1, K, G, H]
-            return jnp.sum(p[:, :, :, 0, :, None] * v[:, :, None].astype(wide),
-                           axis=3)[:, None]
-    else:
-        def score(k):  # f32 scores; XLA:CPU has no bf16 x bf16 -> f32 dot, so upcast first
-            return jnp.einsum("btkgh,bkhs->bkgts", q.astype(wide), k.astype(wide))
-
-        def mix(p, v):
-            return jnp.einsum("bkgts,bksh->btkgh", p.astype(v.dtype), v).astype(wide)
+    score, mix = _ops(q, wide)
+    # Decode: the barriers stop XLA:CPU fusing the reductions into the softmax, which
+    # recomputed them.
+    barrier = jax.lax.optimization_barrier if t == 1 else (lambda x: x)
 
     def masked_score(k, visible):  # [B, K, G, T, S]; visible [B, T, S]
         return jnp.where(visible[:, None, None], score(k) * scale, _MASKED)
@@ -266,28 +289,32 @@ def attention(q, parts, blocks: CacheBlocks | None = None, scale: float | None =
         out = sum(mix(p, v) for p, (_, v, _) in zip(jnp.split(probs, bounds, axis=-1), parts))
         return out.reshape(b, t, n, h).astype(q.dtype)  # [B, T, N, H]
 
-    bt = lambda x: jnp.moveaxis(x, 3, 1)  # noqa: E731  [B, K, G, T, 1] -> [B, T, K, G, 1]
-
     def add(carry, s, v):  # fold in scores s [B, K, G, T, S] over values v
         m, total, acc = carry
         m_new = jnp.maximum(m, jnp.max(s, axis=-1, keepdims=True))
         p = barrier(jnp.exp(s - m_new))
         decay = jnp.exp(m - m_new)
-        return m_new, total * decay + jnp.sum(p, -1, keepdims=True), acc * bt(decay) + mix(p, v)
+        return m_new, total * decay + jnp.sum(p, -1, keepdims=True), acc * _bt(decay) + mix(p, v)
 
     s = jnp.concatenate(scores, axis=-1)
     m = jnp.max(s, axis=-1, keepdims=True)  # [B, K, G, T, 1]
     p = barrier(jnp.exp(s - m))
     carry = m, jnp.sum(p, -1, keepdims=True), mix(p, jnp.concatenate([v for _, v, _ in parts], 2))
+    _, total, acc = _read_cache(blocks, carry, add, masked_score, barrier, q.dtype, wide, t)
+    return (acc / _bt(total)).reshape(b, t, n, h).astype(q.dtype)  # [B, T, N, H]
 
+
+def _read_cache(blocks: CacheBlocks, carry, add, masked_score, barrier, dtype, wide, t: int):
+    """`attention`'s online softmax `carry` after every written block of the cache: read
+    whole if short, else block by block from `blocks.first` (m blocks an iteration)."""
     m_blocks, blk = blocks.fold(t), blocks.cache.block
 
     def block(j, carry):  # block j
-        k, v, visible = blocks.read(j, 1, q.dtype)
+        k, v, visible = blocks.read(j, 1, dtype)
         return add(carry, masked_score(k, visible), v)
 
     def blocks_from(j, carry):  # blocks j .. j + m_blocks - 1, one after another, in one read
-        k, v, visible = blocks.read(j, m_blocks, q.dtype)
+        k, v, visible = blocks.read(j, m_blocks, dtype)
         m, total, acc = carry
         s = masked_score(k, visible)
         s = s.reshape(s.shape[:-1] + (m_blocks, blk))  # [B, K, G, 1, m, blk]
@@ -300,26 +327,22 @@ def attention(q, parts, blocks: CacheBlocks | None = None, scale: float | None =
         for i in range(m_blocks):  # `add`'s updates, block by block
             d = decay[..., i:i + 1]
             total = total * d + sums[..., i:i + 1]
-            acc = acc * bt(d) + mixes[:, None, :, :, i]  # [B, 1, K, G, H]
+            acc = acc * _bt(d) + mixes[:, None, :, :, i]  # [B, 1, K, G, H]
         return m_new[..., -1:], total, acc
 
     n_blocks = blocks.cache.v.shape[3] // blk
     if n_blocks <= max(1, WHOLE_BLOCKS):
         # A short cache whole, without a loop. Unwritten slots add exact zeros (exp(-1e30 - m)
         # times the finite values `KVCache.empty` and writes leave there).
-        k, v, visible = blocks.read(0, n_blocks, q.dtype)
-        carry = add(carry, masked_score(k, visible), v)
-    else:
-        # The blocks [first, count) in order: the first (count - first) % m_blocks one by
-        # one, then m_blocks per iteration (fewer, bigger ops: XLA:CPU's cost per op is
-        # what a few rows' step pays), each block folded as `add` folds it.
-        first, count = blocks.first, blocks.count
-        rest = first + (count - first) % m_blocks
-        carry = jax.lax.fori_loop(first, rest if m_blocks > 1 else count, block, carry)
-        if m_blocks > 1:
-            carry = jax.lax.fori_loop(0, (count - rest) // m_blocks,
-                                      lambda i, c: blocks_from(rest + i * m_blocks, c), carry)
-    _, total, acc = carry
-    return (acc / bt(total)).reshape(b, t, n, h).astype(q.dtype)  # [B, T, N, H]
-
-
+        k, v, visible = blocks.read(0, n_blocks, dtype)
+        return add(carry, masked_score(k, visible), v)
+    # The blocks [first, count) in order: the first (count - first) % m_blocks one by
+    # one, then m_blocks per iteration (fewer, bigger ops: XLA:CPU's cost per op is
+    # what a few rows' step pays), each block folded as `add` folds it.
+    first, count = blocks.first, blocks.count
+    rest = first + (count - first) % m_blocks
+    carry = jax.lax.fori_loop(first, rest if m_blocks > 1 else count, block, carry)
+    if m_blocks > 1:
+        carry = jax.lax.fori_loop(0, (count - rest) // m_blocks,
+                                  lambda i, c: blocks_from(rest + i * m_blocks, c), carry)
+    return carry

@@ -33,6 +33,8 @@ from locojax.model.attention import (  # noqa: F401
     BLOCK,
     CacheBlocks,
     KVCache,
+    _bits,
+    _unbits,
     attention,
     slot_positions,
     wide_dtype,
@@ -120,7 +122,8 @@ def layer_kinds(cfg: ModelConfig, dtype) -> LayerKind:
 def embed(weights: Weights, tokens, cfg: ModelConfig):
     """[B, T] tokens -> [B, T, D] in the compute dtype (Gemma: times sqrt(d), rounded to the
     weights' dtype as HF's `Gemma3TextScaledWordEmbedding` does)."""
-    x = jnp.take(weights["embed"], tokens, axis=0)  # [B, T, D]
+    table = weights["embed"]  # gathered as bits: see `attention._bits` (a bf16 rollout copy)
+    x = _unbits(jnp.take(_bits(table), tokens, axis=0), table.dtype)  # [B, T, D]
     if cfg.family.scaled_embedding:
         x = x * jnp.asarray(cfg.hidden_size ** 0.5, x.dtype)
     return x.astype(cfg.dtype)
@@ -139,8 +142,29 @@ def dense(x, w, contract: int = 1):
     """
     lead, inner = x.shape[:-contract], x.shape[-contract:]
     out = w.shape[contract:]
-    y = x.reshape(-1, int(np.prod(inner))) @ w.reshape(int(np.prod(inner)), -1)
+    x2, w2 = x.reshape(-1, int(np.prod(inner))), w.reshape(int(np.prod(inner)), -1)
+    if narrow(w.dtype, x.dtype):  # a rollout copy's bf16 weights under f32 compute
+        y = jax.lax.dot(x2.astype(w.dtype), w2, preferred_element_type=x.dtype)
+    else:
+        y = x2 @ w2
     return y.reshape(*lead, *out)
+
+
+def narrow(weight_dtype, compute_dtype) -> bool:
+    """Whether weights of `weight_dtype` are a narrower copy than the compute (a bf16 rollout
+    copy, `Engine(weights_dtype=...)`): such a matmul rounds its activations to the weights'
+    dtype and accumulates in the compute dtype. XLA:CPU runs a bf16 x bf16 -> f32 dot 1.3-1.9x
+    faster than the f32 one at decode's 8-128 rows, but a bf16 weight upcast to f32 first
+    2-7x slower (docs/engine_benchmark.md, "bf16 rollout weights"); f32 weights are as before.
+    """
+    w, c = jnp.dtype(weight_dtype), jnp.dtype(compute_dtype)
+    return w.itemsize == 2 and jnp.issubdtype(w, jnp.floating) and c.itemsize > 2
+
+
+def matrix(w, dtype):
+    """A weight matrix as a matmul takes it: cast to the compute dtype, or kept as a narrower
+    rollout copy (`narrow`), which `dense` and `logits` multiply without upcasting."""
+    return w if narrow(w.dtype, dtype) else w.astype(dtype)
 
 
 def layer(cfg: ModelConfig, x, w, positions, visible, cache_kv=None,
@@ -159,9 +183,9 @@ def layer(cfg: ModelConfig, x, w, positions, visible, cache_kv=None,
     dt, fam = cfg.dtype, cfg.family
     kind = LayerKind(inv_freq(cfg, FULL, wide_dtype(dt)), None) if kind is None else kind
     y = norm(x, w["attn_norm"], cfg)
-    q = dense(y, w["wq"].astype(dt))  # [B, T, N, H]
-    k = dense(y, w["wk"].astype(dt))  # [B, T, K, H]
-    v = dense(y, w["wv"].astype(dt))
+    q = dense(y, matrix(w["wq"], dt))  # [B, T, N, H]
+    k = dense(y, matrix(w["wk"], dt))  # [B, T, K, H]
+    v = dense(y, matrix(w["wv"], dt))
     if fam.qkv_bias:
         q, k, v = q + w["bq"].astype(dt), k + w["bk"].astype(dt), v + w["bv"].astype(dt)
     if fam.qk_norm:
@@ -179,16 +203,29 @@ def layer(cfg: ModelConfig, x, w, positions, visible, cache_kv=None,
         parts.insert(0, (cache_kv[0].astype(dt), cache_kv[1].astype(dt), near(visible[0], k_pos)))
     scale = None if cfg.query_pre_attn_scalar is None else cfg.query_pre_attn_scalar ** -0.5
     attn = attention(q, parts, blocks, scale)  # [B, T, N, H]
-    out = dense(attn, w["wo"].astype(dt), contract=2)
+    out = dense(attn, matrix(w["wo"], dt), contract=2)
     x = x + (norm(out, w["attn_out_norm"], cfg) if fam.sandwich_norms else out)
 
     y = norm(x, w["mlp_norm"], cfg)
-    gate = dense(y, w["w_gate"].astype(dt))
-    up = dense(y, w["w_up"].astype(dt))
+    gate = dense(y, matrix(w["w_gate"], dt))
+    up = dense(y, matrix(w["w_up"], dt))
     act = jax.nn.silu(gate) if fam.activation == "silu" else jax.nn.gelu(gate, approximate=True)
-    out = dense(act * up, w["w_down"].astype(dt))
+    out = dense(act * up, matrix(w["w_down"], dt))
     x = x + (norm(out, w["mlp_out_norm"], cfg) if fam.sandwich_norms else out)
     return x, new_kv
+
+
+def layer_weights(stacked: Weights, i) -> Weights:
+    """Layer i's weights, read out of the stacked [L, ...] ones inside a cached forward's loop.
+
+    Not as the layer scan's `xs`: XLA:CPU copied each layer's slice of those out before its
+    matmuls (~22 ms of a 32-row SmolLM2 decode step's ~120), and a bf16 rollout copy's
+    whole stack converted to f32 at every call. An optimization barrier tying the stack to
+    the loop index (as `KVCache.read` ties the cache) keeps the slice in the loop and lets
+    the matmul read it in place: a 30-layer [32, 576] x [576, 1536] loop measured 13 ms
+    against the scan's 38 in f32, 7.6 in bf16 (docs/engine_benchmark.md, "Real model")."""
+    stacked, i = jax.lax.optimization_barrier((stacked, i))
+    return jax.tree.map(lambda w: jax.lax.dynamic_index_in_dim(w, i, 0, keepdims=False), stacked)
 
 
 def forward(
@@ -241,13 +278,13 @@ def forward(
     slot_pos = slot_positions(cache.valid) if cfg.windowed else None
 
     def cached_body(x, xs):
-        w, i, kind = xs
+        i, kind = xs
+        w = layer_weights(weights["layers"], i)
         blocks = CacheBlocks(cache, i, b, slot_positions=slot_pos)
         return layer(cfg, x, w, positions, (None, causal), blocks, kind)
 
     x, (k_new, v_new) = jax.lax.scan(
-        cached_body, x,
-        (weights["layers"], jnp.arange(cfg.num_hidden_layers, dtype=jnp.int32), kinds))
+        cached_body, x, (jnp.arange(cfg.num_hidden_layers, dtype=jnp.int32), kinds))
     # Write the T new slots at `index`, in place, once after all layers.
     cache = dataclasses.replace(
         cache, k=cache.write(cache.k, k_new, 1, 4), v=cache.write(cache.v, v_new, 1, 3),
@@ -273,7 +310,10 @@ def logits(weights: Weights, hidden: jax.Array, cfg: ModelConfig) -> jax.Array:
     tied = cfg.tie_word_embeddings
     head = weights["embed"] if tied else weights["lm_head"]  # [V, D] or [D, V]
     dims = (((1,), (1 if tied else 0,)), ((), ()))
-    out = jax.lax.dot_general(hidden.reshape(b * t, d), head.astype(hidden.dtype), dims,
+    h2 = hidden.reshape(b * t, d)
+    if narrow(head.dtype, hidden.dtype):  # a bf16 rollout copy: see `narrow`
+        h2 = h2.astype(head.dtype)
+    out = jax.lax.dot_general(h2, matrix(head, hidden.dtype), dims,
                               preferred_element_type=wide_dtype(hidden.dtype))
     return out.reshape(b, t, -1)
 
