@@ -71,7 +71,8 @@ class RunParts:
                    sampling_of(cfg.rollout, tokenizer), limits, prompts)
 
     def engine(self, mesh, rules: Rules = ROLLOUT_REPLICATED) -> Engine:
-        return engine_of(self.model_cfg, mesh, rules, self.cfg.rollout.cache_dtype)
+        return engine_of(self.model_cfg, mesh, rules, self.cfg.rollout.cache_dtype,
+                         self.cfg.rollout.weights_dtype)
 
     def weights(self, mesh, rules: Rules) -> Weights:
         """The starting weights, loaded (or initialised, for presets) straight into `rules`'
@@ -118,10 +119,12 @@ def sampling_of(rollout: RolloutConfig, tokenizer: Tokenizer) -> SamplingConfig:
 
 
 def engine_of(model_cfg: ModelConfig, mesh=None, rules: Rules = ROLLOUT_REPLICATED,
-              cache_dtype: str | None = None) -> Engine:
-    """An engine over `mesh` (None: the default device); `cache_dtype` None: compute dtype."""
+              cache_dtype: str | None = None, weights_dtype: str | None = None) -> Engine:
+    """An engine over `mesh` (None: the default device); `cache_dtype` None: compute dtype;
+    `weights_dtype` None: decode with the weights as given (else a rollout copy)."""
     return Engine(model_cfg, mesh=mesh, rules=rules,
-                  cache_dtype=cache_dtype and COMPUTE_DTYPES[cache_dtype])
+                  cache_dtype=cache_dtype and COMPUTE_DTYPES[cache_dtype],
+                  weights_dtype=weights_dtype)
 
 
 def weights_of(model: str, seed: int = 0, precision: str = "f32", mesh=None,

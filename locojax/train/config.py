@@ -59,6 +59,11 @@ class RolloutConfig:
     """The KV cache's storage dtype (default: the compute dtype, --precision). bf16 halves the
     cache and its reads; attention still accumulates in f32. The sampler-trainer gap it adds
     is logged as rollout/logprob_mismatch."""
+    weights_dtype: Literal["bf16"] | None = None
+    """Decode with a bf16 copy of the weights' matrices (None: the learner's weights as they
+    are): half the bytes a decode step reads, and bf16 x bf16 -> f32 matmuls. The policy is the
+    learner's to bf16 rounding; the gap is logged as rollout/logprob_mismatch (measured on
+    the real model in docs/engine_benchmark.md)."""
     tp: int = 1
     """Tensor parallelism of rollout within a host: heads, MLP and vocabulary split over this
     many of the host's devices, rows over the rest (`sharding.ROLLOUT_TP`). It must divide
