@@ -57,7 +57,12 @@ def env_deadline_s(timeout_s: float, task) -> float:
     above the task's own bound on a step (`Task.env_step_s`). Equal to the SWE sandbox's
     wall clock, it counted slow test runs as env timeouts, and the abandoned step's sandbox
     went on beside the next one's."""
-    return max(timeout_s, getattr(task, "env_step_s", 0.0))
+    bound = getattr(task, "env_step_s", 0.0)
+    if bound > timeout_s:
+        log.info("env pool: deadline %.4g s, above task %s's own bound on a step (%.4g s), "
+                 "not multi_turn.env_timeout_s %.4g s", bound, getattr(task, "name", "?"),
+                 bound, timeout_s)
+    return max(timeout_s, bound)
 
 
 class EnvPool:
