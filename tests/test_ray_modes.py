@@ -368,8 +368,8 @@ def test_faults_change_nothing(reference, tmp_path, faults, capfd):
         # the server dead (it is restored from the learner's kept versions); the first to
         # decode hangs, alive but not progressing, found out only by its lease's deadline.
         # Verifier 0's third call (after the two workers' warm-up calls) backtracks a regex
-        # forever, holding the GIL: the pool kills it at its 3 s deadline and calls verifier
-        # 1; the scores, hence the run, are the same.
+        # forever, holding the GIL: the pool kills it at its deadline (3 s plus its rows'
+        # reward deadlines) and calls verifier 1; the scores, hence the run, are the same.
         "workers_ps_verifier": (
             Faults(kill_worker_at_step=1, hang_worker_at_step=2, kill_ps_at_version=1,
                    hang_verifier_after_calls=2),
