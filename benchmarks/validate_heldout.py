@@ -143,12 +143,13 @@ def main() -> int:
     ap.add_argument("--work-dir", default="/tmp/locojax_validate_heldout")
     ap.add_argument("--profile", default="", help="a profile already calibrated (skip it)")
     ap.add_argument("--only", nargs="*", default=[], help="point ids (default: all)")
+    ap.add_argument("--points", default=str(POINTS), help="the pre-registered points file")
     ap.add_argument("--timeout", type=float, default=900, help="seconds per run")
     ap.add_argument("--phases", action="store_true",
                     help="with --profile: read the runs already in --work-dir and print the "
                          "two phases furthest from their prediction, per point; run nothing")
     args = ap.parse_args()
-    spec = json.loads(POINTS.read_text())
+    spec = json.loads(Path(args.points).read_text())
     work = Path(args.work_dir)
     if args.phases:
         for pt in spec["points"]:

@@ -16,6 +16,7 @@ MEASURED = {
     "program_overhead": {"prefill": {"fixed": 1e-3, "per_layer": 2e-4},
                          "decode_step": {"fixed": 5e-5, "per_layer": 1e-5},
                          "train": {"fixed": 2e-3, "per_layer": 5e-4}},
+    "program_rates": {"prefill": 2e10, "decode_step": 1e10, "train": 1e10},
     "host_rates": {"admission_per_prompt": 1e-6, "reward_per_row.arith": 2e-5,
                    "batch_per_row": 3e-7, "step_fixed": 1e-4},
     "collectives": {"dcn_latency": 1e-4, "dcn_bandwidth": 1e9, "samples": {"4096": 2e-4}},
@@ -44,19 +45,28 @@ def test_program_time_is_overhead_plus_the_roofline(profile_file):
     """TINY (2 layers): compute-bound, memory-bound, one core, half a core. Exact up to f64
     rounding of a few operations on numbers near 1e-3 (rel 1e-12 is far above it)."""
     dev = _model(profile_file)
-    # All cores: F = 4e10. 4e8 FLOPs -> 10 ms; 1e6 bytes -> 50 µs: compute-bound.
+    # All cores: the train rate, 1e10. 4e8 FLOPs -> 40 ms; 1e6 bytes -> 50 µs.
     t = dev.seconds("train", Costs(4e8, 1e6), cores=2)
-    assert t == pytest.approx(2e-3 + 2 * 5e-4 + 4e8 / 4e10, rel=1e-12)
+    assert t == pytest.approx(2e-3 + 2 * 5e-4 + 4e8 / 1e10, rel=1e-12)
     # Memory-bound: 2e9 bytes at 2e10 B/s = 0.1 s against 1e6 FLOPs.
     t = dev.seconds("decode_step", Costs(1e6, 2e9), cores=2)
     assert t == pytest.approx(5e-5 + 2 * 1e-5 + 2e9 / 2e10, rel=1e-12)
-    # One core: the one-core rate; half a core: time-sliced, twice that.
+    # One core: the prefill rate 2e10 scaled as the matmul scales, 3e10 / 4e10.
     one = dev.seconds("prefill", Costs(3e8, 0.0), cores=1)
-    assert one == pytest.approx(1e-3 + 2 * 2e-4 + 3e8 / 3e10, rel=1e-12)
+    assert one == pytest.approx(1e-3 + 2 * 2e-4 + 3e8 / (2e10 * 3e10 / 4e10), rel=1e-12)
+    # Half a core: time-sliced, twice that; a no-grad forward is costed as a prefill.
     assert dev.seconds("prefill", Costs(3e8, 0.0), cores=0.5) == pytest.approx(2 * one,
                                                                                rel=1e-12)
-    # A no-grad forward is costed as a prefill.
     assert dev.seconds("forward", Costs(3e8, 0.0), cores=1) == pytest.approx(one, rel=1e-12)
+
+
+def test_a_profile_without_program_rates_uses_the_matmul_rate(tmp_path):
+    prof = calibrate.profile(MEASURED, "now", "0.0")
+    del prof["program_rates"]
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(prof))
+    t = _model(path).seconds("prefill", Costs(3e8, 0.0), cores=1)
+    assert t == pytest.approx(1e-3 + 2 * 2e-4 + 3e8 / 3e10, rel=1e-12)
 
 
 def test_the_measured_host_rates_replace_the_shipped_ones(profile_file):

@@ -12,17 +12,22 @@ What is measured, each a median of repeats, nothing fitted to a training run:
   t = fixed + L · per_layer. These are the launches: the dispatch of the program and the
   dozens of small kernels a layer runs, which on a CPU cost more than their FLOPs at small
   shapes;
-- `host_rates`: host Python work per prompt and per row (tokenize a prompt, score an arith
-  completion, build the train batch's rows) and per step (`step_fixed`: writing its metrics
+- `program_rates`: the effective FLOP/s of each kind on locojax's own programs, the slope
+  of time against FLOPs between two batch sizes of a calibration decoder no benchmark runs
+  (d 128, 3 layers): small matmuls, softmax and the backward's elementwise work included;
+- `host_rates`: host Python work per prompt and per row (tokenize a prompt, detokenize and
+  score an arith completion, build the train batch's rows and put them on the device) and
+  per step (`step_fixed`: writing its metrics
   and timings);
 - `dcn_latency`, `dcn_bandwidth`: two processes joined by `jax.distributed` on 127.0.0.1
   (gloo, as `locojax launch` joins its hosts) time a psum at several sizes; a ring
   all-reduce over p = 2 takes 2 (p - 1) α + 2 (p - 1) / p · m / β, fitted for α and β.
 
 The device model that reads it (`calibrated.py`): a program's time is
-    fixed + L · per_layer + max(flops / F(c), bytes / bandwidth)
+    fixed + L · per_layer + max(flops / F_k(c), bytes / bandwidth)
 with the program's FLOPs and bytes (`flops.py`, checked against XLA's `cost_analysis()` of
-the compiled programs), F(c) the matmul rate on c cores, so a new shape needs no new fit.
+the compiled programs), F_k(c) the kind's effective rate scaled to c cores as the matmul
+rate scales, so a new shape needs no new fit.
 Profile fields are described in docs/predict_validation.md.
 """
 
@@ -94,9 +99,11 @@ def _micro(layers: int):
                        vocab_size=64)
 
 
-def _generate_times(layers: int, reps: int) -> tuple[float, float]:
-    """(prefill + call, one decode iteration) seconds of the engine's generate at `layers`:
-    from generates of 8 and 136 new tokens (4 prompts x 2 samples of 8 tokens)."""
+def _generate_times(layers: int, reps: int, cfg=None, prompts_n: int = 4,
+                    samples: int = 2) -> tuple[float, float]:
+    """(prefill + call, one decode iteration) seconds of the engine's generate at `layers`
+    (or of `cfg`): from generates of 8 and 136 new tokens (`prompts_n` prompts x `samples`
+    samples of 8 tokens)."""
     import jax
     import numpy as np
 
@@ -104,24 +111,26 @@ def _generate_times(layers: int, reps: int) -> tuple[float, float]:
     from locojax.engine.sampling import SamplingConfig
     from locojax.model import params
 
-    cfg = _micro(layers)
+    cfg = cfg or _micro(layers)
     weights = params.init(cfg, jax.random.key(0))
-    prompts = np.asarray(jax.random.randint(jax.random.key(1), (4, 8), 0, cfg.vocab_size),
-                         np.int32)
+    prompts = np.asarray(jax.random.randint(jax.random.key(1), (prompts_n, 8), 0,
+                                            cfg.vocab_size), np.int32)
     engine = Engine(cfg)
 
     def timed(new: int) -> float:
         sampling = SamplingConfig(max_new_tokens=new, temperature=1.0, ignore_eos=True)
         return median_time(lambda: jax.block_until_ready(engine.generate(
-            weights, prompts, jax.random.key(0), sampling, num_samples=2).tokens), reps)
+            weights, prompts, jax.random.key(0), sampling, num_samples=samples).tokens), reps)
 
     short, long = timed(8), timed(136)
     iteration = max(0.0, (long - short) / 128)
     return max(0.0, short - 7 * iteration), iteration
 
 
-def _train_time(layers: int, reps: int) -> float:
-    """Seconds of one GRPO update at `layers` on 4 rows of 8 + 8 tokens."""
+def _train_time(layers: int, reps: int, cfg=None, prompts_n: int = 2, group: int = 2,
+                p: int = 8, n: int = 8) -> float:
+    """Seconds of one GRPO update at `layers` (or of `cfg`) on prompts_n x group rows of
+    p + n tokens (default 4 rows of 8 + 8)."""
     import jax
     import numpy as np
 
@@ -131,15 +140,17 @@ def _train_time(layers: int, reps: int) -> float:
     from locojax.rl.config import AlgoConfig, LearnerConfig, OptimConfig
     from locojax.rl.train_step import train_step
 
-    cfg = _micro(layers)
-    lcfg = LearnerConfig(algo=AlgoConfig(group_size=2), optim=OptimConfig(lr=1e-5))
+    cfg = cfg or _micro(layers)
+    lcfg = LearnerConfig(algo=AlgoConfig(group_size=group), optim=OptimConfig(lr=1e-5))
     state = [train_state.init(params.init(cfg, jax.random.key(0)), lcfg.optim, cfg)]
     rng = np.random.default_rng(0)
-    prompts = np.repeat(rng.integers(0, cfg.vocab_size, (2, 8)), 2, axis=0)
+    r = prompts_n * group
+    prompts = np.repeat(rng.integers(0, cfg.vocab_size, (prompts_n, p)), group, axis=0)
     batch = jax.device_put(batch_lib.from_rollout(
-        prompts, np.ones((4, 8), bool), rng.integers(0, cfg.vocab_size, (4, 8)),
-        np.ones((4, 8), bool), -rng.random((4, 8)).astype(np.float32),
-        rng.standard_normal(4).astype(np.float32), np.repeat(np.arange(2), 2), group_size=2))
+        prompts, np.ones((r, p), bool), rng.integers(0, cfg.vocab_size, (r, n)),
+        np.ones((r, n), bool), -rng.random((r, n)).astype(np.float32),
+        rng.standard_normal(r).astype(np.float32), np.repeat(np.arange(prompts_n), group),
+        group_size=group))
 
     def step():
         state[0], _ = train_step(state[0], batch, None, model_cfg=cfg, cfg=lcfg)
@@ -159,8 +170,46 @@ def program_overhead(reps: int = 5) -> dict[str, dict[str, float]]:
     return out
 
 
+CALIBRATION_DECODER = dict(num_hidden_layers=3, hidden_size=128, intermediate_size=384,
+                           num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                           vocab_size=1024)
+"""The decoder whose programs give the effective rates: a shape no benchmark or validation
+point runs (TINY is d 64, SMALL d 256)."""
+RATE_PROMPTS = (2, 8)  # prompts of the two batches (x 4 samples: 8 and 32 rows)
+
+
+def program_rates(peak: float, reps: int = 5) -> dict[str, float]:
+    """Effective FLOP/s of each program kind on all this process's cores: the slope of time
+    against FLOPs between two batch sizes of `CALIBRATION_DECODER`'s prefill (8 tokens),
+    decode iteration (all 8 + 136 - 1 slots) and train step (16 + 32 tokens), so that the
+    call's overhead cancels; at most `peak`, one large matmul's rate. What a CPU reaches on
+    locojax's own programs (small matmuls, softmax, the backward's elementwise work)."""
+    from locojax.model import config
+    from locojax.predict.flops import ModelCosts
+
+    cfg = config.tiny(**CALIBRATION_DECODER)
+    mc = ModelCosts(cfg, "float32")
+    gen = [_generate_times(0, reps, cfg, b, 4) for b in RATE_PROMPTS]
+    train = [_train_time(0, reps, cfg, b, 4, 16, 32) for b in RATE_PROMPTS]
+    flops = {"prefill": [mc.prefill(b, 8).flops for b in RATE_PROMPTS],
+             "decode_step": [mc.decode_step(4 * b, 8 + 136 - 1).flops for b in RATE_PROMPTS],
+             "train": [mc.train_step(4 * b, 4, 16, 32).flops for b in RATE_PROMPTS]}
+    times = {"prefill": [g[0] for g in gen], "decode_step": [g[1] for g in gen],
+             "train": train}
+    out = {}
+    for kind in KINDS:
+        (f1, f2), (t1, t2) = flops[kind], times[kind]
+        # Noise can make the slope meaningless (t2 <= t1): then the larger batch's mean rate;
+        # and no program beats one large matmul (`peak`): a faster slope is noise too.
+        rate = (f2 - f1) / (t2 - t1) if t2 > t1 else f2 / max(t2, 1e-9)
+        out[kind] = min(rate, peak)
+    return out
+
+
 def host_rates(rows: int = 256) -> dict[str, float]:
-    """Seconds of host work: per prompt tokenized, per arith row scored, per row batched."""
+    """Seconds of host work: per prompt tokenized, per arith row detokenized and scored, per
+    row batched and moved to the device."""
+    import jax
     import numpy as np
 
     from locojax.envs.registry import make_task
@@ -185,7 +234,8 @@ def host_rates(rows: int = 256) -> dict[str, float]:
             rng.integers(0, 100, (rows, n)), np.ones((rows, n), bool),
             np.zeros((rows, n), np.float32), np.zeros(rows, np.float32),
             np.repeat(np.arange(rows // g), g))
-    batch = median_time(lambda: batch_lib.from_rollout(*args, group_size=g), 5) / rows
+    batch = median_time(lambda: jax.block_until_ready(jax.device_put(
+        batch_lib.from_rollout(*args, group_size=g))), 5) / rows  # built, then on the device
     return {"admission_per_prompt": admission, "reward_per_row.arith": reward,
             "batch_per_row": batch, "step_fixed": _step_bookkeeping()}
 
@@ -268,6 +318,7 @@ def measure(say=print) -> dict:
     out = {"cores": cores}
     steps = (("peak_flops", matmul_flops), ("flops_per_core", one_core_flops),
              ("hbm_bandwidth", copy_bandwidth), ("program_overhead", program_overhead),
+             ("program_rates", lambda: program_rates(out["peak_flops"])),
              ("host_rates", host_rates), ("collectives", collectives))
     for name, fn in steps:
         t0 = time.perf_counter()
@@ -316,6 +367,9 @@ def profile(m: dict, when: str, load: str) -> dict:
                                                   "decoder at 1 and 2 layers")
                                  for part, v in parts.items()}
                              for k, parts in m["program_overhead"].items()},
+        "program_rates": {k: mk(v, "FLOP/s", f"{k}'s effective rate, all cores, calibration "
+                                             f"decoder {CALIBRATION_DECODER}")
+                          for k, v in m["program_rates"].items()},
         "host_rates": {k: mk(v, "s", k.replace("_", " ")) for k, v in rates.items()},
         "collective_samples_s": coll["samples"],
     }

@@ -5,12 +5,15 @@ term fitted to a training run, so a shape nobody ran costs what its arithmetic c
 A program of kind k (`prefill`, `decode_step`: one iteration of the decode loop, `train`:
 one update; `forward`, a no-grad forward, is costed as a prefill) of a decoder of L layers,
 doing `flops` and moving `bytes` on c cores:
-    t = fixed_k + L · per_layer_k + max(flops / F(c), bytes / bandwidth)
+    t = fixed_k + L · per_layer_k + max(flops / F_k(c), bytes / bandwidth)
 - fixed_k and per_layer_k: what the program costs besides its arithmetic (its launch, the
   dozens of small kernels a layer runs), measured on a decoder too narrow for its FLOPs to
   matter, at 1 and 2 layers (`calibrate.program_overhead`);
-- F(c): the f32 matmul rate on c cores, from the one-core and all-core measurements, linear
-  between them (c below one core: a time-sliced share, t / c);
+- F_k(c): the kind's effective FLOP rate on locojax's own programs (`program_rates`,
+  measured on a calibration decoder at two batch sizes), scaled to c cores as the f32
+  matmul rate scales (one-core and all-core measurements, linear between them; a profile
+  without `program_rates` uses the matmul rate itself); below one core a time-sliced
+  share, t / c;
 - the FLOPs and bytes are the cost model's (`flops.py`), which tests/test_predict_flops.py
   checks against XLA's `cost_analysis()` of the compiled programs (`program_cost.py`).
 The model's layer count is read from its `devices.shape_key` (`L<layers>-...`).
@@ -60,13 +63,20 @@ class Calibrated:
         per_layer = self._get(f"program_overhead.{k}.per_layer", table[k]["per_layer"])
         return fixed + self.layers * per_layer
 
-    def flop_rate(self, cores: float) -> float:
-        """F(c), FLOP/s on c cores (at least one: below it the caller time-slices)."""
+    def flop_rate(self, cores: float, kind: str = "") -> float:
+        """F_k(c), FLOP/s on c cores (at least one: below it the caller time-slices): the
+        kind's effective rate (`program_rates`, all cores) scaled as the matmul rate scales
+        from all cores to c; the matmul rate itself where the profile has no such rate."""
         total = float(self.hw.host_cores.value)
         every = self.ledger.get(f"{self.hw.name}.peak_flops.float32", self.hw.peak("float32"))
         one = self._get("flops_per_core", self.hw.extra["flops_per_core"])
         c = min(max(cores, 1.0), total)
-        return one if total <= 1 else one + (every - one) * (c - 1) / (total - 1)
+        matmul = one if total <= 1 else one + (every - one) * (c - 1) / (total - 1)
+        rates = self.hw.extra.get("program_rates") or {}
+        k = KIND_OF.get(kind, "prefill")
+        if k not in rates:
+            return matmul
+        return self._get(f"program_rates.{k}", rates[k]) * matmul / every
 
     def seconds(self, kind: str, c: Costs, chips: float = 1.0, cores: float = 0.0,
                 rows: float = 0.0) -> float:
@@ -75,7 +85,7 @@ class Calibrated:
         cores = cores or float(self.hw.host_cores.value)
         bw = self.ledger.get(f"{self.hw.name}.hbm_bandwidth", self.hw.hbm_bandwidth)
         chips = max(chips, 1.0)
-        t = self.overhead(kind) + max(c.flops / chips / self.flop_rate(cores),
+        t = self.overhead(kind) + max(c.flops / chips / self.flop_rate(cores, kind),
                                       c.bytes / chips / bw)
         return t / cores if cores < 1.0 else t
 
