@@ -3,9 +3,9 @@
     locojax predict calibrate [--out FILE]
 
 Measures the f32 matmul rate (all cores and one), the copy bandwidth, the launch and
-per-layer overhead of locojax's prefill, decode iteration and train step, host work per
-prompt and row, and the latency and bandwidth between two local hosts (gloo), and writes
-a profile (default: $LOCOJAX_PROFILE, else ~/.cache/locojax/here.json). Then:
+per-layer overhead and the effective FLOP rate of locojax's prefill, decode iteration and
+train step, host work per prompt, row and step, and the latency and bandwidth between two
+local hosts (gloo), and writes a profile (default: $LOCOJAX_PROFILE, else ~/.cache/locojax/here.json). Then:
 
     locojax predict train demo ... --cluster here-2      # or --hardware FILE --cluster 2
 
