@@ -27,8 +27,9 @@ line say which are in force; `docs/security.md` lists each threat, its defence a
   bounded size; the run's files removed whatever their modes.
 
 Modes: "auto" is namespaces, else bwrap, each only with a process cap, an aggregate memory
-cap and a disk quota, else an error naming what is missing and how to get it; never "none". "none" (no filesystem, network or pid isolation) runs only when asked for by
-name, and says so in one warning line.
+cap and a disk quota (bwrap has no disk quota, so it runs by name only), else an error naming
+what is missing and how to get it; never "none". "none" (no filesystem, network or pid
+isolation) runs only when asked for by name, and says so in one warning line.
 
 Mechanics: the parent (`runner.py`) starts `bootstrap.py` as a script (`python -I -S
 bootstrap.py SPEC`, stdlib only, so it imports nothing from the project) in a new session.

@@ -50,7 +50,8 @@ class SandboxConfig:
     """How to isolate; the default picks the strongest mechanism this machine allows."""
 
     mode: str = "auto"
-    """"auto" (namespaces, else bwrap; an error when neither works), "namespaces", "bwrap", or
+    """"auto" (namespaces, else bwrap, each only with a process cap, a memory cap and a disk
+    quota, which bwrap lacks; an error when neither qualifies), "namespaces", "bwrap", or
     "none": no filesystem, network or pid isolation, only limits, a non-root uid without
     capabilities, and a loud warning. "none" is never chosen unless asked for by name."""
     ro_paths: tuple[str, ...] = ()

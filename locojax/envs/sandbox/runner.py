@@ -37,7 +37,9 @@ HOW_TO_ISOLATE = (
     "namespaces (sysctl kernel.unprivileged_userns_clone=1, or on Ubuntu 23.10+ "
     "kernel.apparmor_restrict_unprivileged_userns=0; in Docker, a seccomp profile that allows "
     "unshare/mount, e.g. --security-opt seccomp=unconfined); or install bubblewrap "
-    "(apt-get install bubblewrap). To run it without isolation, ask for that by name: "
+    "(apt-get install bubblewrap) and ask for it by name, --task.sandbox bwrap (weaker: no "
+    "disk quota, and non-root no process or memory cap without a delegated cgroup). To run "
+    "it without isolation, ask for that by name: "
     "--task.sandbox none (SandboxConfig(mode='none') in the library).")
 
 
