@@ -1,7 +1,8 @@
 """The user's task and reward modules reach every Ray actor (envs/user.py, fleet/driver.py):
 the driver ships them through Ray's runtime_env `py_modules`, and `disaggregated` and
 `async` runs from a project directory of the user's score every row with its TRL-style
-reward (module:function and file.py:function) in their rollout workers and verifiers."""
+reward (module:function and file.py:function), next to GSM8K's flexible correctness on the
+rows' answer column, in their rollout workers and verifiers."""
 
 import json
 import os
@@ -66,7 +67,7 @@ def _train(project, mode, reward, *args):
            "--mode", mode, "--steps", "2", "--rollout.prompts-per-step", "4",
            "--algo.group-size", "2", "--rollout.max-new-tokens", "8", "--eval.every", "0",
            "--no-progress", "--no-tensorboard", "--task.name", "data",
-           "--task.data", "rows.jsonl", "--task.reward", reward,
+           "--task.data", "rows.jsonl", "--task.reward", "flexible", reward,
            "--rollout.max-prompt-tokens", "auto", "--run-dir", str(project / "run"),
            "--ray-cpus", "2", *args]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
@@ -76,8 +77,9 @@ def _train(project, mode, reward, *args):
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     rows = [json.loads(line) for line in open(project / "run" / "metrics.jsonl")]
     assert [r["step"] for r in rows] == [1, 2]
-    for r in rows:  # every row scored by the user's function, none failed
+    for r in rows:  # every row scored by GSM8K's flexible reward and the user's function
         assert r["reward/errors"] == 0 and 0 <= r["reward/by_length/mean"] <= 1, r
+        assert 0 <= r["reward/correct_flexible/mean"] <= 1, r
     return out
 
 

@@ -115,7 +115,13 @@ def test_a_task_function_of_your_own(in_user_dir):
     (dict(name="data", reward=("mytask_mod:length",)), "needs --task.data"),
     (dict(name="data", data="rows.jsonl", reward=("mytask_mod:nope",)), "has no 'nope'"),
     (dict(name="data", data="rows.jsonl", reward=("nomod_xyz:f",)), "cannot import"),
-    (dict(name="data", data="rows.jsonl", reward=("strict",)), "module:function rewards only"),
+    (dict(name="data", data="rows.jsonl", reward=("strict",)), "needs --task.reward module"),
+    (dict(name="data", data="rows.jsonl", reward=("mytask_mod:length",), format_weight=0.5),
+     "no format reward of its own"),
+    (dict(name="math", data="rows.jsonl", reward=("flexible", "mytask_mod:length")),
+     "flexible does not apply"),
+    (dict(name="mytask_mod:make_task", reward=("flexible", "mytask_mod:length")),
+     "is your own: --task.reward takes module:function rewards only"),
     (dict(name="calc", reward=("mytask_mod:length",)), "has its own reward"),
     (dict(name="arith", reward=("mytask_mod:length",), format_weight=0.5),
      "add a format reward as another --task.reward"),
@@ -130,7 +136,7 @@ def test_a_task_config_that_cannot_run_is_refused_by_name(in_user_dir, cfg, mess
 
 
 def test_config_level_refusals():
-    with pytest.raises(ValueError, match="task.reward must be one of strict, flexible"):
+    with pytest.raises(ValueError, match="strict or flexible is one reward; name one"):
         TaskConfig(reward=("strict", "flexible"))
     with pytest.raises(ValueError, match="1 weights for 2"):
         TaskConfig(name="data", reward=("a:f", "b:g"), reward_weights=(1.0,))
@@ -171,3 +177,21 @@ def test_bad_reward_values_never_stop_a_run_nor_reach_the_advantages(tmp_path):
     # (a None alone on its row is an error too)
     assert sum(r.get("reward/errors", 0) for r in rows) == 7 * 4
     assert "on row rows.jsonl:" in out.stderr  # the first failures are logged by row
+
+
+def test_a_builtin_reward_named_with_yours_is_kept_next_to_them(in_user_dir):
+    """--task.reward flexible my_mod:fn: GSM8K's flexible correctness (weight 1, on the answer
+    column of a data task) plus your reward at its weight; alone, yours replaces it."""
+    data = write_jsonl(in_user_dir / "rows.jsonl", ROWS)
+    t = build(TaskConfig(name="data", data=data, prompt_field="q", answer_field="a",
+                         reward=("flexible", "mytask_mod:length"), reward_weights=(0.5,)),
+              seed=0)
+    ex = t.train[0]  # 2+3= -> 5
+    assert [n for n, _, _ in t.reward.parts] == ["correct_flexible", "length"]
+    assert t.score("so it is 5", ex)[0] == 1.0 + 0.5 * len("so it is 5")
+    assert t.score("it is 6", ex)[0] == 0.5 * len("it is 6")
+    t = build(TaskConfig(name="arith", level=1, reward=("strict", "mytask_mod:length"),
+                         format_weight=0.25), seed=0)
+    assert [(n, w) for n, _, w in t.reward.parts] == [("correct_strict", 1.0), ("format_ok", 0.25),
+                                                       ("length", 1.0)]
+    assert t.format_check is not None  # the built-in format is still reported

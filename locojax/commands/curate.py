@@ -45,7 +45,8 @@ class CurateArgs:
     (as `train --task.name`; docs/your_task.md)."""
     reward: tuple[str, ...] = ()
     """gsm8k: strict (the default) or flexible; or your own TRL-style rewards, module:function
-    or file.py:function, several after one flag (as `train --task.reward`)."""
+    or file.py:function, several after one flag, with strict or flexible among them to keep
+    the built-in correctness (as `train --task.reward`)."""
     reward_weights: tuple[float, ...] = ()
     """Weights of the module:function rewards (default: all 1)."""
     format_weight: float = 0.0

@@ -61,8 +61,8 @@ class EvalArgs:
     math) or chat (the checkpoint's own chat template, from its tokenizer_config.json)."""
     reward: tuple[str, ...] = ()
     """Correctness of gsm8k and arith: strict (the default, `#### N`) or flexible (the last
-    number); or your own TRL-style rewards, module:function, several after one flag (as `train
-    --task.reward`)."""
+    number); or your own TRL-style rewards, module:function, several after one flag, with
+    strict or flexible among them to keep the built-in correctness (as `train --task.reward`)."""
     reward_weights: tuple[float, ...] = ()
     """Weights of the module:function rewards (default: all 1)."""
     prompt_field: str = "prompt"

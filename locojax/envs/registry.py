@@ -62,8 +62,10 @@ class TaskConfig:
     or flexible (the last number in the reply, as lm-eval's flexible-extract; for instruct
     models that answer "... = 42"). Or your own rewards with TRL's signature,
     `module:function` or `file.py:function`, several after one flag (data, gsm8k, math,
-    arith, your own single-turn task: they replace the task's reward). One flag, not a
-    repeated one, so that it replaces a preset's reward rather than adding to it."""
+    arith, your own single-turn task: they replace the task's reward, unless strict or
+    flexible is named with them: then the built-in correctness, weight 1, is added to them;
+    for data it reads the answer column). One flag, not a repeated one, so that it replaces
+    a preset's reward rather than adding to it."""
     reward_weights: tuple[float, ...] = ()
     """Weights of the `module:function` rewards, one each (default: all 1), e.g.
     `--task.reward-weights 1 0.2`."""
@@ -101,11 +103,12 @@ class TaskConfig:
         if self.train_size < 1:
             raise ValueError(f"task.train_size must be >= 1, got {self.train_size}")
         bad = [r for r in self.reward if r not in REWARDS and not is_ref(r)]
-        if bad or len(self.reward) > 1 and set(self.reward) & set(REWARDS):
+        if bad:
             raise ValueError(f"task.reward must be one of {', '.join(REWARDS)} or module:function "
                              f"references (several allowed), got {', '.join(self.reward)}")
-        if len(self.reward) > 1 and not all(map(is_ref, self.reward)):
-            raise ValueError("task.reward: strict or flexible is one reward, not a list")
+        if sum(r in REWARDS for r in self.reward) > 1:
+            raise ValueError(f"task.reward: {' or '.join(REWARDS)} is one reward; name one, "
+                             f"got {', '.join(self.reward)}")
         if self.reward_weights and len(self.reward_weights) != len(self.user_rewards):
             raise ValueError(f"task.reward_weights has {len(self.reward_weights)} weights for "
                              f"{len(self.user_rewards)} module:function rewards")
@@ -120,6 +123,11 @@ class TaskConfig:
     def mode(self) -> str:
         """The built-in reward mode (strict unless --task.reward flexible)."""
         return self.reward[0] if self.reward and self.reward[0] in REWARDS else "strict"
+
+    @property
+    def builtin_reward(self) -> str:
+        """strict or flexible when named in --task.reward (kept next to user rewards), else ""."""
+        return next((r for r in self.reward if r in REWARDS), "")
 
     @property
     def user_rewards(self) -> tuple[str, ...]:
@@ -162,7 +170,8 @@ def _data(cfg: TaskConfig, seed: int, max_turns: int) -> dict:
     return dict(data=cfg.data, test_data=cfg.test_data, reward=cfg.user_rewards,
                 reward_weights=cfg.reward_weights, prompt_field=cfg.prompt_field,
                 answer_field=cfg.answer_field, split=cfg.split, test_split=cfg.test_split,
-                skip_invalid=cfg.skip_invalid)
+                skip_invalid=cfg.skip_invalid, builtin=cfg.builtin_reward,
+                format_weight=cfg.format_weight)
 
 
 def _no_inputs(cfg: TaskConfig) -> None:
@@ -175,11 +184,13 @@ def _reward_is_its_own(cfg: TaskConfig) -> None:
                                         or cfg.format_weight):
         raise ValueError(f"task {cfg.name!r} has its own reward: --task.reward and "
                          "--task.format-weight do not apply")
-    if cfg.name == "math" and cfg.reward and not cfg.user_rewards and cfg.reward != ("strict",):
-        raise ValueError("task 'math' scores \\boxed answers: --task.reward does not apply")
-    if cfg.user_rewards and cfg.format_weight:
+    if cfg.name == "math" and cfg.builtin_reward == "flexible":
+        raise ValueError("task 'math' scores \\boxed answers: --task.reward flexible does not "
+                         "apply")
+    if cfg.user_rewards and cfg.format_weight and not cfg.builtin_reward:
         raise ValueError("--task.format-weight weighs the built-in format reward; with your "
-                         "own rewards, add a format reward as another --task.reward")
+                         "own rewards, add a format reward as another --task.reward (or name "
+                         "strict or flexible with them to keep the built-in ones)")
     if not cfg.user_rewards and cfg.reward_weights:
         raise ValueError("--task.reward-weights weighs module:function rewards; none given")
     _rewards_load(cfg)
@@ -199,13 +210,12 @@ def _data_inputs(cfg: TaskConfig) -> None:
     if not cfg.data:
         raise ValueError("task 'data' needs --task.data (jsonl, parquet, a datasets directory "
                          "or a hub name)")
-    if cfg.reward != cfg.user_rewards:
-        raise ValueError("task 'data': --task.reward takes module:function rewards only")
     if not cfg.user_rewards:
         raise ValueError("task 'data' needs --task.reward module:function (a TRL-style "
-                         "reward; repeat it for several)")
-    if cfg.format_weight:
-        raise ValueError("task 'data' has no built-in format reward: add yours as another "
+                         "reward; several after one flag)")
+    if cfg.format_weight and not cfg.builtin_reward:
+        raise ValueError("task 'data' has no format reward of its own: name strict or "
+                         "flexible with your rewards for GSM8K's, or add yours as another "
                          "--task.reward")
     for path in (cfg.data, cfg.test_data):
         if path and not Path(path).exists() and not is_hub_name(path):
@@ -265,7 +275,7 @@ def check(cfg: TaskConfig) -> None:
 
     if cfg.format_weight:
         raise ValueError(f"task {cfg.name!r} is your own: --task.format-weight does not apply")
-    if cfg.reward and not cfg.user_rewards:
+    if cfg.builtin_reward:
         raise ValueError(f"task {cfg.name!r} is your own: --task.reward takes module:function "
                          "rewards only")
     if not callable(load_ref(cfg.name)):
@@ -289,8 +299,10 @@ def build(cfg: TaskConfig, seed: int, max_turns: int = 0) -> Task:
     if cfg.user_rewards and cfg.name != "data":  # gsm8k, math, arith: their data, your reward
         from locojax.envs.user import rewards
 
-        task = dataclasses.replace(task, reward=rewards(cfg.user_rewards, cfg.reward_weights),
-                                   format_check=None)
+        builtin = task.reward if cfg.builtin_reward else None  # kept next to yours
+        task = dataclasses.replace(
+            task, reward=rewards(cfg.user_rewards, cfg.reward_weights, builtin),
+            format_check=task.format_check if builtin else None)
     return task
 
 

@@ -211,9 +211,11 @@ def _accepted(fn, columns: dict[str, list]) -> dict[str, list]:
     return {k: v for k, v in columns.items() if k in names}
 
 
-def rewards(refs: Sequence[str], weights: Sequence[float] = ()) -> Reward:
+def rewards(refs: Sequence[str], weights: Sequence[float] = (), builtin: Reward | None = None
+            ) -> Reward:
     """The weighted sum of TRL-signature rewards named by `refs` (weights default to 1),
-    each imported now so that a typo stops the run before any work."""
+    each imported now so that a typo stops the run before any work; plus `builtin` (a
+    task's own reward, e.g. GSM8K's flexible correctness) at weight 1 if given."""
     if weights and len(weights) != len(refs):
         raise ValueError(f"--task.reward-weights has {len(weights)} weights for {len(refs)} "
                          "rewards")
@@ -228,6 +230,8 @@ def rewards(refs: Sequence[str], weights: Sequence[float] = ()) -> Reward:
     names = [ref if names.count(n) > 1 else n for n, ref in zip(names, refs)]
     terms = [(TRLReward(ref, name), float(w))
              for ref, name, w in zip(refs, names, weights or [1.0] * len(refs))]
+    if builtin is not None:
+        terms.insert(0, (builtin, 1.0))
     return combine_rewards(terms) if len(terms) > 1 or terms[0][1] != 1.0 else terms[0][0]
 
 
@@ -272,15 +276,23 @@ def load(source: str, prompt_field: str = "prompt", answer_field: str = "answer"
 
 def task(data: str, reward: Sequence[str], test_data: str = "", prompt_field: str = "prompt",
          answer_field: str = "answer", reward_weights: Sequence[float] = (),
-         split: str = "train", test_split: str = "test", skip_invalid: bool = False) -> Task:
+         split: str = "train", test_split: str = "test", skip_invalid: bool = False,
+         builtin: str = "", format_weight: float = 0.0) -> Task:
     """The `data` task: `data` (and `test_data`, default: `data`'s `test_split` if it has
-    one, else `data` itself) scored by the rewards `reward` names."""
+    one, else `data` itself) scored by the rewards `reward` names; `builtin` (strict,
+    flexible): GSM8K's correctness on the answer column next to them, and its format reward
+    at `format_weight`."""
     from locojax.envs.data import has_split
 
     if not reward:
         raise ValueError("task 'data' needs --task.reward module:function (a TRL-style "
                          "reward; repeat it for several)")
-    fn = rewards(reward, reward_weights)
+    own = None
+    if builtin:
+        from locojax.envs import gsm8k
+
+        own = gsm8k.reward(builtin, format_weight)
+    fn = rewards(reward, reward_weights, own)
     train = load(data, prompt_field, answer_field, split, skip_invalid)
     if test_data:
         test = load(test_data, prompt_field, answer_field, test_split, skip_invalid)
