@@ -91,3 +91,18 @@ def test_user_code_that_raises_on_one_host_mid_run(tmp_path):
         "[launch] host 1 failed: locojax train: host 1 of 2: KeyError: 'row "), lines[-20:]
     assert after[0].endswith(f"is missing on this host' (at {tmp_path / 'rows_task.py'}:14)")
     assert not any("Check failure" in line or "DEADLINE_EXCEEDED" in line for line in lines)
+
+
+def test_eval_ends_the_same_way(tmp_path):
+    (tmp_path / "boom.py").write_text(BOOM)
+    (tmp_path / "rows.jsonl").write_text(json.dumps({"prompt": "1+1=", "answer": 2}) + "\n")
+    out = subprocess.run([sys.executable, "-m", "locojax.cli", "launch", "--hosts", "2",
+                          "--heartbeat-s", "10", "--", "eval", "--model", "tiny", "--task",
+                          "data", "--data", "rows.jsonl", "--reward", "boom.py:score",
+                          "--max-new-tokens", "4", "--out", str(tmp_path / "e.jsonl")],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    last = (out.stdout + out.stderr).strip().splitlines()[-1]
+    assert out.returncode == 2
+    assert last == (f"[launch] host 1 failed: locojax eval: host 1 of 2: ValueError: "
+                    f"'boom.py:score': cannot import 'boom' (RuntimeError: reward table "
+                    f"missing on this host) (at {tmp_path / 'boom.py'}:6)"), last

@@ -195,21 +195,36 @@ def main(argv: list[str]) -> int:
         if args.k < 1 or args.batch_size < 1 or args.limit < 0:
             raise ValueError("--k and --batch-size must be >= 1 and --limit >= 0")
         host = distributed.initialize()  # before anything touches the JAX backend
-        setup = _setup(args, host)
-    except (ValueError, OSError, TypeError, DataError) as e:
-        print(f"locojax eval: {own_flags(str(e))}", file=sys.stderr)
-        return 2
-    if host.process_id == 0:
-        parts = setup[1]
-        print(f"prompts: {parts.prompts.describe(args.max_prompt_tokens)}", flush=True)
-    try:
-        rows = _score(args, host, *setup)
-    except ValueError as e:  # a prompt longer than --max-prompt-tokens names its row
+    except (ValueError, OSError, TypeError) as e:
         print(f"locojax eval: {e}", file=sys.stderr)
         return 2
+    try:
+        setup = _setup(args, host)
+        if host.process_id == 0:
+            parts = setup[1]
+            print(f"prompts: {parts.prompts.describe(args.max_prompt_tokens)}", flush=True)
+        rows = _score(args, host, *setup)
+    except (ValueError, OSError, TypeError, DataError) as e:  # bad input, named
+        return _failed(host, e, 2)
+    except Exception as e:
+        if not host.is_multihost:
+            raise
+        return _failed(host, e, 1)
     if host.process_id == 0:
         _report(args, host, setup[1].task, setup[3], rows)
     return 0
+
+
+def _failed(host, error: Exception, code: int) -> int:
+    """Say `error` (in this command's flags) and return `code`; on several hosts, as the
+    last line, leaving at once (`locojax/failure.py`)."""
+    from locojax import failure
+
+    if host.is_multihost:
+        return failure.stop("eval", error, code, host.process_id, host.num_processes,
+                            show_traceback=code != 2)
+    print(f"locojax eval: {own_flags(str(error))}", file=sys.stderr)
+    return code
 
 
 def _setup(args: EvalArgs, host):
