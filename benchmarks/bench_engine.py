@@ -25,6 +25,11 @@ bandwidth measured in this run (a 512 MiB f32 `jnp.sum`); time per generated tok
 to `small-512`'s. `--sweep blocks` / `rows` / `folds` measure decoder.BLOCK, engine.MIN_ROWS
 and attention.FOLD_SLOTS;
 `--trace small-512` sums a steady decode step's time per XLA op (jax.profiler).
+`real-8`, `real-32`, `real-128`: the converted SmolLM2-135M-Instruct (`models/`, `make
+real-model`) decoding 8, 32 or 128 rows, for `--trace` and `--sweep weights` (f32 against a
+bf16 rollout copy of the weights: ms per step, share of the roofline, the sampler-learner
+logprob gap); the table's "locojax of roofline" is a generate's FLOPs at the measured matmul
+peak or its bytes at the measured bandwidth, whichever bounds it, over its time.
 
 Each shape's table row is printed as the shape ends, then the whole table. `--prompts-4096 8`
 halves small-4096's batch (64 rows; its L_r are the first 64 of the same draw, max 1,421
@@ -58,7 +63,7 @@ from benchmarks.peers import install  # noqa: E402
 from locojax.engine.engine import Engine  # noqa: E402
 from locojax.engine.sampling import SamplingConfig  # noqa: E402
 from locojax.model import config as model_config  # noqa: E402
-from locojax.model import params  # noqa: E402
+from locojax.model import loader, params  # noqa: E402
 from locojax.model.hf_io import to_state_dict  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -89,19 +94,30 @@ class Shape:
         return np.clip(np.ceil(MEDIAN_LENGTH * np.exp(SIGMA * z)), 1, self.new_tokens).astype(int)
 
 
+REAL = os.path.join(os.path.dirname(HERE), "models", "SmolLM2-135M-Instruct")
+"""The converted real model (`locojax convert`, docs/real_model.md): the `real-*` shapes'."""
+
 SHAPES = {s.name: s for s in [
     Shape("tiny", "tiny", 8, 4, 16, 32, False),
     Shape("small", "small", 16, 8, 32, 64, False),
     *(Shape(f"small-{n}", "small", 16, 8, 32, n, True) for n in (512, 1024, 4096)),
+    # The real model's decode at 8, 32 and 128 rows (G 4, as the real-model run's groups):
+    # a 128-token prompt (GSM8K's are ~60-115), exactly 128 new tokens.
+    *(Shape(f"real-{r}", REAL, r // 4, 4, 128, 128, False) for r in (8, 32, 128)),
 ]}
 
 
-def read_bandwidth(runs: int = 5) -> float:
-    """Bytes/s of a 512 MiB f32 `jnp.sum` (the best of `runs`)."""
-    x = jnp.ones(2 ** 27, jnp.float32)
-    f = jax.jit(jnp.sum)
-    f(x).block_until_ready()
-    return x.nbytes / min(timed(lambda: f(x).block_until_ready()) for _ in range(runs))
+def model(s: Shape):
+    """(cfg, weights) of a shape: a preset's random f32 weights (key 0), or the checkpoint
+    at a path (`loader.load`)."""
+    if s.model in model_config.PRESETS:
+        cfg = model_config.PRESETS[s.model]()
+        return cfg, params.init(cfg, jax.random.key(0))
+    if not os.path.isdir(s.model):
+        raise SystemExit(f"{s.name}: no converted model at {s.model} (docs/real_model.md "
+                         "says how to make it)")
+    loaded = loader.load(s.model)
+    return loaded.cfg, loaded.weights
 
 
 def generate_flops(cfg, s) -> float:
@@ -118,6 +134,24 @@ def generate_flops(cfg, s) -> float:
     decode = rows * sum(cfg.flops_per_token(s.prompt_tokens + i + 1)
                         for i in range(s.new_tokens - 1))
     return float(prefill + decode)
+
+
+def weight_bytes(weights) -> int:
+    """Bytes of every weight: what one decode step (or prefill) reads of them."""
+    return sum(x.nbytes for x in jax.tree.leaves(weights))
+
+
+def generate_bytes(cfg, weights, s: Shape) -> int:
+    """Bytes a generate must read: the weights once per program step (prefill and each
+    decode step up to the longest row's) and the KV cache its attention reads (`cache_bytes`)."""
+    return weight_bytes(weights) * int(s.lengths().max()) + cache_bytes(cfg, s)
+
+
+def roofline(seconds: float, flops: float, nbytes: float, peak: float, bandwidth: float) -> str:
+    """'x% (bytes|FLOPs)': the roofline's share of a measured time, and which side bounds it."""
+    side = "bytes" if nbytes / bandwidth >= flops / peak else "FLOPs"
+    share = harness.roofline_share(seconds, flops, nbytes, peak, bandwidth)
+    return f"{100 * share:.0f}% ({side})"
 
 
 def cache_bytes(cfg, s: Shape, itemsize: int = 4) -> int:
@@ -276,11 +310,12 @@ def profile(once):
 
 
 HEAD = ["shape", "tokens", "locojax tok/s", "HF tok/s", "Tunix tok/s", "vs HF", "vs Tunix",
-        "cache read GB/s (of bandwidth)", "s/token vs small-512",
+        "cache read GB/s (of bandwidth)", "locojax of roofline", "s/token vs small-512",
         "first run s (locojax / HF / Tunix)"]
 
 
-def table_row(r: dict, bandwidth: float, per_token_512: float | None) -> list[str]:
+def table_row(r: dict, bandwidth: float, per_token_512: float | None,
+              peak: float = float("nan")) -> list[str]:
     """One shape's row of the table: rates, locojax's ratios, its cache reads."""
     s, med, tok = r["shape"], r["median"], r["tokens"]
     rate = {k: f"{tok / v:,.0f}" for k, v in med.items()}
@@ -289,13 +324,14 @@ def table_row(r: dict, bandwidth: float, per_token_512: float | None) -> list[st
     rel = f"{med['locojax'] / tok / per_token_512:.2f}x" if per_token_512 and s.long_tail else ""
     return [s.name, str(tok), rate["locojax"], rate.get("HF", "-"), rate.get("Tunix", "-"),
             ratio.get("HF", "-"), ratio.get("Tunix", "-"),
-            f"{read / 1e9:.2f} ({100 * read / bandwidth:.0f}% of {bandwidth / 1e9:.1f})", rel,
+            f"{read / 1e9:.2f} ({100 * read / bandwidth:.0f}% of {bandwidth / 1e9:.1f})",
+            roofline(med["locojax"], generate_flops(r["cfg"], s), r["bytes"], peak, bandwidth),
+            rel,
             " / ".join(f"{v:.1f}" for v in r["first"].values())]
 
 
 def bench_shape(s: Shape, runs: int, peer_runs: int, tunix_python) -> dict:
-    cfg = model_config.PRESETS[s.model]()
-    weights = params.init(cfg, jax.random.key(0))
+    cfg, weights = model(s)
     prompts = np.asarray(jax.random.randint(
         jax.random.key(1), (s.prompts, s.prompt_tokens), 1, cfg.vocab_size - 1), np.int32)
     lengths = s.lengths()
@@ -330,6 +366,7 @@ def bench_shape(s: Shape, runs: int, peer_runs: int, tunix_python) -> dict:
     if s.long_tail:
         profile(sides["locojax"])
     return dict(shape=s, cfg=cfg, tokens=int(lengths.sum()), first=first,
+                bytes=generate_bytes(cfg, weights, s),
                 median={k: statistics.median(v) for k, v in times.items()})
 
 
@@ -340,12 +377,15 @@ def main(argv=None) -> int:
     ap.add_argument("--peer-runs", "--hf-runs", type=int, default=2,
                     help="steady-state runs of HF and Tunix")
     ap.add_argument("--no-tunix", action="store_true", help="skip Tunix's sampler")
-    ap.add_argument("--sweep", choices=("blocks", "rows", "folds"),
-                    help="measure BLOCK, MIN_ROWS or FOLD_SLOTS")
+    ap.add_argument("--sweep", choices=("blocks", "rows", "folds", "weights"),
+                    help="measure BLOCK, MIN_ROWS, FOLD_SLOTS, or f32 against bf16 rollout "
+                         "weights at --shapes (e.g. real-8 real-32 real-128)")
     ap.add_argument("--trace", choices=list(SHAPES),
                     help="trace steady decode steps of this shape and sum them per XLA op")
     ap.add_argument("--trace-start", type=int, default=150,
                     help="decode step the traced steps start from (after 2 x 20 untraced)")
+    ap.add_argument("--weights-dtype", choices=("bf16",),
+                    help="--trace with a bf16 rollout copy of the weights")
     ap.add_argument("--prompts-4096", type=int, default=16,
                     help="B of small-4096 (fewer: a shorter run; its rows' L_r are the first "
                          "B x G of the same draw)")
@@ -360,10 +400,13 @@ def main(argv=None) -> int:
 
         if args.sweep == "folds":
             engine_sweeps.sweep_folds(args.runs)
+        elif args.sweep == "weights":
+            engine_sweeps.sweep_weights([SHAPES[n] for n in args.shapes], args.runs)
         elif args.sweep:
             engine_sweeps.sweep(args.sweep, args.runs)
         else:
-            engine_sweeps.trace_decode(SHAPES[args.trace], args.trace_start)
+            engine_sweeps.trace_decode(SHAPES[args.trace], args.trace_start,
+                                       weights_dtype=args.weights_dtype)
             return 0
         print(f"load average at end {harness.loads()}")
         return 0
@@ -375,18 +418,21 @@ def main(argv=None) -> int:
         else:
             print(f"Tunix: no venv at {peer.root(install.DEFAULT_CACHE)} "
                   "(`python benchmarks/peers/install.py tunix` makes it)")
-    bandwidth = read_bandwidth()
-    print(f"memory read bandwidth (512 MiB f32 jnp.sum, best of 5): {bandwidth / 1e9:.1f} GB/s")
+    bandwidth, peak = harness.read_bandwidth(), harness.matmul_peak()
+    print(f"memory read bandwidth (512 MiB f32 jnp.sum, best of 5): {bandwidth / 1e9:.1f} GB/s; "
+          f"matmul peak (2048^3 f32, median of 5): {peak / 1e9:.0f} GFLOP/s")
     results, per_token_512 = [], None
     for name in args.shapes:  # each shape's row as it ends, so a cut-short run still tells
         results.append(bench_shape(SHAPES[name], args.runs, args.peer_runs, tunix_python))
         if name == "small-512":
             per_token_512 = results[-1]["median"]["locojax"] / results[-1]["tokens"]
-        print("\n".join(harness.table(HEAD, [table_row(results[-1], bandwidth, per_token_512)]))
+        print("\n".join(harness.table(HEAD, [table_row(results[-1], bandwidth, per_token_512,
+                                                        peak)]))
               + f"\n  load average {harness.loads()}", flush=True)
-    bandwidth = max(bandwidth, read_bandwidth())  # the better of two, around the runs
+    # the better of two, around the runs
+    bandwidth, peak = max(bandwidth, harness.read_bandwidth()), max(peak, harness.matmul_peak())
 
-    print("\n" + "\n".join(harness.table(HEAD, [table_row(r, bandwidth, per_token_512)
+    print("\n" + "\n".join(harness.table(HEAD, [table_row(r, bandwidth, per_token_512, peak)
                                                 for r in results])))
     print(f"load average at end {harness.loads()}; medians of steady-state runs, sides "
           "alternating")

@@ -18,8 +18,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks import harness
-from benchmarks.bench_engine import SHAPES, Shape, locojax_runner
+from benchmarks import bench_engine, harness
+from benchmarks.bench_engine import SHAPES, Shape, locojax_runner, model
 from locojax.engine.decode import compact_jit
 from locojax.engine.engine import Engine
 from locojax.engine.sampling import SamplingConfig
@@ -27,7 +27,7 @@ from locojax.model import config as model_config
 from locojax.model import params
 
 
-def trace_decode(s: Shape, start: int, steps: int = 20):
+def trace_decode(s: Shape, start: int, steps: int = 20, weights_dtype=None):
     """Where a steady decode step's time goes, per XLA op: `steps` decode steps of the full
     batch from step `start` (a context of P + start slots), traced with `jax.profiler` and
     summed by op as `profile_train.py` sums a train step's."""
@@ -37,11 +37,10 @@ def trace_decode(s: Shape, start: int, steps: int = 20):
     from benchmarks.profile_train import trace_summary
     from locojax.engine.engine import Decoding
 
-    cfg = model_config.PRESETS[s.model]()
-    weights = params.init(cfg, jax.random.key(0))
+    cfg, weights = model(s)
     prompts = np.asarray(jax.random.randint(
         jax.random.key(1), (s.prompts, s.prompt_tokens), 1, cfg.vocab_size - 1), np.int32)
-    engine = Engine(cfg)
+    engine = Engine(cfg, weights_dtype=weights_dtype)
     sampling = SamplingConfig(max_new_tokens=s.new_tokens, temperature=1.0,
                               ignore_eos=not s.long_tail)
     decoding = Decoding(engine, engine.prefill(
@@ -167,3 +166,107 @@ def sweep_folds(runs: int):
         print(f"  rows {rows:3d}, fold {m:2d} ({rows * m * 32:5d} row-slots an iteration): "
               f"{statistics.median(v):6.2f} ms per decode step at {FOLD_WRITTEN} slots "
               f"(runs {' '.join(f'{t:.2f}' for t in v)})", flush=True)
+
+
+def learner_logprobs(cfg, weights, prompts, prompt_mask, out, group: int, temperature: float):
+    """[R, N] log π(token) of a generate's tokens under `weights` by the trainer's forward
+    over prompt + completion (`decoder.token_logprobs`, as the learner scores a rollout)."""
+    from locojax.model import decoder
+
+    p = prompts.shape[1]
+    tokens = jnp.concatenate([jnp.repeat(prompts, group, 0), out.tokens], 1)  # [R, P + N]
+    mask = jnp.concatenate([jnp.repeat(prompt_mask, group, 0), out.mask], 1)
+    positions = jnp.maximum(jnp.cumsum(mask, 1) - 1, 0)
+
+    @jax.jit
+    def score(weights, tokens, positions, mask):
+        hidden, _ = decoder.forward(weights, tokens, positions, cfg, mask=mask)
+        return decoder.token_logprobs(weights, hidden[:, p - 1:-1], tokens[:, p:], cfg,
+                                      temperature)[0]
+
+    return score(weights, tokens, positions, mask)
+
+
+WEIGHT_ARMS = {"f32": {}, "bf16 weights": {"weights_dtype": "bf16"},
+               "bf16 weights + cache": {"weights_dtype": "bf16", "cache_dtype": "bf16"}}
+
+
+def step_roofline(cfg, weights, rows: int, context: int, cache_itemsize: int):
+    """(FLOPs, bytes) of one decode step at `rows` rows attending to `context` slots: every
+    weight read once, each row's keys and values at every layer."""
+    per_slot = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim
+    nbytes = sum(x.nbytes for x in jax.tree.leaves(weights)) + (
+        rows * context * per_slot * cache_itemsize)
+    return rows * cfg.flops_per_token(context), nbytes
+
+
+def sweep_weights(shapes: list[Shape], runs: int, steps: int = 20):
+    """f32 against a bf16 rollout copy of the weights (`Engine(weights_dtype="bf16")`), and with
+    a bf16 cache too, at each shape's rows: ms per decode step over `steps` steps from token 4
+    (arms interleaved) and its share of the roofline (`harness.roofline_share`: the step's
+    FLOPs at the matmul peak or its weight and cache bytes at the read bandwidth, measured
+    here); then, on the first shape, the sampler-learner gap: each arm's generate of chat
+    prompts scored by the f32 learner's forward, mean and max |Δ logprob| over the sampled
+    tokens."""
+    from locojax.engine.engine import Decoding, pad_prompts, rollout_copy
+    from locojax.train import build
+
+    cfg, weights = model(shapes[0])
+    arms = {}
+    for s in shapes:
+        prompts = np.asarray(jax.random.randint(
+            jax.random.key(1), (s.prompts, s.prompt_tokens), 1, cfg.vocab_size - 1), np.int32)
+        sampling = SamplingConfig(max_new_tokens=s.new_tokens, temperature=1.0, ignore_eos=True)
+        for arm, kw in WEIGHT_ARMS.items():
+            engine = Engine(cfg, min_rows=None, **kw)
+
+            def run(engine=engine, prompts=prompts, sampling=sampling, s=s):
+                d = Decoding(engine, engine.prefill(weights, prompts, jax.random.key(0),
+                                                    sampling, num_samples=s.group))
+                d.advance(4)
+                jax.block_until_ready(d.turn)
+                t0 = time.perf_counter()
+                d.advance(steps)
+                jax.block_until_ready(d.turn)
+                return (time.perf_counter() - t0) / steps  # the rest is not decoded
+
+            arms[s, arm] = run
+    for fn in arms.values():
+        fn()
+    bandwidth, peak = harness.read_bandwidth(), harness.matmul_peak()
+    times = harness.interleave(arms, runs)
+    bandwidth, peak = max(bandwidth, harness.read_bandwidth()), max(peak, harness.matmul_peak())
+    print(f"  read bandwidth {bandwidth / 1e9:.1f} GB/s, matmul peak {peak / 1e9:.0f} GFLOP/s "
+          f"(best of before and after); load {harness.loads()}")
+    head = ["shape", "rows", "weights / cache", "ms per decode step (runs)", "roofline ms",
+            "share of roofline"]
+    table = []
+    for (s, arm), v in times.items():
+        kw = WEIGHT_ARMS[arm]
+        w = weights if "weights_dtype" not in kw else rollout_copy(weights, jnp.dtype("bfloat16"))
+        flops, nbytes = step_roofline(cfg, w, s.rows, s.prompt_tokens + 4 + steps // 2,
+                                      2 if "cache_dtype" in kw else 4)
+        sec = statistics.median(v)
+        runs_ms = " ".join(f"{1000 * t:.1f}" for t in v)
+        table.append([s.name, s.rows, arm, f"{1000 * sec:.1f} ({runs_ms})",
+                      f"{1000 * harness.roofline_seconds(flops, nbytes, peak, bandwidth):.1f}",
+                      bench_engine.roofline(sec, flops, nbytes, peak, bandwidth)])
+    print("\n".join(harness.table(head, table)), flush=True)
+
+    s = shapes[0]
+    tok = build.tokenizer_of(s.model, "chat")
+    rng = np.random.default_rng(0)
+    texts = [f"What is {a} + {b}? Explain step by step."
+             for a, b in rng.integers(0, 100, (s.prompts, 2))]
+    prompts, prompt_mask = pad_prompts([tok.encode(t) for t in texts], tok.pad_id)
+    sampling = SamplingConfig(max_new_tokens=s.new_tokens, temperature=1.0,
+                              stop_token_ids=tuple(tok.stop_ids), pad_token_id=tok.pad_id)
+    for arm, kw in WEIGHT_ARMS.items():
+        out = Engine(cfg, **kw).generate(
+            weights, prompts, jax.random.key(0), sampling, num_samples=s.group,
+            prompt_mask=prompt_mask)
+        learner = learner_logprobs(cfg, weights, prompts, prompt_mask, out, s.group, 1.0)
+        gap = np.abs(np.asarray(learner) - np.asarray(out.logprobs))[np.asarray(out.mask)]
+        print(f"  sampler ({arm}) vs f32 learner, {s.rows} rows of chat "
+              f"prompts ({prompts.shape[1]} tokens), {gap.size} sampled tokens: "
+              f"|Δ logprob| mean {gap.mean():.2e}, max {gap.max():.2e}", flush=True)

@@ -81,6 +81,7 @@ def test_bench_engine_tiny_against_hf():
     assert len(rows) == 2  # printed as the shape ends, then in the whole table
     assert rows[0][1] == str(8 * 4 * 32)  # tokens: exactly N a row
     assert rows[-1][5].endswith("x") and rows[-1][6] == "-"  # vs HF; no Tunix
+    assert rows[-1][8].endswith(("(bytes)", "(FLOPs)")) and "%" in rows[-1][8]  # roofline
 
 
 def test_profile_generate_smoke():
@@ -92,7 +93,7 @@ def test_profile_generate_smoke():
 def test_profile_train_and_train_step_memory_tiny():
     out = bench("profile_train", "--shape", "tiny", "--steps", "1", "--traced", "1",
                 "--top", "3")
-    assert "steady steps: " in out and "op kind" in out
+    assert "steady steps: " in out and "op kind" in out and "kernels launched per step: " in out
     out = bench("train_step_memory", "tiny", as_file=True)
     assert "tiny" in out and "temporaries" in out and "XLA/expected" in out
 

@@ -115,7 +115,8 @@ whether that is worth ~3 ms a step on the longest rows' tail is open (docs/engin
 
 
 WEIGHT_DTYPES = {"bf16": jnp.bfloat16}
-"""Rollout copies of the weights by name (`Engine(weights_dtype=...)`, `--rollout.weights-dtype`)."""
+"""Rollout copies of the weights by name (`Engine(weights_dtype=...)`,
+`--rollout.weights-dtype`)."""
 
 
 def _is_matrix(x) -> bool:

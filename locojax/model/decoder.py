@@ -155,7 +155,7 @@ def narrow(weight_dtype, compute_dtype) -> bool:
     copy, `Engine(weights_dtype=...)`): such a matmul rounds its activations to the weights'
     dtype and accumulates in the compute dtype. XLA:CPU runs a bf16 x bf16 -> f32 dot 1.3-1.9x
     faster than the f32 one at decode's 8-128 rows, but a bf16 weight upcast to f32 first
-    2-7x slower (docs/engine_benchmark.md, "bf16 rollout weights"); f32 weights are as before.
+    2-14x slower (docs/engine_benchmark.md, "Real model"); f32 weights are as before.
     """
     w, c = jnp.dtype(weight_dtype), jnp.dtype(compute_dtype)
     return w.itemsize == 2 and jnp.issubdtype(w, jnp.floating) and c.itemsize > 2
@@ -218,12 +218,12 @@ def layer(cfg: ModelConfig, x, w, positions, visible, cache_kv=None,
 def layer_weights(stacked: Weights, i) -> Weights:
     """Layer i's weights, read out of the stacked [L, ...] ones inside a cached forward's loop.
 
-    Not as the layer scan's `xs`: XLA:CPU copied each layer's slice of those out before its
-    matmuls (~22 ms of a 32-row SmolLM2 decode step's ~120), and a bf16 rollout copy's
-    whole stack converted to f32 at every call. An optimization barrier tying the stack to
-    the loop index (as `KVCache.read` ties the cache) keeps the slice in the loop and lets
-    the matmul read it in place: a 30-layer [32, 576] x [576, 1536] loop measured 13 ms
-    against the scan's 38 in f32, 7.6 in bf16 (docs/engine_benchmark.md, "Real model")."""
+    Not as the layer scan's `xs`: scanned, a bf16 rollout copy's whole stack was converted to
+    f32 at every call (XLA:CPU slices no bf16 array as it is). The optimization barrier tying
+    the stack to the loop index (as `KVCache.read` ties the cache) keeps the slice inside the
+    loop. Each layer's slice is still copied before its matmuls, in f32 as when scanned
+    (~22 ms of a 32-row SmolLM2-135M step; neutral in f32 against the scan), in bf16 at half
+    the bytes (docs/engine_benchmark.md, "Real model")."""
     stacked, i = jax.lax.optimization_barrier((stacked, i))
     return jax.tree.map(lambda w: jax.lax.dynamic_index_in_dim(w, i, 0, keepdims=False), stacked)
 
