@@ -22,23 +22,22 @@ _PACKAGE = Path(__file__).resolve().parent
 
 
 def user_frame(error: BaseException) -> str:
-    """`file:line` of the innermost frame of user code in `error`'s traceback, or in the
-    exceptions it was raised from; "" if there is none."""
+    """`file:line` of the innermost frame of user code in `error`'s traceback, or deeper, in
+    the exceptions it was raised from (a cause's frames are inner to its wrapper's); "" if
+    there is none."""
     from locojax.envs.user import _installed_dirs
 
     installed = [*_installed_dirs(), _PACKAGE]
     found, seen = "", set()
     e: BaseException | None = error
-    while e is not None and id(e) not in seen:  # the cause's frames are innermost
+    while e is not None and id(e) not in seen:
         seen.add(id(e))
         for frame in traceback.extract_tb(e.__traceback__):
             path = Path(frame.filename).resolve()
             if frame.filename.startswith("<") or any(path.is_relative_to(d) for d in installed):
                 continue
             found = f"{frame.filename}:{frame.lineno}"
-        e = e.__cause__ or e.__context__
-        if found:
-            break
+        e = e.__cause__ or (None if e.__suppress_context__ else e.__context__)
     return found
 
 
