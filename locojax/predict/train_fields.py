@@ -64,6 +64,7 @@ REFUSED = {
     "task.answer_field": "lengths are read from answer/solution fields; pass --lengths-from "
                          "RUN_DIR (a rollout dump)",
     "placement.verifiers": "rewards are costed on the worker, not on verifier actors",
+    "rollout.weights_dtype": "decode's weight bytes and dots are costed in the compute dtype",
 }
 
 IRRELEVANT = {
