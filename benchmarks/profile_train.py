@@ -5,6 +5,9 @@ token real, random advantages), compiles `train_step`, times steady steps, then 
 few steps with `jax.profiler` and sums the XLA:CPU events of the trace by op name (and by
 op kind: the name without its numeric suffix). Totals are wall time of the events on all
 threads, so concurrent ops add up; compare rows against each other, not with the step time.
+It also counts the kernels the compiled step launches (fusions, dots and custom calls of its
+entry computation) by the JAX operation they came from: at TINY a step is ~600 kernels of
+~25 us each, not its FLOPs, which is what bounds it (docs/peers_benchmark.md).
 
 Usage:  .venv/bin/python benchmarks/profile_train.py --shape small [--beta 0.04] [--top 40]
 """
@@ -89,6 +92,31 @@ def trace_summary(trace_dir: Path, top: int) -> str:
     return "\n".join(out)
 
 
+KERNEL = re.compile(r"= \S+ (fusion|dot|custom-call|convolution)\(")
+OP_NAME = re.compile(r'op_name="([^"]*)"')
+
+
+def kernel_summary(hlo: str, top: int) -> str:
+    """Kernels of the entry computation of optimized HLO text, by kind and by the first two
+    levels of the JAX op that made each (`jvp()/...`: forward; `transpose(jvp())/...`:
+    backward), nested `closed_call`s left out."""
+    entry = hlo[hlo.index("\nENTRY"):]
+    entry = entry[:entry.index("\n}")]
+    kinds, origins = collections.Counter(), collections.Counter()
+    for line in entry.splitlines():
+        kind = KERNEL.search(line)
+        if kind is None:
+            continue
+        kinds[kind.group(1)] += 1
+        op = OP_NAME.search(line)
+        parts = [p for p in (op.group(1) if op else "").split("/")[1:] if p != "closed_call"]
+        origins["/".join(parts[:2]) or "?"] += 1
+    out = [f"kernels launched per step: {sum(kinds.values())} "
+           f"({', '.join(f'{n} {k}' for k, n in kinds.most_common())})"]
+    out += [f"  {n:5d}  {name[:70]}" for name, n in origins.most_common(top)]
+    return "\n".join(out)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shape", choices=sorted(SHAPES), default="small")
@@ -99,9 +127,10 @@ def main(argv=None) -> int:
     ap.add_argument("--hlo", default="", help="write the optimized HLO text here")
     args = ap.parse_args(argv)
     state, batch, ref, cfg, lcfg = synthetic_setup(args.shape, SHAPES[args.shape], args.beta)
+    hlo = train_step.lower(state, batch, ref, model_cfg=cfg, cfg=lcfg).compile().as_text()
     if args.hlo:
-        lowered = train_step.lower(state, batch, ref, model_cfg=cfg, cfg=lcfg)
-        Path(args.hlo).write_text(lowered.compile().as_text())
+        Path(args.hlo).write_text(hlo)
+    print(kernel_summary(hlo, args.top))
     t0 = time.perf_counter()
     state, m = train_step(state, batch, ref, model_cfg=cfg, cfg=lcfg)
     jax.block_until_ready(state)
