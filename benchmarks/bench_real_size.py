@@ -109,7 +109,7 @@ def train(args) -> dict:
     from locojax.envs.gsm8k import make_prompt
     from locojax.model import loader
     from locojax.profiler import StepTimer
-    from locojax.rollout.single_turn import encode_prompt
+    from locojax.envs.prompt import encode_prompt
     from locojax.train import wiring
     from locojax.train.config import EvalConfig, RolloutConfig, gsm8k_qwen3
     from locojax.train.loop import start

@@ -77,7 +77,7 @@ def prepare_data(workload: str, source: Path, prompt_tokens: int, work_dir: Path
     """`source` less the rows whose prompt (the task's plain template) does not encode within
     `prompt_tokens` with the char tokenizer: non-ASCII text, or too long (the run would stop)."""
     from locojax.envs import gsm8k, math_boxed
-    from locojax.rollout.single_turn import encode_prompt
+    from locojax.envs.prompt import encode_prompt
     from locojax.tokenizer.char import CharTokenizer
 
     module = gsm8k if workload == "gsm8k" else math_boxed

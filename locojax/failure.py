@@ -25,9 +25,9 @@ def user_frame(error: BaseException) -> str:
     """`file:line` of the innermost frame of user code in `error`'s traceback, or deeper, in
     the exceptions it was raised from (a cause's frames are inner to its wrapper's); "" if
     there is none."""
-    from locojax.envs.user import _installed_dirs
+    from locojax.envs.user import installed_dirs
 
-    installed = [*_installed_dirs(), _PACKAGE]
+    installed = [*installed_dirs(), _PACKAGE]
     found, seen = "", set()
     e: BaseException | None = error
     while e is not None and id(e) not in seen:

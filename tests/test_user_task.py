@@ -87,7 +87,7 @@ def test_a_bad_row_names_its_source_and_line(in_user_dir):
 
 
 def test_a_conversational_prompt_is_rendered_with_the_chat_template(in_user_dir):
-    from locojax.rollout.single_turn import encode_prompt
+    from locojax.envs.prompt import encode_prompt
     from locojax.tokenizer.char import CharTokenizer
 
     jsonl = write_jsonl(in_user_dir / "rows.jsonl", ROWS)

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 
 from locojax.envs.base import Example, Task
 from locojax.envs.data import MAX_PROBLEMS_KEPT, DataError, Dataset
+from locojax.envs.prompt import encode_prompt
 
 AUTO = "auto"
 """`--rollout.max-prompt-tokens auto`: P from the data."""
@@ -69,8 +70,6 @@ def _sized(split: Sequence[Example], asked: int | str) -> bool:
 
 def _lengths(split: Sequence[Example], tokenizer) -> list[tuple[Example, int | str]]:
     """Each example with its prompt's length, or the reason it cannot be encoded."""
-    from locojax.rollout.single_turn import encode_prompt
-
     out = []
     for ex in split:
         try:

@@ -114,7 +114,7 @@ def shipped_modules(refs: Sequence[str]) -> list[str]:
         if spec is None or spec.origin is None or spec.name == "locojax":
             continue  # (locojax is on every node that runs it)
         origin = Path(spec.origin).resolve()
-        if any(origin.is_relative_to(d) for d in _installed_dirs()):
+        if any(origin.is_relative_to(d) for d in installed_dirs()):
             continue  # the standard library or an installed package
         path = str(origin.parent if spec.submodule_search_locations else origin)
         if path not in out:
@@ -122,7 +122,7 @@ def shipped_modules(refs: Sequence[str]) -> list[str]:
     return out
 
 
-def _installed_dirs() -> list[Path]:
+def installed_dirs() -> list[Path]:
     """Where this interpreter's standard library and installed packages live."""
     import sysconfig
 

@@ -214,7 +214,7 @@ def host_rates(rows: int = 256) -> dict[str, float]:
 
     from locojax.envs.registry import make_task
     from locojax.rl import batch as batch_lib
-    from locojax.rollout.single_turn import encode_prompt
+    from locojax.envs.prompt import encode_prompt
     from locojax.tokenizer.char import CharTokenizer
 
     task = make_task("arith", level=3)

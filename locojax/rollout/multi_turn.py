@@ -40,9 +40,10 @@ from locojax.engine.sampling import SamplingConfig
 from locojax.envs.base import (TOOL_CLOSE, Example, Step, Task, check_reward,
                                truncate_to_tool_call)
 from locojax.envs.pool import EnvPool, Outcome
+from locojax.envs.prompt import encode_prompt
 from locojax.profiler import StepTimer
 from locojax.rollout.limits import Limits
-from locojax.rollout.single_turn import Rollouts, encode_prompt
+from locojax.rollout.single_turn import Rollouts
 from locojax.sums import Sums
 from locojax.tokenizer import Tokenizer
 

@@ -16,6 +16,7 @@ import numpy as np
 from locojax.engine.engine import Engine, pad_prompts
 from locojax.engine.sampling import SamplingConfig
 from locojax.envs.base import Example, Task
+from locojax.envs.prompt import encode_prompt
 from locojax.envs.rewards import RewardRunner
 from locojax.profiler import StepTimer
 from locojax.tokenizer import Tokenizer
@@ -46,13 +47,6 @@ class Rollouts:
     def rows(self, x: np.ndarray) -> np.ndarray:
         """Repeat a per-prompt [B, ...] array to per-row [R, ...]."""
         return np.repeat(x, self.group_size, axis=0)
-
-
-def encode_prompt(tokenizer: Tokenizer, example: Example) -> list[int]:
-    prompt = example.prompt
-    if not isinstance(prompt, str):
-        prompt = tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True)
-    return tokenizer.encode(prompt)
 
 
 def encode_prompts(tokenizer: Tokenizer, examples: Sequence[Example], max_prompt_tokens: int):
