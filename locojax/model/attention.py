@@ -52,7 +52,7 @@ shapes round differently in the last bit), so a fold that changes with the batch
 compaction's bitwise guarantee; `bench_engine.py --sweep folds` measures it."""
 
 
-def _bits(x):
+def as_bits(x):
     """A 16-bit float cache array as its bits (uint16); any other array as it is.
 
     XLA:CPU computes no bf16/f16 op, slices and updates included: it converts their operands
@@ -67,12 +67,12 @@ def _bits(x):
 
 
 def _half(dtype) -> bool:
-    """Whether `dtype` is a 16-bit float, which `_bits` reads and writes as its bits."""
+    """Whether `dtype` is a 16-bit float, which `as_bits` reads and writes as its bits."""
     return jnp.dtype(dtype).itemsize == 2 and jnp.issubdtype(dtype, jnp.floating)
 
 
-def _unbits(x, dtype):
-    """`_bits` undone: x back as `dtype`."""
+def from_bits(x, dtype):
+    """`as_bits` undone: x back as `dtype`."""
     return jax.lax.bitcast_convert_type(x, dtype) if x.dtype != dtype else x
 
 
@@ -123,14 +123,14 @@ class KVCache:
         """`dynamic_slice(x, start, size)` of the b rows a b-row batch uses (x: a cache array,
         its batch at `axis`; start and size without the batch axis)."""
         d = self.shards
-        if _half(x.dtype):  # see `_bits`; the barrier keeps XLA from converting the whole
+        if _half(x.dtype):  # see `as_bits`; the barrier keeps XLA from converting the whole
             x, start = jax.lax.optimization_barrier(  # cache out of the loop
                 (x, tuple(jnp.asarray(i, jnp.int32) for i in start)))
-        y = _bits(x).reshape(x.shape[:axis] + (d, x.shape[axis] // d) + x.shape[axis + 1:])
+        y = as_bits(x).reshape(x.shape[:axis] + (d, x.shape[axis] // d) + x.shape[axis + 1:])
         zero = jnp.zeros((), jnp.int32)
         out = jax.lax.dynamic_slice(y, tuple(start[:axis]) + (zero, zero) + tuple(start[axis:]),
                                     tuple(size[:axis]) + (d, b // d) + tuple(size[axis:]))
-        return _unbits(out.reshape(tuple(size[:axis]) + (b,) + tuple(size[axis:])), x.dtype)
+        return from_bits(out.reshape(tuple(size[:axis]) + (b,) + tuple(size[axis:])), x.dtype)
 
     def write(self, x, new, axis: int, slot_axis: int, slot=None):
         """x with `new` (a b-row batch's T slots, its batch at `axis`) written in place at
@@ -140,9 +140,9 @@ class KVCache:
             a.shape[:axis] + (d, a.shape[axis] // d) + a.shape[axis + 1:])
         start = [jnp.zeros((), jnp.int32)] * (x.ndim + 1)
         start[slot_axis + 1] = self.index if slot is None else jnp.asarray(slot, jnp.int32)
-        out = jax.lax.dynamic_update_slice(split(_bits(x)), split(_bits(new.astype(x.dtype))),
+        out = jax.lax.dynamic_update_slice(split(as_bits(x)), split(as_bits(new.astype(x.dtype))),
                                            start)
-        return _unbits(out.reshape(x.shape), x.dtype)
+        return from_bits(out.reshape(x.shape), x.dtype)
 
 
 def wide_dtype(dtype):

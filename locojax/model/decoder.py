@@ -33,9 +33,9 @@ from locojax.model.attention import (  # noqa: F401
     BLOCK,
     CacheBlocks,
     KVCache,
-    _bits,
-    _unbits,
+    as_bits,
     attention,
+    from_bits,
     slot_positions,
     wide_dtype,
     within,
@@ -122,8 +122,8 @@ def layer_kinds(cfg: ModelConfig, dtype) -> LayerKind:
 def embed(weights: Weights, tokens, cfg: ModelConfig):
     """[B, T] tokens -> [B, T, D] in the compute dtype (Gemma: times sqrt(d), rounded to the
     weights' dtype as HF's `Gemma3TextScaledWordEmbedding` does)."""
-    table = weights["embed"]  # gathered as bits: see `attention._bits` (a bf16 rollout copy)
-    x = _unbits(jnp.take(_bits(table), tokens, axis=0), table.dtype)  # [B, T, D]
+    table = weights["embed"]  # gathered as bits: see `attention.as_bits` (a bf16 rollout copy)
+    x = from_bits(jnp.take(as_bits(table), tokens, axis=0), table.dtype)  # [B, T, D]
     if cfg.family.scaled_embedding:
         x = x * jnp.asarray(cfg.hidden_size ** 0.5, x.dtype)
     return x.astype(cfg.dtype)
