@@ -20,7 +20,7 @@ from locojax.engine.extend import Conversation, slots_needed
 from locojax.engine.sampling import SamplingConfig
 from locojax.envs.base import TOOL_CLOSE
 from locojax.model import config, params
-from locojax.rl.train_step import sequence_logprobs
+from locojax.rl.logprobs import sequence_logprobs
 from locojax.tokenizer import CharTokenizer
 
 N, T, O, P, G = 6, 3, 5, 8, 2  # new tokens per turn, turns, observation cap, prompt cols, G

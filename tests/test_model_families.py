@@ -34,7 +34,7 @@ from locojax.model import decoder, hf_io, params
 from locojax.model.attention import CacheBlocks, KVCache, slot_positions
 from locojax.model.config import FULL, SLIDING
 from locojax.model.hf_config import config_from_dict, load_config
-from locojax.rl.train_step import compute_logprobs
+from locojax.rl.logprobs import compute_logprobs
 from tests.hf_reference import (
     FWD_DEPTH,
     computing_in,
@@ -161,7 +161,7 @@ def test_a_local_layer_sees_only_its_window():
 
 def test_the_shared_prompt_train_forward_keeps_the_window():
     """The train step's shared-prompt path (each group's prompt run once, its responses
-    attending to those keys: `train_step.prefix_hidden`) windows by position as the plain
+    attending to those keys: `logprobs.prefix_hidden`) windows by position as the plain
     forward does: the same logprobs, on prompts of 6 and responses of 8 tokens past W = 4.
     f64, within `logprob_tol` at these logits' scale: a key let through the window moves a
     logprob by O(0.1)."""

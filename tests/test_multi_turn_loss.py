@@ -24,7 +24,8 @@ from locojax.rl import train_state
 from locojax.rl.aggregation import global_counts
 from locojax.rl.algorithms import resolve
 from locojax.rl.losses import objective
-from locojax.rl.train_step import sequence_logprobs, train_step
+from locojax.rl.logprobs import sequence_logprobs
+from locojax.rl.train_step import train_step
 
 # Both sides run the same forward on the same rows and differ only in how the per-token
 # terms are summed (≤ 160 model tokens) and in XLA's fusion of two different programs: f32

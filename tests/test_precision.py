@@ -13,7 +13,7 @@ from locojax.engine.engine import Engine, pad_prompts
 from locojax.engine.sampling import SamplingConfig
 from locojax.model import config, decoder, params
 from locojax.rl import batch as batch_lib
-from locojax.rl import train_state, train_step
+from locojax.rl import logprobs, train_state, train_step
 from locojax.rl.config import AlgoConfig, LearnerConfig, OptimConfig
 
 U_BF16 = 2.0 ** -8
@@ -40,7 +40,7 @@ def rollout():
     of its response tokens, the trainer's computed by its bf16 forward."""
     w = params.init(F32, jax.random.key(0))
     b = _rollout(BF16, w)
-    lp, _ = train_step.compute_logprobs(w, jnp.asarray(b.tokens), jnp.asarray(b.positions),
+    lp, _ = logprobs.compute_logprobs(w, jnp.asarray(b.tokens), jnp.asarray(b.positions),
                                         jnp.asarray(b.attn_mask), model_cfg=BF16)
     return w, b, np.abs(np.asarray(lp) - b.old_logprobs)[b.loss_mask]
 

@@ -23,7 +23,7 @@ import pytest
 
 from locojax.model import config, params
 from locojax.rl import batch as batch_lib
-from locojax.rl import train_state, train_step
+from locojax.rl import logprobs, train_state, train_step
 from locojax.rl.config import AlgoConfig, LearnerConfig, OptimConfig
 
 MODEL = config.tiny(num_hidden_layers=1)  # one layer: the prefix path is per layer; compiles fast
@@ -102,8 +102,8 @@ def test_logprobs_match_at_targets():
     b = grouped_batch()
     w = params.init(MODEL, jax.random.key(0))
     args = (w, jnp.asarray(b.tokens), jnp.asarray(b.positions), jnp.asarray(b.attn_mask))
-    want, _ = train_step.compute_logprobs(*args, model_cfg=MODEL)
-    got, _ = train_step.compute_logprobs(*args, model_cfg=MODEL, prefix=b.shared_prefix)
+    want, _ = logprobs.compute_logprobs(*args, model_cfg=MODEL)
+    got, _ = logprobs.compute_logprobs(*args, model_cfg=MODEL, prefix=b.shared_prefix)
     m = b.loss_mask
     # Per-token logprobs of one forward: f32 rounding of a ~6-magnitude log-softmax.
     np.testing.assert_allclose(np.asarray(got)[m], np.asarray(want)[m], rtol=0, atol=2e-5)

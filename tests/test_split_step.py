@@ -23,7 +23,7 @@ from locojax.model import params
 from locojax.model.sharding import TRAIN_DP, make_mesh, weight_shardings
 from locojax.profiler import StepTimer
 from locojax.rl import batch as batch_lib
-from locojax.rl import split_step, train_state
+from locojax.rl import gradients, split_step, train_state
 from locojax.rl import train_step as ts
 from locojax.rl.config import AlgoConfig, LearnerConfig, OptimConfig
 from tests.test_shared_prefix import MODEL, RTOL, grouped_batch
@@ -71,6 +71,6 @@ def test_split_step_is_the_fused_step_bitwise(algo):
 def test_one_device_has_no_collective_to_split():
     mesh = make_mesh({"data": 1}, jax.devices()[:1])
     cfg = dataclasses.replace(LearnerConfig(algo=AlgoConfig(name="grpo")), grad_accum=1)
-    assert ts.flat_allreduce_axis(mesh, cfg) is None
+    assert gradients.flat_allreduce_axis(mesh, cfg) is None
     _, _, perf = run(cfg, True, mesh)
     assert "perf/phase/train" in perf and "perf/phase/train_wait" not in perf

@@ -13,7 +13,7 @@ import pytest
 
 from locojax.model import config, decoder, params
 from locojax.rl import batch as batch_lib
-from locojax.rl import train_state, train_step
+from locojax.rl import logprobs, train_state, train_step
 from locojax.rl.config import AlgoConfig, LearnerConfig, OptimConfig
 from tests.hf_reference import logprob_tol
 
@@ -44,7 +44,7 @@ def on_policy_batch(w, rows=8, prompt=5, resp=7, seed=0):
     rt = np.where(rm, rng.integers(1, MODEL.vocab_size, (rows, resp)), 0)
     adv = rng.normal(size=rows).astype(np.float32)
     b = batch_lib.from_rollout(pt, pm, rt, rm, np.zeros((rows, resp)), adv, np.arange(rows) // 4)
-    lp, _ = train_step.compute_logprobs(w, jnp.asarray(b.tokens), jnp.asarray(b.positions),
+    lp, _ = logprobs.compute_logprobs(w, jnp.asarray(b.tokens), jnp.asarray(b.positions),
                                         jnp.asarray(b.attn_mask), model_cfg=MODEL)
     return dataclasses.replace(b, old_logprobs=np.where(b.loss_mask, np.asarray(lp), 0.0)
                                .astype(np.float32))

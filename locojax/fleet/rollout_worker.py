@@ -130,7 +130,7 @@ class RolloutWorker:
         trainer's forward run here on the same version: `rollout/logprob_mismatch` for every
         row, where the learner could only check rows of its own version (none, with the
         one-step overlap)."""
-        from locojax.rl.train_step import compute_logprobs
+        from locojax.rl.logprobs import compute_logprobs
 
         b = record.batch
         trainer, _ = compute_logprobs(self.weights, b.tokens, b.positions, b.attn_mask,

@@ -20,7 +20,7 @@ so that they can be checked against XLA's `cost_analysis()` of those programs
   `kv_slots` keys per row: the whole fixed-size cache, S = P + N - 1, in locojax's engine
   (`kv_read="static"`), or only the filled part, P + i at step i, in a paged engine
   (`kv_read="actual"`);
-- the train step runs each group's prompt once (`train_step.prefix_hidden`), the responses'
+- the train step runs each group's prompt once (`logprobs.prefix_hidden`), the responses'
   N - 1 columns attending to the prompt's P keys and to each other (dense masked), and the
   LM head on the N positions that predict response tokens.
 

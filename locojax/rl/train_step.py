@@ -49,14 +49,6 @@ from locojax.rl.config import LearnerConfig
 from locojax.rl.losses import is_weight_quantiles
 from locojax.rl.train_state import TrainState, adam_count, apply_in_place, pin, schedule
 
-# The forward and the gradient sums live in their own modules (logprobs.py, gradients.py);
-# these names stay importable from here, where callers (the memory plan, rollout workers,
-# tests, benchmarks) have always found them.
-compute_logprobs = logprobs.compute_logprobs
-sequence_logprobs = logprobs.sequence_logprobs
-prefix_hidden = logprobs.prefix_hidden
-flat_allreduce_axis = gradients.flat_allreduce_axis
-
 logger = logging.getLogger(__name__)
 
 

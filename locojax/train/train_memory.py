@@ -22,7 +22,7 @@ from locojax.model import decoder
 from locojax.model import params as params_lib
 from locojax.model.config import ModelConfig
 from locojax.rl import micro_batches
-from locojax.rl import train_step as train_step_lib
+from locojax.rl import logprobs
 from locojax.rl.batch import logit_positions, split_group
 from locojax.rl.config import LearnerConfig
 
@@ -89,13 +89,13 @@ def _forward_residual_bytes(cfg: ModelConfig, rows: int, columns: int, group: in
                             remat: bool, platform: str) -> int:
     """Bytes autodiff keeps from the whole differentiated forward of `sequence_logprobs` (the
     hidden states the logits read), exactly as the train step runs it: with `group` > 1 the
-    prompt once per group (`train_step.prefix_hidden`); with remat, every layer's input."""
+    prompt once per group (`logprobs.prefix_hidden`); with remat, every layer's input."""
     w = params_lib.abstract(cfg)
     tok = jax.ShapeDtypeStruct((rows, columns), jnp.int32)
     mask = jax.ShapeDtypeStruct((rows, columns), bool)
     if group > 1:
         def hidden(w, tokens, positions, attn):
-            return train_step_lib.prefix_hidden(w, tokens, positions, attn, cfg, p, group,
+            return logprobs.prefix_hidden(w, tokens, positions, attn, cfg, p, group,
                                                 False, remat)
     else:
         def hidden(w, tokens, positions, attn):
