@@ -18,8 +18,7 @@ from pathlib import Path
 
 import tyro
 
-ROOT = Path(__file__).resolve().parent.parent
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+from tests.test_docs_refs import DOCS, ROOT
 FLAG = re.compile(r"(?<![\w-])(--[a-z][\w.-]*[a-z0-9])")
 COMMAND = re.compile(r"\blocojax(?:\.cli)? (\w[\w-]*)((?:[^`#\n|]|#(?=\w))*)")
 """`locojax SUB args` (or `python -m locojax.cli SUB args`), up to a comment (`# ...`), the

@@ -18,9 +18,8 @@ import pytest
 
 from locojax.envs.sandbox import default_sandbox
 from locojax.envs.swe import Edit, SWETask, score_submission
+from tests.test_swe_harness import BUGGY, RUNNERS
 
-RUNNERS = ["minitest", "pytest"]
-BUGGY = "def add(a, b):\n    return a - b\n"
 FIXED = "def add(a, b):\n    return a + b\n"
 CHECKS = "def check(got, want):\n    assert got == want, (got, want)\n"
 USES_CHECKS = "from checks import check\nfrom calc import add\n\n\n" \
