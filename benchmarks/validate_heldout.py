@@ -100,6 +100,43 @@ def largest_gap(pt: dict, profile: Path, work: Path) -> str:
                      f"{1e3 * measured.get(n, 0.0):.1f} measured" for n in worst)
 
 
+GROUPS = {"prefill": ("prefill",), "decode": ("decode", "tp_comm", "extend"),
+          "train": ("train", "allreduce", "collectives", "reshard"),
+          "host": ("admission", "env", "detokenize_reward", "batch", "metrics", "dispatch",
+                   "other")}
+"""Phases grouped as the diagnosis reads them: a measured run's `train` phase holds its
+gradient all-reduce (predicted apart); host is every phase of Python work."""
+
+
+def breakdown(pt: dict, profile: Path, work: Path) -> list[object]:
+    """One point's row of the diagnosis: measured and predicted seconds of each phase group
+    (medians over the measured steps) and each group's share of the step's error. Read after
+    the runs, never fed back."""
+    steps = harness.read_steps(work / pt["id"] / "perf.jsonl")
+    rows = [steps[s] for s in range(3, pt["steps"] + 1)]
+    phase = {k.removeprefix("perf/phase/") for r in rows for k in r
+             if k.startswith("perf/phase/") and k != "perf/phase/checkpoint"}
+    meas = {n: statistics.median(r.get(f"perf/phase/{n}", 0.0) for r in rows) for n in phase}
+    meas["other"] = statistics.median(r.get("perf/other", 0.0) for r in rows)
+    total = statistics.median(r["perf/step_time"] - r.get("perf/phase/checkpoint", 0.0)
+                              for r in rows)
+    pred = dict(prediction(pt, profile, work).phases)
+    cells: list[object] = [pt["id"], f"{total:.3f}", f"{sum(pred.values()):.3f}"]
+    for names in GROUPS.values():
+        m = sum(meas.get(n, 0.0) for n in names)
+        p = sum(pred.get(n, 0.0) for n in names)
+        cells += [f"{1e3 * m:.1f}", f"{1e3 * p:.1f}", f"{100 * (p - m) / total:+.0f}%"]
+    return cells
+
+
+def breakdown_table(spec: dict, profile: Path, work: Path) -> list[str]:
+    head = ["point", "measured s", "predicted s"]
+    for g in GROUPS:
+        head += [f"{g} meas ms", f"{g} pred ms", f"{g} err"]
+    return harness.table(head, [breakdown(pt, profile, work) for pt in spec["points"]
+                                if (work / pt["id"] / "perf.jsonl").exists()])
+
+
 def real_model_busy() -> bool:
     """Another process has the real model open (`ps aux`): its point is skipped."""
     ps = subprocess.run(["ps", "aux"], capture_output=True, text=True).stdout
@@ -148,9 +185,15 @@ def main() -> int:
     ap.add_argument("--phases", action="store_true",
                     help="with --profile: read the runs already in --work-dir and print the "
                          "two phases furthest from their prediction, per point; run nothing")
+    ap.add_argument("--breakdown", action="store_true",
+                    help="with --profile: read the runs already in --work-dir and print, per "
+                         "point, each phase group measured and predicted; run nothing")
     args = ap.parse_args()
     spec = json.loads(Path(args.points).read_text())
     work = Path(args.work_dir)
+    if args.breakdown:
+        print("\n".join(breakdown_table(spec, Path(args.profile), work)))
+        return 0
     if args.phases:
         for pt in spec["points"]:
             if (work / pt["id"] / "perf.jsonl").exists():
