@@ -11,8 +11,14 @@
 # with the repository and the venv's site-packages (pytest, numpy) on PYTHONPATH. Where nobody
 # cannot read those either (a clone under /root), a readable copy serves: the package, its
 # pyproject.toml, these two test files and the installed packages they import, in a temporary
-# directory removed at the end. The SWE harness tests that need pytest inside the sandbox are
-# left out there (-k): that interpreter's sandboxed children do not see the venv's packages.
+# directory removed at the end.
+#
+# The tests run under a throwaway venv of that interpreter (made here, readable by nobody),
+# holding a copy of pytest and what it imports: the sandbox mounts its interpreter's prefix
+# and the SWE harness puts that interpreter's site-packages on its path (`runner._site_dirs`),
+# so the pytest-runner tests find pytest inside the sandbox too. PYTHONPATH alone would not
+# do: the sandboxed child's environment is built from scratch and the venv's site-packages
+# are not mounted there (these tests were left out with -k "not pytest" before).
 #
 # Usage: tests/sandbox_unprivileged.sh [PYTHON] [pytest args...]
 set -eu
@@ -63,7 +69,7 @@ interp=""
 for c in "$PY" "python$ver" "/usr/bin/python$ver" "/usr/local/bin/python$ver"; do
 	if as_nobody PYTHONPATH="$REPO:$site" "$c" -c \
 		"import sys, pytest; assert sys.version_info[:2] == ($vtuple), sys.version" 2>/dev/null; then
-		interp=$c
+		interp=$(as_nobody "$c" -c "import sys; print(sys.executable)")  # as nobody finds it
 		break
 	fi
 done
@@ -72,11 +78,35 @@ if [ -z "$interp" ]; then
 		"a directory nobody cannot enter); install python$ver system-wide" >&2
 	exit 1
 fi
-echo "sandbox_unprivileged: as nobody with $interp"
+# The throwaway venv, with pytest's import closure (as the harness runs it) in its
+# site-packages; its prefix is what the sandbox mounts for the interpreter.
+venv=$(mktemp -d "${TMPDIR:-/tmp}/locojax-nobody-venv.XXXXXX")
+trap '[ -z "$copy" ] || rm -rf "$copy"; rm -rf "$venv"' EXIT
+"$interp" -m venv --without-pip "$venv/venv"
+vsite=$("$venv/venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+PYTHONPATH="$site" PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 "$venv/venv/bin/python" - "$site" "$vsite" >/dev/null <<-'EOF'
+	import os, shutil, sys, tempfile
+	site, dest = sys.argv[1], sys.argv[2]
+	import pytest
+	with tempfile.TemporaryDirectory() as d:  # what running a test imports, not just pytest
+	    with open(os.path.join(d, "test_x.py"), "w") as f:
+	        f.write("def test_x():\n    assert 1\n")
+	    pytest.main(["-q", "-p", "no:cacheprovider", "--noconftest", d])
+	for m in list(sys.modules.values()):
+	    f = getattr(m, "__file__", None) or ""
+	    if f.startswith(site + os.sep):
+	        top = os.path.relpath(f, site).split(os.sep)[0]
+	        src, to = os.path.join(site, top), os.path.join(dest, top)
+	        if not os.path.exists(to):
+	            (shutil.copytree if os.path.isdir(src) else shutil.copy)(src, to)
+EOF
+chmod -R a+rX "$venv"
+interp=$venv/venv/bin/python
+echo "sandbox_unprivileged: as nobody with $interp (a venv of $(readlink -f "$interp"))"
 cd "$REPO"
 status=0
 setpriv --reuid=65534 --regid=65534 --clear-groups env -i HOME=/tmp \
 	PATH=/usr/local/bin:/usr/bin:/bin LANG=C.UTF-8 PYTHONPATH="$REPO:$site" \
-	"$interp" -m pytest -q -p no:cacheprovider --noconftest $TESTS -k "not pytest" "$@" ||
+	"$interp" -m pytest -q -p no:cacheprovider --noconftest $TESTS "$@" ||
 	status=$?
 exit $status

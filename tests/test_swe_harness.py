@@ -9,8 +9,7 @@ legitimate-use tests show what still crosses between the tester and the code: ex
 (builtin and the code's own), in-place mutation, packages, star imports, objects whose
 methods return plain values.
 
-Runs as root and, without the pytest runner (-k "not pytest"), as nobody
-(tests/sandbox_unprivileged.sh).
+Runs as root and, with both runners, as nobody (tests/sandbox_unprivileged.sh).
 """
 
 import os

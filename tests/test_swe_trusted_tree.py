@@ -8,8 +8,7 @@ generator test counted as passed without running. Each test first shows the real
 passing the same tests (so a 0 is the defence, not a broken harness), then the attack
 scoring 0. docs/security.md says how each was seen to fail with its defence removed.
 
-Runs as root and, without the pytest runner (-k "not pytest"), as nobody
-(tests/sandbox_unprivileged.sh).
+Runs as root and, with both runners, as nobody (tests/sandbox_unprivileged.sh).
 """
 
 import textwrap
