@@ -5,7 +5,6 @@ of wandb's Record protos). W&B runs offline, with its server address pointed at 
 local port, so a test can never reach the network."""
 
 import glob
-import importlib.util
 import json
 import os
 import struct
@@ -95,8 +94,6 @@ def _wandb_records(path):
             part = b""
 
 
-@pytest.mark.skipif(importlib.util.find_spec("wandb") is None,
-                    reason="the wandb extra is not installed")
 def test_wandb_offline_gets_the_jsonl_metrics_by_the_same_names(tmp_path):
     """In a subprocess: W&B starts a service process and keeps global state."""
     script = (f"from tests.test_trackers import _log; _log({str(tmp_path / 'run')!r}, "
