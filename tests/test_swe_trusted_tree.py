@@ -144,6 +144,32 @@ def test_rewriting_a_data_file_of_the_tests_scores_0(runner, route):
 
 
 @pytest.mark.parametrize("runner", RUNNERS)
+@pytest.mark.parametrize("resolve", ["os.path.realpath(__file__)",
+                                     "pathlib.Path(__file__).resolve()"])
+def test_a_symlink_planted_for_a_resolved_path_scores_0(runner, resolve):
+    """The test finds cases.json through the disk (`realpath`, `Path.resolve`); the code
+    swaps `tests/` for a symlink to its own dir, holding expected values the bug meets. The
+    tester resolves a path of the test tree as the task has it, never through the disk."""
+    test = USES_CASES.replace("import os\n", "import os\nimport pathlib\n").replace(
+        "os.path.dirname(__file__)", f"os.path.dirname({resolve})")
+    task = _task(runner, {"tests/cases.json": "[[2, 3, 5], [10, 20, 30]]",
+                          "tests/test_calc.py": test})
+    _fix_passes(task)
+    out = _score(task, calc_DOT_py="""\
+        import os
+        os.mkdir("forged")
+        for name in ("cases.json", "test_calc.py"):
+            with open(os.path.join("forged", name), "w") as f:
+                f.write("[[2, 3, -1]]")
+        os.rename("tests", "tests_old")
+        os.symlink("forged", "tests")
+        def add(a, b):
+            return a - b
+        """)
+    assert not out.passed, out.output
+
+
+@pytest.mark.parametrize("runner", RUNNERS)
 def test_reading_a_hidden_data_file_scores_0(runner):
     """Hidden expected values the code reads to special-case the hidden test: every hidden
     file is a blank placeholder in the work dir; only the tests see its text."""

@@ -245,8 +245,7 @@ def _serve_from_memory(data):
     """The tester's `open` (builtins and io) answers a trusted data file's path from `data`
     (its text as the task has it), read-only; the work dir holds only a blank placeholder,
     which the code may rewrite at will. Paths are compared after `abspath`, which reads
-    nothing from disk; a path resolved through the disk (`realpath`, `Path.resolve`) may
-    meet a symlink the code planted and is served from disk like any other file."""
+    nothing from disk (and `realpath` of a tree path is lexical: `_resolve_tree_lexically`)."""
     real_open = io.open
 
     def trusted_open(file, mode="r", buffering=-1, encoding=None, errors=None, newline=None,
@@ -266,6 +265,28 @@ def _serve_from_memory(data):
     builtins.open = io.open = trusted_open
 
 
+def _resolve_tree_lexically(tree, work):
+    """The tester's `os.path.realpath` (and so `Path.resolve`) answers a path of the test
+    tree, or a directory above one inside the work dir, as the task has it: never through
+    the disk, where the code may have swapped a directory for a symlink to its own files
+    (`realpath(__file__)` then led a test to forged data). The work dir itself is real
+    (the tester's cwd); other paths resolve as usual."""
+    real = os.path.realpath
+    known = set()
+    for path in tree:
+        while path.startswith(work + os.sep):
+            known.add(path)
+            path = os.path.dirname(path)
+
+    def realpath(filename, *, strict=False):
+        path = os.path.abspath(os.fsdecode(filename))  # lexical: reads nothing from disk
+        if path in known:
+            return path if isinstance(os.fspath(filename), str) else os.fsencode(path)
+        return real(filename, strict=strict)
+
+    os.path.realpath = realpath
+
+
 def main(spec_path):
     """The tester: see the module docstring."""
     with open(spec_path) as f:
@@ -283,6 +304,7 @@ def main(spec_path):
     tree = {os.path.join(work, p): src for p, src in spec["trusted"].items()}
     trusted = {p: src for p, src in tree.items() if p.endswith(".py")}
     _serve_from_memory({p: src for p, src in tree.items() if not p.endswith(".py")})
+    _resolve_tree_lexically(tree, work)
     for path, src in trusted.items():  # tracebacks show the trusted source, not the file
         linecache.cache[path] = (len(src), None, src.splitlines(True), path)
     dirs = list(dict.fromkeys([module_name(work, t)[1] for t in tests] + [work]))
