@@ -25,9 +25,9 @@ def _task(prompts, test=None):
     return Task("t", rows, rows if test is None else test, lambda c, e: 0.0)
 
 
-def test_bucket_is_a_power_of_two_then_a_multiple_of_128():
-    assert [data_lengths.bucket(n) for n in (0, 1, 8, 9, 100, 128, 129, 449, 961)] \
-        == [8, 8, 8, 16, 128, 128, 256, 512, 1024]
+def test_bucket_is_a_power_of_two_then_a_multiple_of_16_then_of_128():
+    assert [data_lengths.bucket(n) for n in (0, 1, 8, 9, 32, 33, 46, 100, 128, 129, 449, 961)] \
+        == [8, 8, 8, 16, 32, 48, 48, 112, 128, 256, 512, 1024]
 
 
 def test_auto_sizes_the_width_from_the_longest_prompt():
@@ -73,15 +73,79 @@ def test_multi_turn_needs_an_explicit_width():
     assert data_lengths.fit(task, TOK, 64)[1].max_prompt_tokens == 64
 
 
-def test_generated_splits_are_sized_only_for_auto():
-    """arith's 100,000 generated rows are not encoded at every start for an explicit width."""
+def _arith(level, template="plain", train_size=100_000):
     from locojax.envs.registry import TaskConfig, build
 
-    task = build(TaskConfig(name="arith", level=1, train_size=50), 0)
-    _, explicit = data_lengths.fit(task, TOK, 16)
-    assert explicit.longest_id == ""
+    return build(TaskConfig(name="arith", level=level, template=template,
+                            train_size=train_size), 0)
+
+
+def test_a_generated_split_is_sized_from_its_widest_prompts_not_every_row():
+    """arith's 100,000 drawn rows are not encoded at every start: its generator declares
+    its longest prompts, and a probe of drawn rows checks them."""
+    from locojax.envs.tasks import procedural
+
+    task = _arith(4)
+    draws = []
+    sample = task.train.sample
+    task.train.sample = lambda rng: draws.append(1) or sample(rng)
     _, auto = data_lengths.fit(task, TOK, "auto")
-    assert auto.longest > 0 and auto.max_prompt_tokens == data_lengths.bucket(auto.longest)
+    assert auto.longest == len("99+99+99=") and auto.max_prompt_tokens == 16
+    assert auto.longest_id.startswith("widest/")
+    assert 0 < len(draws) <= 10 * data_lengths.PROBE  # a draw may reject a few before it keeps
+    assert isinstance(task.train, procedural.ProceduralSplit)
+
+
+def test_the_widest_prompts_bound_every_drawn_prompt_at_every_level():
+    """Under the char tokenizer a prompt's length is its characters: the widest (every
+    operand at its most digits) bound 2000 drawn rows of each level and equal the longest."""
+    for level in range(6):
+        task = _arith(level, train_size=2000)
+        bound = max(len(TOK.encode(ex.prompt)) for ex in task.train.widest)
+        drawn = [len(TOK.encode(task.train[i].prompt)) for i in range(2000)]
+        assert max(drawn) <= bound, level
+
+
+SMOL = os.path.join(ROOT, "models", "SmolLM2-135M-Instruct")
+
+
+@pytest.mark.skipif(not os.path.exists(os.path.join(SMOL, "tokenizer.json")),
+                    reason="make real-model has not converted SmolLM2-135M-Instruct")
+def test_the_widest_chat_prompts_bound_every_level0_prompt_with_smollm2():
+    """The real demo's prompts (arith level 0, SmolLM2's chat template): every one of its
+    21 x 21 x 2 expressions, encoded, is no longer than the declared widest, and the width
+    auto gives is the 48 the demo's runs were measured with."""
+    from locojax.envs.prompt import encode_prompt
+    from locojax.envs.tasks import arith
+    from locojax.train.build import tokenizer_of
+
+    tok = tokenizer_of(SMOL, "chat")
+    task = _arith(0, "chat")
+    bound = max(len(encode_prompt(tok, ex)) for ex in task.train.widest)
+    every = [len(encode_prompt(tok, Example("", arith.chat_prompt(f"{a}{op}{b}"), "")))
+             for a in range(21) for b in range(21) for op in "+-"]
+    assert max(every) == bound
+    assert data_lengths.fit(task, tok, "auto")[1].max_prompt_tokens == 48
+
+
+def test_a_wrong_declaration_is_caught_by_the_probe():
+    task = _arith(3)
+    task.train.widest = task.train.widest[:0] + (Example("widest/0", "1+1=", ""),)
+    with pytest.raises(DataError, match=r"the train split's generator declares its longest "
+                       r"prompts 4 tokens, but train/0 has 8 .*give "
+                       r"--rollout.max-prompt-tokens a number"):
+        data_lengths.fit(task, TOK, "auto")
+
+
+def test_a_generated_split_over_an_explicit_width_is_refused_at_start_up():
+    """Its rows are drawn as the run goes, so none can be skipped: refused, even with
+    --task.skip-invalid, naming the widest prompt, before any step draws one."""
+    for skip in (False, True):
+        with pytest.raises(DataError, match=r"widest/0: its prompt has 8 tokens, more than "
+                           r"--rollout.max-prompt-tokens=6, the longest prompt the generated "
+                           r"train split can draw; give a wider"):
+            data_lengths.fit(_arith(3), TOK, 6, skip_invalid=skip)
+    assert data_lengths.fit(_arith(3), TOK, 8)[1].max_prompt_tokens == 8
 
 
 @pytest.mark.slow

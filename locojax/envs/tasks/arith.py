@@ -29,6 +29,7 @@ learnable, which is where GRPO has room to help:
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import random
 from typing import Literal
 
@@ -145,6 +146,20 @@ def chat_prompt(expr: str) -> Prompt:
     return ({"role": "user", "content": f"What is {spaced}? {CHAT_INSTRUCTION}"},)
 
 
+def widest_expressions(cfg: ArithConfig) -> list[str]:
+    """The longest expressions `sample` can draw: one per sequence of operators, every
+    operand at its most digits. A prompt's length in tokens depends only on its operators
+    and its operands' digit counts for the char tokenizer (one token per character) and for
+    tokenizers that split digits one by one or in fixed groups (SmolLM2, Qwen, Llama 3), in
+    either template, so these prompts are the longest of the task: `auto` sizes the width
+    from them rather than from 100,000 drawn rows (`data_lengths.fit`, which also checks
+    them against a probe of drawn rows; tests/test_data_lengths.py checks every level-0
+    prompt with SmolLM2's chat template)."""
+    widest = cfg.max_value if cfg.max_value > 0 else 10**cfg.max_digits - 1
+    return [str(widest) + "".join(f"{o}{widest}" for o in ops)
+            for ops in itertools.product(cfg.ops, repeat=cfg.operands - 1)]
+
+
 def task(level: int | None = 3, config: ArithConfig | None = None, seed: int = 0,
          train_size: int = 100_000, test_size: int = 200, format_weight: float = 0.0,
          mode: Literal["strict", "flexible"] = "strict",
@@ -159,16 +174,19 @@ def task(level: int | None = 3, config: ArithConfig | None = None, seed: int = 0
     if template not in ("plain", "chat"):
         raise ValueError(f"arith template must be 'plain' or 'chat', got {template!r}")
 
+    def prompt(expr: str) -> Prompt:
+        return chat_prompt(expr) if template == "chat" else expr + "="
+
     def draw(rng: random.Random) -> tuple[str, Example]:
         key, ex = sample(rng, cfg)
-        if template == "chat":
-            ex = dataclasses.replace(ex, prompt=chat_prompt(key))
-        return key, ex
+        return key, dataclasses.replace(ex, prompt=prompt(key))
 
+    widest = [Example(f"widest/{i}", prompt(e), "") for i, e in
+              enumerate(widest_expressions(cfg))]
     return Task(
         name="arith",
-        train=ProceduralSplit(draw, "train", seed, train_size, cfg.test_permille),
-        test=ProceduralSplit(draw, "test", seed, test_size, cfg.test_permille),
+        train=ProceduralSplit(draw, "train", seed, train_size, cfg.test_permille, widest),
+        test=ProceduralSplit(draw, "test", seed, test_size, cfg.test_permille, widest),
         reward=gsm8k_reward(mode, format_weight),
         demo=single_turn_demo,
         format_check=ends_with_number if template == "chat" else format_ok,

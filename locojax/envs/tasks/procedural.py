@@ -36,13 +36,16 @@ class ProceduralSplit(Sequence[Example]):
     """`length` examples, example i generated from (seed, split, i) alone."""
 
     def __init__(self, sample: Sampler, split: str, seed: int, length: int,
-                 test_permille: int = TEST_PERMILLE):
+                 test_permille: int = TEST_PERMILLE, widest: Sequence[Example] = ()):
+        """widest: examples whose prompts are, by the generator's construction, the longest
+        it can draw (`data_lengths.fit` sizes `auto` from these, not from every row)."""
         if split not in ("train", "test"):
             raise ValueError(f"split must be 'train' or 'test', got {split!r}")
         if length <= 0:
             raise ValueError(f"split length must be positive, got {length}")
         self.sample, self.split, self.seed, self.length = sample, split, seed, length
         self.test_permille = test_permille
+        self.widest = tuple(widest)
         self._held = split == "test"
         self._cache: list[Example] | None = None
         if self._held:
