@@ -71,17 +71,42 @@ def measure(pt: dict, work: Path, timeout: float) -> float:
     return statistics.median(times)
 
 
-def prediction(pt: dict, profile: Path, work: Path):
-    """The `modes.Prediction` of a point's run (phases and step)."""
-    from locojax.predict import calibrated, from_train, modes
+def context(pt: dict, profile: Path, work: Path):
+    """The prediction context of a point's run (`from_train.parse`), with the profile's
+    host rates."""
+    from locojax.predict import calibrated, from_train
 
     run = from_train.parse(train_args(pt, work / pt["id"]), str(pt["n"]), str(profile))
     run.ctx.rates = calibrated.with_host_rates(run.ctx.rates, run.ctx.cluster.hw)
-    return getattr(modes, pt["mode"])(run.ctx)
+    return run.ctx
 
 
-def predict(pt: dict, profile: Path, work: Path) -> float:
-    return prediction(pt, profile, work).step
+def prediction(pt: dict, profile: Path, work: Path):
+    """The `modes.Prediction` of a point's run (phases and step)."""
+    from locojax.predict import modes
+
+    return getattr(modes, pt["mode"])(context(pt, profile, work))
+
+
+def predict(pt: dict, profile: Path, work: Path, method: str = "model"):
+    """The point's `Prediction`; with method `measure`, its device phases are the run's own
+    programs timed here (`locojax predict train ... --measure`). Its phases are kept in
+    WORK/ID.pred.json with the load and this machine's matmul rate when it was made."""
+    from locojax.predict import measure as measure_lib
+    from locojax.predict import modes
+
+    rate, load = harness.matmul_peak(1024), harness.loads()
+    ctx = context(pt, profile, work)
+    pred = getattr(modes, pt["mode"])(ctx)
+    if method == "measure":
+        args = train_args(pt, work / pt["id"])
+        limits = measure_lib.limits_of(ctx, pt["prompts"] * pt["group"])
+        pred = measure_lib.apply(pred, measure_lib.measure(
+            pt["mode"], args, pt["n"], pt["prompts"], pt["group"], limits))
+    (work / f"{pt['id']}.pred.json").write_text(json.dumps(
+        {"method": method, "phases": pred.phases, "step": pred.step, "load": load,
+         "matmul_flops": rate, "load_after": harness.loads()}))
+    return pred
 
 
 def largest_gap(pt: dict, profile: Path, work: Path) -> str:
@@ -120,7 +145,9 @@ def breakdown(pt: dict, profile: Path, work: Path) -> list[object]:
     meas["other"] = statistics.median(r.get("perf/other", 0.0) for r in rows)
     total = statistics.median(r["perf/step_time"] - r.get("perf/phase/checkpoint", 0.0)
                               for r in rows)
-    pred = dict(prediction(pt, profile, work).phases)
+    saved = work / f"{pt['id']}.pred.json"
+    pred = (json.loads(saved.read_text())["phases"] if saved.exists()
+            else dict(prediction(pt, profile, work).phases))
     cells: list[object] = [pt["id"], f"{total:.3f}", f"{sum(pred.values()):.3f}"]
     for names in GROUPS.values():
         m = sum(meas.get(n, 0.0) for n in names)
@@ -146,14 +173,16 @@ def real_model_busy() -> bool:
 
 def report(rows: list[tuple], target: dict) -> list[str]:
     lines = harness.table(["point", "model", "mode", "N", "B x G", "P", "N new",
-                           "measured s", "predicted s", "error", "within"])
+                           "measured s", "predicted s", "error", "within",
+                           "load at predict / run", "matmul run / predict"])
     errors = []
-    for pt, meas, pred, why in rows:
+    for pt, meas, pred, why, *machine in rows:
+        load = machine[0] if machine else ("", "")
         if meas is None:
             lines.append(harness.table_row([pt["id"], pt["model"], pt["mode"], pt["n"],
                                             f"{pt['prompts']} x {pt['group']}",
                                             pt["prompt_tokens"], pt["new_tokens"], "", pred,
-                                            "", why]))
+                                            "", why, *load]))
             continue
         err = pred / meas - 1
         errors.append(err)
@@ -161,7 +190,7 @@ def report(rows: list[tuple], target: dict) -> list[str]:
             pt["id"], pt["model"].split("/")[-1], pt["mode"], pt["n"],
             f"{pt['prompts']} x {pt['group']}", pt["prompt_tokens"], pt["new_tokens"],
             f"{meas:.3f}", f"{pred:.3f}", f"{100 * err:+.1f}%",
-            "yes" if abs(err) < target["within"] else "NO"]))
+            "yes" if abs(err) < target["within"] else "NO", *load]))
     if errors:
         within = sum(abs(e) < target["within"] for e in errors) / len(errors)
         bias = statistics.mean(errors)
@@ -182,6 +211,9 @@ def main() -> int:
     ap.add_argument("--only", nargs="*", default=[], help="point ids (default: all)")
     ap.add_argument("--points", default=str(POINTS), help="the pre-registered points file")
     ap.add_argument("--timeout", type=float, default=900, help="seconds per run")
+    ap.add_argument("--method", choices=("model", "measure"), default="model",
+                    help="model: the cost model on the profile; measure: the run's own "
+                         "programs timed here (`predict train ... --measure`)")
     ap.add_argument("--phases", action="store_true",
                     help="with --profile: read the runs already in --work-dir and print the "
                          "two phases furthest from their prediction, per point; run nothing")
@@ -212,11 +244,18 @@ def main() -> int:
     for pt in spec["points"]:
         if args.only and pt["id"] not in args.only:
             continue
-        pred = predict(pt, profile, work)
+        try:
+            made = predict(pt, profile, work, args.method)
+        except RuntimeError as e:  # a program that could not be timed: reported, not dropped
+            print(f"# {pt['id']}: prediction FAILED: {e}", flush=True)
+            rows.append((pt, None, "", "prediction failed"))
+            continue
+        pred, at_predict = made.step, json.loads((work / f"{pt['id']}.pred.json").read_text())
         if pt.get("conditional") and busy:
             print(f"# {pt['id']}: skipped, another process has {REAL} open", flush=True)
             rows.append((pt, None, f"{pred:.3f}", "skipped"))
             continue
+        rate, load = harness.matmul_peak(1024), harness.loads()
         try:
             meas = measure(pt, work, args.timeout)
         except RuntimeError as e:  # reported as failed, never dropped
@@ -224,8 +263,13 @@ def main() -> int:
             rows.append((pt, None, f"{pred:.3f}", "failed"))
             continue
         print(f"# {pt['id']}: measured {meas:.3f} s/step, predicted {pred:.3f} "
-              f"({100 * (pred / meas - 1):+.1f}%); load {harness.loads()}", flush=True)
-        rows.append((pt, meas, pred, ""))
+              f"({100 * (pred / meas - 1):+.1f}%); load at predict {at_predict['load']}, "
+              f"at run start {load}, end {harness.loads()}; 1024^3 matmul "
+              f"{at_predict['matmul_flops'] / 1e9:.0f} GFLOP/s at predict, {rate / 1e9:.0f} "
+              "at run start", flush=True)
+        rows.append((pt, meas, pred, "", (f"{at_predict['load'].split()[0]} / "
+                                          f"{load.split()[0]}",
+                                          f"{rate / at_predict['matmul_flops']:.2f}")))
     print("\n".join(report(rows, spec["target"])))
     print(f"\n# load average at the end {harness.loads()}; the machine is shared: other "
           "processes' load enters every measured point and the calibration alike")

@@ -24,6 +24,9 @@ predict flags:
   --sweep sizes|chips      a sweep over the shipped model sizes or over chip counts
   --plot FILE              where the sweep's plot goes (default predict_sweep.png)
   --constants              every constant the prediction used, with its origin
+  --measure                time the run's own programs here instead of costing them
+                           (single and colocated runs that fit this machine;
+                           locojax/predict/measure.py)
 
 Exit status: 0 a prediction; 2 bad input (named); 3 the run fits in no layout of the
 cluster (the smallest that fits is named).
@@ -35,7 +38,7 @@ import sys
 
 FLAGS = {"--cluster": "", "--hardware": "", "--lengths-from": "", "--chars-per-token": "0",
          "--kv-read": "static", "--sweep": "", "--plot": "", "--plot-dir": ""}
-SWITCHES = ("--constants",)
+SWITCHES = ("--constants", "--measure")
 DOES_NOT_FIT = 3
 ENDS = ("faster end", "slower end")  # of the range, for colocated
 
@@ -101,8 +104,40 @@ def _train(rest: list[str], own: dict) -> int:
     run = from_train.parse(rest, own["--cluster"], own["--hardware"], own["--lengths-from"],
                            float(own["--chars-per-token"]), own["--kv-read"])
     cfg = run.cfg
+    if own["--measure"]:
+        return _measured(run, rest)
     return _predict(run.ctx, run.source, own, only=cfg.mode if run.explicit_mode else None,
                     placement=cfg.placement, given=run.given, steps=cfg.steps)
+
+
+def _measured(run, argv: list[str]) -> int:
+    """The run's mode with its prefill, decode and train timed as the run's own programs
+    (`measure.py`), next to the cost model's figures for the same phases."""
+    from locojax.predict import measure, modes
+
+    cfg, ctx = run.cfg, run.ctx
+    mode = cfg.mode
+    if mode not in measure.MEASURABLE:
+        raise ValueError(f"--measure times {' and '.join(measure.MEASURABLE)} runs here; "
+                         f"--mode {mode} is predicted by the model only")
+    _header(ctx)
+    model = getattr(modes, mode)(ctx)
+    rows = cfg.rollout.prompts_per_step * cfg.group_size
+    try:
+        timed = measure.measure(mode, argv, ctx.cluster.chips, cfg.rollout.prompts_per_step,
+                                cfg.group_size, measure.limits_of(ctx, rows))
+    except RuntimeError as e:  # the run cannot be built or run here (it does not fit, ...)
+        print(f"locojax predict: {e}", file=sys.stderr)
+        return 1
+    pred = measure.apply(model, timed)
+    print(f"\n{mode}, step time per phase (milliseconds; device phases timed here, "
+          f"{measure.REPS} repetitions after a warm-up, the slowest host's):")
+    for name in sorted(set(model.phases) | set(pred.phases), key=lambda k: -pred.phases.get(k, 0)):
+        got, est = pred.phases.get(name, 0.0), model.phases.get(name, 0.0)
+        how = "timed" if name in measure.DEVICE_PHASES else "model"
+        print(f"  {name:<18} {1e3 * got:10.1f}  ({how}; the cost model: {1e3 * est:.1f})")
+    print(f"  {'step':<18} {1e3 * pred.step:10.1f}  (the cost model: {1e3 * model.step:.1f})")
+    return 0
 
 
 def _workload(rest: list[str], own: dict) -> int:
