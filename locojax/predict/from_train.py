@@ -48,6 +48,15 @@ def parse(argv: list[str], cluster: str = "", hardware_file: str = "", lengths_f
     train_fields.check(cfg)
     if cfg.task.data and not Path(cfg.task.data).exists():
         raise FileNotFoundError(f"--task.data {cfg.task.data!r}: no such file or directory")
+    if cfg.rollout.max_prompt_tokens == "auto":  # P as `train` sizes it, from the data
+        from locojax.train.build import sized
+
+        try:
+            cfg = sized(cfg)[0]
+        except (ValueError, FileNotFoundError, OSError) as e:
+            raise ValueError(f"--rollout.max-prompt-tokens auto (the default) sizes the "
+                             f"prompts with the run's tokenizer and data: {e}; give a "
+                             "number") from None
     wl = presets.from_run(cfg, lengths_from, chars_per_token)
     model_cfg, source = spec.load(str(cfg.model))
     from locojax.train.meshes import check_tp_model

@@ -24,6 +24,7 @@ import dataclasses
 import jax
 
 from locojax.engine.engine import Engine
+from locojax.engine.refill import Refill
 from locojax.engine.sampling import SamplingConfig
 from locojax.envs import data_lengths, registry
 from locojax.envs.base import Task
@@ -56,14 +57,8 @@ class RunParts:
 
     @classmethod
     def of(cls, cfg: RunConfig) -> RunParts:
-        task = registry.build(cfg.task, cfg.seed, cfg.multi_turn.max_turns)
+        cfg, task, tokenizer, prompts = sized(cfg)
         model_cfg = model_config(cfg.model, cfg.precision)
-        tokenizer = tokenizer_of(cfg.model, cfg.task.template)
-        # Every prompt encoded once: P sized from the data (auto), or rows over P refused.
-        task, prompts = data_lengths.fit(task, tokenizer, cfg.rollout.max_prompt_tokens,
-                                         cfg.task.skip_invalid)
-        cfg = dataclasses.replace(cfg, rollout=dataclasses.replace(
-            cfg.rollout, max_prompt_tokens=prompts.max_prompt_tokens))
         limits = None if not task.multi_turn else limits_lib.resolve(
             cfg.multi_turn, task.max_turns, cfg.rollout.max_new_tokens,
             cfg.rollout.max_prompt_tokens, model_cfg.max_position_embeddings)
@@ -71,8 +66,9 @@ class RunParts:
                    sampling_of(cfg.rollout, tokenizer), limits, prompts)
 
     def engine(self, mesh, rules: Rules = ROLLOUT_REPLICATED) -> Engine:
-        return engine_of(self.model_cfg, mesh, rules, self.cfg.rollout.cache_dtype,
-                         self.cfg.rollout.weights_dtype)
+        r = self.cfg.rollout
+        return engine_of(self.model_cfg, mesh, rules, r.cache_dtype, r.weights_dtype,
+                         Refill(r.refill_slots, r.refill_at) if r.refill_slots else None)
 
     def weights(self, mesh, rules: Rules) -> Weights:
         """The starting weights, loaded (or initialised, for presets) straight into `rules`'
@@ -97,6 +93,19 @@ class RunParts:
                         cfg.multi_turn, self.limits, dump_dir)
 
 
+def sized(cfg: RunConfig) -> tuple[RunConfig, Task, Tokenizer, data_lengths.Sized]:
+    """`cfg` with P resolved, its task with every prompt encoded once (P sized from the
+    data for auto, rows over P refused or skipped), the tokenizer, and what sizing found.
+    `RunParts.of` builds on it; `locojax predict train` takes its P."""
+    task = registry.build(cfg.task, cfg.seed, cfg.multi_turn.max_turns)
+    tokenizer = tokenizer_of(cfg.model, cfg.task.template)
+    task, prompts = data_lengths.fit(task, tokenizer, cfg.rollout.max_prompt_tokens,
+                                     cfg.task.skip_invalid)
+    cfg = dataclasses.replace(cfg, rollout=dataclasses.replace(
+        cfg.rollout, max_prompt_tokens=prompts.max_prompt_tokens))
+    return cfg, task, tokenizer, prompts
+
+
 def model_config(model: str, precision: str = "f32") -> ModelConfig:
     """The config of `model` (a spec of `loader.load`), computing in `precision`."""
     return loader.load_config(model, **_dtypes(precision))
@@ -119,12 +128,14 @@ def sampling_of(rollout: RolloutConfig, tokenizer: Tokenizer) -> SamplingConfig:
 
 
 def engine_of(model_cfg: ModelConfig, mesh=None, rules: Rules = ROLLOUT_REPLICATED,
-              cache_dtype: str | None = None, weights_dtype: str | None = None) -> Engine:
+              cache_dtype: str | None = None, weights_dtype: str | None = None,
+              refill: Refill | None = None) -> Engine:
     """An engine over `mesh` (None: the default device); `cache_dtype` None: compute dtype;
-    `weights_dtype` None: decode with the weights as given (else a rollout copy)."""
+    `weights_dtype` None: decode with the weights as given (else a rollout copy); `refill`
+    None: a generate decodes all its rows at once."""
     return Engine(model_cfg, mesh=mesh, rules=rules,
                   cache_dtype=cache_dtype and COMPUTE_DTYPES[cache_dtype],
-                  weights_dtype=weights_dtype)
+                  weights_dtype=weights_dtype, refill=refill)
 
 
 def weights_of(model: str, seed: int = 0, precision: str = "f32", mesh=None,
