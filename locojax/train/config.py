@@ -42,11 +42,12 @@ class RolloutConfig:
     """B: prompts per step, over all hosts (each is sampled G = algo.group_size times)."""
     max_new_tokens: int = 24
     """N: most tokens per completion."""
-    max_prompt_tokens: int | Literal["auto"] = 16
+    max_prompt_tokens: int | Literal["auto"] = "auto"
     """P: prompts are left-padded to this. auto: the longest prompt of the data, rounded up
-    to a bucket (`envs/data_lengths.py`). Every prompt is encoded before step 1: one longer
-    than P, or one the tokenizer cannot encode, is refused naming its row (--task.skip-invalid:
-    skipped and counted)."""
+    to a bucket (`envs/data_lengths.py`; a generated task's from the longest its generator
+    can draw); multi-turn tasks need a number. Every prompt is encoded before step 1: one
+    longer than P, or one the tokenizer cannot encode, is refused naming its row
+    (--task.skip-invalid: skipped and counted)."""
     temperature: float = 1.0
     """τ: sampling temperature (also the learner's, so logprobs are of one policy)."""
     top_k: int = 0
@@ -69,8 +70,18 @@ class RolloutConfig:
     many of the host's devices, rows over the rest (`sharding.ROLLOUT_TP`). It must divide
     the host's devices and the model's heads and MLP width. Every mode: in disaggregated and
     async, the rollout workers' engines."""
+    refill_slots: int = 0
+    """R: decode at most this many rows at once, a finished row's slot taking the next
+    prompt's rows (`engine/refill.py`; 0 = off: a step's rows all at once, finished ones
+    compacted out). A multiple of G; single-turn, one device per engine."""
+    refill_at: int = 0
+    """Free slots at which the decode loop stops to refill (0: G): a multiple of G, at most
+    refill_slots; each stop is one host sync and a prefill of refill_at / G prompts."""
 
     def __post_init__(self):
+        if self.refill_slots < 0 or self.refill_at < 0:
+            raise ValueError(f"rollout.refill_slots and refill_at must be >= 0, got "
+                             f"{self.refill_slots} and {self.refill_at}")
         for name in ("prompts_per_step", "max_new_tokens", "max_prompt_tokens", "tp"):
             if getattr(self, name) != "auto" and getattr(self, name) < 1:
                 raise ValueError(f"rollout.{name} must be >= 1, got {getattr(self, name)}")
@@ -328,7 +339,7 @@ def demo() -> RunConfig:
     """
     return RunConfig(
         model="embedded-strict", task=TaskConfig(name="arith", level=2), steps=300,
-        rollout=RolloutConfig(prompts_per_step=32, max_new_tokens=12, max_prompt_tokens=8),
+        rollout=RolloutConfig(prompts_per_step=32, max_new_tokens=12),  # P auto: 8
         optim=OptimConfig(lr=1e-4, warmup_steps=20), eval=EvalConfig(every=25),
     )
 
@@ -371,7 +382,7 @@ def real_demo() -> RunConfig:
     return RunConfig(
         model=REAL_MODEL_DIR, mode="single", steps=40,
         task=TaskConfig(name="arith", level=0, template="chat", reward="flexible"),
-        rollout=RolloutConfig(prompts_per_step=8, max_new_tokens=32, max_prompt_tokens=48),
+        rollout=RolloutConfig(prompts_per_step=8, max_new_tokens=32),  # P auto: 48
         algo=AlgoConfig(group_size=8), optim=OptimConfig(lr=1e-5, warmup_steps=0),
         eval=EvalConfig(every=10, num_examples=200, batch_size=100), run_dir="runs/demo-real",
     )
