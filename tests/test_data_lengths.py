@@ -171,3 +171,19 @@ def test_math500_evaluates_whole_without_a_width(tmp_path):
     assert longest < 1752  # the prompt is the problem within the task's plain template
     summary = json.load(open(f"{out}.summary.json"))
     assert summary["rows"] == 2 and summary["skipped"] == 2
+
+
+@pytest.mark.skipif(not (os.path.exists(MATH500) and os.path.exists(SMOL)),
+                    reason="MATH-500 (shared/data) or SmolLM2 (make real-model) is absent")
+def test_math500_sizes_all_500_prompts_with_smollm2_and_refuses_none():
+    """The issue's failure: eval stopped at MATH-500's 6th row (449 tokens over a guessed
+    384). With auto, SmolLM2's own tokenizer and chat template encode all 500 prompts, none
+    is refused, and the width is the longest's bucket (docs/eval.md has the whole run)."""
+    from locojax.envs.registry import TaskConfig, build
+    from locojax.train.build import tokenizer_of
+
+    task = build(TaskConfig(name="math", data=MATH500, test_data=MATH500, template="chat"), 0)
+    task, sized = data_lengths.fit(task, tokenizer_of(SMOL, "chat"), "auto")
+    assert len(task.test) == 500 and sized.skipped == 0
+    assert (sized.longest, sized.longest_id) == (961, "test.jsonl:302")
+    assert sized.max_prompt_tokens == 1024
