@@ -99,11 +99,17 @@ def _still_there_after(uid: int, seconds: float = 5.0) -> list[int]:
 
 def test_auto_is_isolated_and_says_what_it_enforces(sb):
     """`auto` resolved to a mode with every namespace guarantee, and a process and memory cap,
-    for root and non-root alike."""
+    for root and non-root alike. bwrap (by name only) says it has no disk quota, and non-root
+    without a cgroup no caps: `auto` would refuse it."""
     iso = sb.isolation
     assert iso.mode in ("namespaces", "bwrap")
     assert iso.filesystem and iso.network and iso.pid
     assert iso.uid == ROOT  # a fresh host uid per run is a root-only guarantee
+    if iso.mode == "bwrap":
+        desc = iso.describe(SMALL)
+        assert not iso.disk and "NOT enforced: " in desc and "disk quota" in \
+            desc.split("NOT enforced: ")[1], desc
+        return
     assert iso.process_cap in ("cgroup", "rlimit") and iso.memory_cap in ("cgroup", "rlimit")
     desc = iso.describe(SMALL)
     assert f"mode={iso.mode}" in desc and "no capabilities" in desc and "process cap 8" in desc
@@ -144,19 +150,21 @@ def test_none_runs_only_by_name_and_says_so_in_one_line(caplog, monkeypatch):
 
 
 @pytest.mark.skipif(not ROOT, reason="non-root, mode none runs the code as the caller's uid")
-def test_none_as_root_refuses_an_interpreter_other_uids_cannot_run(tmp_path):
+@pytest.mark.parametrize("mode", ["none"] + (["bwrap"] if _BWRAP else []))
+def test_none_as_root_refuses_an_interpreter_other_uids_cannot_run(tmp_path, mode):
     """As root, mode none runs the code as a fresh unprivileged uid: an interpreter under a
     directory only root may enter (pyenv under /root) cannot start there. The refusal names
-    it and its real path, not a failed probe's exit status."""
+    it and its real path, not a failed probe's exit status. So does bwrap, exec'd as that
+    uid (it said only "probe failed ... Can't find source path /root/.pyenv/...")."""
     private = tmp_path / "private"
     private.mkdir(mode=0o700)
     python = private / "python3"
     python.write_text(f"#!/bin/sh\nexec {_python_for_other_uids()} \"$@\"\n")
     python.chmod(0o755)
-    with pytest.raises(SandboxError, match="sandbox mode none does not work here") as e:
-        Sandbox(SandboxConfig(mode="none", python=str(python)), SMALL)
+    with pytest.raises(SandboxError, match=f"sandbox mode {mode} does not work here") as e:
+        Sandbox(SandboxConfig(mode=mode, python=str(python), bwrap_path=_BWRAP), SMALL)
     assert f"must be able to run {python} (really {python};" in str(e.value)
-    assert "SandboxConfig.python" in str(e.value) and "an isolated mode" in str(e.value)
+    assert "SandboxConfig.python" in str(e.value) and "mode" in str(e.value).split(". ")[-1]
 
 
 # -- plain behaviour ------------------------------------------------------------------------------
@@ -422,9 +430,23 @@ def test_network_is_unreachable(sb):
     assert "CONNECTED" not in r.stdout and r.stdout.count("failed") == 2
 
 
+def _claims_no(sb, what: str) -> bool:
+    """True when `sb`'s mode does not claim `what` ("process cap", "aggregate memory cap"),
+    after checking that its start-up line says so. Only bwrap, asked for by name, non-root
+    without a delegated cgroup, lacks them (`auto` refuses such a mode); a fork bomb is not
+    run where nothing caps it."""
+    if sb.isolation.process_cap if what == "process cap" else sb.isolation.memory_cap:
+        return False
+    assert sb.isolation.mode == "bwrap" and not ROOT, sb.isolation
+    assert what in sb.isolation.describe(SMALL).split("NOT enforced: ")[1]
+    return True
+
+
 def test_process_cap_probe(sb):
     """Harmless check of the cap before the fork bomb: 20 sleepers asked, fewer than 8 start.
     Defence: pids.max or RLIMIT_NPROC of a uid only the run has (without them all 20 start)."""
+    if _claims_no(sb, "process cap"):
+        return
     code = ("import subprocess\nps, err = [], None\nfor _ in range(20):\n    try:\n"
             "        ps.append(subprocess.Popen(['sleep', '5']))\n    except OSError as e:\n"
             "        err = e\n        break\nprint(len(ps), type(err).__name__)\n"
@@ -438,6 +460,8 @@ def test_process_cap_probe(sb):
 def test_fork_bomb_is_contained(sb):
     # Each fork leaves the process group (setsid): only the pid namespace (or, as root, the
     # run's uid) ends them, not the group's kill.
+    if _claims_no(sb, "process cap"):
+        return
     bomb = ("import os, time\nprint(os.getuid(), flush=True)\nwhile True:\n    try:\n"
             "        if os.fork() == 0:\n            os.setsid()\n"
             "    except OSError:\n        time.sleep(0.01)\n")
@@ -460,6 +484,8 @@ def test_memory_bomb_across_processes_stays_under_the_stated_bound(sb):
     `max_processes * memory_bytes`). The bomb counts its children still alive holding a
     written 48 MiB block at the end; without either defence all 18 would be (864 MiB, over
     both bounds)."""
+    if _claims_no(sb, "aggregate memory cap"):
+        return
     limits = Limits(cpu_seconds=5, wall_seconds=12, memory_bytes=128 << 20, max_processes=6)
     chunk, tries = 48 << 20, 3 * limits.max_processes
     code = f"""
@@ -577,7 +603,12 @@ def test_extra_read_only_paths(tmp_path):
     assert (data / "x.txt").read_text() == "visible"
 
 
-def test_read_back_does_not_follow_planted_symlinks(sb, tmp_path):
+def test_read_back_does_not_follow_planted_symlinks(any_sb, tmp_path):
+    """Defence: only regular files really inside the work dir are read back: in the
+    bootstrap, inside the run's root (namespaces), and in the parent (`runner._read_back`,
+    the other modes). Under `none` too: in namespaces mode the root alone hides the target
+    (with the bootstrap's check removed this passed), so only mode none shows the parent's."""
+    sb = any_sb
     secret = tmp_path / "secret.txt"
     secret.write_text("HOST-ONLY")
     code = (f"import os\nos.symlink({str(secret)!r}, 'link.txt')\n"

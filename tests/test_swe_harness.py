@@ -145,13 +145,15 @@ def test_always_equal_objects_score_0(runner):
 @pytest.mark.parametrize("runner", RUNNERS)
 def test_editing_the_tests_on_disk_scores_0(runner):
     """At import the code rewrites every test file it can find to pass: the tester runs the
-    sources it was given before any code ran."""
+    sources it was given before any code ran. The code special-cases the visible test, so
+    only the hidden one, imported after the code ran, can fail it (with the tester reading
+    the test files from disk, this forgery passed)."""
     calc = """
     import glob
     for p in glob.glob('**/test*.py', recursive=True):
         open(p, 'w').write('def test_add():\\n    pass\\ndef test_add_more():\\n    pass\\n')
     def add(a, b):
-        return a - b
+        return 5 if (a, b) == (2, 3) else a - b
     """
     out = submit(runner, calc)
     assert not out.passed and out.n_failed >= 1, out.output

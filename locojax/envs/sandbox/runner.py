@@ -122,13 +122,15 @@ class Sandbox:
             if r.ok and r.stdout.strip() == "ok":
                 return self.isolation
             errors.append(f"{mode}: probe failed rc={r.returncode} {r.stderr[-300:]!r}")
-        if self.config.mode == "none":
+        if self.config.mode == "none" or (self.config.mode == "bwrap" and self._root):
+            # bwrap too: as root it is exec'd after the drop to the run's uid.
             raise SandboxError(
-                f"sandbox mode none does not work here ({'; '.join(errors)}). As root it runs "
-                f"the code as a fresh unprivileged uid, which must be able to run {self.python} "
-                f"(really {os.path.realpath(self.python)}; not under /root, mode 0700): use an "
-                "interpreter other users can run (SandboxConfig.python; `locojax train` uses "
-                "its own, so install it with a system-wide Python), or an isolated mode.")
+                f"sandbox mode {self.config.mode} does not work here ({'; '.join(errors)}). "
+                "As root it runs the code as a fresh unprivileged uid, which must be able to "
+                f"run {self.python} (really {os.path.realpath(self.python)}; not under /root, "
+                "mode 0700): use an interpreter other users can run (SandboxConfig.python; "
+                "`locojax train` uses its own, so install it with a system-wide Python), or "
+                + ("an isolated mode." if self.config.mode == "none" else "mode namespaces."))
         raise SandboxError(f"no sandbox isolation works here ({'; '.join(errors)}). "
                            + HOW_TO_ISOLATE)
 
