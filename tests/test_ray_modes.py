@@ -116,7 +116,9 @@ def check_net_bytes(run_dir):
     pull moves the f32 params, 4P; the controller's dispatch is the prompts' int32 tokens
     and bool masks, its gather the rows' int32 tokens, bool masks and f32 logprobs and each
     host's int32 iteration count."""
-    cfg = config(run_dir)
+    from locojax.train.build import sized
+
+    cfg = sized(config(run_dir))[0]  # P as the run resolved it (auto)
     p = sum(np.asarray(x).size for x in params(run_dir))
     b, r = cfg.rollout.prompts_per_step, cfg.rollout.prompts_per_step * cfg.group_size
     for row in jsonl(os.path.join(run_dir, "perf.jsonl")):
