@@ -32,6 +32,7 @@ from pathlib import Path
 from locojax.model.config import ModelConfig
 from locojax.predict import calibrated
 from locojax.predict import collectives as coll
+from locojax.predict import compaction
 from locojax.predict import shared_machine
 from locojax.predict.devices import device_model, shape_key
 from locojax.predict.flops import ITEMSIZE, Costs, ModelCosts
@@ -193,16 +194,24 @@ class Ctx:
         each model turn (a multi-turn row decodes once per turn, the cache then holding the
         whole trajectory: `decode_keys`). `devices`: the simulated devices one process
         drives, whose loop meets at every iteration where the hosts share one machine.
+        The loop compacts its finished rows as the engine does (`compaction.waves`: halving
+        a device's batch down to MIN_ROWS), each wave's iterations costed at its rows.
         In `waves` waves (the KV cache of all rows does not fit), each wave's loop runs as
         long as the whole batch's would (an upper bound: a wave's longest row is shorter)."""
         if steps <= 0:
             return 0.0
         mp, w = self.model_parallel(), self.waves
         groups = max(1.0, chips / mp)
-        per = self.mc.decode_step(max(rows / groups / w, 1e-9), self.decode_keys(steps))
-        one = self.device("decode_step", per, mp, cores, rows / groups / w)
-        one += shared_machine.loop_iteration_extra(self.cluster.hw, self.ledger, devices)
-        return w * self.wl.turns * steps * (one + self.tp_comm(rows / groups / w, mp))
+        r = rows / groups / w  # a device's (a model-parallel group's) rows in one loop
+        whole = max(1, round(r))
+        extra = shared_machine.loop_iteration_extra(self.cluster.hw, self.ledger, devices)
+        total = 0.0
+        for wave in compaction.waves(self.wl.completion, whole, steps):
+            at = r * wave.rows / whole
+            per = self.mc.decode_step(max(at, 1e-9), self.decode_keys(steps))
+            one = self.device("decode_step", per, mp, cores, at) + extra
+            total += wave.iterations * (one + self.tp_comm(at, mp))
+        return w * self.wl.turns * total
 
     def extend(self, rows: float, chips: float, cores: float = 0.0) -> float:
         """Prefill of the observation tokens written after each env turn (multi-turn)."""
