@@ -171,7 +171,7 @@ def main(argv=None) -> int:
             return 2
         python = install.install(peer)
     args.out.mkdir(parents=True, exist_ok=True)
-    results = []
+    results = earlier_results(args.out / "results.json", args.seeds, args.sides)
     for seed in args.seeds:
         base = held_out(args.model, seed, args.out / f"base-{seed}.jsonl", args.held_out)
         for side in args.sides:
@@ -193,12 +193,22 @@ def main(argv=None) -> int:
                                 first=sum(r[:tenth]) / tenth, last=sum(r[-tenth:]) / tenth,
                                 step_s=harness.median(times[2:]), rss=peak_rss_gb(log),
                                 run_dir=str(run_dir)))
+            # written after every run, so a seed that finished survives one that fails later
+            (args.out / "results.json").write_text(json.dumps(results, indent=1))
             print(f"seed {seed} {side}: done, load {harness.loads()}", flush=True)
-    (args.out / "results.json").write_text(json.dumps(results, indent=1))
     report(results)
     print_roofline(results, args.model)
     print(f"\nload at the end {harness.loads()}; results {args.out / 'results.json'}")
     return 0
+
+
+def earlier_results(path: Path, seeds: list[int], sides: list[str]) -> list[dict]:
+    """The runs already in results.json that this invocation does not redo, so seeds run in
+    separate invocations (40 minutes each) end up in one table."""
+    if not path.is_file():
+        return []
+    return [r for r in json.loads(path.read_text())
+            if not (r["seed"] in seeds and r["side"] in sides)]
 
 
 def print_roofline(results: list[dict], model: str) -> None:
