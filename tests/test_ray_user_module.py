@@ -1,8 +1,9 @@
 """The user's task and reward modules reach every Ray actor (envs/user.py, fleet/driver.py):
-the driver ships them through Ray's runtime_env `py_modules`, and `disaggregated` and
-`async` runs from a project directory of the user's score every row with its TRL-style
-reward (module:function and file.py:function), next to GSM8K's flexible correctness on the
-rows' answer column, in their rollout workers and verifiers."""
+the driver ships them through Ray's runtime_env `py_modules`, and `disaggregated`, `async`
+and `controller` runs from a project directory of the user's score every row with its
+TRL-style reward (module:function and file.py:function), next to GSM8K's flexible
+correctness on the rows' answer column, in their rollout workers and verifiers. On a second
+Ray node, where the user's file is not, a worker imports the shipped copy."""
 
 import json
 import os
@@ -93,3 +94,55 @@ def test_disaggregated_scores_with_a_module_reference(project):
 @pytest.mark.slow
 def test_async_scores_with_a_file_reference_in_a_package(project):
     _train(project, "async", "my_pkg/scores.py:by_length", "--max-staleness", "1")
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_controller_scores_with_a_file_reference(project):
+    """The controller admits and scores every row itself, while its hosts build the task
+    (the rows, the reward references) from the config: both need the user's file."""
+    _train(project, "controller", "my_rewards.py:by_length", "--hosts", "2")
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_worker_on_a_second_node_imports_the_shipped_file(project):
+    """Two Ray nodes on this machine (`ray.cluster_utils.Cluster`): the driver joins as a
+    run does (`driver.connect`, `--ray-address`), the user's file is then deleted, and a task
+    placed on the second node still loads `my_rewards.py:by_length` by its driver path. Only
+    the copy Ray shipped can serve it: the path is gone and the project is on no path there."""
+    ray = pytest.importorskip("ray")
+    from ray.cluster_utils import Cluster
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from locojax.envs.registry import TaskConfig
+    from locojax.fleet import driver
+    from locojax.train.config import RunConfig
+    from locojax.train.placement_config import PlacementConfig
+
+    ref = f"{project / 'my_rewards.py'}:by_length"
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    try:
+        second = cluster.add_node(num_cpus=1)
+        cluster.wait_for_nodes()
+        cfg = RunConfig(task=TaskConfig(name="data", data="rows.jsonl", reward=(ref,)),
+                        placement=PlacementConfig(ray_address=cluster.address))
+        assert not driver.connect(cfg)  # joined, not started: the cluster is the test's
+        (project / "my_rewards.py").unlink()
+
+        @ray.remote(num_cpus=1, scheduling_strategy=NodeAffinitySchedulingStrategy(
+            second.node_id, soft=False))
+        def load(ref):
+            import importlib.util
+
+            from locojax.envs import user
+            fn = user.load_ref(ref)
+            return (ray.get_runtime_context().get_node_id(), fn(completions=["abcd"]),
+                    importlib.util.find_spec("my_rewards").origin)
+
+        node, values, origin = ray.get(load.remote(ref), timeout=120)
+        assert node == second.node_id and values == [0.5]
+        assert not origin.startswith(str(project))  # Ray's copy, not the deleted file
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
