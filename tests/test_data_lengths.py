@@ -187,3 +187,18 @@ def test_math500_sizes_all_500_prompts_with_smollm2_and_refuses_none():
     assert len(task.test) == 500 and sized.skipped == 0
     assert (sized.longest, sized.longest_id) == (961, "test.jsonl:302")
     assert sized.max_prompt_tokens == 1024
+
+
+def test_train_defaults_to_auto_and_the_demo_presets_keep_their_widths():
+    """auto is train's default; the demo (char tokenizer) and the real demo (SmolLM2's chat
+    template, where converted) resolve to the widths their runs were measured with."""
+    import dataclasses
+
+    from locojax.train.build import sized
+    from locojax.train.config import PRESETS, RolloutConfig
+
+    assert RolloutConfig().max_prompt_tokens == "auto"
+    assert sized(PRESETS["demo"][1])[0].rollout.max_prompt_tokens == 8
+    if os.path.exists(os.path.join(SMOL, "tokenizer.json")):
+        real = dataclasses.replace(PRESETS["real-demo"][1], model=SMOL)
+        assert sized(real)[0].rollout.max_prompt_tokens == 48
