@@ -15,8 +15,9 @@ fail it.
 XLA counts the body of a loop once (HloCostAnalysis does not know trip counts): prefill and
 decode scan over layers, so they are compared at one layer (`num_hidden_layers=1`, where the
 scan body is the whole body); the train step unrolls its layers (`decoder.unroll_for_grad`,
-<= 8 layers) and is compared whole; its reference forward scans, so its increment over β = 0
-is compared with one layer's forward.
+<= 8 layers) and is compared whole; at β > 0 the reference forward runs as a program of its own
+(`train_step.compile_reference`), which scans its layers, so it is compared with one layer's
+forward, and the step's own increment over β = 0 with the KL term's elementwise work.
 """
 
 import dataclasses
@@ -86,26 +87,39 @@ def _check_train_cfg(cfg, b, g, p, n):
     costs = ModelCosts(cfg, "float32")
     mesh = make_mesh({"data": 1}, jax.devices()[:1])
     prefix = batch_lib.SharedPrefix(p, g)
-    flops = {}
+    flops, ref_flops = {}, None
     for beta in (0.0, 0.04):
         learner = LearnerConfig(algo=AlgoConfig(group_size=g, beta=beta, max_response_len=n),
                                 optim=OptimConfig(), grad_accum=1)  # one micro-batch: no loop
         state = train_state.abstract(cfg, learner.optim, mesh)
-        compiled = train_step.compile_update(
-            state, batch_lib.abstract(b * g, p + n, mesh, shared_prefix=prefix), cfg, learner,
-            state.params if beta else None, mesh)
+        batch = batch_lib.abstract(b * g, p + n, mesh, shared_prefix=prefix)
+        ref_params = state.params if beta else None
+        compiled = train_step.compile_update(state, batch, cfg, learner, ref_params, mesh)
         flops[beta] = compiled.cost_analysis()["flops"]
+        reference = train_step.compile_reference(batch, ref_params, cfg, learner, mesh)
+        assert (reference is None) == (not beta), "a reference program exactly when β > 0"
+        if reference is not None:
+            ref_flops = reference.cost_analysis()["flops"]
     rows = b * g
     # Forward tokens: the prompt once per group, every row's N - 1 response columns.
     tokens, keys = rows / g * p + rows * (n - 1), p + n - 1
     _within(flops[0.0], costs.train_step(rows, g, p, n).flops,
             _elementwise_bound(cfg, tokens, keys, rows * n, True, cfg.num_params()))
-    # β > 0 adds the reference's no-grad forward, whose layer scan XLA counts once.
+    # β > 0 adds the reference's no-grad forward, a program of its own before the step
+    # (`train_step.with_reference`), whose layer scan XLA counts once.
     one = dataclasses.replace(cfg, num_hidden_layers=1,
                               layer_types=cfg.layer_types[:1] if cfg.layer_types else None)
     ref = ModelCosts(one, "float32").train_forward(rows, g, p, n)
-    _within(flops[0.04] - flops[0.0], ref,
-            _elementwise_bound(one, tokens, keys, rows * n, False))
+    _within(ref_flops, ref, _elementwise_bound(one, tokens, keys, rows * n, False))
+    # ... and to the step itself only the KL term's elementwise work, on every entry of the
+    # step's [B, P + N] logprobs (masked, not cut): two `clean`s (2 ops each), k3 =
+    # e^{-δ} - 1 + δ (4), the loss's and `actor/kl`'s masked sums (2 each) and the β product:
+    # <= 16 forward, the backward at most 2 per forward op, so <= 48 per entry; rounded up 2x
+    # (measured at TINY: 46 per entry, 2026-12-04). A reference forward left inside the step
+    # (at least one layer's forward, `ref` above) would exceed it 20x over.
+    kl_bound = 96 * rows * (p + n)
+    assert kl_bound < 0.05 * ref, "the bound would not catch the forward left in the step"
+    assert 0 <= flops[0.04] - flops[0.0] <= kl_bound, (flops[0.04] - flops[0.0], kl_bound)
 
 
 def test_tiny_prefill_and_decode_flops_match_xla():

@@ -4,8 +4,8 @@ The same parts, in the same order, as `Trainer.step` (`locojax/train/loop.py`): 
 wiring's one-device mesh, `Engine.prefill` + `Engine.decode` (jitted, KV cache, behaviour
 logprobs), detokenize and score on the host, group advantages, `batch.from_rollout`, the cut
 to the step's bucket (`buckets.fit`: nothing to cut here, every token is real) and
-`global_batch`, then `train_step.update` (one AdamW step; at β > 0 the reference forward
-runs inside the train step's jit, so locojax's reference time is part of `train`).
+`global_batch`, then `train_step.update` (one AdamW step; at β > 0 `update` runs the
+reference forward first, as its own program, so locojax's reference time is part of `train`).
 Run by the driver in locojax's own environment, as `python -m benchmarks.peers.locojax_worker`.
 """
 

@@ -59,6 +59,7 @@ def timed_update(state: TrainState, batch: TrainBatch, model_cfg: ModelConfig,
 def update(state, batch, model_cfg, cfg, ref_params, mesh, timer: StepTimer):
     """The fused step's `update`, as separately timed programs."""
     ts.check(batch, cfg, ref_params)
+    batch, ref_params = ts.with_reference(batch, ref_params, model_cfg, cfg, mesh), None
     cfg = micro_batches.resolve(ts.program_cfg(cfg), batch, model_cfg.vocab_size, mesh)
     axis = gradients.flat_allreduce_axis(mesh, cfg)
     static = dict(model_cfg=model_cfg, cfg=cfg, mesh=mesh)

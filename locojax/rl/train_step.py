@@ -4,7 +4,8 @@
 jitted at module level and donates the state. Its input batch is the global array (sharded over the
 mesh's `data` axis); the params' sharding decides data parallel or FSDP. In order:
 
-  1. reference logprobs, only when β > 0 and the batch lacks them (β = 0: no ref forward);
+  1. reference logprobs, only when β > 0 and the batch lacks them (β = 0: no ref forward;
+     `update` computes them before the step, as a program of their own: `with_reference`);
   2. π_old logprobs, only when the step takes more than one update (μ > 1 or several
      mini-batches); with one update π_old is exactly sg(π_θ) and needs no extra forward;
   3. per mini-batch, the global `Counts`, computed once before micro-batching;
@@ -32,6 +33,7 @@ global-count normalisation is `aggregation.py`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 
 import jax
@@ -211,25 +213,87 @@ def program_cfg(cfg: LearnerConfig) -> LearnerConfig:
     return dataclasses.replace(cfg, skip_nonfinite=False)
 
 
+def _reference(ref_params, batch: TrainBatch, *, model_cfg: ModelConfig, cfg: LearnerConfig,
+               mesh=None):
+    """The reference policy's logprobs of `batch`, [B, T], in the row-parts the step would
+    use (bounded memory, `logprobs.scan_logprobs`)."""
+    cfg = micro_batches.resolve(cfg, batch, model_cfg.vocab_size, mesh)
+    parts = cfg.algo.num_minibatches * cfg.grad_accum
+    split, group = logprobs.for_split(batch, parts)
+    return logprobs.scan_logprobs(ref_params, split, parts, group, model_cfg, cfg)
+
+
+reference_logprobs = jax.jit(_reference, static_argnames=("model_cfg", "cfg", "mesh"))
+"""(ref_params, batch, *, model_cfg, cfg, mesh=None) -> [B, T]: `with_reference`'s program."""
+
+
+def _needs_reference(batch: TrainBatch, ref_params, cfg: LearnerConfig) -> bool:
+    _, s = resolve(cfg.algo)
+    return bool(s.beta) and batch.ref_logprobs is None and ref_params is not None
+
+
+def compile_reference(batch: TrainBatch, ref_params, model_cfg: ModelConfig,
+                      cfg: LearnerConfig, mesh=None) -> jax.stages.Compiled | None:
+    """Compile, without running it, the reference program `update` runs before the step for
+    arguments like these (`with_reference`); None where it runs none (β = 0, or the batch
+    brings its own `ref_logprobs`). Its `cost_analysis()` is the reference forward's, which
+    the step's own program no longer holds."""
+    if not _needs_reference(batch, ref_params, cfg):
+        return None
+    return reference_logprobs.lower(ref_params, batch, model_cfg=model_cfg,
+                                    cfg=program_cfg(cfg), mesh=mesh).compile()
+
+
+def with_reference(batch: TrainBatch, ref_params, model_cfg: ModelConfig, cfg: LearnerConfig,
+                   mesh=None) -> TrainBatch:
+    """`batch` with its reference logprobs when β > 0 and it lacks them: computed by
+    `reference_logprobs`, a program of its own, then given to `train_step` in the batch.
+
+    Why not inside `train_step` (which can compute them): there the same forward cost 3x
+    more at TINY (~16 ms for ~5 ms of work) and 1.15x the whole step at SMALL β 0.04
+    (docs/peers_benchmark.md has the interleaved A/B). With ShapeDtypeStructs
+    (`compile_update`) it compiles that program and returns the batch with an abstract
+    `ref_logprobs` placed like `old_logprobs`, which is where the real one is put."""
+    if not _needs_reference(batch, ref_params, cfg):
+        return batch
+    like = batch.old_logprobs
+    static = dict(model_cfg=model_cfg, cfg=program_cfg(cfg), mesh=mesh)
+    if isinstance(like, jax.ShapeDtypeStruct):
+        compile_reference(batch, ref_params, model_cfg, cfg, mesh)
+        out = jax.eval_shape(functools.partial(reference_logprobs, **static), ref_params, batch)
+        ref = jax.ShapeDtypeStruct(out.shape, out.dtype, sharding=like.sharding)
+    else:
+        ref = reference_logprobs(ref_params, batch, **static)
+        if isinstance(like, jax.Array):  # where the step's compile expects it
+            ref = jax.device_put(ref, like.sharding)
+    return dataclasses.replace(batch, ref_logprobs=ref)
+
+
 def compile_update(state, batch: TrainBatch, model_cfg: ModelConfig, cfg: LearnerConfig,
                    ref_params=None, mesh=None) -> jax.stages.Compiled:
     """Compile, without running it, the `train_step` that `update` calls for arguments like
-    these (arrays, or ShapeDtypeStructs placed as the real ones will be). It lands in the
-    jit cache `update` then hits; its `memory_analysis()` is the step's per-device need."""
-    return train_step.lower(state, batch, ref_params, model_cfg=model_cfg,
+    these (arrays, or ShapeDtypeStructs placed as the real ones will be), and the reference
+    program before it (`with_reference`). They land in the jit caches `update` then hits;
+    the step's `memory_analysis()` is its per-device need (the reference program's, a
+    no-grad forward of one row-part at a time, is smaller). Returns the step's program:
+    `compile_reference` gives the reference one (for its FLOPs)."""
+    batch = with_reference(batch, ref_params, model_cfg, cfg, mesh)
+    return train_step.lower(state, batch, None, model_cfg=model_cfg,
                             cfg=program_cfg(cfg), mesh=mesh).compile()
 
 
 def update(state: TrainState, batch: TrainBatch, model_cfg: ModelConfig, cfg: LearnerConfig,
            ref_params=None, mesh=None) -> tuple[TrainState, dict[str, float]]:
-    """Check, run one `train_step` (donating `state`), fetch metrics as floats.
+    """Check, add the reference logprobs (`with_reference`), run one `train_step` (donating
+    `state`), fetch metrics as floats.
 
     Raises `NonFiniteError` naming the step if an update was non-finite, unless
     `cfg.skip_nonfinite`; either way the rejected update changed neither params nor
     optimizer state, and `actor/skipped_steps` counts it.
     """
     check(batch, cfg, ref_params)
-    state, metrics = train_step(state, batch, ref_params, model_cfg=model_cfg,
+    batch = with_reference(batch, ref_params, model_cfg, cfg, mesh)
+    state, metrics = train_step(state, batch, None, model_cfg=model_cfg,
                                 cfg=program_cfg(cfg), mesh=mesh)
     return finish(state, metrics, cfg)
 
