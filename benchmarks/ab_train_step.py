@@ -3,7 +3,9 @@
 An arm is a name, a code tree (PYTHONPATH: e.g. a checkout of another commit) and extra
 environment (e.g. XLA_FLAGS). Each arm is one long-lived process that builds docs/design.md's
 TINY or SMALL synthetic batch (`profile_train.synthetic_batch`: every token real, shared
-prompts per group) and compiles `train_step`; then the arms take turns, `--block` steps each
+prompts per group) and compiles the step as a run takes it (`train_step.update`: the checks,
+at β > 0 the reference logprobs wherever that tree computes them, the step, the metrics
+fetched to the host); then the arms take turns, `--block` steps each
 per round for `--rounds` rounds, so load drifts hit every arm alike. Prints each arm's median
 (device-synchronised) step time and its ratio to the first arm.
 
@@ -37,7 +39,7 @@ def worker(shape: str, beta: float) -> int:
     import jax
 
     from benchmarks.profile_train import SHAPES, synthetic_setup
-    from locojax.rl.train_step import train_step
+    from locojax.rl.train_step import update
 
     accum = os.environ.get("AB_GRAD_ACCUM")
     accum = {"grad_accum": int(accum)} if accum else {}
@@ -45,14 +47,14 @@ def worker(shape: str, beta: float) -> int:
     out = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)
     for _ in range(2):  # compile, then one warm step
-        state, _ = train_step(state, batch, ref, model_cfg=cfg, cfg=lcfg)
+        state, _ = update(state, batch, cfg, lcfg, ref)
         jax.block_until_ready(state)
     out.write(json.dumps({"ready": True}) + "\n")
     for line in sys.stdin:
         times = []
         for _ in range(int(line)):
             t0 = time.perf_counter()
-            state, _ = train_step(state, batch, ref, model_cfg=cfg, cfg=lcfg)
+            state, _ = update(state, batch, cfg, lcfg, ref)
             jax.block_until_ready(state)
             times.append(time.perf_counter() - t0)
         out.write(json.dumps({"times": times}) + "\n")
