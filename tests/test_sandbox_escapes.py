@@ -10,10 +10,12 @@ how each was seen to fail with its defence removed.
 import dataclasses
 import os
 import shutil
+import signal
 
 import pytest
 
 from locojax.envs.sandbox import Limits, Sandbox, SandboxConfig
+from locojax.envs.sandbox.bootstrap import SHIELDED
 
 SMALL = Limits(cpu_seconds=2, wall_seconds=8, memory_bytes=512 << 20, file_size_bytes=1 << 20,
                max_processes=8, max_output_bytes=8 << 10)
@@ -40,7 +42,18 @@ def test_signals_to_the_sandboxs_own_processes_do_not_end_the_run(sb):
             "import time; time.sleep(0.3)\n"
             "print('still here')\n"
             "raise SystemExit(3)\n")
-    r = sb.run(code)
+    # The bootstrap starts with the signal dispositions of this process: a test run in the
+    # background (`cmd &`, nohup) ignores SIGINT and SIGHUP from the start, and then passed
+    # with the bootstrap's own SIG_IGN removed. Defaults here, so only that defence counts.
+    shielded = [getattr(signal, n) for n in SHIELDED]
+    saved = {s: signal.getsignal(s) for s in shielded}
+    try:
+        for s in shielded:
+            signal.signal(s, signal.default_int_handler if s == signal.SIGINT else signal.SIG_DFL)
+        r = sb.run(code)
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, handler)
     assert r.returncode == 3 and r.stdout.strip() == "still here", r
 
 
