@@ -61,10 +61,11 @@ def locojax_argv(model: str, seed: int, steps: int, run_dir: Path, eval_every: i
             "--eval.every", str(eval_every), "--checkpoint.no-resume"]
 
 
-def trl_argv(python: Path, model: str, seed: int, steps: int, out: Path) -> list[str]:
+def trl_argv(python: Path, model: str, seed: int, steps: int, out: Path,
+             device: str = "cpu") -> list[str]:
     return [str(python), "-m", "benchmarks.peers.trl_real_worker", "--model", model,
             "--out", str(out), "--seed", str(seed), "--steps", str(steps),
-            "--settings", json.dumps(SETTINGS)]
+            "--settings", json.dumps(SETTINGS), "--device", device]
 
 
 def with_peak_rss(argv: list[str]) -> list[str]:
@@ -151,6 +152,9 @@ def main(argv=None) -> int:
     ap.add_argument("--sides", nargs="+", default=["locojax", "trl"], choices=["locojax", "trl"])
     ap.add_argument("--out", type=Path, default=Path("runs/bench-real-trl"))
     ap.add_argument("--no-install", action="store_true", help="use only an existing TRL venv")
+    ap.add_argument("--trl-device", choices=["cpu", "cuda"], default="cpu",
+                    help="where TRL runs (locojax runs on JAX's default backend); the "
+                         "learning curves compare across devices, the step times do not")
     ap.add_argument("--report-only", action="store_true",
                     help="print the tables of the runs in --out again, without running")
     args = ap.parse_args(argv)
@@ -179,7 +183,7 @@ def main(argv=None) -> int:
             shutil.rmtree(run_dir, ignore_errors=True)
             argv_ = (locojax_argv(args.model, seed, args.steps, run_dir, args.eval_every)
                      if side == "locojax" else trl_argv(python, args.model, seed, args.steps,
-                                                        run_dir))
+                                                        run_dir, args.trl_device))
             log = args.out / f"{side}-{seed}.log"
             code, tail = harness.run_logged(with_peak_rss(argv_), log, timeout=4 * 3600)
             if code:
@@ -192,7 +196,7 @@ def main(argv=None) -> int:
             results.append(dict(seed=seed, side=side, base=base, final=final,
                                 first=sum(r[:tenth]) / tenth, last=sum(r[-tenth:]) / tenth,
                                 step_s=harness.median(times[2:]), rss=peak_rss_gb(log),
-                                run_dir=str(run_dir)))
+                                run_dir=str(run_dir), device=args.trl_device))
             # written after every run, so a seed that finished survives one that fails later
             (args.out / "results.json").write_text(json.dumps(results, indent=1))
             print(f"seed {seed} {side}: done, load {harness.loads()}", flush=True)
@@ -219,8 +223,14 @@ def print_roofline(results: list[dict], model: str) -> None:
     print(f"\nmachine: {bw / 1e9:.1f} GB/s (512 MiB f32 sum), {peak / 1e9:.0f} GFLOP/s "
           "(2048^3 f32 matmul)")
     for r in results:
-        if r["side"] == "locojax":
+        if r["side"] == "locojax" and r.get("device", "cpu") == "cpu":  # this machine's
             print(f"seed {r['seed']} locojax: {roofline(Path(r['run_dir']), model, bw, peak)}")
+
+
+def side_label(r: dict) -> str:
+    """The side, and where a run was not on this benchmark's CPU (`--trl-device cuda`)."""
+    device = r.get("device", "cpu")
+    return r["side"] if device == "cpu" else f"{r['side']} ({device})"
 
 
 def report(results: list[dict]) -> None:
@@ -228,7 +238,7 @@ def report(results: list[dict]) -> None:
     for line in harness.table(
             ["seed", "side", "reward first/last tenth", "held-out before -> after",
              "in format after", "acc. in format before -> after", "s/step", "peak RSS GB"],
-            [[r["seed"], r["side"], f"{r['first']:.3f} / {r['last']:.3f}",
+            [[r["seed"], side_label(r), f"{r['first']:.3f} / {r['last']:.3f}",
               f"{r['base']['accuracy']:.3f} -> {r['final']['accuracy']:.3f}",
               f"{r['final']['format_rate']:.3f}",
               f"{r['base']['accuracy_in_format']:.3f} -> {r['final']['accuracy_in_format']:.3f}",
@@ -238,6 +248,9 @@ def report(results: list[dict]) -> None:
     by = {(r["seed"], r["side"]): r for r in results}
     for seed in sorted({r["seed"] for r in results}):
         if (seed, "trl") in by and (seed, "locojax") in by:
+            if by[seed, "trl"].get("device", "cpu") != "cpu":
+                print(f"seed {seed}: ran on a GPU host; its step times are not compared")
+                continue
             ratio = harness.ratio(by[seed, "trl"]["step_s"], by[seed, "locojax"]["step_s"])
             print(f"seed {seed}: TRL s/step / locojax s/step = {harness.fmt(ratio, '.2f')} "
                   "(runs one after another)")

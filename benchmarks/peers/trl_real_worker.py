@@ -31,6 +31,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--settings", required=True, help="JSON of bench_real_trl.SETTINGS")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                    help="cuda: TRL's own GPU path (the comparison's step times are CPU's)")
     args = ap.parse_args(argv)
     s = json.loads(args.settings)
 
@@ -62,7 +64,8 @@ def main(argv=None) -> int:
         top_k=0, beta=s["beta"], epsilon=s["eps"], num_iterations=1,
         learning_rate=s["lr"], weight_decay=s["weight_decay"], lr_scheduler_type="constant",
         warmup_steps=0,
-        optim="adamw_torch", max_steps=args.steps, shuffle_dataset=False, use_cpu=True,
+        optim="adamw_torch", max_steps=args.steps, shuffle_dataset=False,
+        use_cpu=args.device == "cpu",
         bf16=False, fp16=False, report_to="none", save_strategy="no", logging_steps=1,
         disable_tqdm=True, seed=args.seed, dataloader_num_workers=0,
         loss_type=s["trl_loss_type"], model_init_kwargs={"dtype": torch.float32})
@@ -86,7 +89,8 @@ def main(argv=None) -> int:
 
     out.mkdir(parents=True, exist_ok=True)
     trainer.add_callback(Log())
-    print(f"trl {trl.__version__} torch {torch.__version__} threads {torch.get_num_threads()} "
+    print(f"trl {trl.__version__} torch {torch.__version__} device {args.device} "
+          f"threads {torch.get_num_threads()} "
           f"loss_type {config.loss_type} scale_rewards {config.scale_rewards}", flush=True)
     trainer.train()
     trainer.save_model(str(out / "final_model"))
