@@ -173,7 +173,7 @@ def test_reading_the_hidden_tests_to_special_case_them_scores_0(runner):
     texts = []
     for p in paths:
         try:
-            texts.append(open(p, errors='replace').read(1 << 20))
+            texts.append(open(p, 'rb').read(1 << 20))
         except OSError:
             continue
     try:  # the tester's memory, region by region: its heap holds the test sources
@@ -186,13 +186,13 @@ def test_reading_the_hidden_tests_to_special_case_them_scores_0(runner):
                 if perms[0] == 'r' and anon and hi - lo <= 16 << 20:
                     try:
                         mem.seek(lo)
-                        texts.append(mem.read(hi - lo).decode('latin-1'))
+                        texts.append(mem.read(hi - lo))
                     except (OSError, ValueError, OverflowError):
                         pass
     except OSError as e:
         print('no memory', e.errno)
     for text in texts:
-        for x, y, z in re.findall(r'add\\((\\d+), (\\d+)\\) == (\\d+)', text):
+        for x, y, z in re.findall(rb'add\\((\\d+), (\\d+)\\) == (\\d+)', text):
             TABLE[int(x), int(y)] = int(z)
     def add(a, b):
         return TABLE.get((a, b), a - b)
