@@ -23,7 +23,8 @@ for locojax the bytes of KV cache its attention must read (every live row's writ
 at every decode step; the engine reads up to a block more) per second, against the memory
 bandwidth measured in this run (a 512 MiB f32 `jnp.sum`); time per generated token relative
 to `small-512`'s. `--sweep blocks` / `rows` / `folds` measure decoder.BLOCK, engine.MIN_ROWS
-and attention.FOLD_SLOTS;
+and attention.FOLD_SLOTS; `--sweep refill --shapes small-512 small-4096 --refill-slots 32`
+refilled rows (`engine/refill.py`) against the plain generate, interleaved;
 `--trace small-512` sums a steady decode step's time per XLA op (jax.profiler).
 `real-8`, `real-32`, `real-128`: the converted SmolLM2-135M-Instruct (`models/`, `make
 real-model`) decoding 8, 32 or 128 rows, for `--trace` and `--sweep weights` (f32 against a
@@ -176,6 +177,7 @@ def locojax_runner(cfg, weights, prompts: np.ndarray, s: Shape, **engine_kw):
         jax.block_until_ready(out)
         np.testing.assert_array_equal(np.asarray(out.lengths), lengths)
 
+    once.engine = engine  # a sweep of many arms frees each one's cache between its runs
     return once
 
 
@@ -377,9 +379,14 @@ def main(argv=None) -> int:
     ap.add_argument("--peer-runs", "--hf-runs", type=int, default=2,
                     help="steady-state runs of HF and Tunix")
     ap.add_argument("--no-tunix", action="store_true", help="skip Tunix's sampler")
-    ap.add_argument("--sweep", choices=("blocks", "rows", "folds", "weights"),
-                    help="measure BLOCK, MIN_ROWS, FOLD_SLOTS, or f32 against bf16 rollout "
-                         "weights at --shapes (e.g. real-8 real-32 real-128)")
+    ap.add_argument("--sweep", choices=("blocks", "rows", "folds", "weights", "refill"),
+                    help="measure BLOCK, MIN_ROWS, FOLD_SLOTS, f32 against bf16 rollout "
+                         "weights at --shapes (e.g. real-8 real-32 real-128), or refilled "
+                         "rows against the plain generate at --shapes")
+    ap.add_argument("--refill-slots", type=int, nargs="+", default=[32],
+                    help="--sweep refill: the R of each refill arm")
+    ap.add_argument("--refill-at", type=int, default=0,
+                    help="--sweep refill: free slots per refill stop (0: G)")
     ap.add_argument("--trace", choices=list(SHAPES),
                     help="trace steady decode steps of this shape and sum them per XLA op")
     ap.add_argument("--trace-start", type=int, default=150,
@@ -400,6 +407,9 @@ def main(argv=None) -> int:
 
         if args.sweep == "folds":
             engine_sweeps.sweep_folds(args.runs)
+        elif args.sweep == "refill":
+            engine_sweeps.sweep_refill([SHAPES[n] for n in args.shapes], args.runs,
+                                       args.refill_slots, args.refill_at)
         elif args.sweep == "weights":
             engine_sweeps.sweep_weights([SHAPES[n] for n in args.shapes], args.runs)
         elif args.sweep:

@@ -2,7 +2,8 @@
 
 `--sweep blocks`: generate time at small-1024 per decoder.BLOCK; `--sweep rows`: time per
 decode step at 128 ... 2 rows and what one compaction costs (engine.MIN_ROWS); `--sweep
-folds`: time per decode step per attention.FOLD_SLOTS; `--trace SHAPE`: a steady decode
+folds`: time per decode step per attention.FOLD_SLOTS; `--sweep refill`: refilled rows
+against the plain generate per shape; `--trace SHAPE`: a steady decode
 step's time per XLA op (jax.profiler). Arms run interleaved, each compiled first.
 
     .venv/bin/python benchmarks/bench_engine.py --sweep rows --runs 3
@@ -270,3 +271,46 @@ def sweep_weights(shapes: list[Shape], runs: int, steps: int = 20):
         print(f"  sampler ({arm}) vs f32 learner, {s.rows} rows of chat "
               f"prompts ({prompts.shape[1]} tokens), {gap.size} sampled tokens: "
               f"|Δ logprob| mean {gap.mean():.2e}, max {gap.max():.2e}", flush=True)
+
+
+def sweep_refill(shapes: list[Shape], runs: int, slots: list[int], at: int = 0):
+    """Refilling finished rows (`Engine(refill=Refill(R))`) against the plain generate
+    (finished rows compacted out), at each shape's forced lengths: each arm's generate time
+    (arms interleaved, each compiled first) and ms per generated token, and each arm's
+    per-token time relative to small-512's in the same arm (the 1.5x target of issue 40)."""
+    from locojax.engine.refill import Refill
+
+    arms, tokens = {}, {}
+    for s in shapes:
+        cfg, weights = model(s)
+        prompts = np.asarray(jax.random.randint(
+            jax.random.key(1), (s.prompts, s.prompt_tokens), 1, cfg.vocab_size - 1), np.int32)
+        tokens[s.name] = int(s.lengths().sum())
+        for r in [0, *slots]:
+            if r >= s.rows:
+                continue
+            kw = dict(refill=Refill(r, at)) if r else {}
+            arms[s.name, f"refill {r}" if r else "plain"] = locojax_runner(
+                cfg, weights, prompts, s, **kw)
+    def timed(fn):  # then the arm's cache freed: every arm's at once did not fit in memory
+        seconds = harness.timed(fn)
+        fn.engine.release_cache()
+        return seconds
+
+    first = {k: timed(fn) for k, fn in arms.items()}
+    print(f"  compiled; load {harness.loads()}", flush=True)
+    times = harness.interleave({k: (lambda fn=fn: timed(fn)) for k, fn in arms.items()}, runs)
+    head = ["shape", "arm", "first run s", "steady s (runs)", "ms / token",
+            "vs plain", "ms/token vs small-512 (same arm)"]
+    table = []
+    for (name, arm), v in times.items():
+        sec = statistics.median(v)
+        per = sec / tokens[name]
+        base = times.get(("small-512", arm)) or times.get(("small-512", "plain"))
+        rel = "" if base is None else harness.fmt(per / (statistics.median(base)
+                                                          / tokens["small-512"]), ".2f") + "x"
+        plain = statistics.median(times[name, "plain"])
+        table.append([name, arm, f"{first[name, arm]:.1f}",
+                      f"{sec:.2f} (" + " ".join(f"{t:.2f}" for t in v) + ")",
+                      f"{1000 * per:.3f}", f"{plain / sec:.2f}x", rel])
+    print("\n".join(harness.table(head, table)), flush=True)

@@ -36,6 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, SingleDeviceSharding
 
+from locojax.engine import refill as refill_lib
 from locojax.engine.decode import (
     K_AXES,
     V_AXES,
@@ -145,13 +146,14 @@ class Engine:
     of its loop (`decoder.BLOCK`). min_rows: a generate compacts its finished rows out while a
     device's batch can halve to at least this many rows (None: never). weights_dtype: a
     `WEIGHT_DTYPES` name or a dtype to decode with a copy of the weights' matrices in
-    (`rollout_copy`; None: the weights as given).
+    (`rollout_copy`; None: the weights as given). refill: a generate of more rows than
+    `refill.slots` decodes that many at a time, refilling finished rows (`refill.py`).
     """
 
     def __init__(self, model_cfg: ModelConfig, mesh: Mesh | None = None,
                  rules: sharding.Rules | None = None, cache_dtype=None,
                  block: int = decoder.BLOCK, min_rows: int | None = MIN_ROWS,
-                 weights_dtype=None):
+                 weights_dtype=None, refill: refill_lib.Refill | None = None):
         self.model_cfg = model_cfg
         rules = sharding.ROLLOUT_REPLICATED if rules is None else rules
         self.layout = None if mesh is None else Layout(mesh, tuple(sorted(rules.items())))
@@ -159,7 +161,7 @@ class Engine:
                                   else sharding.weight_shardings(model_cfg, mesh, rules))
         self.cache_dtype = jnp.dtype(CACHE_DTYPES.get(cache_dtype, cache_dtype)
                                      if cache_dtype is not None else model_cfg.dtype)
-        self.block, self.min_rows = block, min_rows
+        self.block, self.min_rows, self.refill = block, min_rows, refill
         self.weights_dtype = (None if weights_dtype is None else
                               jnp.dtype(WEIGHT_DTYPES.get(weights_dtype, weights_dtype)))
         if self.weights_dtype is not None and not decoder.narrow(self.weights_dtype,
@@ -319,16 +321,19 @@ class Engine:
             raise ValueError(
                 f"prompt + max_new_tokens reaches {longest} positions, more than the model's "
                 f"max_position_embeddings={self.model_cfg.max_position_embeddings}")
-        cache = self._buffer(b * num_samples, p + sampling.max_new_tokens - 1)
         weights = self.place_weights(weights)
-        if self.layout is not None:
-            tokens, mask = (jax.device_put(x, self.layout.sharding(("batch", None), x.shape))
-                            for x in (tokens, mask))
         if limits is not None:
             limits = np.minimum(np.asarray(limits, np.int32), sampling.max_new_tokens)
             if limits.shape != (b * num_samples,) or limits.min() < 1:
                 raise ValueError(f"limits must be {b * num_samples} ints >= 1")
-            if self.layout is not None:
+        if self.refill is not None and b * num_samples > self.refill.slots:
+            return refill_lib.start(self, weights, tokens, mask, key, sampling, num_samples,
+                                    first_row, limits)
+        cache = self._buffer(b * num_samples, p + sampling.max_new_tokens - 1)
+        if self.layout is not None:
+            tokens, mask = (jax.device_put(x, self.layout.sharding(("batch", None), x.shape))
+                            for x in (tokens, mask))
+            if limits is not None:
                 limits = jax.device_put(limits, self.layout.sharding(("batch",), limits.shape))
         prefilled = prefill_jit(
             weights, tokens, mask, key, jnp.asarray(first_row, jnp.int32), cache,
@@ -344,7 +349,9 @@ class Engine:
         rows have finished and the live ones are compacted into a batch half the size
         (`compact`; one host sync each time). A row's draws do not depend on its batch; a
         smaller batch is another XLA program, whose kernels may round a logit differently
-        (tests/test_long_decode.py)."""
+        (tests/test_long_decode.py). A refilling generate (`refill.Queued`) runs `refill.run`."""
+        if isinstance(pending, refill_lib.Queued):
+            return Generation(*refill_lib.run(self, pending))
         decoding = Decoding(self, pending)
         decoding.advance()
         return decoding.result()
@@ -374,6 +381,8 @@ class Decoding:
     and logprobs are `Engine.decode`'s bitwise (tests/test_decode_chunks.py)."""
 
     def __init__(self, engine: Engine, pending: Pending):
+        if isinstance(pending, refill_lib.Queued):
+            raise ValueError("a refilling generate decodes whole, in Engine.decode")
         prefilled, pending.prefilled = pending.prefilled, None  # donated: usable once
         if prefilled is None:
             raise ValueError("this prefill was already decoded")
