@@ -25,7 +25,11 @@ logprobs are equal to f32 rounding. They are not bitwise: an R-row batch is anot
 program, and a refilled row's keys sit at other slots, so the blocked attention's online
 softmax folds them in other groups (as compaction's smaller batches already may,
 docs/design.md). One device only (the batch is not split over a mesh); single-turn only
-(`extend.Conversation` does not refill).
+(`extend.Conversation` does not refill); not the controller mode, whose hosts decode in
+chunks through `engine.Decoding`, which refuses a refilling prefill. Memory: R rows of
+P + 2N slots against the plain generate's B·G rows of P + N. On a 2-core CPU refill adds
+decode steps (a row refilled late ends late) where a step's cost is mostly per-op, so it is
+off by default (docs/engine_benchmark.md, "Finished rows refilled").
 
 Legend: b prompts, r rows (R slots), p prompt length, n new tokens, s cache slots.
 """
