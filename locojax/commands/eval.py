@@ -7,7 +7,8 @@
     locojax eval --model DIR --task data --data FILE --reward my_mod:fn     # your own reward
     locojax launch --hosts 2 -- eval --model DIR --task gsm8k --data FILE     # 2 local hosts
 
-Samples k completions of every row on the engine (batched, one compiled shape), scores them
+Samples k completions of every row on the engine (batched; rows grouped by prompt length,
+each group padded to its own width: `eval_groups.py`), scores them
 with the task's reward as training does (`evaluate.score`, the scorer of the in-training
 evaluation; multi-turn tasks step their environments, tools and all) and reports accuracy
 (the share of correct samples, which is pass@1), pass@j for j = 1, 2, 4, ..., k by the
@@ -84,7 +85,11 @@ class EvalArgs:
     bucket. Every prompt is encoded before any sampling: one longer than this, or one the
     tokenizer cannot encode, is an error naming its row (--skip-invalid: skipped, counted)."""
     batch_size: int = 32
-    """Rows per generate call (each sampled k times)."""
+    """Rows per generate call (each sampled k times) at prompt widths up to 256; wider
+    groups take proportionally fewer rows (the same prompt tokens per call)."""
+    one_width: bool = False
+    """Pad every row to --max-prompt-tokens (one compiled shape) instead of grouping the rows
+    by prompt length, each group padded to its own power-of-two width."""
     limit: int = 0
     """Score only the first this many valid rows (0: all)."""
     skip_invalid: bool = False
@@ -189,6 +194,7 @@ def gather_rows(wiring, rows: list[dict]) -> list[dict]:
 def main(argv: list[str]) -> int:
     args = tyro.cli(EvalArgs, args=argv, prog="locojax eval")
     from locojax import distributed
+    from locojax.commands import eval_groups
     from locojax.envs.data import DataError
 
     try:
@@ -200,10 +206,14 @@ def main(argv: list[str]) -> int:
         return 2
     try:
         setup = _setup(args, host)
+        rows = _ordered(args, setup[1])
         if host.process_id == 0:
             parts = setup[1]
             print(f"prompts: {parts.prompts.describe(args.max_prompt_tokens)}", flush=True)
-        rows = _score(args, host, *setup)
+            if rows[2] is not None:
+                print(eval_groups.describe(rows[2], parts.cfg.rollout.max_prompt_tokens,
+                                           args.batch_size), flush=True)
+        rows = _score(args, host, *setup, *rows)
     except (ValueError, OSError, TypeError, DataError) as e:  # bad input, named
         return _failed(host, e, 2)
     except Exception as e:
@@ -272,31 +282,59 @@ def task_config(args: EvalArgs):
         answer_field=args.answer_field, split=args.split, test_split=args.split)
 
 
-def _score(args: EvalArgs, host, wiring, parts, weights, sampling):
-    """This host's share of the rows scored, then every host's records gathered."""
+def _ordered(args: EvalArgs, parts):
+    """The rows to score, their order by encoded prompt length and their lengths in that
+    order (identity and None under --one-width or for a multi-turn task)."""
+    import numpy as np
+
+    from locojax.commands import eval_groups
+    from locojax.envs.prompt import encode_prompt
+
+    examples = list(parts.task.test)[:args.limit or None]
+    if args.one_width or parts.task.multi_turn:
+        return examples, np.arange(len(examples)), None
+    lengths = [len(encode_prompt(parts.tokenizer, ex)) for ex in examples]
+    perm = eval_groups.order(lengths)
+    return examples, perm, [lengths[i] for i in perm.tolist()]
+
+
+def _score(args: EvalArgs, host, wiring, parts, weights, sampling, examples, perm,
+           sorted_lengths):
+    """This host's share of the rows (a contiguous run of the length order) scored group by
+    group, then every host's records gathered and put back in the rows' order."""
     import jax
 
     from locojax import evaluate
+    from locojax.commands import eval_groups
     from locojax.envs.pool import EnvPool
     from locojax.envs.rewards import RewardRunner
 
-    task, tokenizer = parts.task, parts.tokenizer
-    examples = list(task.test)[:args.limit or None]
-    n, h, hosts = len(examples), host.process_id, host.num_processes
+    task, tokenizer, cap = parts.task, parts.tokenizer, parts.cfg.rollout.max_prompt_tokens
+    ordered = [examples[i] for i in perm.tolist()]
+    n, h, hosts = len(ordered), host.process_id, host.num_processes
     lo, hi = n * h // hosts, n * (h + 1) // hosts
-    mine, rows = examples[lo:hi], []
-    if mine:
+    if sorted_lengths is None:  # multi-turn prompts grow by turns: --batch-size as asked
+        per_call = args.batch_size if task.multi_turn else eval_groups.rows_at(
+            cap, args.batch_size)
+        runs = eval_groups.one_width(cap, per_call, lo, hi)
+    else:
+        runs = eval_groups.groups(sorted_lengths, cap, args.batch_size, lo, hi)
+    rows = []
+    if runs:
         engine = parts.engine(wiring.rollout_mesh, wiring.rollout_rules)
         mt = args.multi_turn
         with RewardRunner() as runner, EnvPool(mt.env_workers, mt.env_timeout_s) as pool:
-            scores = evaluate.score(engine, weights, tokenizer, task, runner, mine,
-                                    sampling, args.k, parts.cfg.rollout.max_prompt_tokens,
-                                    args.batch_size, jax.random.key(args.seed),
-                                    first_index=lo, pool=pool, limits=parts.limits)
-        fmt = (evaluate.in_format(task, scores, mine) if task.format_check is not None
-               else None)
-        rows = [row_record(ex, scores, i, tokenizer, fmt) for i, ex in enumerate(mine)]
-    return gather_rows(wiring, rows)
+            for g in runs:
+                mine = ordered[g.start:g.stop]
+                # first_index: the run's place in the length order, which keys its samples
+                scores = evaluate.score(engine, weights, tokenizer, task, runner, mine,
+                                        sampling, args.k, g.width, g.rows,
+                                        jax.random.key(args.seed), first_index=g.start,
+                                        pool=pool, limits=parts.limits)
+                fmt = (evaluate.in_format(task, scores, mine) if task.format_check is not None
+                       else None)
+                rows += [row_record(ex, scores, i, tokenizer, fmt) for i, ex in enumerate(mine)]
+    return eval_groups.unsort(gather_rows(wiring, rows), perm)
 
 
 def _report(args: EvalArgs, host, task, sampling, rows: list[dict]) -> None:
