@@ -82,7 +82,11 @@ fi
 # site-packages; its prefix is what the sandbox mounts for the interpreter.
 venv=$(mktemp -d "${TMPDIR:-/tmp}/locojax-nobody-venv.XXXXXX")
 trap '[ -z "$copy" ] || rm -rf "$copy"; rm -rf "$venv"' EXIT
-"$interp" -m venv --without-pip "$venv/venv"
+if ! "$interp" -m venv --without-pip "$venv/venv"; then
+	echo "sandbox_unprivileged: $interp cannot make a venv (its venv module: on Debian," \
+		"apt-get install python$ver-venv)" >&2
+	exit 1
+fi
 vsite=$("$venv/venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 PYTHONPATH="$site" PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 "$venv/venv/bin/python" - "$site" "$vsite" >/dev/null <<-'EOF'
 	import os, shutil, sys, tempfile
