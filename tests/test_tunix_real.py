@@ -60,6 +60,7 @@ def _tunix_python() -> Path:
 
 
 @pytest.mark.slow  # converts the real checkpoint, two Tunix processes, f64 locojax forward
+@pytest.mark.timeout(1800)  # passed 600 s at load 20-45 (nice 15) on the 2 shared cores
 def test_tunix_logits_match_locojax_only_with_the_rope_fix(tmp_path):
     """Tunix's f32 logits against locojax's in float64 (exact by comparison), within one f32
     forward's rounding bound (tests/test_real_smollm2.py `_logits_and_bound`: λ√n·u over the
