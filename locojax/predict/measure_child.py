@@ -93,7 +93,7 @@ def run(spec: dict) -> dict:
     params = parts.weights(wiring.train_mesh, wiring.train_rules)
     state = train_state.init(params, learner.optim, model_cfg)
     b, g = cfg.rollout.prompts_per_step, cfg.group_size
-    p, n = cfg.rollout.max_prompt_tokens, cfg.rollout.max_new_tokens
+    p, n = parts.cfg.rollout.max_prompt_tokens, cfg.rollout.max_new_tokens  # auto: resolved
     rng = np.random.default_rng(1)
     prompts = rng.integers(0, model_cfg.vocab_size, (b, p)).astype(np.int32)
     mask = np.ones((b, p), bool)
