@@ -65,6 +65,8 @@ REFUSED = {
                          "RUN_DIR (a rollout dump)",
     "placement.verifiers": "rewards are costed on the worker, not on verifier actors",
     "rollout.weights_dtype": "decode's weight bytes and dots are costed in the compute dtype",
+    "rollout.refill_slots": "decode is costed as one batch of the step's rows, not R slots",
+    "rollout.refill_at": "decode is costed as one batch of the step's rows, not R slots",
 }
 
 IRRELEVANT = {
