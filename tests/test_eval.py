@@ -201,17 +201,10 @@ def test_two_hosts_give_the_rows_of_one(tmp_path):
     assert {**two, "hosts": 1} == one and two["hosts"] == 2
 
 
-@pytest.mark.slow
-def test_tp2_scores_the_rows_of_tp1(tmp_path, monkeypatch):
-    """`--tp 2` (data 4 x tensor 2 over the 8 test devices, ROLLOUT_TP) gives the greedy
-    completions and rewards of `--tp 1`. The two differ only in the order of the forward's
-    sums (tests/test_rollout_tp.py), so a greedy token can differ only where its top logit
-    leads by at most 2 · logit_tol; every generated position of the tp 1 run is checked
-    to lead by more (a full forward over its prompts and tokens), so equality holds on any
-    CPU. Also: the engine's weights really are split over `tensor`."""
+def record_generates(monkeypatch) -> list:
+    """Every generate's [engine, weights, prompts, prompt_mask, generation], in call order,
+    so a test can re-run a full forward over exactly what eval sampled."""
     from locojax.engine.engine import Engine
-    from locojax.model import decoder
-    from tests.hf_reference import assert_decisive_argmax
 
     seen, prefill, decode = [], Engine.prefill, Engine.decode
 
@@ -225,6 +218,21 @@ def test_tp2_scores_the_rows_of_tp1(tmp_path, monkeypatch):
 
     monkeypatch.setattr(Engine, "prefill", record_prefill)
     monkeypatch.setattr(Engine, "decode", record_decode)
+    return seen
+
+
+@pytest.mark.slow
+def test_tp2_scores_the_rows_of_tp1(tmp_path, monkeypatch):
+    """`--tp 2` (data 4 x tensor 2 over the 8 test devices, ROLLOUT_TP) gives the greedy
+    completions and rewards of `--tp 1`. The two differ only in the order of the forward's
+    sums (tests/test_rollout_tp.py), so a greedy token can differ only where its top logit
+    leads by at most 2 · logit_tol; every generated position of the tp 1 run is checked
+    to lead by more (a full forward over its prompts and tokens), so equality holds on any
+    CPU. Also: the engine's weights really are split over `tensor`."""
+    from locojax.model import decoder
+    from tests.hf_reference import assert_decisive_argmax
+
+    seen = record_generates(monkeypatch)
     one_rows, one = run_eval(tmp_path, *TP, "--tp", "1")
     tp1 = seen[:]
     two_rows, two = run_eval(tmp_path, *TP, "--tp", "2")

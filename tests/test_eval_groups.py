@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from locojax.commands import eval_groups
-from tests.test_eval import run_eval
+from tests.test_eval import record_generates, run_eval
 
 
 @pytest.mark.parametrize("cap", [16, 48, 64, 1024, 1000])
@@ -63,7 +63,6 @@ def test_grouped_rows_are_the_one_width_rows_in_file_order(tmp_path, monkeypatch
     logit_tol. A greedy token can then differ only where its top logit leads by at most
     2 · logit_tol; every generated position of the one-width run is checked to lead by more
     (a full forward, as test_eval's tp test does), so the rows are equal on any CPU."""
-    from locojax.engine.engine import Engine
     from locojax.envs import gsm8k
     from locojax.model import decoder
     from tests.hf_reference import assert_decisive_argmax
@@ -71,18 +70,7 @@ def test_grouped_rows_are_the_one_width_rows_in_file_order(tmp_path, monkeypatch
     data = tmp_path / "varied.jsonl"
     data.write_text("".join(json.dumps({"question": q, "answer": "#### 4"}) + "\n"
                             for q in QUESTIONS))
-    seen, prefill, decode = [], Engine.prefill, Engine.decode
-
-    def record_prefill(self, weights, prompts, *a, prompt_mask=None, **kw):
-        seen.append([self, weights, prompts, prompt_mask])
-        return prefill(self, weights, prompts, *a, prompt_mask=prompt_mask, **kw)
-
-    def record_decode(self, pending):
-        seen[-1].append(gen := decode(self, pending))
-        return gen
-
-    monkeypatch.setattr(Engine, "prefill", record_prefill)
-    monkeypatch.setattr(Engine, "decode", record_decode)
+    seen = record_generates(monkeypatch)
     argv = ["--model", "embedded", "--task", "gsm8k", "--data", str(data), "--batch-size", "2",
             "--max-new-tokens", "12", "--max-prompt-tokens", "128"]
     one_rows, one = run_eval(tmp_path, *argv, "--one-width")
