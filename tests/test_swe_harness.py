@@ -347,5 +347,6 @@ def test_hidden_tests_are_not_in_the_work_dir(tmp_path):
              "test_calc.py": TESTS}
     out = run_tests(default_sandbox(), files, ["test_calc.py"], "minitest")
     assert out.passed, out.output
-    assert "['.locojax', 'calc.py', 'test_calc.py'] ['harness.py', 'remote.py'] ''" in out.output
+    listed = "['.locojax', 'calc.py', 'test_calc.py'] ['harness.py', 'remote.py', 'treeview.py']"
+    assert listed + " ''" in out.output
     assert os.path.basename(__file__) not in out.output

@@ -236,3 +236,73 @@ def test_a_test_whose_body_does_not_run_is_not_passed(runner, kind):
         _fix_passes(task)
     out = _score(task)
     assert not out.passed, out.output
+
+
+LISTS_CASES = textwrap.dedent("""\
+    import glob
+    import json
+    import os
+    import pathlib
+
+    from calc import add
+
+    CASES = os.path.join(os.path.dirname(__file__), "cases")
+
+
+    def test_cases():
+        names = LISTING
+        assert names
+        for name in names:
+            with open(os.path.join(CASES, name)) as f:
+                a, b, want = json.load(f)
+            assert add(a, b) == want
+    """)
+LISTINGS = {
+    "os.listdir": "sorted(n for n in os.listdir(CASES) if n.endswith('.json'))",
+    "glob": "sorted(os.path.basename(p) for p in glob.glob(os.path.join(CASES, '*.json')))",
+    "Path.iterdir": "sorted(p.name for p in pathlib.Path(CASES).iterdir() "
+                    "if p.suffix == '.json')",
+    "os.walk": "sorted(n for _, _, files in os.walk(CASES) for n in files "
+               "if n.endswith('.json'))",
+    "os.path.exists": "[n for n in ('a.json', 'b.json') "
+                      "if os.path.exists(os.path.join(CASES, n))]",
+}
+DELETES_A_CASE = """\
+    import os
+    for d in ("tests/cases", "cases"):
+        if os.path.exists(os.path.join(d, "b.json")):
+            os.remove(os.path.join(d, "b.json"))
+    def add(a, b):
+        return a - b
+    """
+
+
+@pytest.mark.parametrize("runner", RUNNERS)
+@pytest.mark.parametrize("listing", list(LISTINGS))
+@pytest.mark.parametrize("where", ["tests/", "beside the code"])
+def test_deleting_a_data_file_cannot_hide_a_case_from_a_listing(runner, listing, where):
+    """The test finds its cases by listing a directory (or by checking which exist); the
+    code deletes the case the bug fails (b.json: 2 + 3; a.json, 2 + 0, passes either way).
+    The tester lists a directory of trusted files as the task has it: `tests/cases/`
+    exactly, and `cases/` beside the code (shared with the code's README) with the tree's
+    entries added to the disk's."""
+    test = LISTS_CASES.replace("LISTING", LISTINGS[listing])
+    cases = {"a.json": "[2, 0, 2]", "b.json": "[2, 3, 5]"}
+    if where == "tests/":
+        task = _task(runner, {"tests/test_calc.py": test,
+                              **{f"tests/cases/{n}": v for n, v in cases.items()}})
+        assert {"tests", "tests/cases"} <= set(_owned(task))
+    else:
+        files = {"test_calc.py": test, "cases/README": "the cases, one per file\n",
+                 **{f"cases/{n}": v for n, v in cases.items()}}
+        task = _task(runner, files, support=("cases/a.json", "cases/b.json"))
+        assert "cases" not in _owned(task)  # README is the code's: the directory is shared
+    _fix_passes(task)
+    out = _score(task, calc_DOT_py=DELETES_A_CASE)
+    assert not out.passed, out.output
+
+
+def _owned(task):
+    from locojax.envs.swe.runner import owned_dirs
+
+    return owned_dirs(task.files, set(task.test_tree))

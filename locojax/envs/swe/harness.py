@@ -6,12 +6,12 @@ runner) there are two processes:
 
 - the *tester* (`main`), which never executes repository code. It reads the trusted test
   tree (test files, helpers, data and hidden files) from a spec file and deletes it (so the
-  code never sees it; the work dir holds blanks), imports its `.py` files from that copy and
-  serves the others to `open` from memory, makes itself
-  non-dumpable (the code, under the same uid, can neither trace it nor open its fds through
-  /proc), runs the test functions (plain `test*` functions for "minitest", pytest in-process
-  for "pytest") and writes one JSON line per result, then `{"done": n}`, on fd 3: the
-  sandbox's private channel, which the parent reads. No file is read for the verdict.
+  code never sees it; the work dir holds blanks), imports its `.py` files from that copy,
+  answers `open`, `stat` and directory listings of the tree from it (`treeview.py`), makes
+  itself non-dumpable (the code, under the same uid, can neither trace it nor open its fds
+  through /proc), runs the test functions (plain `test*` functions for "minitest", pytest
+  in-process for "pytest") and writes one JSON line per result, then `{"done": n}`, on
+  fd 3: the sandbox's private channel, which the parent reads. No file is read for the verdict.
 - the *server* (`remote.serve`), started by the tester at the first import of a repository
   module, which imports and runs the code under test. Every module of the work dir that is
   not a trusted test file is, in the tester, a proxy (`remote.py`: plain values cross, other
@@ -33,7 +33,6 @@ reward-hacking reports of RL on code (tests edited or exited early, always-equal
 
 import builtins
 import importlib.machinery
-import io
 import importlib.util
 import json
 import linecache
@@ -42,8 +41,9 @@ import sys
 import types
 
 CHANNEL_FD = 3
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # remote.py, before any code
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # ours, before any code
 from remote import Client  # noqa: E402 - the path first
+from treeview import serve_tree  # noqa: E402
 
 del sys.path[0]
 
@@ -241,52 +241,6 @@ class _Reports:
             self.report(key, "passed")
 
 
-def _serve_from_memory(data):
-    """The tester's `open` (builtins and io) answers a trusted data file's path from `data`
-    (its text as the task has it), read-only; the work dir holds only a blank placeholder,
-    which the code may rewrite at will. Paths are compared after `abspath`, which reads
-    nothing from disk (and `realpath` of a tree path is lexical: `_resolve_tree_lexically`)."""
-    real_open = io.open
-
-    def trusted_open(file, mode="r", buffering=-1, encoding=None, errors=None, newline=None,
-                     closefd=True, opener=None):
-        if isinstance(file, (str, bytes, os.PathLike)):
-            path = os.path.abspath(os.fsdecode(file))
-            if path in data:
-                if set(mode) & set("wax+"):
-                    raise PermissionError(f"{path}: a trusted test file is read-only")
-                raw = io.BytesIO(data[path].encode())
-                if "b" in mode:
-                    return raw
-                return io.TextIOWrapper(raw, encoding=encoding or "utf-8", errors=errors,
-                                        newline=newline)
-        return real_open(file, mode, buffering, encoding, errors, newline, closefd, opener)
-
-    builtins.open = io.open = trusted_open
-
-
-def _resolve_tree_lexically(tree, work):
-    """The tester's `os.path.realpath` (and so `Path.resolve`) answers a path of the test
-    tree, or a directory above one inside the work dir, as the task has it: never through
-    the disk, where the code may have swapped a directory for a symlink to its own files
-    (`realpath(__file__)` then led a test to forged data). The work dir itself is real
-    (the tester's cwd); other paths resolve as usual."""
-    real = os.path.realpath
-    known = set()
-    for path in tree:
-        while path.startswith(work + os.sep):
-            known.add(path)
-            path = os.path.dirname(path)
-
-    def realpath(filename, *, strict=False):
-        path = os.path.abspath(os.fsdecode(filename))  # lexical: reads nothing from disk
-        if path in known:
-            return path if isinstance(os.fspath(filename), str) else os.fsencode(path)
-        return real(filename, strict=strict)
-
-    os.path.realpath = realpath
-
-
 def main(spec_path):
     """The tester: see the module docstring."""
     with open(spec_path) as f:
@@ -303,8 +257,7 @@ def main(spec_path):
     tests = [os.path.join(work, p) for p in spec["tests"]]
     tree = {os.path.join(work, p): src for p, src in spec["trusted"].items()}
     trusted = {p: src for p, src in tree.items() if p.endswith(".py")}
-    _serve_from_memory({p: src for p, src in tree.items() if not p.endswith(".py")})
-    _resolve_tree_lexically(tree, work)
+    serve_tree(tree, [os.path.join(work, d) for d in spec["owned"]], work)
     for path, src in trusted.items():  # tracebacks show the trusted source, not the file
         linecache.cache[path] = (len(src), None, src.splitlines(True), path)
     dirs = list(dict.fromkeys([module_name(work, t)[1] for t in tests] + [work]))

@@ -30,8 +30,8 @@ import json
 import subprocess
 import sys
 import sysconfig
-from collections.abc import Mapping, Sequence
-from pathlib import Path
+from collections.abc import Container, Iterable, Mapping, Sequence
+from pathlib import Path, PurePosixPath
 
 from locojax.envs.pyast import parse
 from locojax.envs.sandbox import Limits, Sandbox
@@ -40,7 +40,7 @@ RUNNERS = ("minitest", "pytest")
 RESERVED_PREFIX = ".locojax"
 """Repository paths may not start with this: the harness's own files use it."""
 _HARNESS = {f"{RESERVED_PREFIX}/{n}": (Path(__file__).parent / n).read_text()
-            for n in ("harness.py", "remote.py")}
+            for n in ("harness.py", "remote.py", "treeview.py")}
 _SPEC = f"{RESERVED_PREFIX}/spec.json"
 
 
@@ -123,6 +123,15 @@ def parse_channel(data: bytes | None) -> dict[str, str] | None:
     return results
 
 
+def owned_dirs(files: Iterable[str], tree: Container[str]) -> list[str]:
+    """The directories above a trusted file that hold only trusted files (`tests/` of a
+    task whose test tree is all of it): the tester lists them exactly as the task has them,
+    so the code can neither hide a trusted file from a listing nor add one."""
+    files = list(files)
+    above = {str(p) for t in files if t in tree for p in PurePosixPath(t).parents} - {"."}
+    return sorted(d for d in above if all(f in tree for f in files if f.startswith(d + "/")))
+
+
 def run_tests(
     sandbox: Sandbox,
     files: Mapping[str, str],
@@ -147,6 +156,7 @@ def run_tests(
     work.update(_HARNESS)
     work[_SPEC] = json.dumps({"runner": runner, "tests": list(test_paths),
                               "trusted": {p: files[p] for p in tree},
+                              "owned": owned_dirs(files, tree),
                               "site": _site_dirs(sandbox.python)})
     res = sandbox.run([sandbox.python, "-I", "-S", "-B", "-u", f"{RESERVED_PREFIX}/harness.py",
                        _SPEC], files=work, limits=limits, channel=True)
