@@ -67,6 +67,32 @@ def _small_run(tmp_path, **overrides):
         eval=EvalConfig(every=1, num_examples=8, batch_size=8), **overrides)
 
 
+def test_with_beta_the_reference_program_is_planned(tmp_path, caplog):
+    """β > 0: the reference logprobs run as a program of their own before the step
+    (`train_step.with_reference`). The plan lists it first, counts the reference copy it
+    reads as held (not again on top), and its compile is the one the run then uses: the
+    first step compiles no reference program of its own."""
+    from locojax.train import wiring
+    from locojax.train.loop import start
+
+    cfg = _small_run(tmp_path)
+    cfg = dataclasses.replace(cfg, algo=dataclasses.replace(cfg.algo, beta=0.04))
+    trainer = start(cfg, wiring.join("single"))
+    plan = trainer.memory
+    assert [p.name for p in plan.programs][:2] == ["ref_logprobs", "train_step"]
+    ref = plan.programs[0]
+    n = trainer.parts.model_cfg.num_params()
+    assert plan.held["reference"] == 4 * n == ref.held_arguments
+    assert ref.flops > 0 and ref.extra > 0
+    assert plan.peak_of(ref) == sum(plan.held.values()) + ref.extra
+    assert "ref_logprobs" in plan.format()
+    caplog.clear()
+    with jax.log_compiles():
+        trainer.run()
+    compiled = [r.getMessage() for r in caplog.records if "_reference" in r.getMessage()]
+    assert not compiled, compiled
+
+
 def test_the_plans_compiles_are_the_runs_compiles(tmp_path, caplog):
     """...in bf16, which also must checkpoint and export the f32 master weights."""
     from locojax.train import wiring

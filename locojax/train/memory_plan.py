@@ -1,10 +1,11 @@
 """The memory plan of a run: what each device holds at its peak, known before the first step.
 
 Before any weight is read, `plan` compiles, without running, the programs of a step at the
-run's exact shapes: `train_step`, the engine's prefill and decode for rollout (and for
-evaluation, at its own batch), and, when rollout lays the weights out otherwise than
-training, the reshard that moves them (`meshes.to_layout`). XLA's per-device memory analysis of each gives its arguments,
-outputs, the part aliased through donation, and its temporaries. To that the plan adds what
+run's exact shapes: `train_step` (and with β > 0 the reference logprobs' program before it),
+the engine's prefill and decode for rollout (and for evaluation, at its own batch), and, when
+rollout lays the weights out otherwise than training, the reshard that moves them
+(`meshes.to_layout`). XLA's per-device memory analysis of each gives its arguments, outputs,
+the part aliased through donation, and its temporaries. To that the plan adds what
 the run holds throughout: the f32 master params, the optimizer state and the reference copy
 (β > 0); and, in the rollout and evaluation programs only, the engine's KV cache, in the
 engine's cache dtype (a bf16 cache counts half; a generate compacts finished rows within that
@@ -308,15 +309,29 @@ def plan(model_cfg: ModelConfig, learner: LearnerConfig, state, batch, ref_param
             "rows_per_device": rows // learner.algo.num_minibatches // shards,
         }, expected_of(resolved)
 
+    def reference_program(learner: LearnerConfig) -> list[Program]:
+        """β > 0: the reference logprobs, a program of its own before the step
+        (`train_step.with_reference`), holding the reference copy; `compile_update` has
+        just compiled it, so this compile is the jit cache's."""
+        t0 = time.perf_counter()
+        compiled = train_step_lib.compile_reference(batch, ref_params, model_cfg, learner, mesh)
+        if compiled is None:
+            return []
+        return [Program.of("ref_logprobs", "train", compiled, held["reference"],
+                           time.perf_counter() - t0)]
+
     train, train_settings, expected = train_program(learner)
+    reference = reference_program(learner)
     programs, caches = _engine_programs(engine, engine_shapes, state.params, settings)
     if settings["rollout_copy"]:
         programs.insert(0, _reshard(state.params, rollout_layout or engine.weight_shardings))
 
     def with_learner(learner, train=None, train_settings=None, expected=None) -> MemoryPlan:
+        ref = reference
         if train is None:
             train, train_settings, expected = train_program(learner)
-        return MemoryPlan(held, caches, [train, *programs], expected,
+            ref = reference_program(learner)
+        return MemoryPlan(held, caches, [*ref, train, *programs], expected,
                           {**settings, **train_settings}, memory, source,
                           jax.local_device_count(), learner)
 
@@ -330,7 +345,7 @@ def plan(model_cfg: ModelConfig, learner: LearnerConfig, state, batch, ref_param
         temporaries its expectation times XLA's ratio to it in the first plan."""
         e = expected_of(micro_batches.resolve(learner, batch, model_cfg.vocab_size, mesh))
         guess = dataclasses.replace(train, temporaries=int(xla_per_expected * sum(e.values())))
-        return max(first.peak_of(p) for p in [guess, *programs])
+        return max(first.peak_of(p) for p in [*reference, guess, *programs])
 
     return _fit(first, with_learner, estimate, auto_remat)
 
