@@ -105,8 +105,11 @@ def rewards(run_dir: Path) -> list[float]:
 
 
 def step_times(run_dir: Path, log: str) -> list[float]:
+    """Each step's wall seconds, less a checkpoint saved inside it (locojax's last step saves
+    the final one, which TRL and Tunix do after their loop, outside any step)."""
     rows = harness.read_steps(run_dir / log)
-    return [rows[s]["perf/step_time"] for s in sorted(rows) if "perf/step_time" in rows[s]]
+    return [rows[s]["perf/step_time"] - rows[s].get("perf/phase/checkpoint", 0.0)
+            for s in sorted(rows) if "perf/step_time" in rows[s]]
 
 
 def roofline(run_dir: Path, model: str, bandwidth: float, peak: float) -> str:
