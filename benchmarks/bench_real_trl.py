@@ -231,7 +231,8 @@ def speed(args, pythons: dict[str, Path]) -> int:
     once for --steps steps (seed --seeds[0], the same work as the table's runs, no
     evaluation), the order reversed every other round, so a drift in the machine's load
     falls on both sides alike. Each run's time is the median of its steps from the third on
-    (the first compiles, the second still warms up); compile time is reported apart."""
+    (the first two warm up); the first step is printed apart: TRL's and Tunix's hold their
+    compile and warm-up, locojax's profiler already leaves its compile out of every step."""
     seed = args.seeds[0]
 
     def arm(side):

@@ -237,11 +237,11 @@ def test_bench_real_trl_locojax_side(tmp_path):
 @pytest.mark.slow  # the real SmolLM2: converted, one 3-step run
 def test_bench_real_trl_speed_rounds_locojax_side(tmp_path):
     """`--speed-rounds`: the step timed alone (no evaluation), a table per round with the
-    first (compiling) step apart, and the roofline share; the peers' sides need their venvs."""
+    first step apart, and the roofline share; the peers' sides need their venvs."""
     model = _real_model(tmp_path)
     out = bench("bench_real_trl", "--model", str(model), "--steps", "3", "--sides", "locojax",
                 "--speed-rounds", "1", "--out", str(tmp_path / "s"), timeout=540)
-    (row,) = table_rows(out, "0")  # round 0: the median step and the first (compiling) one
+    (row,) = table_rows(out, "0")  # round 0: the median step and the first one
     assert float(row[1].split()[0]) > 0 and row[1].split()[1].startswith("(")
     assert "locojax, last round: decode" in out and "of the matmul peak" in out
     assert json.loads((tmp_path / "s" / "speed.json").read_text())["runs"]["locojax"]
