@@ -309,19 +309,8 @@ def plan(model_cfg: ModelConfig, learner: LearnerConfig, state, batch, ref_param
             "rows_per_device": rows // learner.algo.num_minibatches // shards,
         }, expected_of(resolved)
 
-    def reference_program(learner: LearnerConfig) -> list[Program]:
-        """β > 0: the reference logprobs, a program of its own before the step
-        (`train_step.with_reference`), holding the reference copy; `compile_update` has
-        just compiled it, so this compile is the jit cache's."""
-        t0 = time.perf_counter()
-        compiled = train_step_lib.compile_reference(batch, ref_params, model_cfg, learner, mesh)
-        if compiled is None:
-            return []
-        return [Program.of("ref_logprobs", "train", compiled, held["reference"],
-                           time.perf_counter() - t0)]
-
     train, train_settings, expected = train_program(learner)
-    reference = reference_program(learner)
+    reference = _reference_program(batch, ref_params, model_cfg, learner, mesh)
     programs, caches = _engine_programs(engine, engine_shapes, state.params, settings)
     if settings["rollout_copy"]:
         programs.insert(0, _reshard(state.params, rollout_layout or engine.weight_shardings))
@@ -330,7 +319,7 @@ def plan(model_cfg: ModelConfig, learner: LearnerConfig, state, batch, ref_param
         ref = reference
         if train is None:
             train, train_settings, expected = train_program(learner)
-            ref = reference_program(learner)
+            ref = _reference_program(batch, ref_params, model_cfg, learner, mesh)
         return MemoryPlan(held, caches, [*ref, train, *programs], expected,
                           {**settings, **train_settings}, memory, source,
                           jax.local_device_count(), learner)
@@ -348,6 +337,19 @@ def plan(model_cfg: ModelConfig, learner: LearnerConfig, state, batch, ref_param
         return max(first.peak_of(p) for p in [*reference, guess, *programs])
 
     return _fit(first, with_learner, estimate, auto_remat)
+
+
+def _reference_program(batch, ref_params, model_cfg: ModelConfig, learner: LearnerConfig,
+                       mesh) -> list[Program]:
+    """β > 0: the reference logprobs, a program of their own before the step
+    (`train_step.with_reference`), reading the held reference copy; `compile_update` has just
+    compiled it, so this compile is the jit cache's. With β = 0 there is none: []."""
+    t0 = time.perf_counter()
+    compiled = train_step_lib.compile_reference(batch, ref_params, model_cfg, learner, mesh)
+    if compiled is None:
+        return []
+    return [Program.of("ref_logprobs", "train", compiled, device_bytes(ref_params),
+                       time.perf_counter() - t0)]
 
 
 def _engine_programs(engine, engine_shapes: list[EngineShape], params,
