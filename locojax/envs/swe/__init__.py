@@ -3,7 +3,8 @@
 Start at `env.py` (the episode rules), `workload.py` (the registry's `task`), then `tasks.py`
 (task record, user-task loader), `generate.py` (seeded bug-fix tasks), `tools.py`
 (view/replace), `runner.py` (test verdicts) and `harness.py` + `remote.py` (the tests and the
-code under test in separate processes, the verdict on a channel the code cannot write).
+code under test in separate processes, the verdict on a channel the code cannot write), with
+`treeview.py` (the tests' files, listings and stats answered from the task, never the disk).
 """
 
 from locojax.envs.swe.env import SWEConfig, SWEEnv, score_submission
