@@ -97,7 +97,7 @@ def predict(pt: dict, profile: Path, work: Path, method: str = "model"):
 
     rate, load = harness.matmul_peak(1024), harness.loads()
     ctx = context(pt, profile, work)
-    pred = getattr(modes, pt["mode"])(ctx)
+    pred = model = getattr(modes, pt["mode"])(ctx)
     if method == "measure":
         args = train_args(pt, work / pt["id"])
         limits = measure_lib.limits_of(ctx, pt["prompts"] * pt["group"])
@@ -105,6 +105,7 @@ def predict(pt: dict, profile: Path, work: Path, method: str = "model"):
             pt["mode"], args, pt["n"], pt["prompts"], pt["group"], limits))
     (work / f"{pt['id']}.pred.json").write_text(json.dumps(
         {"method": method, "phases": pred.phases, "step": pred.step, "load": load,
+         "model_phases": model.phases, "model_step": model.step,
          "matmul_flops": rate, "load_after": harness.loads()}))
     return pred
 
@@ -171,6 +172,34 @@ def real_model_busy() -> bool:
                if "grep" not in line)
 
 
+def verdict(errors: list[float], target: dict, what: str = "") -> str:
+    """The target's line over `errors` (signed, predicted / measured - 1)."""
+    within = sum(abs(e) < target["within"] for e in errors) / len(errors)
+    bias = statistics.mean(errors)
+    ok = within >= target["share_within"] and abs(bias) <= target["mean_signed_error_max"]
+    return (f"{what}within {target['within']:.0%}: {within:.0%} of {len(errors)} points "
+            f"(target >= {target['share_within']:.0%}); mean signed error {100 * bias:+.1f}% "
+            f"(target within ±{100 * target['mean_signed_error_max']:.0f}%); under-predicted "
+            f"{sum(e < 0 for e in errors)} of {len(errors)}: "
+            f"{'TARGET MET' if ok else 'TARGET MISSED'}")
+
+
+def model_lines(rows: list[tuple], work: Path, target: dict) -> list[str]:
+    """With --method measure: the cost model's own prediction of every run point (kept in
+    WORK/ID.pred.json when the point was predicted), each with its sign, and its verdict."""
+    out, errors = [], []
+    for pt, meas, *_ in rows:
+        saved = work / f"{pt['id']}.pred.json"
+        model = json.loads(saved.read_text()).get("model_step") if saved.exists() else None
+        if meas is None or model is None:
+            continue
+        errors.append(model / meas - 1)
+        out.append(f"  {pt['id']}: the cost model {model:.3f} s, measured {meas:.3f} s: "
+                   f"{100 * errors[-1]:+.1f}%")
+    return ["", "The cost model alone (the same profile, no program timed):", *out,
+            verdict(errors, target, "the cost model: ")] if errors else []
+
+
 def report(rows: list[tuple], target: dict) -> list[str]:
     lines = harness.table(["point", "model", "mode", "N", "B x G", "P", "N new",
                            "measured s", "predicted s", "error", "within",
@@ -192,15 +221,7 @@ def report(rows: list[tuple], target: dict) -> list[str]:
             f"{meas:.3f}", f"{pred:.3f}", f"{100 * err:+.1f}%",
             "yes" if abs(err) < target["within"] else "NO", *load]))
     if errors:
-        within = sum(abs(e) < target["within"] for e in errors) / len(errors)
-        bias = statistics.mean(errors)
-        ok = within >= target["share_within"] and abs(bias) <= target["mean_signed_error_max"]
-        lines += ["", f"within {target['within']:.0%}: {within:.0%} of {len(errors)} points "
-                      f"(target >= {target['share_within']:.0%}); mean signed error "
-                      f"{100 * bias:+.1f}% (target within ±"
-                      f"{100 * target['mean_signed_error_max']:.0f}%); under-predicted "
-                      f"{sum(e < 0 for e in errors)} of {len(errors)}: "
-                      f"{'TARGET MET' if ok else 'TARGET MISSED'}"]
+        lines += ["", verdict(errors, target)]
     return lines
 
 
@@ -271,6 +292,8 @@ def main() -> int:
                                           f"{load.split()[0]}",
                                           f"{rate / at_predict['matmul_flops']:.2f}")))
     print("\n".join(report(rows, spec["target"])))
+    if args.method == "measure":
+        print("\n".join(model_lines(rows, work, spec["target"])))
     print(f"\n# load average at the end {harness.loads()}; the machine is shared: other "
           "processes' load enters every measured point and the calibration alike")
     return 0

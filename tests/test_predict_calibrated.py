@@ -17,8 +17,9 @@ MEASURED = {
                          "decode_step": {"fixed": 5e-5, "per_layer": 1e-5},
                          "train": {"fixed": 2e-3, "per_layer": 5e-4}},
     "program_rates": {"prefill": 2e10, "decode_step": 1e10, "train": 1e10},
-    "host_rates": {"admission_per_prompt": 1e-6, "reward_per_row.arith": 2e-5,
-                   "batch_per_row": 3e-7, "step_fixed": 1e-4},
+    "host_rates": {"admission_per_prompt": 1e-6, "reward_fixed": 3e-4,
+                   "reward_per_row.arith": 2e-5, "batch_fixed": 5e-4, "batch_per_row": 3e-7,
+                   "step_fixed": 1e-4},
     "collectives": {"dcn_latency": 1e-4, "dcn_bandwidth": 1e9, "samples": {"4096": 2e-4}},
 }
 
@@ -79,6 +80,22 @@ def test_the_measured_host_rates_replace_the_shipped_ones(profile_file):
     assert float(rates["reward_per_row"]["gsm8k"]) == float(shipped["reward_per_row"]["gsm8k"])
     # Any other profile: unchanged.
     assert calibrated.with_host_rates(shipped, hardware.load("v5e")) is shipped
+
+
+def test_host_phases_add_the_calibrated_fixed_part_to_the_rows_part(profile_file):
+    """reward = reward_fixed + rows x reward_per_row; batch likewise; the shipped rates have
+    no fixed part (through-origin fits)."""
+    from locojax.predict.workload import Lengths, Workload
+
+    wl = Workload("w", 4, 4, 16, 32, Lengths.fixed(32, "test"))
+    hw = hardware.load(str(profile_file))
+    ctx = phases.Ctx(config.tiny(), "tiny", wl, hardware.Cluster(hw, 1), dtype="float32")
+    assert ctx.reward(64) == pytest.approx(3e-4 + 64 * 2e-5, rel=1e-12)  # float sums only
+    assert ctx.batch(64) == pytest.approx(5e-4 + 64 * 3e-7, rel=1e-12)
+    shipped = phases.Ctx(config.tiny(), "tiny", wl, hardware.parse_cluster("cpu-here-1"),
+                         dtype="float32")
+    per_row = shipped.rate("batch_per_row") / shipped.hw("host_core_speed")
+    assert shipped.batch(64) == pytest.approx(64 * per_row, rel=1e-12)
 
 
 def test_here_without_a_calibration_says_how_to_make_one(tmp_path, monkeypatch):

@@ -1,15 +1,13 @@
 """`locojax predict train ... --measure` (locojax/predict/measure.py, measure_child.py): the
-run's own programs timed here. No assertion on a time: only that the programs are the
-run's, that the slowest host and the median are taken, and that bad requests are refused
-by name."""
+run's own step timed here. No assertion on a time: only that the work is the run's, that
+the slowest host's step and the median are taken, and that bad requests are refused by
+name."""
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 
-from locojax.predict import measure, measure_child
+from locojax.predict import measure
 from locojax.predict.modes import Prediction
 from locojax.predict.workload import Lengths
 
@@ -41,19 +39,29 @@ def test_limits_drawn_from_the_lengths_within_one_and_n():
     assert got == measure.limits_of(ctx, 64)  # seeded: the same rows every time
 
 
-def test_slowest_host_per_repetition_then_the_median():
-    a = {"times": {"prefill": [1, 5, 1], "decode": [2, 2, 2], "train": [3, 1, 9]}}
-    b = {"times": {"prefill": [2, 1, 2], "decode": [1, 4, 1], "train": [1, 2, 1]}}
-    # prefill: max per rep 2, 5, 2 -> 2; decode: 2, 4, 2 -> 2; train: 3, 2, 9 -> 3
-    assert measure.slowest([a, b]) == {"prefill": 2, "decode": 2, "train": 3}
+def _times(**phases):
+    """A child's output: every timed phase 0 unless given ([per repetition])."""
+    reps = len(next(iter(phases.values())))
+    return {"times": {k: phases.get(k, [0.0] * reps) for k in measure.TIMED}}
 
 
-def test_apply_replaces_device_phases_and_keeps_host_ones():
-    pred = Prediction("single", "x", {"prefill": 1.0, "decode": 2.0, "tp_comm": 0.5,
-                                      "extend": 0.1, "train": 3.0, "batch": 0.25})
-    got = measure.apply(pred, {"prefill": 0.1, "decode": 0.2, "train": 0.3})
-    assert got.phases == {"prefill": 0.1, "decode": 0.2, "train": 0.3, "batch": 0.25}
-    assert got.mode == "single" and any("--measure" in n for n in got.notes)
+def test_slowest_hosts_step_per_repetition_then_the_median():
+    a = _times(prefill=[1, 5, 1], decode=[2, 2, 2], train=[3, 1, 9])  # steps 6, 8, 12
+    b = _times(prefill=[2, 1, 2], decode=[1, 4, 1], train=[4, 2, 1])  # steps 7, 7, 4
+    # the slowest host's phases: b, a, a -> prefill 2, 5, 1; decode 1, 2, 2; train 4, 1, 9
+    got = measure.slowest([a, b])
+    assert (got["prefill"], got["decode"], got["train"]) == (2, 2, 4)
+    assert set(got) == set(measure.TIMED)
+
+
+def test_apply_replaces_timed_phases_and_the_model_phases_inside_them():
+    pred = Prediction("colocated", "x", {"prefill": 1.0, "decode": 2.0, "tp_comm": 0.5,
+                                         "extend": 0.1, "train": 3.0, "allreduce": 0.4,
+                                         "collectives": 0.2, "batch": 0.25, "other": 0.01})
+    got = measure.apply(pred, {"prefill": 0.1, "decode": 0.2, "train": 0.3, "batch": 0.05})
+    assert got.phases == {"prefill": 0.1, "decode": 0.2, "train": 0.3, "batch": 0.05,
+                          "other": 0.01}
+    assert got.mode == "colocated" and any("--measure" in n for n in got.notes)
 
 
 def test_measure_refuses_a_mode_it_cannot_build_here():
@@ -66,21 +74,6 @@ def test_measure_refuses_prompts_that_do_not_split_over_hosts():
         measure.measure("colocated", TINY, 2, 5, 2)
 
 
-def test_meet_waits_for_every_host(tmp_path):
-    seen = []
-    t = threading.Thread(target=lambda: (measure_child._meet(str(tmp_path), "r0", 1, 2),
-                                         seen.append(1)))
-    t.start()
-    measure_child._meet(str(tmp_path), "r0", 0, 2)
-    t.join(timeout=30)
-    assert seen == [1]
-
-
-def test_meet_names_the_host_that_waited_too_long(tmp_path):
-    with pytest.raises(TimeoutError, match="host 0 waited"):
-        measure_child._meet(str(tmp_path), "r0", 0, 2, timeout=0.05)
-
-
 def test_cli_refuses_measure_for_a_ray_mode(capsys):
     from locojax.commands import predict
 
@@ -91,11 +84,20 @@ def test_cli_refuses_measure_for_a_ray_mode(capsys):
 
 @pytest.mark.slow
 def test_measure_times_the_runs_own_programs():
-    """A tiny single run, its rows ending at 2 or 4 tokens (a wave compacted out): the three
-    device phases come back from the child, each a positive time."""
+    """A tiny single run, its rows ending at 2 or 4 tokens (a wave compacted out): every
+    timed phase comes back from the child, each a positive time."""
     got = measure.measure("single", TINY, 1, 4, 2, limits=[2, 4] * 4, reps=1)
-    assert set(got) == set(measure.DEVICE_PHASES)
+    assert set(got) == set(measure.TIMED)
     assert all(v > 0 for v in got.values())
+
+
+@pytest.mark.slow
+def test_measure_joins_colocated_hosts_as_the_run_does():
+    """Two colocated children joined by jax.distributed: the batch's gather, the train
+    step's all-reduce and the metrics' sum are collectives, so a child that did not join
+    the other would hang or fail here; both hosts' steps come back timed."""
+    got = measure.measure("colocated", [*TINY[:2], "colocated", *TINY[3:]], 2, 4, 2, reps=1)
+    assert set(got) == set(measure.TIMED) and all(v > 0 for v in got.values())
 
 
 @pytest.mark.slow

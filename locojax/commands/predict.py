@@ -24,9 +24,9 @@ predict flags:
   --sweep sizes|chips      a sweep over the shipped model sizes or over chip counts
   --plot FILE              where the sweep's plot goes (default predict_sweep.png)
   --constants              every constant the prediction used, with its origin
-  --measure                time the run's own programs here instead of costing them
-                           (single and colocated runs that fit this machine;
-                           locojax/predict/measure.py)
+  --measure                time one step's work here as the run's own code does it,
+                           instead of costing it (single-turn single and colocated runs
+                           that fit this machine; locojax/predict/measure.py)
 
 Exit status: 0 a prediction; 2 bad input (named); 3 the run fits in no layout of the
 cluster (the smallest that fits is named).
@@ -111,7 +111,7 @@ def _train(rest: list[str], own: dict) -> int:
 
 
 def _measured(run, argv: list[str]) -> int:
-    """The run's mode with its prefill, decode and train timed as the run's own programs
+    """The run's mode with its step's work timed as the run's own code runs it
     (`measure.py`), next to the cost model's figures for the same phases."""
     from locojax.predict import measure, modes
 
@@ -130,11 +130,12 @@ def _measured(run, argv: list[str]) -> int:
         print(f"locojax predict: {e}", file=sys.stderr)
         return 1
     pred = measure.apply(model, timed)
-    print(f"\n{mode}, step time per phase (milliseconds; device phases timed here, "
-          f"{measure.REPS} repetitions after a warm-up, the slowest host's):")
+    print(f"\n{mode}, step time per phase (milliseconds; timed here, {measure.REPS} "
+          "repetitions after a warm-up, the slowest host's step; model: the cost model's):")
     for name in sorted(set(model.phases) | set(pred.phases), key=lambda k: -pred.phases.get(k, 0)):
         got, est = pred.phases.get(name, 0.0), model.phases.get(name, 0.0)
-        how = "timed" if name in measure.DEVICE_PHASES else "model"
+        how = ("timed" if name in measure.TIMED else
+               "inside a timed phase" if name in measure.REPLACED else "model")
         print(f"  {name:<18} {1e3 * got:10.1f}  ({how}; the cost model: {1e3 * est:.1f})")
     print(f"  {'step':<18} {1e3 * pred.step:10.1f}  (the cost model: {1e3 * model.step:.1f})")
     return 0

@@ -15,10 +15,9 @@ What is measured, each a median of repeats, nothing fitted to a training run:
 - `program_rates`: the effective FLOP/s of each kind on locojax's own programs, the slope
   of time against FLOPs between two batch sizes of a calibration decoder no benchmark runs
   (d 128, 3 layers): small matmuls, softmax and the backward's elementwise work included;
-- `host_rates`: host Python work per prompt and per row (tokenize a prompt, detokenize and
-  score an arith completion, build the train batch's rows and put them on the device) and
-  per step (`step_fixed`: writing its metrics
-  and timings);
+- `host_rates`: a step's host Python work through the run's own functions (admission,
+  detokenize and reward, the batch's assembly and device put, each a fixed part and a part
+  per row; the step's logging): `calibrate_host.py`;
 - `dcn_latency`, `dcn_bandwidth`: two processes joined by `jax.distributed` on 127.0.0.1
   (gloo, as `locojax launch` joins its hosts) time a psum at several sizes; a ring
   all-reduce over p = 2 takes 2 (p - 1) α + 2 (p - 1) / p · m / β, fitted for α and β.
@@ -38,28 +37,17 @@ import json
 import os
 import platform
 import socket
-import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from locojax.predict.calibrate_host import host_rates, median_time
 from locojax.predict.hardware import CALIBRATED
 
 DEFAULT_PATH = CALIBRATED  # where `calibrate` writes and `--cluster here-N` reads
 KINDS = ("prefill", "decode_step", "train")
 PSUM_BYTES = (4_096, 65_536, 1_048_576, 4_194_304)
-
-
-def median_time(fn, reps: int, warm: int = 2) -> float:
-    for _ in range(warm):
-        fn()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def matmul_flops(n: int = 1024, reps: int = 5) -> float:
@@ -204,63 +192,6 @@ def program_rates(peak: float, reps: int = 5) -> dict[str, float]:
         rate = (f2 - f1) / (t2 - t1) if t2 > t1 else f2 / max(t2, 1e-9)
         out[kind] = min(rate, peak)
     return out
-
-
-def host_rates(rows: int = 256) -> dict[str, float]:
-    """Seconds of host work: per prompt tokenized, per arith row detokenized and scored, per
-    row batched and moved to the device."""
-    import jax
-    import numpy as np
-
-    from locojax.envs.registry import make_task
-    from locojax.rl import batch as batch_lib
-    from locojax.envs.prompt import encode_prompt
-    from locojax.tokenizer.char import CharTokenizer
-
-    task = make_task("arith", level=3)
-    examples = [task.train[i] for i in range(rows)]
-    tok = CharTokenizer()
-    t0 = time.perf_counter()
-    for e in examples:
-        encode_prompt(tok, e)
-    admission = (time.perf_counter() - t0) / rows
-    t0 = time.perf_counter()
-    for e in examples:
-        task.reward(tok.decode(tok.encode(f"The answer is {e.answer}")), e)
-    reward = (time.perf_counter() - t0) / rows
-    rng = np.random.default_rng(0)
-    g, p, n = 4, 32, 64
-    args = (np.repeat(rng.integers(0, 100, (rows // g, p)), g, axis=0), np.ones((rows, p), bool),
-            rng.integers(0, 100, (rows, n)), np.ones((rows, n), bool),
-            np.zeros((rows, n), np.float32), np.zeros(rows, np.float32),
-            np.repeat(np.arange(rows // g), g))
-    batch = median_time(lambda: jax.block_until_ready(jax.device_put(
-        batch_lib.from_rollout(*args, group_size=g))), 5) / rows  # built, then on the device
-    return {"admission_per_prompt": admission, "reward_per_row.arith": reward,
-            "batch_per_row": batch, "step_fixed": _step_bookkeeping()}
-
-
-def _step_bookkeeping(reps: int = 20) -> float:
-    """Seconds of a step's own logging: one line of 40 metrics and one of 60 timings written
-    to the run's jsonl files (`MetricsLogger.log`, twice a step), what a step does besides
-    its phases."""
-    import tempfile
-
-    from locojax.metrics import MetricsLogger
-
-    metrics = {f"rollout/m{i}": float(i) for i in range(40)}
-    perf = {f"perf/phase/p{i}": float(i) for i in range(60)}
-    with tempfile.TemporaryDirectory() as d:
-        logger = MetricsLogger(d, tensorboard=False)
-        step = [0]
-
-        def one():
-            step[0] += 1
-            logger.log(step[0], metrics)
-            logger.log(step[0], perf)
-        t = median_time(one, reps)
-        getattr(logger, "close", lambda: None)()
-    return t
 
 
 def _psum_worker(pid: int, port: int) -> None:

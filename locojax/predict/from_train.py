@@ -76,7 +76,8 @@ def parse(argv: list[str], cluster: str = "", hardware_file: str = "", lengths_f
               tp=cfg.rollout.tp if cfg.rollout.tp > 1 else 0,
               cache_dtype=COMPUTE_DTYPES[cfg.rollout.cache_dtype] if cfg.rollout.cache_dtype
               else "", epochs=cfg.algo.ppo_epochs, minibatches=cfg.algo.num_minibatches,
-              lease_prompts=lease, decode_chunk=cfg.controller.decode_chunk)
+              lease_prompts=lease, decode_chunk=cfg.controller.decode_chunk,
+              tensorboard=cfg.tensorboard)
     given = layout.Given.of(cfg, cl)
     explicit = any(a == "--mode" or a.startswith("--mode=") for a in argv)
     return TrainRun(cfg, ctx, source, explicit, given)

@@ -1,28 +1,31 @@
-"""`locojax predict train ... --measure`: the run's own programs, compiled at its shapes and
-timed on this machine, in place of the cost model's device phases.
+"""`locojax predict train ... --measure`: one step of the run, its parts timed on this
+machine as the run's own code runs them, in place of the cost model's phases.
 
 Where the run fits this machine (its hosts are local processes: `single`, or `colocated`
-under `locojax launch --hosts N`), the surest cost of a program is the program itself: each
-host's prefill, decode loop and train step, built by the run's own builder and compiled by
-its memory plan, timed after one warm-up (`measure_child.py`, one child process per host,
-the colocated hosts at once so that they share the cores as the run's do). The decode is the
-engine's own loop over the whole context, compacting finished rows as the engine does
-(halving to `engine.MIN_ROWS`), with each row's length drawn from the workload's completion
-lengths (`--rollout.ignore-eos`: every row at N, one wave).
+under `locojax launch --hosts N`), the surest cost of a step's work is that work: each
+host's reshard, prefill, decode loop, detokenize and reward, batch assembly and gather,
+train step and metrics' sum, built by the run's own builder at the run's exact shape,
+compiled by its memory plan and timed after one warm-up (`measure_child.py`: one child
+process per host; colocated children join each other by `jax.distributed` as the run's
+hosts do, so the train step is the run's multi-process program, all-reduce included). The
+decode is the engine's own loop, compacting finished rows as the engine does, with each
+row's length drawn from the workload's completion lengths (`--rollout.ignore-eos`: every row
+at N, one wave).
 
-What is not a program stays the model's (`phases.py`, on the profile given): admission,
-detokenize and reward, the batch's assembly, the gradient all-reduce between hosts, the
-step's fixed host cost. Nothing is fitted: a new shape is measured, not extrapolated. Where
-a run cannot be built here (a pod), `--measure` is refused and the model's estimate stands.
+What stays the model's (`phases.py`, on the profile given): admission and the step's own
+bookkeeping (`other`). Nothing is fitted: a new shape is measured, not extrapolated; the
+model is what extrapolates, and where a run cannot be built here (a pod) `--measure` is
+refused and the model's estimate stands.
 
-The rollout phase of a colocated step waits for the slowest host, and so does its update:
-each measured repetition takes the slowest host's time, then the median over repetitions.
+Every host's step ends in the same collectives, so each repetition's step is the slowest
+host's: its phases are kept, then each phase's median over the repetitions.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 import statistics
 import subprocess
 import sys
@@ -31,12 +34,16 @@ from pathlib import Path
 
 import numpy as np
 
+from locojax.predict import measure_child
 from locojax.predict.modes import Prediction
 
 MEASURABLE = ("single", "colocated")
 REPS = 3
 """Timed repetitions per program after the warm-up (their median is kept)."""
-DEVICE_PHASES = ("prefill", "decode", "train")
+TIMED = measure_child.PHASES
+REPLACED = ("tp_comm", "extend", "allreduce", "collectives")
+"""Model phases inside a timed one: tensor-parallel traffic and extend in the decode loop,
+the gradient all-reduce in the train step, the small collectives in `metrics`."""
 DROP_ENV = ("LOCOJAX_COORDINATOR", "JAX_COORDINATOR_ADDRESS", "LOCOJAX_NUM_PROCESSES",
             "JAX_NUM_PROCESSES", "LOCOJAX_PROCESS_ID", "JAX_PROCESS_ID",
             "LOCOJAX_DEVICES_PER_HOST", "LOCOJAX_CPUS")
@@ -66,15 +73,21 @@ def limits_of(ctx, rows: int, seed: int = 0) -> list[int] | None:
     return None if (drawn == wl.max_new).all() else [int(x) for x in drawn]
 
 
-def _spec(argv, devices, reps, limits, barrier, host, hosts, out) -> dict:
-    return {"argv": argv, "devices": devices, "reps": reps, "limits": limits,
-            "barrier": barrier, "host": host, "hosts": hosts, "out": str(out)}
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _spec(argv, mode, devices, reps, limits, coordinator, host, hosts, out) -> dict:
+    return {"argv": argv, "mode": mode, "devices": devices, "reps": reps, "limits": limits,
+            "coordinator": coordinator, "host": host, "hosts": hosts, "out": str(out)}
 
 
 def measure(mode: str, argv: list[str], hosts: int, prompts: int, group: int,
             limits: list[int] | None = None, reps: int = REPS,
             timeout: float = 1800.0) -> dict[str, float]:
-    """Seconds per call of prefill, decode and train, as the step sees them (see the module
+    """Seconds of each timed phase (`TIMED`) of one step, as the step sees them (the module
     docstring). mode: single (one process, `hosts` devices) or colocated (`hosts`
     processes, one device each)."""
     if mode not in MEASURABLE:
@@ -87,13 +100,14 @@ def measure(mode: str, argv: list[str], hosts: int, prompts: int, group: int,
     per = prompts // procs
     env = {k: v for k, v in os.environ.items() if k not in DROP_ENV}
     env.setdefault("JAX_PLATFORMS", "cpu")
+    coordinator = f"127.0.0.1:{_free_port()}" if procs > 1 else ""
     with tempfile.TemporaryDirectory(prefix="locojax_measure_") as tmp:
         d = Path(tmp)
         children = []
         for h in range(procs):
             rows = limits[h * per * group:(h + 1) * per * group] if limits else None
-            spec = _spec(host_argv(argv, per), hosts if mode == "single" else 1, reps, rows,
-                         str(d) if procs > 1 else "", h, procs, d / f"out{h}.json")
+            spec = _spec(host_argv(argv, per), mode, hosts if mode == "single" else 1, reps,
+                         rows, coordinator, h, procs, d / f"out{h}.json")
             (d / f"spec{h}.json").write_text(json.dumps(spec))
             children.append(subprocess.Popen(
                 [sys.executable, "-m", "locojax.predict.measure_child", str(d / f"spec{h}.json")],
@@ -118,17 +132,18 @@ def measure(mode: str, argv: list[str], hosts: int, prompts: int, group: int,
 
 
 def slowest(outs: list[dict]) -> dict[str, float]:
-    """Per phase, the median over repetitions of the slowest host's time."""
-    return {k: statistics.median(max(o["times"][k][r] for o in outs)
-                                 for r in range(len(outs[0]["times"][k])))
-            for k in DEVICE_PHASES}
+    """Per repetition the phases of the host whose step took longest, then per phase the
+    median over the repetitions."""
+    reps = len(outs[0]["times"][TIMED[0]])
+    worst = [max(outs, key=lambda o: sum(o["times"][k][r] for k in TIMED)) for r in range(reps)]
+    return {k: statistics.median(worst[r]["times"][k][r] for r in range(reps)) for k in TIMED}
 
 
 def apply(pred: Prediction, measured: dict[str, float]) -> Prediction:
-    """`pred` with its device phases replaced by the measured programs' (tensor-parallel
-    communication and extend, inside the measured decode where they occur, dropped)."""
-    phases = {k: v for k, v in pred.phases.items() if k not in ("tp_comm", "extend")}
+    """`pred` with the timed phases replaced by the measured ones (and the model's phases
+    inside them, `REPLACED`, dropped)."""
+    phases = {k: v for k, v in pred.phases.items() if k not in REPLACED}
     phases.update(measured)
     return Prediction(pred.mode, pred.layout, phases, pred.staleness, pred.wait,
-                      [*pred.notes, "prefill, decode and train: the run's own programs, timed "
-                                    "here (--measure)"])
+                      [*pred.notes, f"{', '.join(TIMED)}: the run's own code, timed here "
+                                    "(--measure)"])

@@ -81,6 +81,7 @@ class Ctx:
     lease_prompts: int = 0  # prompts per lease in the buffered modes (0: placement's default)
     decode_chunk: int = 0  # controller: decode iterations per round trip (0: the whole loop)
     waves: int = 1  # rollout batches per host, where the KV cache of all rows does not fit
+    tensorboard: bool = False  # the run writes TensorBoard too (`--tensorboard`)
     rates: dict = dataclasses.field(default_factory=host_rates)
     ledger: Ledger = dataclasses.field(default_factory=Ledger)
 
@@ -118,14 +119,25 @@ class Ctx:
     def admission(self, prompts: float, cores: float = 1.0) -> float:
         return self.host_seconds(self.rate("admission_per_prompt") * prompts, cores)
 
+    def fixed(self, key: str) -> float:
+        """A host phase's cost per call besides its rows (`reward_fixed`, `batch_fixed`):
+        measured by `predict calibrate` (`calibrate_host.py`); 0 in the shipped rates,
+        which are through-origin fits."""
+        return self.rate(key) if key in self.rates else 0.0
+
     def reward(self, rows: float, cores: float = 1.0) -> float:
-        return self.host_seconds(self.rate("reward_per_row", self.wl.task) * rows, cores)
+        return self.host_seconds(self.fixed("reward_fixed")
+                                 + self.rate("reward_per_row", self.wl.task) * rows, cores)
 
     def batch(self, rows: float, cores: float = 1.0) -> float:
-        return self.host_seconds(self.rate("batch_per_row") * rows, cores)
+        return self.host_seconds(self.fixed("batch_fixed") + self.rate("batch_per_row") * rows,
+                                 cores)
 
     def step_fixed(self, cores: float = 1.0) -> float:
-        return self.host_seconds(self.rate("step_fixed"), cores)
+        """The step's own bookkeeping: its metrics line, and TensorBoard's where the run
+        writes it and the rates measured it (`tensorboard_s`, `calibrate_host.py`)."""
+        tb = self.fixed("tensorboard_s") if self.tensorboard else 0.0
+        return self.host_seconds(self.rate("step_fixed") + tb, cores)
 
     def env(self, rows: float, cores: float = 1.0) -> float:
         """Tool time of the env turns of `rows` rows over the host's env workers. Where the

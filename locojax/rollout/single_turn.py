@@ -89,10 +89,19 @@ def rollout(engine: Engine, weights, tokenizer: Tokenizer, task: Task, runner: R
         gen = engine.decode(pending)
         ph.sync(gen)
     with phase("detokenize_reward"):
-        tokens, mask, logprobs = (np.asarray(x) for x in (gen.tokens, gen.mask, gen.logprobs))
-        texts = [tokenizer.decode(row[m].tolist()) for row, m in zip(tokens, mask)]
-        row_examples = [ex for ex in examples for _ in range(group_size)]
-        rewards, parts = score(task, runner, texts, row_examples)
+        return scored(gen, tokenizer, task, runner, examples, prompt_tokens, prompt_mask,
+                      first_group, group_size)
+
+
+def scored(gen, tokenizer: Tokenizer, task: Task, runner: RewardRunner,
+           examples: Sequence[Example], prompt_tokens: np.ndarray, prompt_mask: np.ndarray,
+           first_group: int, group_size: int) -> Rollouts:
+    """The engine's output `gen` detokenized and scored: the `detokenize_reward` phase
+    (`predict --measure` times this same call, `measure_child.py`)."""
+    tokens, mask, logprobs = (np.asarray(x) for x in (gen.tokens, gen.mask, gen.logprobs))
+    texts = [tokenizer.decode(row[m].tolist()) for row, m in zip(tokens, mask)]
+    row_examples = [ex for ex in examples for _ in range(group_size)]
+    rewards, parts = score(task, runner, texts, row_examples)
     group_ids = np.repeat(np.arange(first_group, first_group + len(examples)), group_size)
     return Rollouts(list(examples), prompt_tokens, prompt_mask, tokens, mask, logprobs, texts,
                     rewards, parts, group_ids.astype(np.int32), decode_steps=int(gen.steps))

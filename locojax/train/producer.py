@@ -105,21 +105,35 @@ class Producer:
             observations.append(self._observe(out, start, r, cand, live))
             live = live & ds.zero_variance(out.rewards, g)
         with timer.phase("batch"):
-            out = ds.select_groups(rounds, choice)
-            adv, _ = algorithms.compute_advantages(self.algo, out.rewards, out.group_ids)
-            local = batch_lib.from_rollout(
-                out.rows(out.prompt_tokens), out.rows(out.prompt_mask), out.tokens, out.mask,
-                out.logprobs, np.asarray(adv), out.group_ids, group_size=g,
-                context_mask=out.env_mask)
-            if self.dynamic.overlong_filter:  # cut-off responses train nothing (DAPO)
-                cut = ds.truncated(out.tokens, out.mask, self.sampling.stop_token_ids)
-                local = dataclasses.replace(local, loss_mask=local.loss_mask & ~cut[:, None])
-            stats = self._stats(out, rounds, choice, zero_round0)
+            out, local, stats = self.assemble(rounds, choice, zero_round0)
         version = step if version is None else version
         if self.dump_dir and dump:
             _dump(self.dump_dir, step, start, stop, version, out)
         return (RolloutRecord(step, version, local, stats),
                 Feedback(admission, self._pad(observations, stop - start)))
+
+    def assemble(self, rounds: list[Rollouts], choice: np.ndarray, zero_round0: int
+                 ) -> tuple[Rollouts, batch_lib.TrainBatch, RolloutStats]:
+        """The producer's `batch` phase: each slot's kept group (`choice`: its round), the
+        group-relative advantages, the host-local train rows and the step's sums.
+        `predict --measure` times this same call (`measure_child.py`)."""
+        out = ds.select_groups(rounds, choice)
+        adv, _ = algorithms.compute_advantages(self.algo, out.rewards, out.group_ids)
+        local = batch_lib.from_rollout(
+            out.rows(out.prompt_tokens), out.rows(out.prompt_mask), out.tokens, out.mask,
+            out.logprobs, np.asarray(adv), out.group_ids, group_size=self.algo.group_size,
+            context_mask=out.env_mask)
+        if self.dynamic.overlong_filter:  # cut-off responses train nothing (DAPO)
+            cut = ds.truncated(out.tokens, out.mask, self.sampling.stop_token_ids)
+            local = dataclasses.replace(local, loss_mask=local.loss_mask & ~cut[:, None])
+        return out, local, self._stats(out, rounds, choice, zero_round0)
+
+    def shaped(self, out: Rollouts) -> Rollouts:
+        """A round's rows with their correctness kept apart (`CORRECT`) and the rewards
+        shaped (`dynamic_sampling.shape_rewards`): the end of every rollout."""
+        correct = (out.rewards >= 1.0 - 1e-6).astype(np.float32)  # before any shaping
+        out = ds.shape_rewards(out, self.dynamic, self.sampling.max_new_tokens)
+        return dataclasses.replace(out, reward_parts={**out.reward_parts, CORRECT: correct})
 
     def _generate(self, weights, examples, step: int, start: int, round_: int,
                   timer: StepTimer) -> Rollouts:
@@ -140,9 +154,7 @@ class Producer:
                                   examples, first_group=first_group, key=key,
                                   sampling=self.sampling, group_size=g,
                                   max_prompt_tokens=self.max_prompt_tokens, timer=timer)
-        correct = (out.rewards >= 1.0 - 1e-6).astype(np.float32)  # before any shaping
-        out = ds.shape_rewards(out, self.dynamic, self.sampling.max_new_tokens)
-        return dataclasses.replace(out, reward_parts={**out.reward_parts, CORRECT: correct})
+        return self.shaped(out)
 
     def _observe(self, out: Rollouts, start: int, round_: int, indices: np.ndarray,
                  used: np.ndarray | None = None) -> np.ndarray:
