@@ -16,11 +16,14 @@ TINY = ["demo", "--mode", "single", "--model", "tiny", "--rollout.prompts-per-st
         "--rollout.max-new-tokens", "4", "--rollout.ignore-eos", "--eval.every", "0"]
 
 
-def test_host_argv_takes_the_hosts_share_and_writes_no_run_dir():
+def test_the_child_gets_the_runs_arguments_less_its_run_dir():
+    """Every host gets the step's whole prompt count and takes its share as the run's hosts
+    do (`host_slice`): a share passed as the count would be split again (0 rows at 4
+    hosts)."""
     argv = ["demo", "--rollout.prompts-per-step", "8", "--run-dir", "/x", "--steps=3",
-            "--run-dir=/y", "--rollout.prompts-per-step=8"]
-    assert measure.host_argv(argv, 2) == ["demo", "--steps=3", "--rollout.prompts-per-step",
-                                          "2"]
+            "--run-dir=/y"]
+    assert measure.child_argv(argv) == ["demo", "--rollout.prompts-per-step", "8",
+                                        "--steps=3"]
 
 
 def test_limits_none_when_every_row_runs_to_n():
@@ -89,6 +92,13 @@ def test_measure_times_the_runs_own_programs():
     got = measure.measure("single", TINY, 1, 4, 2, limits=[2, 4] * 4, reps=1)
     assert set(got) == set(measure.TIMED)
     assert all(v > 0 for v in got.values())
+
+
+@pytest.mark.slow
+def test_measure_splits_the_prompts_over_four_colocated_hosts():
+    """4 prompts over 4 hosts: one each (the bug this guards against gave each 0 rows)."""
+    got = measure.measure("colocated", [*TINY[:2], "colocated", *TINY[3:]], 4, 4, 2, reps=1)
+    assert set(got) == set(measure.TIMED) and all(v > 0 for v in got.values())
 
 
 @pytest.mark.slow

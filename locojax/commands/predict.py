@@ -131,7 +131,7 @@ def _measured(run, argv: list[str]) -> int:
         return 1
     pred = measure.apply(model, timed)
     print(f"\n{mode}, step time per phase (milliseconds; timed here, {measure.REPS} "
-          "repetitions after a warm-up, the slowest host's step; model: the cost model's):")
+          "repetitions after warm-ups, the slowest host's step; model: the cost model's):")
     for name in sorted(set(model.phases) | set(pred.phases), key=lambda k: -pred.phases.get(k, 0)):
         got, est = pred.phases.get(name, 0.0), model.phases.get(name, 0.0)
         how = ("timed" if name in measure.TIMED else

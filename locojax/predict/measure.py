@@ -5,7 +5,7 @@ Where the run fits this machine (its hosts are local processes: `single`, or `co
 under `locojax launch --hosts N`), the surest cost of a step's work is that work: each
 host's reshard, prefill, decode loop, detokenize and reward, batch assembly and gather,
 train step and metrics' sum, built by the run's own builder at the run's exact shape,
-compiled by its memory plan and timed after one warm-up (`measure_child.py`: one child
+compiled by its memory plan and timed after warm-ups (`measure_child.py`: one child
 process per host; colocated children join each other by `jax.distributed` as the run's
 hosts do, so the train step is the run's multi-process program, all-reduce included). The
 decode is the engine's own loop, compacting finished rows as the engine does, with each
@@ -38,8 +38,9 @@ from locojax.predict import measure_child
 from locojax.predict.modes import Prediction
 
 MEASURABLE = ("single", "colocated")
-REPS = 3
-"""Timed repetitions per program after the warm-up (their median is kept)."""
+REPS = 5
+"""Timed repetitions of the step after its warm-ups (`measure_child.WARMUPS`); each phase's
+median is kept."""
 TIMED = measure_child.PHASES
 REPLACED = ("tp_comm", "extend", "allreduce", "collectives")
 """Model phases inside a timed one: tensor-parallel traffic and extend in the decode loop,
@@ -50,17 +51,16 @@ DROP_ENV = ("LOCOJAX_COORDINATOR", "JAX_COORDINATOR_ADDRESS", "LOCOJAX_NUM_PROCE
 """A child is one process of its own run: nothing of a surrounding `launch` may reach it."""
 
 
-def host_argv(argv: list[str], prompts_per_host: int) -> list[str]:
-    """The train arguments of one host: its share of the prompts, no run dir written."""
+def child_argv(argv: list[str]) -> list[str]:
+    """The run's train arguments less its run dir: a child writes no run."""
     out, i = [], 0
     while i < len(argv):
-        key = argv[i].partition("=")[0]
-        if key in ("--rollout.prompts-per-step", "--run-dir"):
+        if argv[i].partition("=")[0] == "--run-dir":
             i += 1 if "=" in argv[i] else 2
             continue
         out.append(argv[i])
         i += 1
-    return out + ["--rollout.prompts-per-step", str(prompts_per_host)]
+    return out
 
 
 def limits_of(ctx, rows: int, seed: int = 0) -> list[int] | None:
@@ -106,7 +106,7 @@ def measure(mode: str, argv: list[str], hosts: int, prompts: int, group: int,
         children = []
         for h in range(procs):
             rows = limits[h * per * group:(h + 1) * per * group] if limits else None
-            spec = _spec(host_argv(argv, per), mode, hosts if mode == "single" else 1, reps,
+            spec = _spec(child_argv(argv), mode, hosts if mode == "single" else 1, reps,
                          rows, coordinator, h, procs, d / f"out{h}.json")
             (d / f"spec{h}.json").write_text(json.dumps(spec))
             children.append(subprocess.Popen(

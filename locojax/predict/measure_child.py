@@ -4,11 +4,11 @@ this machine: what `locojax predict train ... --measure` runs in a child process
 
     python -m locojax.predict.measure_child SPEC.json
 
-SPEC: {"argv": the train arguments of one host's share (its prompts per step), "mode":
-single or colocated, "devices": the devices of that process, "reps": timed repetitions
-after one warm-up, "limits": each rollout row's most tokens or null, "coordinator": the
-hosts' meeting address or "", "host": this host's index, "hosts": how many, "out": where the
-times go (JSON)}.
+SPEC: {"argv": the run's train arguments (each host takes its share of the prompts as the
+run's hosts do, `host_slice`), "mode": single or colocated, "devices": the devices of that
+process, "reps": timed repetitions after the warm-ups (`WARMUPS`), "limits": each rollout
+row's most tokens or null, "coordinator": the hosts' meeting address or "", "host": this
+host's index, "hosts": how many, "out": where the times go (JSON)}.
 
 Everything timed is the run's own code at the run's exact shape: `RunParts.of` builds the
 parts, `wiring.join` joins the hosts as the run does (colocated hosts: one process each,
@@ -40,6 +40,10 @@ from pathlib import Path
 PHASES = ("reshard", "prefill", "decode", "detokenize_reward", "batch", "train", "metrics",
           "other")
 """What a child times, in the step's order (`perf/phase/*` names)."""
+WARMUPS = 2
+"""Untimed steps first: the first compiles what the memory plan did not (a shape the rows'
+widths give), and the second still ran a TINY train step ~1.8x slower than the ones after
+it (8.2 ms against 4.3-4.9, tiny 4 x 4, P 16, N 16: a shape in no validation set)."""
 
 
 def _join(spec: dict, cfg):
@@ -99,15 +103,16 @@ def run(spec: dict) -> dict:
                              learner.optim, model_cfg)
     runner = RewardRunner(cfg.reward)
     producer = parts.producer(engine, runner)
-    b, g, p = cfg.rollout.prompts_per_step, cfg.group_size, cfg.rollout.max_prompt_tokens
-    examples = [parts.task.train[i % len(parts.task.train)] for i in range(b)]
+    start, stop = wiring.host_slice(cfg.rollout.prompts_per_step)  # this host's share
+    b, g, p = stop - start, cfg.group_size, cfg.rollout.max_prompt_tokens
+    examples = [parts.task.train[i % len(parts.task.train)] for i in range(start, stop)]
     prompts, mask = single_turn.encode_prompts(parts.tokenizer, examples, p)
     limits = None if spec.get("limits") is None else np.asarray(spec["limits"], np.int32)
     key = jax.random.key(cfg.seed)
     times: dict[str, list[float]] = {k: [] for k in PHASES}
     log_dir = tempfile.TemporaryDirectory(prefix="locojax_measure_log_")
     logger = MetricsLogger(log_dir.name, tensorboard=cfg.tensorboard)
-    for rep in range(spec["reps"] + 1):  # rep 0 warms up: the first call of a program
+    for rep in range(spec["reps"] + WARMUPS):
         clock = _Clock()
         weights = clock("reshard", lambda: wiring.rollout_weights(state.params,
                                                                   engine.weight_shardings))
@@ -116,7 +121,7 @@ def run(spec: dict) -> dict:
                         lambda out: out.prefilled)
         gen = clock("decode", lambda: engine.decode(pending))
         out = clock("detokenize_reward", lambda: producer.shaped(single_turn.scored(
-            gen, parts.tokenizer, parts.task, runner, examples, prompts, mask, 0, g)))
+            gen, parts.tokenizer, parts.task, runner, examples, prompts, mask, start, g)))
         engine.release_cache()
         del weights, pending, gen
 
@@ -130,7 +135,7 @@ def run(spec: dict) -> dict:
                                lambda out: out[0].params)
         sums = clock("metrics", lambda: wiring.sum_over_hosts(stats).metrics())
         clock("other", lambda: logger.log(rep + 1, {**metrics, **sums}))
-        if rep:
+        if rep >= WARMUPS:
             for k in PHASES:
                 times[k].append(clock.times[k])
     runner.close()
