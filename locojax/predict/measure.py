@@ -4,18 +4,17 @@ machine as the run's own code runs them, in place of the cost model's phases.
 Where the run fits this machine (its hosts are local processes: `single`, or `colocated`
 under `locojax launch --hosts N`), the surest cost of a step's work is that work: each
 host's reshard, prefill, decode loop, detokenize and reward, batch assembly and gather,
-train step and metrics' sum, built by the run's own builder at the run's exact shape,
-compiled by its memory plan and timed after warm-ups (`measure_child.py`: one child
-process per host; colocated children join each other by `jax.distributed` as the run's
-hosts do, so the train step is the run's multi-process program, all-reduce included). The
-decode is the engine's own loop, compacting finished rows as the engine does, with each
-row's length drawn from the workload's completion lengths (`--rollout.ignore-eos`: every row
-at N, one wave).
+train step, metrics' sum and metrics line, built by the run's own builder at the run's
+exact shape, compiled by its memory plan and timed after warm-ups (`measure_child.py`: one
+child process per host; colocated children join each other by `jax.distributed` as the
+run's hosts do, so the train step is the run's multi-process program, all-reduce
+included). The decode is the engine's own loop, compacting finished rows as the engine
+does, with each row's length drawn from the workload's completion lengths
+(`--rollout.ignore-eos`: every row at N, one wave).
 
-What stays the model's (`phases.py`, on the profile given): admission and the step's own
-bookkeeping (`other`). Nothing is fitted: a new shape is measured, not extrapolated; the
-model is what extrapolates, and where a run cannot be built here (a pod) `--measure` is
-refused and the model's estimate stands.
+What stays the model's (`phases.py`, on the profile given): admission. Nothing is fitted:
+a new shape is measured, not extrapolated; the model is what extrapolates, and where a run
+cannot be built here (a pod) `--measure` is refused and the model's estimate stands.
 
 Every host's step ends in the same collectives, so each repetition's step is the slowest
 host's: its phases are kept, then each phase's median over the repetitions.

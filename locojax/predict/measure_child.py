@@ -21,10 +21,12 @@ different lengths, given by `limits`), `detokenize_reward` (`single_turn.scored`
 tokenizer, task and reward runner), `batch` (`Producer.assemble`, then the loop's
 `buckets.fit` and `global_batch`), `train` (`train_step.update` on that batch),
 `metrics` (`sum_over_hosts` of the step's sums) and `other` (the step's metrics line,
-`MetricsLogger.log` as the run writes it, TensorBoard where the run has it on). The prompts are the task's first training
-prompts; the weights are the run's (initialised for presets, read for a checkpoint).
+`MetricsLogger.log` as the run writes it, TensorBoard where the run has it on). The prompts
+are each host's first training prompts of the task; the weights are the run's (initialised
+for presets, read for a checkpoint).
 
-What is not timed stays the cost model's: admission (the curator). Multi-turn runs (an env pool, trajectories) are not built here.
+What is not timed stays the cost model's: admission (the curator). Multi-turn runs (an env
+pool, trajectories) are refused by name.
 """
 
 from __future__ import annotations
