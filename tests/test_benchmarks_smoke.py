@@ -28,6 +28,7 @@ COVERED_ELSEWHERE = {
     "peers/install": "installs the peers' venvs: never in a test",
     "peers/locojax_worker": "bench_peers' locojax side, below",
     "peers/trl_real_worker": "bench_real_trl's TRL side: refused without its venv, below",
+    "peers/trl_update_worker": "ab_update_trl's TRL side: refused without its venv, below",
     "peers/trl_worker": "bench_peers' TRL side: needs its venv",
     "peers/tunix_worker": "bench_peers' Tunix side: needs its venv",
     "peers/tunix_sampler": "bench_engine's Tunix arm: needs its venv",
@@ -246,6 +247,40 @@ def test_bench_real_trl_speed_rounds_locojax_side(tmp_path):
     assert "locojax, last round: decode" in out and "of the matmul peak" in out
     assert json.loads((tmp_path / "s" / "speed.json").read_text())["runs"]["locojax"]
     assert not list((tmp_path / "s").glob("*final*"))  # nothing evaluated
+
+
+def test_ab_update_trl_refuses_without_trls_venv(tmp_path):
+    """Without TRL's venv the A/B refuses by name, before importing jax, and installs nothing."""
+    empty = dict(os.environ, LOCOJAX_PEERS_DIR=str(tmp_path / "peers"))
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.ab_update_trl"], cwd=ROOT,
+                          env=empty, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "TRL's venv is not installed" in proc.stderr
+    assert not (tmp_path / "peers").exists()
+
+
+@pytest.mark.slow  # with TRL's venv: the real SmolLM2, one f32 update, locojax and 2 TRL arms
+def test_ab_update_trl_one_update_agrees_but_for_the_pad_tokens_embedding_row(tmp_path):
+    """With HF's embedding padding_idx cleared, TRL's loss, gradient norm, named gradients and
+    weight changes equal locojax's within the tolerances the script derives (its docstring);
+    as TRL runs, only the embedding can differ, and then in row 2 alone (<|im_end|>, the
+    checkpoint's pad token: HF gives it no lookup gradient)."""
+    from benchmarks.peers import install
+
+    if not install.is_ready(install.PEERS["trl"]):
+        pytest.skip("TRL's venv is not installed (benchmarks/peers/install.py trl)")
+    model = _real_model(tmp_path)
+    out = bench("ab_update_trl", "--model", str(model), "--dtypes", "float32", "--out",
+                str(tmp_path / "o"), timeout=1800)
+    assert "# ab_update_trl: " in out and "command: " in out
+    rows = [line for line in out.splitlines() if line.startswith(("| loss", "| grad", "| delta"))]
+    assert len(rows) == 20, rows  # 10 quantities, TRL's arms: padding_idx kept, then cleared
+    verdict = lambda line: line.rstrip(" |").rsplit("|", 1)[1].strip()  # noqa: E731
+    assert all(verdict(line) == "equal" for line in rows[10:]), rows[10:]
+    differs = {line.split("|")[1].strip() for line in rows[:10] if verdict(line) != "equal"}
+    assert differs <= {"grad model.embed_tokens.weight", "delta model.embed_tokens.weight"}
+    assert not differs or "difference in row(s) [2];" in out
+    (norm, _) = table_rows(out, "grad norm (pre-clip), update 1")
+    assert float(norm[1]) > 0 and float(norm[3]) <= float(norm[4])
 
 
 def _real_model(tmp_path):
