@@ -105,6 +105,8 @@ SHAPES = {s.name: s for s in [
     # The real model's decode at 8, 32 and 128 rows (G 4, as the real-model run's groups):
     # a 128-token prompt (GSM8K's are ~60-115), exactly 128 new tokens.
     *(Shape(f"real-{r}", REAL, r // 4, 4, 128, 128, False) for r in (8, 32, 128)),
+    # ... and its long generation: 32 rows, exactly 512 new tokens (issue 40's real-512).
+    Shape("real-512", REAL, 8, 4, 128, 512, False),
 ]}
 
 
