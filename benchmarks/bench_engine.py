@@ -183,12 +183,14 @@ def locojax_runner(cfg, weights, prompts: np.ndarray, s: Shape, **engine_kw):
     return once
 
 
-def hf_runner(cfg, weights, prompts: np.ndarray, s: Shape):
-    """A callable doing one HF `generate` on the same weights and prompts."""
+def hf_model(cfg, weights, s: Shape):
+    """The HF model of a shape, f32, in eval mode: the converted checkpoint as transformers
+    loads it (`real-*`: a Llama), or a `Qwen3ForCausalLM` holding a preset's weights."""
     import torch
-    from transformers import LogitsProcessor, LogitsProcessorList, Qwen3Config, Qwen3ForCausalLM
+    from transformers import AutoModelForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
-    torch.set_num_threads(TORCH_THREADS)
+    if s.model not in model_config.PRESETS:
+        return AutoModelForCausalLM.from_pretrained(s.model, dtype=torch.float32).eval()
     hf_cfg = Qwen3Config(
         vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
         intermediate_size=cfg.intermediate_size, num_hidden_layers=cfg.num_hidden_layers,
@@ -200,6 +202,16 @@ def hf_runner(cfg, weights, prompts: np.ndarray, s: Shape):
     state = {k: torch.from_numpy(np.array(v)) for k, v in to_state_dict(weights, cfg).items()}
     missing, unexpected = model.load_state_dict(state, strict=False)
     assert not unexpected and all("lm_head" in k for k in missing), (missing, unexpected)
+    return model
+
+
+def hf_runner(cfg, weights, prompts: np.ndarray, s: Shape):
+    """A callable doing one HF `generate` on the same weights and prompts."""
+    import torch
+    from transformers import LogitsProcessor, LogitsProcessorList
+
+    torch.set_num_threads(TORCH_THREADS)
+    model = hf_model(cfg, weights, s)
     input_ids = torch.from_numpy(prompts.astype(np.int64))
     eos = cfg.vocab_size - 1
     last = torch.as_tensor(s.lengths() - 1)  # [R]: the step whose token is EOS
