@@ -123,19 +123,24 @@ def model(s: Shape):
     return loaded.cfg, loaded.weights
 
 
-def generate_flops(cfg, s) -> float:
-    """Matmul FLOPs of one exact-length generate: prefill B·P tokens, then R·(N-1) decode
-    tokens (`peers/locojax_worker.py` reports a GRPO step's generation by it).
+def generate_flops(cfg, s, lengths=None) -> float:
+    """Matmul FLOPs of one generate: prefill B·P tokens, then each row's L_r - 1 decode
+    tokens (L_r: `lengths`, default the shape's own, `Shape.lengths`: N for every row of an
+    exact-length shape; `peers/locojax_worker.py` reports a GRPO step's generation by it).
 
     Prefill runs the LM head on the last position only; attention context is counted
-    exactly (a token at position t attends to t + 1 keys).
+    exactly (a token at position t attends to t + 1 keys). A long-tail shape's rows are
+    counted to their own ends: counted to N each, small-4096's FLOPs came out 2.5x the
+    work and its roofline above its measured time.
     """
     head = 2 * cfg.hidden_size * cfg.vocab_size
     body = lambda ctx: cfg.flops_per_token(ctx) - head  # noqa: E731
     prefill = s.prompts * sum(body(t + 1) for t in range(s.prompt_tokens)) + s.prompts * head
-    rows = s.prompts * s.group
-    decode = rows * sum(cfg.flops_per_token(s.prompt_tokens + i + 1)
-                        for i in range(s.new_tokens - 1))
+    lengths = np.asarray(s.lengths() if lengths is None else lengths)
+    per_step = [float(cfg.flops_per_token(s.prompt_tokens + i + 1))
+                for i in range(int(lengths.max()) - 1)]
+    upto = np.concatenate([[0.0], np.cumsum(per_step)])  # upto[n]: a row's first n steps
+    decode = float(np.sum(upto[np.maximum(lengths - 1, 0)]))
     return float(prefill + decode)
 
 

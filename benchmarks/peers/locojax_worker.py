@@ -34,7 +34,7 @@ def step_flops(cfg, s, beta: float) -> dict:
     suffix = s.rows * sum(body(p + i + 1) for i in range(n - 1))
     forward = prefix + suffix + s.rows * n * head
     train = 3 * forward + (forward if beta else 0)
-    generate = bench_engine.generate_flops(cfg, s)
+    generate = bench_engine.generate_flops(cfg, s, lengths=[n] * s.rows)  # exactly N each
     return {"generate": float(generate), "train": float(train), "total": float(generate + train)}
 
 
