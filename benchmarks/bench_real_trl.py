@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import shutil
 import sys
 from pathlib import Path
@@ -49,7 +50,9 @@ SETTINGS = dict(level=0, reward="flexible", prompts_per_step=8, group_size=8,
 ε and the gradient clip (1.0) are both sides' defaults; weight decay is TRL's (0)."""
 
 
-def locojax_argv(model: str, seed: int, steps: int, run_dir: Path, eval_every: int) -> list[str]:
+def locojax_argv(model: str, seed: int, steps: int, run_dir: Path, eval_every: int,
+                 extra: tuple[str, ...] = ()) -> list[str]:
+    """`locojax train` with SETTINGS, then `extra` flags (`--locojax-flags`)."""
     s = SETTINGS
     return [*harness.CLI, "train", "real-demo", "--model", model, "--seed", str(seed),
             "--steps", str(steps), "--run-dir", str(run_dir), "--task.level", str(s["level"]),
@@ -61,7 +64,7 @@ def locojax_argv(model: str, seed: int, steps: int, run_dir: Path, eval_every: i
             "--algo.beta", str(s["beta"]),
             "--algo.eps-low", str(s["eps"]), "--algo.eps-high", str(s["eps"]),
             "--rollout.temperature", str(s["temperature"]), "--algo.loss-agg", s["loss_agg"],
-            "--eval.every", str(eval_every), "--checkpoint.no-resume"]
+            "--eval.every", str(eval_every), "--checkpoint.no-resume", *extra]
 
 
 def trl_argv(python: Path, model: str, seed: int, steps: int, out: Path,
@@ -160,6 +163,10 @@ def main(argv=None) -> int:
                     help="tunix: with --speed-rounds only (its learning run is "
                          "bench_real_tunix.py)")
     ap.add_argument("--out", type=Path, default=Path("runs/bench-real-trl"))
+    ap.add_argument("--locojax-flags", default="",
+                    help="more `locojax train` flags for the locojax side, e.g. "
+                         "'--optim.hf-padding-idx' (TRL's embedding pad row); recorded in "
+                         "results.json")
     ap.add_argument("--no-install", action="store_true", help="use only an existing TRL venv")
     ap.add_argument("--trl-device", choices=["cpu", "cuda"], default="cpu",
                     help="where TRL runs (locojax runs on JAX's default backend); the "
@@ -196,12 +203,14 @@ def main(argv=None) -> int:
     if args.speed_rounds:
         return speed(args, pythons)
     results = earlier_results(args.out / "results.json", args.seeds, args.sides)
+    extra = tuple(shlex.split(args.locojax_flags))
     for seed in args.seeds:
         base = held_out(args.model, seed, args.out / f"base-{seed}.jsonl", args.held_out)
         for side in args.sides:
             run_dir = args.out / f"{side}-{seed}"
             shutil.rmtree(run_dir, ignore_errors=True)
-            argv_ = (locojax_argv(args.model, seed, args.steps, run_dir, args.eval_every)
+            argv_ = (locojax_argv(args.model, seed, args.steps, run_dir, args.eval_every,
+                                  extra)
                      if side == "locojax" else trl_argv(python, args.model, seed, args.steps,
                                                         run_dir, args.trl_device))
             log = args.out / f"{side}-{seed}.log"
@@ -216,7 +225,8 @@ def main(argv=None) -> int:
             results.append(dict(seed=seed, side=side, base=base, final=final,
                                 first=sum(r[:tenth]) / tenth, last=sum(r[-tenth:]) / tenth,
                                 step_s=harness.median(times[2:]), rss=peak_rss_gb(log),
-                                run_dir=str(run_dir), device=args.trl_device))
+                                run_dir=str(run_dir), device=args.trl_device,
+                                flags=args.locojax_flags if side == "locojax" else ""))
             # written after every run, so a seed that finished survives one that fails later
             (args.out / "results.json").write_text(json.dumps(results, indent=1))
             print(f"seed {seed} {side}: done, load {harness.loads()}", flush=True)
@@ -240,7 +250,8 @@ def speed(args, pythons: dict[str, Path]) -> int:
             run_dir = args.out / f"speed-{side}-{seed}"
             shutil.rmtree(run_dir, ignore_errors=True)
             if side == "locojax":
-                argv_ = locojax_argv(args.model, seed, args.steps, run_dir, 0)
+                argv_ = locojax_argv(args.model, seed, args.steps, run_dir, 0,
+                                     tuple(shlex.split(args.locojax_flags)))
             elif side == "trl":
                 argv_ = trl_argv(pythons["trl"], args.model, seed, args.steps, run_dir,
                                  args.trl_device)
@@ -308,9 +319,10 @@ def print_roofline(results: list[dict], model: str) -> None:
 
 
 def side_label(r: dict) -> str:
-    """The side, and where a run was not on this benchmark's CPU (`--trl-device cuda`)."""
-    device = r.get("device", "cpu")
-    return r["side"] if device == "cpu" else f"{r['side']} ({device})"
+    """The side, its extra flags (`--locojax-flags`), and where a run was not on this
+    benchmark's CPU (`--trl-device cuda`)."""
+    device, side = r.get("device", "cpu"), r["side"] + (f" {r['flags']}" if r.get("flags") else "")
+    return side if device == "cpu" else f"{side} ({device})"
 
 
 def report(results: list[dict]) -> None:

@@ -222,10 +222,13 @@ def test_bench_real_trl_locojax_side(tmp_path):
     model = _real_model(tmp_path)
     out = bench("bench_real_trl", "--model", str(model), "--steps", "3", "--sides", "locojax",
                 "--eval-every", "0", "--held-out", "16", "--out", str(tmp_path / "o"),
-                timeout=900)
+                "--locojax-flags=--optim.hf-padding-idx", timeout=900)
     assert "# bench_real_trl: " in out and '"loss_agg": "token-mean"' in out
     (row,) = table_rows(out, "0")
-    assert row[1] == "locojax" and "->" in row[3] and float(row[6]) > 0  # s/step
+    assert row[1] == "locojax --optim.hf-padding-idx"  # the extra flag, labelled
+    assert "->" in row[3] and float(row[6]) > 0  # s/step
+    (result,) = json.loads((tmp_path / "o" / "results.json").read_text())
+    assert result["flags"] == "--optim.hf-padding-idx"  # a flag train refused fails the run
     assert "of the bandwidth roofline" in out and "of the matmul peak" in out
     empty = dict(os.environ, LOCOJAX_PEERS_DIR=str(tmp_path / "peers"))
     proc = subprocess.run([sys.executable, "-m", "benchmarks.bench_real_trl", "--model",

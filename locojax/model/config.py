@@ -81,6 +81,11 @@ class ModelConfig:
     """Share the input embedding with the output projection (Qwen3 0.6B/1.7B/4B do)."""
     max_position_embeddings: int = 40960
     """Longest position the checkpoint was trained for; only checked, never allocated."""
+    embedding_padding_idx: int | None = None
+    """A token whose input-embedding row gets no gradient from its lookups, as transformers'
+    `nn.Embedding(padding_idx=config.pad_token_id)` (so TRL and the HF Trainer) leave it; a
+    tied row still trains as the output head. None: every row trains as its lookups ask
+    (`OptimConfig.hf_padding_idx` sets it to the tokenizer's pad)."""
     param_dtype: str = "float32"
     """Storage dtype of the weights (the optimizer's master copy in training)."""
     compute_dtype: str = "float32"
@@ -100,6 +105,10 @@ class ModelConfig:
             if SLIDING in self.layer_types and not (self.sliding_window or 0) > 0:
                 raise ValueError("sliding-attention layers need a sliding_window > 0, got "
                                  f"{self.sliding_window}")
+        if self.embedding_padding_idx is not None and not (
+                0 <= self.embedding_padding_idx < self.vocab_size):
+            raise ValueError(f"embedding_padding_idx={self.embedding_padding_idx} is not a token "
+                             f"of the {self.vocab_size}-entry vocabulary")
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(
                 f"num_attention_heads={self.num_attention_heads} is not a multiple of "

@@ -121,9 +121,13 @@ def layer_kinds(cfg: ModelConfig, dtype) -> LayerKind:
 
 def embed(weights: Weights, tokens, cfg: ModelConfig):
     """[B, T] tokens -> [B, T, D] in the compute dtype (Gemma: times sqrt(d), rounded to the
-    weights' dtype as HF's `Gemma3TextScaledWordEmbedding` does)."""
+    weights' dtype as HF's `Gemma3TextScaledWordEmbedding` does); lookups of
+    `cfg.embedding_padding_idx` pass no gradient back to the table."""
     table = weights["embed"]  # gathered as bits: see `attention.as_bits` (a bf16 rollout copy)
     x = from_bits(jnp.take(as_bits(table), tokens, axis=0), table.dtype)  # [B, T, D]
+    if cfg.embedding_padding_idx is not None:  # HF's padding_idx: no gradient through it
+        x = jnp.where((tokens == cfg.embedding_padding_idx)[..., None],
+                      jax.lax.stop_gradient(x), x)
     if cfg.family.scaled_embedding:
         x = x * jnp.asarray(cfg.hidden_size ** 0.5, x.dtype)
     return x.astype(cfg.dtype)

@@ -106,6 +106,7 @@ IRRELEVANT = {
     "optim.eps": "AdamW's values",
     "optim.weight_decay": "AdamW's values",
     "optim.max_grad_norm": "one norm over the gradients",
+    "optim.hf_padding_idx": "one row's gradient masked (elementwise)",
     "skip_nonfinite": "what happens on a NaN, not a step's cost",
     "reward.timeout_s": "a deadline, not a cost",
     "reward.load_timeout_s": "a deadline at start",

@@ -97,6 +97,11 @@ class OptimConfig:
     """Decoupled weight decay, on matrices only (not norm scales)."""
     max_grad_norm: float = 1.0
     """Clip the global gradient norm to this before Adam. 0 = no clipping."""
+    hf_padding_idx: bool = False
+    """Train the input embedding as transformers builds it (TRL, the HF Trainer): the pad
+    token's row gets no gradient from its lookups (`ModelConfig.embedding_padding_idx`).
+    Where the pad is a real token (SmolLM2's is <|im_end|>, in every chat turn) that leaves
+    how it is read untrained; off by default. docs/real_model.md measured the difference."""
 
     def __post_init__(self):
         if self.lr < 0 or self.warmup_steps < 0 or self.decay_steps < 0:

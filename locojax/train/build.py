@@ -59,6 +59,8 @@ class RunParts:
     def of(cls, cfg: RunConfig) -> RunParts:
         cfg, task, tokenizer, prompts = sized(cfg)
         model_cfg = model_config(cfg.model, cfg.precision)
+        if cfg.optim.hf_padding_idx:
+            model_cfg = dataclasses.replace(model_cfg, embedding_padding_idx=tokenizer.pad_id)
         limits = None if not task.multi_turn else limits_lib.resolve(
             cfg.multi_turn, task.max_turns, cfg.rollout.max_new_tokens,
             cfg.rollout.max_prompt_tokens, model_cfg.max_position_embeddings)
