@@ -18,7 +18,9 @@ Timing: wall time of each turn's device work, synchronised (the host gets each t
 tokens, as a rollout must); a turn of `extend` is its extend + decode, of `reprefill` its
 prefill + decode. Every program runs once to compile (reported apart), then `--repeats`
 times interleaved (extend, mask, reprefill, extend, ...), and the tables give medians and
-the ratios reprefill / extend and mask / extend (> 1: extend is faster).
+the ratios reprefill / extend and mask / extend (> 1: extend is faster), then each program's
+share of the roofline of the trajectory's useful work (`trajectory_work`: its FLOPs at the
+matmul peak or its bytes at the read bandwidth, both measured in the run).
 
     .venv/bin/python benchmarks/bench_extend.py                  # TINY and SMALL
     .venv/bin/python benchmarks/bench_extend.py --shapes tiny --repeats 5
@@ -144,6 +146,44 @@ def bench(s: Shape, repeats: int, finish: float) -> dict:
             "compile": {k: v - total[k] for k, v in compile_s.items()}}
 
 
+def trajectory_work(cfg, s: Shape, rows: list[int], weight_bytes: int) -> tuple[float, float]:
+    """(FLOPs, bytes) of one trajectory's useful work, the least any of the three programs
+    must do: each prompt prefilled once, then per turn each live row's N - 1 decode tokens
+    and, from the second turn on, its last token and O observation tokens extended in (at
+    their exact contexts; the LM head only where a token is sampled); every weight read once
+    per program step (a prefill or extend, and each decode step), each live row's written
+    keys and values once per decode step. The roofline of `harness.roofline_seconds`."""
+    head = 2 * cfg.hidden_size * cfg.vocab_size
+    body = lambda ctx: cfg.flops_per_token(ctx) - head  # noqa: E731
+    per_slot = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 4  # f32
+    p, n, o = s.prompt_tokens, s.new_tokens, s.obs_tokens
+    flops = s.prompts * (sum(body(t + 1) for t in range(p)) + head)
+    nbytes, written = float(weight_bytes), p  # after the prefill: P slots a row
+    for turn, r in enumerate(rows):
+        if turn:  # the previous turn's last token and the observation, extended in
+            flops += r * (sum(body(written + j + 1) for j in range(1 + o)) + head)
+            nbytes += weight_bytes
+            written += 1 + o
+        for i in range(n - 1):  # each decode step attends to the slots written so far
+            flops += r * cfg.flops_per_token(written + i + 1)
+            nbytes += weight_bytes + r * (written + i + 1) * per_slot
+        written += n - 1
+    return float(flops), float(nbytes)
+
+
+def roofline_line(res: dict, work: tuple[float, float], peak: float, bandwidth: float) -> str:
+    """Each program's trajectory time as a share of the useful work's roofline."""
+    flops, nbytes = work
+    side = "bytes" if nbytes / bandwidth >= flops / peak else "FLOPs"
+    ideal = harness.roofline_seconds(flops, nbytes, peak, bandwidth)
+    share = lambda t: harness.roofline_share(t, flops, nbytes, peak, bandwidth)  # noqa: E731
+    shares = ", ".join(f"{name} {harness.fmt(share(t), '.0%')}"
+                       for name, t in res["total"].items())
+    return (f"roofline of the trajectory's useful work: {flops / 1e9:.2f} GFLOP, "
+            f"{nbytes / 1e9:.2f} GB, {1000 * ideal:.1f} ms ({side}, at {peak / 1e9:.0f} GFLOP/s "
+            f"and {bandwidth / 1e9:.1f} GB/s measured here); share reached: {shares}")
+
+
 def table(res: dict, rows: list[int]) -> list[str]:
     """Per turn and for the whole trajectory: each program's median seconds and the ratios
     reprefill / extend and mask / extend (> 1: extend is faster)."""
@@ -178,6 +218,11 @@ def main(argv=None) -> int:
               f"{rows}; {args.repeats} interleaved repeats, medians", flush=True)
         res = bench(s, args.repeats, args.finish)
         print("\n" + "\n".join(table(res, rows)))
+        cfg = config.PRESETS[s.arch]()
+        weight_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(
+            jax.eval_shape(lambda: params.init(cfg, jax.random.key(0)))))
+        print("\n" + roofline_line(res, trajectory_work(cfg, s, rows, weight_bytes),
+                                   harness.matmul_peak(), harness.read_bandwidth()))
         c = res["compile"]
         print(f"\ncompile + first run less a steady one (s): extend {c['extend']:.1f}, "
               f"mask {c['mask']:.1f}, reprefill {c['reprefill']:.1f}")

@@ -38,3 +38,18 @@ def test_exact_length_shape_counts_n_tokens_per_row():
     cfg = config.PRESETS[s.model]()
     np.testing.assert_allclose(bench_engine.generate_flops(cfg, s),
                                _by_hand(cfg, s, [s.new_tokens] * s.rows), rtol=1e-9)
+
+
+def test_one_turn_trajectory_is_one_generate():
+    """bench_extend's roofline work of a one-turn trajectory is a generate's (bench_engine):
+    two counts written apart agree where their workloads are the same."""
+    import dataclasses
+
+    from benchmarks import bench_extend
+
+    s = dataclasses.replace(bench_extend.SHAPES["tiny"], turns=1)
+    cfg = config.PRESETS[s.arch]()
+    flops, _ = bench_extend.trajectory_work(cfg, s, [s.prompts * s.group], weight_bytes=0)
+    exact = bench_engine.Shape("t", s.arch, s.prompts, s.group, s.prompt_tokens,
+                               s.new_tokens, False)
+    np.testing.assert_allclose(flops, bench_engine.generate_flops(cfg, exact), rtol=1e-9)

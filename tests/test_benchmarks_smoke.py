@@ -73,6 +73,8 @@ def test_bench_extend_tiny():
     (row,) = table_rows(out, "trajectory")
     assert float(row[2]) > 0 and float(row[5]) > 0  # extend seconds; reprefill / extend
     assert len(table_rows(out, "4")) == 1  # TINY's 4 turns
+    (line,) = [ln for ln in out.splitlines() if ln.startswith("roofline of the trajectory")]
+    assert "share reached: extend " in line and "reprefill " in line
 
 
 @pytest.mark.slow  # torch and HF generate beside the engine
