@@ -351,7 +351,7 @@ def table_row(r: dict, bandwidth: float, per_token_512: float | None,
             " / ".join(f"{v:.1f}" for v in r["first"].values())]
 
 
-def bench_shape(s: Shape, runs: int, peer_runs: int, tunix_python) -> dict:
+def bench_shape(s: Shape, runs: int, peer_runs: int, tunix_python, hf: bool = True) -> dict:
     cfg, weights = model(s)
     prompts = np.asarray(jax.random.randint(
         jax.random.key(1), (s.prompts, s.prompt_tokens), 1, cfg.vocab_size - 1), np.int32)
@@ -364,10 +364,12 @@ def bench_shape(s: Shape, runs: int, peer_runs: int, tunix_python) -> dict:
         drawn = f"exactly {s.new_tokens}"
     print(f"\n[{s.name}] {cfg}\n  {s.prompts} prompts x G {s.group}, {s.prompt_tokens} prompt "
           f"tokens, {drawn} new tokens, {lengths.sum()} in all", flush=True)
-    sides = {"locojax": locojax_runner(cfg, weights, prompts, s),
-             "HF": hf_runner(cfg, weights, prompts, s)}
+    sides = {"locojax": locojax_runner(cfg, weights, prompts, s)}
     # First runs: locojax's compiles; HF's allocator and kernels (2 tokens: nothing compiles).
-    first = {"locojax": timed(sides["locojax"]), "HF": timed(lambda: sides["HF"](True))}
+    first = {"locojax": timed(sides["locojax"])}
+    if hf:
+        sides["HF"] = hf_runner(cfg, weights, prompts, s)
+        first["HF"] = timed(lambda: sides["HF"](True))
     tunix = None
     if tunix_python is not None:
         try:
@@ -398,6 +400,8 @@ def main(argv=None) -> int:
     ap.add_argument("--peer-runs", "--hf-runs", type=int, default=2,
                     help="steady-state runs of HF and Tunix")
     ap.add_argument("--no-tunix", action="store_true", help="skip Tunix's sampler")
+    ap.add_argument("--no-hf", action="store_true",
+                    help="skip HF generate (locojax's rates and roofline alone)")
     ap.add_argument("--sweep", choices=("blocks", "rows", "folds", "weights", "refill"),
                     help="measure BLOCK, MIN_ROWS, FOLD_SLOTS, f32 against bf16 rollout "
                          "weights at --shapes (e.g. real-8 real-32 real-128), or refilled "
@@ -452,7 +456,8 @@ def main(argv=None) -> int:
           f"matmul peak (2048^3 f32, median of 5): {peak / 1e9:.0f} GFLOP/s")
     results, per_token_512 = [], None
     for name in args.shapes:  # each shape's row as it ends, so a cut-short run still tells
-        results.append(bench_shape(SHAPES[name], args.runs, args.peer_runs, tunix_python))
+        results.append(bench_shape(SHAPES[name], args.runs, args.peer_runs, tunix_python,
+                                   hf=not args.no_hf))
         if name == "small-512":
             per_token_512 = results[-1]["median"]["locojax"] / results[-1]["tokens"]
         print("\n".join(harness.table(HEAD, [table_row(results[-1], bandwidth, per_token_512,

@@ -89,6 +89,14 @@ def test_bench_engine_tiny_against_hf():
     assert rows[-1][8].endswith(("(bytes)", "(FLOPs)")) and "%" in rows[-1][8]  # roofline
 
 
+def test_bench_engine_locojax_alone():
+    """--no-hf --no-tunix: locojax's rate and roofline share, no peer column filled."""
+    out = bench("bench_engine", "--shapes", "tiny", "--runs", "1", "--no-hf", "--no-tunix")
+    row = table_rows(out, "tiny")[-1]
+    assert float(row[2].replace(",", "")) > 0 and row[3] == row[5] == "-"  # no HF rate/ratio
+    assert row[8].endswith(("(bytes)", "(FLOPs)"))
+
+
 def test_profile_generate_smoke():
     out = bench("profile_generate", "--smoke", "--runs", "1")
     assert "tiny-64 (8 rows): first run (compiles)" in out
