@@ -321,7 +321,8 @@ def print_roofline(results: list[dict], model: str) -> None:
 def side_label(r: dict) -> str:
     """The side, its extra flags (`--locojax-flags`), and where a run was not on this
     benchmark's CPU (`--trl-device cuda`)."""
-    device, side = r.get("device", "cpu"), r["side"] + (f" {r['flags']}" if r.get("flags") else "")
+    side = r["side"] + (f" {r['flags']}" if r.get("flags") else "")
+    device = r.get("device", "cpu")
     return side if device == "cpu" else f"{side} ({device})"
 
 
