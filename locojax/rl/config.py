@@ -101,7 +101,8 @@ class OptimConfig:
     """Train the input embedding as transformers builds it (TRL, the HF Trainer): the pad
     token's row gets no gradient from its lookups (`ModelConfig.embedding_padding_idx`).
     Where the pad is a real token (SmolLM2's is <|im_end|>, in every chat turn) that leaves
-    how it is read untrained; off by default. docs/real_model.md measured the difference."""
+    how it is read untrained; off by default (on the real model's task it changed no
+    measured accuracy: docs/real_model.md)."""
 
     def __post_init__(self):
         if self.lr < 0 or self.warmup_steps < 0 or self.decay_steps < 0:
