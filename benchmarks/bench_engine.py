@@ -123,6 +123,18 @@ def model(s: Shape):
     return loaded.cfg, loaded.weights
 
 
+def prefill_flops(cfg, prompts: int, prompt_tokens: int) -> int:
+    """Matmul FLOPs of prefilling `prompts` prompts of `prompt_tokens` tokens each: every
+    position's layers at its exact causal context, the LM head at the last position only."""
+    head = 2 * cfg.hidden_size * cfg.vocab_size
+    return prompts * (sum(cfg.flops_per_token(t + 1) - head for t in range(prompt_tokens)) + head)
+
+
+def slot_bytes(cfg, itemsize: int = 4) -> int:
+    """Bytes of one KV cache slot: its key and value at every layer."""
+    return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * itemsize
+
+
 def generate_flops(cfg, s, lengths=None) -> float:
     """Matmul FLOPs of one generate: prefill B·P tokens, then each row's L_r - 1 decode
     tokens (L_r: `lengths`, default the shape's own, `Shape.lengths`: N for every row of an
@@ -133,9 +145,7 @@ def generate_flops(cfg, s, lengths=None) -> float:
     counted to their own ends: counted to N each, small-4096's FLOPs came out 21x the
     work and its roofline above its measured time.
     """
-    head = 2 * cfg.hidden_size * cfg.vocab_size
-    body = lambda ctx: cfg.flops_per_token(ctx) - head  # noqa: E731
-    prefill = s.prompts * sum(body(t + 1) for t in range(s.prompt_tokens)) + s.prompts * head
+    prefill = prefill_flops(cfg, s.prompts, s.prompt_tokens)
     lengths = np.asarray(s.lengths() if lengths is None else lengths)
     per_step = [float(cfg.flops_per_token(s.prompt_tokens + i + 1))
                 for i in range(int(lengths.max()) - 1)]
@@ -165,7 +175,7 @@ def roofline(seconds: float, flops: float, nbytes: float, peak: float, bandwidth
 def cache_bytes(cfg, s: Shape, itemsize: int = 4) -> int:
     """KV bytes attention must read: at decode step t a live row reads its P + t - 1 written
     slots, keys and values, every layer."""
-    per_slot = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * itemsize
+    per_slot = slot_bytes(cfg, itemsize)
     steps = s.lengths() - 1  # decode steps per row (token 0 comes from prefill)
     return int(per_slot * np.sum(steps * s.prompt_tokens + steps * (steps - 1) // 2))
 

@@ -41,7 +41,7 @@ if __name__ == "__main__" and not __package__:  # run as a file: import as `-m` 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from benchmarks import harness  # noqa: E402
+from benchmarks import bench_engine, harness  # noqa: E402
 from locojax.engine.engine import Engine, pad_prompts  # noqa: E402
 from locojax.engine.extend import Conversation, bucket, slots_needed  # noqa: E402
 from locojax.engine.sampling import SamplingConfig  # noqa: E402
@@ -142,7 +142,8 @@ def bench(s: Shape, repeats: int, finish: float) -> dict:
                 for name, rs in runs.items()}
     total = {name: statistics.median(sum(r) for r in rs) for name, rs in runs.items()}
     # Warm-up time less one steady run: the compile (and first-touch) cost of each program.
-    return {"per_turn": per_turn, "total": total,
+    return {"per_turn": per_turn, "total": total, "cfg": cfg,
+            "weight_bytes": bench_engine.weight_bytes(w),
             "compile": {k: v - total[k] for k, v in compile_s.items()}}
 
 
@@ -155,9 +156,9 @@ def trajectory_work(cfg, s: Shape, rows: list[int], weight_bytes: int) -> tuple[
     keys and values once per decode step. The roofline of `harness.roofline_seconds`."""
     head = 2 * cfg.hidden_size * cfg.vocab_size
     body = lambda ctx: cfg.flops_per_token(ctx) - head  # noqa: E731
-    per_slot = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 4  # f32
+    per_slot = bench_engine.slot_bytes(cfg)  # f32
     p, n, o = s.prompt_tokens, s.new_tokens, s.obs_tokens
-    flops = s.prompts * (sum(body(t + 1) for t in range(p)) + head)
+    flops = bench_engine.prefill_flops(cfg, s.prompts, p)
     nbytes, written = float(weight_bytes), p  # after the prefill: P slots a row
     for turn, r in enumerate(rows):
         if turn:  # the previous turn's last token and the observation, extended in
@@ -218,11 +219,8 @@ def main(argv=None) -> int:
               f"{rows}; {args.repeats} interleaved repeats, medians", flush=True)
         res = bench(s, args.repeats, args.finish)
         print("\n" + "\n".join(table(res, rows)))
-        cfg = config.PRESETS[s.arch]()
-        weight_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(
-            jax.eval_shape(lambda: params.init(cfg, jax.random.key(0)))))
-        print("\n" + roofline_line(res, trajectory_work(cfg, s, rows, weight_bytes),
-                                   harness.matmul_peak(), harness.read_bandwidth()))
+        work = trajectory_work(res["cfg"], s, rows, res["weight_bytes"])
+        print("\n" + roofline_line(res, work, harness.matmul_peak(), harness.read_bandwidth()))
         c = res["compile"]
         print(f"\ncompile + first run less a steady one (s): extend {c['extend']:.1f}, "
               f"mask {c['mask']:.1f}, reprefill {c['reprefill']:.1f}")

@@ -177,6 +177,7 @@ def main(argv=None) -> int:
                     help="time the step only: this many rounds of one --steps run per side, "
                          "in alternating order (A B, B A, ...), no held-out scoring")
     args = ap.parse_args(argv)
+    args.extra = tuple(shlex.split(args.locojax_flags))  # the locojax side's extra flags
     print(harness.header("bench_real_trl", f"settings {json.dumps(SETTINGS)}"))
     if args.report_only:
         results = json.loads((args.out / "results.json").read_text())
@@ -203,14 +204,13 @@ def main(argv=None) -> int:
     if args.speed_rounds:
         return speed(args, pythons)
     results = earlier_results(args.out / "results.json", args.seeds, args.sides)
-    extra = tuple(shlex.split(args.locojax_flags))
     for seed in args.seeds:
         base = held_out(args.model, seed, args.out / f"base-{seed}.jsonl", args.held_out)
         for side in args.sides:
             run_dir = args.out / f"{side}-{seed}"
             shutil.rmtree(run_dir, ignore_errors=True)
             argv_ = (locojax_argv(args.model, seed, args.steps, run_dir, args.eval_every,
-                                  extra)
+                                  args.extra)
                      if side == "locojax" else trl_argv(python, args.model, seed, args.steps,
                                                         run_dir, args.trl_device))
             log = args.out / f"{side}-{seed}.log"
@@ -250,8 +250,7 @@ def speed(args, pythons: dict[str, Path]) -> int:
             run_dir = args.out / f"speed-{side}-{seed}"
             shutil.rmtree(run_dir, ignore_errors=True)
             if side == "locojax":
-                argv_ = locojax_argv(args.model, seed, args.steps, run_dir, 0,
-                                     tuple(shlex.split(args.locojax_flags)))
+                argv_ = locojax_argv(args.model, seed, args.steps, run_dir, 0, args.extra)
             elif side == "trl":
                 argv_ = trl_argv(pythons["trl"], args.model, seed, args.steps, run_dir,
                                  args.trl_device)

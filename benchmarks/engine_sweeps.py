@@ -195,9 +195,8 @@ WEIGHT_ARMS = {"f32": {}, "bf16 weights": {"weights_dtype": "bf16"},
 def step_roofline(cfg, weights, rows: int, context: int, cache_itemsize: int):
     """(FLOPs, bytes) of one decode step at `rows` rows attending to `context` slots: every
     weight read once, each row's keys and values at every layer."""
-    per_slot = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim
-    nbytes = sum(x.nbytes for x in jax.tree.leaves(weights)) + (
-        rows * context * per_slot * cache_itemsize)
+    nbytes = bench_engine.weight_bytes(weights) + (
+        rows * context * bench_engine.slot_bytes(cfg, cache_itemsize))
     return rows * cfg.flops_per_token(context), nbytes
 
 

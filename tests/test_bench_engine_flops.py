@@ -42,7 +42,8 @@ def test_exact_length_shape_counts_n_tokens_per_row():
 
 def test_one_turn_trajectory_is_one_generate():
     """bench_extend's roofline work of a one-turn trajectory is a generate's (bench_engine):
-    two counts written apart agree where their workloads are the same."""
+    their decode counts, written apart, agree where the workloads are the same (the prefill
+    is `bench_engine.prefill_flops` in both, checked by hand above)."""
     import dataclasses
 
     from benchmarks import bench_extend
