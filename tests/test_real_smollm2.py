@@ -153,3 +153,57 @@ def test_greedy_chat_replies_are_transformers_replies(smol, hf_model):
         f32 = hf_model.generate(torch.tensor([FRANCE_PROMPT]), max_new_tokens=NEW,
                                 do_sample=False, eos_token_id=2, pad_token_id=2)
     assert f32[0, len(FRANCE_PROMPT):].tolist() == FRANCE_REPLY
+
+
+def _chi_square(draws: np.ndarray, probs: np.ndarray) -> tuple[float, int]:
+    """Pearson's statistic of `draws` against `probs` [V], and its degrees of freedom. Bins:
+    the 40 likeliest tokens one each, then the rest in order of probability, grouped into
+    bins of at least 0.2% mass (at least 200 expected draws in 100,000: the chi-square law
+    holds)."""
+    order = np.argsort(-probs)
+    bins, cur, mass = [[i] for i in order[:40]], [], 0.0
+    for i in order[40:]:
+        cur.append(i)
+        mass += probs[i]
+        if mass >= 2e-3:
+            bins.append(cur)
+            cur, mass = [], 0.0
+    bins[-1] += cur  # the last partial group joins the last bin
+    counts = np.bincount(draws, minlength=len(probs))
+    seen = np.array([counts[b].sum() for b in bins], np.float64)
+    expected = np.array([probs[b].sum() for b in bins]) * len(draws)
+    return float(((seen - expected) ** 2 / expected).sum()), len(bins) - 1
+
+
+def test_sampled_tokens_follow_the_real_models_softmax(smol):
+    """The sampler on the real vocabulary (49,152): 100,000 draws of the first reply token of
+    a chat arith prompt (entropy ~3.6 nats, 15% of the mass past the 40 likeliest tokens)
+    against the model's own softmax. Bound: chi-square's 1e-6 upper quantile at the bins'
+    degrees of freedom, a false alarm once in a million seeds; the draws are counts, so no
+    CPU's rounding enters beyond the softmax itself (f32, ~1e-7 relative per probability,
+    far below one draw in a bin of >= 200). It has the power to fail: draws at temperature
+    0.9, judged against the same temperature-1 softmax, exceed the bound."""
+    from scipy import stats
+
+    from locojax.engine.sampling import sample
+
+    model = loader.load(str(smol))
+    tok = with_chat_template(model.tokenizer, smol)
+    ids = tok.encode(tok.apply_chat_template(
+        [{"role": "user", "content": "What is 9 + 18? Give only the final number."}],
+        add_generation_prompt=True))
+    hidden, _ = decoder.forward(model.weights, jnp.asarray([ids]),
+                                jnp.arange(len(ids))[None], model.cfg)
+    logits = decoder.logits(model.weights, hidden, model.cfg)[0, -1:]  # [1, V]
+    probs = np.asarray(jax.nn.softmax(logits[0]), np.float64)
+    keys = jax.random.split(jax.random.key(1), 100_000)
+
+    def draws(temperature: float) -> np.ndarray:
+        cfg = SamplingConfig(temperature=temperature)
+        return np.asarray(jax.jit(jax.vmap(lambda k: sample(logits, k, cfg)))(keys))[:, 0]
+
+    stat, dof = _chi_square(draws(1.0), probs)
+    bound = stats.chi2.isf(1e-6, dof)
+    assert stat < bound, (stat, dof, bound)
+    cooler, _ = _chi_square(draws(0.9), probs)
+    assert cooler > bound, (cooler, bound)
