@@ -224,6 +224,7 @@ def main(argv=None) -> int:
             times = step_times(run_dir, "perf.jsonl" if side == "locojax" else "metrics.jsonl")
             results.append(dict(seed=seed, side=side, base=base, final=final,
                                 first=sum(r[:tenth]) / tenth, last=sum(r[-tenth:]) / tenth,
+                                rewards=r,
                                 step_s=harness.median(times[2:]), rss=peak_rss_gb(log),
                                 run_dir=str(run_dir), device=args.trl_device,
                                 flags=args.locojax_flags if side == "locojax" else ""))
@@ -346,6 +347,43 @@ def report(results: list[dict]) -> None:
             ratio = harness.ratio(by[seed, "trl"]["step_s"], by[seed, "locojax"]["step_s"])
             print(f"seed {seed}: TRL s/step / locojax s/step = {harness.fmt(ratio, '.2f')} "
                   "(runs one after another)")
+    report_blocks(results)
+
+
+BLOCK = 10
+"""Steps per block of the reward-per-block table."""
+
+
+def block_means(rewards: list[float]) -> list[float]:
+    """The mean reward of each whole block of BLOCK steps."""
+    return [sum(rewards[i:i + BLOCK]) / BLOCK for i in range(0, len(rewards) - BLOCK + 1, BLOCK)]
+
+
+def report_blocks(results: list[dict]) -> None:
+    """Mean reward per block of steps, each run and each side's mean over its seeds, and each
+    side's held-out accuracy after training over its seeds: mean and range."""
+    runs = [r for r in results if r.get("rewards")]
+    if not runs:
+        return
+    sides = sorted({side_label(r) for r in runs})
+    blocks = {id(r): block_means(r["rewards"]) for r in runs}
+    width = min(len(b) for b in blocks.values())
+    if not width:  # runs shorter than one block
+        return
+    head = ["seed", "side"] + [f"steps {i * BLOCK + 1}-{(i + 1) * BLOCK}" for i in range(width)]
+    rows = [[r["seed"], side_label(r)] + [f"{b:.3f}" for b in blocks[id(r)][:width]]
+            for r in runs]
+    for side in sides:
+        mine = [blocks[id(r)] for r in runs if side_label(r) == side]
+        rows.append(["mean", side] + [f"{sum(b[i] for b in mine) / len(mine):.3f}"
+                                      for i in range(width)])
+    print(f"\nmean reward per block of {BLOCK} steps:")
+    for line in harness.table(head, rows):
+        print(line)
+    for side in sides:
+        acc = [r["final"]["accuracy"] for r in runs if side_label(r) == side]
+        print(f"{side}: held-out after, {len(acc)} seeds: mean {sum(acc) / len(acc):.3f}, "
+              f"range {min(acc):.3f}-{max(acc):.3f}")
 
 
 if __name__ == "__main__":
