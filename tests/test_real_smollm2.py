@@ -17,7 +17,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from locojax.engine.engine import Engine
-from locojax.engine.sampling import SamplingConfig
+from locojax.engine.sampling import SamplingConfig, sample
 from locojax.model import decoder, gguf_convert, loader
 from locojax.model.config import ModelConfig
 from locojax.tokenizer.chat_template import with_chat_template
@@ -183,9 +183,7 @@ def test_sampled_tokens_follow_the_real_models_softmax(smol):
     CPU's rounding enters beyond the softmax itself (f32, ~1e-7 relative per probability,
     far below one draw in a bin of >= 200). It has the power to fail: draws at temperature
     0.9, judged against the same temperature-1 softmax, exceed the bound."""
-    from scipy import stats
-
-    from locojax.engine.sampling import sample
+    from scipy import stats  # a dependency of jax's
 
     model = loader.load(str(smol))
     tok = with_chat_template(model.tokenizer, smol)
