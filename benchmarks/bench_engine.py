@@ -123,11 +123,13 @@ def model(s: Shape):
     return loaded.cfg, loaded.weights
 
 
-def prefill_flops(cfg, prompts: int, prompt_tokens: int) -> int:
-    """Matmul FLOPs of prefilling `prompts` prompts of `prompt_tokens` tokens each: every
-    position's layers at its exact causal context, the LM head at the last position only."""
+def prefill_flops(cfg, prompts: int, prompt_tokens: int, written: int = 0) -> int:
+    """Matmul FLOPs of prefilling `prompts` prompts of `prompt_tokens` tokens each after
+    `written` cached slots (an extend): every position's layers at its exact causal context,
+    the LM head at the last position only."""
     head = 2 * cfg.hidden_size * cfg.vocab_size
-    return prompts * (sum(cfg.flops_per_token(t + 1) - head for t in range(prompt_tokens)) + head)
+    return prompts * (sum(cfg.flops_per_token(written + t + 1) - head
+                          for t in range(prompt_tokens)) + head)
 
 
 def slot_bytes(cfg, itemsize: int = 4) -> int:

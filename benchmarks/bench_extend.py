@@ -154,15 +154,13 @@ def trajectory_work(cfg, s: Shape, rows: list[int], weight_bytes: int) -> tuple[
     their exact contexts; the LM head only where a token is sampled); every weight read once
     per program step (a prefill or extend, and each decode step), each live row's written
     keys and values once per decode step. The roofline of `harness.roofline_seconds`."""
-    head = 2 * cfg.hidden_size * cfg.vocab_size
-    body = lambda ctx: cfg.flops_per_token(ctx) - head  # noqa: E731
     per_slot = bench_engine.slot_bytes(cfg)  # f32
     p, n, o = s.prompt_tokens, s.new_tokens, s.obs_tokens
     flops = bench_engine.prefill_flops(cfg, s.prompts, p)
     nbytes, written = float(weight_bytes), p  # after the prefill: P slots a row
     for turn, r in enumerate(rows):
         if turn:  # the previous turn's last token and the observation, extended in
-            flops += r * (sum(body(written + j + 1) for j in range(1 + o)) + head)
+            flops += bench_engine.prefill_flops(cfg, r, 1 + o, written)
             nbytes += weight_bytes
             written += 1 + o
         for i in range(n - 1):  # each decode step attends to the slots written so far

@@ -366,15 +366,15 @@ def report_blocks(results: list[dict]) -> None:
     if not runs:
         return
     sides = sorted({side_label(r) for r in runs})
-    blocks = {id(r): block_means(r["rewards"]) for r in runs}
-    width = min(len(b) for b in blocks.values())
+    blocks = [block_means(r["rewards"]) for r in runs]  # in the order of `runs`
+    width = min(len(b) for b in blocks)
     if not width:  # runs shorter than one block
         return
     head = ["seed", "side"] + [f"steps {i * BLOCK + 1}-{(i + 1) * BLOCK}" for i in range(width)]
-    rows = [[r["seed"], side_label(r)] + [f"{b:.3f}" for b in blocks[id(r)][:width]]
-            for r in runs]
+    rows = [[r["seed"], side_label(r)] + [f"{x:.3f}" for x in b[:width]]
+            for r, b in zip(runs, blocks)]
     for side in sides:
-        mine = [blocks[id(r)] for r in runs if side_label(r) == side]
+        mine = [b for r, b in zip(runs, blocks) if side_label(r) == side]
         rows.append(["mean", side] + [f"{sum(b[i] for b in mine) / len(mine):.3f}"
                                       for i in range(width)])
     print(f"\nmean reward per block of {BLOCK} steps:")
