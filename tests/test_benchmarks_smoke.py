@@ -29,6 +29,7 @@ COVERED_ELSEWHERE = {
     "peers/locojax_worker": "bench_peers' locojax side, below",
     "peers/trl_real_worker": "bench_real_trl's TRL side: refused without its venv, below",
     "peers/trl_update_worker": "ab_update_trl's TRL side: refused without its venv, below",
+    "peers/trl_sample_worker": "ab_sample_trl's TRL side: refused without its venv, below",
     "peers/trl_worker": "bench_peers' TRL side: needs its venv",
     "peers/tunix_worker": "bench_peers' Tunix side: needs its venv",
     "peers/tunix_sampler": "bench_engine's Tunix arm: needs its venv",
@@ -294,6 +295,28 @@ def test_ab_update_trl_one_update_agrees_but_for_the_pad_tokens_embedding_row(tm
     assert not differs or "difference in row(s) [2];" in out
     (norm, _) = table_rows(out, "grad norm (pre-clip), update 1")
     assert float(norm[1]) > 0 and float(norm[3]) <= float(norm[4])
+
+
+@pytest.mark.slow  # the real SmolLM2: converted, 4 rows x 2 samples
+def test_ab_sample_trl_locojax_side_and_refusal_without_trls_venv(tmp_path):
+    """locojax's side alone prints each quantity's mean; asking for TRL's side without its
+    venv is refused by name, before sampling anything."""
+    model = _real_model(tmp_path)
+    out = bench("ab_sample_trl", "--model", str(model), "--rows", "4", "--k", "2", "--sides",
+                "locojax", "--out", str(tmp_path / "o"), timeout=600)
+    assert "# ab_sample_trl: " in out and "4 held-out rows x k 2" in out
+    (reward,) = table_rows(out, "reward")
+    assert 0 <= float(reward[1]) <= 1 and reward[2] == "n/a"
+    (length,) = table_rows(out, "length")
+    assert 1 <= float(length[1]) <= 32  # at most N = 32 new tokens (bench_real_trl.SETTINGS)
+    rows = (tmp_path / "o" / "locojax.jsonl").read_text().splitlines()
+    assert [len(json.loads(r)["rewards"]) for r in rows] == [2] * 4
+    empty = dict(os.environ, LOCOJAX_PEERS_DIR=str(tmp_path / "peers"))
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.ab_sample_trl", "--model",
+                           str(model)], cwd=ROOT, env=empty, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2 and "TRL's venv is not installed" in proc.stderr
+    assert not (tmp_path / "peers").exists()
 
 
 def _real_model(tmp_path):
