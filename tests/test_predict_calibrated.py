@@ -133,3 +133,37 @@ def test_calibrate_refuses_an_unknown_argument(capsys):
 
     assert predict_calibrate.main(["--bogus"]) == 2
     assert "unknown argument '--bogus'" in capsys.readouterr().err
+
+
+def test_a_calibrated_machines_gradient_all_reduce_is_not_hidden(profile_file):
+    """A calibrated profile is a CPU machine whose hosts are processes joined by gloo: the
+    all-reduce runs between the step's computations, so all of it is exposed, as on the
+    shipped cpu profiles; a colocated step on two of its hosts carries the whole ring
+    all-reduce of the f32 gradients (the accelerators' overlap would leave one layer's)."""
+    from locojax.predict import modes
+    from locojax.predict.workload import Lengths, Workload
+
+    wl = Workload("w", 4, 4, 16, 32, Lengths.fixed(32, "test"))
+    hw = hardware.load(str(profile_file))
+    cfg = config.tiny()
+    ctx = phases.Ctx(cfg, "tiny", wl, hardware.Cluster(hw, 2), dtype="float32")
+    assert hw.is_cpu and ctx.exposed_collectives(1.0, 100.0) == 1.0
+    ici, dcn = ctx.train_network(2, 2)
+    ring = 2 * 1e-4 + 4.0 * cfg.num_params() / 1e9  # p = 2: 2 (p - 1) α + 2 (p - 1) / p · m / β
+    assert ici + dcn == pytest.approx(ring, rel=1e-9)  # a few float sums
+    assert modes.colocated(ctx).phases["allreduce"] == pytest.approx(ring, rel=1e-9)
+
+
+def test_a_calibrated_machines_bf16_activations_carry_xla_cpus_f32_copies(profile_file):
+    """On a CPU XLA upcasts both operands of a bf16 dot, so each bf16 residual the backward
+    keeps has an f32 copy (train_memory._residual_bytes): a calibrated profile is a CPU, and
+    its plan's activations are the shipped cpu profile's, byte for byte."""
+    from locojax.predict import memory
+    from locojax.predict.workload import Lengths, Workload
+
+    wl = Workload("w", 4, 4, 16, 32, Lengths.fixed(32, "test"))
+    plans = [memory.plan_for(phases.Ctx(config.tiny(), "tiny", wl, cluster, dtype="bfloat16"),
+                             1, 1, 1, False).parts["activations"]
+             for cluster in (hardware.Cluster(hardware.load(str(profile_file)), 1),
+                             hardware.parse_cluster("cpu-here-1"))]
+    assert plans[0] == plans[1] > 0

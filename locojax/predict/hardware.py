@@ -64,6 +64,12 @@ class Hardware:
     path: str = ""
     extra: dict = dataclasses.field(default_factory=dict)  # profile-specific (cpu-here's fits)
 
+    @property
+    def is_cpu(self) -> bool:
+        """A CPU machine: a shipped cpu profile, or a `locojax predict calibrate` profile
+        (it measures the machine it runs on, its hosts joined by gloo between processes)."""
+        return self.kind in ("cpu", "calibrated")
+
     def peak(self, dtype: str) -> Const:
         if dtype not in self.peak_flops:
             raise UnknownHardware(f"profile {self.name} gives no peak for {dtype}; it has "

@@ -109,7 +109,7 @@ def plan_for(ctx: Ctx, fsdp: int, mp: int, grad_accum: int, remat: bool,
     micro = max(1, math.ceil(wl.rows / grad_accum))  # one micro-batch, every chip's rows
     rows = max(1, math.ceil(micro / chips))  # on one chip
     cols = wl.prompt_columns + m
-    platform = "cpu" if ctx.cluster.hw.kind == "cpu" else ctx.cluster.hw.kind
+    platform = "cpu" if ctx.cluster.hw.is_cpu else ctx.cluster.hw.kind
     layer = layer_bytes(cfg, ctx.dtype, rows, cols - 1, platform)
     if remat:
         acts = cfg.num_hidden_layers * rows * cols * cfg.hidden_size * s + 2 * layer

@@ -268,9 +268,10 @@ class Ctx:
         its compute does not hide. On accelerators XLA runs them asynchronously, each
         layer's while the other layers compute (its latency-hiding scheduler): up to η_ovl
         of the other L - 1 layers' compute hides them, and at least one layer's share is
-        exposed. On cpu-here (gloo between processes, measured) nothing is hidden."""
+        exposed. On a CPU machine (gloo between processes, measured) nothing is hidden:
+        XLA:CPU runs a collective in the step's own thread, between the computations."""
         h = self.cluster.hw
-        if h.kind == "cpu" or comm <= 0:
+        if h.is_cpu or comm <= 0:
             return comm
         layers = self.cfg.num_hidden_layers
         eta = self.c(f"{h.name}.overlap_efficiency", h.extra.get("overlap_efficiency",
