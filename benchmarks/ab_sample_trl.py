@@ -71,8 +71,13 @@ def row_means(rows: dict[str, dict], field: str) -> dict[str, float]:
 
 
 def paired(a: dict[str, float], b: dict[str, float]) -> tuple[float, float]:
-    """Mean of a - b over the rows both have, and its standard error (sample std / √n)."""
-    d = [a[i] - b[i] for i in a if i in b]
+    """Mean of a - b over the rows, and its standard error (sample std / √n). The two sides
+    must have scored the same rows: a row one side lacks would unpair the comparison."""
+    if set(a) != set(b):
+        odd = sorted(set(a) ^ set(b))
+        raise ValueError(f"the sides scored different rows ({len(odd)} on one side only, "
+                         f"first {odd[:3]}): same --rows and --seed on both")
+    d = [a[i] - b[i] for i in a]
     if len(d) < 2:
         return (d[0] if d else math.nan), math.nan
     mean = sum(d) / len(d)
@@ -89,7 +94,7 @@ def report(sides: dict[str, dict[str, dict]]) -> list[str]:
         cells = [name, *(f"{sum(m.values()) / len(m):.4f}" for m in means.values())]
         if set(sides) == {"locojax", "trl"}:
             d, se = paired(means["locojax"], means["trl"])
-            cells += [f"{d:+.4f}", f"{se:.4f}", f"{d / se:+.2f}" if se else "n/a"]
+            cells += [f"{d:+.4f}", f"{se:.4f}", f"{d / se:+.2f}" if se > 0 else "n/a"]
         else:
             cells += ["n/a"] * 3
         rows.append(cells)
