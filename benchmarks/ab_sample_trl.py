@@ -30,7 +30,7 @@ if __package__ in (None, ""):  # run as a file: import the package from the repo
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import harness
-from benchmarks.bench_real_trl import SETTINGS
+from benchmarks.bench_real_trl import SETTINGS, ab_refusal, eval_argv
 from benchmarks.peers import install
 
 QUANTITIES = (("reward", "rewards"), ("length", "lengths"), ("cut by budget", "truncated"))
@@ -38,14 +38,11 @@ QUANTITIES = (("reward", "rewards"), ("length", "lengths"), ("cut by budget", "t
 
 def locojax_side(model: str, seed: int, rows: int, k: int, out: Path) -> Path:
     """`locojax eval`, k samples of each row at temperature 1: its per-row jsonl."""
-    s, path = SETTINGS, out / "locojax.jsonl"
+    path = out / "locojax.jsonl"
     code, tail = harness.run_logged(
-        [*harness.CLI, "eval", "--model", model, "--task", "arith", "--level", str(s["level"]),
-         "--limit", str(rows), "--template", "chat", "--reward", s["reward"],
-         "--k", str(k), "--temperature", str(s["temperature"]),
-         "--max-new-tokens", str(s["max_new_tokens"]),
-         "--max-prompt-tokens", str(s["max_prompt_tokens"]), "--batch-size", "8",
-         "--seed", str(seed), "--out", str(path)], out / "locojax.log", timeout=3600)
+        eval_argv(model, seed, path, rows, "--k", str(k), "--temperature",
+                  str(SETTINGS["temperature"]), "--batch-size", "8"),
+        out / "locojax.log", timeout=3600)
     if code:
         raise RuntimeError(f"locojax eval failed ({code}):\n{tail}")
     return path
@@ -110,14 +107,11 @@ def main(argv=None) -> int:
     ap.add_argument("--sides", nargs="+", default=["locojax", "trl"], choices=["locojax", "trl"])
     ap.add_argument("--out", type=Path, default=Path("runs/ab-sample-trl"))
     args = ap.parse_args(argv)
+    refusal = ab_refusal(args.model, need_trl="trl" in args.sides)
+    if refusal:
+        print(refusal, file=sys.stderr)
+        return 2
     peer = install.PEERS["trl"]
-    if "trl" in args.sides and not install.is_ready(peer):
-        print(f"TRL's venv is not installed (benchmarks/peers/install.py trl; expected at "
-              f"{peer.root(install.DEFAULT_CACHE)})", file=sys.stderr)
-        return 2
-    if not Path(args.model, "config.json").is_file():
-        print(f"no checkpoint at {args.model}: make real-model", file=sys.stderr)
-        return 2
     print(harness.header("ab_sample_trl", f"settings {json.dumps(SETTINGS)}"))
     print(harness.command_line())
     args.out.mkdir(parents=True, exist_ok=True)

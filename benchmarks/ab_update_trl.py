@@ -62,7 +62,7 @@ if __package__ in (None, ""):  # run as a file: import the package from the repo
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import harness
-from benchmarks.bench_real_trl import SETTINGS, locojax_argv
+from benchmarks.bench_real_trl import SETTINGS, ab_refusal, locojax_argv
 from benchmarks.peers import install
 from benchmarks.peers.trl_update_worker import tensor_names
 
@@ -293,17 +293,13 @@ def main(argv=None) -> int:
                     help="TRL arms: keep HF's embedding padding_idx (as TRL runs), or clear it")
     ap.add_argument("--out", type=Path, default=Path("runs/ab-update-trl"))
     args = ap.parse_args(argv)
-    peer = install.PEERS["trl"]
-    if not install.is_ready(peer):  # before any import of jax: the refusal is cheap
-        print(f"TRL's venv is not installed (benchmarks/peers/install.py trl; expected at "
-              f"{peer.root(install.DEFAULT_CACHE)})", file=sys.stderr)
-        return 2
-    if not Path(args.model, "config.json").is_file():
-        print(f"no checkpoint at {args.model}: make real-model", file=sys.stderr)
+    refusal = ab_refusal(args.model)
+    if refusal:
+        print(refusal, file=sys.stderr)
         return 2
     print(harness.header("ab_update_trl", f"settings {json.dumps(SETTINGS)}"))
     print(harness.command_line())
-    return run(args, peer.python(install.DEFAULT_CACHE))
+    return run(args, install.PEERS["trl"].python(install.DEFAULT_CACHE))
 
 
 def run(args, python: Path) -> int:

@@ -50,6 +50,19 @@ SETTINGS = dict(level=0, reward="flexible", prompts_per_step=8, group_size=8,
 ε and the gradient clip (1.0) are both sides' defaults; weight decay is TRL's (0)."""
 
 
+def ab_refusal(model: str, need_trl: bool = True) -> str:
+    """Why an A/B against TRL (ab_update_trl, ab_sample_trl) cannot start, "" when it can:
+    TRL's venv missing (an A/B never installs it) or no checkpoint at `model`. Checked
+    before any import of jax, so a refusal is cheap."""
+    peer = install.PEERS["trl"]
+    if need_trl and not install.is_ready(peer):
+        return (f"TRL's venv is not installed (benchmarks/peers/install.py trl; expected at "
+                f"{peer.root(install.DEFAULT_CACHE)})")
+    if not Path(model, "config.json").is_file():
+        return f"no checkpoint at {model}: make real-model"
+    return ""
+
+
 def locojax_argv(model: str, seed: int, steps: int, run_dir: Path, eval_every: int,
                  extra: tuple[str, ...] = ()) -> list[str]:
     """`locojax train` with SETTINGS, then `extra` flags (`--locojax-flags`)."""
@@ -86,17 +99,22 @@ def peak_rss_gb(log: Path) -> float:
     return int(lines[-1].split()[1]) * 1024 / 1e9 if lines else harness.NAN
 
 
+def eval_argv(model: str, seed: int, out: Path, rows: int, *extra: str) -> list[str]:
+    """`locojax eval` of `model` on SETTINGS' task and lengths, the first `rows` of this
+    seed's 200 held-out problems (0: all), rows to `out`; then `extra` flags."""
+    s = SETTINGS
+    return [*harness.CLI, "eval", "--model", model, "--task", "arith", "--level",
+            str(s["level"]), "--limit", str(rows), "--template", "chat", "--reward", s["reward"],
+            "--max-new-tokens", str(s["max_new_tokens"]),
+            "--max-prompt-tokens", str(s["max_prompt_tokens"]), "--seed", str(seed),
+            "--out", str(out), *extra]
+
+
 def held_out(model: str, seed: int, out: Path, rows: int) -> dict:
     """`locojax eval`'s summary of `model` on the first `rows` of this seed's 200 held-out
-    problems (0: all)."""
-    s = SETTINGS
-    code, tail = harness.run_logged(
-        [*harness.CLI, "eval", "--model", model, "--task", "arith", "--level", str(s["level"]),
-         "--limit", str(rows),
-         "--template", "chat", "--reward", s["reward"], "--max-new-tokens",
-         str(s["max_new_tokens"]), "--max-prompt-tokens", str(s["max_prompt_tokens"]),
-         "--batch-size", "100", "--seed", str(seed), "--out", str(out)],
-        out.with_suffix(".log"), timeout=1800)
+    problems (0: all), greedy."""
+    code, tail = harness.run_logged(eval_argv(model, seed, out, rows, "--batch-size", "100"),
+                                    out.with_suffix(".log"), timeout=1800)
     if code:
         raise RuntimeError(f"locojax eval of {model} failed ({code}):\n{tail}")
     return json.loads(Path(str(out) + ".summary.json").read_text())
