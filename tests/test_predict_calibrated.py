@@ -31,6 +31,13 @@ def profile_file(tmp_path):
     return path
 
 
+def _workload():
+    """4 prompts x G 4, P 16, every completion 32 tokens: the host and train phases' shape."""
+    from locojax.predict.workload import Lengths, Workload
+
+    return Workload("w", 4, 4, 16, 32, Lengths.fixed(32, "test"))
+
+
 def _model(path, cfg=None):
     hw = hardware.load(str(path))
     key = devices.shape_key(cfg or config.tiny()) + "/P16-N32"
@@ -85,9 +92,7 @@ def test_the_measured_host_rates_replace_the_shipped_ones(profile_file):
 def test_host_phases_add_the_calibrated_fixed_part_to_the_rows_part(profile_file):
     """reward = reward_fixed + rows x reward_per_row; batch likewise; the shipped rates have
     no fixed part (through-origin fits)."""
-    from locojax.predict.workload import Lengths, Workload
-
-    wl = Workload("w", 4, 4, 16, 32, Lengths.fixed(32, "test"))
+    wl = _workload()
     hw = hardware.load(str(profile_file))
     ctx = phases.Ctx(config.tiny(), "tiny", wl, hardware.Cluster(hw, 1), dtype="float32")
     assert ctx.reward(64) == pytest.approx(3e-4 + 64 * 2e-5, rel=1e-12)  # float sums only
@@ -141,9 +146,8 @@ def test_a_calibrated_machines_gradient_all_reduce_is_not_hidden(profile_file):
     shipped cpu profiles; a colocated step on two of its hosts carries the whole ring
     all-reduce of the f32 gradients (the accelerators' overlap would leave one layer's)."""
     from locojax.predict import modes
-    from locojax.predict.workload import Lengths, Workload
 
-    wl = Workload("w", 4, 4, 16, 32, Lengths.fixed(32, "test"))
+    wl = _workload()
     hw = hardware.load(str(profile_file))
     cfg = config.tiny()
     ctx = phases.Ctx(cfg, "tiny", wl, hardware.Cluster(hw, 2), dtype="float32")
@@ -159,9 +163,8 @@ def test_a_calibrated_machines_bf16_activations_carry_xla_cpus_f32_copies(profil
     keeps has an f32 copy (train_memory._residual_bytes): a calibrated profile is a CPU, and
     its plan's activations are the shipped cpu profile's, byte for byte."""
     from locojax.predict import memory
-    from locojax.predict.workload import Lengths, Workload
 
-    wl = Workload("w", 4, 4, 16, 32, Lengths.fixed(32, "test"))
+    wl = _workload()
     plans = [memory.plan_for(phases.Ctx(config.tiny(), "tiny", wl, cluster, dtype="bfloat16"),
                              1, 1, 1, False).parts["activations"]
              for cluster in (hardware.Cluster(hardware.load(str(profile_file)), 1),
