@@ -207,6 +207,15 @@ def test_bench_placement_colocated_and_one_da_point(tmp_path):
 
 
 @pytest.mark.slow  # a `locojax train` run with evaluations, then its plot
+def test_paired_seeds_on_the_kept_table():
+    out = bench("paired_seeds", "--blocks", "2", "--table",
+                "benchmarks/data/real_trl_blocks_seeds012.json", as_file=True)
+    assert "# paired_seeds: " in out and "3 seeds" in out
+    (row,) = table_rows(out, "0")
+    assert row[1] == "-0.108"  # seed 0, steps 1-10: 0.239 - 0.347
+    assert "paired test over every block: " in out
+
+
 def test_bench_learning_one_arm(tmp_path):
     out = bench("bench_learning", "--model", "tiny", "--arms", "grpo", "--seeds", "0",
                 "--time-limit-s", "2", "--max-steps", "2", "--eval-every", "1", "--mode",
