@@ -13,9 +13,11 @@ runs them; each prints one JSON line).
   synthetic 32-row, 128-token batch (`OVERSUB_SHAPE`, a shape no benchmark runs) run 12
   times after warm-up, started together, in 3 rounds (the median of the processes' walls,
   then of the rounds); pinned one per core when K <= cores and unpinned otherwise, as
-  `locojax launch` places its hosts. Prints each K's median wall per process against one
-  process alone on one core (taskset) times max(1, K / cores), fair time-slicing: the ratio
-  is the penalty of their contention (memory system, shared cache) and over-subscription;
+  `locojax launch --pin-cpus` places its hosts (`locojax predict calibrate` measures the
+  default launch, unpinned: `locojax/predict/calibrate_oversub.py`). Prints each K's
+  median wall per process against one process alone on one core (taskset) times max(1,
+  K / cores), fair time-slicing: the ratio is the penalty of their contention (memory
+  system, shared cache) and over-subscription;
 - `multidev --ns N...`: one process with N simulated CPU devices (`jax_num_cpu_devices`, as
   `--mode single --devices-per-host N`) running the engine's own decode loop: TINY's
   config, 16 rows (4 prompts x 4 samples) of 16-token prompts sharded over the N devices
@@ -33,15 +35,14 @@ import argparse
 import json
 import os
 import socket
-import statistics
 import subprocess
 import sys
-import time
 
 if __name__ == "__main__" and not __package__:  # run as a file: import as `-m` does
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 from benchmarks.harness import median_time  # noqa: E402
+from locojax.predict import calibrate_oversub  # noqa: E402
 
 
 def matmul(n: int = 2048) -> dict:
@@ -155,42 +156,19 @@ OVERSUB_ROUNDS = 3
 
 
 def _oversub_worker() -> None:
-    """Warm up, say ready; then per round wait for `go` on stdin, run the calls, print the
-    wall."""
-    step = _train_step()
-    for _ in range(3):
-        step()
-    print("ready", flush=True)
-    for _ in range(OVERSUB_ROUNDS):
-        sys.stdin.readline()
-        t = time.perf_counter()
-        for _ in range(OVERSUB_CALLS):
-            step()
-        print(json.dumps({"wall": time.perf_counter() - t}), flush=True)
+    calibrate_oversub.serve(_train_step(), OVERSUB_CALLS, OVERSUB_ROUNDS)
 
 
 def _oversub_once(k: int, cpus: list[int], one_core: bool = False) -> float:
     """Median over rounds of the median wall of k processes started together (see the
-    module docstring)."""
+    module docstring; the protocol is `calibrate`'s own probe's)."""
     cmd = [sys.executable, __file__, "oversub-worker"]
-    procs = []
+    commands = []
     for i in range(k):
         pin = [cpus[0]] if one_core else [cpus[i]] if k <= len(cpus) else None
         prefix = ["taskset", "-c", ",".join(map(str, pin))] if pin else []
-        procs.append(subprocess.Popen([*prefix, *cmd], stdin=subprocess.PIPE,
-                                      stdout=subprocess.PIPE, text=True))
-    for p in procs:
-        if p.stdout.readline().strip() != "ready":
-            raise RuntimeError("oversub probe worker failed to start")
-    rounds = []
-    for _ in range(OVERSUB_ROUNDS):
-        for p in procs:
-            p.stdin.write("go\n")
-            p.stdin.flush()
-        rounds.append(statistics.median(json.loads(p.stdout.readline())["wall"] for p in procs))
-    for p in procs:
-        p.communicate(timeout=600)
-    return statistics.median(rounds)
+        commands.append([*prefix, *cmd])
+    return calibrate_oversub.walls(commands, OVERSUB_ROUNDS)
 
 
 def oversub(ks: list[int]) -> dict:

@@ -21,6 +21,10 @@ What is measured, each a median of repeats, nothing fitted to a training run:
 - `dcn_latency`, `dcn_bandwidth`: two processes joined by `jax.distributed` on 127.0.0.1
   (gloo, as `locojax launch` joins its hosts) time a psum at several sizes; a ring
   all-reduce over p = 2 takes 2 (p - 1) α + 2 (p - 1) / p · m / β, fitted for α and β.
+- `oversubscription`: ρ(k) for k = 2 and 4 local hosts, k unpinned processes of the
+  calibration decoder's train step at once (as `locojax launch` places its hosts) over one
+  alone on one core, per core of its fair share (`calibrate_oversub.py`); the model
+  multiplies a host's program time by it where hosts share the machine.
 
 The device model that reads it (`calibrated.py`): a program's time is
     fixed + L · per_layer + max(flops / F_k(c), bytes / bandwidth)
@@ -42,7 +46,9 @@ import sys
 import time
 from pathlib import Path
 
+from locojax.predict import calibration_step
 from locojax.predict.calibrate_host import host_rates, median_time
+from locojax.predict.calibrate_oversub import oversubscription
 from locojax.predict.hardware import CALIBRATED
 
 DEFAULT_PATH = CALIBRATED  # where `calibrate` writes and `--cluster here-N` reads
@@ -119,31 +125,8 @@ def _train_time(layers: int, reps: int, cfg=None, prompts_n: int = 2, group: int
                 p: int = 8, n: int = 8) -> float:
     """Seconds of one GRPO update at `layers` (or of `cfg`) on prompts_n x group rows of
     p + n tokens (default 4 rows of 8 + 8)."""
-    import jax
-    import numpy as np
-
-    from locojax.model import params
-    from locojax.rl import batch as batch_lib
-    from locojax.rl import train_state
-    from locojax.rl.config import AlgoConfig, LearnerConfig, OptimConfig
-    from locojax.rl.train_step import train_step
-
-    cfg = cfg or _micro(layers)
-    lcfg = LearnerConfig(algo=AlgoConfig(group_size=group), optim=OptimConfig(lr=1e-5))
-    state = [train_state.init(params.init(cfg, jax.random.key(0)), lcfg.optim, cfg)]
-    rng = np.random.default_rng(0)
-    r = prompts_n * group
-    prompts = np.repeat(rng.integers(0, cfg.vocab_size, (prompts_n, p)), group, axis=0)
-    batch = jax.device_put(batch_lib.from_rollout(
-        prompts, np.ones((r, p), bool), rng.integers(0, cfg.vocab_size, (r, n)),
-        np.ones((r, n), bool), -rng.random((r, n)).astype(np.float32),
-        rng.standard_normal(r).astype(np.float32), np.repeat(np.arange(prompts_n), group),
-        group_size=group))
-
-    def step():
-        state[0], _ = train_step(state[0], batch, None, model_cfg=cfg, cfg=lcfg)
-        jax.block_until_ready(state[0])
-    return median_time(step, reps)
+    return median_time(calibration_step.update(cfg or _micro(layers), prompts_n, group, p, n),
+                       reps)
 
 
 def program_overhead(reps: int = 5) -> dict[str, dict[str, float]]:
@@ -250,7 +233,8 @@ def measure(say=print) -> dict:
     steps = (("peak_flops", matmul_flops), ("flops_per_core", one_core_flops),
              ("hbm_bandwidth", copy_bandwidth), ("program_overhead", program_overhead),
              ("program_rates", lambda: program_rates(out["peak_flops"])),
-             ("host_rates", host_rates), ("collectives", collectives))
+             ("host_rates", host_rates), ("collectives", collectives),
+             ("oversubscription", lambda: oversubscription(CALIBRATION_DECODER)))
     for name, fn in steps:
         t0 = time.perf_counter()
         out[name] = fn()
@@ -303,7 +287,20 @@ def profile(m: dict, when: str, load: str) -> dict:
                           for k, v in m["program_rates"].items()},
         "host_rates": {k: mk(v, "s", k.replace("_", " ")) for k, v in rates.items()},
         "collective_samples_s": coll["samples"],
+        **_oversubscription(m, mk),
     }
+
+
+def _oversubscription(m: dict, mk) -> dict:
+    """The profile's `oversubscription` table ({k: ρ(k)}), where it was measured."""
+    over = m.get("oversubscription")
+    if not over:
+        return {}
+    what = (f"unpinned processes of the calibration decoder's train step at once, as "
+            f"`locojax launch` places its hosts, over one alone on one core "
+            f"({over['alone_1_core_s']:.3f} s) x max(1, k / {m['cores']} cores)")
+    return {"oversubscription": {k: mk(v, "x fair time-slicing", f"{k} {what}")
+                                 for k, v in over["penalty"].items()}}
 
 
 def _ram() -> float:

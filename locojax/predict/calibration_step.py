@@ -1,0 +1,34 @@
+"""The GRPO update a calibration times: one builder for `calibrate.py`'s overheads and
+rates and for `calibrate_oversub.py`'s processes, so that both time the same program."""
+
+from __future__ import annotations
+
+
+def update(cfg, prompts_n: int, group: int, p: int, n: int):
+    """A function running one GRPO update of decoder `cfg` on a synthetic batch of
+    prompts_n x group rows of p + n tokens, its train state carried from call to call, and
+    returning when the update is done."""
+    import jax
+    import numpy as np
+
+    from locojax.model import params
+    from locojax.rl import batch as batch_lib
+    from locojax.rl import train_state
+    from locojax.rl.config import AlgoConfig, LearnerConfig, OptimConfig
+    from locojax.rl.train_step import train_step
+
+    lcfg = LearnerConfig(algo=AlgoConfig(group_size=group), optim=OptimConfig(lr=1e-5))
+    state = [train_state.init(params.init(cfg, jax.random.key(0)), lcfg.optim, cfg)]
+    rng = np.random.default_rng(0)
+    r = prompts_n * group
+    prompts = np.repeat(rng.integers(0, cfg.vocab_size, (prompts_n, p)), group, axis=0)
+    batch = jax.device_put(batch_lib.from_rollout(
+        prompts, np.ones((r, p), bool), rng.integers(0, cfg.vocab_size, (r, n)),
+        np.ones((r, n), bool), -rng.random((r, n)).astype(np.float32),
+        rng.standard_normal(r).astype(np.float32), np.repeat(np.arange(prompts_n), group),
+        group_size=group))
+
+    def step():
+        state[0], _ = train_step(state[0], batch, None, model_cfg=cfg, cfg=lcfg)
+        jax.block_until_ready(state[0])
+    return step
