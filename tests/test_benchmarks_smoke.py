@@ -206,7 +206,23 @@ def test_bench_placement_colocated_and_one_da_point(tmp_path):
     assert "# best DA point: da-0.5" in out and "async" not in out
 
 
-@pytest.mark.slow  # a `locojax train` run with evaluations, then its plot
+def test_kernel_profile_joins_the_trace_with_the_programs_kernels():
+    """A TINY update and generate traced: the dot row's FLOPs are the train step's matmuls,
+    which the cost model counts exactly, and its kernels ran."""
+    from locojax.model import config
+    from locojax.predict.flops import ModelCosts
+
+    out = bench("kernel_profile", "--model", "tiny", "--shape", "2", "2", "8", "8", "--quick",
+                "--calls", "1", "--top", "2")
+    assert "# kernel_profile: " in out and "## train step" in out and "## generate" in out
+    train = out.split("## generate")[0]
+    (dot,) = table_rows(train, "dot")
+    flops = ModelCosts(config.tiny(), "float32").train_step(4, 2, 8, 8).flops
+    assert float(dot[8]) == pytest.approx(flops / 1e9, abs=5e-4)  # printed to 3 decimals
+    assert float(dot[1]) > 0 and float(dot[4]) > 0  # kernel runs, active ms
+    assert float(dot[3]) >= float(dot[4])  # its tasks' events cover at least its active time
+
+
 def test_paired_seeds_on_the_kept_table():
     out = bench("paired_seeds", "--blocks", "2", "--table",
                 "benchmarks/data/real_trl_blocks_seeds012.json", as_file=True)
@@ -216,6 +232,7 @@ def test_paired_seeds_on_the_kept_table():
     assert "paired test over every block: " in out
 
 
+@pytest.mark.slow  # a `locojax train` run with evaluations, then its plot
 def test_bench_learning_one_arm(tmp_path):
     out = bench("bench_learning", "--model", "tiny", "--arms", "grpo", "--seeds", "0",
                 "--time-limit-s", "2", "--max-steps", "2", "--eval-every", "1", "--mode",

@@ -84,13 +84,7 @@ def copy_bandwidth(mb: int = 256, reps: int = 5) -> float:
     return 2 * a.nbytes / median_time(lambda: np.copyto(b, a), reps)
 
 
-def _micro(layers: int):
-    """A decoder of `layers` layers too narrow for its FLOPs to matter (d 16, vocab 64)."""
-    from locojax.model import config
-
-    return config.tiny(num_hidden_layers=layers, hidden_size=16, intermediate_size=32,
-                       num_attention_heads=2, num_key_value_heads=1, head_dim=8,
-                       vocab_size=64)
+_micro = calibration_step.micro
 
 
 def _generate_times(layers: int, reps: int, cfg=None, prompts_n: int = 4,

@@ -1,0 +1,248 @@
+"""Where a compiled program's time goes, kernel by kernel: a profiler's trace of the real
+program against the kernels read from its HLO (`locojax/predict/hlo_kernels.py`) and against
+the same kernels timed alone (`kernel_tables.py`).
+
+    .venv/bin/python benchmarks/kernel_profile.py --model tiny --shape 4 4 20 48 \
+        [--tables FILE] [--quick] [--top 8]
+
+Programs: the GRPO update (`calibration_step.update`: `train_step` on a synthetic batch of
+B prompts x G samples, P + N tokens) and the engine's generate of the same B x G rows (its
+prefill, then its decode loop, every row ending at N tokens). After warm-up, `--calls` calls
+of each are traced with `jax.profiler`; each XLA:CPU kernel event (the intra-op threads'
+`tf_XLAEigen` lines) is joined by name to the compiled program's kernel of that name (the
+generate's prefill and decode are two programs whose names may repeat: such a name's
+kernels are summed over both). A kernel split over threads leaves an event per task: its
+"core" time sums them, its "active" time is the time any of them ran (their union), the one
+to hold against a model of the kernel's wall time. Per program it prints the wall time of a
+call, the kernels' active and core times, the isolated-kernel model's sum, and a table by
+kernel class: dot (any matmul), transcendental (exp, log, tanh,
+logistic, rsqrt, sqrt, power, erf, divide), layout (copy or transpose), fill (a broadcast
+that reads nothing), other. CPU only: the trace's thread names are XLA:CPU's.
+
+`--tables FILE` reads the kernel tables, or measures them (about a minute on 2 cores) and
+writes FILE; `--quick` measures a 2 x 2 x 2 matmul grid (a smoke test's, not a figure).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import glob
+import json
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a file: import the package from the repository root
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks import harness  # noqa: E402
+from benchmarks.kernel_tables import KernelPrices, measure  # noqa: E402
+
+TRANSCENDENTAL = {"exponential", "log", "tanh", "logistic", "rsqrt", "sqrt", "power", "erf",
+                  "divide", "exponential-minus-one", "log-plus-one"}
+LAYOUT = {"copy", "transpose"}
+CONTROL = ("while", "conditional", "call")  # a thunk whose event holds its body's kernels
+MOVES = {"bitcast", "broadcast", "slice", "reshape", "dynamic-slice"}
+
+
+def kernel_class(k) -> str:
+    """The class a kernel's time is reported under (module docstring)."""
+    ops = set(k.ops)
+    if k.dots:
+        return "dot"
+    if ops & TRANSCENDENTAL:
+        return "transcendental"
+    if ops & LAYOUT and ops <= LAYOUT | MOVES:
+        return "layout"
+    if ops <= {"broadcast", "constant", "iota"}:
+        return "fill"
+    return "other"
+
+
+def _union(spans: list[tuple[int, int]]) -> int:
+    """Nanoseconds covered by the (start, end) spans: a kernel's time while active, however
+    many threads its tasks ran on."""
+    total, reach = 0, None
+    for start, end in sorted(spans):
+        if reach is None or start > reach:
+            total += end - start
+            reach = end
+        elif end > reach:
+            total += end - reach
+            reach = end
+    return total
+
+
+def trace_events(fn, calls: int) -> tuple[dict[str, float], dict[str, float],
+                                          dict[str, float], float]:
+    """Per call of `fn`, `calls` of them traced with `jax.profiler`: ({kernel name: seconds
+    of its events on every thread}, {name: seconds while it was active}, {name: events},
+    wall seconds). A loop's or a call's own event is left out (it spans its body's kernels,
+    which are counted)."""
+    import jax
+    from jax.profiler import ProfileData
+
+    work = Path(tempfile.mkdtemp(prefix="kernel_profile_"))
+    try:
+        jax.profiler.start_trace(str(work))
+        for _ in range(calls):
+            fn()
+        jax.profiler.stop_trace()
+        data = ProfileData.from_file(sorted(glob.glob(f"{work}/**/*.xplane.pb",
+                                                      recursive=True))[-1])
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    spans: dict[str, list[tuple[int, int]]] = collections.defaultdict(list)
+    wall = 0.0
+    for plane in data.planes:
+        for line in plane.lines:
+            for ev in line.events:
+                if ev.name == "ThunkExecutor::Execute (wait for completion)":
+                    wall += ev.duration_ns / 1e9 / calls
+                elif "Eigen" in line.name and not ev.name.startswith(("ThunkExecutor",
+                                                                      "Slinky", *CONTROL)):
+                    spans[ev.name].append((ev.start_ns, ev.end_ns))
+    core = {k: sum(e - b for b, e in v) / 1e9 / calls for k, v in spans.items()}
+    active = {k: _union(v) / 1e9 / calls for k, v in spans.items()}
+    return core, active, {k: len(v) / calls for k, v in spans.items()}, wall
+
+
+COLUMNS = ("class", "kernel runs per call", "events per call", "core ms", "active ms",
+           "model ms", "active / model", "MB", "GFLOP", "GB/s active", "GFLOP/s active")
+
+
+def _rows(kernels: list, traced: tuple, prices: KernelPrices) -> dict[str, list[float]]:
+    """Per class: [kernel runs, events, core s, active s, model s, bytes, FLOPs] per call."""
+    core, active, events, _ = traced
+    rows: dict[str, list[float]] = collections.defaultdict(lambda: [0.0] * 7)
+    for k in kernels:
+        row = rows[kernel_class(k)]
+        row[0] += k.count
+        row[4] += k.count * prices.kernel(k)
+        row[5] += k.count * k.bytes
+        row[6] += k.count * k.flops
+    for name, cls in {k.name: kernel_class(k) for k in kernels}.items():
+        row = rows[cls]
+        row[1] += events.get(name, 0.0)
+        row[2] += core.get(name, 0.0)
+        row[3] += active.get(name, 0.0)
+    return rows
+
+
+def report(title: str, kernels: list, traced: tuple, prices: KernelPrices,
+           top: int) -> list[str]:
+    """The program's lines: its totals, the table by class, the kernels the isolated model
+    misses most (their active time against it)."""
+    core, active, events, wall = traced
+    model: dict[str, float] = collections.Counter()
+    for k in kernels:
+        model[k.name] += k.count * prices.kernel(k)
+    names = set(model)
+    lines = [f"## {title}",
+             f"wall per call {wall * 1e3:.3f} ms; kernels active {sum(active.values()) * 1e3:.3f}"
+             f" ms, on every thread {sum(core.values()) * 1e3:.3f} ms; isolated model "
+             f"{(prices.call + sum(model.values())) * 1e3:.3f} ms (its call "
+             f"{prices.call * 1e3:.3f} ms included)"]
+    lines += harness.table(COLUMNS)
+    rows = _rows(kernels, traced, prices)
+    for cls, (n, ev, c, act, pred, nbytes, flops) in sorted(rows.items(),
+                                                            key=lambda kv: -kv[1][3]):
+        lines.append(harness.table_row((
+            cls, f"{n:.0f}", f"{ev:.0f}", f"{c * 1e3:.3f}", f"{act * 1e3:.3f}",
+            f"{pred * 1e3:.3f}", harness.fmt(harness.ratio(act, pred), ".2f"),
+            f"{nbytes / 1e6:.1f}", f"{flops / 1e9:.3f}",
+            harness.fmt(harness.ratio(nbytes / 1e9, act), ".1f"),
+            harness.fmt(harness.ratio(flops / 1e9, act), ".1f"))))
+    unmatched = sum(t for name, t in active.items() if name not in names)
+    lines.append(f"active in events of no kernel of the program's HLO: {unmatched * 1e3:.3f} ms")
+    worst = sorted(active, key=lambda nm: -(active[nm] - model.get(nm, 0.0)))[:top]
+    classes = {k.name: kernel_class(k) for k in kernels}
+    lines += [f"  {nm}: {active[nm] * 1e6:.1f} us active, {model.get(nm, 0.0) * 1e6:.1f} us "
+              f"model, {events[nm]:.0f} events, {classes.get(nm, '?')}" for nm in worst]
+    return lines
+
+
+def _model(name: str):
+    from locojax.model import config, hf_config
+
+    if name in config.PRESETS:
+        return config.PRESETS[name]()
+    return hf_config.load_config(name)
+
+
+def train_program(cfg, b: int, g: int, p: int, n: int):
+    """(one update, its kernels)."""
+    from locojax.predict import calibration_step
+    from locojax.predict.hlo_kernels import kernels
+
+    compiled = calibration_step.compiled_update(cfg, b, g, p, n)
+    return calibration_step.update(cfg, b, g, p, n), kernels(compiled.as_text()).kernels
+
+
+def generate_program(cfg, b: int, g: int, p: int, n: int):
+    """(one generate of b x g rows of n tokens, its kernels: the prefill's, the decode's
+    outside its loop, the loop's times its n - 1 iterations)."""
+    import dataclasses
+
+    import jax
+    import numpy as np
+
+    from locojax.engine.engine import Engine
+    from locojax.engine.sampling import SamplingConfig
+    from locojax.model import params
+    from locojax.predict.hlo_kernels import kernels
+
+    engine = Engine(cfg)
+    sampling = SamplingConfig(max_new_tokens=n, temperature=1.0, ignore_eos=True)
+    prefill, decode = engine.compile(b, p, sampling, g)
+    once, loop = kernels(decode.as_text()).split()
+    listed = (kernels(prefill.as_text()).kernels + once
+              + [dataclasses.replace(k, count=k.count * (n - 1)) for k in loop])
+    weights = params.init(cfg, jax.random.key(0))
+    prompts = np.asarray(jax.random.randint(jax.random.key(1), (b, p), 0, cfg.vocab_size),
+                         np.int32)
+    limits = np.full((b * g,), n, np.int32)
+
+    def call():
+        jax.block_until_ready(engine.generate(weights, prompts, jax.random.key(0), sampling, g,
+                                              np.ones((b, p), bool), 0, limits).tokens)
+    return call, listed
+
+
+def tables(path: str, quick: bool) -> KernelPrices:
+    if path and Path(path).exists():
+        return KernelPrices.of(json.loads(Path(path).read_text()))
+    measured = measure(harness.matmul_peak(1024), quick)
+    if path:
+        Path(path).write_text(json.dumps(measured, indent=1))
+    return KernelPrices.of(measured)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="tiny", help="a preset (tiny, small) or an HF directory")
+    ap.add_argument("--shape", type=int, nargs=4, default=(4, 4, 20, 48),
+                    metavar=("B", "G", "P", "N"))
+    ap.add_argument("--tables", default="", help="kernel tables JSON: read, or measured here")
+    ap.add_argument("--quick", action="store_true", help="a 2 x 2 x 2 matmul grid (smoke)")
+    ap.add_argument("--calls", type=int, default=3)
+    ap.add_argument("--top", type=int, default=8)
+    args = ap.parse_args(argv)
+    print(harness.header("kernel_profile", f"model {args.model}, B x G x P x N {args.shape}"))
+    print(harness.command_line())
+    cfg = _model(args.model)
+    prices = tables(args.tables, args.quick)
+    for title, build in (("train step", train_program), ("generate", generate_program)):
+        fn, listed = build(cfg, *args.shape)
+        for _ in range(2):  # compile, then one more warm-up call
+            fn()
+        traced = trace_events(fn, args.calls)
+        print("\n".join(report(title, listed, traced, prices, args.top)))
+    print(f"load average at end {harness.loads()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
