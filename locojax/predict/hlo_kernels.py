@@ -1,9 +1,10 @@
 """The kernels a compiled XLA program runs, read from its optimized HLO text.
 
 `cost_analysis()` gives one program's FLOPs and bytes in total, a loop's body once whatever its
-trip count. A time model needs more: how many kernels a call launches (on a CPU, each costs a
-few microseconds whatever its size), which of them are matmuls and of what shape (a
-16-row matmul runs at a fraction of a 1024-row one's rate), and how many bytes the rest move.
+trip count. A time model needs more: how many kernels a call launches (on a CPU each costs
+about a microsecond whatever its size), which of them are matmuls and of what shape (a
+16-row matmul runs at a fraction of a 1024-row one's rate), and how many bytes the rest move
+(benchmarks/kernel_profile.py holds them against a profiler's trace).
 `kernels(compiled.as_text())` lists them, each with how many times one call runs it:
 
 - a kernel is each instruction of the entry computation and of the loops' bodies and
