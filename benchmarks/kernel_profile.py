@@ -164,7 +164,8 @@ def report(title: str, kernels: list, traced: tuple, prices: KernelPrices,
     return lines
 
 
-def _model(name: str):
+def model_config(name: str):
+    """A preset's decoder (tiny, small) or an HF checkpoint directory's."""
     from locojax.model import config, hf_config
 
     if name in config.PRESETS:
@@ -232,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     print(harness.header("kernel_profile", f"model {args.model}, B x G x P x N {args.shape}"))
     print(harness.command_line())
-    cfg = _model(args.model)
+    cfg = model_config(args.model)
     prices = tables(args.tables, args.quick)
     for title, build in (("train step", train_program), ("generate", generate_program)):
         fn, listed = build(cfg, *args.shape)

@@ -223,6 +223,18 @@ def test_kernel_profile_joins_the_trace_with_the_programs_kernels():
     assert float(dot[3]) >= float(dot[4])  # its tasks' events cover at least its active time
 
 
+def test_kernel_rates_prices_a_program_from_the_calibration_programs_trace(tmp_path):
+    tables = tmp_path / "tables.json"
+    bench("kernel_profile", "--model", "tiny", "--shape", "2", "2", "8", "8", "--quick",
+          "--calls", "1", "--tables", str(tables))
+    out = bench("kernel_rates", "--tables", str(tables), "--program", "tiny", "2", "2", "8",
+                "4", "--calls", "1")
+    assert out.count("calibration ") == 2 and "concurrency" in out
+    (update,) = table_rows(out, "tiny update 2 x 2 x 8 x 4")
+    assert float(update[1]) > 0 and float(update[2]) > 0  # wall, model ms
+    assert len(table_rows(out, "tiny generate 2 x 2 x 8 x 4")) == 1
+
+
 def test_paired_seeds_on_the_kept_table():
     out = bench("paired_seeds", "--blocks", "2", "--table",
                 "benchmarks/data/real_trl_blocks_seeds012.json", as_file=True)
