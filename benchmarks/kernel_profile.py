@@ -27,9 +27,7 @@ from __future__ import annotations
 
 import argparse
 import collections
-import glob
 import json
-import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -82,18 +80,12 @@ def trace_events(fn, calls: int) -> tuple[dict[str, float], dict[str, float],
     wall seconds). A loop's or a call's own event is left out (it spans its body's kernels,
     which are counted)."""
     import jax
-    from jax.profiler import ProfileData
 
-    work = Path(tempfile.mkdtemp(prefix="kernel_profile_"))
-    try:
-        jax.profiler.start_trace(str(work))
-        for _ in range(calls):
-            fn()
-        jax.profiler.stop_trace()
-        data = ProfileData.from_file(sorted(glob.glob(f"{work}/**/*.xplane.pb",
-                                                      recursive=True))[-1])
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    with tempfile.TemporaryDirectory(prefix="kernel_profile_") as work:
+        with jax.profiler.trace(work):
+            for _ in range(calls):
+                fn()
+        data = jax.profiler.ProfileData.from_file(str(sorted(Path(work).rglob("*.xplane.pb"))[-1]))
     spans: dict[str, list[tuple[int, int]]] = collections.defaultdict(list)
     wall = 0.0
     for plane in data.planes:
@@ -113,17 +105,19 @@ COLUMNS = ("class", "kernel runs per call", "events per call", "core ms", "activ
            "model ms", "active / model", "MB", "GFLOP", "GB/s active", "GFLOP/s active")
 
 
-def _rows(kernels: list, traced: tuple, prices: KernelPrices) -> dict[str, list[float]]:
-    """Per class: [kernel runs, events, core s, active s, model s, bytes, FLOPs] per call."""
+def _rows(priced: list, traced: tuple, classes: dict) -> dict[str, list[float]]:
+    """Per class: [kernel runs, events, core s, active s, model s, bytes, FLOPs] per call;
+    `priced`: (kernel, its class, its model seconds per call) each; `classes`: a kernel
+    name's class, for the trace's events by name."""
     core, active, events, _ = traced
     rows: dict[str, list[float]] = collections.defaultdict(lambda: [0.0] * 7)
-    for k in kernels:
-        row = rows[kernel_class(k)]
+    for k, cls, seconds in priced:
+        row = rows[cls]
         row[0] += k.count
-        row[4] += k.count * prices.kernel(k)
+        row[4] += seconds
         row[5] += k.count * k.bytes
         row[6] += k.count * k.flops
-    for name, cls in {k.name: kernel_class(k) for k in kernels}.items():
+    for name, cls in classes.items():
         row = rows[cls]
         row[1] += events.get(name, 0.0)
         row[2] += core.get(name, 0.0)
@@ -136,17 +130,18 @@ def report(title: str, kernels: list, traced: tuple, prices: KernelPrices,
     """The program's lines: its totals, the table by class, the kernels the isolated model
     misses most (their active time against it)."""
     core, active, events, wall = traced
+    priced = [(k, kernel_class(k), k.count * prices.kernel(k)) for k in kernels]
     model: dict[str, float] = collections.Counter()
-    for k in kernels:
-        model[k.name] += k.count * prices.kernel(k)
-    names = set(model)
+    for k, _, seconds in priced:
+        model[k.name] += seconds
+    classes = {k.name: cls for k, cls, _ in priced}  # a repeated name: its last kernel's
     lines = [f"## {title}",
              f"wall per call {wall * 1e3:.3f} ms; kernels active {sum(active.values()) * 1e3:.3f}"
              f" ms, on every thread {sum(core.values()) * 1e3:.3f} ms; isolated model "
              f"{(prices.call + sum(model.values())) * 1e3:.3f} ms (its call "
              f"{prices.call * 1e3:.3f} ms included)"]
     lines += harness.table(COLUMNS)
-    rows = _rows(kernels, traced, prices)
+    rows = _rows(priced, traced, classes)
     for cls, (n, ev, c, act, pred, nbytes, flops) in sorted(rows.items(),
                                                             key=lambda kv: -kv[1][3]):
         lines.append(harness.table_row((
@@ -155,10 +150,9 @@ def report(title: str, kernels: list, traced: tuple, prices: KernelPrices,
             f"{nbytes / 1e6:.1f}", f"{flops / 1e9:.3f}",
             harness.fmt(harness.ratio(nbytes / 1e9, act), ".1f"),
             harness.fmt(harness.ratio(flops / 1e9, act), ".1f"))))
-    unmatched = sum(t for name, t in active.items() if name not in names)
+    unmatched = sum(t for name, t in active.items() if name not in classes)
     lines.append(f"active in events of no kernel of the program's HLO: {unmatched * 1e3:.3f} ms")
     worst = sorted(active, key=lambda nm: -(active[nm] - model.get(nm, 0.0)))[:top]
-    classes = {k.name: kernel_class(k) for k in kernels}
     lines += [f"  {nm}: {active[nm] * 1e6:.1f} us active, {model.get(nm, 0.0) * 1e6:.1f} us "
               f"model, {events[nm]:.0f} events, {classes.get(nm, '?')}" for nm in worst]
     return lines
@@ -212,6 +206,15 @@ def generate_program(cfg, b: int, g: int, p: int, n: int):
     return call, listed
 
 
+def profiled(build, cfg, shape, calls: int) -> tuple[list, tuple]:
+    """(the program's kernels, `trace_events` of `calls` calls after a compiling call and one
+    more warm-up) of the program `build` (`train_program`, `generate_program`) makes."""
+    fn, listed = build(cfg, *shape)
+    for _ in range(2):
+        fn()
+    return listed, trace_events(fn, calls)
+
+
 def tables(path: str, quick: bool) -> KernelPrices:
     if path and Path(path).exists():
         return KernelPrices.of(json.loads(Path(path).read_text()))
@@ -236,10 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = model_config(args.model)
     prices = tables(args.tables, args.quick)
     for title, build in (("train step", train_program), ("generate", generate_program)):
-        fn, listed = build(cfg, *args.shape)
-        for _ in range(2):  # compile, then one more warm-up call
-            fn()
-        traced = trace_events(fn, args.calls)
+        listed, traced = profiled(build, cfg, args.shape, args.calls)
         print("\n".join(report(title, listed, traced, prices, args.top)))
     print(f"load average at end {harness.loads()}")
     return 0

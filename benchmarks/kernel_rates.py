@@ -40,10 +40,7 @@ CALIBRATION_SHAPE = (8, 4, 16, 32)
 
 def traced(cfg, shape: tuple, kind: str, calls: int):
     """(the program's kernels, {kernel name: active s per call}, wall s per call)."""
-    fn, listed = BUILDS[kind](cfg, *shape)
-    for _ in range(2):  # compile, then one more warm-up call
-        fn()
-    _, active, _, wall = kp.trace_events(fn, calls)
+    listed, (_, active, _, wall) = kp.profiled(BUILDS[kind], cfg, shape, calls)
     return listed, active, wall
 
 
@@ -53,8 +50,7 @@ def class_sums(listed: list, active: dict, prices: KernelPrices) -> dict:
     classes = {}
     for k in listed:
         cls = classes.setdefault(k.name, kp.kernel_class(k))
-        sums[cls][0] += k.count * (sum(prices.dot(d) for d in k.dots) if cls == "dot"
-                                   else k.bytes)
+        sums[cls][0] += k.count * (prices.matmuls(k) if cls == "dot" else k.bytes)
     for name, cls in classes.items():
         sums[cls][1] += active.get(name, 0.0)
     return sums
@@ -79,7 +75,7 @@ def seconds(listed: list, rates: dict, prices: KernelPrices, dot_factor: float) 
     work = 0.0
     for k in listed:
         cls = kp.kernel_class(k)
-        run = (dot_factor * sum(prices.dot(d) for d in k.dots) if cls == "dot"
+        run = (dot_factor * prices.matmuls(k) if cls == "dot"
                else k.bytes / rates["rates"].get(cls, fallback))
         work += k.count * (prices.launch + run)
     return prices.call + work / rates["concurrency"]

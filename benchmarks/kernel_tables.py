@@ -21,7 +21,7 @@ The tables (`measure`), each a median of repeats (`calibrate_host.median_time`):
 - `bandwidth`: bytes per second of an elementwise kernel (x * c, read and written) of 64 KiB
   to 64 MiB, each over the loop's time per iteration at 4 KiB, where the bytes cost nothing.
 
-The price of a program (`KernelPrices.seconds`):
+The price of a program: its call, plus its kernels' time (`KernelPrices.seconds`),
 
     t = call + Σ_kernels count · (launch + max(Σ_dots batch · (T(m, k, n) - launch),
                                                 bytes / bandwidth(bytes)))
@@ -31,11 +31,11 @@ n in either order), scaled with the FLOPs past the grid's edges; bandwidth(bytes
 interpolated in log bytes.
 """
 
-
 from __future__ import annotations
 
 import bisect
 import dataclasses
+import functools
 import itertools
 import math
 import sys
@@ -69,6 +69,14 @@ def launch_costs(reps: int = 15) -> dict[str, float]:
     return {"launch_s": launch, "call_s": max(times[0] - counts[0] * launch, 0.0)}
 
 
+def _scaling_seconds(x, reps: int) -> float:
+    """Per iteration of a loop of `reps` iterations scaling x: one elementwise kernel."""
+    import jax
+
+    f = jax.jit(lambda x: jax.lax.fori_loop(0, reps, lambda i, y: y * 1.0001, x))
+    return median_time(lambda: f(x).block_until_ready(), 5) / reps
+
+
 def _loop_seconds(m: int, k: int, n: int, reps: int) -> tuple[float, float]:
     """Per iteration: (x @ w1 @ w2, x * c) over `reps` iterations, x [m, k]."""
     import jax
@@ -78,10 +86,8 @@ def _loop_seconds(m: int, k: int, n: int, reps: int) -> tuple[float, float]:
     w1 = jax.random.normal(jax.random.key(1), (k, n), jnp.float32) / math.sqrt(k)
     w2 = jax.random.normal(jax.random.key(2), (n, k), jnp.float32) / math.sqrt(n)
     pair = jax.jit(lambda x, a, b: jax.lax.fori_loop(0, reps, lambda i, y: (y @ a) @ b, x))
-    alone = jax.jit(lambda x: jax.lax.fori_loop(0, reps, lambda i, y: y * 1.0001, x))
     t_pair = median_time(lambda: pair(x, w1, w2).block_until_ready(), 5)
-    t_alone = median_time(lambda: alone(x).block_until_ready(), 5)
-    return t_pair / reps, t_alone / reps
+    return t_pair / reps, _scaling_seconds(x, reps)
 
 
 def dot_table(launch: float, peak: float, ms=DOT_M, kns=DOT_KN) -> dict[str, float]:
@@ -98,22 +104,18 @@ def dot_table(launch: float, peak: float, ms=DOT_M, kns=DOT_KN) -> dict[str, flo
     return out
 
 
-def _scale_seconds(nbytes: int, reps: int) -> float:
-    import jax
-    import jax.numpy as jnp
-
-    x = jnp.ones((max(1, nbytes // 4),), jnp.float32)
-    f = jax.jit(lambda x: jax.lax.fori_loop(0, reps, lambda i, y: y * 1.0001, x))
-    return median_time(lambda: f(x).block_until_ready(), 5) / reps
-
-
 def bandwidth_table() -> dict[str, float]:
     """{"bytes": B/s} of an elementwise kernel of that many bytes in (and as many out)."""
-    empty = _scale_seconds(4096, 2000)
+    import jax.numpy as jnp
+
+    def seconds(nbytes: int, reps: int) -> float:
+        return _scaling_seconds(jnp.ones((max(1, nbytes // 4),), jnp.float32), reps)
+
+    empty = seconds(4096, 2000)
     out = {}
     for size in BANDWIDTH_BYTES:
         reps = int(max(4, min(2000, 2e8 / size)))
-        out[str(size)] = 2.0 * size / max(_scale_seconds(size, reps) - empty, 1e-9)
+        out[str(size)] = 2.0 * size / max(seconds(size, reps) - empty, 1e-9)
     return out
 
 
@@ -124,7 +126,6 @@ def measure(peak: float, quick: bool = False) -> dict:
     grid = ((4, 64), (16, 256)) if quick else (DOT_M, DOT_KN)
     return {**costs, "dot_s": dot_table(costs["launch_s"], peak, *grid),
             "bandwidth": bandwidth_table()}
-
 
 
 def _bracket(grid: list[float], x: float) -> tuple[int, float]:
@@ -150,10 +151,17 @@ class KernelPrices:
         return cls(float(table["launch_s"]), float(table["call_s"]), _filled(dots),
                    tuple(sorted((float(b), float(r)) for b, r in table["bandwidth"].items())))
 
+    @functools.cached_property
+    def _ms(self) -> list[int]:
+        return sorted({key[0] for key in self.dots})
+
+    @functools.cached_property
+    def _kns(self) -> list[int]:
+        return sorted({key[2] for key in self.dots})
+
     def dot(self, d: Dot) -> float:
         """Seconds of d's arithmetic in one kernel, its launch not included."""
-        ms = sorted({key[0] for key in self.dots})
-        kns = sorted({key[2] for key in self.dots})
+        ms, kns = self._ms, self._kns
         k, n = min(d.k, d.n), max(d.k, d.n)
         (im, wm), (ik, wk), (jn, wn) = _bracket(ms, d.m), _bracket(kns, k), _bracket(kns, n)
         log_t = 0.0
@@ -172,14 +180,17 @@ class KernelPrices:
         lo, hi = self.bandwidth[i][1], self.bandwidth[i + 1][1]
         return math.exp((1 - w) * math.log(lo) + w * math.log(hi))
 
-    def kernel(self, k: Kernel, slower: float = 1.0) -> float:
-        """One run of `k`; `slower` stretches its work (not its launch): fewer cores."""
-        work = max(sum(self.dot(d) for d in k.dots), k.bytes / self.rate(k.bytes))
-        return self.launch + slower * work
+    def matmuls(self, k: Kernel) -> float:
+        """Seconds of one run of `k`'s matmuls, its launch not included."""
+        return sum(self.dot(d) for d in k.dots)
 
-    def seconds(self, kernels: list[Kernel], slower: float = 1.0) -> float:
-        """The kernels' time, each as often as it runs (no call cost: see `program`)."""
-        return sum(k.count * self.kernel(k, slower) for k in kernels)
+    def kernel(self, k: Kernel) -> float:
+        """One run of `k`: its launch and the larger of its matmuls and its bytes."""
+        return self.launch + max(self.matmuls(k), k.bytes / self.rate(k.bytes))
+
+    def seconds(self, kernels: list[Kernel]) -> float:
+        """The kernels' time, each as often as it runs; a program adds its `call`."""
+        return sum(k.count * self.kernel(k) for k in kernels)
 
 
 def _filled(dots: dict[tuple[int, int, int], float]) -> dict[tuple[int, int, int], float]:

@@ -68,5 +68,4 @@ def test_a_kernel_is_its_launch_plus_the_larger_of_its_matmuls_and_its_bytes():
     assert prices.seconds([memory]) == pytest.approx(3 * (LAUNCH + 2 ** 21 / mid))
     matmul = Kernel("dot", 1.0, (Dot(1, 256, 256, 256),), 1.0)
     assert prices.kernel(matmul) == pytest.approx(LAUNCH + 2 * 256 ** 3 / RATE)
-    assert prices.kernel(matmul, slower=2.0) == pytest.approx(LAUNCH + 4 * 256 ** 3 / RATE)
 

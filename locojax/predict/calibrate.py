@@ -84,9 +84,6 @@ def copy_bandwidth(mb: int = 256, reps: int = 5) -> float:
     return 2 * a.nbytes / median_time(lambda: np.copyto(b, a), reps)
 
 
-_micro = calibration_step.micro
-
-
 def _generate_times(layers: int, reps: int, cfg=None, prompts_n: int = 4,
                     samples: int = 2) -> tuple[float, float]:
     """(prefill + call, one decode iteration) seconds of the engine's generate at `layers`
@@ -99,7 +96,7 @@ def _generate_times(layers: int, reps: int, cfg=None, prompts_n: int = 4,
     from locojax.engine.sampling import SamplingConfig
     from locojax.model import params
 
-    cfg = cfg or _micro(layers)
+    cfg = cfg or calibration_step.micro(layers)
     weights = params.init(cfg, jax.random.key(0))
     prompts = np.asarray(jax.random.randint(jax.random.key(1), (prompts_n, 8), 0,
                                             cfg.vocab_size), np.int32)
@@ -119,8 +116,8 @@ def _train_time(layers: int, reps: int, cfg=None, prompts_n: int = 2, group: int
                 p: int = 8, n: int = 8) -> float:
     """Seconds of one GRPO update at `layers` (or of `cfg`) on prompts_n x group rows of
     p + n tokens (default 4 rows of 8 + 8)."""
-    return median_time(calibration_step.update(cfg or _micro(layers), prompts_n, group, p, n),
-                       reps)
+    step = calibration_step.update(cfg or calibration_step.micro(layers), prompts_n, group, p, n)
+    return median_time(step, reps)
 
 
 def program_overhead(reps: int = 5) -> dict[str, dict[str, float]]:
