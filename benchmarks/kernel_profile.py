@@ -1,6 +1,6 @@
 """Where a compiled program's time goes, kernel by kernel: a profiler's trace of the real
 program against the kernels read from its HLO (`locojax/predict/hlo_kernels.py`) and against
-the same kernels timed alone (`kernel_tables.py`).
+the same kernels timed alone (`locojax/predict/kernel_tables.py`).
 
     .venv/bin/python benchmarks/kernel_profile.py --model tiny --shape 4 4 20 48 \
         [--tables FILE] [--quick] [--top 8]
@@ -30,33 +30,17 @@ import collections
 import json
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a file: import the package from the repository root
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import harness  # noqa: E402
-from benchmarks.kernel_tables import KernelPrices, measure  # noqa: E402
+from locojax.predict.kernel_model import kernel_class  # noqa: E402
+from locojax.predict.kernel_tables import KernelPrices, measure  # noqa: E402
 
-TRANSCENDENTAL = {"exponential", "log", "tanh", "logistic", "rsqrt", "sqrt", "power", "erf",
-                  "divide", "exponential-minus-one", "log-plus-one"}
-LAYOUT = {"copy", "transpose"}
 CONTROL = ("while", "conditional", "call")  # a thunk whose event holds its body's kernels
-MOVES = {"bitcast", "broadcast", "slice", "reshape", "dynamic-slice"}
-
-
-def kernel_class(k) -> str:
-    """The class a kernel's time is reported under (module docstring)."""
-    ops = set(k.ops)
-    if k.dots:
-        return "dot"
-    if ops & TRANSCENDENTAL:
-        return "transcendental"
-    if ops & LAYOUT and ops <= LAYOUT | MOVES:
-        return "layout"
-    if ops <= {"broadcast", "constant", "iota"}:
-        return "fill"
-    return "other"
 
 
 def _union(spans: list[tuple[int, int]]) -> int:
@@ -83,17 +67,16 @@ def trace_events(fn, calls: int) -> tuple[dict[str, float], dict[str, float],
 
     with tempfile.TemporaryDirectory(prefix="kernel_profile_") as work:
         with jax.profiler.trace(work):
+            t0 = time.perf_counter()
             for _ in range(calls):
                 fn()
+            wall = (time.perf_counter() - t0) / calls
         data = jax.profiler.ProfileData.from_file(str(sorted(Path(work).rglob("*.xplane.pb"))[-1]))
     spans: dict[str, list[tuple[int, int]]] = collections.defaultdict(list)
-    wall = 0.0
     for plane in data.planes:
         for line in plane.lines:
             for ev in line.events:
-                if ev.name == "ThunkExecutor::Execute (wait for completion)":
-                    wall += ev.duration_ns / 1e9 / calls
-                elif "Eigen" in line.name and not ev.name.startswith(("ThunkExecutor",
+                if "Eigen" in line.name and not ev.name.startswith(("ThunkExecutor",
                                                                       "Slinky", *CONTROL)):
                     spans[ev.name].append((ev.start_ns, ev.end_ns))
     core = {k: sum(e - b for b, e in v) / 1e9 / calls for k, v in spans.items()}
@@ -177,33 +160,10 @@ def train_program(cfg, b: int, g: int, p: int, n: int):
 
 
 def generate_program(cfg, b: int, g: int, p: int, n: int):
-    """(one generate of b x g rows of n tokens, its kernels: the prefill's, the decode's
-    outside its loop, the loop's times its n - 1 iterations)."""
-    import dataclasses
+    """(one generate of b x g rows of n tokens, its kernels: `calibration_step.generate`)."""
+    from locojax.predict import calibration_step
 
-    import jax
-    import numpy as np
-
-    from locojax.engine.engine import Engine
-    from locojax.engine.sampling import SamplingConfig
-    from locojax.model import params
-    from locojax.predict.hlo_kernels import kernels
-
-    engine = Engine(cfg)
-    sampling = SamplingConfig(max_new_tokens=n, temperature=1.0, ignore_eos=True)
-    prefill, decode = engine.compile(b, p, sampling, g)
-    once, loop = kernels(decode.as_text()).split()
-    listed = (kernels(prefill.as_text()).kernels + once
-              + [dataclasses.replace(k, count=k.count * (n - 1)) for k in loop])
-    weights = params.init(cfg, jax.random.key(0))
-    prompts = np.asarray(jax.random.randint(jax.random.key(1), (b, p), 0, cfg.vocab_size),
-                         np.int32)
-    limits = np.full((b * g,), n, np.int32)
-
-    def call():
-        jax.block_until_ready(engine.generate(weights, prompts, jax.random.key(0), sampling, g,
-                                              np.ones((b, p), bool), 0, limits).tokens)
-    return call, listed
+    return calibration_step.generate(cfg, b, g, p, n)
 
 
 def profiled(build, cfg, shape, calls: int) -> tuple[list, tuple]:

@@ -32,7 +32,7 @@ if __package__ in (None, ""):  # run as a file: import the package from the repo
 
 from benchmarks import harness  # noqa: E402
 from benchmarks import kernel_profile as kp  # noqa: E402
-from benchmarks.kernel_tables import KernelPrices  # noqa: E402
+from locojax.predict.kernel_tables import KernelPrices  # noqa: E402
 
 BUILDS = {"update": kp.train_program, "generate": kp.generate_program}
 CALIBRATION_SHAPE = (8, 4, 16, 32)

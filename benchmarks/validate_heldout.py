@@ -90,10 +90,11 @@ def prediction(pt: dict, profile: Path, work: Path):
 
 def predict(pt: dict, profile: Path, work: Path, method: str = "model"):
     """The point's `Prediction`; with method `measure`, its device phases are the run's own
-    programs timed here (`locojax predict train ... --measure`). Its phases are kept in
+    programs timed here (`locojax predict train ... --measure`); with `compiled`, priced
+    from them compiled here (`... --compiled`). Its phases are kept in
     WORK/ID.pred.json with the load and this machine's matmul rate when it was made."""
     from locojax.predict import measure as measure_lib
-    from locojax.predict import modes
+    from locojax.predict import modes, priced
 
     rate, load = harness.matmul_peak(1024), harness.loads()
     ctx = context(pt, profile, work)
@@ -103,6 +104,9 @@ def predict(pt: dict, profile: Path, work: Path, method: str = "model"):
         limits = measure_lib.limits_of(ctx, pt["prompts"] * pt["group"])
         pred = measure_lib.apply(pred, measure_lib.measure(
             pt["mode"], args, pt["n"], pt["prompts"], pt["group"], limits))
+    elif method == "compiled":
+        _, pred = priced.predicted(ctx, pt["mode"], train_args(pt, work / pt["id"]),
+                                   pt["prompts"])
     (work / f"{pt['id']}.pred.json").write_text(json.dumps(
         {"method": method, "phases": pred.phases, "step": pred.step, "load": load,
          "model_phases": model.phases, "model_step": model.step,
@@ -185,8 +189,9 @@ def verdict(errors: list[float], target: dict, what: str = "") -> str:
 
 
 def model_lines(rows: list[tuple], work: Path, target: dict) -> list[str]:
-    """With --method measure: the cost model's own prediction of every run point (kept in
-    WORK/ID.pred.json when the point was predicted), each with its sign, and its verdict."""
+    """With --method measure or compiled: the cost model's own prediction of every run
+    point (kept in WORK/ID.pred.json when the point was predicted), each with its sign, and
+    its verdict."""
     out, errors = [], []
     for pt, meas, *_ in rows:
         saved = work / f"{pt['id']}.pred.json"
@@ -232,9 +237,10 @@ def main() -> int:
     ap.add_argument("--only", nargs="*", default=[], help="point ids (default: all)")
     ap.add_argument("--points", default=str(POINTS), help="the pre-registered points file")
     ap.add_argument("--timeout", type=float, default=900, help="seconds per run")
-    ap.add_argument("--method", choices=("model", "measure"), default="model",
+    ap.add_argument("--method", choices=("model", "measure", "compiled"), default="model",
                     help="model: the cost model on the profile; measure: the run's own "
-                         "programs timed here (`predict train ... --measure`)")
+                         "programs timed here (`predict train ... --measure`); compiled: "
+                         "its compiled programs priced (`predict train ... --compiled`)")
     ap.add_argument("--phases", action="store_true",
                     help="with --profile: read the runs already in --work-dir and print the "
                          "two phases furthest from their prediction, per point; run nothing")
@@ -257,7 +263,8 @@ def main() -> int:
     print(harness.command_line(), flush=True)
     profile = Path(args.profile) if args.profile else work / "here.json"
     if not args.profile:
-        argv = [*harness.CLI, "predict", "calibrate", "--out", str(profile)]
+        argv = [*harness.CLI, "predict", "calibrate", "--out", str(profile),
+                *(["--programs"] if args.method == "compiled" else [])]
         print(f"$ {shlex.join(argv)}", flush=True)
         subprocess.run(argv, check=True)
     busy = real_model_busy()
@@ -292,7 +299,7 @@ def main() -> int:
                                           f"{load.split()[0]}",
                                           f"{rate / at_predict['matmul_flops']:.2f}")))
     print("\n".join(report(rows, spec["target"])))
-    if args.method == "measure":
+    if args.method != "model":
         print("\n".join(model_lines(rows, work, spec["target"])))
     print(f"\n# load average at the end {harness.loads()}; the machine is shared: other "
           "processes' load enters every measured point and the calibration alike")

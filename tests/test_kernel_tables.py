@@ -1,12 +1,12 @@
 """Pricing a compiled program kernel by kernel from kernels timed alone
-(`benchmarks/kernel_tables.py`): the arithmetic of the tables, on made-up numbers."""
+(`locojax/predict/kernel_tables.py`): the arithmetic of the tables, on made-up numbers."""
 
 import itertools
 
 import pytest
 
-from benchmarks import kernel_tables
-from benchmarks.kernel_tables import KernelPrices
+from locojax.predict import kernel_tables
+from locojax.predict.kernel_tables import KernelPrices
 from locojax.predict.hlo_kernels import Dot, Kernel
 
 LAUNCH = 2e-6

@@ -1,11 +1,13 @@
 """`locojax predict calibrate`: measure this machine for `locojax predict` (a few minutes).
 
-    locojax predict calibrate [--out FILE]
+    locojax predict calibrate [--out FILE] [--programs]
 
 Measures the f32 matmul rate (all cores and one), the copy bandwidth, the launch and
 per-layer overhead and the effective FLOP rate of locojax's prefill, decode iteration and
 train step, host work per prompt, row and step, and the latency and bandwidth between two
-local hosts (gloo), and writes a profile (default: $LOCOJAX_PROFILE, else ~/.cache/locojax/here.json). Then:
+local hosts (gloo), and with `--programs` the program model of `predict train ...
+--compiled` (about five minutes more), and writes a profile (default: $LOCOJAX_PROFILE,
+else ~/.cache/locojax/here.json). Then:
 
     locojax predict train demo ... --cluster here-2      # or --hardware FILE --cluster 2
 
@@ -25,13 +27,15 @@ def main(argv: list[str]) -> int:
 
     out = calibrate.DEFAULT_PATH
     rest = list(argv)
+    programs = "--programs" in rest
+    rest = [a for a in rest if a != "--programs"]
     if rest[:1] == ["--out"] and len(rest) >= 2:
         out, rest = rest[1], rest[2:]
     elif rest and rest[0].startswith("--out="):
         out, rest = rest[0].split("=", 1)[1], rest[1:]
     if rest:
-        print(f"locojax predict calibrate: unknown argument {rest[0]!r} (only --out FILE)",
-              file=sys.stderr)
+        print(f"locojax predict calibrate: unknown argument {rest[0]!r} (only --out FILE and "
+              "--programs)", file=sys.stderr)
         return 2
-    calibrate.run(out)
+    calibrate.run(out, programs=programs)
     return 0

@@ -21,6 +21,10 @@ What is measured, each a median of repeats, nothing fitted to a training run:
 - `dcn_latency`, `dcn_bandwidth`: two processes joined by `jax.distributed` on 127.0.0.1
   (gloo, as `locojax launch` joins its hosts) time a psum at several sizes; a ring
   all-reduce over p = 2 takes 2 (p - 1) α + 2 (p - 1) / p · m / β, fitted for α and β.
+- `program_model` (only with `--programs`: about five more minutes on 2 cores): the weights
+  of the kernel model of `predict train ... --compiled` (`kernel_model.py`), fitted to
+  locojax's programs on three calibration decoders on one core and on all, and the one-core
+  matmul tables it prices matmuls by (`calibrate_kernels.py`);
 - `oversubscription`: ρ(k) for k = 2 and 4 local hosts, k unpinned processes of the
   calibration decoder's train step at once (as `locojax launch` places its hosts) over one
   alone on one core, per core of its fair share (`calibrate_oversub.py`); the model
@@ -46,25 +50,14 @@ import sys
 import time
 from pathlib import Path
 
-from locojax.predict import calibration_step
-from locojax.predict.calibrate_host import host_rates, median_time
+from locojax.predict import calibrate_kernels, calibration_step
+from locojax.predict.calibrate_host import host_rates, matmul_flops, median_time
 from locojax.predict.calibrate_oversub import oversubscription
 from locojax.predict.hardware import CALIBRATED
 
 DEFAULT_PATH = CALIBRATED  # where `calibrate` writes and `--cluster here-N` reads
 KINDS = ("prefill", "decode_step", "train")
 PSUM_BYTES = (4_096, 65_536, 1_048_576, 4_194_304)
-
-
-def matmul_flops(n: int = 1024, reps: int = 5) -> float:
-    """f32 matmul FLOP/s of this process (2 n^3 per product)."""
-    import jax
-    import jax.numpy as jnp
-
-    a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
-    b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32)
-    f = jax.jit(jnp.dot)
-    return 2 * n ** 3 / median_time(lambda: f(a, b).block_until_ready(), reps)
 
 
 def one_core_flops() -> float:
@@ -217,8 +210,9 @@ def _c(value: float, unit: str, origin: str, source: str) -> dict:
     return {"value": float(value), "unit": unit, "origin": origin, "source": source}
 
 
-def measure(say=print) -> dict:
-    """Every measurement of the module docstring, saying each as it is taken."""
+def measure(say=print, programs: bool = False) -> dict:
+    """Every measurement of the module docstring, saying each as it is taken; the program
+    model only with `programs` (it takes twice as long as the rest)."""
     cores = len(os.sched_getaffinity(0))
     out = {"cores": cores}
     steps = (("peak_flops", matmul_flops), ("flops_per_core", one_core_flops),
@@ -226,6 +220,8 @@ def measure(say=print) -> dict:
              ("program_rates", lambda: program_rates(out["peak_flops"])),
              ("host_rates", host_rates), ("collectives", collectives),
              ("oversubscription", lambda: oversubscription(CALIBRATION_DECODER)))
+    if programs:
+        steps += (("program_model", calibrate_kernels.program_model),)
     for name, fn in steps:
         t0 = time.perf_counter()
         out[name] = fn()
@@ -233,9 +229,12 @@ def measure(say=print) -> dict:
     return out
 
 
+QUIET = ("samples", "tables", "rows", "decoders", "shapes")  # too long to say
+
+
 def _short(v) -> str:
     if isinstance(v, dict):
-        return ", ".join(f"{k} {_short(x)}" for k, x in v.items() if k != "samples")
+        return ", ".join(f"{k} {_short(x)}" for k, x in v.items() if k not in QUIET)
     return f"{v:.4g}"
 
 
@@ -279,6 +278,7 @@ def profile(m: dict, when: str, load: str) -> dict:
         "host_rates": {k: mk(v, "s", k.replace("_", " ")) for k, v in rates.items()},
         "collective_samples_s": coll["samples"],
         **_oversubscription(m, mk),
+        **({"program_model": m["program_model"]} if "program_model" in m else {}),
     }
 
 
@@ -298,13 +298,14 @@ def _ram() -> float:
     return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
 
 
-def run(out: Path = DEFAULT_PATH, say=print) -> Path:
-    """Measure, write the profile to `out`, and return its path."""
+def run(out: Path = DEFAULT_PATH, say=print, programs: bool = False) -> Path:
+    """Measure (the program model too with `programs`), write the profile to `out`, and
+    return its path."""
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     load = "{:.2f}".format(os.getloadavg()[0])
     say(f"calibrating this machine ({len(os.sched_getaffinity(0))} cores, load {load}); "
         "a few minutes, keep it otherwise idle:")
-    m = measure(say)
+    m = measure(say, programs)
     load = f"{load}-{os.getloadavg()[0]:.2f} (1-min average, start-end)"
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)

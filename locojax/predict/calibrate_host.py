@@ -41,6 +41,17 @@ def median_time(fn, reps: int, warm: int = 2) -> float:
     return statistics.median(times)
 
 
+def matmul_flops(n: int = 1024, reps: int = 5) -> float:
+    """f32 matmul FLOP/s of this process (2 n^3 per product)."""
+    import jax
+    import jax.numpy as jnp
+
+    a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
+    b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32)
+    f = jax.jit(jnp.dot)
+    return 2 * n ** 3 / median_time(lambda: f(a, b).block_until_ready(), reps)
+
+
 def _line(time_of, sizes=ROWS) -> tuple[float, float]:
     """(fixed seconds, seconds per row) through the times at two sizes; a slope that noise
     made negative is 0 (the larger batch costs no less), the fixed part at least 0."""

@@ -60,3 +60,35 @@ def update(cfg, prompts_n: int, group: int, p: int, n: int):
         state[0], _ = train_step(state[0], batch, None, model_cfg=cfg, cfg=lcfg)
         jax.block_until_ready(state[0])
     return step
+
+
+def generate(cfg, prompts_n: int, group: int, p: int, n: int):
+    """(a function running the engine's generate of prompts_n x group rows of n new tokens
+    after p prompt tokens, every row to n, and returning when it is done; the kernels one
+    call runs: the prefill's, the decode's outside its loop and the loop's, `n - 1` times)."""
+    import dataclasses
+
+    import jax
+    import numpy as np
+
+    from locojax.engine.engine import Engine
+    from locojax.engine.sampling import SamplingConfig
+    from locojax.model import params
+    from locojax.predict.hlo_kernels import kernels
+
+    engine = Engine(cfg)
+    sampling = SamplingConfig(max_new_tokens=n, temperature=1.0, ignore_eos=True)
+    prefill, decode = engine.compile(prompts_n, p, sampling, group)
+    once, loop = kernels(decode.as_text()).split()
+    listed = (kernels(prefill.as_text()).kernels + once
+              + [dataclasses.replace(k, count=k.count * (n - 1)) for k in loop])
+    weights = params.init(cfg, jax.random.key(0))
+    prompts = np.asarray(jax.random.randint(jax.random.key(1), (prompts_n, p), 0,
+                                            cfg.vocab_size), np.int32)
+    limits = np.full((prompts_n * group,), n, np.int32)
+
+    def call():
+        jax.block_until_ready(engine.generate(weights, prompts, jax.random.key(0), sampling,
+                                              group, np.ones((prompts_n, p), bool), 0,
+                                              limits).tokens)
+    return call, listed

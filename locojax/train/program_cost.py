@@ -71,6 +71,8 @@ class ProgramCost:
     compile_s: float
     flops: float = 0.0  # per call, a loop's body once (`xla_costs`)
     bytes_accessed: float = 0.0
+    # The compiled program itself: `locojax predict --compiled` reads its kernels from it.
+    compiled: object = dataclasses.field(default=None, repr=False, compare=False)
 
     @classmethod
     def of(cls, name: str, phase: str, compiled, held_arguments: int, compile_s: float):
@@ -78,7 +80,7 @@ class ProgramCost:
         flops, moved = xla_costs(compiled)
         return cls(name, phase, int(m.argument_size_in_bytes), int(m.output_size_in_bytes),
                    int(m.alias_size_in_bytes), int(m.temp_size_in_bytes), held_arguments,
-                   compile_s, flops, moved)
+                   compile_s, flops, moved, compiled)
 
     @property
     def extra(self) -> int:

@@ -38,14 +38,9 @@ import dataclasses
 import functools
 import itertools
 import math
-import sys
-from pathlib import Path
 
-if __package__ in (None, ""):  # run as a file: import the package from the repository root
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from locojax.predict.calibrate_host import median_time  # noqa: E402
-from locojax.predict.hlo_kernels import Dot, Kernel  # noqa: E402
+from locojax.predict.calibrate_host import median_time
+from locojax.predict.hlo_kernels import Dot, Kernel
 
 DOT_M = (1, 4, 16, 64, 256, 1024, 4096)
 DOT_KN = (16, 64, 256, 1024, 4096)

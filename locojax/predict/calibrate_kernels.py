@@ -1,0 +1,105 @@
+"""`locojax predict calibrate`'s program model: the weights of `kernel_model.py`, fitted to
+locojax's own programs on this machine.
+
+Three calibration decoders, of widths 96, 320 and 640 (no model's and no validation
+point's: TINY is d 64, SMALL d 256, SmolLM2-135M d 576), two layers each, run their GRPO
+update and their engine's generate (every row to N tokens) at three shapes each, B x G x P x
+N in `SHAPES`; each program is compiled, its kernels read from its HLO, and timed (median
+of `REPS` calls after warm-ups). The weights of each kind are the non-negative least
+squares of its nine (features, seconds) rows (`kernel_model.fit`).
+
+All of it twice: in a child pinned to one core (what one of N local hosts on N cores has;
+the matmul tables, `kernel_tables.measure`, are timed there too, since a kernel runs on one
+thread), and in a child on every core. Each child is a fresh process, so the affinity is
+set before JAX starts. About three minutes each on 2 cores.
+
+    python -m locojax.predict.calibrate_kernels OUT.json [--one-core] [--tables FILE]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+DECODERS = {
+    "d96": dict(hidden_size=96, intermediate_size=256, num_attention_heads=3,
+                num_key_value_heads=1, head_dim=32, vocab_size=2048),
+    "d320": dict(hidden_size=320, intermediate_size=896, num_attention_heads=5,
+                 num_key_value_heads=5, head_dim=64, vocab_size=8192),
+    "d640": dict(hidden_size=640, intermediate_size=1792, num_attention_heads=10,
+                 num_key_value_heads=2, head_dim=64, vocab_size=16384),
+}
+LAYERS = 2
+SHAPES = ((2, 2, 16, 16), (4, 4, 24, 40), (8, 4, 16, 24))
+REPS = 5
+
+
+def rows(prices, decoders=DECODERS, shapes=SHAPES, reps=REPS) -> dict[str, list]:
+    """{kind: [(features, seconds), ...]} of the calibration programs on this process."""
+    from locojax.model import config
+    from locojax.predict import calibration_step, kernel_model
+    from locojax.predict.calibrate_host import median_time
+    from locojax.predict.hlo_kernels import kernels
+
+    out: dict[str, list] = {"update": [], "engine": []}
+    for dims in decoders.values():
+        cfg = config.tiny(num_hidden_layers=LAYERS, **dims)
+        for shape in shapes:
+            step = calibration_step.update(cfg, *shape)
+            listed = kernels(calibration_step.compiled_update(cfg, *shape).as_text()).kernels
+            out["update"].append((kernel_model.features(listed, prices),
+                                  median_time(step, reps)))
+            call, listed = calibration_step.generate(cfg, *shape)
+            out["engine"].append((kernel_model.features(listed, prices),
+                                  median_time(call, reps)))
+    return out
+
+
+def child(out: str, one_core: bool, tables: str) -> None:
+    """One child's part (module docstring): on one core, the tables and the rows; on all,
+    the rows priced with the one-core child's tables."""
+    from locojax.predict import kernel_model, kernel_tables
+    from locojax.predict.calibrate_host import matmul_flops
+
+    if one_core:
+        table = kernel_tables.measure(matmul_flops())
+    else:
+        table = json.loads(Path(tables).read_text())
+    measured = rows(kernel_tables.KernelPrices.of(table))
+    Path(out).write_text(json.dumps({
+        "tables": table, "cores": len(os.sched_getaffinity(0)),
+        "weights": {kind: kernel_model.fit(r) for kind, r in measured.items()},
+        "rows": {kind: [[f, t] for f, t in r] for kind, r in measured.items()}}))
+
+
+def _run_child(out: Path, one_core: bool, tables: Path | None) -> dict:
+    pin = ("import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
+           if one_core else "")
+    code = (f"{pin}import sys; from locojax.predict.calibrate_kernels import child; "
+            f"child({str(out)!r}, {one_core!r}, {str(tables or '')!r})")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=1800,
+                   stdout=subprocess.DEVNULL)
+    return json.loads(out.read_text())
+
+
+def program_model() -> dict:
+    """The profile's `program_model` entry: the one-core tables, the weights on one core and
+    on all, the cores of all, and each fit's rows (features and measured seconds)."""
+    with tempfile.TemporaryDirectory(prefix="locojax_calibrate_kernels_") as tmp:
+        one = _run_child(Path(tmp) / "one.json", True, None)
+        (Path(tmp) / "tables.json").write_text(json.dumps(one["tables"]))
+        every = _run_child(Path(tmp) / "all.json", False, Path(tmp) / "tables.json")
+    return {"tables": one["tables"], "cores": every["cores"],
+            "weights": {"one": one["weights"], "all": every["weights"]},
+            "rows": {"one": one["rows"], "all": every["rows"]},
+            "decoders": {name: {**dims, "num_hidden_layers": LAYERS}
+                         for name, dims in DECODERS.items()},
+            "shapes": [list(s) for s in SHAPES]}
+
+
+if __name__ == "__main__":
+    print(json.dumps(program_model()["weights"], indent=1))

@@ -1,0 +1,121 @@
+"""A compiled program's time on this machine from the kernels it runs.
+
+A program's kernels (`hlo_kernels.kernels` of its optimized HLO) are summed into a few
+features, each a cost XLA:CPU pays per kernel run (docs/predict_validation.md, "Kernel by
+kernel", measured them in traces of locojax's programs):
+
+- `call`: 1 per call of the program (its dispatch);
+- `launch`: the kernels run (each costs about a microsecond whatever its size);
+- `matmul`: the kernels' matmuls priced from matmuls timed alone on one core
+  (`kernel_tables.KernelPrices.matmuls`, by (m, k, n): a 16-row matmul runs at a fraction
+  of a 1024-row one's rate);
+- `elementwise`: the bytes the other kernels read and write, save fills (fused elementwise
+  work, reductions, transposes, the transcendental functions);
+- `fill`: the bytes of the kernels that only write (a broadcast into a fresh buffer: the
+  first touch of its pages).
+
+and the time is their weighted sum, t = Σ_f c_f · x_f, with weights per kind of program
+(`update`: a train step or reference pass; `engine`: a prefill or a decode loop's
+iteration, whose kernels run fewer at once) and per core count. The weights are fitted by
+`calibrate_kernels.py` to locojax's own programs on decoders of three widths that no model
+or validation point has; a program the calibration never saw is priced from its own
+kernels, so a new shape needs no new fit. The weights carry what no table holds: how many
+kernels run at once on the cores, how much slower a matmul or an elementwise kernel runs
+among others than alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from locojax.predict.hlo_kernels import Kernel
+from locojax.predict.kernel_tables import KernelPrices
+
+FEATURES = ("call", "launch", "matmul", "elementwise", "fill")
+KINDS = ("update", "engine")
+KIND_OF = {"train": "update", "prefill": "engine", "decode_step": "engine",
+           "forward": "engine", "reshard": "engine"}
+"""The program kinds of `phases.py` (and a reshard) to the model's."""
+TRANSCENDENTAL = {"exponential", "log", "tanh", "logistic", "rsqrt", "sqrt", "power", "erf",
+                  "divide", "exponential-minus-one", "log-plus-one"}
+LAYOUT = {"copy", "transpose"}
+MOVES = {"bitcast", "broadcast", "slice", "reshape", "dynamic-slice"}
+
+
+def kernel_class(k: Kernel) -> str:
+    """dot (any matmul), transcendental, layout (a copy or transpose), fill (a broadcast
+    that reads nothing) or other: the classes traces are read by."""
+    ops = set(k.ops)
+    if k.dots:
+        return "dot"
+    if ops & TRANSCENDENTAL:
+        return "transcendental"
+    if ops & LAYOUT and ops <= LAYOUT | MOVES:
+        return "layout"
+    if ops <= {"broadcast", "constant", "iota"}:
+        return "fill"
+    return "other"
+
+
+def features(kernels: list[Kernel], prices: KernelPrices, calls: float = 1.0) -> dict:
+    """The features (module docstring) of `calls` calls of a program of `kernels`, each
+    kernel as often as it runs."""
+    out = dict.fromkeys(FEATURES, 0.0)
+    out["call"] = calls
+    for k in kernels:
+        runs = k.count * calls
+        out["launch"] += runs
+        cls = kernel_class(k)
+        if cls == "dot":
+            out["matmul"] += runs * prices.matmuls(k)
+        elif cls == "fill":
+            out["fill"] += runs * k.bytes
+        else:
+            out["elementwise"] += runs * k.bytes
+    return out
+
+
+def added(*feats: dict) -> dict:
+    return {f: sum(x[f] for x in feats) for f in FEATURES}
+
+
+def fit(rows: list[tuple[dict, float]]) -> dict[str, float]:
+    """Non-negative weights of `FEATURES` for (features, seconds) rows, each row's error
+    relative to its time (a 4 ms program counts as much as a 1 s one)."""
+    from scipy.optimize import nnls
+
+    a = np.array([[x[f] / t for f in FEATURES] for x, t in rows])
+    weights, _ = nnls(a, np.ones(len(rows)))
+    return dict(zip(FEATURES, (float(w) for w in weights)))
+
+
+def priced(weights: dict[str, float], feats: dict) -> float:
+    return sum(weights[f] * feats[f] for f in FEATURES)
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelModel:
+    """A calibrated profile's `program_model`: the tables and the weights on one core and
+    on all the process's cores (`cores`)."""
+
+    prices: KernelPrices
+    weights: dict  # {"one" | "all": {kind: {feature: weight}}}
+    cores: float  # the cores of "all"
+
+    @classmethod
+    def of(cls, entry: dict) -> "KernelModel":
+        return cls(KernelPrices.of(entry["tables"]), entry["weights"], float(entry["cores"]))
+
+    def seconds(self, kind: str, feats: dict, cores: float) -> float:
+        """One program's time on `cores` cores: linear between the one-core and all-core
+        fits, and below one core its time-sliced share of one."""
+        k = KIND_OF.get(kind, kind)
+        one, every = priced(self.weights["one"][k], feats), priced(self.weights["all"][k], feats)
+        if cores < 1.0:
+            return one / max(cores, 1e-9)
+        if self.cores <= 1.0:
+            return one
+        c = min(cores, self.cores)
+        return one + (every - one) * (c - 1.0) / (self.cores - 1.0)

@@ -1,0 +1,136 @@
+"""`locojax predict train ... --compiled`: the step's device programs costed from the programs
+the run compiles, kernel by kernel, on a machine `locojax predict calibrate` measured.
+
+Where the run's hosts are processes on this machine (`single`, or `colocated` under
+`locojax launch --hosts N`), its programs can be compiled here: a child process per distinct
+host (`price_child.py`) builds the run's parts with its own builder, compiles the step's
+programs through the run's memory plan, nothing run, and reads each program's kernels from
+its HLO. Each program is then priced by the profile's program model (`kernel_model.py`:
+weights fitted to locojax's programs on calibration decoders of other widths) on the cores
+its host has: `single`'s N devices are threads of one process, each device's program on
+its share of the cores; `colocated`'s hosts are processes, one device each, sharing the
+machine's cores as `modes.cores_each` splits them, and slowed by the calibrated ρ(k) where
+k of them share (`phases.Ctx.device`).
+
+Priced: `reshard`, `prefill`, `decode` (the part of the decode program outside its loop,
+and its loop's iteration times the iterations the cost model expects, `Workload.
+decode_steps`) and `train` (the train step, and the reference pass where β > 0). The rest
+stays the cost model's: host work, the gradient all-reduce between processes, the small
+collectives. Where completion lengths are spread, the engine compacts finished rows in
+waves and runs later iterations at fewer rows; this prices every iteration at the full
+batch's rows (an upper bound), and says so.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from locojax.predict import measure, modes, shared_machine
+from locojax.predict.kernel_model import KernelModel, added
+from locojax.predict.modes import Prediction
+
+PRICED = ("reshard", "prefill", "decode", "train")
+REPLACED = ("tp_comm", "extend")
+"""Model phases inside a priced program: tensor-parallel traffic and extend in the decode."""
+
+
+def host_argv(argv: list[str], mode: str, hosts: int, prompts: int) -> list[str]:
+    """One colocated host's arguments: the run's, with its share of the prompts (the host
+    compiles its own rows; the child is one process, not joined to others)."""
+    if mode != "colocated" or hosts <= 1:
+        return list(argv)
+    return [*argv, f"--rollout.prompts-per-step={prompts // hosts}"]
+
+
+def features(mode: str, argv: list[str], hosts: int, prompts: int, tables: dict,
+             timeout: float = 1800.0) -> dict[str, dict]:
+    """The child's {program: features} of one host of the run."""
+    if mode not in measure.MEASURABLE:
+        raise ValueError(f"--compiled prices {' and '.join(measure.MEASURABLE)} runs here, "
+                         f"not {mode!r}")
+    if mode == "colocated" and prompts % hosts:
+        raise ValueError(f"--compiled: {prompts} prompts per step do not split over {hosts} "
+                         "hosts")
+    env = {k: v for k, v in os.environ.items() if k not in measure.DROP_ENV}
+    env.setdefault("JAX_PLATFORMS", "cpu")
+    with tempfile.TemporaryDirectory(prefix="locojax_price_") as tmp:
+        spec = {"argv": host_argv(measure.child_argv(argv), mode, hosts, prompts),
+                "mode": mode, "devices": hosts if mode == "single" else 1,
+                "tables": tables, "out": str(Path(tmp) / "out.json")}
+        (Path(tmp) / "spec.json").write_text(json.dumps(spec))
+        done = subprocess.run([sys.executable, "-m", "locojax.predict.price_child",
+                               str(Path(tmp) / "spec.json")], env=env, capture_output=True,
+                              text=True, timeout=timeout)
+        if done.returncode != 0:
+            raise RuntimeError("--compiled: the run's programs could not be compiled here; "
+                               + (done.stdout + done.stderr)[-3000:])
+        return json.loads(Path(spec["out"]).read_text())
+
+
+def phases(feats: dict[str, dict], model: KernelModel, iterations: float, cores: float,
+           penalty: float = 1.0) -> dict[str, float]:
+    """Seconds of the priced phases (module docstring) of one host's step; `penalty`, the
+    oversubscription ρ of hosts sharing the cores."""
+    def cost(kind: str, names: list[str], scale: float = 1.0) -> float:
+        if not names:
+            return 0.0
+        return penalty * scale * model.seconds(kind, added(*(feats[n] for n in names)), cores)
+
+    rollout = [n for n in feats if n.endswith(" rollout") or n.endswith(" rollout once")]
+    return {"reshard": cost("reshard", [n for n in feats if n == "reshard"]),
+            "prefill": cost("prefill", [n for n in rollout if n.startswith("prefill")]),
+            "decode": (cost("decode_step", [n for n in rollout if n.startswith("decode")])
+                       + cost("decode_step", [n for n in feats
+                                              if n == "decode rollout iteration"], iterations)),
+            "train": cost("train", [n for n in feats if n in ("train_step", "ref_logprobs")])}
+
+
+def penalty_of(ctx, cores: float) -> float:
+    """ρ(k) of k busy processes on the shared cores (1 for threads of one process)."""
+    shared = ctx.cluster.shared_cores
+    if shared and 0 < cores < shared and not ctx.one_process:
+        return shared_machine.oversubscription(ctx.cluster.hw, ctx.ledger, shared / cores)
+    return 1.0
+
+
+def apply(pred: Prediction, priced: dict[str, float], spread: bool) -> Prediction:
+    """`pred` with the priced phases in place of the model's (and those inside them,
+    `REPLACED`, dropped)."""
+    out = {k: v for k, v in pred.phases.items() if k not in REPLACED}
+    out.update(priced)
+    note = (f"{', '.join(PRICED)}: the run's compiled programs, priced kernel by kernel "
+            "(--compiled)")
+    if spread:
+        note += "; every decode iteration at the full batch's rows (lengths are spread: the "\
+                "engine's later waves run fewer rows, so this is an upper bound)"
+    return Prediction(pred.mode, pred.layout, out, pred.staleness, pred.wait,
+                      [*pred.notes, note])
+
+
+def program_model(hw) -> dict:
+    """A calibrated profile's `program_model` entry, or a ValueError saying how to get one."""
+    entry = hw.extra.get("program_model") if hw.kind == "calibrated" else None
+    if not entry:
+        raise ValueError("--compiled prices programs by a calibrated profile's program model: "
+                         "run `locojax predict calibrate` (again, if its profile predates "
+                         "it) and pass --cluster here-N or --hardware FILE")
+    return entry
+
+
+def predicted(ctx, mode: str, argv: list[str], prompts: int) -> tuple[Prediction, Prediction]:
+    """(the cost model's prediction of the run, the same with its device phases priced from
+    its compiled programs)."""
+    entry = program_model(ctx.cluster.hw)
+    model = getattr(modes, mode)(ctx)
+    feats = features(mode, argv, ctx.cluster.chips, prompts, entry["tables"])
+    colocated = mode == "colocated"
+    cores = modes.cores_each(ctx, ctx.cluster.hosts if colocated else ctx.cluster.chips)
+    penalty = penalty_of(ctx, cores) if colocated else 1.0  # single: device threads
+    wl = ctx.wl
+    got = phases(feats, KernelModel.of(entry), wl.decode_steps(wl.rows), cores, penalty)
+    return model, apply(model, got, min(wl.completion.quantiles) < wl.max_new)
