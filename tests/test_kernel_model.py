@@ -123,3 +123,34 @@ def test_the_calibration_times_and_reads_its_programs():
     for kind in ("update", "engine"):
         ((feats, seconds),) = got[kind]
         assert seconds > 0 and feats["call"] == 1.0 and feats["matmul"] > 0
+
+
+def test_compiled_prints_each_phase_priced_beside_the_cost_model(tmp_path, capsys):
+    """The command end to end on a calibrated profile with a made-up program model (every
+    weight on matmuls only, 1000 s per table second): the priced train step costs exactly
+    1000 x the compiled step's matmul feature, and is printed as priced (in ms to 0.1, so
+    within 0.05 ms of it)."""
+    import json
+
+    from locojax.commands import predict
+    from locojax.predict import calibrate
+    from tests.test_predict_calibrated import MEASURED
+
+    only_matmuls = {"call": 0.0, "launch": 0.0, "matmul": 1e3, "elementwise": 0.0, "fill": 0.0}
+    weights = {c: {k: dict(only_matmuls) for k in ("update", "engine")} for c in ("one", "all")}
+    program_model = {"tables": _tables(), "weights": weights, "cores": 2}
+    profile = tmp_path / "here.json"
+    profile.write_text(json.dumps({**calibrate.profile(MEASURED, "now", "0.0"),
+                                   "program_model": program_model}))
+    argv = ["demo", "--model", "tiny", "--mode", "single", "--rollout.prompts-per-step", "2",
+            "--algo.group-size", "2", "--rollout.max-new-tokens", "8", "--rollout.ignore-eos",
+            "--eval.every", "0", "--steps", "2"]
+    code = predict.main(["train", *argv, "--compiled", "--hardware", str(profile),
+                         "--cluster", "1"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    train = next(ln for ln in out.splitlines() if ln.strip().startswith("train "))
+    feats = priced.features("single", argv, 1, 2, _tables())
+    assert "(priced;" in train
+    assert float(train.split()[1]) == pytest.approx(1e6 * feats["train_step"]["matmul"],
+                                                    abs=0.05 + 1e-9)

@@ -138,13 +138,18 @@ def _measured(run, argv: list[str]) -> int:
     pred = measure.apply(model, timed)
     print(f"\n{mode}, step time per phase (milliseconds; timed here, {measure.REPS} "
           "repetitions after warm-ups, the slowest host's step; model: the cost model's):")
+    _beside(model, pred, "timed", measure.TIMED, measure.REPLACED)
+    return 0
+
+
+def _beside(model, pred, how: str, done: tuple, inside: tuple) -> None:
+    """Each phase of `pred` beside the cost model's (`model`): `how` (timed, priced) for
+    the phases in `done`, "inside a ... phase" for those in `inside`, else "model"."""
     for name in sorted(set(model.phases) | set(pred.phases), key=lambda k: -pred.phases.get(k, 0)):
         got, est = pred.phases.get(name, 0.0), model.phases.get(name, 0.0)
-        how = ("timed" if name in measure.TIMED else
-               "inside a timed phase" if name in measure.REPLACED else "model")
-        print(f"  {name:<18} {1e3 * got:10.1f}  ({how}; the cost model: {1e3 * est:.1f})")
+        said = how if name in done else f"inside a {how} phase" if name in inside else "model"
+        print(f"  {name:<18} {1e3 * got:10.1f}  ({said}; the cost model: {1e3 * est:.1f})")
     print(f"  {'step':<18} {1e3 * pred.step:10.1f}  (the cost model: {1e3 * model.step:.1f})")
-    return 0
 
 
 def _compiled(run, argv: list[str]) -> int:
@@ -162,12 +167,7 @@ def _compiled(run, argv: list[str]) -> int:
         return 1
     print(f"\n{cfg.mode}, step time per phase (milliseconds; priced: the run's compiled "
           "programs by the profile's program model; model: the cost model's):")
-    for name in sorted(set(model.phases) | set(pred.phases), key=lambda k: -pred.phases.get(k, 0)):
-        got, est = pred.phases.get(name, 0.0), model.phases.get(name, 0.0)
-        how = ("priced" if name in priced.PRICED else
-               "inside a priced phase" if name in priced.REPLACED else "model")
-        print(f"  {name:<18} {1e3 * got:10.1f}  ({how}; the cost model: {1e3 * est:.1f})")
-    print(f"  {'step':<18} {1e3 * pred.step:10.1f}  (the cost model: {1e3 * model.step:.1f})")
+    _beside(model, pred, "priced", priced.PRICED, priced.REPLACED)
     for note in pred.notes:
         print(f"  note: {note}")
     return 0

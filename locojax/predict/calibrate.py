@@ -21,7 +21,7 @@ What is measured, each a median of repeats, nothing fitted to a training run:
 - `dcn_latency`, `dcn_bandwidth`: two processes joined by `jax.distributed` on 127.0.0.1
   (gloo, as `locojax launch` joins its hosts) time a psum at several sizes; a ring
   all-reduce over p = 2 takes 2 (p - 1) α + 2 (p - 1) / p · m / β, fitted for α and β.
-- `program_model` (only with `--programs`: about five more minutes on 2 cores): the weights
+- `program_model` (only with `--programs`: about six more minutes on 2 cores): the weights
   of the kernel model of `predict train ... --compiled` (`kernel_model.py`), fitted to
   locojax's programs on three calibration decoders on one core and on all, and the one-core
   matmul tables it prices matmuls by (`calibrate_kernels.py`);
@@ -212,7 +212,7 @@ def _c(value: float, unit: str, origin: str, source: str) -> dict:
 
 def measure(say=print, programs: bool = False) -> dict:
     """Every measurement of the module docstring, saying each as it is taken; the program
-    model only with `programs` (it takes twice as long as the rest)."""
+    model only with `programs` (it takes three times as long as the rest)."""
     cores = len(os.sched_getaffinity(0))
     out = {"cores": cores}
     steps = (("peak_flops", matmul_flops), ("flops_per_core", one_core_flops),

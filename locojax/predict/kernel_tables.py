@@ -1,9 +1,11 @@
 """Kernels timed alone, and a compiled program priced as the sum of its kernels so timed.
 
 The isolated-kernel model `benchmarks/kernel_profile.py` holds against a profiler's trace of
-the real program, kernel by kernel. It is not `locojax predict`'s model: measured against the
-trace it under-predicts TINY, SMALL and SmolLM2 programs by 14-62% (docs/predict_validation.md,
-"Kernel by kernel"), so it stays a benchmark until a model built on it holds.
+the real program, kernel by kernel. Summed alone it under-predicts TINY, SMALL and SmolLM2
+programs by 14-62% (docs/predict_validation.md, "Kernel by kernel"): a kernel runs slower
+among others than alone. So `locojax predict --compiled` uses the matmul tables only as one
+feature of a program, weighted by a fit to locojax's own programs (`kernel_model.py`,
+`calibrate_kernels.py`, which times these tables in a process pinned to one core).
 
 The tables (`measure`), each a median of repeats (`calibrate_host.median_time`):
 - `launch_s`, `call_s`: a kernel's cost whatever its size, and a program call's. The narrow
