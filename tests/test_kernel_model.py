@@ -154,3 +154,14 @@ def test_compiled_prints_each_phase_priced_beside_the_cost_model(tmp_path, capsy
     assert "(priced;" in train
     assert float(train.split()[1]) == pytest.approx(1e6 * feats["train_step"]["matmul"],
                                                     abs=0.05 + 1e-9)
+
+
+def test_a_malformed_program_model_is_refused_by_name():
+    good = _model()
+    entry = {"tables": _tables(), "weights": good.weights, "cores": 2}
+    assert KernelModel.of(entry).cores == 2.0
+    broken = {**entry, "weights": {"one": good.weights["one"]}}  # no all-core fit
+    with pytest.raises(ValueError, match=r"weights\.all\.update\.call.*calibrate --programs"):
+        KernelModel.of(broken)
+    with pytest.raises(ValueError, match="lacks tables"):
+        KernelModel.of({k: v for k, v in entry.items() if k != "tables"})

@@ -49,7 +49,7 @@ def rows(prices, decoders=DECODERS, shapes=SHAPES, reps=REPS) -> dict[str, list]
     from locojax.predict.calibrate_host import median_time
     from locojax.predict.hlo_kernels import kernels
 
-    out: dict[str, list] = {"update": [], "engine": []}
+    out: dict[str, list] = {kind: [] for kind in kernel_model.KINDS}
     for dims in decoders.values():
         cfg = config.tiny(num_hidden_layers=LAYERS, **dims)
         for shape in shapes:

@@ -35,6 +35,7 @@ from locojax.predict.kernel_tables import KernelPrices
 
 FEATURES = ("call", "launch", "matmul", "elementwise", "fill")
 KINDS = ("update", "engine")
+CORES = ("one", "all")
 KIND_OF = {"train": "update", "prefill": "engine", "decode_step": "engine",
            "forward": "engine", "reshard": "engine"}
 """The program kinds of `phases.py` (and a reshard) to the model's."""
@@ -106,7 +107,16 @@ class KernelModel:
 
     @classmethod
     def of(cls, entry: dict) -> "KernelModel":
-        return cls(KernelPrices.of(entry["tables"]), entry["weights"], float(entry["cores"]))
+        """From a profile's `program_model`; a ValueError naming what it lacks."""
+        missing = [k for k in ("tables", "weights", "cores") if k not in entry]
+        weights = entry.get("weights") or {}
+        missing += [f"weights.{c}.{k}.{f}" for c in CORES for k in KINDS for f in FEATURES
+                    if not isinstance((weights.get(c) or {}).get(k), dict)
+                    or not isinstance(weights[c][k].get(f), (int, float))]
+        if missing:
+            raise ValueError(f"the profile's program_model lacks {', '.join(missing[:4])}: run "
+                             "`locojax predict calibrate --programs` again")
+        return cls(KernelPrices.of(entry["tables"]), weights, float(entry["cores"]))
 
     def seconds(self, kind: str, feats: dict, cores: float) -> float:
         """One program's time on `cores` cores: linear between the one-core and all-core

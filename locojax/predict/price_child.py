@@ -4,14 +4,14 @@ process (`priced.py` prices what it writes).
 
     python -m locojax.predict.price_child SPEC.json
 
-SPEC: {"argv": the run's train arguments, "mode", "devices": the process's devices, "out":
-where the features go (JSON)}. The child builds the run's parts with its own builder
-(`RunParts.of`), joins its wiring as one process and compiles the step's programs through
-`loop.plan_memory`, exactly as a run does before its first step; then it writes, per program
-of the plan, the kernel features of `kernel_model.features` (`tables`, the profile's matmul
-tables, price the matmuls): the train step (and the reference pass where β > 0), each
-prefill, the reshard where there is one, and each decode split into its part outside the
-loop (`once`) and one iteration of its loop (`iteration`).
+SPEC: {"argv": the run's train arguments, "mode", "devices": the process's devices,
+"tables": the profile's matmul tables, "out": where the features go (JSON)}. The child
+builds the run's parts with its own builder (`RunParts.of`), joins its wiring as one process
+and compiles the step's programs through `loop.plan_memory`, exactly as a run does before
+its first step; then it writes, per program of the plan, the kernel features of
+`kernel_model.features` (the tables price the matmuls): the train step (and the reference
+pass where β > 0), each prefill, the reshard where there is one, and each decode split into
+its part outside the loop (`once`) and one iteration of its loop (`iteration`).
 """
 
 from __future__ import annotations

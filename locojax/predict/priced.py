@@ -117,8 +117,9 @@ def program_model(hw) -> dict:
     entry = hw.extra.get("program_model") if hw.kind == "calibrated" else None
     if not entry:
         raise ValueError("--compiled prices programs by a calibrated profile's program model: "
-                         "run `locojax predict calibrate` (again, if its profile predates "
-                         "it) and pass --cluster here-N or --hardware FILE")
+                         "run `locojax predict calibrate --programs` and pass --cluster "
+                         "here-N or --hardware FILE")
+    KernelModel.of(entry)  # a malformed one is refused here, naming what it lacks
     return entry
 
 
