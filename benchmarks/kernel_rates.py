@@ -32,6 +32,7 @@ if __package__ in (None, ""):  # run as a file: import the package from the repo
 
 from benchmarks import harness  # noqa: E402
 from benchmarks import kernel_profile as kp  # noqa: E402
+from locojax.predict.kernel_model import kernel_class  # noqa: E402
 from locojax.predict.kernel_tables import KernelPrices  # noqa: E402
 
 BUILDS = {"update": kp.train_program, "generate": kp.generate_program}
@@ -49,7 +50,7 @@ def class_sums(listed: list, active: dict, prices: KernelPrices) -> dict:
     sums: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0.0])
     classes = {}
     for k in listed:
-        cls = classes.setdefault(k.name, kp.kernel_class(k))
+        cls = classes.setdefault(k.name, kernel_class(k))
         sums[cls][0] += k.count * (prices.matmuls(k) if cls == "dot" else k.bytes)
     for name, cls in classes.items():
         sums[cls][1] += active.get(name, 0.0)
@@ -74,7 +75,7 @@ def seconds(listed: list, rates: dict, prices: KernelPrices, dot_factor: float) 
     fallback = sum(rates["rates"].values()) / len(rates["rates"])
     work = 0.0
     for k in listed:
-        cls = kp.kernel_class(k)
+        cls = kernel_class(k)
         run = (dot_factor * prices.matmuls(k) if cls == "dot"
                else k.bytes / rates["rates"].get(cls, fallback))
         work += k.count * (prices.launch + run)

@@ -2,7 +2,6 @@
 `priced.py`): features of a kernel list, the fit, the cores and the phases, on made-up
 numbers; and one tiny run's programs compiled and read by the child."""
 
-import itertools
 import math
 
 import pytest
@@ -10,20 +9,10 @@ import pytest
 from locojax.predict import kernel_model, kernel_tables, priced
 from locojax.predict.hlo_kernels import Dot, Kernel
 from locojax.predict.kernel_model import FEATURES, KernelModel
+from tests.test_kernel_tables import RATE
+from tests.test_kernel_tables import _table as _tables
 
-RATE = 1e11  # FLOP/s of every synthetic matmul
-LAUNCH = 2e-6
-
-
-def _tables():
-    dots = {f"{m},{k},{n}": LAUNCH + 2.0 * m * k * n / RATE
-            for m, k, n in itertools.product(kernel_tables.DOT_M, kernel_tables.DOT_KN,
-                                             kernel_tables.DOT_KN) if k <= n}
-    return {"launch_s": LAUNCH, "call_s": 1e-4, "dot_s": dots,
-            "bandwidth": {"65536": 1e11, "67108864": 1e10}}
-
-
-PRICES = kernel_tables.KernelPrices.of(_tables())
+PRICES = kernel_tables.KernelPrices.of(_tables())  # every matmul at RATE FLOP/s
 KERNELS = [Kernel("dot", 1e6, (Dot(1, 64, 256, 1024),), 3.0),
            Kernel("fusion", 4e5, (), 2.0, ops=("add", "multiply")),
            Kernel("fusion", 1e3, (), 1.0, ops=("exponential", "add")),

@@ -169,11 +169,17 @@ class Ctx:
         share its cores (each gets `cores`, so shared / cores of them), times the measured
         penalty ρ(shared / cores). Devices of one process (`one_process`) are threads, not
         processes: no penalty."""
-        t = self.dev.seconds(kind, per, chips=chips, cores=cores, rows=rows)
+        return self.dev.seconds(kind, per, chips=chips, cores=cores,
+                                rows=rows) * self.oversubscription(cores)
+
+    def oversubscription(self, cores: float) -> float:
+        """ρ(shared / cores) of busy processes that each get `cores` of the shared cores; 1
+        where the hosts do not share one machine, or the busy units are device threads of
+        one process (`one_process`)."""
         shared = self.cluster.shared_cores
         if shared and 0 < cores < shared and not self.one_process:
-            t *= shared_machine.oversubscription(self.cluster.hw, self.ledger, shared / cores)
-        return t
+            return shared_machine.oversubscription(self.cluster.hw, self.ledger, shared / cores)
+        return 1.0
 
     def model_parallel(self) -> int:
         """Chips that share one copy of the weights in rollout (tensor parallel): `tp` where

@@ -30,7 +30,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from locojax.predict import measure, modes, shared_machine
+from locojax.predict import measure, modes
 from locojax.predict.kernel_model import KernelModel, added
 from locojax.predict.modes import Prediction
 
@@ -72,30 +72,24 @@ def features(mode: str, argv: list[str], hosts: int, prompts: int, tables: dict,
         return json.loads(Path(spec["out"]).read_text())
 
 
+PROGRAMS = {"reshard": ("reshard",), "prefill": ("prefill rollout",),
+            "decode": ("decode rollout once",), "train": ("train_step", "ref_logprobs")}
+"""The programs of each priced phase, by their memory-plan names (`price_child.features_of`;
+the engine's rollout shape, not eval's); the decode loop's iteration is priced apart."""
+
+
 def phases(feats: dict[str, dict], model: KernelModel, iterations: float, cores: float,
            penalty: float = 1.0) -> dict[str, float]:
     """Seconds of the priced phases (module docstring) of one host's step; `penalty`, the
     oversubscription ρ of hosts sharing the cores."""
-    def cost(kind: str, names: list[str], scale: float = 1.0) -> float:
-        if not names:
-            return 0.0
-        return penalty * scale * model.seconds(kind, added(*(feats[n] for n in names)), cores)
+    def cost(kind: str, names: tuple[str, ...], scale: float = 1.0) -> float:
+        present = [feats[n] for n in names if n in feats]
+        return penalty * scale * model.seconds(kind, added(*present), cores) if present else 0.0
 
-    rollout = [n for n in feats if n.endswith(" rollout") or n.endswith(" rollout once")]
-    return {"reshard": cost("reshard", [n for n in feats if n == "reshard"]),
-            "prefill": cost("prefill", [n for n in rollout if n.startswith("prefill")]),
-            "decode": (cost("decode_step", [n for n in rollout if n.startswith("decode")])
-                       + cost("decode_step", [n for n in feats
-                                              if n == "decode rollout iteration"], iterations)),
-            "train": cost("train", [n for n in feats if n in ("train_step", "ref_logprobs")])}
-
-
-def penalty_of(ctx, cores: float) -> float:
-    """ρ(k) of k busy processes on the shared cores (1 for threads of one process)."""
-    shared = ctx.cluster.shared_cores
-    if shared and 0 < cores < shared and not ctx.one_process:
-        return shared_machine.oversubscription(ctx.cluster.hw, ctx.ledger, shared / cores)
-    return 1.0
+    out = {phase: cost("decode_step" if phase == "decode" else phase, names)
+           for phase, names in PROGRAMS.items()}
+    out["decode"] += cost("decode_step", ("decode rollout iteration",), iterations)
+    return out
 
 
 def apply(pred: Prediction, priced: dict[str, float], spread: bool) -> Prediction:
@@ -131,7 +125,7 @@ def predicted(ctx, mode: str, argv: list[str], prompts: int) -> tuple[Prediction
     feats = features(mode, argv, ctx.cluster.chips, prompts, entry["tables"])
     colocated = mode == "colocated"
     cores = modes.cores_each(ctx, ctx.cluster.hosts if colocated else ctx.cluster.chips)
-    penalty = penalty_of(ctx, cores) if colocated else 1.0  # single: device threads
+    penalty = ctx.oversubscription(cores) if colocated else 1.0  # single: device threads
     wl = ctx.wl
     got = phases(feats, KernelModel.of(entry), wl.decode_steps(wl.rows), cores, penalty)
     return model, apply(model, got, min(wl.completion.quantiles) < wl.max_new)
