@@ -88,13 +88,16 @@ def test_compiled_is_refused_without_a_program_model(tmp_path, capsys):
 
 def test_the_child_reads_a_tiny_runs_compiled_programs(tmp_path):
     """The real path on TINY: the run's programs compiled by its memory plan, nothing run,
-    and each read into features; the train step does matmuls, the decode loop iterates."""
+    and each read into features; the train step does matmuls, the decode loop iterates,
+    the cache buffer fills."""
     argv = ["demo", "--model", "tiny", "--rollout.prompts-per-step", "2",
             "--algo.group-size", "2", "--rollout.max-new-tokens", "8", "--rollout.ignore-eos",
             "--eval.every", "0", "--steps", "2", "--run-dir", str(tmp_path / "run")]
     feats = priced.features("single", argv, 1, 2, _tables())
     assert {"train_step", "prefill rollout", "decode rollout once",
-            "decode rollout iteration"} <= set(feats)
+            "decode rollout iteration", "cache rollout"} <= set(feats)
+    # the cache buffer: zeros written (fills), its call a generate's, priced with prefill's
+    assert feats["cache rollout"]["fill"] > 0 and feats["cache rollout"]["call"] == 0.0
     assert feats["train_step"]["matmul"] > 0 and feats["train_step"]["call"] == 1.0
     assert feats["decode rollout iteration"]["call"] == 0.0
     assert feats["decode rollout iteration"]["launch"] > 0

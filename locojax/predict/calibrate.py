@@ -229,7 +229,7 @@ def measure(say=print, programs: bool = False) -> dict:
     return out
 
 
-QUIET = ("samples", "tables", "rows", "decoders", "shapes")  # too long to say
+QUIET = ("samples", "tables", "rows", "decoders", "shapes", "works")  # too long to say
 
 
 def _short(v) -> str:

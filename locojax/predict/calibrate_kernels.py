@@ -11,7 +11,8 @@ squares of its nine (features, seconds) rows (`kernel_model.fit`).
 All of it twice: in a child pinned to one core (what one of N local hosts on N cores has;
 the matmul tables, `kernel_tables.measure`, are timed there too, since a kernel runs on one
 thread), and in a child on every core. Each child is a fresh process, so the affinity is
-set before JAX starts. About three minutes each on 2 cores.
+set before JAX starts. About three minutes each on 2 cores. Then the lock-step probe
+(`calibrate_lockstep.py`, about 15 s): what meetings of devices or hosts cost.
 
     python -m locojax.predict.calibrate_kernels OUT.json [--one-core] [--tables FILE]
 """
@@ -25,18 +26,23 @@ import sys
 import tempfile
 from pathlib import Path
 
+from locojax.predict import calibrate_lockstep
+
 DECODERS = {
     "d96": dict(hidden_size=96, intermediate_size=256, num_attention_heads=3,
                 num_key_value_heads=1, head_dim=32, vocab_size=2048),
     "d384": dict(hidden_size=384, intermediate_size=1024, num_attention_heads=6,
-                 num_key_value_heads=2, head_dim=64, vocab_size=8192),
+                 num_key_value_heads=2, head_dim=64, vocab_size=49152),
     "d640": dict(hidden_size=640, intermediate_size=1792, num_attention_heads=10,
                  num_key_value_heads=2, head_dim=64, vocab_size=16384),
 }
 """Grouped-query attention, as the models locojax ships have. A d-320 decoder with five
 key-value heads was tried first: two XLA:CPU fusions of its generate ran 60 and 106 times
 their isolated-kernel price (its generate 0.38 s where d 640's took 0.32), a cliff of that
-shape which no weight can hold and which skewed every weight of the fit."""
+shape which no weight can hold and which skewed every weight of the fit. The d-384
+decoder's vocabulary is SmolLM2's and Qwen's order (49152): with at most 16384, set 6
+over-priced SmolLM2-135M's update by a third, its logits and log-softmax kernels far
+larger than any the fit had seen."""
 LAYERS = 2
 SHAPES = ((2, 2, 16, 16), (4, 4, 24, 40), (8, 4, 16, 24))
 REPS = 5
@@ -102,7 +108,7 @@ def program_model() -> dict:
             "rows": {"one": one["rows"], "all": every["rows"]},
             "decoders": {name: {**dims, "num_hidden_layers": LAYERS}
                          for name, dims in DECODERS.items()},
-            "shapes": [list(s) for s in SHAPES]}
+            "shapes": [list(s) for s in SHAPES], "lockstep": calibrate_lockstep.lockstep()}
 
 
 if __name__ == "__main__":

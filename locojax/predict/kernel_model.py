@@ -104,6 +104,7 @@ class KernelModel:
     prices: KernelPrices
     weights: dict  # {"one" | "all": {kind: {feature: weight}}}
     cores: float  # the cores of "all"
+    lockstep: dict = dataclasses.field(default_factory=dict)  # calibrate_lockstep.lockstep()
 
     @classmethod
     def of(cls, entry: dict) -> "KernelModel":
@@ -116,7 +117,21 @@ class KernelModel:
         if missing:
             raise ValueError(f"the profile's program_model lacks {', '.join(missing[:4])}: run "
                              "`locojax predict calibrate --programs` again")
-        return cls(KernelPrices.of(entry["tables"]), weights, float(entry["cores"]))
+        return cls(KernelPrices.of(entry["tables"]), weights, float(entry["cores"]),
+                   entry.get("lockstep") or {})
+
+    def meeting(self, kind: str, units: float, work: float) -> float:
+        """Seconds one meeting of `units` units adds after `work` seconds of priced work each
+        (`calibrate_lockstep.MEETINGS` names the kinds): a + b · work, a and b linear in the
+        units between the measured counts (0 at one unit) and held beyond the largest; 0
+        where the profile measured no such meeting."""
+        table = sorted((float(n), ab) for n, ab in (self.lockstep.get(kind) or {}).items())
+        if units <= 1.0 or not table:
+            return 0.0
+        ns = [1.0] + [n for n, _ in table]
+        a = float(np.interp(units, ns, [0.0] + [ab["a"] for _, ab in table]))
+        b = float(np.interp(units, ns, [0.0] + [ab["b"] for _, ab in table]))
+        return max(0.0, a + b * work)  # a unit that waits is never done sooner
 
     def seconds(self, kind: str, feats: dict, cores: float) -> float:
         """One program's time on `cores` cores: linear between the one-core and all-core

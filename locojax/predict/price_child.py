@@ -10,8 +10,9 @@ builds the run's parts with its own builder (`RunParts.of`), joins its wiring as
 and compiles the step's programs through `loop.plan_memory`, exactly as a run does before
 its first step; then it writes, per program of the plan, the kernel features of
 `kernel_model.features` (the tables price the matmuls): the train step (and the reference
-pass where β > 0), each prefill, the reshard where there is one, and each decode split into
-its part outside the loop (`once`) and one iteration of its loop (`iteration`).
+pass where β > 0), each prefill, the reshard where there is one, each decode split into
+its part outside the loop (`once`) and one iteration of its loop (`iteration`), and the
+rollout's cache buffer (`cache rollout`, `Engine.allocation`: made anew every step).
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ def features_of(plan, prices) -> dict[str, dict]:
 def run(spec: dict) -> dict:
     import tyro
 
+    from locojax.predict import kernel_model
+    from locojax.predict.hlo_kernels import kernels
     from locojax.predict.kernel_tables import KernelPrices
     from locojax.train import wiring as wiring_lib
     from locojax.train.build import RunParts
@@ -60,7 +63,16 @@ def run(spec: dict) -> dict:
     engine = parts.engine(wiring.rollout_mesh, wiring.rollout_rules)
     plan = plan_memory(parts, wiring, engine)
     plan.check()
-    return features_of(plan, KernelPrices.of(spec["tables"]))
+    prices = KernelPrices.of(spec["tables"])
+    out = features_of(plan, prices)
+    run = parts.cfg  # its prompt width resolved (`plan_memory` reads the same)
+    start, stop = wiring.host_slice(run.rollout.prompts_per_step)
+    cache = engine.allocation((stop - start) * run.group_size, run.rollout.max_prompt_tokens
+                              + parts.sampling.max_new_tokens - 1).lower().compile()
+    # no call of its own: a generate's host work, the calibration's one call, holds it
+    out["cache rollout"] = {**kernel_model.features(kernels(cache.as_text()).kernels, prices),
+                            "call": 0.0}
+    return out
 
 
 def main(argv: list[str]) -> int:

@@ -15,8 +15,11 @@ k of them share (`phases.Ctx.device`).
 Priced: `reshard`, `prefill`, `decode` (the part of the decode program outside its loop,
 and its loop's iteration times the iterations the cost model expects, `Workload.
 decode_steps`) and `train` (the train step, and the reference pass where β > 0). The rest
-stays the cost model's: host work, the gradient all-reduce between processes, the small
-collectives. Where completion lengths are spread, the engine compacts finished rows in
+stays the cost model's: host work and the gradient all-reduce's bytes between processes.
+Where devices or hosts share the cores, their meetings are priced as `calibrate_lockstep`
+measured them: a device thread's wait at the end of every call and decode iteration, and
+the colocated hosts' three meetings a step (`meetings`), in place of the cost model's
+small-collective latency. Where completion lengths are spread, the engine compacts finished rows in
 waves and runs later iterations at fewer rows; this prices every iteration at the full
 batch's rows (an upper bound), and says so.
 """
@@ -72,24 +75,44 @@ def features(mode: str, argv: list[str], hosts: int, prompts: int, tables: dict,
         return json.loads(Path(spec["out"]).read_text())
 
 
-PROGRAMS = {"reshard": ("reshard",), "prefill": ("prefill rollout",),
+PROGRAMS = {"reshard": ("reshard",), "prefill": ("cache rollout", "prefill rollout"),
             "decode": ("decode rollout once",), "train": ("train_step", "ref_logprobs")}
-"""The programs of each priced phase, by their memory-plan names (`price_child.features_of`;
-the engine's rollout shape, not eval's); the decode loop's iteration is priced apart."""
+"""The programs of each priced phase, by the names `price_child.run` gives them (the memory
+plan's for the engine's rollout shape, not eval's, and the rollout's cache buffer); the
+decode loop's iteration is priced apart."""
 
 
 def phases(feats: dict[str, dict], model: KernelModel, iterations: float, cores: float,
-           penalty: float = 1.0) -> dict[str, float]:
+           penalty: float = 1.0, devices: int = 1) -> dict[str, float]:
     """Seconds of the priced phases (module docstring) of one host's step; `penalty`, the
-    oversubscription ρ of hosts sharing the cores."""
-    def cost(kind: str, names: tuple[str, ...], scale: float = 1.0) -> float:
+    oversubscription ρ of hosts sharing the cores; `devices`, the simulated devices of the
+    process, whose threads meet at the end of every call and loop iteration
+    (`KernelModel.meeting`, "device_calls")."""
+    def cost(kind: str, names: tuple[str, ...], calls: float = 1.0) -> float:
         present = [feats[n] for n in names if n in feats]
-        return penalty * scale * model.seconds(kind, added(*present), cores) if present else 0.0
+        if not present:
+            return 0.0
+        one = penalty * model.seconds(kind, added(*present), cores)
+        return calls * (one + model.meeting("device_calls", devices, one))
 
     out = {phase: cost("decode_step" if phase == "decode" else phase, names)
            for phase, names in PROGRAMS.items()}
     out["decode"] += cost("decode_step", ("decode rollout iteration",), iterations)
     return out
+
+
+ROLLOUT = ("admission", "prefill", "decode", "detokenize_reward", "env")
+"""The phases between a step's first meeting of hosts and the previous step's last."""
+
+
+def meetings(ph: dict[str, float], model: KernelModel, hosts: int) -> float:
+    """Seconds the colocated hosts' meetings add to a step (`calibrate_lockstep`): the batch
+    widths' all-gather after the rollout, the gradient all-reduce after the train step's
+    work, and the metric sums' all-gather straight after it."""
+    rollout = sum(ph.get(n, 0.0) for n in ROLLOUT)
+    return (model.meeting("process_gather", hosts, rollout)
+            + model.meeting("process_psum", hosts, ph.get("train", 0.0))
+            + model.meeting("process_gather", hosts, 0.0))
 
 
 def apply(pred: Prediction, priced: dict[str, float], spread: bool) -> Prediction:
@@ -126,6 +149,22 @@ def predicted(ctx, mode: str, argv: list[str], prompts: int) -> tuple[Prediction
     colocated = mode == "colocated"
     cores = modes.cores_each(ctx, ctx.cluster.hosts if colocated else ctx.cluster.chips)
     penalty = ctx.oversubscription(cores) if colocated else 1.0  # single: device threads
-    wl = ctx.wl
-    got = phases(feats, KernelModel.of(entry), wl.decode_steps(wl.rows), cores, penalty)
-    return model, apply(model, got, min(wl.completion.quantiles) < wl.max_new)
+    wl, km = ctx.wl, KernelModel.of(entry)
+    devices = 1 if colocated else ctx.cluster.chips
+    got = phases(feats, km, wl.decode_steps(wl.rows), cores, penalty, devices)
+    out = apply(model, got, min(wl.completion.quantiles) < wl.max_new)
+    return model, with_meetings(out, km, ctx.cluster.hosts if colocated else devices,
+                                colocated)
+
+
+def with_meetings(pred: Prediction, model: KernelModel, units: int,
+                  colocated: bool) -> Prediction:
+    """`pred` with the colocated hosts' meetings (`meetings`) in place of the cost model's
+    small-collective latency, or a note where the profile measured no lock-step."""
+    if units > 1 and not model.lockstep:
+        pred.notes.append("the profile measured no lock-step (a profile from before it): "
+                          "meetings of devices or hosts unpriced; calibrate --programs again")
+    elif colocated and units > 1:
+        pred.phases.pop("collectives", None)
+        pred.phases["lockstep"] = meetings(pred.phases, model, units)
+    return pred

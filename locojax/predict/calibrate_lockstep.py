@@ -1,0 +1,200 @@
+"""Lock-step, for `locojax predict calibrate --programs`: what meeting costs where the units
+that meet share the machine's cores.
+
+The program model (`kernel_model.py`) prices one device's program on its share of the
+cores. Two kinds of unit run such programs together here, and wait for each other:
+- **device threads of one process** (`--mode single` with N simulated devices): every
+  program call, and every iteration of the decode loop, ends when all N have run their
+  part (the runtime joins them; a psum or the loop condition reduces over them);
+- **processes** (`colocated` under `locojax launch --hosts k`): the hosts meet at a few
+  collectives a step (the batch widths, the gradient all-reduce, the metric sums), each
+  the slowest host's arrival late, through gloo over 127.0.0.1.
+Neither is in a one-device program's price, and both grow with the units per core (set 6
+of docs/predict_compiled.md under-predicted every TINY run of several devices or hosts by
+a third).
+
+The probe times one program at three sizes of work W between meetings: each unit runs
+`reps` f32 [64, 256] x [256, 256] matmuls on its own rows, then all units meet: in a psum
+inside the program, or (processes) in the host-side all-gather the train loop makes.
+For n devices (one process, `jax_num_cpu_devices` n) the reference is the same work by one
+device on one core, times max(1, n / c) (fair time-slicing: what the program model prices
+on c / n cores); for k processes (joined by `jax.distributed`, one device each) it is the
+same k processes running the work without the psum, side by side (what the program model
+prices times the contention ρ(k)). The excess over the reference is fitted as
+a + b · reference by least squares over the three sizes: `a` is a meeting's own cost, `b`
+the share of the work by which the slowest unit arrives late. n and k are 2 and 4.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import numpy as np
+
+from locojax.predict.calibrate_host import median_time
+
+COUNTS = (2, 4)
+WORKS = (1, 16, 256)  # matmuls per unit between meetings: about 0.1, 1 and 17 ms on a core
+CALLS = (60, 24, 6)
+WINDOW_S = 0.6  # each size's side-by-side run without meetings
+ROWS, WIDTH = 64, 256
+PIN_ENV = "LOCOJAX_LOCKSTEP_PIN"
+MEETINGS = ("device_calls", "process_psum", "process_gather")
+"""n device threads ending one program call; k processes meeting in a program's psum (the
+gradient all-reduce); k processes meeting in `multihost_utils.process_allgather` after the
+work (the train loop's batch widths and metric sums: `wiring.Colocated`)."""
+
+
+def _programs(mesh, reps: int):
+    """(the meeting program over `mesh`, the same work alone on one device)."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import PartitionSpec as P
+
+    def work(x, w):
+        return jnp.sum(jax.lax.fori_loop(0, reps, lambda i, y: jnp.tanh(y @ w), x))
+
+    meet = jax.jit(jax.shard_map(lambda x, w: jax.lax.psum(work(x, w), "data"), mesh=mesh,
+                                 in_specs=(P("data"), P()), out_specs=P()))
+    return meet, jax.jit(work)
+
+
+def _median_call(fn, args, calls: int) -> float:
+    return median_time(lambda: fn(*args).block_until_ready(), calls, warm=3)
+
+
+def _call_time_over(call, window: float) -> float:
+    """Seconds per call of `call` (which returns when done) called back to back for
+    `window` seconds (every process busy for the whole window, where a count of calls would
+    let the first to finish leave the others the cores)."""
+    import time
+
+    call()
+    start, calls = time.perf_counter(), 0
+    while time.perf_counter() - start < window:
+        call()
+        calls += 1
+    return (time.perf_counter() - start) / calls
+
+
+def _inputs(mesh):
+    """The units' rows [64 each, 256] and the shared [256, 256] weight, as global arrays."""
+    import jax
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    rng = np.random.default_rng(0)
+    local = len(mesh.local_devices)
+    x = rng.standard_normal((ROWS * local, WIDTH), np.float32) / 16
+    w = rng.standard_normal((WIDTH, WIDTH), np.float32) / 16
+    return (jax.make_array_from_process_local_data(NamedSharding(mesh, P("data")), x),
+            jax.make_array_from_process_local_data(NamedSharding(mesh, P()), w))
+
+
+def devices_worker(n: int) -> dict:
+    """{str(reps): seconds} of the meeting program over n devices of this process."""
+    pin = os.environ.get(PIN_ENV)
+    if pin:
+        os.sched_setaffinity(0, {int(pin)})
+    import jax
+
+    jax.config.update("jax_num_cpu_devices", n)
+    mesh = jax.sharding.Mesh(np.array(jax.devices()), ("data",))
+    args = _inputs(mesh)
+    return {str(r): _median_call(_programs(mesh, r)[0], args, c) for r, c in zip(WORKS, CALLS)}
+
+
+def processes_worker(k: int, pid: int, port: int) -> dict:
+    """{"meet" | "host" | "free": {str(reps): seconds}} of one of k joined processes: the
+    meeting program, the work then a host-side all-gather, and the work alone on its device
+    while the others run theirs (each size's side-by-side run started by a meeting)."""
+    from locojax import distributed
+
+    os.environ.update({distributed.ENV_COORDINATOR: f"127.0.0.1:{port}",
+                       distributed.ENV_NUM_PROCESSES: str(k),
+                       distributed.ENV_PROCESS_ID: str(pid)})
+    os.environ.pop(distributed.ENV_CPUS, None)  # unpinned, as `locojax launch` places hosts
+    distributed.initialize(devices_per_host=1)
+    import jax
+    from jax.experimental import multihost_utils
+
+    mesh = jax.sharding.Mesh(np.array(jax.devices()), ("data",))
+    x, w = _inputs(mesh)
+    mine = x.addressable_shards[0].data, w.addressable_shards[0].data
+    out: dict[str, dict] = {"meet": {}, "host": {}, "free": {}}
+    for r, c in zip(WORKS, CALLS):
+        meet, free = _programs(mesh, r)
+
+        def gathered(*args):  # as `wiring.Colocated.sum_over_hosts` meets
+            y = free(*args)
+            multihost_utils.process_allgather(np.asarray([float(y)], np.float64))
+            return y
+
+        out["meet"][str(r)] = _median_call(meet, (x, w), c)
+        out["host"][str(r)] = _median_call(gathered, mine, c)
+        meet(x, w).block_until_ready()
+        out["free"][str(r)] = _call_time_over(
+            lambda: free(*mine).block_until_ready(), WINDOW_S)  # noqa: B023 (called here)
+    return out
+
+
+def _spawn(args: list[str], env: dict, count: int, timeout: float) -> list[dict]:
+    code = ("import json, sys; from locojax.predict import calibrate_lockstep as m; "
+            "print(json.dumps(getattr(m, sys.argv[1])(*map(int, sys.argv[2:]))))")
+    procs = [subprocess.Popen([sys.executable, "-c", code, *args(i)], env=env, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+             for i in range(count)]
+    try:
+        outs = [p.communicate(timeout=timeout) for p in procs]
+    finally:  # one dead worker leaves the others waiting at a meeting: end them all
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    bad = [o[1][-2000:] for p, o in zip(procs, outs) if p.returncode]
+    if bad:
+        raise RuntimeError("lock-step probe failed:\n" + "\n".join(bad))
+    return [json.loads(o[0].strip().splitlines()[-1]) for o in outs]
+
+
+def fit(reference: list[float], measured: list[float]) -> dict[str, float]:
+    """{"a", "b"}: the least-squares excess measured - reference = a + b · reference."""
+    ref = np.asarray(reference, float)
+    excess = np.asarray(measured, float) - ref
+    b, a = np.polyfit(ref, excess, 1)
+    return {"a": float(a), "b": float(b)}
+
+
+def lockstep(counts: tuple[int, ...] = COUNTS, timeout: float = 600) -> dict:
+    """The program model's `lockstep` entry: {meeting: {str(n): {"a", "b"}}} for the
+    meetings `MEETINGS` names, and the samples each fit was made from."""
+    env = {k: v for k, v in os.environ.items() if k != "LOCOJAX_CPUS"}
+    cpus = sorted(os.sched_getaffinity(0))
+    alone = _spawn(lambda i: ["devices_worker", "1"], {**env, PIN_ENV: str(cpus[0])}, 1,
+                   timeout)[0]
+    out: dict = {**{m: {} for m in MEETINGS}, "samples": {"alone_1_core": alone}}
+    for n in counts:
+        got = _spawn(lambda i: ["devices_worker", str(n)], env, 1, timeout)[0]
+        fair = [alone[str(r)] * max(1.0, n / len(cpus)) for r in WORKS]
+        out["device_calls"][str(n)] = fit(fair, [got[str(r)] for r in WORKS])
+        out["samples"][f"devices_{n}"] = got
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        each = _spawn(lambda i: ["processes_worker", str(n), str(i), str(port)], env, n, timeout)
+        free = [float(np.median([e["free"][str(r)] for e in each])) for r in WORKS]
+        meet = [float(np.median([e["meet"][str(r)] for e in each])) for r in WORKS]
+        host = [float(np.median([e["host"][str(r)] for e in each])) for r in WORKS]
+        out["process_psum"][str(n)] = fit(free, meet)
+        out["process_gather"][str(n)] = fit(free, host)
+        out["samples"][f"processes_{n}"] = {"free": free, "meet": meet, "host": host}
+    out["works"] = list(WORKS)
+    return out
+
+
+if __name__ == "__main__":
+    print(json.dumps(lockstep(), indent=1))

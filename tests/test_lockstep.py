@@ -1,0 +1,86 @@
+"""Meetings of device threads and hosts that share the cores (`calibrate_lockstep.py`), as
+`predict --compiled` prices them (`KernelModel.meeting`, `priced.phases`, `priced.meetings`):
+the fit and the terms on made-up numbers, and the probe itself, run."""
+
+import pytest
+
+from locojax.predict import calibrate_lockstep, priced
+from locojax.predict.modes import Prediction
+from locojax.predict.kernel_model import KernelModel
+from tests.test_kernel_model import _model
+
+TABLE = {"2": {"a": 1e-3, "b": 0.1}, "4": {"a": 3e-3, "b": 0.3}}
+
+
+def _with(lockstep: dict) -> KernelModel:
+    m = _model()
+    return KernelModel(m.prices, m.weights, m.cores, lockstep)
+
+
+def test_the_fit_recovers_the_cost_and_the_lateness_that_made_the_times():
+    """Times made as reference x (1 + b) + a are a line in the reference: least squares
+    through three points of it returns a and b up to rounding."""
+    ref = [1e-4, 1e-3, 2e-2]
+    got = calibrate_lockstep.fit(ref, [r * 1.25 + 4e-4 for r in ref])
+    assert got["a"] == pytest.approx(4e-4, rel=1e-6) and got["b"] == pytest.approx(0.25, rel=1e-6)
+
+
+def test_a_meeting_is_free_for_one_unit_linear_between_counts_and_held_beyond():
+    m = _with({"process_gather": TABLE})
+    assert m.meeting("process_gather", 1, 5.0) == 0.0
+    assert m.meeting("process_gather", 2, 0.01) == pytest.approx(1e-3 + 0.1 * 0.01)
+    assert m.meeting("process_gather", 3, 0.01) == pytest.approx(2e-3 + 0.2 * 0.01)
+    assert m.meeting("process_gather", 8, 0.01) == m.meeting("process_gather", 4, 0.01)
+    assert m.meeting("process_psum", 4, 0.01) == 0.0  # not measured: no term
+
+
+def test_a_meeting_never_makes_the_work_faster():
+    """A noisy fit can have a < 0; a unit that waits is still not done sooner."""
+    m = _with({"device_calls": {"2": {"a": -1e-3, "b": 0.0}}})
+    assert m.meeting("device_calls", 2, 1e-3) == 0.0
+
+
+def test_device_threads_wait_at_every_call_and_every_decode_iteration():
+    one = {"call": 0, "launch": 0, "matmul": 1e-3, "elementwise": 0, "fill": 0}
+    feats = {"train_step": one, "prefill rollout": one, "decode rollout once": one,
+             "decode rollout iteration": one}
+    m = _with({"device_calls": TABLE})
+    alone = priced.phases(feats, m, iterations=10, cores=2.0)
+    two = priced.phases(feats, m, iterations=10, cores=2.0, devices=2)
+    wait = 1e-3 + 0.1 * 1e-3  # a + b x the call's 1 ms (all-core weights: matmul x 1)
+    assert alone["train"] == pytest.approx(1e-3)
+    assert two["train"] == pytest.approx(1e-3 + wait)
+    assert two["decode"] == pytest.approx(11 * (1e-3 + wait))  # once + 10 iterations
+
+
+def test_colocated_hosts_meet_after_the_rollout_in_the_train_step_and_at_the_metrics():
+    m = _with({"process_gather": TABLE, "process_psum": {"2": {"a": 5e-4, "b": 0.05}}})
+    ph = {"prefill": 0.002, "decode": 0.006, "detokenize_reward": 0.002, "train": 0.01,
+          "batch": 9.0}  # batch is after the meeting: not work before it
+    got = priced.meetings(ph, m, 2)
+    assert got == pytest.approx((1e-3 + 0.1 * 0.01) + (5e-4 + 0.05 * 0.01) + 1e-3)
+
+
+def test_the_meetings_replace_the_small_collectives_or_a_note_says_they_are_missing():
+    ph = {"decode": 0.006, "train": 0.01, "collectives": 0.002}
+    measured = _with({"process_gather": TABLE})
+    got = priced.with_meetings(Prediction("colocated", "2 hosts", dict(ph)), measured, 2, True)
+    assert "collectives" not in got.phases
+    assert got.phases["lockstep"] == pytest.approx(priced.meetings(ph, measured, 2))
+    old = priced.with_meetings(Prediction("colocated", "2 hosts", dict(ph)), _with({}), 2, True)
+    assert old.phases == ph and "calibrate --programs again" in old.notes[-1]
+    one = priced.with_meetings(Prediction("single", "1", dict(ph)), _with({}), 1, False)
+    assert one.phases == ph and not one.notes  # one unit: nothing meets
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_the_probe_measures_every_meeting_of_two_units():
+    got = calibrate_lockstep.lockstep(counts=(2,))
+    for kind in calibrate_lockstep.MEETINGS:
+        ab = got[kind]["2"]
+        assert set(ab) == {"a", "b"} and all(isinstance(v, float) for v in ab.values())
+    samples = got["samples"]["processes_2"]
+    # three sizes of work, each timed: the meeting program's and the side-by-side work's
+    assert all(len(samples[k]) == len(calibrate_lockstep.WORKS) and min(samples[k]) > 0
+               for k in ("free", "meet", "host"))
