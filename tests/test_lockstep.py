@@ -53,6 +53,21 @@ def test_device_threads_wait_at_every_call_and_every_decode_iteration():
     assert two["decode"] == pytest.approx(11 * (1e-3 + wait))  # once + 10 iterations
 
 
+def test_the_cache_buffer_joins_the_prefill_at_its_timed_price_and_the_hosts_share():
+    """Its seconds (the tables' price of its kernels alone, on one core) times the penalty,
+    over the share of a core below one, a device's wait after it as after any call."""
+    one = {"call": 0, "launch": 0, "matmul": 1e-3, "elementwise": 0, "fill": 0}
+    feats = {"prefill rollout": one, priced.CACHE: {"seconds": 2e-4}}
+    m = _with({"device_calls": TABLE})
+    base = priced.phases({"prefill rollout": one}, m, iterations=0, cores=0.5, penalty=1.2)
+    got = priced.phases(feats, m, iterations=0, cores=0.5, penalty=1.2)
+    assert got["prefill"] - base["prefill"] == pytest.approx(1.2 * 2e-4 / 0.5)
+    two = priced.phases(feats, m, iterations=0, cores=1.0, devices=2)
+    cache = 2e-4
+    assert two["prefill"] == pytest.approx(
+        2e-3 + m.meeting("device_calls", 2, 2e-3) + cache + m.meeting("device_calls", 2, cache))
+
+
 def test_colocated_hosts_meet_after_the_rollout_in_the_train_step_and_at_the_metrics():
     m = _with({"process_gather": TABLE, "process_psum": {"2": {"a": 5e-4, "b": 0.05}}})
     ph = {"prefill": 0.002, "decode": 0.006, "detokenize_reward": 0.002, "train": 0.01,

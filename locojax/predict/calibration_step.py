@@ -65,8 +65,8 @@ def update(cfg, prompts_n: int, group: int, p: int, n: int):
 def generate(cfg, prompts_n: int, group: int, p: int, n: int):
     """(a function running the engine's generate of prompts_n x group rows of n new tokens
     after p prompt tokens, every row to n, and returning when it is done; the kernels one
-    call runs: the cache buffer's, the prefill's, the decode's outside its loop and the
-    loop's, `n - 1` times)."""
+    call runs: the prefill's, the decode's outside its loop and the loop's, `n - 1` times;
+    the engine keeps its cache buffer between calls, `priced.py` prices a run's apart)."""
     import dataclasses
 
     import jax
@@ -81,8 +81,7 @@ def generate(cfg, prompts_n: int, group: int, p: int, n: int):
     sampling = SamplingConfig(max_new_tokens=n, temperature=1.0, ignore_eos=True)
     prefill, decode = engine.compile(prompts_n, p, sampling, group)
     once, loop = kernels(decode.as_text()).split()
-    cache = engine.allocation(prompts_n * group, p + n - 1).lower().compile()
-    listed = (kernels(cache.as_text()).kernels + kernels(prefill.as_text()).kernels + once
+    listed = (kernels(prefill.as_text()).kernels + once
               + [dataclasses.replace(k, count=k.count * (n - 1)) for k in loop])
     weights = params.init(cfg, jax.random.key(0))
     prompts = np.asarray(jax.random.randint(jax.random.key(1), (prompts_n, p), 0,
@@ -90,7 +89,6 @@ def generate(cfg, prompts_n: int, group: int, p: int, n: int):
     limits = np.full((prompts_n * group,), n, np.int32)
 
     def call():
-        engine.release_cache()  # made anew each call, as in a run's step
         jax.block_until_ready(engine.generate(weights, prompts, jax.random.key(0), sampling,
                                               group, np.ones((prompts_n, p), bool), 0,
                                               limits).tokens)

@@ -12,7 +12,8 @@ its first step; then it writes, per program of the plan, the kernel features of
 `kernel_model.features` (the tables price the matmuls): the train step (and the reference
 pass where β > 0), each prefill, the reshard where there is one, each decode split into
 its part outside the loop (`once`) and one iteration of its loop (`iteration`), and the
-rollout's cache buffer (`cache rollout`, `Engine.allocation`: made anew every step).
+rollout's cache buffer (`cache rollout`, `Engine.allocation`: made anew every step), as
+seconds: its kernels priced alone by the tables.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import json
 import os
 import sys
 from pathlib import Path
+
+CACHE = "cache rollout"
 
 
 def features_of(plan, prices) -> dict[str, dict]:
@@ -46,7 +49,6 @@ def features_of(plan, prices) -> dict[str, dict]:
 def run(spec: dict) -> dict:
     import tyro
 
-    from locojax.predict import kernel_model
     from locojax.predict.hlo_kernels import kernels
     from locojax.predict.kernel_tables import KernelPrices
     from locojax.train import wiring as wiring_lib
@@ -69,9 +71,8 @@ def run(spec: dict) -> dict:
     start, stop = wiring.host_slice(run.rollout.prompts_per_step)
     cache = engine.allocation((stop - start) * run.group_size, run.rollout.max_prompt_tokens
                               + parts.sampling.max_new_tokens - 1).lower().compile()
-    # no call of its own: a generate's host work, the calibration's one call, holds it
-    out["cache rollout"] = {**kernel_model.features(kernels(cache.as_text()).kernels, prices),
-                            "call": 0.0}
+    # its kernels timed alone (fills): the fit's fill weight carries other kernels' time
+    out[CACHE] = {"seconds": prices.seconds(kernels(cache.as_text()).kernels)}
     return out
 
 

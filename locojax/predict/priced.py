@@ -12,16 +12,17 @@ its share of the cores; `colocated`'s hosts are processes, one device each, shar
 machine's cores as `modes.cores_each` splits them, and slowed by the calibrated ρ(k) where
 k of them share (`phases.Ctx.device`).
 
-Priced: `reshard`, `prefill`, `decode` (the part of the decode program outside its loop,
-and its loop's iteration times the iterations the cost model expects, `Workload.
-decode_steps`) and `train` (the train step, and the reference pass where β > 0). The rest
-stays the cost model's: host work and the gradient all-reduce's bytes between processes.
-Where devices or hosts share the cores, their meetings are priced as `calibrate_lockstep`
-measured them: a device thread's wait at the end of every call and decode iteration, and
-the colocated hosts' three meetings a step (`meetings`), in place of the cost model's
-small-collective latency. Where completion lengths are spread, the engine compacts finished rows in
-waves and runs later iterations at fewer rows; this prices every iteration at the full
-batch's rows (an upper bound), and says so.
+Priced: `reshard`, `prefill` (with the rollout's cache buffer, which the engine makes anew
+every step, its fill kernels priced as timed alone), `decode` (the part of the decode
+program outside its loop, and its loop's iteration times the iterations the cost model
+expects, `Workload.decode_steps`) and `train` (the train step, and the reference pass where
+β > 0). The rest stays the cost model's: host work and the gradient all-reduce's bytes
+between processes. Where devices or hosts share the cores, their meetings are priced as
+`calibrate_lockstep` measured them: a device thread's wait at the end of every call and
+decode iteration, and the colocated hosts' three meetings a step (`meetings`), in place of
+the cost model's small-collective latency. Where completion lengths are spread, the engine
+compacts finished rows in waves and runs later iterations at fewer rows; this prices every
+iteration at the full batch's rows (an upper bound), and says so.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from pathlib import Path
 from locojax.predict import measure, modes
 from locojax.predict.kernel_model import KernelModel, added
 from locojax.predict.modes import Prediction
+from locojax.predict.price_child import CACHE
 
 PRICED = ("reshard", "prefill", "decode", "train")
 REPLACED = ("tp_comm", "extend")
@@ -75,11 +77,11 @@ def features(mode: str, argv: list[str], hosts: int, prompts: int, tables: dict,
         return json.loads(Path(spec["out"]).read_text())
 
 
-PROGRAMS = {"reshard": ("reshard",), "prefill": ("cache rollout", "prefill rollout"),
+PROGRAMS = {"reshard": ("reshard",), "prefill": ("prefill rollout",),
             "decode": ("decode rollout once",), "train": ("train_step", "ref_logprobs")}
-"""The programs of each priced phase, by the names `price_child.run` gives them (the memory
-plan's for the engine's rollout shape, not eval's, and the rollout's cache buffer); the
-decode loop's iteration is priced apart."""
+"""The programs of each priced phase, by their memory-plan names (`price_child.features_of`;
+the engine's rollout shape, not eval's); the decode loop's iteration and the rollout's
+cache buffer are priced apart."""
 
 
 def phases(feats: dict[str, dict], model: KernelModel, iterations: float, cores: float,
@@ -98,6 +100,9 @@ def phases(feats: dict[str, dict], model: KernelModel, iterations: float, cores:
     out = {phase: cost("decode_step" if phase == "decode" else phase, names)
            for phase, names in PROGRAMS.items()}
     out["decode"] += cost("decode_step", ("decode rollout iteration",), iterations)
+    if CACHE in feats:  # timed alone on one core: a share of one below it
+        cache = penalty * feats[CACHE]["seconds"] / min(1.0, cores)
+        out["prefill"] += cache + model.meeting("device_calls", devices, cache)
     return out
 
 
