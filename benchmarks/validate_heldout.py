@@ -133,9 +133,10 @@ def largest_gap(pt: dict, profile: Path, work: Path) -> str:
 GROUPS = {"prefill": ("prefill",), "decode": ("decode", "tp_comm", "extend"),
           "train": ("train", "allreduce", "collectives", "reshard"),
           "host": ("admission", "env", "detokenize_reward", "batch", "metrics", "dispatch",
-                   "other")}
+                   "other", "lockstep")}
 """Phases grouped as the diagnosis reads them: a measured run's `train` phase holds its
-gradient all-reduce (predicted apart); host is every phase of Python work."""
+gradient all-reduce (predicted apart); host is every phase of Python work, and the hosts'
+meetings (`--compiled`'s `lockstep`: a run measures them inside its batch and metrics)."""
 
 
 def breakdown(pt: dict, profile: Path, work: Path) -> list[object]:
