@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 
@@ -42,6 +41,7 @@ if __name__ == "__main__" and not __package__:  # run as a file: import as `-m` 
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 from benchmarks.harness import median_time  # noqa: E402
+from locojax import distributed  # noqa: E402
 from locojax.predict import calibrate_oversub  # noqa: E402
 
 
@@ -69,8 +69,6 @@ SIZES = (1024, 106_880, 1_081_344, 4_362_496)  # f32 elements: 4 KB, TINY, 1M, S
 
 
 def _allreduce_worker(pid: int, n: int, port: int) -> None:
-    from locojax import distributed
-
     # Joined as `locojax launch` joins its hosts: through the environment.
     os.environ.update({distributed.ENV_COORDINATOR: f"127.0.0.1:{port}",
                        distributed.ENV_NUM_PROCESSES: str(n),
@@ -94,9 +92,7 @@ def _allreduce_worker(pid: int, n: int, port: int) -> None:
 
 
 def allreduce(n: int) -> dict:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = distributed.free_port()
     procs = [subprocess.Popen([sys.executable, __file__, "allreduce-worker", "--n", str(n),
                                "--pid", str(i), "--port", str(port)],
                               stdout=subprocess.PIPE, text=True) for i in range(n)]
@@ -189,8 +185,6 @@ MULTIDEV_TOKENS = (16, 64)  # two generate lengths: their difference is 48 itera
 
 
 def _multidev_one(n: int) -> float:
-    from locojax import distributed
-
     distributed.set_cpu_devices(n)
     import jax
     import numpy as np

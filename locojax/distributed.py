@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import socket
 
 ENV_COORDINATOR = "LOCOJAX_COORDINATOR"
 ENV_NUM_PROCESSES = "LOCOJAX_NUM_PROCESSES"
@@ -25,6 +26,13 @@ ENV_PROCESS_ID = "LOCOJAX_PROCESS_ID"
 ENV_DEVICES_PER_HOST = "LOCOJAX_DEVICES_PER_HOST"
 ENV_HEARTBEAT = "LOCOJAX_HEARTBEAT_S"
 ENV_CPUS = "LOCOJAX_CPUS"
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now, for a coordinator of processes on this machine."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 @dataclasses.dataclass(frozen=True)

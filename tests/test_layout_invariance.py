@@ -57,7 +57,6 @@ from __future__ import annotations
 
 import functools
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -68,6 +67,7 @@ import numpy as np
 import pytest
 
 import layout_worker as lw
+from locojax import distributed
 from locojax.model.sharding import make_mesh
 from tests.tolerance import probabilistic, x64
 
@@ -274,12 +274,6 @@ def test_fsdp_layout_invariance_every_mode(mode):
             mode, "float64")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 TWO_PROCESS_JOBS = (f"float64/{QUICK_MODE}", "float64/token-mean", "float64/token-mean/host",
                     "float32/seq-mean-token-sum-norm", f"float64/{QUICK_MODE}/fsdp")
 """What crosses processes is the global counts' all-reduce, the same for every mode: the
@@ -298,7 +292,7 @@ def test_two_processes_two_devices_each(tmp_path):
     counts = lw.block_token_counts("host", 2)
     assert len(set(counts)) > 1, counts
     out = tmp_path / "results.npz"
-    port = _free_port()
+    port = distributed.free_port()
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     procs = [subprocess.Popen(
         [sys.executable, str(WORKER), str(port), str(i), "2", "2", str(out), *TWO_PROCESS_JOBS],

@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -56,12 +55,6 @@ def cpu_shares(hosts: int, cpus: list[int]) -> list[str | None]:
         return [None] * hosts
     share = len(cpus) // hosts
     return [",".join(map(str, cpus[i * share:(i + 1) * share])) for i in range(hosts)]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class _Screen:
@@ -114,7 +107,7 @@ def launch(args: LaunchArgs, child_argv: list[str], out=sys.stdout) -> int:
     """Run `child_argv` as `args.hosts` processes; the first failure's exit code wins."""
     if args.hosts < 1 or args.devices_per_host < 1:
         raise ValueError(f"--hosts and --devices-per-host must be >= 1, got {args}")
-    port = args.port or free_port()
+    port = args.port or distributed.free_port()
     cpus = sorted(os.sched_getaffinity(0))
     shares = cpu_shares(args.hosts, cpus) if args.pin_cpus else [None] * args.hosts
     if args.pin_cpus and shares[0] is None:

@@ -44,12 +44,12 @@ import datetime
 import json
 import os
 import platform
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from locojax import distributed
 from locojax.predict import calibrate_kernels, calibration_step
 from locojax.predict.calibrate_host import host_rates, matmul_flops, median_time
 from locojax.predict.calibrate_oversub import oversubscription
@@ -162,8 +162,6 @@ def program_rates(peak: float, reps: int = 5) -> dict[str, float]:
 
 
 def _psum_worker(pid: int, port: int) -> None:
-    from locojax import distributed
-
     os.environ.update({distributed.ENV_COORDINATOR: f"127.0.0.1:{port}",
                        distributed.ENV_NUM_PROCESSES: "2", distributed.ENV_PROCESS_ID: str(pid)})
     distributed.initialize(devices_per_host=1)
@@ -188,9 +186,7 @@ def collectives(timeout: float = 300) -> dict[str, float]:
     """Latency α and bandwidth β of the link between two local hosts (see the docstring)."""
     import numpy as np
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = distributed.free_port()
     code = "import sys; from locojax.predict.calibrate import _psum_worker as w; w(int(sys.argv[1]), int(sys.argv[2]))"
     procs = [subprocess.Popen([sys.executable, "-c", code, str(i), str(port)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -29,12 +29,12 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 
 import numpy as np
 
+from locojax import distributed
 from locojax.predict.calibrate_host import median_time
 
 COUNTS = (2, 4)
@@ -112,8 +112,6 @@ def processes_worker(k: int, pid: int, port: int) -> dict:
     """{"meet" | "host" | "free": {str(reps): seconds}} of one of k joined processes: the
     meeting program, the work then a host-side all-gather, and the work alone on its device
     while the others run theirs (each size's side-by-side run started by a meeting)."""
-    from locojax import distributed
-
     os.environ.update({distributed.ENV_COORDINATOR: f"127.0.0.1:{port}",
                        distributed.ENV_NUM_PROCESSES: str(k),
                        distributed.ENV_PROCESS_ID: str(pid)})
@@ -182,9 +180,7 @@ def lockstep(counts: tuple[int, ...] = COUNTS, timeout: float = 600) -> dict:
         fair = [alone[str(r)] * max(1.0, n / len(cpus)) for r in WORKS]
         out["device_calls"][str(n)] = fit(fair, [got[str(r)] for r in WORKS])
         out["samples"][f"devices_{n}"] = got
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = distributed.free_port()
         each = _spawn(lambda i: ["processes_worker", str(n), str(i), str(port)], env, n, timeout)
         free = [float(np.median([e["free"][str(r)] for e in each])) for r in WORKS]
         meet = [float(np.median([e["meet"][str(r)] for e in each])) for r in WORKS]

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -33,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
+from locojax import distributed
 from locojax.predict import measure_child
 from locojax.predict.modes import Prediction
 
@@ -72,12 +72,6 @@ def limits_of(ctx, rows: int, seed: int = 0) -> list[int] | None:
     return None if (drawn == wl.max_new).all() else [int(x) for x in drawn]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _spec(argv, mode, devices, reps, limits, coordinator, host, hosts, out) -> dict:
     return {"argv": argv, "mode": mode, "devices": devices, "reps": reps, "limits": limits,
             "coordinator": coordinator, "host": host, "hosts": hosts, "out": str(out)}
@@ -99,7 +93,7 @@ def measure(mode: str, argv: list[str], hosts: int, prompts: int, group: int,
     per = prompts // procs
     env = {k: v for k, v in os.environ.items() if k not in DROP_ENV}
     env.setdefault("JAX_PLATFORMS", "cpu")
-    coordinator = f"127.0.0.1:{_free_port()}" if procs > 1 else ""
+    coordinator = f"127.0.0.1:{distributed.free_port()}" if procs > 1 else ""
     with tempfile.TemporaryDirectory(prefix="locojax_measure_") as tmp:
         d = Path(tmp)
         children = []
