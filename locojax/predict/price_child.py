@@ -49,6 +49,7 @@ def features_of(plan, prices) -> dict[str, dict]:
 def run(spec: dict) -> dict:
     import tyro
 
+    from locojax.engine.engine import generate_slots
     from locojax.predict.hlo_kernels import kernels
     from locojax.predict.kernel_tables import KernelPrices
     from locojax.train import wiring as wiring_lib
@@ -67,10 +68,10 @@ def run(spec: dict) -> dict:
     plan.check()
     prices = KernelPrices.of(spec["tables"])
     out = features_of(plan, prices)
-    run = parts.cfg  # its prompt width resolved (`plan_memory` reads the same)
-    start, stop = wiring.host_slice(run.rollout.prompts_per_step)
-    cache = engine.allocation((stop - start) * run.group_size, run.rollout.max_prompt_tokens
-                              + parts.sampling.max_new_tokens - 1).lower().compile()
+    resolved = parts.cfg  # its prompt width resolved (`plan_memory` reads the same)
+    start, stop = wiring.host_slice(resolved.rollout.prompts_per_step)
+    cache = engine.allocation((stop - start) * resolved.group_size, generate_slots(
+        resolved.rollout.max_prompt_tokens, parts.sampling)).lower().compile()
     # its kernels timed alone (fills): the fit's fill weight carries other kernels' time
     out[CACHE] = {"seconds": prices.seconds(kernels(cache.as_text()).kernels)}
     return out
