@@ -162,9 +162,8 @@ def program_rates(peak: float, reps: int = 5) -> dict[str, float]:
 
 
 def _psum_worker(pid: int, port: int) -> None:
-    os.environ.update({distributed.ENV_COORDINATOR: f"127.0.0.1:{port}",
-                       distributed.ENV_NUM_PROCESSES: "2", distributed.ENV_PROCESS_ID: str(pid)})
-    distributed.initialize(devices_per_host=1)
+    distributed.initialize(devices_per_host=1, coordinator=f"127.0.0.1:{port}",
+                           num_processes=2, process_id=pid)
     import jax
     import numpy as np
     from jax.sharding import Mesh, NamedSharding

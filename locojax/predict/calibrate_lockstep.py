@@ -112,11 +112,8 @@ def processes_worker(k: int, pid: int, port: int) -> dict:
     """{"meet" | "host" | "free": {str(reps): seconds}} of one of k joined processes: the
     meeting program, the work then a host-side all-gather, and the work alone on its device
     while the others run theirs (each size's side-by-side run started by a meeting)."""
-    os.environ.update({distributed.ENV_COORDINATOR: f"127.0.0.1:{port}",
-                       distributed.ENV_NUM_PROCESSES: str(k),
-                       distributed.ENV_PROCESS_ID: str(pid)})
-    os.environ.pop(distributed.ENV_CPUS, None)  # unpinned, as `locojax launch` places hosts
-    distributed.initialize(devices_per_host=1)
+    distributed.initialize(devices_per_host=1, coordinator=f"127.0.0.1:{port}",
+                           num_processes=k, process_id=pid)
     import jax
     from jax.experimental import multihost_utils
 
@@ -170,7 +167,9 @@ def fit(reference: list[float], measured: list[float]) -> dict[str, float]:
 def lockstep(counts: tuple[int, ...] = COUNTS, timeout: float = 600) -> dict:
     """The program model's `lockstep` entry: {meeting: {str(n): {"a", "b"}}} for the
     meetings `MEETINGS` names, and the samples each fit was made from."""
-    env = {k: v for k, v in os.environ.items() if k != "LOCOJAX_CPUS"}
+    # unpinned, as `locojax launch` places its hosts: a surrounding launch's share must not
+    # reach the workers
+    env = {k: v for k, v in os.environ.items() if k != distributed.ENV_CPUS}
     cpus = sorted(os.sched_getaffinity(0))
     alone = _spawn(lambda i: ["devices_worker", "1"], {**env, PIN_ENV: str(cpus[0])}, 1,
                    timeout)[0]
