@@ -49,7 +49,7 @@ def test_the_fit_recovers_the_weights_that_made_the_times():
 def _model(one=2.0, every=1.0):
     weights = {"update": {"call": 0.0, "launch": 0.0, "matmul": 1.0, "elementwise": 0.0,
                           "fill": 0.0}}
-    weights["engine"] = dict(weights["update"])
+    weights.update(prefill=dict(weights["update"]), decode=dict(weights["update"]))
     scale = lambda w, s: {k: {f: v * s for f, v in d.items()} for k, d in w.items()}  # noqa: E731
     return KernelModel(PRICES, {"one": scale(weights, one), "all": scale(weights, every)}, 2.0)
 
@@ -89,7 +89,11 @@ def test_compiled_is_refused_without_a_program_model(tmp_path, capsys):
 def test_the_child_reads_a_tiny_runs_compiled_programs(tmp_path):
     """The real path on TINY: the run's programs compiled by its memory plan, nothing run,
     and each read into features; the train step does matmuls, the decode loop iterates,
-    the cache buffer fills."""
+    the cache buffer fills, the gradients are the params' bytes."""
+    import jax
+
+    from locojax.model import config, params
+
     argv = ["demo", "--model", "tiny", "--rollout.prompts-per-step", "2",
             "--algo.group-size", "2", "--rollout.max-new-tokens", "8", "--rollout.ignore-eos",
             "--eval.every", "0", "--steps", "2", "--run-dir", str(tmp_path / "run")]
@@ -101,18 +105,21 @@ def test_the_child_reads_a_tiny_runs_compiled_programs(tmp_path):
     assert feats["train_step"]["matmul"] > 0 and feats["train_step"]["call"] == 1.0
     assert feats["decode rollout iteration"]["call"] == 0.0
     assert feats["decode rollout iteration"]["launch"] > 0
+    assert feats[priced.GRADIENTS]["bytes"] == 4 * sum(  # f32 params on one device
+        x.size for x in jax.tree.leaves(params.init(config.tiny(), jax.random.key(0))))
     assert all(math.isfinite(v) for f in feats.values() for v in f.values())
 
 
 def test_the_calibration_times_and_reads_its_programs():
     """`calibrate_kernels.rows` on one narrow decoder and one shape: each kind's program is
-    compiled, read and timed (a positive time; features that price a matmul)."""
+    compiled, read and timed (a positive time; features that price a matmul), the prefill
+    and the decode of one generate apart, each one program call."""
     from locojax.predict import calibrate_kernels
 
     dims = dict(hidden_size=16, intermediate_size=32, num_attention_heads=2,
                 num_key_value_heads=1, head_dim=8, vocab_size=64)
     got = calibrate_kernels.rows(PRICES, {"d16": dims}, ((2, 2, 8, 4),), reps=1)
-    for kind in ("update", "engine"):
+    for kind in kernel_model.KINDS:
         ((feats, seconds),) = got[kind]
         assert seconds > 0 and feats["call"] == 1.0 and feats["matmul"] > 0
 
@@ -129,7 +136,7 @@ def test_compiled_prints_each_phase_priced_beside_the_cost_model(tmp_path, capsy
     from tests.test_predict_calibrated import MEASURED
 
     only_matmuls = {"call": 0.0, "launch": 0.0, "matmul": 1e3, "elementwise": 0.0, "fill": 0.0}
-    weights = {c: {k: dict(only_matmuls) for k in ("update", "engine")} for c in ("one", "all")}
+    weights = {c: {k: dict(only_matmuls) for k in kernel_model.KINDS} for c in ("one", "all")}
     program_model = {"tables": _tables(), "weights": weights, "cores": 2}
     profile = tmp_path / "here.json"
     profile.write_text(json.dumps({**calibrate.profile(MEASURED, "now", "0.0"),

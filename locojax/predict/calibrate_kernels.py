@@ -5,8 +5,9 @@ Three calibration decoders, of widths 96, 384 and 640 (no model's and no validat
 point's: TINY is d 64, SMALL d 256, SmolLM2-135M d 576), two layers each, run their GRPO
 update and their engine's generate (every row to N tokens) at three shapes each, B x G x P x
 N in `SHAPES`; each program is compiled, its kernels read from its HLO, and timed (median
-of `REPS` calls after warm-ups). The weights of each kind are the non-negative least
-squares of its nine (features, seconds) rows (`kernel_model.fit`).
+of `REPS` calls after warm-ups), the generate's prefill and decode apart. The weights of
+each kind (update, prefill, decode) are the non-negative least squares of its nine
+(features, seconds) rows (`kernel_model.fit`).
 
 All of it twice: in a child pinned to one core (what one of N local hosts on N cores has;
 the matmul tables, `kernel_tables.measure`, are timed there too, since a kernel runs on one
@@ -50,6 +51,8 @@ REPS = 5
 
 def rows(prices, decoders=DECODERS, shapes=SHAPES, reps=REPS) -> dict[str, list]:
     """{kind: [(features, seconds), ...]} of the calibration programs on this process."""
+    import statistics
+
     from locojax.model import config
     from locojax.predict import calibration_step, kernel_model
     from locojax.predict.calibrate_host import median_time
@@ -63,9 +66,13 @@ def rows(prices, decoders=DECODERS, shapes=SHAPES, reps=REPS) -> dict[str, list]
             listed = kernels(calibration_step.compiled_update(cfg, *shape).as_text()).kernels
             out["update"].append((kernel_model.features(listed, prices),
                                   median_time(step, reps)))
-            call, listed = calibration_step.generate(cfg, *shape)
-            out["engine"].append((kernel_model.features(listed, prices),
-                                  median_time(call, reps)))
+            call, prefilling, decoding = calibration_step.generate_parts(cfg, *shape)
+            for _ in range(2):  # compiles, then warms
+                call()
+            parts = [call() for _ in range(reps)]
+            for kind, kernels_of, i in (("prefill", prefilling, 0), ("decode", decoding, 1)):
+                out[kind].append((kernel_model.features(kernels_of, prices),
+                                  statistics.median(t[i] for t in parts)))
     return out
 
 

@@ -13,7 +13,7 @@ def micro(layers: int):
                        vocab_size=64)
 
 
-def _inputs(cfg, prompts_n: int, group: int, p: int, n: int):
+def inputs(cfg, prompts_n: int, group: int, p: int, n: int):
     """(learner config, train state, batch) of a synthetic update of decoder `cfg` on
     prompts_n x group rows of p + n tokens."""
     import jax
@@ -41,7 +41,7 @@ def compiled_update(cfg, prompts_n: int, group: int, p: int, n: int):
     """The compiled program of `update`'s step (its kernels, its cost analysis)."""
     from locojax.rl.train_step import train_step
 
-    lcfg, state, batch = _inputs(cfg, prompts_n, group, p, n)
+    lcfg, state, batch = inputs(cfg, prompts_n, group, p, n)
     return train_step.lower(state, batch, None, model_cfg=cfg, cfg=lcfg).compile()
 
 
@@ -53,7 +53,7 @@ def update(cfg, prompts_n: int, group: int, p: int, n: int):
 
     from locojax.rl.train_step import train_step
 
-    lcfg, state0, batch = _inputs(cfg, prompts_n, group, p, n)
+    lcfg, state0, batch = inputs(cfg, prompts_n, group, p, n)
     state = [state0]
 
     def step():
@@ -62,11 +62,10 @@ def update(cfg, prompts_n: int, group: int, p: int, n: int):
     return step
 
 
-def generate(cfg, prompts_n: int, group: int, p: int, n: int):
-    """(a function running the engine's generate of prompts_n x group rows of n new tokens
-    after p prompt tokens, every row to n, and returning when it is done; the kernels one
-    call runs: the prefill's, the decode's outside its loop and the loop's, `n - 1` times;
-    the engine keeps its cache buffer between calls, `priced.py` prices a run's apart)."""
+def _engine_call(cfg, prompts_n: int, group: int, p: int, n: int):
+    """(the engine, its prefill's kernels, its decode's kernels: the part outside the loop
+    and the loop's, `n - 1` times, and the arguments of its `prefill`) for prompts_n x group
+    rows of n new tokens after p prompt tokens, every row to n."""
     import dataclasses
 
     import jax
@@ -81,15 +80,45 @@ def generate(cfg, prompts_n: int, group: int, p: int, n: int):
     sampling = SamplingConfig(max_new_tokens=n, temperature=1.0, ignore_eos=True)
     prefill, decode = engine.compile(prompts_n, p, sampling, group)
     once, loop = kernels(decode.as_text()).split()
-    listed = (kernels(prefill.as_text()).kernels + once
-              + [dataclasses.replace(k, count=k.count * (n - 1)) for k in loop])
+    decoding = once + [dataclasses.replace(k, count=k.count * (n - 1)) for k in loop]
     weights = params.init(cfg, jax.random.key(0))
     prompts = np.asarray(jax.random.randint(jax.random.key(1), (prompts_n, p), 0,
                                             cfg.vocab_size), np.int32)
-    limits = np.full((prompts_n * group,), n, np.int32)
+    args = (weights, prompts, jax.random.key(0), sampling, group,
+            np.ones((prompts_n, p), bool), 0, np.full((prompts_n * group,), n, np.int32))
+    return engine, kernels(prefill.as_text()).kernels, decoding, args
+
+
+def generate(cfg, prompts_n: int, group: int, p: int, n: int):
+    """(a function running the engine's generate of prompts_n x group rows of n new tokens
+    after p prompt tokens, every row to n, and returning when it is done; the kernels one
+    call runs: the prefill's, then the decode's, `_engine_call`). The engine keeps its cache
+    buffer between calls; `priced.py` prices a run's apart."""
+    import jax
+
+    engine, prefilling, decoding, args = _engine_call(cfg, prompts_n, group, p, n)
 
     def call():
-        jax.block_until_ready(engine.generate(weights, prompts, jax.random.key(0), sampling,
-                                              group, np.ones((prompts_n, p), bool), 0,
-                                              limits).tokens)
-    return call, listed
+        jax.block_until_ready(engine.generate(*args).tokens)
+    return call, prefilling + decoding
+
+
+def generate_parts(cfg, prompts_n: int, group: int, p: int, n: int):
+    """(a function running one generate as `generate` does and returning the seconds of its
+    prefill (to token 0) and of its decode, the prefill's kernels, the decode's kernels): the
+    calibration fits the two apart, a prefill's kernels being few and wide, a decode
+    iteration's many and narrow."""
+    import time
+
+    import jax
+
+    engine, prefilling, decoding, args = _engine_call(cfg, prompts_n, group, p, n)
+
+    def call() -> tuple[float, float]:
+        start = time.perf_counter()
+        pending = engine.prefill(*args)
+        jax.block_until_ready(pending.prefilled)
+        mid = time.perf_counter()
+        jax.block_until_ready(engine.decode(pending).tokens)
+        return mid - start, time.perf_counter() - mid
+    return call, prefilling, decoding

@@ -15,13 +15,13 @@ kernel", measured them in traces of locojax's programs):
   first touch of its pages).
 
 and the time is their weighted sum, t = Σ_f c_f · x_f, with weights per kind of program
-(`update`: a train step or reference pass; `engine`: a prefill or a decode loop's
-iteration, whose kernels run fewer at once) and per core count. The weights are fitted by
-`calibrate_kernels.py` to locojax's own programs on decoders of three widths that no model
-or validation point has; a program the calibration never saw is priced from its own
-kernels, so a new shape needs no new fit. The weights carry what no table holds: how many
-kernels run at once on the cores, how much slower a matmul or an elementwise kernel runs
-among others than alone.
+(`update`: a train step or reference pass; `prefill`: a prefill, few wide kernels;
+`decode`: a decode loop, many narrow ones, which run fewer at once) and per core count.
+The weights are fitted by `calibrate_kernels.py` to locojax's own programs on decoders of
+three widths that no model or validation point has; a program the calibration never saw
+is priced from its own kernels, so a new shape needs no new fit. The weights carry what no
+table holds: how many kernels run at once on the cores, how much slower a matmul or an
+elementwise kernel runs among others than alone.
 """
 
 from __future__ import annotations
@@ -34,11 +34,12 @@ from locojax.predict.hlo_kernels import Kernel
 from locojax.predict.kernel_tables import KernelPrices
 
 FEATURES = ("call", "launch", "matmul", "elementwise", "fill")
-KINDS = ("update", "engine")
+KINDS = ("update", "prefill", "decode")
 CORES = ("one", "all")
-KIND_OF = {"train": "update", "prefill": "engine", "decode_step": "engine",
-           "forward": "engine", "reshard": "engine"}
-"""The program kinds of `phases.py` (and a reshard) to the model's."""
+KIND_OF = {"train": "update", "prefill": "prefill", "decode_step": "decode",
+           "forward": "prefill", "reshard": "prefill"}
+"""The program kinds of `phases.py` (and a reshard) to the model's: a forward pass and a
+reshard run few wide kernels, as a prefill does."""
 TRANSCENDENTAL = {"exponential", "log", "tanh", "logistic", "rsqrt", "sqrt", "power", "erf",
                   "divide", "exponential-minus-one", "log-plus-one"}
 LAYOUT = {"copy", "transpose"}
