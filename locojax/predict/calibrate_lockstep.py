@@ -20,9 +20,14 @@ For n devices (one process, `jax_num_cpu_devices` n) the reference is the same w
 device on one core, times max(1, n / c) (fair time-slicing: what the program model prices
 on c / n cores); for k processes (joined by `jax.distributed`, one device each) it is the
 same k processes running the work without the psum, side by side (what the program model
-prices times the contention ρ(k)). The excess over the reference is fitted as
-a + b · reference by least squares over the three sizes: `a` is a meeting's own cost, `b`
-the share of the work by which the slowest unit arrives late. n and k are 2 and 4.
+prices times the contention ρ(k)). Each size is timed `REPEATS` times, and the excess over
+the reference fitted as a + b · reference by least squares over the nine points: `a` is a
+meeting's own cost, `b` the share of the work by which the slowest unit arrives late. `b`
+is kept only where it stands clear of zero (`RESOLVED` standard errors, from the points'
+scatter about the line); else b = 0 and `a` is the mean excess. The predictions multiply
+`b` by every meeting's work, so a `b` that is noise (seventh set, docs/predict_compiled.md:
+signs that changed run to run, 306 ms of meetings priced on a step whose host phases total
+15 ms) costs more than no `b`. n and k are 2 and 4.
 """
 
 from __future__ import annotations
@@ -35,18 +40,22 @@ import sys
 import numpy as np
 
 from locojax import distributed
-from locojax.predict.calibrate_host import median_time
+from locojax.predict import calibrate_joined
+from locojax.predict.calibrate_host import call_time_over, median_time
 
 COUNTS = (2, 4)
 WORKS = (1, 16, 256)  # matmuls per unit between meetings: about 0.1, 1 and 17 ms on a core
 CALLS = (60, 24, 6)
 WINDOW_S = 0.6  # each size's side-by-side run without meetings
+REPEATS = 3
+RESOLVED = 2.0  # standard errors from zero that keep b
 ROWS, WIDTH = 64, 256
 PIN_ENV = "LOCOJAX_LOCKSTEP_PIN"
-MEETINGS = ("device_calls", "process_psum", "process_gather")
-"""n device threads ending one program call; k processes meeting in a program's psum (the
-gradient all-reduce); k processes meeting in `multihost_utils.process_allgather` after the
-work (the train loop's batch widths and metric sums: `wiring.Colocated`)."""
+MEETINGS = ("device_calls", "process_psum", "process_gather", "process_update")
+"""n device threads ending one program call; k processes meeting in a program's psum; k
+processes meeting in `multihost_utils.process_allgather` after the work (the train loop's
+batch widths and metric sums: `wiring.Colocated`); k processes joined in a GRPO update,
+its `b` per gradient byte (`calibrate_joined.py`)."""
 
 
 def _programs(mesh, reps: int):
@@ -67,20 +76,6 @@ def _median_call(fn, args, calls: int) -> float:
     return median_time(lambda: fn(*args).block_until_ready(), calls, warm=3)
 
 
-def _call_time_over(call, window: float) -> float:
-    """Seconds per call of `call` (which returns when done) called back to back for
-    `window` seconds (every process busy for the whole window, where a count of calls would
-    let the first to finish leave the others the cores)."""
-    import time
-
-    call()
-    start, calls = time.perf_counter(), 0
-    while time.perf_counter() - start < window:
-        call()
-        calls += 1
-    return (time.perf_counter() - start) / calls
-
-
 def _inputs(mesh):
     """The units' rows [64 each, 256] and the shared [256, 256] weight, as global arrays."""
     import jax
@@ -96,7 +91,8 @@ def _inputs(mesh):
 
 
 def devices_worker(n: int) -> dict:
-    """{str(reps): seconds} of the meeting program over n devices of this process."""
+    """{str(reps): [seconds of each repeat]} of the meeting program over n devices of this
+    process."""
     pin = os.environ.get(PIN_ENV)
     if pin:
         os.sched_setaffinity(0, {int(pin)})
@@ -105,13 +101,19 @@ def devices_worker(n: int) -> dict:
     jax.config.update("jax_num_cpu_devices", n)
     mesh = jax.sharding.Mesh(np.array(jax.devices()), ("data",))
     args = _inputs(mesh)
-    return {str(r): _median_call(_programs(mesh, r)[0], args, c) for r, c in zip(WORKS, CALLS)}
+    programs = {r: _programs(mesh, r)[0] for r in WORKS}
+    out: dict[str, list] = {str(r): [] for r in WORKS}
+    for _ in range(REPEATS):
+        for r, c in zip(WORKS, CALLS):
+            out[str(r)].append(_median_call(programs[r], args, c))
+    return out
 
 
 def processes_worker(k: int, pid: int, port: int) -> dict:
-    """{"meet" | "host" | "free": {str(reps): seconds}} of one of k joined processes: the
-    meeting program, the work then a host-side all-gather, and the work alone on its device
-    while the others run theirs (each size's side-by-side run started by a meeting)."""
+    """{"meet" | "host" | "free": {str(reps): [seconds of each repeat]}} of one of k joined
+    processes: the meeting program, the work then a host-side all-gather, and the work alone
+    on its device while the others run theirs (each size's side-by-side run started by a
+    meeting)."""
     distributed.initialize(devices_per_host=1, coordinator=f"127.0.0.1:{port}",
                            num_processes=k, process_id=pid)
     import jax
@@ -120,25 +122,28 @@ def processes_worker(k: int, pid: int, port: int) -> dict:
     mesh = jax.sharding.Mesh(np.array(jax.devices()), ("data",))
     x, w = _inputs(mesh)
     mine = x.addressable_shards[0].data, w.addressable_shards[0].data
-    out: dict[str, dict] = {"meet": {}, "host": {}, "free": {}}
-    for r, c in zip(WORKS, CALLS):
-        meet, free = _programs(mesh, r)
+    out: dict[str, dict] = {m: {str(r): [] for r in WORKS} for m in ("meet", "host", "free")}
+    programs = {r: _programs(mesh, r) for r in WORKS}
+    for _ in range(REPEATS):
+        for r, c in zip(WORKS, CALLS):
+            meet, free = programs[r]
 
-        def gathered(*args):  # as `wiring.Colocated.sum_over_hosts` meets
-            y = free(*args)
-            multihost_utils.process_allgather(np.asarray([float(y)], np.float64))
-            return y
+            def gathered(*args):  # as `wiring.Colocated.sum_over_hosts` meets
+                y = free(*args)  # noqa: B023 (called in this iteration)
+                multihost_utils.process_allgather(np.asarray([float(y)], np.float64))
+                return y
 
-        out["meet"][str(r)] = _median_call(meet, (x, w), c)
-        out["host"][str(r)] = _median_call(gathered, mine, c)
-        meet(x, w).block_until_ready()
-        out["free"][str(r)] = _call_time_over(
-            lambda: free(*mine).block_until_ready(), WINDOW_S)  # noqa: B023 (called here)
+            out["meet"][str(r)].append(_median_call(meet, (x, w), c))
+            out["host"][str(r)].append(_median_call(gathered, mine, c))
+            meet(x, w).block_until_ready()
+            out["free"][str(r)].append(call_time_over(
+                lambda: free(*mine).block_until_ready(), WINDOW_S))  # noqa: B023 (called here)
     return out
 
 
-def _spawn(args: list[str], env: dict, count: int, timeout: float) -> list[dict]:
-    code = ("import json, sys; from locojax.predict import calibrate_lockstep as m; "
+def _spawn(args: list[str], env: dict, count: int, timeout: float,
+           module: str = "calibrate_lockstep") -> list[dict]:
+    code = (f"import json, sys; from locojax.predict import {module} as m; "
             "print(json.dumps(getattr(m, sys.argv[1])(*map(int, sys.argv[2:]))))")
     procs = [subprocess.Popen([sys.executable, "-c", code, *args(i)], env=env, text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -156,16 +161,41 @@ def _spawn(args: list[str], env: dict, count: int, timeout: float) -> list[dict]
     return [json.loads(o[0].strip().splitlines()[-1]) for o in outs]
 
 
+def line(x: list[float], y: list[float]) -> dict[str, float]:
+    """{"a", "b", "b_se"}: the least-squares y = a + b · x, b's standard error from the
+    points' scatter about the line; b = 0 and a the mean of y where |b| < `RESOLVED`
+    standard errors (the module docstring)."""
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    (b, a), residuals = np.polyfit(x, y, 1, full=True)[:2]
+    spread = float(np.sum((x - x.mean()) ** 2))
+    dof = len(x) - 2
+    se = (float(np.sqrt(residuals[0] / dof / spread)) if dof > 0 and len(residuals) and spread
+          else float("inf"))
+    if not abs(b) >= RESOLVED * se:
+        return {"a": float(y.mean()), "b": 0.0, "b_se": se}
+    return {"a": float(a), "b": float(b), "b_se": se}
+
+
 def fit(reference: list[float], measured: list[float]) -> dict[str, float]:
-    """{"a", "b"}: the least-squares excess measured - reference = a + b · reference."""
+    """`line` of the excess measured - reference on the reference: a meeting's cost a and
+    the slowest unit's lateness b, a share of the work."""
     ref = np.asarray(reference, float)
-    excess = np.asarray(measured, float) - ref
-    b, a = np.polyfit(ref, excess, 1)
-    return {"a": float(a), "b": float(b)}
+    return line(list(ref), list(np.asarray(measured, float) - ref))
+
+
+def _points(samples: dict[str, list]) -> list[float]:
+    """Every repeat of every size, in the order of `WORKS`."""
+    return [t for r in WORKS for t in samples[str(r)]]
+
+
+def _across(workers: list[dict], kind: str) -> dict[str, list]:
+    """{str(reps): [the workers' median of each repeat]} of one kind of time."""
+    return {str(r): [float(np.median([w[kind][str(r)][i] for w in workers]))
+                     for i in range(len(workers[0][kind][str(r)]))] for r in WORKS}
 
 
 def lockstep(counts: tuple[int, ...] = COUNTS, timeout: float = 600) -> dict:
-    """The program model's `lockstep` entry: {meeting: {str(n): {"a", "b"}}} for the
+    """The program model's `lockstep` entry: {meeting: {str(n): {"a", "b", "b_se"}}} for the
     meetings `MEETINGS` names, and the samples each fit was made from."""
     # unpinned, as `locojax launch` places its hosts: a surrounding launch's share must not
     # reach the workers
@@ -176,17 +206,21 @@ def lockstep(counts: tuple[int, ...] = COUNTS, timeout: float = 600) -> dict:
     out: dict = {**{m: {} for m in MEETINGS}, "samples": {"alone_1_core": alone}}
     for n in counts:
         got = _spawn(lambda i: ["devices_worker", str(n)], env, 1, timeout)[0]
-        fair = [alone[str(r)] * max(1.0, n / len(cpus)) for r in WORKS]
-        out["device_calls"][str(n)] = fit(fair, [got[str(r)] for r in WORKS])
+        fair = {str(r): [t * max(1.0, n / len(cpus)) for t in alone[str(r)]] for r in WORKS}
+        out["device_calls"][str(n)] = fit(_points(fair), _points(got))
         out["samples"][f"devices_{n}"] = got
         port = distributed.free_port()
         each = _spawn(lambda i: ["processes_worker", str(n), str(i), str(port)], env, n, timeout)
-        free = [float(np.median([e["free"][str(r)] for e in each])) for r in WORKS]
-        meet = [float(np.median([e["meet"][str(r)] for e in each])) for r in WORKS]
-        host = [float(np.median([e["host"][str(r)] for e in each])) for r in WORKS]
-        out["process_psum"][str(n)] = fit(free, meet)
-        out["process_gather"][str(n)] = fit(free, host)
+        free, meet, host = (_across(each, kind) for kind in ("free", "meet", "host"))
+        out["process_psum"][str(n)] = fit(_points(free), _points(meet))
+        out["process_gather"][str(n)] = fit(_points(free), _points(host))
         out["samples"][f"processes_{n}"] = {"free": free, "meet": meet, "host": host}
+        port = distributed.free_port()
+        each = _spawn(lambda i: ["worker", str(n), str(i), str(port)], env, n, timeout,
+                      "calibrate_joined")
+        grads, excess = calibrate_joined.excess(each)
+        out["process_update"][str(n)] = line(grads, excess)
+        out["samples"][f"update_{n}"] = {"bytes": grads, "excess": excess}
     out["works"] = list(WORKS)
     return out
 

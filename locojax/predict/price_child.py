@@ -11,9 +11,10 @@ and compiles the step's programs through `loop.plan_memory`, exactly as a run do
 its first step; then it writes, per program of the plan, the kernel features of
 `kernel_model.features` (the tables price the matmuls): the train step (and the reference
 pass where β > 0), each prefill, the reshard where there is one, each decode split into
-its part outside the loop (`once`) and one iteration of its loop (`iteration`), and the
+its part outside the loop (`once`) and one iteration of its loop (`iteration`), the
 rollout's cache buffer (`cache rollout`, `Engine.allocation`: made anew every step), as
-seconds: its kernels priced alone by the tables.
+seconds: its kernels priced alone by the tables, and the bytes of the trained params
+(`gradients`: what the hosts' gradient all-reduce sums).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import sys
 from pathlib import Path
 
 CACHE = "cache rollout"
+GRADIENTS = "gradients"
 
 
 def features_of(plan, prices) -> dict[str, dict]:
@@ -74,6 +76,7 @@ def run(spec: dict) -> dict:
         resolved.rollout.max_prompt_tokens, parts.sampling)).lower().compile()
     # its kernels timed alone (fills): the fit's fill weight carries other kernels' time
     out[CACHE] = {"seconds": prices.seconds(kernels(cache.as_text()).kernels)}
+    out[GRADIENTS] = {"bytes": float(plan.held["params"])}  # one device: all of them
     return out
 
 

@@ -16,13 +16,14 @@ Priced: `reshard`, `prefill` (with the rollout's cache buffer, which the engine 
 every step, its fill kernels priced as timed alone), `decode` (the part of the decode
 program outside its loop, and its loop's iteration times the iterations the cost model
 expects, `Workload.decode_steps`) and `train` (the train step, and the reference pass where
-β > 0). The rest stays the cost model's: host work and the gradient all-reduce's bytes
-between processes. Where devices or hosts share the cores, their meetings are priced as
+β > 0). The rest stays the cost model's: host work. Where devices or hosts share the
+cores, their meetings are priced as
 `calibrate_lockstep` measured them: a device thread's wait at the end of every call and
-decode iteration, and the colocated hosts' three meetings a step (`meetings`), in place of
-the cost model's small-collective latency. Where completion lengths are spread, the engine
-compacts finished rows in waves and runs later iterations at fewer rows; this prices every
-iteration at the full batch's rows (an upper bound), and says so.
+decode iteration, the colocated hosts' two host-side meetings a step (`meetings`) in place
+of the cost model's small-collective latency, and their joined train step (`joined`,
+`calibrate_joined`) in place of its gradient all-reduce. Where completion lengths are
+spread, the engine compacts finished rows in waves and runs later iterations at fewer rows;
+this prices every iteration at the full batch's rows (an upper bound), and says so.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from pathlib import Path
 from locojax.predict import measure, modes
 from locojax.predict.kernel_model import KernelModel, added
 from locojax.predict.modes import Prediction
-from locojax.predict.price_child import CACHE
+from locojax.predict.price_child import CACHE, GRADIENTS
 
 PRICED = ("reshard", "prefill", "decode", "train")
 REPLACED = ("tp_comm", "extend")
@@ -111,13 +112,19 @@ ROLLOUT = ("admission", "prefill", "decode", "detokenize_reward", "env")
 
 
 def meetings(ph: dict[str, float], model: KernelModel, hosts: int) -> float:
-    """Seconds the colocated hosts' meetings add to a step (`calibrate_lockstep`): the batch
-    widths' all-gather after the rollout, the gradient all-reduce after the train step's
-    work, and the metric sums' all-gather straight after it."""
+    """Seconds the colocated hosts' meetings outside the train step add to a step
+    (`calibrate_lockstep`): the batch widths' all-gather after the rollout and the metric
+    sums' all-gather after the update (the update's own, `joined`)."""
     rollout = sum(ph.get(n, 0.0) for n in ROLLOUT)
     return (model.meeting("process_gather", hosts, rollout)
-            + model.meeting("process_psum", hosts, ph.get("train", 0.0))
             + model.meeting("process_gather", hosts, 0.0))
+
+
+def joined(feats: dict[str, dict], model: KernelModel, hosts: int) -> float:
+    """Seconds a colocated host's train step takes joined with the others' over alone
+    (`calibrate_joined`: a part per update and one per gradient byte, the all-reduce and the
+    waits for the slowest host in it)."""
+    return model.meeting("process_update", hosts, feats[GRADIENTS]["bytes"])
 
 
 def apply(pred: Prediction, priced: dict[str, float], spread: bool) -> Prediction:
@@ -157,6 +164,8 @@ def predicted(ctx, mode: str, argv: list[str], prompts: int) -> tuple[Prediction
     wl, km = ctx.wl, KernelModel.of(entry)
     devices = 1 if colocated else ctx.cluster.chips
     got = phases(feats, km, wl.decode_steps(wl.rows), cores, penalty, devices)
+    if colocated and km.lockstep:
+        got["train"] += joined(feats, km, ctx.cluster.hosts)
     out = apply(model, got, min(wl.completion.quantiles) < wl.max_new)
     return model, with_meetings(out, km, ctx.cluster.hosts if colocated else devices,
                                 colocated)
@@ -165,11 +174,13 @@ def predicted(ctx, mode: str, argv: list[str], prompts: int) -> tuple[Prediction
 def with_meetings(pred: Prediction, model: KernelModel, units: int,
                   colocated: bool) -> Prediction:
     """`pred` with the colocated hosts' meetings (`meetings`) in place of the cost model's
-    small-collective latency, or a note where the profile measured no lock-step."""
+    small-collective latency and its gradient all-reduce (in the joined train step,
+    `joined`), or a note where the profile measured no lock-step."""
     if units > 1 and not model.lockstep:
         pred.notes.append("the profile measured no lock-step (a profile from before it): "
                           "meetings of devices or hosts unpriced; calibrate --programs again")
     elif colocated and units > 1:
         pred.phases.pop("collectives", None)
+        pred.phases.pop("allreduce", None)
         pred.phases["lockstep"] = meetings(pred.phases, model, units)
     return pred
