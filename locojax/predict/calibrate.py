@@ -21,10 +21,11 @@ What is measured, each a median of repeats, nothing fitted to a training run:
 - `dcn_latency`, `dcn_bandwidth`: two processes joined by `jax.distributed` on 127.0.0.1
   (gloo, as `locojax launch` joins its hosts) time a psum at several sizes; a ring
   all-reduce over p = 2 takes 2 (p - 1) α + 2 (p - 1) / p · m / β, fitted for α and β.
-- `program_model` (only with `--programs`: about six more minutes on 2 cores): the weights
-  of the kernel model of `predict train ... --compiled` (`kernel_model.py`), fitted to
-  locojax's programs on three calibration decoders on one core and on all, and the one-core
-  matmul tables it prices matmuls by (`calibrate_kernels.py`);
+- `program_model` (only with `--programs`: about eleven more minutes on 2 cores): the
+  weights of the kernel model of `predict train ... --compiled` (`kernel_model.py`), fitted
+  to locojax's programs on three calibration decoders on one core and on all, the one-core
+  matmul tables it prices matmuls by (`calibrate_kernels.py`), and the meetings of devices
+  and hosts sharing the cores (`calibrate_lockstep.py`, `calibrate_joined.py`);
 - `oversubscription`: ρ(k) for k = 2 and 4 local hosts, k unpinned processes of the
   calibration decoder's train step at once (as `locojax launch` places its hosts) over one
   alone on one core, per core of its fair share (`calibrate_oversub.py`); the model
