@@ -187,7 +187,8 @@ def collectives(timeout: float = 300) -> dict[str, float]:
     import numpy as np
 
     port = distributed.free_port()
-    code = "import sys; from locojax.predict.calibrate import _psum_worker as w; w(int(sys.argv[1]), int(sys.argv[2]))"
+    code = ("import sys; from locojax.predict.calibrate import _psum_worker as w; "
+            "w(int(sys.argv[1]), int(sys.argv[2]))")
     procs = [subprocess.Popen([sys.executable, "-c", code, str(i), str(port)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for i in range(2)]

@@ -11,7 +11,7 @@ TINY update took 11 to 14 ms joined against 4 to 7 ms alone side by side, and a 
 Neither the psum probe nor the cost model's link fit (a psum of one array, back to back)
 holds that: the excess has a part per update and a part per gradient byte.
 
-Each of k processes builds the update of two probe decoders (`DECODERS`, of 2.5 and 21 MB
+Each of k processes builds the update of two probe decoders (`DECODERS`, of 1.6 and 12.6 MB
 of f32 gradients) on `SHAPE` rows per host, the state replicated over the joined mesh and
 the batch made global as the train loop makes it (`Colocated.global_batch`), and times it
 (median of `CALLS`) joined, then alone on its own device while the others run theirs, for
