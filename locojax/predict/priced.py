@@ -17,13 +17,13 @@ every step, its fill kernels priced as timed alone), `decode` (the part of the d
 program outside its loop, and its loop's iteration times the iterations the cost model
 expects, `Workload.decode_steps`) and `train` (the train step, and the reference pass where
 β > 0). The rest stays the cost model's: host work. Where devices or hosts share the
-cores, their meetings are priced as
-`calibrate_lockstep` measured them: a device thread's wait at the end of every call and
-decode iteration, the colocated hosts' two host-side meetings a step (`meetings`) in place
-of the cost model's small-collective latency, and their joined train step (`joined`,
-`calibrate_joined`) in place of its gradient all-reduce. Where completion lengths are
-spread, the engine compacts finished rows in waves and runs later iterations at fewer rows;
-this prices every iteration at the full batch's rows (an upper bound), and says so.
+cores, their meetings are priced as `calibrate_lockstep` measured them: a device thread's
+wait at the end of every call and decode iteration, the colocated hosts' two host-side
+meetings a step (`meetings`) in place of the cost model's small-collective latency, and
+their joined train step (`joined`, `calibrate_joined`) in place of its gradient all-reduce.
+Where completion lengths are spread, the engine compacts finished rows in waves and runs
+later iterations at fewer rows; this prices every iteration at the full batch's rows (an
+upper bound), and says so.
 """
 
 from __future__ import annotations
