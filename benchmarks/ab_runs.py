@@ -11,8 +11,13 @@ steps and the checkpoint step dropped) and the ratio to the first tree.
 Usage:
     .venv/bin/python benchmarks/ab_runs.py --tree before=/path/to/old --tree after=. \\
         --points single-2 colocated-2 colocated-4 da-0.5 async-k2 --rounds 2
-Points: single-N and colocated-N (bench_modes, TINY arith, N hosts or devices), da-F and
-async-kK (bench_placement's 4 hosts, TINY arith).
+Points: single-N and colocated-N (bench_modes, TINY arith, N hosts or devices; `@small`
+after either runs SMALL's shape), da-F and async-kK (bench_placement's 4 hosts, TINY arith).
+
+Two arms may be one tree run two ways: `--launch-flag NAME=FLAG` adds FLAG to `locojax
+launch` in that arm's colocated points, e.g. hosts pinned or not:
+    .venv/bin/python benchmarks/ab_runs.py --tree unpinned=. --tree pinned=. \
+        --launch-flag pinned=--pin-cpus --points colocated-2 --rounds 4
 """
 
 from __future__ import annotations
@@ -30,12 +35,18 @@ from benchmarks import bench_placement, harness  # noqa: E402
 from benchmarks.workloads import CLI, SHAPES, train_argv  # noqa: E402
 
 
-def argv_of(point: str, run_dir: Path, steps: int, ray_address: str) -> list[str]:
-    """The point's `locojax` argv, without the interpreter (each tree runs its own)."""
+def argv_of(point: str, run_dir: Path, steps: int, ray_address: str,
+            launch_flags: tuple[str, ...] = ()) -> list[str]:
+    """The point's `locojax` argv, without the interpreter (each tree runs its own);
+    `launch_flags` go to `locojax launch` (colocated points)."""
+    point, _, shape_name = point.partition("@")
     kind, _, value = point.rpartition("-")
     if kind in ("single", "colocated"):
-        shape = SHAPES["tiny"]
+        shape = SHAPES[shape_name or "tiny"]
         argv = train_argv(shape, "arith", shape.arch, kind, int(value), steps, 0.0, run_dir)
+        if kind == "colocated":
+            at = argv.index("launch") + 1
+            argv = [*argv[:at], *launch_flags, *argv[at:]]
     else:
         args = argparse.Namespace(workload="arith", prompts=12, group=4, new_tokens=128,
                                   steps=steps)
@@ -60,6 +71,8 @@ def run_in_tree(tree: Path, cmd: list[str], log: Path, timeout: float) -> int:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tree", action="append", required=True, help="NAME=DIR")
+    ap.add_argument("--launch-flag", action="append", default=[],
+                    help="NAME=FLAG: FLAG to `locojax launch` in arm NAME's colocated points")
     ap.add_argument("--points", nargs="+", default=["single-2", "colocated-2", "da-0.5",
                                                     "async-k2"])
     ap.add_argument("--rounds", type=int, default=2)
@@ -69,19 +82,29 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work-dir", default="/tmp/locojax_ab_runs")
     args = ap.parse_args(argv)
     trees = [(n, Path(d).resolve()) for n, d in (t.split("=", 1) for t in args.tree)]
+    if len({n for n, _ in trees}) < len(trees):
+        ap.error("each --tree needs its own NAME")
+    flags: dict[str, tuple[str, ...]] = {}
+    for item in args.launch_flag:
+        name, _, flag = item.partition("=")
+        if name not in {n for n, _ in trees} or not flag:
+            ap.error(f"--launch-flag {item!r}: NAME=FLAG with NAME one of the --tree names")
+        flags[name] = (*flags.get(name, ()), flag)
     work = Path(args.work_dir)
     work.mkdir(parents=True, exist_ok=True)
     times: dict[tuple[str, str], list[float]] = {}
     with harness.local_ray() as address:
         print(harness.header("ab_runs"))
-        print("# trees " + ", ".join(f"{n}={d}" for n, d in trees) + f"; {args.steps} steps, "
+        print("# trees " + ", ".join(f"{n}={d}{''.join(' ' + f for f in flags.get(n, ()))}"
+                                     for n, d in trees) + f"; {args.steps} steps, "
               f"steady {args.skip + 1}..{args.steps - 1}; load before {harness.load():.1f}")
         for r in range(args.rounds):
             for point in args.points:
                 for name, tree in harness.order(trees, r, "alternate"):
                     run_dir = work / f"{point}-{name}-r{r}"
                     cmd = [sys.executable, "-m", "locojax.cli",
-                           *argv_of(point, run_dir, args.steps, address)]
+                           *argv_of(point, run_dir, args.steps, address,
+                                    flags.get(name, ()))]
                     print(f"$ (cd {tree} && PYTHONPATH={tree} {shlex.join(cmd)})", flush=True)
                     load = harness.load()
                     log = work / f"{run_dir.name}.log"

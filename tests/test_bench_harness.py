@@ -120,3 +120,23 @@ def test_roofline_measurements_at_a_toy_size_are_positive_rates():
     bw = harness.read_bandwidth(runs=2, n=2 ** 12)
     peak = harness.matmul_peak(n=32, runs=2)
     assert 0 < bw < math.inf and 0 < peak < math.inf
+
+
+def test_ab_runs_gives_an_arms_launch_flags_to_its_colocated_points_only(tmp_path):
+    from benchmarks import ab_runs
+
+    pinned = ab_runs.argv_of("colocated-2", tmp_path, 5, "", ("--pin-cpus",))
+    assert pinned[:2] == ["launch", "--pin-cpus"] and "--hosts" in pinned
+    assert ab_runs.argv_of("colocated-2", tmp_path, 5, "") == [a for a in pinned
+                                                               if a != "--pin-cpus"]
+    assert "--pin-cpus" not in ab_runs.argv_of("single-2", tmp_path, 5, "", ("--pin-cpus",))
+    small = ab_runs.argv_of("colocated-2@small", tmp_path, 5, "")
+    assert small[small.index("--model") + 1] == "small"
+
+
+def test_ab_runs_refuses_a_launch_flag_for_an_arm_it_does_not_have(capsys):
+    from benchmarks import ab_runs
+
+    with pytest.raises(SystemExit):
+        ab_runs.main(["--tree", "a=.", "--launch-flag", "b=--pin-cpus"])
+    assert "NAME one of the --tree names" in capsys.readouterr().err
