@@ -78,6 +78,23 @@ def pin_cpus(spec: str | None) -> None:
     os.sched_setaffinity(0, cpus)
 
 
+def cpu_shares(hosts: int, cpus: list[int]) -> list[str | None]:
+    """Per host, a comma-separated CPU list of an equal share, or None when hosts > CPUs."""
+    if hosts > len(cpus):
+        return [None] * hosts
+    share = len(cpus) // hosts
+    return [",".join(map(str, cpus[i * share:(i + 1) * share])) for i in range(hosts)]
+
+
+def placed(env: dict, hosts: int) -> list[dict]:
+    """`env` for each of `hosts` local processes, placed as `locojax launch` places its
+    hosts by default: each pinned to its share of this process's CPUs (`ENV_CPUS`), or all
+    unpinned where they outnumber the CPUs. `predict calibrate`'s probes start theirs so."""
+    base = {k: v for k, v in env.items() if k != ENV_CPUS}  # not a surrounding launch's share
+    return [{**base, **({ENV_CPUS: share} if share else {})}
+            for share in cpu_shares(hosts, sorted(os.sched_getaffinity(0)))]
+
+
 def initialize(devices_per_host: int | None = None, auto: bool = False,
                coordinator: str | None = None, num_processes: int | None = None,
                process_id: int | None = None) -> HostInfo:

@@ -10,7 +10,9 @@ import time
 
 import pytest
 
-from locojax.commands.launch import LaunchArgs, cpu_shares, launch
+from locojax.commands.launch import LaunchArgs, launch
+from locojax import distributed
+from locojax.distributed import cpu_shares
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -20,7 +22,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def test_two_hosts_all_reduce_over_gloo():
     out = subprocess.run(
         [sys.executable, "-m", "locojax.cli", "launch", "--hosts", "2", "--devices-per-host", "2",
-         "--heartbeat-s", "10", "--pin-cpus", "--", "devices"],
+         "--heartbeat-s", "10", "--", "devices"],  # pinned by default
         capture_output=True, text=True, timeout=180, cwd=ROOT,
     )
     assert out.returncode == 0, out.stdout + out.stderr
@@ -41,6 +43,28 @@ def test_cpu_shares_split_evenly_and_never_overlap():
 
 def _script(body: str) -> list[str]:
     return [sys.executable, "-c", textwrap.dedent(body)]
+
+
+def test_hosts_are_given_their_cpu_share_by_default_and_none_when_asked():
+    child = _script("""
+        import os
+        print("cpus", os.environ.get("LOCOJAX_CPUS", "none"), flush=True)
+    """)
+    shares = cpu_shares(2, sorted(os.sched_getaffinity(0)))
+    for args, expect in ((LaunchArgs(hosts=2), shares),
+                         (LaunchArgs(hosts=2, pin_cpus=False), [None, None])):
+        out = io.StringIO()
+        assert launch(args, child, out=out) == 0
+        for host, share in enumerate(expect):
+            assert f"[host {host}] cpus {share or 'none'}" in out.getvalue()
+
+
+def test_probes_place_their_processes_as_launch_places_hosts(monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    env = {"A": "1", distributed.ENV_CPUS: "0"}  # a surrounding launch's share is dropped
+    assert distributed.placed(env, 2) == [{"A": "1", distributed.ENV_CPUS: "0"},
+                                          {"A": "1", distributed.ENV_CPUS: "1"}]
+    assert distributed.placed(env, 4) == [{"A": "1"}] * 4  # more than the CPUs: unpinned
 
 
 def test_one_host_dying_stops_the_others_and_returns_its_code(tmp_path):
@@ -81,7 +105,7 @@ def test_ctrl_c_stops_every_host(tmp_path):
     driver = textwrap.dedent(f"""
         import signal, sys
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        from locojax.commands.launch import LaunchArgs, cpu_shares, launch
+        from locojax.commands.launch import LaunchArgs, launch
         child = [sys.executable, {str(host)!r}]
         sys.exit(launch(LaunchArgs(hosts=2, grace_s=1.0), child))
     """)

@@ -42,19 +42,13 @@ class LaunchArgs:
     """jax.distributed heartbeat timeout: how long survivors wait for a lost peer."""
     grace_s: float = 10.0
     """After asking processes to stop, how long to wait before killing them."""
-    pin_cpus: bool = False
+    pin_cpus: bool = True
     """Give each host its own equal share of this machine's CPUs, as real hosts have their
-    own cores (only when there are at least as many CPUs as hosts). Off by default: on a
-    2-core machine it made 2-host steps slower (TINY 0.119 -> 0.160 s, the demo 0.66 ->
-    0.79 s), as each small gloo collective then waits for its I/O thread to get the one core."""
-
-
-def cpu_shares(hosts: int, cpus: list[int]) -> list[str | None]:
-    """Per host, a comma-separated CPU list of an equal share, or None when hosts > CPUs."""
-    if hosts > len(cpus):
-        return [None] * hosts
-    share = len(cpus) // hosts
-    return [",".join(map(str, cpus[i * share:(i + 1) * share])) for i in range(hosts)]
+    own cores (only when there are at least as many CPUs as hosts; `--no-pin-cpus` leaves
+    each host's XLA thread pool as wide as the machine). On by default: on 2 cores, 2-host
+    steps interleaved pinned and not (`benchmarks/ab_runs.py --launch-flag`, 2026-12-06)
+    took 0.035 s pinned against 0.050 unpinned at TINY and 2.56 against 2.67 s at SMALL
+    (docs/modes_benchmark.md, "Pinning again")."""
 
 
 class _Screen:
@@ -109,7 +103,7 @@ def launch(args: LaunchArgs, child_argv: list[str], out=sys.stdout) -> int:
         raise ValueError(f"--hosts and --devices-per-host must be >= 1, got {args}")
     port = args.port or distributed.free_port()
     cpus = sorted(os.sched_getaffinity(0))
-    shares = cpu_shares(args.hosts, cpus) if args.pin_cpus else [None] * args.hosts
+    shares = distributed.cpu_shares(args.hosts, cpus) if args.pin_cpus else [None] * args.hosts
     if args.pin_cpus and shares[0] is None:
         out.write(f"[launch] {args.hosts} hosts share {len(cpus)} CPUs (not pinned)\n")
     procs, pumps = [], []

@@ -11,15 +11,15 @@ TINY update took 11 to 14 ms joined against 4 to 7 ms alone side by side, and a 
 Neither the psum probe nor the cost model's link fit (a psum of one array, back to back)
 holds that: the excess has a part per update and a part per gradient byte.
 
-Each of k processes builds the update of two probe decoders (`DECODERS`, of 1.6 and 12.6 MB
-of f32 gradients) on `SHAPE` rows per host, the state replicated over the joined mesh and
-the batch made global as the train loop makes it (`Colocated.global_batch`), and times it
-(median of `CALLS`) joined, then alone on its own device while the others run theirs, for
-`WINDOW_S` (so that none has the cores to itself when the others are done), each `REPEATS`
-times. The excess (joined - alone, the hosts' median) is fitted as a + b · gradient bytes
-(`calibrate_lockstep.line`, b kept only where resolved from zero); `priced.py` adds
-a(k) + b(k) x the run's gradient bytes to a colocated host's train step, in place of the
-cost model's all-reduce and the psum meeting.
+Each of k processes (placed as `locojax launch` places its hosts) builds the update of two
+probe decoders (`DECODERS`, of 1.6 and 12.6 MB of f32 gradients) on `SHAPE` rows per host,
+the state replicated over the joined mesh and the batch made global as the train loop
+makes it (`Colocated.global_batch`), and times it (median of `CALLS`) joined, then alone
+on its own device while the others run theirs, for `WINDOW_S` (so that none has the cores
+to itself when the others are done), each `REPEATS` times. The excess (joined - alone, the
+hosts' median) is fitted as a + b · gradient bytes (`calibrate_lockstep.line`, b kept only
+where resolved from zero); `priced.py` adds a(k) + b(k) x the run's gradient bytes to a
+colocated host's train step, in place of the cost model's all-reduce and the psum meeting.
 """
 
 from __future__ import annotations

@@ -141,13 +141,14 @@ def processes_worker(k: int, pid: int, port: int) -> dict:
     return out
 
 
-def _spawn(args: list[str], env: dict, count: int, timeout: float,
+def _spawn(args: list[str], envs: list[dict], timeout: float,
            module: str = "calibrate_lockstep") -> list[dict]:
+    """One worker per environment in `envs`, worker i running `args(i)`; their outputs."""
     code = (f"import json, sys; from locojax.predict import {module} as m; "
             "print(json.dumps(getattr(m, sys.argv[1])(*map(int, sys.argv[2:]))))")
     procs = [subprocess.Popen([sys.executable, "-c", code, *args(i)], env=env, text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-             for i in range(count)]
+             for i, env in enumerate(envs)]
     try:
         outs = [p.communicate(timeout=timeout) for p in procs]
     finally:  # one dead worker leaves the others waiting at a meeting: end them all
@@ -197,27 +198,28 @@ def _across(workers: list[dict], kind: str) -> dict[str, list]:
 def lockstep(counts: tuple[int, ...] = COUNTS, timeout: float = 600) -> dict:
     """The program model's `lockstep` entry: {meeting: {str(n): {"a", "b", "b_se"}}} for the
     meetings `MEETINGS` names, and the samples each fit was made from."""
-    # unpinned, as `locojax launch` places its hosts: a surrounding launch's share must not
-    # reach the workers
+    # one process of n devices unpinned, n processes placed as `locojax launch` places its
+    # hosts (`distributed.placed`): a surrounding launch's share must not reach either
     env = {k: v for k, v in os.environ.items() if k != distributed.ENV_CPUS}
     cpus = sorted(os.sched_getaffinity(0))
-    alone = _spawn(lambda i: ["devices_worker", "1"], {**env, PIN_ENV: str(cpus[0])}, 1,
+    alone = _spawn(lambda i: ["devices_worker", "1"], [{**env, PIN_ENV: str(cpus[0])}],
                    timeout)[0]
     out: dict = {**{m: {} for m in MEETINGS}, "samples": {"alone_1_core": alone}}
     for n in counts:
-        got = _spawn(lambda i: ["devices_worker", str(n)], env, 1, timeout)[0]
+        got = _spawn(lambda i: ["devices_worker", str(n)], [env], timeout)[0]
         fair = {str(r): [t * max(1.0, n / len(cpus)) for t in alone[str(r)]] for r in WORKS}
         out["device_calls"][str(n)] = fit(_points(fair), _points(got))
         out["samples"][f"devices_{n}"] = got
         port = distributed.free_port()
-        each = _spawn(lambda i: ["processes_worker", str(n), str(i), str(port)], env, n, timeout)
+        each = _spawn(lambda i: ["processes_worker", str(n), str(i), str(port)],
+                      distributed.placed(env, n), timeout)
         free, meet, host = (_across(each, kind) for kind in ("free", "meet", "host"))
         out["process_psum"][str(n)] = fit(_points(free), _points(meet))
         out["process_gather"][str(n)] = fit(_points(free), _points(host))
         out["samples"][f"processes_{n}"] = {"free": free, "meet": meet, "host": host}
         port = distributed.free_port()
-        each = _spawn(lambda i: ["worker", str(n), str(i), str(port)], env, n, timeout,
-                      "calibrate_joined")
+        each = _spawn(lambda i: ["worker", str(n), str(i), str(port)],
+                      distributed.placed(env, n), timeout, "calibrate_joined")
         grads, excess = calibrate_joined.excess(each)
         out["process_update"][str(n)] = line(grads, excess)
         out["samples"][f"update_{n}"] = {"bytes": grads, "excess": excess}

@@ -1,10 +1,12 @@
 """Contention between local hosts, for `locojax predict calibrate` (`oversubscription`).
 
-N colocated hosts on one machine are N processes, and `locojax launch` leaves them unpinned
-(`--pin-cpus` is off by default): each runs an XLA thread pool as wide as the machine, so
-k busy hosts on c cores contend for cores as well as for the memory system. The cost model
-gives each host its share of the cores, c / k, and multiplies a program's time by the
-penalty ρ(k) this probe measures (`shared_machine.oversubscription`):
+N colocated hosts on one machine are N processes. `locojax launch` pins each to its share
+of the cores where there are at least as many cores as hosts; beyond, they run unpinned,
+each with an XLA thread pool as wide as the machine, so k busy hosts on c cores contend
+for cores as well as for the memory system (pinned, for the memory system and the
+last-level cache only). The cost model gives each host its share of the cores, c / k, and
+multiplies a program's time by the penalty ρ(k) this probe measures
+(`shared_machine.oversubscription`):
 
     ρ(k) = wall of each of k processes started together / (wall of one alone on one core
            x max(1, k / c))
@@ -26,11 +28,12 @@ import sys
 import tempfile
 import time
 
+from locojax import distributed
+
 KS = (2, 4)
 CALLS = 8
 ROUNDS = 3
 WARMUPS = 3
-PIN_ENV = "LOCOJAX_OVERSUB_PIN"  # the reference child's one CPU, set before jax starts
 
 
 def _step(decoder: dict):
@@ -57,22 +60,23 @@ def serve(step, calls: int, rounds: int, warmups: int = WARMUPS) -> None:
 
 
 def worker(calls: int, rounds: int, decoder: dict) -> None:
-    """This module's worker: pinned where the parent says (`PIN_ENV`), before JAX starts."""
-    pin = os.environ.get(PIN_ENV)
-    if pin:
-        os.sched_setaffinity(0, {int(pin)})
+    """This module's worker: pinned where the parent says (`distributed.ENV_CPUS`, as
+    `locojax launch` says it), before JAX starts."""
+    distributed.pin_cpus(os.environ.get(distributed.ENV_CPUS))
     serve(_step(decoder), calls, rounds)
 
 
-def walls(commands: list[list[str]], rounds: int, env: dict | None = None,
+def walls(commands: list[list[str]], rounds: int, envs: list[dict] | None = None,
           timeout: float = 600) -> float:
-    """Start one worker a command (each `serve`s), wait until all are ready, then per round
-    start them together: the median over rounds of the median of their walls."""
+    """Start one worker a command (each `serve`s; `envs`, each one's environment), wait
+    until all are ready, then per round start them together: the median over rounds of the
+    median of their walls."""
     # stderr to files, not pipes: a pipe nobody reads until the end could fill and stall a
     # worker; a file keeps a failed worker's message for the error.
     errs = [tempfile.TemporaryFile("w+") for _ in commands]
     procs = [subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
-                              text=True, env=env) for cmd, err in zip(commands, errs)]
+                              text=True, env=env) for cmd, err, env in
+             zip(commands, errs, envs or [None] * len(commands))]
 
     def line(i: int, expect: str) -> str:
         out = procs[i].stdout.readline()
@@ -107,13 +111,14 @@ def walls(commands: list[list[str]], rounds: int, env: dict | None = None,
 
 def _walls(k: int, decoder: dict, pin: int | None = None, calls: int = CALLS,
            rounds: int = ROUNDS) -> float:
-    """`walls` of k of this module's workers (pinned to CPU `pin` where given, else
-    unpinned)."""
-    env = dict(os.environ, **({PIN_ENV: str(pin)} if pin is not None else {}))
-    env.pop("LOCOJAX_CPUS", None)  # a surrounding launch's share must not reach them
+    """`walls` of k of this module's workers: pinned to CPU `pin` where given, else placed
+    as `locojax launch` places k hosts (`distributed.placed`)."""
+    envs = distributed.placed(dict(os.environ), k)
+    if pin is not None:
+        envs = [{**e, distributed.ENV_CPUS: str(pin)} for e in envs]
     cmd = [sys.executable, "-m", "locojax.predict.calibrate_oversub", str(calls), str(rounds),
            json.dumps(decoder)]
-    return walls([cmd] * k, rounds, env)
+    return walls([cmd] * k, rounds, envs)
 
 
 def oversubscription(decoder: dict, ks: tuple[int, ...] = KS, calls: int = CALLS,
