@@ -27,6 +27,21 @@ def test_features_count_launches_price_matmuls_and_split_fills_from_other_bytes(
     assert f["matmul"] == pytest.approx(2 * 3 * 2 * 64 * 256 * 1024 / RATE, rel=1e-9)
     assert f["fill"] == 2 * 8e6
     assert f["elementwise"] == 2 * (2 * 4e5 + 1e3 + 4 * 5e4)  # the dot's bytes are not here
+    assert kernel_model.ALL_MATMUL not in f
+
+
+def test_the_all_core_weights_price_matmuls_by_the_all_core_tables():
+    """Tables at twice the rate price the same matmuls at half the time (exactly: both are
+    FLOPs over a constant rate); the all-core fit reads that feature, the one-core fit the
+    one-core one."""
+    f = kernel_model.features(KERNELS, PRICES, every=kernel_tables.KernelPrices.of(
+        _tables(rate=2 * RATE)))
+    assert f[kernel_model.ALL_MATMUL] == pytest.approx(f["matmul"] / 2, rel=1e-9)
+    m = _model(one=1.0, every=1.0)
+    assert m.seconds("train", f, 1.0) == pytest.approx(f["matmul"], rel=1e-9)
+    assert m.seconds("train", f, 2.0) == pytest.approx(f["matmul"] / 2, rel=1e-9)
+    both = kernel_model.added(f, f)
+    assert both[kernel_model.ALL_MATMUL] == pytest.approx(f["matmul"], rel=1e-9)
 
 
 def test_the_fit_recovers_the_weights_that_made_the_times():
@@ -97,7 +112,7 @@ def test_the_child_reads_a_tiny_runs_compiled_programs(tmp_path):
     argv = ["demo", "--model", "tiny", "--rollout.prompts-per-step", "2",
             "--algo.group-size", "2", "--rollout.max-new-tokens", "8", "--rollout.ignore-eos",
             "--eval.every", "0", "--steps", "2", "--run-dir", str(tmp_path / "run")]
-    feats = priced.features("single", argv, 1, 2, _tables())
+    feats = priced.features("single", argv, 1, 2, _tables(), _tables())
     assert {"train_step", "prefill rollout", "decode rollout once",
             "decode rollout iteration", "cache rollout"} <= set(feats)
     # the cache buffer, priced by the tables alone: more than one kernel launch of them
@@ -137,7 +152,8 @@ def test_compiled_prints_each_phase_priced_beside_the_cost_model(tmp_path, capsy
 
     only_matmuls = {"call": 0.0, "launch": 0.0, "matmul": 1e3, "elementwise": 0.0, "fill": 0.0}
     weights = {c: {k: dict(only_matmuls) for k in kernel_model.KINDS} for c in ("one", "all")}
-    program_model = {"tables": _tables(), "weights": weights, "cores": 2}
+    program_model = {"tables": _tables(), "tables_all": _tables(rate=2 * RATE),
+                     "weights": weights, "cores": 2}
     profile = tmp_path / "here.json"
     profile.write_text(json.dumps({**calibrate.profile(MEASURED, "now", "0.0"),
                                    "program_model": program_model}))
@@ -149,18 +165,23 @@ def test_compiled_prints_each_phase_priced_beside_the_cost_model(tmp_path, capsy
     out = capsys.readouterr().out
     assert code == 0, out
     train = next(ln for ln in out.splitlines() if ln.strip().startswith("train "))
-    feats = priced.features("single", argv, 1, 2, _tables())
+    feats = priced.features("single", argv, 1, 2, _tables(), _tables(rate=2 * RATE))
     assert "(priced;" in train
-    assert float(train.split()[1]) == pytest.approx(1e6 * feats["train_step"]["matmul"],
-                                                    abs=0.05 + 1e-9)
+    # one device on the profile's 2 cores: the all-core weights, the all-core tables
+    matmul = feats["train_step"][kernel_model.ALL_MATMUL]
+    assert matmul == pytest.approx(feats["train_step"]["matmul"] / 2, rel=1e-9)
+    assert float(train.split()[1]) == pytest.approx(1e6 * matmul, abs=0.05 + 1e-9)
 
 
 def test_a_malformed_program_model_is_refused_by_name():
     good = _model()
-    entry = {"tables": _tables(), "weights": good.weights, "cores": 2}
+    entry = {"tables": _tables(), "tables_all": _tables(), "weights": good.weights,
+             "cores": 2}
     assert KernelModel.of(entry).cores == 2.0
     broken = {**entry, "weights": {"one": good.weights["one"]}}  # no all-core fit
     with pytest.raises(ValueError, match=r"weights\.all\.update\.call.*calibrate --programs"):
         KernelModel.of(broken)
     with pytest.raises(ValueError, match="lacks tables"):
         KernelModel.of({k: v for k, v in entry.items() if k != "tables"})
+    with pytest.raises(ValueError, match="lacks tables_all.*calibrate --programs"):
+        KernelModel.of({k: v for k, v in entry.items() if k != "tables_all"})  # an old one

@@ -23,8 +23,8 @@ What is measured, each a median of repeats, nothing fitted to a training run:
   all-reduce over p = 2 takes 2 (p - 1) α + 2 (p - 1) / p · m / β, fitted for α and β.
 - `program_model` (only with `--programs`: about eleven more minutes on 2 cores): the
   weights of the kernel model of `predict train ... --compiled` (`kernel_model.py`), fitted
-  to locojax's programs on three calibration decoders on one core and on all, the one-core
-  matmul tables it prices matmuls by (`calibrate_kernels.py`), and the meetings of devices
+  to locojax's programs on three calibration decoders on one core and on all, the matmul
+  tables it prices matmuls by, timed on each (`calibrate_kernels.py`), and the meetings of devices
   and hosts sharing the cores (`calibrate_lockstep.py`, `calibrate_joined.py`);
 - `oversubscription`: ρ(k) for k = 2 and 4 local hosts, k unpinned processes of the
   calibration decoder's train step at once (as `locojax launch` places its hosts) over one
@@ -226,7 +226,8 @@ def measure(say=print, programs: bool = False) -> dict:
     return out
 
 
-QUIET = ("samples", "tables", "rows", "decoders", "shapes", "works")  # too long to say
+QUIET = ("samples", "tables", "tables_all", "rows", "decoders", "shapes",
+         "works")  # too long to say
 
 
 def _short(v) -> str:

@@ -9,13 +9,15 @@ of `REPS` calls after warm-ups), the generate's prefill and decode apart. The we
 each kind (update, prefill, decode) are the non-negative least squares of its nine
 (features, seconds) rows (`kernel_model.fit`).
 
-All of it twice: in a child pinned to one core (what one of N local hosts on N cores has;
-the matmul tables, `kernel_tables.measure`, are timed there too, since a kernel runs on one
-thread), and in a child on every core. Each child is a fresh process, so the affinity is
-set before JAX starts. About three minutes each on 2 cores. Then the lock-step probe
-(`calibrate_lockstep.py`, about 15 s): what meetings of devices or hosts cost.
+All of it twice: in a child pinned to one core (what one of N local hosts on N cores has)
+and in a child on every core, each timing its own matmul tables (`kernel_tables.measure`)
+and pricing its rows by them: XLA:CPU splits a large matmul over the cores and a small one
+not at all, so the same kernel has two prices (`kernel_model.ALL_MATMUL`). Each child is
+a fresh process, so the affinity is set before JAX starts. About three and a half minutes
+each on 2 cores. Then the lock-step probe (`calibrate_lockstep.py`): what meetings of
+devices or hosts cost.
 
-    python -m locojax.predict.calibrate_kernels OUT.json [--one-core] [--tables FILE]
+    python -m locojax.predict.calibrate_kernels
 """
 
 from __future__ import annotations
@@ -76,16 +78,13 @@ def rows(prices, decoders=DECODERS, shapes=SHAPES, reps=REPS) -> dict[str, list]
     return out
 
 
-def child(out: str, one_core: bool, tables: str) -> None:
-    """One child's part (module docstring): on one core, the tables and the rows; on all,
-    the rows priced with the one-core child's tables."""
+def child(out: str) -> None:
+    """One child's part (module docstring): the tables, and the rows priced by them, on the
+    cores the parent left it."""
     from locojax.predict import kernel_model, kernel_tables
     from locojax.predict.calibrate_host import matmul_flops
 
-    if one_core:
-        table = kernel_tables.measure(matmul_flops())
-    else:
-        table = json.loads(Path(tables).read_text())
+    table = kernel_tables.measure(matmul_flops())
     measured = rows(kernel_tables.KernelPrices.of(table))
     Path(out).write_text(json.dumps({
         "tables": table, "cores": len(os.sched_getaffinity(0)),
@@ -93,24 +92,23 @@ def child(out: str, one_core: bool, tables: str) -> None:
         "rows": {kind: [[f, t] for f, t in r] for kind, r in measured.items()}}))
 
 
-def _run_child(out: Path, one_core: bool, tables: Path | None) -> dict:
+def _run_child(out: Path, one_core: bool) -> dict:
     pin = ("import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
            if one_core else "")
     code = (f"{pin}import sys; from locojax.predict.calibrate_kernels import child; "
-            f"child({str(out)!r}, {one_core!r}, {str(tables or '')!r})")
+            f"child({str(out)!r})")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=1800,
                    stdout=subprocess.DEVNULL)
     return json.loads(out.read_text())
 
 
 def program_model() -> dict:
-    """The profile's `program_model` entry: the one-core tables, the weights on one core and
-    on all, the cores of all, and each fit's rows (features and measured seconds)."""
+    """The profile's `program_model` entry: the tables and the weights on one core and on
+    all, the cores of all, and each fit's rows (features and measured seconds)."""
     with tempfile.TemporaryDirectory(prefix="locojax_calibrate_kernels_") as tmp:
-        one = _run_child(Path(tmp) / "one.json", True, None)
-        (Path(tmp) / "tables.json").write_text(json.dumps(one["tables"]))
-        every = _run_child(Path(tmp) / "all.json", False, Path(tmp) / "tables.json")
-    return {"tables": one["tables"], "cores": every["cores"],
+        one = _run_child(Path(tmp) / "one.json", True)
+        every = _run_child(Path(tmp) / "all.json", False)
+    return {"tables": one["tables"], "tables_all": every["tables"], "cores": every["cores"],
             "weights": {"one": one["weights"], "all": every["weights"]},
             "rows": {"one": one["rows"], "all": every["rows"]},
             "decoders": {name: {**dims, "num_hidden_layers": LAYERS}

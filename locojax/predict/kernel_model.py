@@ -8,7 +8,10 @@ kernel", measured them in traces of locojax's programs):
 - `launch`: the kernels run (each costs about a microsecond whatever its size);
 - `matmul`: the kernels' matmuls priced from matmuls timed alone on one core
   (`kernel_tables.KernelPrices.matmuls`, by (m, k, n): a 16-row matmul runs at a fraction
-  of a 1024-row one's rate);
+  of a 1024-row one's rate); on all the cores, from the same grid timed there
+  (`ALL_MATMUL`): XLA:CPU splits a large matmul over the cores and a small one not at all
+  (on 2 cores 4 x 1024 x 4096 ran 1.7x faster than on one, 16 x 256 x 1024 0.8x), which
+  one weight per kind cannot hold;
 - `elementwise`: the bytes the other kernels read and write, save fills (fused elementwise
   work, reductions, transposes, the transcendental functions);
 - `fill`: the bytes of the kernels that only write (a broadcast into a fresh buffer: the
@@ -34,6 +37,9 @@ from locojax.predict.hlo_kernels import Kernel
 from locojax.predict.kernel_tables import KernelPrices
 
 FEATURES = ("call", "launch", "matmul", "elementwise", "fill")
+ALL_MATMUL = "matmul_all"
+"""The `matmul` feature priced by the tables timed on all the cores, which the all-core
+weights price in its place (`on_all_cores`)."""
 KINDS = ("update", "prefill", "decode")
 CORES = ("one", "all")
 KIND_OF = {"train": "update", "prefill": "prefill", "decode_step": "decode",
@@ -61,17 +67,23 @@ def kernel_class(k: Kernel) -> str:
     return "other"
 
 
-def features(kernels: list[Kernel], prices: KernelPrices, calls: float = 1.0) -> dict:
+def features(kernels: list[Kernel], prices: KernelPrices, calls: float = 1.0,
+             every: KernelPrices | None = None) -> dict:
     """The features (module docstring) of `calls` calls of a program of `kernels`, each
-    kernel as often as it runs."""
+    kernel as often as it runs; with `every` (the tables timed on all the cores), the
+    matmuls priced by them too (`ALL_MATMUL`)."""
     out = dict.fromkeys(FEATURES, 0.0)
     out["call"] = calls
+    if every is not None:
+        out[ALL_MATMUL] = 0.0
     for k in kernels:
         runs = k.count * calls
         out["launch"] += runs
         cls = kernel_class(k)
         if cls == "dot":
             out["matmul"] += runs * prices.matmuls(k)
+            if every is not None:
+                out[ALL_MATMUL] += runs * every.matmuls(k)
         elif cls == "fill":
             out["fill"] += runs * k.bytes
         else:
@@ -80,7 +92,14 @@ def features(kernels: list[Kernel], prices: KernelPrices, calls: float = 1.0) ->
 
 
 def added(*feats: dict) -> dict:
-    return {f: sum(x[f] for x in feats) for f in FEATURES}
+    keys = (*FEATURES, *((ALL_MATMUL,) if all(ALL_MATMUL in x for x in feats) else ()))
+    return {f: sum(x[f] for x in feats) for f in keys}
+
+
+def on_all_cores(feats: dict) -> dict:
+    """The features as the all-core weights price them: the matmuls by the all-core tables
+    where they were priced so (a calibration child's rows are priced by its own tables)."""
+    return {**feats, "matmul": feats.get(ALL_MATMUL, feats["matmul"])}
 
 
 def fit(rows: list[tuple[dict, float]]) -> dict[str, float]:
@@ -110,7 +129,7 @@ class KernelModel:
     @classmethod
     def of(cls, entry: dict) -> "KernelModel":
         """From a profile's `program_model`; a ValueError naming what it lacks."""
-        missing = [k for k in ("tables", "weights", "cores") if k not in entry]
+        missing = [k for k in ("tables", "tables_all", "weights", "cores") if k not in entry]
         weights = entry.get("weights") or {}
         missing += [f"weights.{c}.{k}.{f}" for c in CORES for k in KINDS for f in FEATURES
                     if not isinstance((weights.get(c) or {}).get(k), dict)
@@ -138,7 +157,8 @@ class KernelModel:
         """One program's time on `cores` cores: linear between the one-core and all-core
         fits, and below one core its time-sliced share of one."""
         k = KIND_OF.get(kind, kind)
-        one, every = priced(self.weights["one"][k], feats), priced(self.weights["all"][k], feats)
+        one = priced(self.weights["one"][k], feats)
+        every = priced(self.weights["all"][k], on_all_cores(feats))
         if cores < 1.0:
             return one / max(cores, 1e-9)
         if self.cores <= 1.0:

@@ -28,8 +28,9 @@ CACHE = "cache rollout"
 GRADIENTS = "gradients"
 
 
-def features_of(plan, prices) -> dict[str, dict]:
-    """{program name: features} of a memory plan's programs; a decode as two entries,
+def features_of(plan, prices, every=None) -> dict[str, dict]:
+    """{program name: features} of a memory plan's programs, their matmuls priced by the
+    one-core tables `prices` and the all-core ones `every`; a decode as two entries,
     `NAME once` and `NAME iteration`."""
     from locojax.predict import kernel_model
     from locojax.predict.hlo_kernels import kernels
@@ -39,12 +40,12 @@ def features_of(plan, prices) -> dict[str, dict]:
         listed = kernels(program.compiled.as_text())
         if program.name.startswith("decode"):
             once, loop = listed.split()
-            out[f"{program.name} once"] = kernel_model.features(once, prices)
+            out[f"{program.name} once"] = kernel_model.features(once, prices, every=every)
             # one iteration: its kernels, no call of its own (the program's is in `once`)
-            out[f"{program.name} iteration"] = {**kernel_model.features(loop, prices),
+            out[f"{program.name} iteration"] = {**kernel_model.features(loop, prices, every=every),
                                                 "call": 0.0}
         else:
-            out[program.name] = kernel_model.features(listed.kernels, prices)
+            out[program.name] = kernel_model.features(listed.kernels, prices, every=every)
     return out
 
 
@@ -69,7 +70,7 @@ def run(spec: dict) -> dict:
     plan = plan_memory(parts, wiring, engine)
     plan.check()
     prices = KernelPrices.of(spec["tables"])
-    out = features_of(plan, prices)
+    out = features_of(plan, prices, KernelPrices.of(spec["tables_all"]))
     resolved = parts.cfg  # its prompt width resolved (`plan_memory` reads the same)
     start, stop = wiring.host_slice(resolved.rollout.prompts_per_step)
     cache = engine.allocation((stop - start) * resolved.group_size, generate_slots(

@@ -54,8 +54,9 @@ def host_argv(argv: list[str], mode: str, hosts: int, prompts: int) -> list[str]
 
 
 def features(mode: str, argv: list[str], hosts: int, prompts: int, tables: dict,
-             timeout: float = 1800.0) -> dict[str, dict]:
-    """The child's {program: features} of one host of the run."""
+             tables_all: dict, timeout: float = 1800.0) -> dict[str, dict]:
+    """The child's {program: features} of one host of the run, its matmuls priced by the
+    tables timed on one core and on all."""
     if mode not in measure.MEASURABLE:
         raise ValueError(f"--compiled prices {' and '.join(measure.MEASURABLE)} runs here, "
                          f"not {mode!r}")
@@ -67,7 +68,8 @@ def features(mode: str, argv: list[str], hosts: int, prompts: int, tables: dict,
     with tempfile.TemporaryDirectory(prefix="locojax_price_") as tmp:
         spec = {"argv": host_argv(measure.child_argv(argv), mode, hosts, prompts),
                 "mode": mode, "devices": hosts if mode == "single" else 1,
-                "tables": tables, "out": str(Path(tmp) / "out.json")}
+                "tables": tables, "tables_all": tables_all,
+                "out": str(Path(tmp) / "out.json")}
         (Path(tmp) / "spec.json").write_text(json.dumps(spec))
         done = subprocess.run([sys.executable, "-m", "locojax.predict.price_child",
                                str(Path(tmp) / "spec.json")], env=env, capture_output=True,
@@ -157,7 +159,8 @@ def predicted(ctx, mode: str, argv: list[str], prompts: int) -> tuple[Prediction
     its compiled programs)."""
     entry = program_model(ctx.cluster.hw)
     model = getattr(modes, mode)(ctx)
-    feats = features(mode, argv, ctx.cluster.chips, prompts, entry["tables"])
+    feats = features(mode, argv, ctx.cluster.chips, prompts, entry["tables"],
+                     entry["tables_all"])
     colocated = mode == "colocated"
     cores = modes.cores_each(ctx, ctx.cluster.hosts if colocated else ctx.cluster.chips)
     penalty = ctx.oversubscription(cores) if colocated else 1.0  # single: device threads
