@@ -6,7 +6,7 @@ Measures the f32 matmul rate (all cores and one), the copy bandwidth, the launch
 per-layer overhead and the effective FLOP rate of locojax's prefill, decode iteration and
 train step, host work per prompt, row and step, and the latency and bandwidth between two
 local hosts (gloo), and with `--programs` the program model of `predict train ...
---compiled` (about eleven minutes more on 2 cores), and writes a profile (default: $LOCOJAX_PROFILE,
+--compiled` (about twelve minutes more on 2 cores), and writes a profile (default: $LOCOJAX_PROFILE,
 else ~/.cache/locojax/here.json). Then:
 
     locojax predict train demo ... --cluster here-2      # or --hardware FILE --cluster 2

@@ -21,7 +21,7 @@ What is measured, each a median of repeats, nothing fitted to a training run:
 - `dcn_latency`, `dcn_bandwidth`: two processes joined by `jax.distributed` on 127.0.0.1
   (gloo, as `locojax launch` joins its hosts) time a psum at several sizes; a ring
   all-reduce over p = 2 takes 2 (p - 1) α + 2 (p - 1) / p · m / β, fitted for α and β.
-- `program_model` (only with `--programs`: about eleven more minutes on 2 cores): the
+- `program_model` (only with `--programs`: about twelve more minutes on 2 cores): the
   weights of the kernel model of `predict train ... --compiled` (`kernel_model.py`), fitted
   to locojax's programs on three calibration decoders on one core and on all, the matmul
   tables it prices matmuls by, timed on each (`calibrate_kernels.py`), and the meetings of devices
