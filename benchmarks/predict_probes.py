@@ -13,8 +13,8 @@ runs them; each prints one JSON line).
   synthetic 32-row, 128-token batch (`OVERSUB_SHAPE`, a shape no benchmark runs) run 12
   times after warm-up, started together, in 3 rounds (the median of the processes' walls,
   then of the rounds); pinned one per core when K <= cores and unpinned otherwise, as
-  `locojax launch --pin-cpus` places its hosts (`locojax predict calibrate` measures the
-  default launch, unpinned: `locojax/predict/calibrate_oversub.py`). Prints each K's
+  `locojax launch` places its hosts by default (`locojax predict calibrate` measures the
+  same placement: `locojax/predict/calibrate_oversub.py`). Prints each K's
   median wall per process against one process alone on one core (taskset) times max(1,
   K / cores), fair time-slicing: the ratio is the penalty of their contention (memory
   system, shared cache) and over-subscription;

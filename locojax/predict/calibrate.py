@@ -24,12 +24,13 @@ What is measured, each a median of repeats, nothing fitted to a training run:
 - `program_model` (only with `--programs`: about twelve more minutes on 2 cores): the
   weights of the kernel model of `predict train ... --compiled` (`kernel_model.py`), fitted
   to locojax's programs on three calibration decoders on one core and on all, the matmul
-  tables it prices matmuls by, timed on each (`calibrate_kernels.py`), and the meetings of devices
-  and hosts sharing the cores (`calibrate_lockstep.py`, `calibrate_joined.py`);
-- `oversubscription`: ρ(k) for k = 2 and 4 local hosts, k unpinned processes of the
-  calibration decoder's train step at once (as `locojax launch` places its hosts) over one
-  alone on one core, per core of its fair share (`calibrate_oversub.py`); the model
-  multiplies a host's program time by it where hosts share the machine.
+  tables it prices matmuls by, timed on each (`calibrate_kernels.py`), and the meetings of
+  devices and hosts sharing the cores (`calibrate_lockstep.py`, `calibrate_joined.py`);
+- `oversubscription`: ρ(k) for k = 2 and 4 local hosts, k processes of the calibration
+  decoder's train step at once, placed as `locojax launch` places its hosts (pinned a share
+  each where k <= cores, unpinned beyond), over one alone on one core, per core of its fair
+  share (`calibrate_oversub.py`); the model multiplies a host's program time by it where
+  hosts share the machine.
 
 The device model that reads it (`calibrated.py`): a program's time is
     fixed + L · per_layer + max(flops / F_k(c), bytes / bandwidth)
@@ -285,8 +286,9 @@ def _oversubscription(m: dict, mk) -> dict:
     over = m.get("oversubscription")
     if not over:
         return {}
-    what = (f"unpinned processes of the calibration decoder's train step at once, as "
-            f"`locojax launch` places its hosts, over one alone on one core "
+    what = (f"processes of the calibration decoder's train step at once, placed as "
+            f"`locojax launch` places its hosts (pinned a share each where k <= the cores), "
+            f"over one alone on one core "
             f"({over['alone_1_core_s']:.3f} s) x max(1, k / {m['cores']} cores)")
     return {"oversubscription": {k: mk(v, "x fair time-slicing", f"{k} {what}")
                                  for k, v in over["penalty"].items()}}
