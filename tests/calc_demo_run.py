@@ -13,6 +13,6 @@ def run_colocated(run_dir):
     # (launch's default), this checkpoint's train step rounds some sums in another order on
     # XLA:CPU's one thread, and its params differ from theirs in the last bits.
     locojax("launch", "--hosts", "2", "--devices-per-host", "1", "--heartbeat-s", "10",
-            "--no-pin-cpus", "--", "train", "calc-demo", "--mode", "colocated", "--run-dir", str(run_dir),
-            *CALC_DEMO_ARGS)
+            "--no-pin-cpus", "--", "train", "calc-demo", "--mode", "colocated",
+            "--run-dir", str(run_dir), *CALC_DEMO_ARGS)
     return run_dir

@@ -50,7 +50,6 @@ WINDOW_S = 0.6  # each size's side-by-side run without meetings
 REPEATS = 3
 RESOLVED = 2.0  # standard errors from zero that keep b
 ROWS, WIDTH = 64, 256
-PIN_ENV = "LOCOJAX_LOCKSTEP_PIN"
 MEETINGS = ("device_calls", "process_psum", "process_gather", "process_update")
 """n device threads ending one program call; k processes meeting in a program's psum; k
 processes meeting in `multihost_utils.process_allgather` after the work (the train loop's
@@ -93,9 +92,7 @@ def _inputs(mesh):
 def devices_worker(n: int) -> dict:
     """{str(reps): [seconds of each repeat]} of the meeting program over n devices of this
     process."""
-    pin = os.environ.get(PIN_ENV)
-    if pin:
-        os.sched_setaffinity(0, {int(pin)})
+    distributed.pin_cpus(os.environ.get(distributed.ENV_CPUS))  # before JAX starts
     import jax
 
     jax.config.update("jax_num_cpu_devices", n)
@@ -202,7 +199,7 @@ def lockstep(counts: tuple[int, ...] = COUNTS, timeout: float = 600) -> dict:
     # hosts (`distributed.placed`): a surrounding launch's share must not reach either
     env = {k: v for k, v in os.environ.items() if k != distributed.ENV_CPUS}
     cpus = sorted(os.sched_getaffinity(0))
-    alone = _spawn(lambda i: ["devices_worker", "1"], [{**env, PIN_ENV: str(cpus[0])}],
+    alone = _spawn(lambda i: ["devices_worker", "1"], [{**env, distributed.ENV_CPUS: str(cpus[0])}],
                    timeout)[0]
     out: dict = {**{m: {} for m in MEETINGS}, "samples": {"alone_1_core": alone}}
     for n in counts:
