@@ -61,12 +61,12 @@ test-fast: $(STAMP)
 		-m "not slow and $(IN_PROCESS)"
 
 bench: $(STAMP)
-	$(PY) benchmarks/bench_engine.py
+	$(PY) -m benchmarks.bench_engine
 
 # locojax vs Tunix vs TRL, interleaved in one run; installs the peers' pinned venvs under
 # ~/.cache/locojax/peers on first use (pass ARGS=--no-install to use only existing ones).
 bench-peers: $(STAMP)
-	$(PY) benchmarks/bench_peers.py $(ARGS)
+	$(PY) -m benchmarks.bench_peers $(ARGS)
 
 clean:
 	rm -rf .venv

@@ -42,8 +42,8 @@ locojax's learning rate, which `train_state.schedule` holds in f32: the "median 
 column then reads f32(1e-5) / 1e-5 = 1 - 2.5e-8, a rounding of the f32 runs' own size.)
 
 Usage:
-    .venv/bin/python benchmarks/ab_update_trl.py              # f32 and f64, both arms, 1 update
-    .venv/bin/python benchmarks/ab_update_trl.py --dtypes float32 --trl-padding-idx keep \
+    .venv/bin/python -m benchmarks.ab_update_trl              # f32 and f64, both arms, 1 update
+    .venv/bin/python -m benchmarks.ab_update_trl --dtypes float32 --trl-padding-idx keep \
         --updates 2
 """
 
@@ -58,11 +58,9 @@ import re
 import sys
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a file: import the package from the repository root
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import harness
-from benchmarks.bench_real_trl import SETTINGS, ab_refusal, locojax_argv
+from benchmarks.real_runs import SETTINGS, ab_refusal, locojax_argv
 from benchmarks.peers import install
 from benchmarks.peers.trl_update_worker import tensor_names
 

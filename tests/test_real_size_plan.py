@@ -7,16 +7,10 @@ only: nothing is allocated. The settings are those its `--remat auto` plan chose
 shape is left out (its 64 rows' cache is a quarter of rollout's 256): one compile less.
 """
 
-import os
-import sys
-
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                "benchmarks"))
-from plan_real_size import published, real_size_plan  # noqa: E402
-
-from locojax.model import hf_config  # noqa: E402
+from benchmarks.plan_real_size import published, real_size_plan
+from locojax.model import hf_config
 
 
 @pytest.mark.slow  # compiles a real-size train step, prefill and decode
