@@ -4,7 +4,7 @@ small-512 at 128 and 64 rows and small-4096 at 64 (`bench_engine.py --prompts-40
 compiled, then `--runs` generates of each, interleaved. Every program (prefill, each decode
 phase at its batch size, each compaction) is synchronised and timed as `engine_runners.profile`
 times it; each decode phase's live tokens (row-steps whose row has not ended) are counted
-from the forced lengths. docs/engine_benchmark.md, "The 4096 target", holds a run.
+from the forced lengths. docs/results/engine_generation.md, "The 4096 target", holds a run.
 
     .venv/bin/python -m benchmarks.profile_generate [--runs 2]
 
