@@ -62,7 +62,7 @@ from pathlib import Path
 from benchmarks import harness
 from benchmarks.real_runs import SETTINGS, ab_refusal, locojax_argv
 from benchmarks.peers import install
-from benchmarks.peers.trl_update_worker import tensor_names
+from benchmarks.peers.trl_common import tensor_names
 
 CUT = ("To find {q}, I work it out one step at a time: first I write down the larger number, "
        "then I count once for every unit of the smaller one, and when I am done I reach {v}, "

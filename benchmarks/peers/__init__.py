@@ -10,6 +10,7 @@ benchmarks/' docstring-only `__init__`).
 - locojax_worker, trl_worker, tunix_worker: bench_peers' sides;
 - tunix_sampler: bench_engine's Tunix side;
 - trl_real_worker, tunix_real_worker (over tunix_real_model, the checkpoint as Tunix's
-  Llama3), trl_sample_worker, trl_update_worker: the real-model comparisons' peer sides;
+  Llama3), trl_sample_worker, trl_update_worker: the real-model comparisons' peer sides,
+  the TRL ones sharing trl_common (the `GRPOConfig`, the tensors compared), not each other;
 - install: the peers' pinned venvs.
 """
