@@ -1,9 +1,9 @@
 """One GRPO update, locojax against TRL: the same fixed batch, the same real weights.
 
-docs/real_model.md ("Three seeds") leaves TRL a few held-out points ahead after 40 steps
-with both sides configured alike. This A/B takes sampling out: ONE batch, built here, goes
-to both sides, and each applies its own update to the real SmolLM2-135M-Instruct, so what
-differs is the arithmetic of an update and nothing else.
+docs/results/real_model_vs_trl.md ("Three seeds") leaves TRL a few held-out points ahead
+after 40 steps with both sides configured alike. This A/B takes sampling out: ONE batch,
+built here, goes to both sides, and each applies its own update to the real
+SmolLM2-135M-Instruct, so what differs is the arithmetic of an update and nothing else.
 
 The batch: the first B prompts of `real-demo`'s seed-0 stream (chat arith level 0), encoded
 by locojax (`rollout.single_turn.encode_prompts`, P 48 as the runs' settings give), G
