@@ -69,12 +69,12 @@ test-accelerator: $(if $(filter .venv/bin/python,$(PY)),$(STAMP))
 		-m accelerator
 
 bench: $(STAMP)
-	$(PY) benchmarks/bench_engine.py
+	$(PY) -m benchmarks.bench_engine
 
 # locojax vs Tunix vs TRL, interleaved in one run; installs the peers' pinned venvs under
 # ~/.cache/locojax/peers on first use (pass ARGS=--no-install to use only existing ones).
 bench-peers: $(STAMP)
-	$(PY) benchmarks/bench_peers.py $(ARGS)
+	$(PY) -m benchmarks.bench_peers $(ARGS)
 
 clean:
 	rm -rf .venv
