@@ -178,9 +178,11 @@ def main(argv=None) -> int:
         else:
             print(f"Tunix: no venv at {peer.root(install.DEFAULT_CACHE)} "
                   "(`python -m benchmarks.peers.install tunix` makes it)")
-    bandwidth, peak = harness.read_bandwidth(), harness.matmul_peak()
-    print(f"memory read bandwidth (512 MiB f32 jnp.sum, best of 5): {bandwidth / 1e9:.1f} GB/s; "
-          f"matmul peak (2048^3 f32, median of 5): {peak / 1e9:.0f} GFLOP/s")
+    before = harness.rates()
+    peak, bandwidth, origin = before
+    print(f"memory bandwidth {bandwidth / 1e9:.1f} GB/s, matmul peak {peak / 1e9:.0f} GFLOP/s "
+          f"({origin}; the probes: 512 MiB f32 sum, best of 5, and 2048^3 f32, median of 5, "
+          "on the CPU; on an accelerator harness.read_bandwidth and matmul_peak)")
     results, per_token_512 = [], None
     for name in args.shapes:  # each shape's row as it ends, so a cut-short run still tells
         results.append(bench_shape(SHAPES[name], args.runs, args.peer_runs, tunix_python,
@@ -191,7 +193,7 @@ def main(argv=None) -> int:
                                                         peak)]))
               + f"\n  load average {harness.loads()}", flush=True)
     # the better of two, around the runs
-    bandwidth, peak = max(bandwidth, harness.read_bandwidth()), max(peak, harness.matmul_peak())
+    peak, bandwidth, _ = harness.rates(before)
 
     print("\n" + "\n".join(harness.table(HEAD, [table_row(r, bandwidth, per_token_512, peak)
                                                 for r in results])))

@@ -215,7 +215,8 @@ def main(argv=None) -> int:
         res = bench(s, args.repeats, args.finish)
         print("\n" + "\n".join(table(res, rows)))
         work = trajectory_work(res["cfg"], s, rows, res["weight_bytes"])
-        print("\n" + roofline_line(res, work, harness.matmul_peak(), harness.read_bandwidth()))
+        peak, bandwidth, origin = harness.rates()
+        print(f"\n{roofline_line(res, work, peak, bandwidth)} ({origin})")
         c = res["compile"]
         print(f"\ncompile + first run less a steady one (s): extend {c['extend']:.1f}, "
               f"mask {c['mask']:.1f}, reprefill {c['reprefill']:.1f}")

@@ -208,7 +208,7 @@ def speed(args, pythons: dict[str, Path]) -> int:
                                      for s in runs]] for r in range(args.speed_rounds)]):
         print(line)
     if "locojax" in runs:
-        bw, peak = harness.read_bandwidth(), harness.matmul_peak()
+        peak, bw, _ = harness.rates()
         print(f"locojax, last round: "
               f"{roofline(args.out / f'speed-locojax-{seed}', args.model, bw, peak)}")
     med = {side: harness.median([r["step_s"] for r in rs]) for side, rs in runs.items()}
@@ -241,9 +241,8 @@ def print_roofline(results: list[dict], model: str) -> None:
     """This machine's bandwidth and matmul peak, measured now, and each locojax run's share."""
     if not any(r["side"] == "locojax" for r in results):
         return
-    bw, peak = harness.read_bandwidth(), harness.matmul_peak()
-    print(f"\nmachine: {bw / 1e9:.1f} GB/s (512 MiB f32 sum), {peak / 1e9:.0f} GFLOP/s "
-          "(2048^3 f32 matmul)")
+    peak, bw, origin = harness.rates()
+    print(f"\nmachine: {bw / 1e9:.1f} GB/s, {peak / 1e9:.0f} GFLOP/s ({origin})")
     for r in results:
         if r["side"] == "locojax" and r.get("device", "cpu") == "cpu":  # this machine's
             print(f"seed {r['seed']} locojax: {roofline(Path(r['run_dir']), model, bw, peak)}")

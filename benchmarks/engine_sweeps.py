@@ -234,11 +234,11 @@ def sweep_weights(shapes: list[Shape], runs: int, steps: int = 20):
             arms[s, arm] = run
     for fn in arms.values():
         fn()
-    bandwidth, peak = harness.read_bandwidth(), harness.matmul_peak()
+    before = harness.rates()
     times = harness.interleave(arms, runs)
-    bandwidth, peak = max(bandwidth, harness.read_bandwidth()), max(peak, harness.matmul_peak())
+    peak, bandwidth, origin = harness.rates(before)
     print(f"  read bandwidth {bandwidth / 1e9:.1f} GB/s, matmul peak {peak / 1e9:.0f} GFLOP/s "
-          f"(best of before and after); load {harness.loads()}")
+          f"({origin}); load {harness.loads()}")
     head = ["shape", "rows", "weights / cache", "ms per decode step (runs)", "roofline ms",
             "share of roofline"]
     table = []

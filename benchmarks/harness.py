@@ -143,28 +143,91 @@ def interleave(arms: dict[K, Callable[[], T]], rounds: int, how: str = "fixed",
 # --- the roofline ----------------------------------------------------------------------------
 
 
+SPEC_OF_DEVICE_KIND = {"TPU v5 lite": "tpu-v5e"}
+"""jax's `device_kind` of an accelerator -> its profile in locojax/predict/hardware/, whose
+published peak and HBM bandwidth are the roofline there (only kinds seen here: a v5e chip
+reports "TPU v5 lite")."""
+LOOP = 8
+"""Passes of the accelerator probes inside one program: one launch for all of them."""
+
+
+def _accelerator() -> bool:
+    import jax
+
+    return jax.default_backend() != "cpu"
+
+
 def read_bandwidth(runs: int = 5, n: int = 2 ** 27) -> float:
-    """Bytes/s of a jitted `jnp.sum` over n f32 values (default 512 MiB, past every cache),
-    the best of `runs`: the rate a memory-bound program can read at most."""
+    """Bytes/s a memory-bound program can move here, the best of `runs`. On the CPU a
+    jitted `jnp.sum` over n f32 values (default 512 MiB, past every cache). On an
+    accelerator, where one small program is mostly its launch, LOOP passes of a scale over
+    them inside one program, each reading and writing the array (2 x 4n bytes a pass)."""
     import jax
     import jax.numpy as jnp
 
     x = jnp.ones(n, jnp.float32)
-    f = jax.jit(jnp.sum)
+    if not _accelerator():
+        f = jax.jit(jnp.sum)
+        f(x).block_until_ready()
+        return x.nbytes / min(timed(lambda: f(x).block_until_ready()) for _ in range(runs))
+    f = jax.jit(lambda x: jax.lax.fori_loop(0, LOOP, lambda i, y: y * 1.0000001, x))
     f(x).block_until_ready()
-    return x.nbytes / min(timed(lambda: f(x).block_until_ready()) for _ in range(runs))
+    return 2 * LOOP * x.nbytes / min(timed(lambda: f(x).block_until_ready())
+                                     for _ in range(runs))
 
 
 def matmul_peak(n: int = 2048, runs: int = 5) -> float:
-    """FLOP/s of a jitted [n, n] @ [n, n] f32 `jnp.dot` (median of `runs`): the rate a
-    compute-bound program can reach here."""
+    """FLOP/s a compute-bound program can reach here (median of `runs`). On the CPU a jitted
+    [n, n] @ [n, n] f32 `jnp.dot`. On an accelerator bf16 products at 4n (8192 by
+    default), LOOP of them chained in one program (each multiplies the last result by b,
+    scaled by 1/sqrt(4n) so the values stay finite), so that neither the launch nor f32's
+    emulation on the matrix unit is what is timed."""
     import jax
     import jax.numpy as jnp
 
-    a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
-    b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32)
-    f = jax.jit(jnp.dot)
-    return 2 * n ** 3 / median_time(lambda: f(a, b).block_until_ready(), runs, warm=1)
+    if not _accelerator():
+        a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
+        b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32)
+        f = jax.jit(jnp.dot)
+        return 2 * n ** 3 / median_time(lambda: f(a, b).block_until_ready(), runs, warm=1)
+    m = 4 * n
+    a = jax.random.normal(jax.random.key(0), (m, m), jnp.bfloat16)
+    b = (jax.random.normal(jax.random.key(1), (m, m)) / m ** 0.5).astype(jnp.bfloat16)
+    f = jax.jit(lambda a: jax.lax.fori_loop(0, LOOP, lambda i, x: jnp.dot(x, b), a))
+    return LOOP * 2 * m ** 3 / median_time(lambda: f(a).block_until_ready(), runs, warm=1)
+
+
+def spec() -> tuple[float, float, str] | None:
+    """(bf16 peak FLOP/s, HBM bytes/s, origin) published for this accelerator's kind, or
+    None (the CPU, or a kind without a profile in SPEC_OF_DEVICE_KIND)."""
+    import jax
+
+    kind = jax.devices()[0].device_kind
+    if not _accelerator() or kind not in SPEC_OF_DEVICE_KIND:
+        return None
+    from locojax.predict import hardware
+
+    chip = hardware.load(SPEC_OF_DEVICE_KIND[kind])
+    return (chip.peak_flops["bfloat16"].value, chip.hbm_bandwidth.value,
+            f"{kind}: published bf16 peak and HBM bandwidth ({chip.name} profile)")
+
+
+def rates(before: tuple[float, float, str] | None = None) -> tuple[float, float, str]:
+    """(matmul peak FLOP/s, bandwidth bytes/s, where they come from) that every benchmark's
+    roofline share reads: an accelerator of a known kind at its published figures (bf16
+    peak, HBM bandwidth; the probes above say how close a program gets), elsewhere what the
+    probes measure, the better of these and `before` (probes taken before the runs)."""
+    import jax
+
+    published = spec()
+    if published is not None:
+        return published
+    kind = jax.devices()[0].device_kind
+    peak, bandwidth = matmul_peak(), read_bandwidth()
+    if before is None:
+        return peak, bandwidth, f"{kind}: measured by the harness probes"
+    return (max(peak, before[0]), max(bandwidth, before[1]),
+            f"{kind}: measured by the harness probes, the better of before and after")
 
 
 def roofline_seconds(flops: float, nbytes: float, peak: float, bandwidth: float) -> float:

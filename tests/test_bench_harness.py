@@ -122,6 +122,26 @@ def test_roofline_measurements_at_a_toy_size_are_positive_rates():
     assert 0 < bw < math.inf and 0 < peak < math.inf
 
 
+def test_rates_are_the_published_figures_on_a_known_chip_else_the_probes(monkeypatch):
+    # the CPU: the probes (stubbed here: the toy-size test above runs them), the better of
+    # these and the ones taken before
+    monkeypatch.setattr(harness, "matmul_peak", lambda: 2.0)
+    monkeypatch.setattr(harness, "read_bandwidth", lambda: 5.0)
+    assert harness.rates()[:2] == (2.0, 5.0) and "measured" in harness.rates()[2]
+    assert harness.rates((3.0, 4.0, ""))[:2] == (3.0, 5.0)
+    assert harness.spec() is None
+
+    class Chip:
+        device_kind = "TPU v5 lite"
+
+    import jax
+
+    monkeypatch.setattr(jax, "devices", lambda: [Chip()])
+    monkeypatch.setattr(harness, "_accelerator", lambda: True)
+    peak, bandwidth, origin = harness.rates()
+    assert (peak, bandwidth) == (197e12, 819e9) and "tpu-v5e" in origin  # hardware/tpu-v5e.json
+
+
 def test_ab_runs_gives_an_arms_launch_flags_to_its_colocated_points_only(tmp_path):
     from benchmarks import ab_runs
 

@@ -67,6 +67,12 @@ def table_rows(out: str, first_cell: str) -> list[list[str]]:
             if line.startswith("|") and line.strip("| ").split(" |")[0] == first_cell]
 
 
+def test_chip_rates_prints_the_probes_and_their_share():
+    out = bench("chip_rates", "--runs", "1", "--values", "4096", "--matmul-n", "32")
+    assert "# chip_rates: " in out and "bandwidth probe " in out and "matmul probe " in out
+    assert "no published figures for this device" in out  # the CPU
+
+
 def test_bench_extend_tiny():
     out = bench("bench_extend", "--shapes", "tiny", "--repeats", "1")
     assert "# bench_extend: " in out and "load average at start" in out
