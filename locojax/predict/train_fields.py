@@ -54,6 +54,7 @@ HONOURED = {
 }
 
 REFUSED = {
+    "lora.rank": "LoRA is not costed yet: the adapters' FLOPs and the frozen base's bytes",
     "dynamic.max_rounds": "refill rounds generate a data-dependent number of extra groups",
     "multi_turn.max_cache_slots": "the cache is costed at P + M slots, not a cap",
     "reward.isolation": "host rates were measured with isolation auto",
@@ -70,6 +71,9 @@ REFUSED = {
 }
 
 IRRELEVANT = {
+    "lora.alpha": "a constant factor on the adapters (LoRA itself is refused: --lora.rank)",
+    "lora.targets": "read only with --lora.rank, which is refused",
+    "lora.base_dtype": "read only with --lora.rank, which is refused",
     "task.level": "arith difficulty: lengths come from ignore_eos, data or the cap",
     "task.test_data": "evaluation is outside the steady step",
     "task.template": "prompts are padded to P whatever the template",
