@@ -18,6 +18,7 @@ from a checkpoint continues bitwise like one that never stopped.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import time
@@ -27,6 +28,7 @@ import jax.numpy as jnp
 
 from locojax import distributed, profiler
 from locojax.checkpoint import Checkpointer
+from locojax.engine.engine import rollout_copy
 from locojax.envs.rewards import RewardRunner
 from locojax.evaluate import batch_rows, derived, evaluate, greedy_sampling
 from locojax.metrics import MetricsLogger
@@ -141,6 +143,15 @@ def reference_of(state: train_state.TrainState, beta: float, copy=None):
     return state.params if copy is None else copy
 
 
+@functools.partial(jax.jit, static_argnames=("cfg", "dtype"))
+def merged(frozen, adapters, cfg, dtype=None):
+    """Base + adapters merged (`lora.merge`), straight into the engine's rollout copy where it
+    decodes with one (`--rollout.weights-dtype`): one program, so the merged f32 matrices are
+    never all live at once beside the copy (Qwen3-1.7B: 6.8 GB of f32 on a 16 GB chip)."""
+    weights = lora.merge(frozen, adapters, cfg)
+    return weights if dtype is None else rollout_copy(weights, dtype)
+
+
 class Trainer:
     """Owns the run's state; `run()` executes the remaining steps. Made by `start`, which
     compiled `engine`'s programs and the train step for `memory`, the run's plan."""
@@ -245,15 +256,16 @@ class Trainer:
         """The params whole in host memory, for export (every host joins: sharded over
         `fsdp` they are assembled from the shards, never replicated on a device, which at
         Qwen3-4B under FSDP 8 would put 16 GB of f32 params on every device)."""
-        return meshes.host_copy(self.sampler_weights())
+        return meshes.host_copy(self.sampler_weights(engine_copy=False))
 
-    def sampler_weights(self):
+    def sampler_weights(self, engine_copy: bool = True):
         """The weights the engine samples from at this version: the params, or under LoRA
         the base with this version's adapters merged into one copy (`lora.merge`). Only the
         adapters are published (`publish`): a rollout worker merges them into its own base."""
         if self.state.frozen is None:
             return self.state.params
-        return lora.merge_jit(self.state.frozen, self.state.params, self.parts.model_cfg)
+        return merged(self.state.frozen, self.state.params, self.parts.model_cfg,
+                      self.engine.weights_dtype if engine_copy else None)
 
     def _out_of_time(self) -> bool:
         """Past time_limit_s on any host: decided together, so every host stops at one step."""
