@@ -46,8 +46,9 @@ QWEN_FLAGS = ["--task.name", "arith", "--task.level", "1", "--rollout.prompts-pe
 char tokenizer's arithmetic prompts: random weights make the task irrelevant."""
 
 
-def run(name: str, args: list[str], out: str, steps: int) -> dict:
-    """One run of `locojax train` ARGS (a preset and its flags), `steps` steps; its result."""
+def run(name: str, args: list[str], out: str, steps: int, evaluate: bool = True) -> dict:
+    """One run of `locojax train` ARGS (a preset and its flags), `steps` steps, evaluated
+    before the first and after the last (`evaluate`); its result."""
     import jax
     import tyro
 
@@ -58,7 +59,7 @@ def run(name: str, args: list[str], out: str, steps: int) -> dict:
 
     run_dir = os.path.join(out, "runs", name)
     argv = [*args, "--run-dir", run_dir, "--steps", str(steps), "--eval.every",
-            str(steps), "--no-progress", "--no-tensorboard"]
+            str(steps if evaluate else 0), "--no-progress", "--no-tensorboard"]
     print(f"\n=== {name}: locojax train {' '.join(argv)}", flush=True)
     cfg = tyro.extras.overridable_config_cli(PRESETS, args=argv)
     t0 = time.perf_counter()
@@ -173,8 +174,8 @@ def stage_qwen(args) -> None:
     if args.toy:  # the same flags at a size a CPU runs in seconds
         flags = [{"256": "32", "512": "16"}.get(x, x) for x in flags]
     steps = 2 if args.toy else 20
-    run("qwen3-1.7b-lora", ["demo", "--model", model, "--mode", "single", *flags,
-                            "--eval.num-examples", "0"], args.out, steps)
+    run("qwen3-1.7b-lora", ["demo", "--model", model, "--mode", "single", *flags], args.out,
+        steps, evaluate=False)
 
 
 def report(out: str) -> None:
