@@ -83,6 +83,13 @@ def declare(cfg: ModelConfig) -> dict:
     return {"layers": out}
 
 
+def num_trainable(cfg: ModelConfig) -> int:
+    """Parameters the optimizer trains: the adapters' under LoRA, else every weight's."""
+    if not enabled(cfg):
+        return cfg.num_params()
+    return int(sum(np.prod(d.shape) for d in jax.tree.leaves(declare(cfg), is_leaf=is_decl)))
+
+
 def trainable_declare(cfg: ModelConfig) -> dict:
     """What the optimizer trains: the adapters under LoRA, else every weight."""
     return declare(cfg) if enabled(cfg) else declare_base(cfg)

@@ -51,10 +51,13 @@ HONOURED = {
     "placement.learner_hosts": "async: learner hosts",
     "placement.max_staleness": "k of the buffered modes' simulation",
     "placement.prompts_per_lease": "prompts per leased unit in the buffered modes",
+    "lora.rank": "LoRA: optimizer state, gradients and all-reduce of the adapters; the frozen "
+                 "base held and read; a backward without the base's weight gradients",
+    "lora.targets": "LoRA: which adapters, so their parameters",
+    "lora.base_dtype": "LoRA: the frozen base's bytes",
 }
 
 REFUSED = {
-    "lora.rank": "LoRA is not costed yet: the adapters' FLOPs and the frozen base's bytes",
     "dynamic.max_rounds": "refill rounds generate a data-dependent number of extra groups",
     "multi_turn.max_cache_slots": "the cache is costed at P + M slots, not a cap",
     "reward.isolation": "host rates were measured with isolation auto",
@@ -71,9 +74,7 @@ REFUSED = {
 }
 
 IRRELEVANT = {
-    "lora.alpha": "a constant factor on the adapters (LoRA itself is refused: --lora.rank)",
-    "lora.targets": "read only with --lora.rank, which is refused",
-    "lora.base_dtype": "read only with --lora.rank, which is refused",
+    "lora.alpha": "a constant factor on the adapters' product",
     "task.level": "arith difficulty: lengths come from ignore_eos, data or the cap",
     "task.test_data": "evaluation is outside the steady step",
     "task.template": "prompts are padded to P whatever the template",
