@@ -78,3 +78,40 @@ def test_lora_refuses_what_it_does_not_run():
 
     with pytest.raises(ValueError, match="profile-split"):
         RunConfig(lora=LoraConfig(rank=4), profile_split=True)
+
+
+@pytest.mark.slow
+def test_resumed_lora_run_equals_a_straight_one(tmp_path):
+    """Checkpoints hold the adapters and their moments, not the base (the run's --model):
+    a run stopped after step 2 and resumed to step 3 trains the straight run's adapters."""
+    import os
+    import subprocess
+    import sys
+
+    from pathlib import Path
+
+    from safetensors.numpy import load_file
+
+    from locojax.model import loader
+
+    def cli(run_dir, steps):
+        i = ARGS.index("--steps")
+        argv = ARGS[:i] + ARGS[i + 2:]  # every flag but the step count
+        out = subprocess.run([sys.executable, "-m", "locojax.cli", "train", *argv, "--steps",
+                              str(steps), "--checkpoint.every", "1", "--run-dir", str(run_dir)],
+                             capture_output=True, text=True, timeout=600)
+        assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+
+    cli(tmp_path / "straight", 3)
+    cli(tmp_path / "resumed", 2)
+    saved = sum(f.stat().st_size for f in (tmp_path / "resumed" / "checkpoints").rglob("*")
+                if f.is_file())
+    base = sum(f.stat().st_size for f in Path(loader.resolve_dir("embedded")).glob(
+        "*.safetensors"))
+    assert saved < base / 2, (saved, base)  # adapters, 2 moments, 2 checkpoints: no base
+    cli(tmp_path / "resumed", 3)
+    a, b = (load_file(os.path.join(tmp_path / r, "final_adapter", "adapter_model.safetensors"))
+            for r in ("straight", "resumed"))
+    assert sorted(a) == sorted(b)
+    for name in a:
+        assert a[name].tobytes() == b[name].tobytes(), name

@@ -159,6 +159,17 @@ merge_jit = jax.jit(merge, static_argnames=("cfg",))
 """`merge` as one program: per version, the rollout side's one extra matmul per target."""
 
 
+def describe(cfg: ModelConfig, rollout_dtype=None) -> str:
+    """The memory plan's LoRA line: what trains, what is frozen, what the sampler reads."""
+    lcfg = cfg.lora
+    copy = f"its {jnp.dtype(rollout_dtype).name} rollout copy" if rollout_dtype is not None \
+        else f"a {jnp.dtype(cfg.weight_dtype).name} copy"
+    return (f"  lora             rank {lcfg.rank} (alpha {lcfg.alpha:g}) on "
+            f"{' '.join(lcfg.targets)}: {num_trainable(cfg):,} parameters train (f32); the "
+            f"base's {cfg.num_params():,} are frozen ({lcfg.base_dtype}); the sampler reads "
+            f"them merged per version into {copy}")
+
+
 def policy(base: Weights | None, params: Weights, cfg: ModelConfig) -> Weights:
     """The forward's weights of a train state's (frozen, params): the LoRA view, or `params`
     themselves when nothing is frozen."""
