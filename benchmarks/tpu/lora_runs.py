@@ -3,6 +3,9 @@
     python benchmarks/tpu/lora_runs.py --out OUT [sweep] [seeds] [qwen]     # default: all
     python benchmarks/tpu/lora_runs.py --out OUT --toy                      # a CPU dry run
 
+OUT gets the logs, results and run directories (small); the converted and random models
+and JAX's compilation cache go to --work (default /tmp/lora-work), outside OUT.
+
 Stages, in one process (one chip open, and the programs a run shares with the one before
 it, e.g. the three seeds of one setting, come out of JAX's compilation cache):
 
@@ -111,7 +114,7 @@ def verdict(full: list[float], lora: list[float]) -> str:
 
 def smollm_dir(args) -> str:
     """The real checkpoint, converted once from the GGUF file (`locojax convert`)."""
-    path = os.path.join(args.out, "SmolLM2-135M-Instruct")
+    path = os.path.join(args.work, "SmolLM2-135M-Instruct")
     if not os.path.isfile(os.path.join(path, "config.json")):
         from locojax.model.gguf_convert import convert
 
@@ -168,7 +171,7 @@ def stage_seeds(args, base: list[str], steps: int) -> None:
 
 
 def stage_qwen(args) -> None:
-    model = random_model(args.qwen_config, os.path.join(args.out, "qwen3-1.7b-random"),
+    model = random_model(args.qwen_config, os.path.join(args.work, "qwen3-1.7b-random"),
                          args.toy)
     flags = QWEN_FLAGS
     if args.toy:  # the same flags at a size a CPU runs in seconds
@@ -199,6 +202,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("stages", nargs="*", default=["sweep", "seeds", "qwen"])
     ap.add_argument("--out", required=True)
+    ap.add_argument("--work", default="/tmp/lora-work", help="models and compilation cache")
     ap.add_argument("--gguf", default="/tmp/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
     ap.add_argument("--qwen-config", default=".tpu-data/configs/qwen3-1.7b.json")
     ap.add_argument("--toy", action="store_true",
@@ -206,9 +210,10 @@ def main() -> None:
                          "problems; Qwen3 cut to 2 layers")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
+    os.makedirs(args.work, exist_ok=True)
     import jax
 
-    jax.config.update("jax_compilation_cache_dir", os.path.join(args.out, "jax_cache"))
+    jax.config.update("jax_compilation_cache_dir", os.path.join(args.work, "jax_cache"))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
     if args.toy:
         base, steps = ["real-demo", "--model", "embedded", "--task.template", "plain",
