@@ -206,10 +206,12 @@ class Trainer:
         self.logger.truncate_after(step)
         log.info("resumed from %s at step %d", self.ckpt.directory, step)
         if step >= self.cfg.steps:  # it had ended: was its export whole?
-            params = self._whole_params()
+            params, adapters = self._whole_params(), self._whole_adapters()
             if self.is_main:
                 resume.export_if_missing(os.path.join(self.cfg.run_dir, FINAL_MODEL), self.cfg,
                                          self.parts.model_cfg, params, step)
+                if adapters is not None:  # a few MB, rewritten whole, the same bytes
+                    self._export_adapters(adapters)
         return step, (found.rollout, found.meta["rollouts"])
 
     def save(self, step: int) -> None:
@@ -267,6 +269,16 @@ class Trainer:
         `fsdp` they are assembled from the shards, never replicated on a device, which at
         Qwen3-4B under FSDP 8 would put 16 GB of f32 params on every device)."""
         return meshes.host_copy(self.sampler_weights(engine_copy=False))
+
+    def _whole_adapters(self):
+        """A LoRA run's adapters whole in host memory (every host joins), else None."""
+        return meshes.host_copy(self.state.params) if self.state.frozen is not None else None
+
+    def _export_adapters(self, adapters) -> None:
+        """run_dir/final_adapter in PEFT's format, naming the base's directory (host 0)."""
+        base = loader.resolve_dir(self.cfg.model)
+        lora_io.save(os.path.join(self.cfg.run_dir, FINAL_ADAPTER), self.parts.model_cfg,
+                     adapters, str(base.resolve()) if base is not None else self.cfg.model)
 
     def sampler_weights(self, engine_copy: bool = True):
         """The weights the engine samples from at this version: the params, or under LoRA
@@ -354,17 +366,14 @@ class Trainer:
         trace.close()
         self.rollouts.close()
         params = self._whole_params() if self.start_step < cfg.steps else None
-        adapters = meshes.host_copy(self.state.params) \
-            if params is not None and self.state.frozen is not None else None
+        adapters = self._whole_adapters() if params is not None else None
         if self.is_main and params is not None:
             loader.save(os.path.join(cfg.run_dir, FINAL_MODEL), self.parts.model_cfg,
                         params, cfg.model,
                         {"made_by": "locojax train", "steps": self.last_step},
                         dtype=COMPUTE_DTYPES[cfg.checkpoint.export_dtype])
             if adapters is not None:
-                base = loader.resolve_dir(cfg.model)
-                lora_io.save(os.path.join(cfg.run_dir, FINAL_ADAPTER), self.parts.model_cfg,
-                             adapters, str(base.resolve()) if base is not None else cfg.model)
+                self._export_adapters(adapters)
         self.ckpt.close()
         self.runner.close()
         if self.producer.envs is not None:
