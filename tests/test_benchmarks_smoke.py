@@ -409,3 +409,27 @@ def test_validate_heldout_one_point_from_the_shipped_profile(tmp_path):
     assert "# validate_heldout: " in out and "load average at the end" in out
     (row,) = table_rows(out, "tiny-s1-a")
     assert float(row[7]) > 0 and float(row[8]) > 0  # measured and predicted s/step
+
+
+def test_tpu_lora_runs_qwen_stage_at_a_toy_size(tmp_path):
+    """benchmarks/tpu/lora_runs.py's qwen stage (LoRA GRPO on a random model written from a
+    published config, cut to 2 layers by --toy) runs and tabulates; the registered sweep rule
+    and verdict, on numbers (docs/lora.md)."""
+    import importlib.util
+    import json
+
+    config = tmp_path / "qwen3-1.7b.json"
+    config.write_text(json.dumps(json.loads((ROOT / "tests" / "data" / "hf_configs.json")
+                                            .read_text())["qwen3-1.7b"]))
+    out = bench("tpu/lora_runs", "--out", str(tmp_path / "o"), "--work", str(tmp_path / "w"),
+                "--qwen-config", str(config), "--toy", "qwen", as_file=True)
+    (row,) = table_rows(out, "qwen3-1.7b-lora")
+    assert float(row[3]) > 0  # median step seconds
+    spec = importlib.util.spec_from_file_location("lora_runs",
+                                                  ROOT / "benchmarks" / "tpu" / "lora_runs.py")
+    runs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(runs)
+    assert runs.choose([(8, 1e-4, 0.7), (32, 5e-4, 0.8), (8, 5e-4, 0.8)]) == (8, 5e-4)
+    assert runs.verdict([0.70, 0.76, 0.82], [0.69, 0.70, 0.74]).startswith("PASS")
+    assert "within" in runs.verdict([0.70, 0.76, 0.82], [0.69, 0.70, 0.74])
+    assert runs.verdict([0.70, 0.76, 0.82], [0.60, 0.70, 0.74]).startswith("FAIL")

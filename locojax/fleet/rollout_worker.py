@@ -9,6 +9,10 @@ sample never mixes two versions) and its compiled engine. Everything else arrive
 lease (step, prompt slots, the version to use), so Ray can kill and restart it at any
 point: the restarted actor warms up, then pulls the version the next lease names.
 
+Under LoRA a version is the adapters alone (the learner's `state.params`): the worker keeps
+the base it loaded at start and samples from base + adapters merged into one copy per
+version (`lora.merge`), so the checksum it returns covers exactly what crossed.
+
 A lease names its version by number and checksum, and the worker reuses the copy it holds
 only if both match: after a learner restart, version v may be other bytes than the v this
 worker pulled before. It returns the checksum it generated with, which the dispatcher
@@ -62,6 +66,7 @@ class RolloutWorker:
         import jax
 
         from locojax import float_context
+        from locojax.model import lora
         from locojax.train import meshes
         from locojax.train.build import RunParts
 
@@ -75,8 +80,12 @@ class RolloutWorker:
         pool = VerifierPool(verifiers, verifier_timeout_s, attempts, cfg.reward)
         self.producer = parts.producer(self.engine, pool, dump_dir)
         self.pool = pool
-        # The starting weights, on this host's devices: only to compile before any lease.
+        # The starting weights, on this host's devices: only to compile before any lease;
+        # under LoRA also the frozen base every version's adapters are merged into.
         self._warm_weights = parts.weights(mesh, rules)
+        self.model_cfg = parts.model_cfg
+        self.base = lora.base_copy(parts.model_cfg, self._warm_weights) \
+            if lora.enabled(parts.model_cfg) else None
         self.transport = ObjectStoreTransport(server)
         self.version, self.digest, self.weights = None, None, None
 
@@ -113,7 +122,7 @@ class RolloutWorker:
             # fails (server down), the worker holds no version, not a stale label on None.
             self.weights, self.version, self.digest = None, None, None
             tree, sync, digest = pull_for(self.transport, lease)
-            self.weights = self.engine.place_weights(tree)
+            self.weights = self.engine.place_weights(self._sampler_weights(tree))
             self.version, self.digest = lease.version, digest
             pull_bytes, pull_seconds = float(sync.bytes), sync.seconds
         timer = FaultyTimer(self.faults, self.cfg.run_dir, self.index, lease.step, lease.unit)
@@ -126,6 +135,15 @@ class RolloutWorker:
             logprob_gap=gap, logprob_tokens=tokens, units=1.0, pull_bytes=pull_bytes,
             pull_seconds=pull_seconds, worker_seconds=seconds)
         return dataclasses.replace(record, stats=stats), self.digest
+
+    def _sampler_weights(self, tree):
+        """What the engine samples a version's `tree` with: the params, or under LoRA the
+        adapters merged into this worker's base."""
+        from locojax.model import lora
+
+        if self.base is None:
+            return tree
+        return lora.merge_jit(self.base, tree, self.model_cfg)
 
     def _logprob_gap(self, record) -> tuple[float, float]:
         """(Σ |sampler − trainer| logprob, tokens) over the unit's response tokens, the

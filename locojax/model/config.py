@@ -40,6 +40,44 @@ class RopeScaling:
                              "(linear, llama3)")
 
 
+LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
+"""The decoder's linear layers LoRA can adapt, by PEFT's short names (q_proj, ..., down_proj)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class LoraConfig:
+    """LoRA adapters (Hu et al. 2021) on the decoder's linear layers; `lora.py` applies them.
+    A `ModelConfig` with one trains A and B only: the base weights are frozen."""
+
+    rank: int = 0
+    """r: the adapters' rank; 0 trains every weight (no LoRA)."""
+    alpha: float = 16.0
+    """α: the update is scaled by α / r (PEFT's `lora_alpha`)."""
+    targets: tuple[str, ...] = LORA_TARGETS
+    """Which linear layers get adapters: q, k, v, o, gate, up, down (default all)."""
+    base_dtype: str = "float32"
+    """Storage dtype of the frozen base: float32 or bfloat16 (adapters and their optimizer
+    state stay in f32)."""
+
+    def __post_init__(self):
+        if self.rank < 0:
+            raise ValueError(f"lora rank must be >= 0, got {self.rank}")
+        if self.rank and not self.alpha > 0:
+            raise ValueError(f"lora alpha must be > 0, got {self.alpha}")
+        bad = [t for t in self.targets if t not in LORA_TARGETS]
+        if bad or not self.targets or len(set(self.targets)) != len(self.targets):
+            raise ValueError(f"lora targets must be distinct names from {LORA_TARGETS}, got "
+                             f"{self.targets}")
+        if self.base_dtype not in ("float32", "bfloat16", "float64"):
+            raise ValueError(f"lora base_dtype must be float32 or bfloat16, got "
+                             f"{self.base_dtype!r}")
+
+    @property
+    def scale(self) -> float:
+        """s = α / r, the factor on B A (PEFT's `scaling` without rsLoRA)."""
+        return self.alpha / self.rank
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
     """A pre-norm decoder: RMSNorm, RoPE, GQA, a gated MLP; `model_type` names the family
@@ -88,6 +126,8 @@ class ModelConfig:
     (`OptimConfig.hf_padding_idx` sets it to the tokenizer's pad)."""
     param_dtype: str = "float32"
     """Storage dtype of the weights (the optimizer's master copy in training)."""
+    lora: LoraConfig | None = None
+    """LoRA adapters trained on a frozen base (`lora.py`); None: every weight trains."""
     compute_dtype: str = "float32"
     """Dtype of activations and matmuls: float32 or bfloat16. Softmax and norms stay in f32.
     float64 (both dtypes, under `jax_enable_x64`) computes everything in f64: what the

@@ -41,6 +41,7 @@ from locojax.model.attention import (  # noqa: F401
     within,
 )
 from locojax.model.config import FULL, SLIDING, ModelConfig
+from locojax.model.lora import Lora
 from locojax.model.params import Weights
 
 # `unroll_for_grad`: differentiated forwards of models with at most this many layers unroll
@@ -144,6 +145,9 @@ def dense(x, w, contract: int = 1):
     same forward, but its weight gradient contracts over two dims (b, t), which XLA:CPU
     runs off its fast matmul path: the layer backward measured ~1.5x slower.
     """
+    if isinstance(w, Lora):  # x @ W + s (x @ A) @ B, the sum after both: B = 0 adds exact 0
+        low = dense(x, w.a, contract)  # [B, T, r]
+        return dense(x, w.w, contract) + w.scale * dense(low, w.b)
     lead, inner = x.shape[:-contract], x.shape[-contract:]
     out = w.shape[contract:]
     x2, w2 = x.reshape(-1, int(np.prod(inner))), w.reshape(int(np.prod(inner)), -1)
@@ -167,7 +171,11 @@ def narrow(weight_dtype, compute_dtype) -> bool:
 
 def matrix(w, dtype):
     """A weight matrix as a matmul takes it: cast to the compute dtype, or kept as a narrower
-    rollout copy (`narrow`), which `dense` and `logits` multiply without upcasting."""
+    rollout copy (`narrow`), which `dense` and `logits` multiply without upcasting. A LoRA
+    weight (`lora.Lora`) casts each part so: a bf16 frozen base stays bf16, its f32
+    adapters compute in the compute dtype."""
+    if isinstance(w, Lora):
+        return Lora(matrix(w.w, dtype), matrix(w.a, dtype), matrix(w.b, dtype), w.scale)
     return w if narrow(w.dtype, dtype) else w.astype(dtype)
 
 

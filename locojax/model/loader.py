@@ -9,7 +9,9 @@ Specs:
 - `tiny` / `small`: docs/design.md's benchmark shapes with random weights and the char tokenizer;
 - a directory: an HF checkpoint of a family in `families.py` (Qwen3, Qwen2/2.5, Llama 3.x,
   Gemma 3 text). Its tokenizer is `tokenizer.json` if present, else the one named in
-  `locojax.json` (written by `locojax sft` for char-level checkpoints).
+  `locojax.json` (written by `locojax sft` for char-level checkpoints);
+- a PEFT LoRA adapter directory (`adapter_config.json`, `lora_io.py`): its base model (the
+  spec it names) with the adapters merged in, tokenizer and config the base's.
 
 `save` writes a checkpoint whole or not at all (a temporary directory, renamed when
 complete), and records the vocabulary's fingerprint in `locojax.json`, which `tokenizer_for`
@@ -31,7 +33,7 @@ import jax
 
 from locojax.jsonfile import read_object
 from locojax.model import config as model_config
-from locojax.model import hf_config, hf_io, params
+from locojax.model import hf_config, hf_io, lora, lora_io, params
 from locojax.model.config import ModelConfig
 from locojax.tokenizer import Tokenizer, fingerprint, load_tokenizer
 
@@ -97,8 +99,21 @@ def resolve_dir(spec: str) -> Path | None:
     return path
 
 
+def base_of(spec: str) -> tuple[str, Path | None]:
+    """(The spec of the model weights are read from, the PEFT adapter directory merged into
+    them or None): an adapter directory names its base."""
+    path = Path(spec)
+    if spec in EMBEDDED or not lora_io.is_adapter_dir(path):
+        return spec, None
+    base, _ = lora_io.read_config(path)
+    if lora_io.is_adapter_dir(base):
+        raise ValueError(f"{path}: its base model {base} is itself an adapter directory")
+    return base, path
+
+
 def load_config(spec: str, **overrides) -> ModelConfig:
     """The ModelConfig `load(spec, **overrides)` would give, without reading any weights."""
+    spec, _ = base_of(spec)
     path = resolve_dir(spec)
     if path is None:
         return model_config.PRESETS[spec](**overrides)
@@ -107,12 +122,18 @@ def load_config(spec: str, **overrides) -> ModelConfig:
 
 def load_tokenizer_of(spec: str) -> Tokenizer:
     """The tokenizer `load(spec)` would give, without reading any weights."""
-    path = resolve_dir(spec)
+    path = resolve_dir(base_of(spec)[0])
     return load_tokenizer("char") if path is None else tokenizer_for(path)
 
 
 def load(spec: str, seed: int = 0, shardings=None, **overrides) -> LoadedModel:
     """Load `spec`; `shardings` may be a function of the config (see `hf_io.load_model`)."""
+    spec, adapters = base_of(spec)
+    if adapters is not None:  # the base, then its adapters merged in (in the base's layout)
+        loaded = load(spec, seed, shardings, **overrides)
+        cfg, tree = lora_io.load(adapters, loaded.cfg)
+        weights = lora.merge_jit(loaded.weights, tree, cfg)
+        return dataclasses.replace(loaded, weights=weights, source=str(adapters))
     path = resolve_dir(spec)
     if path is None:
         cfg = model_config.PRESETS[spec](**overrides)
@@ -130,7 +151,7 @@ def check_weights(spec: str, cfg: ModelConfig) -> None:
     """Refuse a checkpoint directory whose weight files cannot serve `cfg` (missing, not
     safetensors, a tensor missing or misshapen), reading only the files' headers: what a
     run checks before it starts processes that would each fail on it."""
-    path = resolve_dir(spec)
+    path = resolve_dir(base_of(spec)[0])
     if path is not None:
         with hf_io.Checkpoint(path) as ckpt:
             ckpt.check(cfg)

@@ -58,10 +58,11 @@ def spec(axes: tuple[str | None, ...], shape: tuple[int, ...], mesh: Mesh, rules
     return P(*out)
 
 
-def weight_shardings(cfg, mesh: Mesh, rules: Rules):
-    """NamedSharding per weight, derived from the declarations."""
+def weight_shardings(cfg, mesh: Mesh, rules: Rules, decls=None):
+    """NamedSharding per weight, derived from the declarations (`decls`: another declared
+    tree than the model's weights, e.g. its LoRA adapters, `lora.declare`)."""
     return jax.tree.map(lambda w: NamedSharding(mesh, spec(w.axes, w.shape, mesh, rules)),
-                        declare(cfg), is_leaf=is_decl)
+                        declare(cfg) if decls is None else decls, is_leaf=is_decl)
 
 
 def batch_sharding(mesh: Mesh, rules: Rules, ndim: int, batch_size: int | None = None):

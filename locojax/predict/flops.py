@@ -41,9 +41,12 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
 import numpy as np
 
+from locojax.model import lora
 from locojax.model.config import SLIDING, ModelConfig
+from locojax.model.params import is_decl
 
 ITEMSIZE = {"float32": 4, "bfloat16": 2, "float64": 8, "float16": 2, "float8": 1, "int8": 1}
 
@@ -170,14 +173,29 @@ class ModelCosts:
             prompt, response = 0.0, rows * t * self.token_flops(t, head=False)
         return prompt + response + rows * new * self.head_flops()
 
+    def lora_token_flops(self) -> float:
+        """One token's forward FLOPs through the LoRA adapters of every layer: 2 r (in + out)
+        per adapted matrix (x @ A, then @ B); the sampler's merged weights have none."""
+        decls = jax.tree.leaves(lora.declare(self.cfg), is_leaf=is_decl)
+        per_layer = sum(2 * float(np.prod(d.shape[1:])) for d in decls)  # A and B, 2 each
+        return self.cfg.num_hidden_layers * per_layer
+
     def train_step(self, rows: float, group: int, prompt_len: int, new: int,
                    reference: bool = False, remat: bool = False) -> Costs:
         """One GRPO update: forward + backward (3 forwards), one more forward with remat,
         one no-grad reference forward with β > 0. Bytes: weights read in the forward and the
         backward, gradients written, AdamW reading params, both moments and the gradient and
-        writing params and moments (all f32 master copies)."""
+        writing params and moments (all f32 master copies). Under LoRA the backward makes
+        the activations' gradients (a forward's FLOPs) but no base weight's, the adapters
+        add their own matmuls (`lora_token_flops`, three times: forward, and the backward's
+        two), and the gradients and AdamW are the adapters'."""
         fwd = self.train_forward(rows, group, prompt_len, new)
-        flops = fwd * (3 + (1 if remat else 0) + (1 if reference else 0))
-        n = float(self.cfg.num_params())
-        moved = n * self.itemsize * (2 + (1 if reference else 0)) + n * 4 * (1 + 4 + 3)
+        backward = 1 if lora.enabled(self.cfg) else 2
+        flops = fwd * (1 + backward + (1 if remat else 0) + (1 if reference else 0))
+        if lora.enabled(self.cfg):
+            tokens = (rows / group * prompt_len + rows * (new - 1) if group > 1
+                      else rows * (prompt_len + new - 1))
+            flops += tokens * self.lora_token_flops() * (3 + (1 if remat else 0))
+        n, t = float(self.cfg.num_params()), float(lora.num_trainable(self.cfg))
+        moved = n * self.itemsize * (2 + (1 if reference else 0)) + t * 4 * (1 + 4 + 3)
         return Costs(flops, moved)

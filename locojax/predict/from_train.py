@@ -59,6 +59,8 @@ def parse(argv: list[str], cluster: str = "", hardware_file: str = "", lengths_f
                              "number") from None
     wl = presets.from_run(cfg, lengths_from, chars_per_token)
     model_cfg, source = spec.load(str(cfg.model))
+    if cfg.lora.rank:  # as the builder does (`RunParts.of`): the learner trains adapters
+        model_cfg = dataclasses.replace(model_cfg, lora=cfg.lora)
     from locojax.train.meshes import check_tp_model
 
     check_tp_model(cfg.rollout.tp, model_cfg)

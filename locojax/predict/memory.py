@@ -3,8 +3,11 @@
 
 What a learner chip holds (bytes; P parameters, FSDP over n chips, compute itemsize s):
 - params 4P/n (f32 master), AdamW moments 8P/n, gradients 4P/n (8P/n with grad_accum > 1);
+  under LoRA (`--lora.rank`) P there is the adapters' parameters, and the frozen base adds
+  its own bytes (bP/n, b its `--lora.base-dtype` itemsize) and serves as the reference;
 - the reference model sP/n with β > 0; a compute-dtype copy of the weights sP/mp for
-  rollout when s < 4 (tensor parallel over mp chips);
+  rollout when s < 4 (tensor parallel over mp chips); under LoRA the merged f32 copy the
+  sampler reads (4P/mp);
 - the KV cache of its rollout rows: rows · S · (2 L k h s / mp + 1), keys, values and a
   validity byte per slot, S the engine's own slots (`extend.slots_needed`, rounded up to
   whole blocks as `KVCache.empty` allocates them): P + N - 1, or for a multi-turn task of T turns and observations
@@ -31,7 +34,10 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import numpy as np
+
 from locojax.engine.extend import slots_needed
+from locojax.model import lora
 from locojax.model.attention import KVCache
 from locojax.predict.flops import ITEMSIZE
 from locojax.predict.phases import Ctx
@@ -94,10 +100,13 @@ def plan_for(ctx: Ctx, fsdp: int, mp: int, grad_accum: int, remat: bool,
     cfg, wl = ctx.cfg, ctx.wl
     chips = learner_chips or ctx.cluster.chips
     s = ITEMSIZE[ctx.dtype]
-    p = float(cfg.num_params())
-    parts = {"params": 4 * p / fsdp, "optimizer": 8 * p / fsdp,
-             "gradients": (8 if grad_accum > 1 else 4) * p / fsdp}
-    if wl.beta > 0:
+    p, t = float(cfg.num_params()), float(lora.num_trainable(cfg))
+    parts = {"params": 4 * t / fsdp, "optimizer": 8 * t / fsdp,
+             "gradients": (8 if grad_accum > 1 else 4) * t / fsdp}
+    if lora.enabled(cfg):  # the base is frozen, and is the reference; the sampler merges
+        parts["frozen base"] = np.dtype(cfg.lora.base_dtype).itemsize * p / fsdp
+        parts["merged weights"] = 4 * p / mp
+    elif wl.beta > 0:
         parts["reference"] = s * p / fsdp
     if s < 4:
         parts["rollout weights"] = s * p / mp

@@ -29,6 +29,7 @@ import json
 import math
 from pathlib import Path
 
+from locojax.model import lora
 from locojax.model.config import ModelConfig
 from locojax.predict import calibrated
 from locojax.predict import collectives as coll
@@ -287,11 +288,13 @@ class Ctx:
     def fsdp(self, chips: float) -> int:
         """Chips the train state is sharded over: the fewest (power of two) whose share of
         params, gradients, AdamW moments and the bf16 copy (18 bytes a parameter) fits in
-        half a chip's HBM."""
+        half a chip's HBM (under LoRA: the adapters' 18 bytes, and the frozen base's own)."""
         if self.fsdp_chips:
             return self.fsdp_chips
         hbm = float(self.cluster.hw.hbm_bytes.value)
-        state = 18.0 * self.cfg.num_params()
+        state = 18.0 * lora.num_trainable(self.cfg)
+        if lora.enabled(self.cfg):
+            state += ITEMSIZE[self.cfg.lora.base_dtype] * self.cfg.num_params()
         n = 1
         while state / n > 0.5 * hbm and n < chips:
             n *= 2
@@ -304,7 +307,7 @@ class Ctx:
         if chips <= 1 and hosts <= 1:
             return 0.0, 0.0
         h = self.cluster.hw
-        grads = 4.0 * self.cfg.num_params()
+        grads = 4.0 * lora.num_trainable(self.cfg)  # what trains: LoRA's adapters alone
         domain = int(min(self.hw("ici_domain"), chips))
         per_host = max(1, min(self.cluster.chips_per_host, chips))
         ici, dcn = coll.data_parallel_allreduce(

@@ -51,6 +51,10 @@ HONOURED = {
     "placement.learner_hosts": "async: learner hosts",
     "placement.max_staleness": "k of the buffered modes' simulation",
     "placement.prompts_per_lease": "prompts per leased unit in the buffered modes",
+    "lora.rank": "LoRA: optimizer state, gradients and all-reduce of the adapters; the frozen "
+                 "base held and read; a backward without the base's weight gradients",
+    "lora.targets": "LoRA: which adapters, so their parameters",
+    "lora.base_dtype": "LoRA: the frozen base's bytes",
 }
 
 REFUSED = {
@@ -70,6 +74,7 @@ REFUSED = {
 }
 
 IRRELEVANT = {
+    "lora.alpha": "a constant factor on the adapters' product",
     "task.level": "arith difficulty: lengths come from ignore_eos, data or the cap",
     "task.test_data": "evaluation is outside the steady step",
     "task.template": "prompts are padded to P whatever the template",

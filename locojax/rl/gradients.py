@@ -18,7 +18,7 @@ import jax.flatten_util
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from locojax.model import decoder
+from locojax.model import decoder, lora
 from locojax.model.config import ModelConfig
 from locojax.rl import batch as batch_lib
 from locojax.rl.aggregation import Counts
@@ -29,10 +29,11 @@ from locojax.rl.losses import LossSettings, is_weight_histogram, objective
 
 
 def _micro_loss(params, data, counts: Counts, first, fresh_tokens, s: LossSettings,
-                model_cfg: ModelConfig, cfg: LearnerConfig):
-    """Loss share and metric shares of one micro-batch (global denominators throughout)."""
+                model_cfg: ModelConfig, cfg: LearnerConfig, frozen=None):
+    """Loss share and metric shares of one micro-batch (global denominators throughout).
+    `frozen`: a LoRA run's base, read by the forward, never differentiated (`lora.py`)."""
     b: TrainBatch = data["batch"]
-    logp, ent = sequence_logprobs(params, b.tokens, b.positions, b.attn_mask, model_cfg,
+    logp, ent = sequence_logprobs(lora.policy(frozen, params, model_cfg), b.tokens, b.positions, b.attn_mask, model_cfg,
                                   cfg.temperature, cfg.logprob_chunk,
                                   unroll=decoder.unroll_for_grad(model_cfg), remat=cfg.remat,
                                   prefix=b.shared_prefix)  # as `logprobs.for_split` left it
@@ -58,12 +59,13 @@ def mismatch(mask, sampler, trainer, tokens):
 
 
 def accumulate(params, micro, counts, first, fresh_tokens, s, model_cfg, cfg,
-               keep_f32: bool = False):
+               keep_f32: bool = False, frozen=None):
     """Σ over micro-batches (leading axis of `micro`) of loss, gradients and metric shares.
 
     Gradients come back in the params' dtype, or in the f32 accumulator with `keep_f32`."""
     loss_fn = functools.partial(_micro_loss, counts=counts, first=first,
-                                fresh_tokens=fresh_tokens, s=s, model_cfg=model_cfg, cfg=cfg)
+                                fresh_tokens=fresh_tokens, s=s, model_cfg=model_cfg, cfg=cfg,
+                              frozen=frozen)
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
     one = jax.tree.map(lambda x: x[0], micro)
     (l_shape, (m_shape, e_shape)), _ = jax.eval_shape(grad_fn, params, one)
@@ -109,27 +111,28 @@ def flat_allreduce_axis(mesh, cfg: LearnerConfig) -> str | None:
 
 
 def accumulate_flat(params, micro, counts, first, fresh_tokens, s, model_cfg, cfg, mesh,
-                    axis: str):
+                    axis: str, frozen=None):
     """`accumulate` per device on its own rows, then ONE psum of a flat buffer holding every
     gradient, the loss and the metric sums (and one pmax for the extremes).
 
     Exactly the sums XLA's partitioner would take (every share is already divided by the
     global counts), only packed: gradients and metrics are those of `accumulate`."""
-    def local(params, micro, counts, first, fresh_tokens):
+    def local(params, micro, counts, first, fresh_tokens, frozen):
         return allreduce_sums(*local_sums(params, micro, counts, first, fresh_tokens, s,
-                                          model_cfg, cfg), axis)
+                                          model_cfg, cfg, frozen), axis)
 
     rows = P(None, axis)  # micro leaves are [k, rows, ...]
     # check_vma off: the grad-accum scan starts from replicated zeros and carries per-device
     # sums; the outputs are replicated by the psum / pmax above, which out_specs P() states.
     grads, loss, metrics = jax.shard_map(
-        local, mesh=mesh, in_specs=(P(), rows, P(), P(), P()), out_specs=P(), check_vma=False,
-    )(params, micro, counts, first, fresh_tokens)
+        local, mesh=mesh, in_specs=(P(), rows, P(), P(), P(), P()), out_specs=P(),
+        check_vma=False,
+    )(params, micro, counts, first, fresh_tokens, frozen)
     grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
     return grads, loss, metrics
 
 
-def local_sums(params, micro, counts, first, fresh_tokens, s, model_cfg, cfg):
+def local_sums(params, micro, counts, first, fresh_tokens, s, model_cfg, cfg, frozen=None):
     """One device's share of an update, inside `shard_map`: its rows' f32 gradient, loss and
     metric sums (and extremes), before any cross-device reduction."""
     rows = jax.tree.leaves(micro)[0].shape[1]
@@ -138,7 +141,7 @@ def local_sums(params, micro, counts, first, fresh_tokens, s, model_cfg, cfg):
         micro = {**micro, "batch": dataclasses.replace(
             micro["batch"], shared_prefix=batch_lib.SharedPrefix(sp.columns, 1))}
     return accumulate(params, micro, counts, first, fresh_tokens, s, model_cfg, cfg,
-                       keep_f32=True)
+                      keep_f32=True, frozen=frozen)
 
 
 def allreduce_sums(grads, loss, metrics, axis: str):

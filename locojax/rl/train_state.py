@@ -3,6 +3,10 @@
 AdamW (Loshchilov & Hutter 2019) after global-norm clipping, with linear warmup then a
 cosine decay. Weight decay skips norm scales; which weights those are comes from the
 weight declarations (`init == "ones"`), not from name matching.
+
+Under LoRA (`ModelConfig.lora`) `params` are the adapters alone, and every piece here
+(optimizer, moments, shardings) sees only them; the frozen base rides along in `frozen`
+(donated with the state and returned untouched: no copy), read by the forward only.
 """
 
 from __future__ import annotations
@@ -16,7 +20,8 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from locojax.model.config import ModelConfig
-from locojax.model.params import Weights, declare, is_decl
+from locojax.model import lora
+from locojax.model.params import Weights, is_decl
 from locojax.model.params import abstract as abstract_weights
 from locojax.model.sharding import RULES, weight_shardings
 from locojax.rl.config import OptimConfig
@@ -29,6 +34,7 @@ class TrainState:
     opt_state: optax.OptState
     step: jax.Array  # [] int32: train steps taken (each is μ × num_minibatches updates)
     skipped: jax.Array  # [] int32: optimizer updates rejected for a non-finite loss or grads
+    frozen: Weights | None = None  # LoRA: the base weights, never updated; else None
 
 
 def schedule(cfg: OptimConfig):
@@ -52,8 +58,16 @@ def schedule(cfg: OptimConfig):
 
 
 def decay_mask(model_cfg: ModelConfig):
-    """True for weights that get weight decay: matrices, not norm scales or biases."""
-    return jax.tree.map(lambda d: d.init == "normal", declare(model_cfg), is_leaf=is_decl)
+    """True for weights that get weight decay: matrices, not norm scales or biases; under
+    LoRA every adapter (A and B, as the HF Trainer decays PEFT's)."""
+    decay = ("normal", "lora_a", "zeros") if lora.enabled(model_cfg) else ("normal",)
+    return jax.tree.map(lambda d: d.init in decay, lora.trainable_declare(model_cfg),
+                        is_leaf=is_decl)
+
+
+def trainable_shardings(model_cfg: ModelConfig, mesh, rules: str):
+    """The `rules` shardings of what the optimizer trains (`lora.trainable_declare`)."""
+    return weight_shardings(model_cfg, mesh, RULES[rules], lora.trainable_declare(model_cfg))
 
 
 def optimizer(cfg: OptimConfig, model_cfg: ModelConfig) -> optax.GradientTransformation:
@@ -121,8 +135,10 @@ def adam_count(opt_state) -> jax.Array:
     return found[0].count
 
 
-def init(params: Weights, cfg: OptimConfig, model_cfg: ModelConfig) -> TrainState:
-    """A fresh state around `params`, placed like them.
+def init(params: Weights, cfg: OptimConfig, model_cfg: ModelConfig,
+         frozen: Weights | None = None) -> TrainState:
+    """A fresh state around `params` (under LoRA the adapters, `frozen` the base), placed
+    like them.
 
     Adam's moments inherit each param's sharding; scalars are replicated over the params'
     mesh, so the state is a valid input to a jit over that mesh in multi-process runs too.
@@ -135,16 +151,19 @@ def init(params: Weights, cfg: OptimConfig, model_cfg: ModelConfig) -> TrainStat
         put = lambda x: jax.device_put(x, replicated) if x.ndim == 0 else x  # noqa: E731
         opt_state = jax.tree.map(put, opt_state)
         step, skipped = put(step), put(skipped)
-    return TrainState(params=params, opt_state=opt_state, step=step, skipped=skipped)
+    return TrainState(params=params, opt_state=opt_state, step=step, skipped=skipped,
+                      frozen=frozen)
 
 
 def abstract(model_cfg: ModelConfig, cfg: OptimConfig, mesh, rules: str = "train_dp"):
     """ShapeDtypeStructs of `init(params, cfg, model_cfg)` for params placed by the `rules`
     shardings on `mesh`, placed as `init` places them (moments like their params, scalars
     replicated): what lowering `train_step` for this state needs, without any weights."""
-    shardings = weight_shardings(model_cfg, mesh, RULES[rules])
-    weights = jax.tree.map(lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
-                           abstract_weights(model_cfg), shardings)
+    shardings = trainable_shardings(model_cfg, mesh, rules)
+    like = lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh)  # noqa: E731
+    trainable = lora.abstract(model_cfg) if lora.enabled(model_cfg) else abstract_weights(
+        model_cfg)
+    weights = jax.tree.map(like, trainable, shardings)
     shaped = jax.eval_shape(lambda p: optimizer(cfg, model_cfg).init(p), weights)
     treedef = jax.tree.structure(shardings)
     is_params = lambda x: jax.tree.structure(x) == treedef  # noqa: E731
@@ -157,8 +176,13 @@ def abstract(model_cfg: ModelConfig, cfg: OptimConfig, mesh, rules: str = "train
         return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated)
 
     scalar = jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated)
+    frozen = None
+    if lora.enabled(model_cfg):
+        base = jax.tree.map(lambda a: a.update(dtype=model_cfg.lora.base_dtype),
+                            abstract_weights(model_cfg))
+        frozen = jax.tree.map(like, base, weight_shardings(model_cfg, mesh, RULES[rules]))
     return TrainState(params=weights, opt_state=jax.tree.map(place, shaped, is_leaf=is_params),
-                      step=scalar, skipped=scalar)
+                      step=scalar, skipped=scalar, frozen=frozen)
 
 
 def pin(state: TrainState, model_cfg: ModelConfig, mesh, rules: str) -> TrainState:
@@ -166,7 +190,7 @@ def pin(state: TrainState, model_cfg: ModelConfig, mesh, rules: str) -> TrainSta
     moments) to the rules' shardings, scalars to replicated. Without this XLA may choose
     different output shardings (seen: a norm scale coming back sharded over `fsdp`), which
     defeats donation and recompiles the next step for the new input shardings."""
-    shardings = weight_shardings(model_cfg, mesh, RULES[rules])
+    shardings = trainable_shardings(model_cfg, mesh, rules)
     treedef = jax.tree.structure(shardings)
     wsc = jax.lax.with_sharding_constraint
     replicated = NamedSharding(mesh, P())
@@ -177,4 +201,6 @@ def pin(state: TrainState, model_cfg: ModelConfig, mesh, rules: str) -> TrainSta
 
     return TrainState(params=jax.tree.map(wsc, state.params, shardings),
                       opt_state=jax.tree.map(one, state.opt_state, is_leaf=is_params),
-                      step=wsc(state.step, replicated), skipped=wsc(state.skipped, replicated))
+                      step=wsc(state.step, replicated), skipped=wsc(state.skipped, replicated),
+                      frozen=None if state.frozen is None else jax.tree.map(
+                          wsc, state.frozen, weight_shardings(model_cfg, mesh, RULES[rules])))

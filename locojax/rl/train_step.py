@@ -41,6 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from locojax.model import lora
 from locojax.model.config import ModelConfig
 from locojax.rl import batch as batch_lib
 from locojax.rl import gradients, logprobs, micro_batches
@@ -127,8 +128,8 @@ def _train_step(state: TrainState, batch: TrainBatch, ref_params=None, *,
     cfg = micro_batches.resolve(cfg, batch, model_cfg.vocab_size, mesh)
     logger.info("compiling train_step: batch %s, algo %s, %d update(s) x %d micro-batch(es)",
                 batch.tokens.shape, cfg.algo.name, cfg.updates_per_step, cfg.grad_accum)
-    data, counts, fresh_tokens, extra, s = prepare(state.params, batch, ref_params, model_cfg,
-                                                   cfg)
+    data, counts, fresh_tokens, extra, s = prepare(
+        lora.policy(state.frozen, state.params, model_cfg), batch, ref_params, model_cfg, cfg)
     n_mini = cfg.algo.num_minibatches
 
     axis = gradients.flat_allreduce_axis(mesh, cfg)
@@ -139,9 +140,9 @@ def _train_step(state: TrainState, batch: TrainBatch, ref_params=None, *,
         args = (state.params, jax.tree.map(pick, data), jax.tree.map(pick, counts), i == 0,
                 fresh_tokens, s, model_cfg, cfg)
         if axis is None:
-            grads, loss, metrics = gradients.accumulate(*args)
+            grads, loss, metrics = gradients.accumulate(*args, frozen=state.frozen)
         else:
-            grads, loss, metrics = gradients.accumulate_flat(*args, mesh, axis)
+            grads, loss, metrics = gradients.accumulate_flat(*args, mesh, axis, state.frozen)
         state, opt_metrics = apply(state, grads, loss, model_cfg, cfg)
         if mesh is not None:
             state = pin(state, model_cfg, mesh, cfg.rules)

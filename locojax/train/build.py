@@ -28,7 +28,7 @@ from locojax.engine.refill import Refill
 from locojax.engine.sampling import SamplingConfig
 from locojax.envs import data_lengths, registry
 from locojax.envs.base import Task
-from locojax.model import loader
+from locojax.model import loader, lora
 from locojax.model.config import ModelConfig
 from locojax.model.params import Weights
 from locojax.model.sharding import ROLLOUT_REPLICATED, Rules, weight_shardings
@@ -40,6 +40,10 @@ from locojax.train.config import COMPUTE_DTYPES, RolloutConfig, RunConfig
 from locojax.train.curation import Curator
 from locojax.train.data import PromptStream
 from locojax.train.producer import Producer
+
+
+LORA_KEY = 0x10_7A
+"""Folded into `key(seed)` for the adapters' A, so they do not share the rollouts' draws."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +63,8 @@ class RunParts:
     def of(cls, cfg: RunConfig) -> RunParts:
         cfg, task, tokenizer, prompts = sized(cfg)
         model_cfg = model_config(cfg.model, cfg.precision)
+        if cfg.lora.rank:  # adapters on a frozen base: what the learner trains (lora.py)
+            model_cfg = dataclasses.replace(model_cfg, lora=cfg.lora)
         if cfg.optim.hf_padding_idx:
             model_cfg = dataclasses.replace(model_cfg, embedding_padding_idx=tokenizer.pad_id)
         limits = None if not task.multi_turn else limits_lib.resolve(
@@ -76,6 +82,19 @@ class RunParts:
         """The starting weights, loaded (or initialised, for presets) straight into `rules`'
         layout over `mesh`, even when it spans processes."""
         return weights_of(self.cfg.model, self.cfg.seed, self.cfg.precision, mesh, rules)
+
+    def train_weights(self, mesh, rules: Rules) -> tuple[Weights, Weights | None]:
+        """(What the optimizer trains, the frozen base or None), laid out by `rules` over
+        `mesh`: the starting weights; under LoRA, fresh adapters drawn from the run's seed
+        and the starting weights as the base, in `--lora.base-dtype` (`lora.py`)."""
+        weights = self.weights(mesh, rules)
+        if not lora.enabled(self.model_cfg):
+            return weights, None
+        cfg = self.model_cfg
+        init = jax.jit(lora.init, static_argnums=0,
+                       out_shardings=weight_shardings(cfg, mesh, rules, lora.declare(cfg)))
+        key = jax.random.fold_in(jax.random.key(self.cfg.seed), LORA_KEY)
+        return init(cfg, key), lora.base_copy(cfg, weights)
 
     def curator(self) -> Curator:
         """A fresh admission state: the pass-rate table, the re-admission queue, the cursor."""
@@ -117,7 +136,7 @@ def tokenizer_of(model: str, template: str = "plain") -> Tokenizer:
     """`model`'s tokenizer; with template `chat`, carrying the checkpoint's chat template."""
     tokenizer = loader.load_tokenizer_of(model)
     if template == "chat":
-        tokenizer = with_chat_template(tokenizer, loader.resolve_dir(model))
+        tokenizer = with_chat_template(tokenizer, loader.resolve_dir(loader.base_of(model)[0]))
     return tokenizer
 
 

@@ -19,6 +19,7 @@ import tyro
 from locojax.envs import registry
 from locojax.envs.registry import TaskConfig
 from locojax.envs.rewards import RewardConfig
+from locojax.model.config import LoraConfig
 from locojax.rl.algorithms import resolve
 from locojax.rl.config import AlgoConfig, LearnerConfig, OptimConfig
 from locojax.rollout.limits import MultiTurnConfig
@@ -241,6 +242,8 @@ class RunConfig:
     train: TrainConfig = TrainConfig()
     """The learner's layout: --train.mesh data=D,fsdp=F shards params, gradients and
     optimizer state over fsdp."""
+    lora: LoraConfig = LoraConfig()
+    """LoRA: --lora.rank r > 0 trains rank-r adapters on a frozen base (docs/lora.md)."""
     time_limit_s: float = 0.0
     """Stop (evaluate, save, export) after the first step that ends this many seconds after
     the trainer started; `steps` stays the upper bound. 0 = no limit. Hosts agree on it."""
@@ -277,6 +280,9 @@ class RunConfig:
         if self.profile_split and self.train.fsdp > 1:
             raise ValueError("--profile-split times a data-parallel step; with --train.mesh "
                              "fsdp > 1 XLA schedules the collectives inside the step")
+        if self.lora.rank and self.profile_split:
+            raise ValueError("--profile-split does not time a LoRA step yet: drop it or "
+                             "--lora.rank")
         resolve(self.learner_config().algo)  # unknown algorithm, missing Dr.GRPO constant, ...
 
     @property

@@ -18,6 +18,7 @@ from a checkpoint continues bitwise like one that never stopped.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import time
@@ -27,10 +28,11 @@ import jax.numpy as jnp
 
 from locojax import distributed, float_context, profiler
 from locojax.checkpoint import Checkpointer
+from locojax.engine.engine import rollout_copy
 from locojax.envs.rewards import RewardRunner
 from locojax.evaluate import batch_rows, derived, evaluate, greedy_sampling
 from locojax.metrics import MetricsLogger
-from locojax.model import loader
+from locojax.model import loader, lora, lora_io
 from locojax.profiler import StepTimer, TraceWindow
 from locojax.rl import batch as batch_lib
 from locojax.rl import buckets
@@ -46,7 +48,11 @@ from locojax.train.source import RolloutSource
 log = logging.getLogger(__name__)
 
 FINAL_MODEL = "final_model"
-"""run_dir/final_model: the trained params as an HF checkpoint (`--model` can load it)."""
+"""run_dir/final_model: the trained params as an HF checkpoint (`--model` can load it); under
+LoRA the base with the adapters merged."""
+FINAL_ADAPTER = "final_adapter"
+"""run_dir/final_adapter (LoRA runs): the adapters alone in PEFT's format (`lora_io.py`),
+which `peft` loads onto the base and `--model` reads as the base with them merged."""
 
 
 def start(cfg: RunConfig, wiring) -> Trainer | None:
@@ -76,6 +82,8 @@ def _start(cfg: RunConfig, wiring, lock: run_lock.RunLock | None) -> Trainer | N
     memory = plan_memory(parts, wiring, engine)
     if wiring.host.process_id == 0:
         print(memory.format(), flush=True)
+        if lora.enabled(parts.model_cfg):
+            print(lora.describe(parts.model_cfg, engine.weights_dtype), flush=True)
         print(f"prompts: {parts.prompts.describe(cfg.rollout.max_prompt_tokens)}", flush=True)
     if cfg.plan_only:  # print the plan, load nothing, run nothing
         return None
@@ -98,7 +106,7 @@ def plan_memory(parts: RunParts, wiring, engine) -> memory_plan.MemoryPlan:
     reuses those compiles)."""
     cfg, mesh, learner = parts.cfg, wiring.train_mesh, parts.learner
     state = train_state.abstract(parts.model_cfg, learner.optim, mesh, learner.rules)
-    ref = state.params if cfg.algo.beta > 0 else None
+    ref = reference_of(state, cfg.algo.beta)
     rows = cfg.rollout.prompts_per_step * cfg.group_size
     p, sampling = cfg.rollout.max_prompt_tokens, parts.sampling
     columns = p + cfg.rollout.max_new_tokens
@@ -126,6 +134,26 @@ def plan_memory(parts: RunParts, wiring, engine) -> memory_plan.MemoryPlan:
                             rollout_layout=wiring.reshard_target(engine.weight_shardings))
 
 
+def reference_of(state: train_state.TrainState, beta: float, copy=None):
+    """The reference policy's weights (None at β = 0): under LoRA the frozen base itself (the
+    policy with its adapters off), no copy; else `copy`, the starting params (or, planning,
+    their shapes: the state's own)."""
+    if not beta:
+        return None
+    if state.frozen is not None:
+        return state.frozen
+    return state.params if copy is None else copy
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "dtype"))
+def merged(frozen, adapters, cfg, dtype=None):
+    """Base + adapters merged (`lora.merge`), straight into the engine's rollout copy where it
+    decodes with one (`--rollout.weights-dtype`): one program, so the merged f32 matrices are
+    never all live at once beside the copy (Qwen3-1.7B: 6.8 GB of f32 on a 16 GB chip)."""
+    weights = lora.merge(frozen, adapters, cfg)
+    return weights if dtype is None else rollout_copy(weights, dtype)
+
+
 class Trainer:
     """Owns the run's state; `run()` executes the remaining steps. Made by `start`, which
     compiled `engine`'s programs and the train step for `memory`, the run's plan."""
@@ -141,10 +169,12 @@ class Trainer:
         float_context.record(cfg.run_dir, f"host{self.host.process_id}")
         # Loaded straight into the training layout (replicated over every host's devices, or
         # sharded over `fsdp`).
-        params = parts.weights(wiring.train_mesh, wiring.train_rules)
-        # The reference policy is the starting point; copied because train_step donates state.
-        self.ref_params = jax.tree.map(jnp.copy, params) if cfg.algo.beta > 0 else None
-        self.state = train_state.init(params, parts.learner.optim, parts.model_cfg)
+        params, frozen = parts.train_weights(wiring.train_mesh, wiring.train_rules)
+        # The reference policy is the starting point; copied because train_step donates state
+        # (under LoRA it is the frozen base, read from the state each step: `reference_of`).
+        self.ref_params = jax.tree.map(jnp.copy, params) \
+            if cfg.algo.beta > 0 and frozen is None else None
+        self.state = train_state.init(params, parts.learner.optim, parts.model_cfg, frozen)
         self.runner = RewardRunner(cfg.reward)
         self.logger = MetricsLogger(cfg.run_dir, enabled=self.is_main, tensorboard=cfg.tensorboard,
                                     report_to=cfg.report_to, config=resume.as_json(cfg))
@@ -165,20 +195,24 @@ class Trainer:
     def _maybe_resume(self) -> tuple[int, tuple | None]:
         """(first step, the rollout source's checkpointed (arrays, JSON) or None), from the
         newest checkpoint that restores; `start` has checked that it is of this run."""
-        found = resume.restore(self.cfg, self.ckpt, self.state, self.is_main)
+        frozen = self.state.frozen  # LoRA's base: the run's --model, never checkpointed
+        found = resume.restore(self.cfg, self.ckpt, dataclasses.replace(self.state, frozen=None),
+                               self.is_main)
         if found is None:
             self.logger.truncate_after(-1)  # a fresh run owns its logs
             return 0, None
-        self.state, step = found.state, found.step
+        self.state, step = dataclasses.replace(found.state, frozen=frozen), found.step
         # Lines are labelled 1..step for steps done: later ones (a killed run's) and a cut
         # last line are dropped, and steps missing from the log are a warning.
         self.logger.truncate_after(step)
         log.info("resumed from %s at step %d", self.ckpt.directory, step)
         if step >= self.cfg.steps:  # it had ended: was its export whole?
-            params = self._whole_params()
+            params, adapters = self._whole_params(), self._whole_adapters()
             if self.is_main:
                 resume.export_if_missing(os.path.join(self.cfg.run_dir, FINAL_MODEL), self.cfg,
                                          self.parts.model_cfg, params, step)
+                if adapters is not None:  # a few MB, rewritten whole, the same bytes
+                    self._export_adapters(adapters)
         return step, (found.rollout, found.meta["rollouts"])
 
     def save(self, step: int) -> None:
@@ -187,20 +221,29 @@ class Trainer:
         always `key(seed)`, rebuilt by every producer."""
         arrays, rollouts = self.rollouts.state(step + 1)
         meta = {"next_step": step + 1, **resume.recorded(self.cfg), "rollouts": rollouts}
-        self.ckpt.save(step + 1, self.state, meta, arrays)
+        # Under LoRA the adapters and their moments only: the base is the run's --model,
+        # whose content the checkpoint's fingerprint pins (`resume.py`).
+        self.ckpt.save(step + 1, dataclasses.replace(self.state, frozen=None), meta, arrays)
 
     # --- one step ----------------------------------------------------------------------------
 
     def step(self, step: int, timer: StepTimer) -> dict[str, float]:
         """Rollout, update and (when due) evaluation of one step; returns its metrics."""
         cfg, parts = self.cfg, self.parts
-        record = self.rollouts.take(step, self.state.params, timer)  # generated by version ≤ step
+        sampler = self.state.params  # under LoRA: the adapters, which remote rollouts take
+        if not self.wiring.remote_rollouts and self.state.frozen is not None:
+            with timer.phase("lora_merge") as ph:  # this version's weights for the engine
+                sampler = self.sampler_weights()
+                ph.sync(sampler)
+        record = self.rollouts.take(step, sampler, timer)  # generated by version ≤ step
         with timer.phase("batch") as ph:  # cut to the width every host agrees on (buckets.py)
             local, sizes = buckets.fit(record.batch, self.wiring.gather_over_hosts)
             batch = self.wiring.global_batch(local)
             ph.sync(batch)
         self.state, metrics = timed_update(self.state, batch, parts.model_cfg, parts.learner,
-                                           self.ref_params, self.wiring.train_mesh, timer,
+                                           reference_of(self.state, cfg.algo.beta,
+                                                        self.ref_params),
+                                           self.wiring.train_mesh, timer,
                                            split=cfg.profile_split)
         metrics.update(sizes)
         metrics.update(self.rollouts.publish(step + 1, self.state.params, timer))
@@ -226,7 +269,26 @@ class Trainer:
         """The params whole in host memory, for export (every host joins: sharded over
         `fsdp` they are assembled from the shards, never replicated on a device, which at
         Qwen3-4B under FSDP 8 would put 16 GB of f32 params on every device)."""
-        return meshes.host_copy(self.state.params)
+        return meshes.host_copy(self.sampler_weights(engine_copy=False))
+
+    def _whole_adapters(self):
+        """A LoRA run's adapters whole in host memory (every host joins), else None."""
+        return meshes.host_copy(self.state.params) if self.state.frozen is not None else None
+
+    def _export_adapters(self, adapters) -> None:
+        """run_dir/final_adapter in PEFT's format, naming the base's directory (host 0)."""
+        base = loader.resolve_dir(self.cfg.model)
+        lora_io.save(os.path.join(self.cfg.run_dir, FINAL_ADAPTER), self.parts.model_cfg,
+                     adapters, str(base.resolve()) if base is not None else self.cfg.model)
+
+    def sampler_weights(self, engine_copy: bool = True):
+        """The weights the engine samples from at this version: the params, or under LoRA
+        the base with this version's adapters merged into one copy (`lora.merge`). Only the
+        adapters are published (`publish`): a rollout worker merges them into its own base."""
+        if self.state.frozen is None:
+            return self.state.params
+        return merged(self.state.frozen, self.state.params, self.parts.model_cfg,
+                      self.engine.weights_dtype if engine_copy else None)
 
     def _out_of_time(self) -> bool:
         """Past time_limit_s on any host: decided together, so every host stops at one step."""
@@ -242,7 +304,7 @@ class Trainer:
         examples = eval_share(parts, self.wiring)
         n = len(examples) * self.host.num_processes
         per_host = cfg.batch_size // self.host.num_processes
-        weights = self.wiring.rollout_weights(self.state.params, self.engine.weight_shardings)
+        weights = self.wiring.rollout_weights(self.sampler_weights(), self.engine.weight_shardings)
         local = evaluate(self.engine, weights, parts.tokenizer, parts.task, self.runner, examples,
                          self.cfg.rollout.max_new_tokens, self.cfg.rollout.max_prompt_tokens,
                          batch_size=per_host, pool=self.producer.envs, limits=parts.limits)
@@ -305,11 +367,14 @@ class Trainer:
         trace.close()
         self.rollouts.close()
         params = self._whole_params() if self.start_step < cfg.steps else None
+        adapters = self._whole_adapters() if params is not None else None
         if self.is_main and params is not None:
             loader.save(os.path.join(cfg.run_dir, FINAL_MODEL), self.parts.model_cfg,
                         params, cfg.model,
                         {"made_by": "locojax train", "steps": self.last_step},
                         dtype=COMPUTE_DTYPES[cfg.checkpoint.export_dtype])
+            if adapters is not None:
+                self._export_adapters(adapters)
         self.ckpt.close()
         self.runner.close()
         if self.producer.envs is not None:

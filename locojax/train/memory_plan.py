@@ -273,8 +273,7 @@ def plan(model_cfg: ModelConfig, learner: LearnerConfig, state, batch, ref_param
     automatic settings (remat when `auto_remat`, micro-batches when `learner.grad_accum` is
     AUTO_ACCUM) are raised until it does (`_fit`); `MemoryPlan.learner` is what it chose.
     """
-    held = {"params": device_bytes(state.params), "optimizer": device_bytes(state.opt_state),
-            "reference": device_bytes(ref_params) if ref_params is not None else 0}
+    held, model_weights = _held(state, ref_params)
     memory, source = detect_device_memory(device_memory_gb)
     rows, columns = batch.tokens.shape
     devices = int(np.prod(list(mesh.shape.values()))) if mesh is not None else 1
@@ -311,9 +310,9 @@ def plan(model_cfg: ModelConfig, learner: LearnerConfig, state, batch, ref_param
 
     train, train_settings, expected = train_program(learner)
     reference = _reference_program(batch, ref_params, model_cfg, learner, mesh)
-    programs, caches = _engine_programs(engine, engine_shapes, state.params, settings)
+    programs, caches = _engine_programs(engine, engine_shapes, model_weights, settings)
     if settings["rollout_copy"]:
-        programs.insert(0, _reshard(state.params, rollout_layout or engine.weight_shardings))
+        programs.insert(0, _reshard(model_weights, rollout_layout or engine.weight_shardings))
 
     def with_learner(learner, train=None, train_settings=None, expected=None) -> MemoryPlan:
         ref = reference
@@ -337,6 +336,13 @@ def plan(model_cfg: ModelConfig, learner: LearnerConfig, state, batch, ref_param
         return max(first.peak_of(p) for p in [*reference, guess, *programs])
 
     return _fit(first, with_learner, estimate, auto_remat)
+
+
+def _held(state, ref_params) -> tuple[dict[str, int], object]:
+    """(Bytes held all run, the model's weights); LoRA: the base is `frozen`, the reference too."""
+    held = {"params": state.params, "optimizer": state.opt_state, "frozen": state.frozen,
+            "reference": None if ref_params is state.frozen else ref_params}  # None: 0 bytes
+    return {k: device_bytes(v) for k, v in held.items()}, state.frozen or state.params
 
 
 def _reference_program(batch, ref_params, model_cfg: ModelConfig, learner: LearnerConfig,
