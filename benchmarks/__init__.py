@@ -19,6 +19,7 @@ Scripts, by what they measure:
   (sampling and one update), paired_seeds (the learning claim's paired test);
 - learning: bench_learning; real sizes: bench_real_size, plan_real_size;
 - the roofline: chip_rates (the probes against a chip's published figures);
+- one accelerator chip: tpu/ (whole experiments for a borrowed chip, each in one process);
 - `locojax predict`: calibrate_predict, predict_probes, validate_predict, validate_heldout,
   kernel_profile and kernel_rates.
 

@@ -51,8 +51,10 @@ def test_every_script_has_a_smoke_test():
 
 
 def bench(name: str, *args: str, timeout: float = 300) -> str:
-    """Run a benchmark script from the repository root; its stdout (stderr on failure)."""
-    proc = subprocess.run([sys.executable, "-m", f"benchmarks.{name}", *args], cwd=ROOT,
+    """Run a benchmark script from the repository root, `name` its path under benchmarks/
+    ("tpu/lora_runs"); its stdout (stderr on failure)."""
+    module = "benchmarks." + name.replace("/", ".")
+    proc = subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=timeout,
                           env=dict(os.environ, PYTHONUNBUFFERED="1"))
     assert proc.returncode == 0, f"{name} exit {proc.returncode}:\n{proc.stdout[-3000:]}\n" \
@@ -415,20 +417,17 @@ def test_tpu_lora_runs_qwen_stage_at_a_toy_size(tmp_path):
     """benchmarks/tpu/lora_runs.py's qwen stage (LoRA GRPO on a random model written from a
     published config, cut to 2 layers by --toy) runs and tabulates; the registered sweep rule
     and verdict, on numbers (docs/lora.md)."""
-    import importlib.util
     import json
 
     config = tmp_path / "qwen3-1.7b.json"
     config.write_text(json.dumps(json.loads((ROOT / "tests" / "data" / "hf_configs.json")
                                             .read_text())["qwen3-1.7b"]))
     out = bench("tpu/lora_runs", "--out", str(tmp_path / "o"), "--work", str(tmp_path / "w"),
-                "--qwen-config", str(config), "--toy", "qwen", as_file=True)
+                "--qwen-config", str(config), "--toy", "qwen")
     (row,) = table_rows(out, "qwen3-1.7b-lora")
     assert float(row[3]) > 0  # median step seconds
-    spec = importlib.util.spec_from_file_location("lora_runs",
-                                                  ROOT / "benchmarks" / "tpu" / "lora_runs.py")
-    runs = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(runs)
+    from benchmarks.tpu import lora_runs as runs
+
     assert runs.choose([(8, 1e-4, 0.7), (32, 5e-4, 0.8), (8, 5e-4, 0.8)]) == (8, 5e-4)
     assert runs.verdict([0.70, 0.76, 0.82], [0.69, 0.70, 0.74]).startswith("PASS")
     assert "within" in runs.verdict([0.70, 0.76, 0.82], [0.69, 0.70, 0.74])

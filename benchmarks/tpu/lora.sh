@@ -15,5 +15,5 @@ QWEN_CONFIG=${QWEN_CONFIG:-.tpu-data/configs/qwen3-1.7b.json}
 mkdir -p "$OUT"
 if [ -f .tpu-wheels/site.sh ]; then . .tpu-wheels/site.sh; fi
 python3 -c 'import jax; print("devices:", jax.devices())'
-python3 benchmarks/tpu/lora_runs.py --out "$OUT" --gguf "$GGUF" --qwen-config "$QWEN_CONFIG" \
+python3 -m benchmarks.tpu.lora_runs --out "$OUT" --gguf "$GGUF" --qwen-config "$QWEN_CONFIG" \
   "$@" 2>&1 | tee -a "$OUT/lora.log"

@@ -1,7 +1,7 @@
 """LoRA's learning and size runs on one accelerator (issue 57; docs/lora.md has the claim).
 
-    python benchmarks/tpu/lora_runs.py --out OUT [sweep] [seeds] [qwen]     # default: all
-    python benchmarks/tpu/lora_runs.py --out OUT --toy                      # a CPU dry run
+    python -m benchmarks.tpu.lora_runs --out OUT [sweep] [seeds] [qwen]     # default: all
+    python -m benchmarks.tpu.lora_runs --out OUT --toy                      # a CPU dry run
 
 OUT gets the logs, results and run directories (small); the converted and random models
 and JAX's compilation cache go to --work (default /tmp/lora-work), outside OUT.
@@ -30,11 +30,7 @@ import json
 import os
 import statistics
 import subprocess
-import sys
 import time
-
-if __name__ == "__main__" and not __package__:  # run as a file: import as `-m` does
-    sys.path[0] = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 SWEEP = [(8, 1e-4), (8, 5e-4), (32, 1e-4), (32, 5e-4)]
 """(rank, lr), docs/lora.md's grid; alpha = 2 x rank."""

@@ -10,4 +10,6 @@
     hf_io.py          HF checkpoints (safetensors) to weights and back
     loader.py         a model spec string to (config, weights, tokenizer); start here
     gguf_convert.py   a GGUF file to an HF checkpoint (`locojax convert`)
+    lora.py           LoRA adapters on a frozen base: declared once, viewed, merged
+    lora_io.py        adapters in PEFT's format (`adapter_model.safetensors`) and back
 """

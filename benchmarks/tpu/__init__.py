@@ -1,0 +1,7 @@
+"""Runs made for one accelerator chip (a TPU v5e here), each a script that does a whole
+experiment in one process and leaves its logs under one folder, since a borrowed chip is
+held for minutes at a time:
+
+- lora_runs (started by lora.sh): LoRA's pre-registered SmolLM2 claim and Qwen3-1.7B LoRA
+  GRPO on one chip (issue 57, docs/lora.md).
+"""
