@@ -123,7 +123,7 @@ def plan_for(ctx: Ctx, fsdp: int, mp: int, grad_accum: int, remat: bool,
 
 
 def fit(ctx: Ctx, learner_chips: int | None = None) -> Plan:
-    """The first plan that fits, in the memory plan's order of escalation (`memory_plan._fit`,
+    """The first plan that fits, in the memory plan's order of escalation (`plan_fit.fit`,
     as `--remat auto --grad-accum auto` runs it): as asked; remat; then with remat more
     micro-batches (grad_accum doubling up to the rows per chip); then FSDP over twice the
     chips, from the top. Else the last (smallest) one tried."""
