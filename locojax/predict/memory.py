@@ -2,7 +2,9 @@
 (locojax/train/memory_plan.py) at the target's shapes, and the settings that make a run fit.
 
 What a learner chip holds (bytes; P parameters, FSDP over n chips, compute itemsize s):
-- params 4P/n (f32 master), AdamW moments 8P/n, gradients 4P/n (8P/n with grad_accum > 1);
+- params 4P/n (f32 master), AdamW moments 8P/n, gradients 4P/n and, by the train step's own
+  rule (`train_memory.gradient_bytes`), with remat one layer's and the embedding's more, or
+  without remat 4P/n more when grad_accum > 1;
 - the reference model sP/n with β > 0; a compute-dtype copy of the weights sP/mp for
   rollout when s < 4 (tensor parallel over mp chips);
 - the KV cache of its rollout rows: rows · S · (2 L k h s / mp + 1), keys, values and a
@@ -35,6 +37,7 @@ from locojax.engine.extend import slots_needed
 from locojax.model.attention import KVCache
 from locojax.predict.flops import ITEMSIZE
 from locojax.predict.phases import Ctx
+from locojax.rl.config import LearnerConfig
 from locojax.train import train_memory
 
 GB = 1e9
@@ -96,7 +99,8 @@ def plan_for(ctx: Ctx, fsdp: int, mp: int, grad_accum: int, remat: bool,
     s = ITEMSIZE[ctx.dtype]
     p = float(cfg.num_params())
     parts = {"params": 4 * p / fsdp, "optimizer": 8 * p / fsdp,
-             "gradients": (8 if grad_accum > 1 else 4) * p / fsdp}
+             "gradients": train_memory.gradient_bytes(
+                 cfg, LearnerConfig(remat=remat, grad_accum=grad_accum), int(4 * p / fsdp))}
     if wl.beta > 0:
         parts["reference"] = s * p / fsdp
     if s < 4:
