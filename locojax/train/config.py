@@ -223,6 +223,11 @@ class RunConfig:
     """Recompute each layer's activations in the backward instead of keeping them (about one
     more forward of compute); see the memory plan's `activations`. auto: on only when the
     memory plan finds the run does not fit without it (the plan says so)."""
+    offload: Literal["auto", "off"] = "auto"
+    """auto: when the memory plan finds the run does not fit, keep the reference weights
+    (β > 0) in host memory except during the program that reads them (one copy over the
+    host link per step), before trying remat and micro-batches (the plan says so). off:
+    keep them on the device."""
     logprob_chunk: int = -1
     """Positions per chunk of the learner's logits (each rematerialised). -1: automatic,
     whenever a micro-batch's [rows, T, V] f32 logits would exceed 256 MiB; 0: never."""
@@ -255,6 +260,8 @@ class RunConfig:
                              f"{self.device_memory_gb}")
         if self.time_limit_s < 0:
             raise ValueError(f"time_limit_s must be >= 0, got {self.time_limit_s}")
+        if self.offload not in ("auto", "off"):
+            raise ValueError(f"offload must be 'auto' or 'off', got {self.offload!r}")
         if self.remat not in ("auto", "on", "off"):
             raise ValueError(f"remat must be 'auto', 'on' or 'off', got {self.remat!r}")
         if self.precision not in COMPUTE_DTYPES:

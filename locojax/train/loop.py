@@ -34,7 +34,7 @@ from locojax.model import loader
 from locojax.profiler import StepTimer, TraceWindow
 from locojax.rl import batch as batch_lib
 from locojax.rl import buckets
-from locojax.rl import train_state
+from locojax.rl import host_memory, train_state
 from locojax.rl.split_step import timed_update
 from locojax.train import memory_plan, meshes, resume, run_lock
 from locojax.train.build import RunParts
@@ -123,7 +123,8 @@ def plan_memory(parts: RunParts, wiring, engine) -> memory_plan.MemoryPlan:
                                staleness=remote)
     return memory_plan.plan(parts.model_cfg, learner, state, batch, ref, mesh, engine, shapes,
                             cfg.precision, cfg.device_memory_gb, auto_remat=cfg.remat == "auto",
-                            rollout_layout=wiring.reshard_target(engine.weight_shardings))
+                            rollout_layout=wiring.reshard_target(engine.weight_shardings),
+                            offload=cfg.offload == "auto" and host_memory.supported())
 
 
 class Trainer:
@@ -141,8 +142,12 @@ class Trainer:
         # Loaded straight into the training layout (replicated over every host's devices, or
         # sharded over `fsdp`).
         params = parts.weights(wiring.train_mesh, wiring.train_rules)
-        # The reference policy is the starting point; copied because train_step donates state.
-        self.ref_params = jax.tree.map(jnp.copy, params) if cfg.algo.beta > 0 else None
+        # The reference policy is the starting point; copied because train_step donates state,
+        # into host memory where the plan needs the room (`MemoryPlan.offloaded`).
+        self.ref_params = None
+        if cfg.algo.beta > 0:
+            self.ref_params = (host_memory.to_host(params) if "reference" in memory.offloaded
+                               else jax.tree.map(jnp.copy, params))
         self.state = train_state.init(params, parts.learner.optim, parts.model_cfg)
         self.runner = RewardRunner(cfg.reward)
         self.logger = MetricsLogger(cfg.run_dir, enabled=self.is_main, tensorboard=cfg.tensorboard,

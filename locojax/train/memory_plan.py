@@ -76,6 +76,11 @@ def detect_device_memory(override_gb: float = 0.0) -> tuple[int | None, str]:
     return None, "unknown"
 
 
+# Held buffers that may be offloaded, and the programs that read them (on the device for
+# those alone: `train_step.with_reference` moves the reference back).
+READS = {"reference": ("ref_logprobs",)}
+
+
 @dataclasses.dataclass
 class MemoryPlan:
     """Per-device memory of a run: held buffers, each program's needs on top, the peak."""
@@ -91,9 +96,14 @@ class MemoryPlan:
     local_devices: int
     learner: LearnerConfig  # what the run trains with: the plan's automatic choices made
     chosen: list[str] = dataclasses.field(default_factory=list)  # what auto chose, and why
+    # Held buffers kept in host memory except while a program that reads them runs
+    # (`rl/host_memory.py`; the plan chooses it, `plan_fit.fit`): names of `held`.
+    offloaded: tuple[str, ...] = ()
 
     def peak_of(self, p: Program) -> int:
-        return sum(self.held.values()) + self.caches.get(p.phase, 0) + p.extra
+        held = sum(v for k, v in self.held.items()
+                   if k not in self.offloaded or p.name in READS.get(k, ()))
+        return held + self.caches.get(p.phase, 0) + p.extra
 
     @property
     def peak_program(self) -> Program:
@@ -126,7 +136,8 @@ class MemoryPlan:
                  f"{'s' * (self.local_devices > 1)}; {layout}; {st['precision']}, remat "
                  f"{'on' if st['remat'] else 'off'}, {st['grad_accum']} micro-batch"
                  f"{'es' * (st['grad_accum'] > 1)}, logits in {st['logits']}):"]
-        held = ", ".join(f"{k} {size(v)}" for k, v in self.held.items() if v)
+        host = {k: f" (host memory but in {', '.join(READS[k])})" for k in self.offloaded}
+        held = ", ".join(f"{k} {size(v)}{host.get(k, '')}" for k, v in self.held.items() if v)
         caches = ", ".join(f"{k} {size(v)}" for k, v in self.caches.items())
         caches = f"{caches} ({st['cache_dtype']})" if caches else "none"
         copy = (f"; rollout's copy of the weights {size(st['rollout_copy'])} (another layout "
@@ -277,7 +288,7 @@ class EngineShape:
 def plan(model_cfg: ModelConfig, learner: LearnerConfig, state, batch, ref_params, mesh, engine,
          engine_shapes: list[EngineShape], precision: str = "f32",
          device_memory_gb: float = 0.0, auto_remat: bool = False,
-         rollout_layout=None) -> MemoryPlan:
+         rollout_layout=None, offload: bool = False) -> MemoryPlan:
     """Compile the run's programs at its shapes (without running them) and plan its memory.
 
     state, batch, ref_params: arrays or ShapeDtypeStructs placed as the run's will be
@@ -285,7 +296,8 @@ def plan(model_cfg: ModelConfig, learner: LearnerConfig, state, batch, ref_param
     run's `Engine`; engine_shapes: its generate calls; rollout_layout: where the reshard
     writes the weights (`wiring.reshard_target`; None: the engine's own layout). When the run does not fit, the
     automatic settings (remat when `auto_remat`, micro-batches when `learner.grad_accum` is
-    AUTO_ACCUM) are raised until it does (`plan_fit.fit`); `MemoryPlan.learner` is what it chose.
+    AUTO_ACCUM) are raised until it does (`plan_fit.fit`), after keeping the reference in host
+    memory when `offload` allows it; `MemoryPlan.learner` and `.offloaded` are what it chose.
     """
     held = {"params": device_bytes(state.params), "optimizer": device_bytes(state.opt_state),
             "reference": device_bytes(ref_params) if ref_params is not None else 0}
@@ -348,7 +360,7 @@ def plan(model_cfg: ModelConfig, learner: LearnerConfig, state, batch, ref_param
         guess = dataclasses.replace(train, temporaries=int(xla_per_expected * sum(e.values())))
         return max(first.peak_of(p) for p in [*reference, guess, *programs])
 
-    return plan_fit.fit(first, with_learner, estimate, auto_remat)
+    return plan_fit.fit(first, with_learner, estimate, auto_remat, offload)
 
 
 def _reference_program(batch, ref_params, model_cfg: ModelConfig, learner: LearnerConfig,

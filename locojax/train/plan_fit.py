@@ -1,10 +1,13 @@
 """The memory plan's automatic settings: what it raises, in which order, until a run fits.
 
 `memory_plan.plan` compiles a run's programs once at the settings given; when they do not fit
-(or XLA refuses to compile one for want of memory: `out_of_memory.py`), `fit` tries the
-automatic settings in order, each a `LearnerConfig` the train step is compiled for again, on
-every backend alike: remat when `--remat auto`, then more micro-batches when `--grad-accum 0`
-(auto). `locojax predict` escalates in the same order (`locojax/predict/memory.py`).
+(or XLA refuses to compile one for want of memory: `out_of_memory.py`), `fit` first keeps the
+reference weights in host memory outside the one program that reads them (`--offload auto`,
+where the device has host memory kinds: `rl/host_memory.py`), which costs a copy over the host
+link per step and no compile; then it tries the automatic settings in order, each a
+`LearnerConfig` the train step is compiled for again, on every backend alike: remat when
+`--remat auto`, then more micro-batches when `--grad-accum 0` (auto). `locojax predict`
+escalates remat and micro-batches in the same order (`locojax/predict/memory.py`).
 """
 
 from __future__ import annotations
@@ -15,17 +18,31 @@ from locojax.rl.config import AUTO_ACCUM
 from locojax.train.program_cost import size
 
 
-def fit(first, with_learner, estimate, auto_remat: bool):
+def _offloaded(plan, names: tuple[str, ...]):
+    plan.offloaded = names
+    return plan
+
+
+def fit(first, with_learner, estimate, auto_remat: bool, offload: bool = False):
     """The plan of the first escalation of the automatic settings that fits, saying what it
     chose and why; else the last one tried, saying what was tried (`check` refuses it).
 
-    Remat first: it keeps only each layer's input whatever the batch, for about one more
+    The reference in host memory first (`offload`, with β > 0), kept through every later
+    step. Then remat: it keeps only each layer's input whatever the batch, for about one more
     forward, and keeps the matmuls whole; then more micro-batches (divisors of a device's
     rows, fewest first), which divide what is left of the activations and the logits. The
     logits are already chunked automatically (`--logprob-chunk -1`) once they are large.
     Only the train step is compiled again: from the first escalation that `estimate` (no
     compile) says fits, or the last, on until one does."""
+    if first.fits:
+        return first
     learner, st = first.learner, first.settings
+    before = first.peak
+    names = ("reference",) if offload and first.held.get("reference") else ()
+    if names and _offloaded(first, names).fits:
+        first.chosen = [f"reference in host memory outside ref_logprobs: without it the peak "
+                        f"is {size(before)}, with it {size(first.peak)}"]
+        return first
     steps = []
     if auto_remat and not learner.remat:
         learner = dataclasses.replace(learner, remat=True)
@@ -41,15 +58,17 @@ def fit(first, with_learner, estimate, auto_remat: bool):
     available = (f"the {size(first.device_memory)} available" if first.device_memory else
                  "the device's memory")
     why = (f"without it XLA refused to compile {refused[0].name} ({refused[0].refused})"
-           if refused else f"without it the peak is {size(first.peak)} "
+           if refused else f"without it the peak is {size(before)} "
            f"({first.peak_program.name}), more than {available}")
     if not steps:
         return first
     room = first.device_memory or float("inf")  # unknown size: try every step in order
     start = next((i for i, (c, _) in enumerate(steps) if estimate(c) <= room), len(steps) - 1)
     skipped = f" ({', '.join(w for _, w in steps[:start])}: estimated not to)" if start else ""
+    if names:
+        steps = [(c, f"reference in host memory, {w}") for c, w in steps]
     for candidate, what in steps[start:]:
-        tried = with_learner(candidate)
+        tried = _offloaded(with_learner(candidate), names)
         if tried.fits:
             tried.chosen = [f"{what}: {why}; with it {size(tried.peak)}"]
             return tried
