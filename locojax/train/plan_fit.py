@@ -33,7 +33,8 @@ def fit(first, with_learner, estimate, auto_remat: bool, offload: bool = False):
     rows, fewest first), which divide what is left of the activations and the logits. The
     logits are already chunked automatically (`--logprob-chunk -1`) once they are large.
     Only the train step is compiled again: from the first escalation that `estimate` (no
-    compile) says fits, or the last, on until one does."""
+    compile) says fits, or the last, on until one does; not at all when a rollout or
+    evaluation program alone exceeds the device (its KV cache is not the train step's)."""
     if first.fits:
         return first
     learner, st = first.learner, first.settings
@@ -63,6 +64,12 @@ def fit(first, with_learner, estimate, auto_remat: bool, offload: bool = False):
     if not steps:
         return first
     room = first.device_memory or float("inf")  # unknown size: try every step in order
+    beyond = [p for p in first.programs if p.phase != "train" and first.peak_of(p) > room]
+    if beyond:  # rollout or evaluation alone does not fit: no train-step setting helps
+        first.chosen = [f"not tried ({', '.join(w for _, w in steps)}): {beyond[0].name} "
+                        f"alone needs {size(first.peak_of(beyond[0]))}, which they do not "
+                        "change"]
+        return first
     start = next((i for i, (c, _) in enumerate(steps) if estimate(c) <= room), len(steps) - 1)
     skipped = f" ({', '.join(w for _, w in steps[:start])}: estimated not to)" if start else ""
     if names:
