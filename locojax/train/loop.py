@@ -291,7 +291,8 @@ class Trainer:
                 if self._checkpoint_due(step):
                     with timer.phase("checkpoint"):
                         self.save(step)
-                perf = {**timings, **timer.finish_step(), **self.net_bytes}
+                perf = {**timings, **timer.finish_step(), **self.net_bytes,
+                        **profiler.device_memory()}
                 perf.update(self._across_hosts(perf))
                 generated = last["rollout/response_length/mean"] * cfg.rollout.prompts_per_step \
                     * cfg.group_size
