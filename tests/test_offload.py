@@ -1,7 +1,8 @@
-"""The reference weights in host memory while the rollout and the train step run (issue 55
-item 1): the plan chooses it only when the device needs the room, the run keeps them there
-(`rl/host_memory.py`) and moves them back for the reference program alone, and the run is
-bitwise the run that kept them on the device.
+"""The reference weights in host memory while the rollout and the train step run, and AdamW's
+moments while the rollout and evaluation run (issue 55 item 1): the plan chooses each only
+when the device needs the room, the run keeps them there (`rl/host_memory.py`) and moves them
+back for the programs that read them alone, and the run is bitwise the run that kept them on
+the device.
 
 XLA:CPU in jax 0.10.2 has the `pinned_host` memory kind on every CPU device, so the moves
 and the jit-cache hits run here for real; only the memory saved is not real (host and
@@ -27,7 +28,7 @@ def _run(tmp_path, name, **overrides):
         progress=False, tensorboard=False,
         algo=dataclasses.replace(base.algo, group_size=2, beta=0.04),
         rollout=RolloutConfig(prompts_per_step=4, max_new_tokens=6, max_prompt_tokens=8),
-        eval=EvalConfig(every=0), remat="off", grad_accum=1, **overrides)
+        eval=EvalConfig(every=0), **{"remat": "off", "grad_accum": 1, **overrides})
 
 
 def test_cpu_devices_have_host_memory():
@@ -55,8 +56,8 @@ def test_the_plan_offloads_the_reference_only_when_it_must_and_the_run_is_the_sa
     assert chosen.offloaded == ("reference",) and chosen.fits
     assert chosen.peak_of(next(p for p in chosen.programs if p.name == "train_step")) == \
         plan.peak_of(train) - ref  # the train step runs without it
-    assert chosen.chosen == [f"reference in host memory outside ref_logprobs: without it the "
-                             f"peak is {memory_plan.size(on)}, with it "
+    assert chosen.chosen == [f"the reference in host memory but in the programs that read them: "
+                             f"without it the peak is {memory_plan.size(on)}, with it "
                              f"{memory_plan.size(chosen.peak)}"]
     assert "(host memory but in ref_logprobs)" in chosen.format()
     assert chosen.learner.remat is False  # offloading came first: nothing recompiled
@@ -72,3 +73,39 @@ def test_the_plan_offloads_the_reference_only_when_it_must_and_the_run_is_the_sa
     for x, y in zip(jax.tree.leaves(kept.state.params), jax.tree.leaves(offloading.state.params)):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
     assert a["actor/kl"] == b["actor/kl"]  # the reference read from host memory is the same
+
+
+def test_the_moments_go_to_host_memory_when_rollout_or_eval_alone_does_not_fit(tmp_path):
+    """A big evaluation batch (512 prompts) whose programs exceed the device even without
+    the reference: only the moments' move helps (remat and micro-batches change the train
+    step alone), so the plan keeps them in host memory too, the trainer moves them back
+    for each train step, and the run is bitwise the run that kept everything on device."""
+    from locojax.train import wiring
+    from locojax.train.loop import start
+
+    def run(name, **kw):
+        cfg = _run(tmp_path, name, remat="on", **kw)
+        rollout = dataclasses.replace(cfg.rollout, max_new_tokens=48)
+        return dataclasses.replace(cfg, rollout=rollout,
+                                   eval=EvalConfig(every=1, num_examples=512, batch_size=512))
+
+    kept = start(run("kept", offload="off"), wiring.join("single"))
+    plan = kept.memory
+    ref = plan.held["reference"]
+    by_name = {p.name: p for p in plan.programs}
+    train = plan.peak_of(by_name["train_step"]) - ref
+    evaluation = plan.peak_of(by_name["prefill eval"]) - ref
+    assert train < evaluation  # the premise: without the reference, eval is the peak
+    memory = (train + evaluation) / 2
+    moved = start(run("moved", device_memory_gb=memory / 1e9), wiring.join("single"))
+    chosen = moved.memory
+    assert chosen.offloaded == ("reference", "optimizer") and chosen.fits
+    assert chosen.learner == plan.learner  # nothing recompiled
+    assert chosen.peak_of(next(p for p in chosen.programs if p.name == "prefill eval")) == \
+        evaluation - plan.held["optimizer"]
+    assert host_memory.on_host(moved.state.opt_state) and host_memory.on_host(moved.ref_params)
+    a, b = kept.run(), moved.run()
+    assert host_memory.on_host(moved.state.opt_state)  # back after the step
+    for x, y in zip(jax.tree.leaves(kept.state), jax.tree.leaves(moved.state)):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    assert a["eval/accuracy"] == b["eval/accuracy"]

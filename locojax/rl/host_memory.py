@@ -1,14 +1,16 @@
 """Held state kept in host memory between the programs that read it (JAX memory kinds).
 
 A run holds the reference policy's weights (β > 0) all run, but only one program reads them:
-the reference logprobs before each train step (`train_step.with_reference`). When the memory
-plan needs the room (`memory_plan.MemoryPlan.offloaded`), the trainer keeps them in the
-host's pinned memory (`sharding.with_memory_kind("pinned_host")`), and `to_device` copies
-them back onto the device, in the layout the program was compiled for, for that program
-alone; the copy is freed when it returns, so the rollout and the train step run without it.
-On a TPU v5e at Qwen3-0.6B that is 2.38 GB of f32 weights off the device for a copy of 2.38
-GB per step over the host link (derived, not measured here: the TPU run's script,
-benchmarks/tpu/qwen3_fit.sh, times the step with it).
+the reference logprobs before each train step (`train_step.with_reference`); and it holds
+AdamW's moments all run, but only the train step reads them. When the memory plan needs the
+room (`memory_plan.MemoryPlan.offloaded`), the trainer keeps them in the host's pinned
+memory (`sharding.with_memory_kind("pinned_host")`), and `to_device` copies them back onto
+the device, in the layout the program was compiled for, for that program alone: the
+reference's copy is freed when its program returns, so the rollout and the train step run
+without it; the moments go back to the host after each step (`Trainer.step`), so the
+rollout runs without them. On a TPU v5e at Qwen3-0.6B that is 2.38 GB (reference) and 4.77
+GB (moments) off the device for 2.38 GB and 2 x 4.77 GB of copies per step over the host
+link (derived, not measured here: benchmarks/tpu/qwen3_fit.sh times the step with them).
 
 XLA:CPU in jax 0.10.2 offers the memory kinds `device`, `pinned_host` and `unpinned_host` on
 every CPU device, and `device_put` between them copies (the same RAM: no device memory is
@@ -52,8 +54,9 @@ def to_host(tree):
 
 
 def to_device(tree):
-    """`tree` on its devices' own memory, in the same layout; as given if already there."""
-    if not on_host(tree):
+    """`tree` with every array that lives in host memory copied onto its devices' own
+    memory, in the same layout; the others as given."""
+    if not any(_kind(x) == HOST for x in jax.tree.leaves(tree)):
         return tree
-    return jax.tree.map(lambda x: jax.device_put(x, x.sharding.with_memory_kind("device")),
-                        tree)
+    return jax.tree.map(lambda x: jax.device_put(x, x.sharding.with_memory_kind("device"))
+                        if _kind(x) == HOST else x, tree)

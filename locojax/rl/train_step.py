@@ -295,6 +295,7 @@ def update(state: TrainState, batch: TrainBatch, model_cfg: ModelConfig, cfg: Le
     """
     check(batch, cfg, ref_params)
     batch = with_reference(batch, ref_params, model_cfg, cfg, mesh)
+    state = host_memory.to_device(state)  # moments kept in host memory: for this step only
     state, metrics = train_step(state, batch, None, model_cfg=model_cfg,
                                 cfg=program_cfg(cfg), mesh=mesh)
     return finish(state, metrics, cfg)

@@ -226,8 +226,9 @@ class RunConfig:
     offload: Literal["auto", "off"] = "auto"
     """auto: when the memory plan finds the run does not fit, keep the reference weights
     (β > 0) in host memory except during the program that reads them (one copy over the
-    host link per step), before trying remat and micro-batches (the plan says so). off:
-    keep them on the device."""
+    host link per step), and AdamW's moments too when rollout or evaluation alone does not
+    fit otherwise (two copies per step), before trying remat and micro-batches (the plan
+    says what it chose). off: keep everything on the device."""
     logprob_chunk: int = -1
     """Positions per chunk of the learner's logits (each rematerialised). -1: automatic,
     whenever a micro-batch's [rows, T, V] f32 logits would exceed 256 MiB; 0: never."""

@@ -148,7 +148,7 @@ class Trainer:
         if cfg.algo.beta > 0:
             self.ref_params = (host_memory.to_host(params) if "reference" in memory.offloaded
                                else jax.tree.map(jnp.copy, params))
-        self.state = train_state.init(params, parts.learner.optim, parts.model_cfg)
+        self.state = self._placed(train_state.init(params, parts.learner.optim, parts.model_cfg))
         self.runner = RewardRunner(cfg.reward)
         self.logger = MetricsLogger(cfg.run_dir, enabled=self.is_main, tensorboard=cfg.tensorboard,
                                     report_to=cfg.report_to, config=resume.as_json(cfg))
@@ -173,7 +173,7 @@ class Trainer:
         if found is None:
             self.logger.truncate_after(-1)  # a fresh run owns its logs
             return 0, None
-        self.state, step = found.state, found.step
+        self.state, step = self._placed(found.state), found.step
         # Lines are labelled 1..step for steps done: later ones (a killed run's) and a cut
         # last line are dropped, and steps missing from the log are a warning.
         self.logger.truncate_after(step)
@@ -206,6 +206,7 @@ class Trainer:
         self.state, metrics = timed_update(self.state, batch, parts.model_cfg, parts.learner,
                                            self.ref_params, self.wiring.train_mesh, timer,
                                            split=cfg.profile_split)
+        self.state = self._placed(self.state)
         metrics.update(sizes)
         metrics.update(self.rollouts.publish(step + 1, self.state.params, timer))
         with timer.phase("metrics"):  # every host's sums, in one collective
@@ -225,6 +226,14 @@ class Trainer:
                "perf/timing": profiler.TIMING}
         out["perf/profiler_s"] = time.perf_counter() - start
         return out
+
+    def _placed(self, state: train_state.TrainState) -> train_state.TrainState:
+        """`state` with AdamW's moments in host memory where the plan keeps them there
+        (`MemoryPlan.offloaded`): only the train step reads them, and `train_step.update`
+        copies them back for it (`rl/host_memory.py`)."""
+        if "optimizer" not in self.memory.offloaded:
+            return state
+        return dataclasses.replace(state, opt_state=host_memory.to_host(state.opt_state))
 
     def _whole_params(self):
         """The params whole in host memory, for export (every host joins: sharded over

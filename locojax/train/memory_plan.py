@@ -78,7 +78,7 @@ def detect_device_memory(override_gb: float = 0.0) -> tuple[int | None, str]:
 
 # Held buffers that may be offloaded, and the programs that read them (on the device for
 # those alone: `train_step.with_reference` moves the reference back).
-READS = {"reference": ("ref_logprobs",)}
+READS = {"reference": ("ref_logprobs",), "optimizer": ("train_step",)}
 
 
 @dataclasses.dataclass

@@ -23,6 +23,26 @@ def _offloaded(plan, names: tuple[str, ...]):
     return plan
 
 
+def _offload(plan, allowed: bool) -> tuple[str, ...]:
+    """What `plan` keeps in host memory (set on it): the reference (β > 0), and AdamW's
+    moments too when a program other than the train step, which alone reads them, still
+    exceeds the device without them (rollout's KV cache; remat and micro-batches cannot
+    help there, and the moments cost two copies a step, the reference one)."""
+    if not allowed:
+        return ()
+    names = ("reference",) if plan.held.get("reference") else ()
+    room = plan.device_memory or float("inf")
+    _offloaded(plan, names)
+    if any(p.name != "train_step" and plan.peak_of(p) > room for p in plan.programs):
+        names += ("optimizer",)
+    return _offloaded(plan, names).offloaded
+
+
+def _said(names: tuple[str, ...]) -> str:
+    return " and ".join({"reference": "the reference", "optimizer": "AdamW's moments"}[n]
+                        for n in names) + " in host memory but in the programs that read them"
+
+
 def fit(first, with_learner, estimate, auto_remat: bool, offload: bool = False):
     """The plan of the first escalation of the automatic settings that fits, saying what it
     chose and why; else the last one tried, saying what was tried (`check` refuses it).
@@ -38,11 +58,10 @@ def fit(first, with_learner, estimate, auto_remat: bool, offload: bool = False):
     if first.fits:
         return first
     learner, st = first.learner, first.settings
-    before = first.peak
-    names = ("reference",) if offload and first.held.get("reference") else ()
-    if names and _offloaded(first, names).fits:
-        first.chosen = [f"reference in host memory outside ref_logprobs: without it the peak "
-                        f"is {size(before)}, with it {size(first.peak)}"]
+    before, names = first.peak, _offload(first, offload)
+    if names and first.fits:
+        first.chosen = [f"{_said(names)}: without it the peak is {size(before)}, with it "
+                        f"{size(first.peak)}"]
         return first
     steps = []
     if auto_remat and not learner.remat:
@@ -73,7 +92,7 @@ def fit(first, with_learner, estimate, auto_remat: bool, offload: bool = False):
     start = next((i for i, (c, _) in enumerate(steps) if estimate(c) <= room), len(steps) - 1)
     skipped = f" ({', '.join(w for _, w in steps[:start])}: estimated not to)" if start else ""
     if names:
-        steps = [(c, f"reference in host memory, {w}") for c, w in steps]
+        steps = [(c, f"{_said(names)}, {w}") for c, w in steps]
     for candidate, what in steps[start:]:
         tried = _offloaded(with_learner(candidate), names)
         if tried.fits:
