@@ -98,3 +98,20 @@ def test_grad_accum_holds_one_gradient_buffer():
     # the plan's own rule: one buffer, one layer's more and the weights outside the layers
     assert expected["gradients"] == 4 * MODEL.num_params() + layers // 12 + 4 * (
         MODEL.num_params() - layers // 4)
+
+
+@pytest.mark.parametrize("shape,rules", [({"data": 4}, "train_dp"),
+                                         ({"data": 2, "fsdp": 2}, "train_fsdp")])
+def test_in_place_under_the_layout_harness(monkeypatch, shape, rules):
+    """The layout harness's fast-tier layouts (4 devices, whose data-parallel step sums in
+    `shard_map` and all-reduces one flat buffer; FSDP 2 x 2, whose sum is sharded), with
+    grad-accum 2, padding and remat on, so the layers' gradients are summed in place: equal
+    to the harness's one-device plain reference in f64 under its own bound (REL there)."""
+    from tests import test_layout_invariance as harness
+
+    plain = harness.reference(harness.QUICK_MODE)  # computed before remat is switched on
+    config = lw.learner_config
+    monkeypatch.setattr(lw, "learner_config", lambda *a, **k: dataclasses.replace(
+        config(*a, **k), remat=True))
+    got = harness.run(shape, harness.QUICK_MODE, 2, 2, 3, rules=rules)
+    harness.compare(got, plain, f"in place on {shape}", harness.QUICK_MODE, "float64")
