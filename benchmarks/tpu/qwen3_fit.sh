@@ -20,7 +20,7 @@
 #       prints the memory plan (what `--plan-only` prints) and then runs steps until STEPS or
 #       its time budget, printing each step's time and the chip's peak bytes in use
 #       (`memory_stats()["peak_bytes_in_use"]`) beside the plan's peak;
-#   (c) settings that must not fit (256 rows; 8192 new tokens; f32 at 128 rows): `locojax
+#   (c) settings that must not fit (256 rows; 4096 new tokens; f32 at 128 rows): `locojax
 #       train` must exit 2 with the plan's refusal, and no output may hold a traceback.
 # Everything it prints is also in $OUT (one log per sub-run, summary.txt last).
 set -uo pipefail
@@ -32,8 +32,8 @@ TINY=${TINY:-0}
 STEPS=${STEPS:-20}
 A_SECONDS=${A_SECONDS:-120}   # stepping budget of (a), after its plan and compiles
 B_SECONDS=${B_SECONDS:-170}
-RUN_TIMEOUT=${RUN_TIMEOUT:-420}  # a whole sub-run (start, compiles, steps)
-SWEEP_TIMEOUT=${SWEEP_TIMEOUT:-200}
+RUN_TIMEOUT=${RUN_TIMEOUT:-400}  # a whole sub-run (start, compiles, steps)
+SWEEP_TIMEOUT=${SWEEP_TIMEOUT:-150}
 WORK=${WORK:-/tmp/locojax-qwen3-fit}
 CONFIG=${CONFIG:-.tpu-data/configs/qwen3-0.6b.json}
 DATA=${DATA:-.tpu-data/gsm8k/train.jsonl}
@@ -52,7 +52,7 @@ say "# git $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --qui
 "$PY" -c 'import jax; print(f"# jax {jax.__version__}")' 2>&1 | tee -a "$SUMMARY"
 
 # The shapes. TINY: the same commands on a 2-layer, d=64 model (vocab kept) and fewer tokens.
-NEW=512; SWEEP_NEW=8192
+NEW=512; SWEEP_NEW=4096
 if [ "$TINY" = 1 ]; then
   mkdir -p "$WORK"
   "$PY" - "$CONFIG" "$WORK/tiny.json" <<'EOF'
@@ -64,8 +64,10 @@ json.dump(fields, open(sys.argv[2], "w"))
 EOF
   CONFIG="$WORK/tiny.json"; NEW=32; SWEEP_NEW=256; STEPS=${TINY_STEPS:-2}
   EXTRA_SWEEP=(--device-memory-gb 0.15)  # a small "device", so the sweep is refused here too
+  EXTRA_TARGET=(--device-memory-gb 0.45)  # and one the targets fit only as on the chip:
+  # the reference offloaded, remat on, micro-batches (the layers' gradients summed in place)
 else
-  EXTRA_SWEEP=()
+  EXTRA_SWEEP=(); EXTRA_TARGET=()
 fi
 MODEL="$WORK/model-$(basename "$CONFIG" .json)"
 
@@ -99,7 +101,8 @@ target() {  # name prompts budget_seconds
   say "## ($name) $prompts prompts x G 4 = $((prompts * 4)) rows, P 256 + $NEW new tokens, bf16"
   timeout "$RUN_TIMEOUT" "$PY" - "$STEPS" "$budget" "$OUT/$name.jsonl" "${COMMON[@]}" \
     --rollout.prompts-per-step "$prompts" --algo.group-size 4 --rollout.max-new-tokens "$NEW" \
-    --precision bf16 --steps "$STEPS" --run-dir "$WORK/run-$name" <<'EOF' 2>&1 | tee "$OUT/$name.log"
+    --precision bf16 --steps "$STEPS" --run-dir "$WORK/run-$name" "${EXTRA_TARGET[@]}" \
+    <<'EOF' 2>&1 | tee "$OUT/$name.log"
 import json, sys, time
 import jax
 import tyro
