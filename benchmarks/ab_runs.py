@@ -9,14 +9,14 @@ Prints, per point, each tree's median steady step time (compile excluded, first 
 steps and the checkpoint step dropped) and the ratio to the first tree.
 
 Usage:
-    .venv/bin/python benchmarks/ab_runs.py --tree before=/path/to/old --tree after=. \\
+    .venv/bin/python -m benchmarks.ab_runs --tree before=/path/to/old --tree after=. \\
         --points single-2 colocated-2 colocated-4 da-0.5 async-k2 --rounds 2
 Points: single-N and colocated-N (bench_modes, TINY arith, N hosts or devices; `@small`
 after either runs SMALL's shape), da-F and async-kK (bench_placement's 4 hosts, TINY arith).
 
 Two arms may be one tree run two ways: `--launch-flag NAME=FLAG` adds FLAG to `locojax
 launch` in that arm's colocated points, e.g. hosts pinned or not:
-    .venv/bin/python benchmarks/ab_runs.py --tree unpinned=. --tree pinned=. \
+    .venv/bin/python -m benchmarks.ab_runs --tree unpinned=. --tree pinned=. \
         --launch-flag pinned=--pin-cpus --points colocated-2 --rounds 4
 """
 
@@ -28,11 +28,9 @@ import shlex
 import sys
 from pathlib import Path
 
-if __name__ == "__main__" and not __package__:  # run as a file: import as `-m` does
-    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-from benchmarks import bench_placement, harness  # noqa: E402
-from benchmarks.workloads import CLI, SHAPES, train_argv  # noqa: E402
+from benchmarks import harness
+from benchmarks.workloads import CLI, SHAPES, placement_argv, placement_points, train_argv
 
 
 def argv_of(point: str, run_dir: Path, steps: int, ray_address: str,
@@ -50,9 +48,9 @@ def argv_of(point: str, run_dir: Path, steps: int, ray_address: str,
     else:
         args = argparse.Namespace(workload="arith", prompts=12, group=4, new_tokens=128,
                                   steps=steps)
-        p = (bench_placement.points([float(value)], []) if kind == "da"
-             else bench_placement.points([], [int(value[1:])]))[1]
-        argv = bench_placement.train_argv(p, args, run_dir, ray_address)
+        p = (placement_points([float(value)], []) if kind == "da"
+             else placement_points([], [int(value[1:])]))[1]
+        argv = placement_argv(p, args, run_dir, ray_address)
     return argv[len(CLI):]
 
 

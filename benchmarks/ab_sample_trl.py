@@ -14,8 +14,8 @@ its standard error from the rows' differences and z = difference / SE. A row's d
 is shared by both sides, so pairing removes it from the error.
 
 Usage:
-    .venv/bin/python benchmarks/ab_sample_trl.py --k 16            # both sides, 200 rows
-    .venv/bin/python benchmarks/ab_sample_trl.py --rows 4 --k 2 --sides locojax
+    .venv/bin/python -m benchmarks.ab_sample_trl --k 16            # both sides, 200 rows
+    .venv/bin/python -m benchmarks.ab_sample_trl --rows 4 --k 2 --sides locojax
 """
 
 from __future__ import annotations
@@ -26,11 +26,9 @@ import math
 import sys
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a file: import the package from the repository root
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import harness
-from benchmarks.bench_real_trl import SETTINGS, ab_refusal, eval_argv
+from benchmarks.real_runs import SETTINGS, ab_refusal, eval_argv
 from benchmarks.peers import install
 
 QUANTITIES = (("reward", "rewards"), ("length", "lengths"), ("cut by budget", "truncated"))

@@ -10,13 +10,13 @@ per round for `--rounds` rounds, so load drifts hit every arm alike. Prints each
 (device-synchronised) step time and its ratio to the first arm.
 
 Usage:
-    .venv/bin/python benchmarks/ab_train_step.py --shape tiny \\
+    .venv/bin/python -m benchmarks.ab_train_step --shape tiny \\
         --arm base= --arm onednn=XLA_FLAGS=--xla_cpu_use_onednn=true
-    .venv/bin/python benchmarks/ab_train_step.py --shape small \\
+    .venv/bin/python -m benchmarks.ab_train_step --shape small \\
         --arm new= --arm old=@/path/to/old/tree
 An arm spec is NAME=[@CODE_DIR][;VAR=VALUE...] (no @: this tree). AB_GRAD_ACCUM=k in an
 arm's environment sets its `LearnerConfig.grad_accum` (unset: the default), e.g.
-    .venv/bin/python benchmarks/ab_train_step.py --shape small \\
+    .venv/bin/python -m benchmarks.ab_train_step --shape small \\
         --arm auto= --arm k1=AB_GRAD_ACCUM=1 --arm k16=AB_GRAD_ACCUM=16
 """
 
@@ -29,10 +29,8 @@ import subprocess
 import sys
 import time
 
-if __name__ == "__main__" and not __package__:  # run as a file: import as `-m` does
-    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-from benchmarks import harness  # noqa: E402
+from benchmarks import harness
 
 
 def worker(shape: str, beta: float) -> int:

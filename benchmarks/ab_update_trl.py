@@ -1,9 +1,9 @@
 """One GRPO update, locojax against TRL: the same fixed batch, the same real weights.
 
-docs/real_model.md ("Three seeds") leaves TRL a few held-out points ahead after 40 steps
-with both sides configured alike. This A/B takes sampling out: ONE batch, built here, goes
-to both sides, and each applies its own update to the real SmolLM2-135M-Instruct, so what
-differs is the arithmetic of an update and nothing else.
+docs/results/real_model_vs_trl.md ("Three seeds") leaves TRL a few held-out points ahead
+after 40 steps with both sides configured alike. This A/B takes sampling out: ONE batch,
+built here, goes to both sides, and each applies its own update to the real
+SmolLM2-135M-Instruct, so what differs is the arithmetic of an update and nothing else.
 
 The batch: the first B prompts of `real-demo`'s seed-0 stream (chat arith level 0), encoded
 by locojax (`rollout.single_turn.encode_prompts`, P 48 as the runs' settings give), G
@@ -42,8 +42,8 @@ locojax's learning rate, which `train_state.schedule` holds in f32: the "median 
 column then reads f32(1e-5) / 1e-5 = 1 - 2.5e-8, a rounding of the f32 runs' own size.)
 
 Usage:
-    .venv/bin/python benchmarks/ab_update_trl.py              # f32 and f64, both arms, 1 update
-    .venv/bin/python benchmarks/ab_update_trl.py --dtypes float32 --trl-padding-idx keep \
+    .venv/bin/python -m benchmarks.ab_update_trl              # f32 and f64, both arms, 1 update
+    .venv/bin/python -m benchmarks.ab_update_trl --dtypes float32 --trl-padding-idx keep \
         --updates 2
 """
 
@@ -58,13 +58,11 @@ import re
 import sys
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a file: import the package from the repository root
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import harness
-from benchmarks.bench_real_trl import SETTINGS, ab_refusal, locojax_argv
+from benchmarks.real_runs import SETTINGS, ab_refusal, locojax_argv
 from benchmarks.peers import install
-from benchmarks.peers.trl_update_worker import tensor_names
+from benchmarks.peers.trl_common import tensor_names
 
 CUT = ("To find {q}, I work it out one step at a time: first I write down the larger number, "
        "then I count once for every unit of the smaller one, and when I am done I reach {v}, "

@@ -36,7 +36,7 @@ Each shape's table row is printed as the shape ends, then the whole table. `--pr
 halves small-4096's batch (64 rows; its L_r are the first 64 of the same draw, max 1,421
 against 1,482), to fit HF and Tunix's runs at 4096 in a shorter session.
 
-Usage:  .venv/bin/python benchmarks/bench_engine.py [--shapes ...] [--runs 3] [--peer-runs 2]
+Usage:  .venv/bin/python -m benchmarks.bench_engine [--shapes ...] [--runs 3] [--peer-runs 2]
             [--prompts-4096 16]
 """
 
@@ -44,302 +44,19 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
-import os
 import statistics
-import subprocess
 import sys
-import time
 
-if __name__ == "__main__" and not __package__:  # run as a file: import as `-m` does
-    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+import jax
+import numpy as np
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-
-from benchmarks import harness  # noqa: E402
-from benchmarks.harness import timed  # noqa: E402
-from benchmarks.peers import install  # noqa: E402
-from locojax.engine.engine import Engine  # noqa: E402
-from locojax.engine.sampling import SamplingConfig  # noqa: E402
-from locojax.model import config as model_config  # noqa: E402
-from locojax.model import loader, params  # noqa: E402
-from locojax.model.hf_io import to_state_dict  # noqa: E402
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-
-TORCH_THREADS = 2
-MEDIAN_LENGTH, SIGMA = 200, 1.0
-
-
-@dataclasses.dataclass(frozen=True)
-class Shape:
-    name: str
-    model: str  # a model_config preset
-    prompts: int  # B
-    group: int  # G
-    prompt_tokens: int  # P
-    new_tokens: int  # N
-    long_tail: bool  # lengths drawn (else exactly N)
-
-    @property
-    def rows(self) -> int:
-        return self.prompts * self.group
-
-    def lengths(self) -> np.ndarray:
-        """[R] tokens per row, prompt-major."""
-        if not self.long_tail:
-            return np.full(self.rows, self.new_tokens)
-        z = np.random.default_rng(0).normal(size=self.rows)
-        return np.clip(np.ceil(MEDIAN_LENGTH * np.exp(SIGMA * z)), 1, self.new_tokens).astype(int)
-
-
-REAL = os.path.join(os.path.dirname(HERE), "models", "SmolLM2-135M-Instruct")
-"""The converted real model (`locojax convert`, docs/real_model.md): the `real-*` shapes'."""
-
-SHAPES = {s.name: s for s in [
-    Shape("tiny", "tiny", 8, 4, 16, 32, False),
-    Shape("small", "small", 16, 8, 32, 64, False),
-    *(Shape(f"small-{n}", "small", 16, 8, 32, n, True) for n in (512, 1024, 4096)),
-    # The real model's decode at 8, 32 and 128 rows (G 4, as the real-model run's groups):
-    # a 128-token prompt (GSM8K's are ~60-115), exactly 128 new tokens.
-    *(Shape(f"real-{r}", REAL, r // 4, 4, 128, 128, False) for r in (8, 32, 128)),
-    # ... and its long generation: 32 rows, exactly 512 new tokens (issue 40's real-512).
-    Shape("real-512", REAL, 8, 4, 128, 512, False),
-]}
-
-
-def model(s: Shape):
-    """(cfg, weights) of a shape: a preset's random f32 weights (key 0), or the checkpoint
-    at a path (`loader.load`)."""
-    if s.model in model_config.PRESETS:
-        cfg = model_config.PRESETS[s.model]()
-        return cfg, params.init(cfg, jax.random.key(0))
-    if not os.path.isdir(s.model):
-        raise SystemExit(f"{s.name}: no converted model at {s.model} (docs/real_model.md "
-                         "says how to make it)")
-    loaded = loader.load(s.model)
-    return loaded.cfg, loaded.weights
-
-
-def prefill_flops(cfg, prompts: int, prompt_tokens: int, written: int = 0) -> int:
-    """Matmul FLOPs of prefilling `prompts` prompts of `prompt_tokens` tokens each after
-    `written` cached slots (an extend): every position's layers at its exact causal context,
-    the LM head at the last position only."""
-    head = 2 * cfg.hidden_size * cfg.vocab_size
-    return prompts * (sum(cfg.flops_per_token(written + t + 1) - head
-                          for t in range(prompt_tokens)) + head)
-
-
-def slot_bytes(cfg, itemsize: int = 4) -> int:
-    """Bytes of one KV cache slot: its key and value at every layer."""
-    return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * itemsize
-
-
-def generate_flops(cfg, s, lengths=None) -> float:
-    """Matmul FLOPs of one generate: prefill B·P tokens, then each row's L_r - 1 decode
-    tokens (L_r: `lengths`, default the shape's own, `Shape.lengths`: N for every row of an
-    exact-length shape; `peers/locojax_worker.py` reports a GRPO step's generation by it).
-
-    Prefill runs the LM head on the last position only; attention context is counted
-    exactly (a token at position t attends to t + 1 keys). A long-tail shape's rows are
-    counted to their own ends: counted to N each, small-4096's FLOPs came out 21x the
-    work and its roofline above its measured time.
-    """
-    prefill = prefill_flops(cfg, s.prompts, s.prompt_tokens)
-    lengths = np.asarray(s.lengths() if lengths is None else lengths)
-    per_step = [float(cfg.flops_per_token(s.prompt_tokens + i + 1))
-                for i in range(int(lengths.max()) - 1)]
-    upto = np.concatenate([[0.0], np.cumsum(per_step)])  # upto[n]: a row's first n steps
-    decode = float(np.sum(upto[np.maximum(lengths - 1, 0)]))
-    return float(prefill + decode)
-
-
-def weight_bytes(weights) -> int:
-    """Bytes of every weight: what one decode step (or prefill) reads of them."""
-    return sum(x.nbytes for x in jax.tree.leaves(weights))
-
-
-def generate_bytes(cfg, weights, s: Shape) -> int:
-    """Bytes a generate must read: the weights once per program step (prefill and each
-    decode step up to the longest row's) and the KV cache its attention reads (`cache_bytes`)."""
-    return weight_bytes(weights) * int(s.lengths().max()) + cache_bytes(cfg, s)
-
-
-def roofline(seconds: float, flops: float, nbytes: float, peak: float, bandwidth: float) -> str:
-    """'x% (bytes|FLOPs)': the roofline's share of a measured time, and which side bounds it."""
-    side = "bytes" if nbytes / bandwidth >= flops / peak else "FLOPs"
-    share = harness.roofline_share(seconds, flops, nbytes, peak, bandwidth)
-    return f"{100 * share:.0f}% ({side})"
-
-
-def cache_bytes(cfg, s: Shape, itemsize: int = 4) -> int:
-    """KV bytes attention must read: at decode step t a live row reads its P + t - 1 written
-    slots, keys and values, every layer."""
-    per_slot = slot_bytes(cfg, itemsize)
-    steps = s.lengths() - 1  # decode steps per row (token 0 comes from prefill)
-    return int(per_slot * np.sum(steps * s.prompt_tokens + steps * (steps - 1) // 2))
-
-
-def locojax_runner(cfg, weights, prompts: np.ndarray, s: Shape, **engine_kw):
-    """A callable doing one synchronised generate (the first call compiles)."""
-    engine = Engine(cfg, **engine_kw)
-    lengths = s.lengths()
-    sampling = SamplingConfig(max_new_tokens=s.new_tokens, temperature=1.0,
-                              ignore_eos=not s.long_tail)
-    calls = iter(range(10 ** 6))
-
-    def once():
-        out = engine.generate(weights, prompts, jax.random.key(next(calls)), sampling,
-                              num_samples=s.group, limits=lengths if s.long_tail else None)
-        jax.block_until_ready(out)
-        np.testing.assert_array_equal(np.asarray(out.lengths), lengths)
-
-    once.engine = engine  # a sweep of many arms frees each one's cache between its runs
-    return once
-
-
-def hf_model(cfg, weights, s: Shape):
-    """The HF model of a shape, f32, in eval mode: the converted checkpoint as transformers
-    loads it (`real-*`: a Llama), or a `Qwen3ForCausalLM` holding a preset's weights."""
-    import torch
-    from transformers import AutoModelForCausalLM, Qwen3Config, Qwen3ForCausalLM
-
-    if s.model not in model_config.PRESETS:
-        return AutoModelForCausalLM.from_pretrained(s.model, dtype=torch.float32).eval()
-    hf_cfg = Qwen3Config(
-        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
-        intermediate_size=cfg.intermediate_size, num_hidden_layers=cfg.num_hidden_layers,
-        num_attention_heads=cfg.num_attention_heads, num_key_value_heads=cfg.num_key_value_heads,
-        head_dim=cfg.head_dim, rope_theta=cfg.rope_theta, rms_norm_eps=cfg.rms_norm_eps,
-        tie_word_embeddings=cfg.tie_word_embeddings,
-        max_position_embeddings=s.prompt_tokens + s.new_tokens)
-    model = Qwen3ForCausalLM(hf_cfg).float().eval()
-    state = {k: torch.from_numpy(np.array(v)) for k, v in to_state_dict(weights, cfg).items()}
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    assert not unexpected and all("lm_head" in k for k in missing), (missing, unexpected)
-    return model
-
-
-def hf_runner(cfg, weights, prompts: np.ndarray, s: Shape):
-    """A callable doing one HF `generate` on the same weights and prompts."""
-    import torch
-    from transformers import LogitsProcessor, LogitsProcessorList
-
-    torch.set_num_threads(TORCH_THREADS)
-    model = hf_model(cfg, weights, s)
-    input_ids = torch.from_numpy(prompts.astype(np.int64))
-    eos = cfg.vocab_size - 1
-    last = torch.as_tensor(s.lengths() - 1)  # [R]: the step whose token is EOS
-
-    class ForceLengths(LogitsProcessor):
-        def __call__(self, ids, scores):
-            at = last == ids.shape[1] - s.prompt_tokens
-            scores[:, eos] = -float("inf")
-            scores[at] = -float("inf")
-            scores[at, eos] = 0.0
-            return scores
-
-    kw = dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=s.new_tokens,
-              num_return_sequences=s.group, pad_token_id=0,
-              attention_mask=torch.ones_like(input_ids))
-    if s.long_tail:
-        kw.update(eos_token_id=eos, logits_processor=LogitsProcessorList([ForceLengths()]))
-    else:
-        kw.update(eos_token_id=None, min_new_tokens=s.new_tokens)
-
-    def once(warm_up=False):
-        with torch.no_grad():
-            out = model.generate(input_ids, **{**kw, **(dict(
-                max_new_tokens=2, min_new_tokens=None, logits_processor=None)
-                if warm_up else {})})
-        ends = (out[:, s.prompt_tokens:] == eos).int().argmax(1) + 1
-        assert warm_up or not s.long_tail or (ends.numpy() == s.lengths()).all()
-
-    return once
-
-
-class TunixRunner:
-    """Tunix's sampler in its own venv and process (`peers/tunix_sampler.py`)."""
-
-    def __init__(self, python, cfg, s: Shape):
-        spec = dict(vocab=cfg.vocab_size, prompt_tokens=s.prompt_tokens, new_tokens=s.new_tokens,
-                    group=s.group, prompts=s.prompts, layers=cfg.num_hidden_layers,
-                    hidden=cfg.hidden_size, ffn=cfg.intermediate_size,
-                    heads=cfg.num_attention_heads, kv_heads=cfg.num_key_value_heads,
-                    head_dim=cfg.head_dim,
-                    lengths=s.lengths().tolist() if s.long_tail else [])
-        # Tunix's outputs stop before the EOS that ended a row (`Sampler.__call__`).
-        self.tokens = int((s.lengths() - 1).sum()) if s.long_tail else s.rows * s.new_tokens
-        self.proc = subprocess.Popen(
-            [str(python), os.path.join(HERE, "peers", "tunix_sampler.py"), json.dumps(spec)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-            env={**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"})
-        self.first = self._reply()["first_s"]
-
-    def _reply(self) -> dict:
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"tunix sampler exited with {self.proc.wait()}")
-        return json.loads(line)
-
-    def __call__(self) -> float:
-        self.proc.stdin.write('{"run": 1}\n')
-        self.proc.stdin.flush()
-        reply = self._reply()
-        if reply["tokens"] != self.tokens:  # the forced lengths did not hold
-            raise RuntimeError(f"Tunix sampled {reply['tokens']} tokens, not {self.tokens}")
-        return reply["seconds"]
-
-    def close(self):
-        self.proc.stdin.write('{"quit": true}\n')
-        self.proc.stdin.flush()
-        self.proc.wait(timeout=60)
-
-
-def program_spans(once):
-    """(total s, [(program, s, rows after, first step, step after)]) of one locojax generate:
-    each of its programs (prefill, every decode phase at its batch size, every compaction)
-    timed on its own, synchronised."""
-    from locojax.engine import engine as engine_lib
-
-    spans, real = [], {n: getattr(engine_lib, n) for n in ("prefill_jit", "decode_jit",
-                                                             "compact_jit")}
-
-    def timed_program(name):
-        def run(*args, **kw):
-            t0 = time.perf_counter()
-            out = jax.block_until_ready(real[name](*args, **kw))
-            seconds = time.perf_counter() - t0
-            turn = out if name == "prefill_jit" else out[1] if name == "compact_jit" else out
-            before = args[2] if name == "decode_jit" else None  # the turn it went on from
-            spans.append((name, seconds, turn.last.shape[0],
-                          None if before is None else int(before.step), int(turn.step)))
-            return out
-        return run
-
-    for name in real:
-        setattr(engine_lib, name, timed_program(name))
-    try:
-        total = timed(once)
-    finally:
-        for name, fn in real.items():
-            setattr(engine_lib, name, fn)
-    return total, spans
-
-
-def profile(once):
-    """Where one locojax generate's time goes: its programs (`program_spans`); the rest
-    (host syncs, dispatch, assembling the result) is the total less their sum."""
-    total, spans = program_spans(once)
-    print(f"  profile of one locojax generate ({total:.3f} s, programs synchronised):")
-    for name, sec, rows, a, b in spans:
-        what = (f"decode {rows:4d} rows: tokens {a}..{b - 1} ({b - a} steps), "
-                f"{1000 * sec / max(b - a, 1):.2f} ms/step" if name == "decode_jit" else
-                f"{name[:-4]} -> {rows} rows")
-        print(f"    {what}: {sec:.3f} s")
-    print(f"    rest (host syncs, dispatch, result): {total - sum(x[1] for x in spans):.3f} s")
+from benchmarks import engine_sweeps, harness
+from benchmarks.engine_runners import TORCH_THREADS, TunixRunner, hf_runner, locojax_runner, \
+    profile
+from benchmarks.engine_work import MEDIAN_LENGTH, SHAPES, SIGMA, Shape, cache_bytes, \
+    generate_bytes, generate_flops, model, roofline
+from benchmarks.harness import timed
+from benchmarks.peers import install
 
 
 HEAD = ["shape", "tokens", "locojax tok/s", "HF tok/s", "Tunix tok/s", "vs HF", "vs Tunix",
@@ -438,8 +155,6 @@ def main(argv=None) -> int:
     print(harness.header("bench_engine", f"jax on {jax.devices()[0].platform} "
                          f"x{jax.device_count()}, torch threads {TORCH_THREADS}"))
     if args.sweep or args.trace:
-        from benchmarks import engine_sweeps
-
         if args.sweep == "folds":
             engine_sweeps.sweep_folds(args.runs)
         elif args.sweep == "refill":
@@ -462,7 +177,7 @@ def main(argv=None) -> int:
             tunix_python = peer.python(install.DEFAULT_CACHE)
         else:
             print(f"Tunix: no venv at {peer.root(install.DEFAULT_CACHE)} "
-                  "(`python benchmarks/peers/install.py tunix` makes it)")
+                  "(`python -m benchmarks.peers.install tunix` makes it)")
     bandwidth, peak = harness.read_bandwidth(), harness.matmul_peak()
     print(f"memory read bandwidth (512 MiB f32 jnp.sum, best of 5): {bandwidth / 1e9:.1f} GB/s; "
           f"matmul peak (2048^3 f32, median of 5): {peak / 1e9:.0f} GFLOP/s")

@@ -22,30 +22,27 @@ the ratios reprefill / extend and mask / extend (> 1: extend is faster), then ea
 share of the roofline of the trajectory's useful work (`trajectory_work`: its FLOPs at the
 matmul peak or its bytes at the read bandwidth, both measured in the run).
 
-    .venv/bin/python benchmarks/bench_extend.py                  # TINY and SMALL
-    .venv/bin/python benchmarks/bench_extend.py --shapes tiny --repeats 5
+    .venv/bin/python -m benchmarks.bench_extend                  # TINY and SMALL
+    .venv/bin/python -m benchmarks.bench_extend --shapes tiny --repeats 5
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import statistics
 import sys
 import time
 
-if __name__ == "__main__" and not __package__:  # run as a file: import as `-m` does
-    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
+import jax
+import numpy as np
 
-from benchmarks import bench_engine, harness  # noqa: E402
-from locojax.engine.engine import Engine, pad_prompts  # noqa: E402
-from locojax.engine.extend import Conversation, bucket, slots_needed  # noqa: E402
-from locojax.engine.sampling import SamplingConfig  # noqa: E402
-from locojax.model import config, params  # noqa: E402
+from benchmarks import engine_work, harness
+from locojax.engine.engine import Engine, pad_prompts
+from locojax.engine.extend import Conversation, bucket, slots_needed
+from locojax.engine.sampling import SamplingConfig
+from locojax.model import config, params
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,7 +140,7 @@ def bench(s: Shape, repeats: int, finish: float) -> dict:
     total = {name: statistics.median(sum(r) for r in rs) for name, rs in runs.items()}
     # Warm-up time less one steady run: the compile (and first-touch) cost of each program.
     return {"per_turn": per_turn, "total": total, "cfg": cfg,
-            "weight_bytes": bench_engine.weight_bytes(w),
+            "weight_bytes": engine_work.weight_bytes(w),
             "compile": {k: v - total[k] for k, v in compile_s.items()}}
 
 
@@ -154,13 +151,13 @@ def trajectory_work(cfg, s: Shape, rows: list[int], weight_bytes: int) -> tuple[
     their exact contexts; the LM head only where a token is sampled); every weight read once
     per program step (a prefill or extend, and each decode step), each live row's written
     keys and values once per decode step. The roofline of `harness.roofline_seconds`."""
-    per_slot = bench_engine.slot_bytes(cfg)  # f32
+    per_slot = engine_work.slot_bytes(cfg)  # f32
     p, n, o = s.prompt_tokens, s.new_tokens, s.obs_tokens
-    flops = bench_engine.prefill_flops(cfg, s.prompts, p)
+    flops = engine_work.prefill_flops(cfg, s.prompts, p)
     nbytes, written = float(weight_bytes), p  # after the prefill: P slots a row
     for turn, r in enumerate(rows):
         if turn:  # the previous turn's last token and the observation, extended in
-            flops += bench_engine.prefill_flops(cfg, r, 1 + o, written)
+            flops += engine_work.prefill_flops(cfg, r, 1 + o, written)
             nbytes += weight_bytes
             written += 1 + o
         for i in range(n - 1):  # each decode step attends to the slots written so far

@@ -25,10 +25,10 @@ compile and start-up included; the ~5 s of Python and JAX imports before it are 
 process wall time in the table includes them).
 
 Usage:
-    .venv/bin/python benchmarks/bench_learning.py --model DIR --lock /tmp/locojax-heavy.lock
-    .venv/bin/python benchmarks/bench_learning.py --model DIR --arms grpo grpo+ds --seeds 0 \
+    .venv/bin/python -m benchmarks.bench_learning --model DIR --lock /tmp/locojax-heavy.lock
+    .venv/bin/python -m benchmarks.bench_learning --model DIR --arms grpo grpo+ds --seeds 0 \
         --time-limit-s 120                                   # a screening run
-    .venv/bin/python benchmarks/bench_learning.py --report OUT   # re-print a finished run
+    .venv/bin/python -m benchmarks.bench_learning --report OUT   # re-print a finished run
 """
 
 from __future__ import annotations
@@ -46,11 +46,9 @@ import sys
 import time
 from pathlib import Path
 
-if __name__ == "__main__" and not __package__:  # run as a file: import as `-m` does
-    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-from benchmarks import harness  # noqa: E402
-from benchmarks.harness import CLI  # noqa: E402
+from benchmarks import harness
+from benchmarks.harness import CLI
 ARMS = ("grpo", "grpo+ds", "grpo+cur", "grpo+ds+cur")
 
 

@@ -55,10 +55,10 @@ devices share one process's thread pool): that is part of the measured result, p
 machine and its load.
 
 Usage (from the repository root: `python -m locojax.cli` puts the cwd first on sys.path):
-    .venv/bin/python benchmarks/bench_modes.py                       # the default grid
-    .venv/bin/python benchmarks/bench_modes.py --quick               # gsm8k, N 1 2, 1 repeat
-    .venv/bin/python benchmarks/bench_modes.py --workloads gsm8k --hosts 4 --scaling strong
-    .venv/bin/python benchmarks/bench_modes.py --report-only --json runs.json   # tables again
+    .venv/bin/python -m benchmarks.bench_modes                       # the default grid
+    .venv/bin/python -m benchmarks.bench_modes --quick               # gsm8k, N 1 2, 1 repeat
+    .venv/bin/python -m benchmarks.bench_modes --workloads gsm8k --hosts 4 --scaling strong
+    .venv/bin/python -m benchmarks.bench_modes --report-only --json runs.json   # tables again
 """
 
 from __future__ import annotations
@@ -75,11 +75,9 @@ import sys
 import time
 from pathlib import Path
 
-if __name__ == "__main__" and not __package__:  # run as a file: import as `-m` does
-    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-from benchmarks import harness, modes_report  # noqa: E402
-from benchmarks.workloads import (  # noqa: E402
+from benchmarks import harness, modes_report
+from benchmarks.workloads import (
     DATA,
     MODES,
     PAPER,

@@ -26,8 +26,8 @@ machine (2048³ `jnp.dot`, best of measurements before and after the shape's run
 the per-step table every side's train phase as tokens/s and as a share of that peak.
 
 Usage:
-    .venv/bin/python benchmarks/bench_peers.py                       # TINY + SMALL, β 0 and 0.04
-    .venv/bin/python benchmarks/bench_peers.py --shapes tiny --betas 0 --repeats 3 --no-install
+    .venv/bin/python -m benchmarks.bench_peers                       # TINY + SMALL, β 0 and 0.04
+    .venv/bin/python -m benchmarks.bench_peers --shapes tiny --betas 0 --repeats 3 --no-install
 """
 
 from __future__ import annotations
@@ -43,12 +43,10 @@ import threading
 import time
 from pathlib import Path
 
-if __name__ == "__main__" and not __package__:  # run as a file: import as `-m` does
-    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-from benchmarks import harness  # noqa: E402
-from benchmarks.harness import fmt  # noqa: E402
-from benchmarks.peers import common, install  # noqa: E402
+from benchmarks import harness
+from benchmarks.harness import fmt
+from benchmarks.peers import common, install
 
 HERE = Path(__file__).resolve().parent
 
@@ -118,11 +116,10 @@ class Worker:
 def side_argv(side: str, python: str, shape: str, beta: float, warmup: int,
               max_steps: int) -> list[str]:
     common_args = ["--shape", shape, "--beta", str(beta), "--warmup", str(warmup)]
-    if side == "locojax":  # in this environment, as a module of this package
-        return [python, "-m", "benchmarks.peers.locojax_worker", *common_args]
-    # in the peer's venv, as a file: it imports `common` from its own folder
-    return [python, str(HERE / "peers" / f"{side}_worker.py"), *common_args,
-            "--max-steps", str(max_steps)]
+    # Every side as a module of this package, from the repository root (`Worker`'s cwd): a
+    # peer's venv imports `benchmarks.peers.common` from there, and nothing else of ours.
+    argv = [python, "-m", f"benchmarks.peers.{side}_worker", *common_args]
+    return argv if side == "locojax" else [*argv, "--max-steps", str(max_steps)]
 
 
 def run_point(shape: str, beta: float, pythons: dict, args, work: Path) -> dict:

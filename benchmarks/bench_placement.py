@@ -35,17 +35,16 @@ cores the same way. The script prints the machine's CPU count and load so the ta
 read with that in mind.
 
 Usage:
-    .venv/bin/python benchmarks/bench_placement.py --quick        # 1 repeat, few steps
-    .venv/bin/python benchmarks/bench_placement.py --repeats 2
-    .venv/bin/python benchmarks/bench_placement.py --workload swe --steps 6 --skip 2
-    .venv/bin/python benchmarks/bench_placement.py --report-only  # the tables again, from the
+    .venv/bin/python -m benchmarks.bench_placement --quick        # 1 repeat, few steps
+    .venv/bin/python -m benchmarks.bench_placement --repeats 2
+    .venv/bin/python -m benchmarks.bench_placement --workload swe --steps 6 --skip 2
+    .venv/bin/python -m benchmarks.bench_placement --report-only  # the tables again, from the
                                                                   # runs in --work-dir
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import shlex
@@ -55,23 +54,14 @@ import sys
 import time
 from pathlib import Path
 
-if __name__ == "__main__" and not __package__:  # run as a file: import as `-m` does
-    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-from benchmarks import harness  # noqa: E402
-from benchmarks.harness import CLI, med  # noqa: E402
-from benchmarks.workloads import swe_train  # noqa: E402
+from benchmarks import harness
+from benchmarks.harness import med
+from benchmarks.workloads import HOSTS, Point, placement_argv, placement_points
 
-HOSTS = 4
 # Colocated's rollout phases (what DA moves to its workers); swe adds extend and env.
 ROLLOUT_PHASES = ("admission", "prefill", "decode", "extend", "env", "detokenize_reward")
 
-
-@dataclasses.dataclass(frozen=True)
-class Point:
-    name: str  # colocated | da-0.25 | ... | async-k1 | ...
-    mode: str
-    extra: tuple[str, ...]
 
 
 def workload_line(args) -> str:
@@ -79,36 +69,6 @@ def workload_line(args) -> str:
         return (f"swe level 1 (2 turns of <= {args.new_tokens} tokens, then a sandboxed test "
                 f"run per row: {args.prompts * args.group} per step)")
     return f"arith level 3, exactly {args.new_tokens} new tokens, 16 prompt columns"
-
-
-def points(fractions, ks) -> list[Point]:
-    out = [Point("colocated", "colocated", ())]
-    out += [Point(f"da-{f:g}", "disaggregated", ("--hosts", str(HOSTS), "--rollout-fraction",
-                                                 str(f))) for f in fractions]
-    out += [Point(f"async-k{k}", "async", ("--hosts", str(HOSTS), "--workers", str(HOSTS - 1),
-                                           "--learner-hosts", "1", "--max-staleness", str(k)))
-            for k in ks]
-    return out
-
-
-def train_argv(p: Point, args, run_dir: Path, ray_address: str) -> list[str]:
-    if args.workload == "swe":
-        train = [*swe_train(p.mode, "tiny", args.prompts, args.group, args.new_tokens,
-                            args.steps, run_dir), *p.extra]
-    else:
-        train = arith_train(p, args, run_dir)
-    if p.mode == "colocated":
-        return [*CLI, "launch", "--hosts", str(HOSTS), "--devices-per-host", "1", "--", *train]
-    return [*CLI, *train, "--ray-address", ray_address]
-
-
-def arith_train(p: Point, args, run_dir: Path) -> list[str]:
-    return ["train", "demo", "--mode", p.mode, "--model", "tiny", "--task.name", "arith",
-             "--task.level", "3", "--rollout.prompts-per-step", str(args.prompts),
-             "--algo.group-size", str(args.group), "--rollout.max-prompt-tokens", "16",
-             "--rollout.max-new-tokens", str(args.new_tokens), "--rollout.ignore-eos",
-             "--steps", str(args.steps), "--eval.every", "0", "--no-progress",
-             "--no-tensorboard", "--run-dir", str(run_dir), *p.extra]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -146,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.steps < args.skip + 2:
         ap.error("--steps must leave a steady step after --skip and before the last step")
     work = Path(args.work_dir)
-    pts = points(args.fractions, args.ks)
+    pts = placement_points(args.fractions, args.ks)
     if args.report_only:
         results, loads = collect(work, pts, args)
     else:
@@ -191,7 +151,7 @@ def measure(work: Path, pts: list[Point], args) -> tuple[dict, dict]:
         for rep in range(args.repeats):
             for p in harness.rotated(pts, rep + args.rotate):
                 run_dir = work / f"{p.name}-r{rep}"
-                argv = train_argv(p, args, run_dir, address)
+                argv = placement_argv(p, args, run_dir, address)
                 print(f"$ {shlex.join(argv)}", flush=True)
                 loads[p.name].append(harness.load())
                 by_run[run_dir.name] = loads[p.name][-1]

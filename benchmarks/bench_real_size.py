@@ -1,9 +1,9 @@
 """A real config at its real size on this machine: the memory plan against measured peak RSS.
 
-    python benchmarks/bench_real_size.py --data ../shared/data/gsm8k/train.jsonl
-    python benchmarks/bench_real_size.py --config gemma-3-1b-it --data FILE
-    python benchmarks/bench_real_size.py --model DIR --data FILE   # an existing HF dir
-    python benchmarks/bench_real_size.py --config llama-3.2-1b-instruct --data FILE --plan-only
+    python -m benchmarks.bench_real_size --data ../shared/data/gsm8k/train.jsonl
+    python -m benchmarks.bench_real_size --config gemma-3-1b-it --data FILE
+    python -m benchmarks.bench_real_size --model DIR --data FILE   # an existing HF dir
+    python -m benchmarks.bench_real_size --config llama-3.2-1b-instruct --data FILE --plan-only
 
 Without --model it first writes a random-weight HF directory of --config (a published
 config.json in tests/data/hf_configs.json; default qwen3-0.6b: 28 layers, d=1024, ffn 3072,
@@ -34,10 +34,8 @@ import sys
 import tempfile
 import time
 
-if __name__ == "__main__" and not __package__:  # run as a file: import as `-m` does
-    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-from benchmarks import harness  # noqa: E402
+from benchmarks import harness
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = os.path.join(ROOT, "tests", "data", "hf_configs.json")
@@ -172,9 +170,8 @@ def train(args) -> dict:
 
 
 def _run_child(argv: list[str]) -> str:
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__), *argv], env=env,
-                          stdout=subprocess.PIPE, text=True)
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.bench_real_size", *argv],
+                          cwd=ROOT, stdout=subprocess.PIPE, text=True)
     if proc.returncode:
         sys.exit(f"child {argv[0]} failed (exit {proc.returncode})")
     return proc.stdout

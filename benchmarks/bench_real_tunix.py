@@ -15,8 +15,8 @@ of the process. Each run is a whole process, one after another; a ratio against 
 side's s/step comes from runs made at other times and loads, and is read with that said.
 
 Usage:
-    .venv/bin/python benchmarks/bench_real_tunix.py --seeds 0 --steps 40
-    .venv/bin/python benchmarks/bench_real_tunix.py --steps 3 --held-out -1 --no-install
+    .venv/bin/python -m benchmarks.bench_real_tunix --seeds 0 --steps 40
+    .venv/bin/python -m benchmarks.bench_real_tunix --steps 3 --held-out -1 --no-install
 """
 
 from __future__ import annotations
@@ -27,28 +27,11 @@ import shutil
 import sys
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a file: import the package from the repository root
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import harness
-from benchmarks.bench_real_trl import SETTINGS, held_out, peak_rss_gb, rewards, step_times, \
-    with_peak_rss
+from benchmarks.real_runs import MICRO, SETTINGS, held_out, peak_rss_gb, rewards, step_times, \
+    tunix_argv, with_peak_rss
 from benchmarks.peers import install
-
-MICRO = dict(train_micro_prompts=1, rollout_micro_prompts=2)
-"""Tunix's micro-batches, in prompts (x G rows): the step's update is still one AdamW step on
-the mean of the micro-batches' gradients (`optax.MultiSteps`), and generation runs in
-micro-batches of this many prompts. Sized for this machine's shared memory: with the whole
-step's 64 rows in one batch the process passed 11 GB before its first step ended."""
-
-
-def tunix_argv(python: Path, model: str, seed: int, steps: int, out: Path) -> list[str]:
-    return [str(python), "-m", "benchmarks.peers.tunix_real_worker", "--model", model,
-            "--out", str(out), "--seed", str(seed), "--steps", str(steps),
-            "--settings", json.dumps(SETTINGS),
-            "--train-micro-prompts", str(MICRO["train_micro_prompts"]),
-            "--rollout-micro-prompts", str(MICRO["rollout_micro_prompts"])]
-
 
 def run_seed(python: Path, model: str, seed: int, steps: int, out: Path, rows: int) -> dict:
     """One seed's Tunix run and its held-out scores (none when rows < 0)."""

@@ -9,19 +9,16 @@ on (issue 37), and is gone; `benchmarks/validate_heldout.py` validates the calib
 pre-registered held-out runs.
 
 Usage:
-    .venv/bin/python benchmarks/calibrate_predict.py [--out FILE]
+    .venv/bin/python -m benchmarks.calibrate_predict [--out FILE]
 """
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
-if __name__ == "__main__" and not __package__:  # run as a file: import as `-m` does
-    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-from benchmarks.harness import CLI  # noqa: E402
+from benchmarks.harness import CLI
 
 if __name__ == "__main__":
     if sys.argv[1:2] in (["-h"], ["--help"]):

@@ -6,7 +6,7 @@ folds`: time per decode step per attention.FOLD_SLOTS; `--sweep refill`: refille
 against the plain generate per shape; `--trace SHAPE`: a steady decode
 step's time per XLA op (jax.profiler). Arms run interleaved, each compiled first.
 
-    .venv/bin/python benchmarks/bench_engine.py --sweep rows --runs 3
+    .venv/bin/python -m benchmarks.bench_engine --sweep rows --runs 3
 """
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks import bench_engine, harness
-from benchmarks.bench_engine import SHAPES, Shape, locojax_runner, model
+from benchmarks import engine_work, harness
+from benchmarks.engine_runners import locojax_runner
+from benchmarks.engine_work import SHAPES, Shape, model
 from locojax.engine.decode import compact_jit
 from locojax.engine.engine import Engine
 from locojax.engine.sampling import SamplingConfig
@@ -195,8 +196,8 @@ WEIGHT_ARMS = {"f32": {}, "bf16 weights": {"weights_dtype": "bf16"},
 def step_roofline(cfg, weights, rows: int, context: int, cache_itemsize: int):
     """(FLOPs, bytes) of one decode step at `rows` rows attending to `context` slots: every
     weight read once, each row's keys and values at every layer."""
-    nbytes = bench_engine.weight_bytes(weights) + (
-        rows * context * bench_engine.slot_bytes(cfg, cache_itemsize))
+    nbytes = engine_work.weight_bytes(weights) + (
+        rows * context * engine_work.slot_bytes(cfg, cache_itemsize))
     return rows * cfg.flops_per_token(context), nbytes
 
 
@@ -250,7 +251,7 @@ def sweep_weights(shapes: list[Shape], runs: int, steps: int = 20):
         runs_ms = " ".join(f"{1000 * t:.1f}" for t in v)
         table.append([s.name, s.rows, arm, f"{1000 * sec:.1f} ({runs_ms})",
                       f"{1000 * harness.roofline_seconds(flops, nbytes, peak, bandwidth):.1f}",
-                      bench_engine.roofline(sec, flops, nbytes, peak, bandwidth)])
+                      engine_work.roofline(sec, flops, nbytes, peak, bandwidth)])
     print("\n".join(harness.table(head, table)), flush=True)
 
     s = shapes[0]

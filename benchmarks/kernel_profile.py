@@ -2,7 +2,7 @@
 program against the kernels read from its HLO (`locojax/predict/hlo_kernels.py`) and against
 the same kernels timed alone (`locojax/predict/kernel_tables.py`).
 
-    .venv/bin/python benchmarks/kernel_profile.py --model tiny --shape 4 4 20 48 \
+    .venv/bin/python -m benchmarks.kernel_profile --model tiny --shape 4 4 20 48 \
         [--tables FILE] [--quick] [--top 8]
 
 Programs: the GRPO update (`calibration_step.update`: `train_step` on a synthetic batch of
@@ -29,60 +29,12 @@ import argparse
 import collections
 import json
 import sys
-import tempfile
-import time
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a file: import the package from the repository root
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from benchmarks import harness  # noqa: E402
-from locojax.predict.kernel_model import kernel_class  # noqa: E402
-from locojax.predict.kernel_tables import KernelPrices, measure  # noqa: E402
-
-CONTROL = ("while", "conditional", "call")  # a thunk whose event holds its body's kernels
-
-
-def _union(spans: list[tuple[int, int]]) -> int:
-    """Nanoseconds covered by the (start, end) spans: a kernel's time while active, however
-    many threads its tasks ran on."""
-    total, reach = 0, None
-    for start, end in sorted(spans):
-        if reach is None or start > reach:
-            total += end - start
-            reach = end
-        elif end > reach:
-            total += end - reach
-            reach = end
-    return total
-
-
-def trace_events(fn, calls: int) -> tuple[dict[str, float], dict[str, float],
-                                          dict[str, float], float]:
-    """Per call of `fn`, `calls` of them traced with `jax.profiler`: ({kernel name: seconds
-    of its events on every thread}, {name: seconds while it was active}, {name: events},
-    wall seconds). A loop's or a call's own event is left out (it spans its body's kernels,
-    which are counted)."""
-    import jax
-
-    with tempfile.TemporaryDirectory(prefix="kernel_profile_") as work:
-        with jax.profiler.trace(work):
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            wall = (time.perf_counter() - t0) / calls
-        data = jax.profiler.ProfileData.from_file(str(sorted(Path(work).rglob("*.xplane.pb"))[-1]))
-    spans: dict[str, list[tuple[int, int]]] = collections.defaultdict(list)
-    for plane in data.planes:
-        for line in plane.lines:
-            for ev in line.events:
-                if "Eigen" in line.name and not ev.name.startswith(("ThunkExecutor",
-                                                                      "Slinky", *CONTROL)):
-                    spans[ev.name].append((ev.start_ns, ev.end_ns))
-    core = {k: sum(e - b for b, e in v) / 1e9 / calls for k, v in spans.items()}
-    active = {k: _union(v) / 1e9 / calls for k, v in spans.items()}
-    return core, active, {k: len(v) / calls for k, v in spans.items()}, wall
-
+from benchmarks import harness
+from benchmarks.kernel_traces import generate_program, model_config, profiled, train_program
+from locojax.predict.kernel_model import kernel_class
+from locojax.predict.kernel_tables import KernelPrices, measure
 
 COLUMNS = ("class", "kernel runs per call", "events per call", "core ms", "active ms",
            "model ms", "active / model", "MB", "GFLOP", "GB/s active", "GFLOP/s active")
@@ -139,40 +91,6 @@ def report(title: str, kernels: list, traced: tuple, prices: KernelPrices,
     lines += [f"  {nm}: {active[nm] * 1e6:.1f} us active, {model.get(nm, 0.0) * 1e6:.1f} us "
               f"model, {events[nm]:.0f} events, {classes.get(nm, '?')}" for nm in worst]
     return lines
-
-
-def model_config(name: str):
-    """A preset's decoder (tiny, small) or an HF checkpoint directory's."""
-    from locojax.model import config, hf_config
-
-    if name in config.PRESETS:
-        return config.PRESETS[name]()
-    return hf_config.load_config(name)
-
-
-def train_program(cfg, b: int, g: int, p: int, n: int):
-    """(one update, its kernels)."""
-    from locojax.predict import calibration_step
-    from locojax.predict.hlo_kernels import kernels
-
-    compiled = calibration_step.compiled_update(cfg, b, g, p, n)
-    return calibration_step.update(cfg, b, g, p, n), kernels(compiled.as_text()).kernels
-
-
-def generate_program(cfg, b: int, g: int, p: int, n: int):
-    """(one generate of b x g rows of n tokens, its kernels: `calibration_step.generate`)."""
-    from locojax.predict import calibration_step
-
-    return calibration_step.generate(cfg, b, g, p, n)
-
-
-def profiled(build, cfg, shape, calls: int) -> tuple[list, tuple]:
-    """(the program's kernels, `trace_events` of `calls` calls after a compiling call and one
-    more warm-up) of the program `build` (`train_program`, `generate_program`) makes."""
-    fn, listed = build(cfg, *shape)
-    for _ in range(2):
-        fn()
-    return listed, trace_events(fn, calls)
 
 
 def tables(path: str, quick: bool) -> KernelPrices:

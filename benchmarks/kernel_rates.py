@@ -1,6 +1,6 @@
 """A per-kernel model with rates read inside a calibration program, against the trace.
 
-    .venv/bin/python benchmarks/kernel_rates.py --tables ONE_CORE_TABLES.json \
+    .venv/bin/python -m benchmarks.kernel_rates --tables ONE_CORE_TABLES.json \
         --program tiny 4 4 20 48 --program small 8 2 24 16 [--program DIR B G P N ...]
 
 `kernel_profile.py` found that a kernel's time inside a program is not its time alone: each
@@ -27,13 +27,11 @@ import json
 import sys
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a file: import the package from the repository root
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import harness  # noqa: E402
-from benchmarks import kernel_profile as kp  # noqa: E402
-from locojax.predict.kernel_model import kernel_class  # noqa: E402
-from locojax.predict.kernel_tables import KernelPrices  # noqa: E402
+from benchmarks import harness
+from benchmarks import kernel_traces as kp
+from locojax.predict.kernel_model import kernel_class
+from locojax.predict.kernel_tables import KernelPrices
 
 BUILDS = {"update": kp.train_program, "generate": kp.generate_program}
 CALIBRATION_SHAPE = (8, 4, 16, 32)

@@ -13,7 +13,7 @@ and, for runs whose files were not kept, from a JSON table {"blocks": {seed: {si
 [block means]}}} (`--table`). A seed must have both sides, from one source each.
 
 Usage:
-    .venv/bin/python benchmarks/paired_seeds.py --blocks 2 \
+    .venv/bin/python -m benchmarks.paired_seeds --blocks 2 \
         --table benchmarks/data/real_trl_blocks_seeds012.json \
         --results runs/bench-real-seeds34/results.json runs/bench-real-seeds567/results.json
 """
@@ -27,11 +27,9 @@ import statistics
 import sys
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a file: import the package from the repository root
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import harness  # noqa: E402
-from benchmarks.bench_real_trl import BLOCK, block_means  # noqa: E402
+from benchmarks import harness
+from benchmarks.real_runs import BLOCK, block_means
 
 SIDES = ("locojax", "trl")
 

@@ -1,7 +1,7 @@
 """Real sizes, planned: the memory plan of a real config's run, compiled only, per device.
 
-    python benchmarks/plan_real_size.py qwen3-1.7b --fsdp 8 --rollout-tp 8
-    python benchmarks/plan_real_size.py llama-3.2-1b-instruct            # data parallel
+    python -m benchmarks.plan_real_size qwen3-1.7b --fsdp 8 --rollout-tp 8
+    python -m benchmarks.plan_real_size llama-3.2-1b-instruct            # data parallel
 
 Nothing runs and no weight exists: the run's programs (train step, rollout and evaluation
 prefill and decode) are compiled from abstract shapes on 8 simulated CPU devices, with the
@@ -24,11 +24,9 @@ import argparse
 import dataclasses
 import json
 import os
-import sys
 import time
 
-if __name__ == "__main__" and not __package__:  # run as a file: import as `-m` does
-    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from benchmarks import harness
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = os.path.join(ROOT, "tests", "data", "hf_configs.json")
@@ -101,8 +99,6 @@ def main() -> None:
     ap.add_argument("--no-eval", action="store_true", help="plan without the eval shape")
     args = ap.parse_args()
     import jax
-
-    from benchmarks import harness  # here, not above: tests import this file by its own name
 
     jax.config.update("jax_num_cpu_devices", DEVICES)
     print(harness.command_line())

@@ -37,12 +37,13 @@ import os
 import subprocess
 import sys
 
-if __name__ == "__main__" and not __package__:  # run as a file: import as `-m` does
-    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-from benchmarks.harness import median_time  # noqa: E402
-from locojax import distributed  # noqa: E402
-from locojax.predict import calibrate_oversub  # noqa: E402
+from benchmarks.harness import ROOT, median_time
+
+PROBE = [sys.executable, "-m", "benchmarks.predict_probes"]
+"""This script in a fresh process (a worker of a probe), run from the repository root."""
+from locojax import distributed
+from locojax.predict import calibrate_oversub
 
 
 def matmul(n: int = 2048) -> dict:
@@ -93,9 +94,9 @@ def _allreduce_worker(pid: int, n: int, port: int) -> None:
 
 def allreduce(n: int) -> dict:
     port = distributed.free_port()
-    procs = [subprocess.Popen([sys.executable, __file__, "allreduce-worker", "--n", str(n),
-                               "--pid", str(i), "--port", str(port)],
-                              stdout=subprocess.PIPE, text=True) for i in range(n)]
+    procs = [subprocess.Popen([*PROBE, "allreduce-worker", "--n", str(n), "--pid", str(i),
+                               "--port", str(port)], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+             for i in range(n)]
     outs = [p.communicate(timeout=600)[0] for p in procs]
     if any(p.returncode for p in procs):
         raise RuntimeError(f"allreduce probe failed: {[p.returncode for p in procs]}")
@@ -158,7 +159,7 @@ def _oversub_worker() -> None:
 def _oversub_once(k: int, cpus: list[int], one_core: bool = False) -> float:
     """Median over rounds of the median wall of k processes started together (see the
     module docstring; the protocol is `calibrate`'s own probe's)."""
-    cmd = [sys.executable, __file__, "oversub-worker"]
+    cmd = [*PROBE, "oversub-worker"]
     commands = []
     for i in range(k):
         pin = [cpus[0]] if one_core else [cpus[i]] if k <= len(cpus) else None
@@ -216,7 +217,7 @@ def multidev(ns: list[int]) -> dict:
     """One fresh process per N: the device count is fixed when the backend starts."""
     out = {}
     for n in ns:
-        r = subprocess.run([sys.executable, __file__, "multidev-worker", "--n", str(n)],
+        r = subprocess.run([*PROBE, "multidev-worker", "--n", str(n)], cwd=ROOT,
                            capture_output=True, text=True, timeout=600, check=False)
         if r.returncode:
             raise RuntimeError(f"multidev probe n={n} failed:\n{r.stderr[-2000:]}")

@@ -2,11 +2,11 @@
 
 small-512 at 128 and 64 rows and small-4096 at 64 (`bench_engine.py --prompts-4096 8`), each
 compiled, then `--runs` generates of each, interleaved. Every program (prefill, each decode
-phase at its batch size, each compaction) is synchronised and timed as `bench_engine.profile`
+phase at its batch size, each compaction) is synchronised and timed as `engine_runners.profile`
 times it; each decode phase's live tokens (row-steps whose row has not ended) are counted
-from the forced lengths. docs/engine_benchmark.md, "The 4096 target", holds a run.
+from the forced lengths. docs/results/engine_generation.md, "The 4096 target", holds a run.
 
-    .venv/bin/python benchmarks/profile_generate.py [--runs 2]
+    .venv/bin/python -m benchmarks.profile_generate [--runs 2]
 
 `--smoke`: one toy long-tailed shape on the TINY model instead (64 new tokens a row at most),
 for the test that runs every benchmark.
@@ -14,20 +14,17 @@ for the test that runs every benchmark.
 
 import argparse
 import dataclasses
-import os
 import sys
 
-if __name__ == "__main__" and not __package__:  # run as a file: import as `-m` does
-    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
+import jax
+import numpy as np
 
-from benchmarks import bench_engine as be  # noqa: E402
-from benchmarks import harness  # noqa: E402
-from benchmarks.harness import loads as load  # noqa: E402
-from locojax.model import config as model_config  # noqa: E402
-from locojax.model import params  # noqa: E402
+from benchmarks import engine_runners, engine_work
+from benchmarks import harness
+from benchmarks.harness import loads as load
+from locojax.model import config as model_config
+from locojax.model import params
 
 
 def report(name, s, total, spans):
@@ -55,22 +52,23 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     print(harness.header("profile_generate"), flush=True)
     if args.smoke:
-        shapes = {"tiny-64 (8 rows)": be.Shape("tiny-64", "tiny", 4, 2, 16, 64, True)}
+        shapes = {"tiny-64 (8 rows)": engine_work.Shape("tiny-64", "tiny", 4, 2, 16, 64, True)}
     else:
-        shapes = {"small-512 (128 rows)": be.SHAPES["small-512"],
-                  "small-512 (64 rows)": dataclasses.replace(be.SHAPES["small-512"], prompts=8),
-                  "small-4096 (64 rows)": dataclasses.replace(be.SHAPES["small-4096"],
-                                                              prompts=8)}
+        known = engine_work.SHAPES
+        shapes = {"small-512 (128 rows)": known["small-512"],
+                  "small-512 (64 rows)": dataclasses.replace(known["small-512"], prompts=8),
+                  "small-4096 (64 rows)": dataclasses.replace(known["small-4096"], prompts=8)}
     cfg = model_config.PRESETS[next(iter(shapes.values())).model]()
     weights = params.init(cfg, jax.random.key(0))
     runners = {}
     for name, s in shapes.items():
         prompts = np.asarray(jax.random.randint(
             jax.random.key(1), (s.prompts, s.prompt_tokens), 1, cfg.vocab_size - 1), np.int32)
-        runners[name] = be.locojax_runner(cfg, weights, prompts, s)
+        runners[name] = engine_runners.locojax_runner(cfg, weights, prompts, s)
         print(f"{name}: first run (compiles) {harness.timed(runners[name]):.1f} s", flush=True)
+    spans = engine_runners.program_spans
     harness.interleave({name: lambda name=name: report(name, shapes[name],
-                                                        *be.program_spans(runners[name]))
+                                                        *spans(runners[name]))
                         for name in runners}, args.runs)
     print("load average at end " + load())
     return 0

@@ -9,7 +9,7 @@ It also counts the kernels the compiled step launches (fusions, dots and custom 
 entry computation) by the JAX operation they came from: at TINY a step is ~600 kernels of
 ~25 us each, not its FLOPs, which is what bounds it (docs/peers_benchmark.md).
 
-Usage:  .venv/bin/python benchmarks/profile_train.py --shape small [--beta 0.04] [--top 40]
+Usage:  .venv/bin/python -m benchmarks.profile_train --shape small [--beta 0.04] [--top 40]
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The train step's memory as XLA compiles it, against the memory plan's expectation.
 
-    python benchmarks/train_step_memory.py                 # every configuration below
-    python benchmarks/train_step_memory.py 0.6b-remat 0.6b # some of them
+    python -m benchmarks.train_step_memory                 # every configuration below
+    python -m benchmarks.train_step_memory 0.6b-remat 0.6b # some of them
 
 Compile only, from abstract shapes: nothing is allocated, so the 0.6B configurations need no
 more than a compile's memory. For each, XLA's per-device arguments, aliased outputs and

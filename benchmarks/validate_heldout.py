@@ -15,8 +15,8 @@ micro-benchmarks (`locojax/predict/calibrate.py`), never a train run.
   prints it), with the profile's measured host rates (`calibrated.with_host_rates`).
 
 Usage:
-    .venv/bin/python benchmarks/validate_heldout.py [--work-dir DIR] [--only ID ...]
-    .venv/bin/python benchmarks/validate_heldout.py --profile FILE   # skip calibrating
+    .venv/bin/python -m benchmarks.validate_heldout [--work-dir DIR] [--only ID ...]
+    .venv/bin/python -m benchmarks.validate_heldout --profile FILE   # skip calibrating
 """
 
 from __future__ import annotations
@@ -30,10 +30,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-if __name__ == "__main__" and not __package__:  # run as a file: import as `-m` does
-    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-from benchmarks import harness  # noqa: E402
+from benchmarks import harness
 
 POINTS = Path(__file__).with_name("predict_validation_points.json")
 REAL = "models/SmolLM2"

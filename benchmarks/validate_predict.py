@@ -33,29 +33,26 @@ mode). It uses N = 1 runs only, and removes what the machine's load did between 
 calibration session and this one.
 
 Usage:
-    .venv/bin/python benchmarks/validate_predict.py --measure        # run both benchmarks
-    .venv/bin/python benchmarks/validate_predict.py                  # report from saved runs
-    .venv/bin/python benchmarks/validate_predict.py --measure --workloads gsm8k --no-placement
+    .venv/bin/python -m benchmarks.validate_predict --measure        # run both benchmarks
+    .venv/bin/python -m benchmarks.validate_predict                  # report from saved runs
+    .venv/bin/python -m benchmarks.validate_predict --measure --workloads gsm8k --no-placement
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
 import statistics
 import subprocess
 import sys
 from pathlib import Path
 
-if __name__ == "__main__" and not __package__:  # run as a file: import as `-m` does
-    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-from benchmarks import bench_placement, harness  # noqa: E402
-from benchmarks import workloads  # noqa: E402
-from benchmarks.harness import med  # noqa: E402
-from locojax.predict import from_train, modes, placement  # noqa: E402
+from benchmarks import harness
+from benchmarks import workloads
+from benchmarks.harness import med
+from locojax.predict import from_train, modes, placement
 
 PY = sys.executable
 HERE = Path(__file__).parent
@@ -237,12 +234,12 @@ def report_placement(work: Path, workload: str, steps: int) -> list[float]:
     print("|---|---|---|---|---|---|")
     loads = json.loads((work / "loads.json").read_text()) if (work / "loads.json").exists() else {}
     errs = []
-    for p in bench_placement.points([0.25, 0.5, 0.75], [1, 2, 4]):
+    for p in workloads.placement_points([0.25, 0.5, 0.75], [1, 2, 4]):
         run_dir = work / f"{p.name}-r0"
         if not (run_dir / "perf.jsonl").exists():
             continue
-        argv = bench_placement.train_argv(p, args, run_dir, "auto")
-        run = from_train.parse(train_args(argv), f"cpu-here-{bench_placement.HOSTS}")
+        argv = workloads.placement_argv(p, args, run_dir, "auto")
+        run = from_train.parse(train_args(argv), f"cpu-here-{workloads.HOSTS}")
         pl, ctx = run.cfg.placement, run.ctx
         window = placement.Window(steps, PLACEMENT_SKIP)  # the run made, end included
         if p.mode == "colocated":

@@ -2,9 +2,10 @@
 
 bench_modes.py's paper workloads (gsm8k, math, swe: TINY architecture, random f32 weights,
 the built-in char tokenizer) and its legacy arith shapes (docs/design.md's TINY and SMALL),
-each a `Shape` and one argv builder (`train_argv`); bench_placement.py runs `swe_train`, and
-ab_runs.py, calibrate_predict.py and validate_predict.py rebuild the same commands, so that
-a point means the same run wherever it is named. bench_modes.py's docstring says what each
+each a `Shape` and one argv builder (`train_argv`), and bench_placement.py's points
+(`placement_points`, `placement_argv`); ab_runs.py, calibrate_predict.py and
+validate_predict.py rebuild the same commands, so that a point means the same run wherever
+it is named. bench_modes.py's docstring says what each
 workload is.
 """
 
@@ -152,3 +153,45 @@ def train_argv(shape: Shape, workload: str, model: str, mode: str, n: int, steps
                 *(["--controller.decode-chunk", str(decode_chunk)] if decode_chunk else []),
                 *(["--ray-address", ray_address] if ray_address else [])]
     return [*CLI, "launch", "--hosts", str(n), "--devices-per-host", "1", "--", *train]
+
+
+HOSTS = 4
+"""bench_placement.py's simulated hosts of one device each: its points (colocated, DA at
+rollout fractions, async at staleness k) are commands over this many."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Point:
+    name: str  # colocated | da-0.25 | ... | async-k1 | ...
+    mode: str
+    extra: tuple[str, ...]
+
+
+def placement_points(fractions, ks) -> list[Point]:
+    out = [Point("colocated", "colocated", ())]
+    out += [Point(f"da-{f:g}", "disaggregated", ("--hosts", str(HOSTS), "--rollout-fraction",
+                                                 str(f))) for f in fractions]
+    out += [Point(f"async-k{k}", "async", ("--hosts", str(HOSTS), "--workers", str(HOSTS - 1),
+                                           "--learner-hosts", "1", "--max-staleness", str(k)))
+            for k in ks]
+    return out
+
+
+def placement_argv(p: Point, args, run_dir: Path, ray_address: str) -> list[str]:
+    if args.workload == "swe":
+        train = [*swe_train(p.mode, "tiny", args.prompts, args.group, args.new_tokens,
+                            args.steps, run_dir), *p.extra]
+    else:
+        train = arith_train(p, args, run_dir)
+    if p.mode == "colocated":
+        return [*CLI, "launch", "--hosts", str(HOSTS), "--devices-per-host", "1", "--", *train]
+    return [*CLI, *train, "--ray-address", ray_address]
+
+
+def arith_train(p: Point, args, run_dir: Path) -> list[str]:
+    return ["train", "demo", "--mode", p.mode, "--model", "tiny", "--task.name", "arith",
+             "--task.level", "3", "--rollout.prompts-per-step", str(args.prompts),
+             "--algo.group-size", str(args.group), "--rollout.max-prompt-tokens", "16",
+             "--rollout.max-new-tokens", str(args.new_tokens), "--rollout.ignore-eos",
+             "--steps", str(args.steps), "--eval.every", "0", "--no-progress",
+             "--no-tensorboard", "--run-dir", str(run_dir), *p.extra]

@@ -9,9 +9,10 @@ CALC_DEMO_ARGS = ("--rollout.prompts-per-step", "8", "--algo.group-size", "4", "
 def run_colocated(run_dir):
     from test_train_loop import locojax
 
-    # Unpinned, as single's one process and the Ray modes' hosts run: pinned to one core each
-    # (launch's default), this checkpoint's train step rounds some sums in another order on
-    # XLA:CPU's one thread, and its params differ from theirs in the last bits.
+    # Unpinned, as single's one process and the Ray modes' actors run: each compared process
+    # then has XLA:CPU's intra-op pool of the machine's cores (locojax/float_context.py).
+    # Pinned to one core each (launch's default), this checkpoint's train step rounds some
+    # sums in another order on one thread, and its params differ in the last bits.
     locojax("launch", "--hosts", "2", "--devices-per-host", "1", "--heartbeat-s", "10",
             "--no-pin-cpus", "--", "train", "calc-demo", "--mode", "colocated",
             "--run-dir", str(run_dir), *CALC_DEMO_ARGS)

@@ -6,7 +6,6 @@ runs on device 0. Also the fixtures two modules share: the multi-turn and FSDP r
 """
 
 import os
-import platform
 
 import pytest
 
@@ -25,30 +24,18 @@ jax.config.update("jax_num_cpu_devices", 8)
 jax.config.update("jax_enable_x64", False)
 
 
-def _cpu() -> str:
-    """Model name, family/model numbers (a VM may name only the vendor) and the widest
-    vector ISA, from the first processor in /proc/cpuinfo where there is one."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            first = f.read().split("\n\n")[0]
-    except OSError:
-        return platform.processor() or platform.machine()
-    fields = {k.strip(): v.strip() for k, v in
-              (line.split(":", 1) for line in first.splitlines() if ":" in line)}
-    flags = set(fields.get("flags", "").split())
-    isa = next((n for n in ("avx512f", "avx2", "avx", "sse4_2") if n in flags), "no avx/sse4_2")
-    name, family = fields.get("model name", platform.machine()), fields.get("cpu family", "?")
-    return f"{name} (family {family} model {fields.get('model', '?')}, {isa})"
-
-
 def _where() -> list[str]:
     """Where this run happens: float results depend on the CPU (XLA:CPU picks kernels by
-    model and ISA), the threads it may use and the XLA flags."""
+    model and ISA), XLA:CPU's intra-op thread count and the XLA flags
+    (`locojax/float_context.py`)."""
     import jaxlib
 
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else "?"
+    from locojax import float_context
+
+    cpu, isa = float_context.cpu_model()
+    usable = float_context.usable_cores()
     return [
-        f"cpu: {_cpu()}; {usable} usable of {os.cpu_count()} cores",
+        f"cpu: {cpu}, {isa}; {usable} usable of {os.cpu_count()} cores",
         f"jax {jax.__version__}, jaxlib {jaxlib.__version__}; "
         f"XLA_FLAGS={os.environ.get('XLA_FLAGS') or '(none)'}; "
         f"JAX_PLATFORMS={os.environ.get('JAX_PLATFORMS') or '(unset)'}",
@@ -75,6 +62,9 @@ def _f32_dots_on_accelerators():
 def pytest_sessionstart(session):
     """`pytest -q` (what `make test` runs) hides the report header: print it anyway, so a
     failure report says where it ran."""
+    if os.environ.get("LOCOJAX_ACCELERATOR_RUN") and jax.default_backend() == "cpu":
+        pytest.exit("`make test-accelerator` found no accelerator: jax.default_backend() is "
+                    "cpu (JAX_PLATFORMS, the installed plugins?)", returncode=2)
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None and session.config.get_verbosity() < 0:
         for line in _where():

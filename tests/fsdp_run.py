@@ -18,8 +18,11 @@ FSDP_ARGS = ("--model", "embedded", "--rollout.prompts-per-step", "8", "--algo.g
 def run_colocated(run_dir):
     from test_train_loop import locojax
 
-    locojax("launch", "--hosts", "2", "--devices-per-host", "1", "--heartbeat-s", "10", "--",
-            "train", "demo", "--mode", "colocated", "--run-dir", str(run_dir), *FSDP_ARGS)
+    # Unpinned, as single's one process and the Ray modes' actors run: each compared process
+    # then has XLA:CPU's intra-op pool of the machine's cores (locojax/float_context.py).
+    locojax("launch", "--hosts", "2", "--devices-per-host", "1", "--heartbeat-s", "10",
+            "--no-pin-cpus", "--", "train", "demo", "--mode", "colocated", "--run-dir",
+            str(run_dir), *FSDP_ARGS)
     return run_dir
 
 

@@ -15,6 +15,8 @@ from locojax.rl import advantages as adv
 from locojax.rl.algorithms import ALGORITHMS, compute_advantages, resolve
 from locojax.rl.config import AlgoConfig
 
+pytestmark = pytest.mark.accelerator  # numbers that depend on the backend (docs/tpu.md)
+
 GROUP_ID = jnp.array([0, 1, 0, 1, 0, 1, 0, 1])
 REWARDS = jnp.array([1.0, 3.0, 0.0, 1.0, 0.0, 1.0, 0.0, 1.0])
 

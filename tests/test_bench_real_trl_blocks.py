@@ -3,7 +3,7 @@ numbers a pre-registered claim on the side-by-side is judged by."""
 
 from __future__ import annotations
 
-from benchmarks import bench_real_trl
+from benchmarks import bench_real_trl, real_runs
 
 
 def _run(seed: int, side: str, rewards: list[float], acc: float) -> dict:
@@ -12,8 +12,8 @@ def _run(seed: int, side: str, rewards: list[float], acc: float) -> dict:
 
 def test_block_means_are_whole_blocks_only():
     rewards = [0.0] * 10 + [1.0] * 10 + [0.5] * 5  # the 5-step tail is no block
-    assert bench_real_trl.block_means(rewards) == [0.0, 1.0]
-    assert bench_real_trl.block_means([1.0] * 9) == []
+    assert real_runs.block_means(rewards) == [0.0, 1.0]
+    assert real_runs.block_means([1.0] * 9) == []
 
 
 def test_report_prints_each_run_each_sides_mean_and_held_out_range(capsys):

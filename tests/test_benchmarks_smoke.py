@@ -1,6 +1,6 @@
 """Every benchmark script runs, at a toy size, and prints its table or ratio lines.
 
-Each runs as a user starts it (`python -m benchmarks.x`, a few as `python benchmarks/x.py`),
+Each runs as a user starts it (`python -m benchmarks.x`, the only way: tests/test_import_layers.py),
 in its own process, with the suite's XLA flags. What is asserted is the output's content:
 the header, the table's head and a row of figures, the ratio. The peers' parts never
 install anything: bench_peers runs locojax's side only, with `--no-install` and an empty
@@ -50,11 +50,11 @@ def test_every_script_has_a_smoke_test():
     assert runnable and not missing, f"benchmark scripts no smoke test runs: {missing}"
 
 
-def bench(name: str, *args: str, as_file: bool = False, timeout: float = 300) -> str:
+def bench(name: str, *args: str, timeout: float = 300) -> str:
     """Run a benchmark script from the repository root; its stdout (stderr on failure)."""
-    target = [str(ROOT / "benchmarks" / f"{name}.py")] if as_file else ["-m", f"benchmarks.{name}"]
-    proc = subprocess.run([sys.executable, *target, *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=timeout, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    proc = subprocess.run([sys.executable, "-m", f"benchmarks.{name}", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout,
+                          env=dict(os.environ, PYTHONUNBUFFERED="1"))
     assert proc.returncode == 0, f"{name} exit {proc.returncode}:\n{proc.stdout[-3000:]}\n" \
                                  f"{proc.stderr[-3000:]}"
     return proc.stdout
@@ -108,7 +108,7 @@ def test_profile_train_and_train_step_memory_tiny():
     out = bench("profile_train", "--shape", "tiny", "--steps", "1", "--traced", "1",
                 "--top", "3")
     assert "steady steps: " in out and "op kind" in out and "kernels launched per step: " in out
-    out = bench("train_step_memory", "tiny", as_file=True)
+    out = bench("train_step_memory", "tiny")
     assert "tiny" in out and "temporaries" in out and "XLA/expected" in out
 
 
@@ -121,9 +121,9 @@ def test_plan_real_size_of_the_smallest_config():
 
 
 def test_predict_probes_and_calibrate_start():
-    probe = json.loads(bench("predict_probes", "stream", as_file=True).splitlines()[-1])
+    probe = json.loads(bench("predict_probes", "stream").splitlines()[-1])
     assert probe["copy_bytes_per_s"] > 0 and probe["mb"] == 256
-    out = bench("calibrate_predict", "--help", as_file=True)
+    out = bench("calibrate_predict", "--help")
     assert "locojax predict calibrate" in out  # a short caller of the command
 
 
@@ -237,7 +237,7 @@ def test_kernel_rates_prices_a_program_from_the_calibration_programs_trace(tmp_p
 
 def test_paired_seeds_on_the_kept_table():
     out = bench("paired_seeds", "--blocks", "2", "--table",
-                "benchmarks/data/real_trl_blocks_seeds012.json", as_file=True)
+                "benchmarks/data/real_trl_blocks_seeds012.json")
     assert "# paired_seeds: " in out and "3 seeds" in out
     (row,) = table_rows(out, "0")
     assert row[1] == "-0.108"  # seed 0, steps 1-10: 0.239 - 0.347
@@ -260,8 +260,7 @@ def test_bench_learning_one_arm(tmp_path):
 def test_bench_real_size_one_layer(tmp_path):
     out = bench("bench_real_size", "--config", "smollm2-135m-instruct", "--layers", "1",
                 "--data", str(GSM8K), "--steps", "1", "--prompts", "1", "--group", "2",
-                "--new-tokens", "4", "--tokenizer-vocab", "512", "--work", str(tmp_path),
-                as_file=True)
+                "--new-tokens", "4", "--tokenizer-vocab", "512", "--work", str(tmp_path))
     assert "# bench_real_size: " in out and "measured/plan" in out
     assert "step 1: " in out and "tokens/s" in out
 
@@ -319,7 +318,7 @@ def test_ab_update_trl_one_update_agrees_but_for_the_pad_tokens_embedding_row(tm
     from benchmarks.peers import install
 
     if not install.is_ready(install.PEERS["trl"]):
-        pytest.skip("TRL's venv is not installed (benchmarks/peers/install.py trl)")
+        pytest.skip("TRL's venv is not installed (python -m benchmarks.peers.install trl)")
     model = _real_model(tmp_path)
     out = bench("ab_update_trl", "--model", str(model), "--dtypes", "float32", "--out",
                 str(tmp_path / "o"), timeout=1800)
@@ -346,7 +345,7 @@ def test_ab_sample_trl_locojax_side_and_refusal_without_trls_venv(tmp_path):
     (reward,) = table_rows(out, "reward")
     assert 0 <= float(reward[1]) <= 1 and reward[2] == "n/a"
     (length,) = table_rows(out, "length")
-    assert 1 <= float(length[1]) <= 32  # at most N = 32 new tokens (bench_real_trl.SETTINGS)
+    assert 1 <= float(length[1]) <= 32  # at most N = 32 new tokens (real_runs.SETTINGS)
     rows = (tmp_path / "o" / "locojax.jsonl").read_text().splitlines()
     assert [len(json.loads(r)["rewards"]) for r in rows] == [2] * 4
     empty = dict(os.environ, LOCOJAX_PEERS_DIR=str(tmp_path / "peers"))
@@ -385,7 +384,7 @@ def test_bench_real_tunix_refuses_without_its_venv_else_runs_three_steps(tmp_pat
     assert proc.returncode == 2 and "Tunix's venv is not installed" in proc.stderr
     assert not (tmp_path / "peers").exists()
     if not install.is_ready(install.PEERS["tunix"]):
-        pytest.skip("Tunix's venv is not installed (benchmarks/peers/install.py tunix)")
+        pytest.skip("Tunix's venv is not installed (python -m benchmarks.peers.install tunix)")
     if os.environ.get("LOCOJAX_TEST_TUNIX") != "1":
         pytest.skip("the Tunix run is opt-in: LOCOJAX_TEST_TUNIX=1")
     model = _real_model(tmp_path)

@@ -1,4 +1,4 @@
-"""The README and docs/*.md cite only what exists: repository paths, logger names, links.
+"""The README, docs/*.md and docs/results/*.md cite only what exists: paths, names, links.
 
 Three kinds of citation are checked, each read so that prose does not trip it:
 - a repository path, `locojax/...`, `benchmarks/...`, `tests/...` or `docs/...`, starting a
@@ -23,7 +23,11 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+MANUAL = sorted((ROOT / "docs").glob("*.md"))
+"""The manual: each page the method and the current figure with its command."""
+RESULTS = sorted((ROOT / "docs" / "results").glob("*.md"))
+"""The results: one page per claim, its runs dated (`tests/test_docs_results.py`)."""
+DOCS = [ROOT / "README.md", *MANUAL, *RESULTS]
 
 PATH = re.compile(r"(?<![\w./~-])((?:locojax|benchmarks|tests|docs)/[\w./*{},-]*[\w*}])")
 """A repository path: a top-level directory at the start of a word, then path characters,
@@ -118,7 +122,7 @@ def broken(doc: Path, text: str | None = None) -> list[str]:
 
 
 def test_docs_cite_only_what_exists():
-    assert DOCS[0].name == "README.md" and len(DOCS) > 5
+    assert DOCS[0].name == "README.md" and len(MANUAL) > 5 and len(RESULTS) > 5
     missing = [b for doc in DOCS for b in broken(doc)]
     assert not missing, "stale references:\n" + "\n".join(missing)
 

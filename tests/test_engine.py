@@ -32,8 +32,11 @@ from locojax.engine.engine import Engine, pad_prompts
 from locojax.engine.sampling import SamplingConfig
 from locojax.model import decoder
 from locojax.model.sharding import make_mesh
+from tests import backend
 from tests.hf_reference import FWD_DEPTH, assert_decisive_argmax, logprob_tol, paired, tiny_cfg
 from tests.tolerance import probabilistic
+
+pytestmark = pytest.mark.accelerator  # numbers that depend on the backend (docs/tpu.md)
 
 LENGTHS = [7, 3, 5, 1]  # a left-padded batch of different lengths
 N = 8
@@ -340,7 +343,7 @@ def test_sharded_over_four_devices_equals_one_device(tied):
     cfg, _, w = tied
     prompts = _prompts(cfg.vocab_size, seed=11)
     sampling = SamplingConfig(max_new_tokens=N, temperature=1.0, stop_token_ids=(5,))
-    mesh = make_mesh({"data": 4}, jax.devices()[:4])
+    mesh = make_mesh({"data": 4}, backend.devices(4))
     eng = Engine(cfg, mesh=mesh)
     multi = _assert_samples_as(Engine(cfg), eng, w, cfg, prompts, sampling)
     assert len(multi.tokens.sharding.device_set) == 4

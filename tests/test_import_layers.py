@@ -10,6 +10,13 @@ Read from the source with `ast`, nothing imported, so it takes well under a seco
   with a docstring (rl/split_step.py uses train_step's `prepare`, `apply`, ...);
 - no import cycle among locojax's modules, nor among its packages (train/, fleet/, ...).
 
+benchmarks/ is held to the same graph (issue 60): run as `python -m benchmarks.x`, so no
+module edits `sys.path`; no cycle among its modules; and no module imports a script (a
+module with a `__main__` block) unless that script is a leaf, importing no benchmarks module
+itself: what two scripts share lives in a leaf (`engine_work.py`, `real_runs.py`,
+`workloads.py`, ...), so a script is read, and changed, without its importers in mind.
+locojax never imports benchmarks/.
+
 Imports inside functions count for every rule, the cycle check included. A deferred import
 breaks a cycle for Python at import time, not for the reader: the engine <-> extend cycle
 ran through one (`Engine.conversation` imported extend.py late), and a train/ module that
@@ -27,11 +34,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
+PACKAGES = ("locojax", "benchmarks")
+
+
 @functools.cache
 def modules() -> dict[str, Path]:
-    """Every module and package under locojax/, by dotted name."""
+    """Every module and package under locojax/ and benchmarks/, by dotted name."""
     out = {}
-    for file in sorted((ROOT / "locojax").rglob("*.py")):
+    for file in sorted(f for p in PACKAGES for f in (ROOT / p).rglob("*.py")):
         parts = file.relative_to(ROOT).with_suffix("").parts
         out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = file
     return out
@@ -50,8 +60,8 @@ def _target(name: str) -> str | None:
 
 @functools.cache
 def imports(name: str) -> tuple[tuple[str, str | None, int], ...]:
-    """(imported module, name taken from it or None, line) of every locojax import in module
-    `name`, at any depth (functions included)."""
+    """(imported module, name taken from it or None, line) of every locojax or benchmarks
+    import in module `name`, at any depth (functions included)."""
     out = []
     for node in ast.walk(ast.parse(modules()[name].read_text())):
         if isinstance(node, ast.Import):
@@ -61,7 +71,7 @@ def imports(name: str) -> tuple[tuple[str, str | None, int], ...]:
             if node.level:  # relative: from the package, up level - 1
                 pkg = _package(name).split(".")
                 base = ".".join(pkg[:len(pkg) - node.level + 1] + ([base] if base else []))
-            if not base.startswith("locojax"):
+            if base.split(".")[0] not in PACKAGES:
                 continue
             for a in node.names:
                 sub = f"{base}.{a.name}"
@@ -85,7 +95,7 @@ def private_uses(name: str) -> list[str]:
     aliases = {}  # local name -> locojax module it is bound to
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(
-                "locojax"):
+                PACKAGES):
             aliases.update({a.asname or a.name: f"{node.module}.{a.name}" for a in node.names
                             if f"{node.module}.{a.name}" in modules()})
         elif isinstance(node, ast.Import):
@@ -154,12 +164,14 @@ def test_engine_and_extend_do_not_import_each_other():
 
 
 def test_no_private_names_across_modules():
-    bad = [b for m in modules() for b in private_uses(m)]
+    """locojax's; benchmarks/' reads of locojax: tests/test_house_benchmarks.py."""
+    bad = [b for m in modules() if m.startswith("locojax") for b in private_uses(m)]
     assert not bad, "private names used from another module (make them public):\n" + \
         "\n".join(bad)
 
 
 def test_no_import_cycles():
+    """In locojax and in benchmarks/ alike."""
     found = cycles(graph())
     assert not found, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in found)
 
@@ -183,3 +195,59 @@ def test_no_cycles_among_packages():
 def test_cycles_finds_a_cycle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def is_script(name: str) -> bool:
+    return '__name__ == "__main__"' in modules()[name].read_text()
+
+
+def script_imports(edges: dict[str, set[str]], scripts: set[str]) -> list[str]:
+    """`a -> b` for every import of a script `b` that is not a leaf (imports no module of
+    `edges` under benchmarks)."""
+    leaf = {m for m in scripts
+            if not any(t.startswith("benchmarks") for t in edges.get(m, ()))}
+    return sorted(f"{m} -> {t}" for m, targets in edges.items() for t in targets
+                  if t in scripts - leaf)
+
+
+def sys_path_edits(text: str) -> list[int]:
+    """Lines of `text` that touch `sys.path` (`sys.path.insert(...)`, `sys.path[0] = ...`)."""
+    return sorted({node.lineno for node in ast.walk(ast.parse(text))
+                   if isinstance(node, ast.Attribute) and node.attr == "path"
+                   and isinstance(node.value, ast.Name) and node.value.id == "sys"})
+
+
+def test_benchmarks_are_read_too():
+    g = graph()
+    assert "benchmarks.engine_work" in g["benchmarks.bench_engine"]
+    assert "benchmarks.peers.common" in g["benchmarks.peers.trl_worker"]
+
+
+def test_benchmarks_do_not_edit_sys_path():
+    """Every benchmark runs as `python -m benchmarks.x` from the repository root, which puts
+    the root on sys.path; a script that edits it imports differently run as a file."""
+    bad = [f"{modules()[m].relative_to(ROOT)}:{line}" for m in modules()
+           if m.startswith("benchmarks") for line in sys_path_edits(modules()[m].read_text())]
+    assert not bad, "sys.path edited (run it as `python -m benchmarks.x`):\n" + "\n".join(bad)
+
+
+def test_benchmarks_import_no_script_but_a_leaf():
+    g = {m: t for m, t in graph().items() if m.startswith("benchmarks")}
+    bad = script_imports(g, {m for m in g if is_script(m)})
+    assert not bad, "a script imported (move what is shared into a leaf):\n" + "\n".join(bad)
+
+
+def test_locojax_never_imports_benchmarks():
+    bad = sorted(f"{_where(m, line)}: imports {t}" for m in modules() if m.startswith("locojax")
+                 for t, _, line in imports(m) if t.startswith("benchmarks"))
+    assert not bad, "\n".join(bad)
+
+
+def test_the_benchmark_rules_catch_planted_violations():
+    assert sys_path_edits("import sys\nsys.path.insert(0, '.')\nx = 1\nsys.path[0] = 'a'\n"
+                          "import os.path\nos.path.join('a')\n") == [2, 4]
+    edges = {"benchmarks.a": {"benchmarks.b", "locojax.x"}, "benchmarks.b": {"benchmarks.h"},
+             "benchmarks.c": {"benchmarks.leaf"}, "benchmarks.leaf": {"locojax.y"},
+             "benchmarks.h": set()}
+    assert script_imports(edges, {"benchmarks.a", "benchmarks.b", "benchmarks.leaf"}) == [
+        "benchmarks.a -> benchmarks.b"]

@@ -16,6 +16,8 @@ import pytest
 
 from locojax.model import config, decoder
 
+pytestmark = pytest.mark.accelerator  # numbers that depend on the backend (docs/tpu.md)
+
 CFG = config.tiny(vocab_size=97)
 B, T, D = 3, 13, CFG.hidden_size
 

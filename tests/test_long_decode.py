@@ -21,8 +21,11 @@ from locojax.engine.engine import Engine, pad_prompts
 from locojax.engine.sampling import SamplingConfig
 from locojax.model import attention, config, decoder, params
 from locojax.model.sharding import make_mesh
+from tests import backend
 from tests.hf_reference import assert_decisive_argmax, logprob_tol
 from tests.tolerance import unit_roundoff, worst_case, x64
+
+pytestmark = pytest.mark.accelerator  # numbers that depend on the backend (docs/tpu.md)
 
 MODEL = config.tiny()
 N = 24  # new tokens: with 4-slot blocks a row's cache spans up to 8 blocks
@@ -95,6 +98,7 @@ def block_loop(monkeypatch):
 @pytest.mark.parametrize("t", [1, 3], ids=["decode", "extend"])
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_blocked_attention_equals_one_softmax_and_reads_only_written_blocks(dtype, t):
+    backend.f64_or_skip(dtype)
     with x64():
         q, new, prefix, dense = _attention_case(dtype, t)
         blocked = decoder.attention(q, [new], prefix)
@@ -241,7 +245,7 @@ def test_compaction_over_a_mesh_keeps_each_devices_rows(weights, monkeypatch):
     limits = np.random.default_rng(1).integers(1, N + 1, 16)
     prompts, single = _rollout(Engine(MODEL, block=8, min_rows=None), weights, greedy,
                                limits=limits)
-    eng = Engine(MODEL, mesh=make_mesh({"data": 2}, jax.devices()[:2]), block=8, min_rows=1)
+    eng = Engine(MODEL, mesh=make_mesh({"data": 2}, backend.devices(2)), block=8, min_rows=1)
     _, multi = _rollout(eng, weights, greedy, limits=limits)
     assert len(sizes) >= 2 and eng._cache.k.sharding.spec[1] == "data"
     _, logits = _trainer_logprobs(weights, prompts, single, 2, 1.0)

@@ -3,21 +3,16 @@ fitting: Qwen3-1.7B's published config, the `gsm8k` preset's shapes, bf16 comput
 master weights and Adam state, FSDP over the session's 8 CPU devices and tensor-parallel
 rollout over them, against 16 GB per device (a TPU v5e chip). Compiled from abstract shapes
 only: nothing is allocated. The settings are those its `--remat auto` plan chose
-(docs/real_size.md), given explicitly so that only one train step compiles. The evaluation
-shape is left out (its 64 rows' cache is a quarter of rollout's 256): one compile less.
+(docs/results/real_size_plans.md), given explicitly so that only one train step compiles.
+The evaluation shape is left out (its 64 rows' cache is a quarter of rollout's 256): one
+compile less.
 """
-
-import os
-import sys
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                "benchmarks"))
-from plan_real_size import published, real_size_plan  # noqa: E402
-
-from locojax.model import hf_config  # noqa: E402
-from locojax.train import train_memory  # noqa: E402
+from benchmarks.plan_real_size import published, real_size_plan
+from locojax.model import hf_config
+from locojax.train import train_memory
 
 
 @pytest.mark.slow  # compiles a real-size train step, prefill and decode

@@ -53,7 +53,10 @@ from locojax.profiler import StepTimer
 from locojax.rl import batch as batch_lib
 from locojax.rl import gradients, split_step, train_state
 from locojax.rl.config import AlgoConfig, LearnerConfig, OptimConfig
+from tests import backend
 from tests.test_shared_prefix import MODEL, RTOL, grouped_batch
+
+pytestmark = pytest.mark.accelerator  # numbers that depend on the backend (docs/tpu.md)
 
 U32 = 2.0 ** -24  # f32's unit roundoff
 
@@ -111,7 +114,7 @@ def check_params_after_one_update(before, fused, split, o: OptimConfig):
     (dict(ppo_epochs=2, num_minibatches=2), 0.0),  # four updates, π_old from a separate pass
 ])
 def test_split_step_is_the_fused_step_to_rounding(algo, lr, beta):
-    mesh = make_mesh({"data": 2}, jax.devices()[:2])
+    mesh = make_mesh({"data": 2}, backend.devices(2))
     cfg = LearnerConfig(algo=AlgoConfig(name="grpo", beta=beta, **algo), grad_accum=2,
                         optim=OptimConfig(lr=lr))
     before, fused, m_fused, p_fused = run(cfg, False, mesh)

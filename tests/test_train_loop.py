@@ -20,6 +20,7 @@ import numpy as np
 import psutil
 import pytest
 
+from locojax import float_context
 from locojax.checkpoint import Checkpointer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -56,8 +57,12 @@ def _train_argv(model, run_dir, mode, steps, extra=(), hosts=1, devices=1):
     args = ["train", "demo", "--model", model, "--mode", mode, "--steps", str(steps),
             "--run-dir", str(run_dir), *COMMON, *extra]
     if hosts > 1:
+        # Unpinned, as single's one process and the Ray modes' actors run, so that every
+        # process has XLA:CPU's intra-op pool of the machine's cores and the bitwise
+        # comparisons below compare like with like (locojax/float_context.py): pinned to one
+        # core each, launch's default, a host's pool has one thread.
         return ["launch", "--hosts", str(hosts), "--devices-per-host", str(devices),
-                "--heartbeat-s", "10", "--", *args]
+                "--heartbeat-s", "10", "--no-pin-cpus", "--", *args]
     return [*args, "--devices-per-host", str(devices)]
 
 
@@ -144,6 +149,7 @@ def test_single_and_colocated_give_the_same_run(sft_model, straight_runs):
     assert mask.sum() > 0
     (sa, pa), (sb, pb) = _final_params(str(single)), _final_params(str(colo))
     assert sa == sb == STEPS
+    float_context.same_or_raise(str(single), str(colo))  # the precondition of bitwise
     # Bitwise, not a tolerance: with the same rollouts (above) both modes run one SPMD train
     # step over the same 2-device global mesh, each device the same local program on the same
     # rows; only the all-reduce's transport differs (in-process or gloo), and a 2-way sum is
@@ -213,6 +219,7 @@ def test_killed_and_resumed_run_is_bitwise_identical(sft_model, straight_runs, c
 
     (sa, pa), (sb, pb) = _final_params(str(straight)), _final_params(str(resumed))
     assert sa == sb == STEPS
+    float_context.same_or_raise(str(straight), str(resumed))
     # Bitwise: the same programs on the same layout, from a bitwise-restored state (params,
     # optimizer, step, data cursor, RNG): no rounding can differ.
     for x, y in zip(jax.tree.leaves(pa), jax.tree.leaves(pb)):

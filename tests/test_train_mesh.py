@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 from fsdp_run import FSDP_ARGS, FSDP_STEPS, tokens_by_step
 
+from locojax import float_context
 from locojax.distributed import HostInfo
 from locojax.model import config as model_config
 from locojax.model import params as params_lib
@@ -166,6 +167,7 @@ def test_fsdp_run_trains_and_single_and_colocated_agree(fsdp_runs):
     assert sorted(ta) == sorted(tb) and len(ta) == FSDP_STEPS
     for step in ta:
         np.testing.assert_array_equal(ta[step], tb[step])
+    float_context.same_or_raise(str(single), str(colo))  # the precondition of bitwise
     pa, pb = _final(str(single)), _final(str(colo))
     p0 = load("embedded", param_dtype="float32").weights
     moved = False
@@ -191,6 +193,7 @@ def test_fsdp_run_resumes_bitwise(fsdp_runs, tmp_path):
     shutil.rmtree(run / "final_model")
     locojax("train", "demo", *FSDP_ARGS, "--mode", "single", "--devices-per-host", "2",
             "--run-dir", str(run))
+    float_context.same_or_raise(str(single), str(run))
     for name in ("final_model/model.safetensors", "metrics.jsonl"):
         assert (run / name).read_bytes() == (single / name).read_bytes(), name
     # Resumed, not run again from the start: step 1's timings are the first run's line.

@@ -13,6 +13,8 @@ import pytest
 from calc_demo_run import CALC_DEMO_ARGS
 from test_train_loop import _final_params, _rollouts, locojax
 
+from locojax import float_context
+
 TASK_JSON = {"description": "f() should return 1.", "tests": ["test_m.py"], "runner": "minitest"}
 TESTS = {"pass": "def test_f():\n    assert f() == 1\n",
          "fail": "def test_f():\n    assert f() == 2\n",
@@ -98,6 +100,7 @@ def test_multi_turn_single_and_colocated_give_the_same_run(calc_demo_colocated, 
     assert sum(e.any(1).sum() for e in envs) >= 2  # some trajectories called the calculator
     (sa, pa), (sb, pb) = _final_params(str(tmp_path / "single")), _final_params(colo)
     assert sa == sb == 2
+    float_context.same_or_raise(str(tmp_path / "single"), colo)  # the precondition of bitwise
     import jax
 
     from locojax.model import loader

@@ -17,6 +17,8 @@ from locojax.rl import logprobs, train_state, train_step
 from locojax.rl.config import AlgoConfig, LearnerConfig, OptimConfig
 from tests.hf_reference import logprob_tol
 
+pytestmark = pytest.mark.accelerator  # numbers that depend on the backend (docs/tpu.md)
+
 MODEL = config.tiny()
 LEARNER = LearnerConfig(algo=AlgoConfig(name="grpo"), optim=OptimConfig(lr=1e-3))
 # Sampler (here `compute_logprobs`) and trainer logprobs are two programs computing one f32

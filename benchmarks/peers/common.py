@@ -1,7 +1,8 @@
 """What every side of `bench_peers.py` shares: the shapes, the prompts, the reward, the protocol.
 
-Imported by the locojax worker and by the peer workers, which run in their own venvs, so it
-needs nothing but the standard library and numpy.
+Imported by the locojax worker and by the peer workers, which run in their own venvs (as
+`python -m benchmarks.peers.X` from the repository root, so `benchmarks/__init__.py` and
+`peers/__init__.py` stay docstrings), so it needs nothing but the standard library and numpy.
 
 Identical work on every side:
 - the same Qwen3 config (docs/design.md TINY / SMALL), random f32 weights;
@@ -16,6 +17,7 @@ Identical work on every side:
 Protocol: a worker writes JSON lines on its original stdout (everything a library prints is
 sent to stderr) and reads commands on stdin:
   worker → {"ready": ..., "versions": {...}, "setup_s": s, "warmup": [step, ...]}
+             (setup_s: from the worker's start to `ready`, its warm-up included)
   driver → {"run": n}        worker → {"steps": [{"step": s, "generate": ..., ...}, ...]}
   driver → {"quit": true}    worker exits
 A failure is {"error": "..."} and exit 1. Each step record holds the step's wall time and
@@ -88,6 +90,30 @@ def even_fraction(text: str) -> float:
     return sum(1 for i in ids if i % 2 == 0) / len(ids) if ids else 0.0
 
 
+class IdTokenizer:
+    """Token ids as decimal words, EOS left out of a decode; the duck-typed interface Tunix's
+    `tunix.generate.tokenizer_adapter` accepts (its workers' tokenizer). bos 0 is falsy, so
+    none is prepended."""
+
+    def __init__(self, eos: int):
+        self._eos = eos
+
+    def encode(self, text, **_):
+        return from_text(text)
+
+    def decode(self, ids, **_):
+        return to_text(i for i in ids if i != self._eos)
+
+    def bos_id(self):
+        return 0
+
+    def eos_id(self):
+        return self._eos
+
+    def pad_id(self):
+        return PAD_ID
+
+
 class PhaseClock:
     """Per-step phase seconds; `phase(name)` accumulates wall time into the current step."""
 
@@ -146,16 +172,49 @@ def worker_args(argv=None):
     ap.add_argument("--beta", type=float, default=0.0)
     ap.add_argument("--warmup", type=int, default=2, help="steps run before `ready` (compile)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: all cores)")
+    ap.add_argument("--max-steps", type=int, default=0,
+                    help="steps a peer's trainer is built for (TRL, Tunix: they own the loop)")
     return ap.parse_args(argv)
 
 
-def serve(channel: Channel, run_steps, setup_s: float, versions: dict, warmup: int,
-          **extra) -> None:
-    """The worker's main loop around `run_steps(n) -> [step records]` (for step-driven sides)."""
-    first = run_steps(warmup)
-    channel.send(ready=True, versions=versions, setup_s=setup_s, warmup=first, **extra)
-    while True:
-        cmd = channel.receive()
+class Driven:
+    """The one skeleton of every worker: its steps, however its framework runs them, driven
+    by the protocol. Each finished step's record goes to `end_step`; when the block the
+    driver asked for is full, it is reported (`ready` with the warm-up block first, then
+    `steps`) and the driver's next command awaited. The locojax worker calls `end_step` from
+    its own loop (`serve`), TRL's from a `TrainerCallback.on_step_end`, Tunix's from its
+    data iterator, where each side's step ends.
+
+    `setup_s` is the seconds from `t_setup` to `ready`, its warm-up steps included, on every
+    side (the locojax worker's once stopped before its warm-up, the peers' after)."""
+
+    def __init__(self, channel: Channel, versions: dict, t_setup: float, warmup: int,
+                 **extra):
+        self.channel, self.versions, self.t_setup, self.extra = channel, versions, t_setup, extra
+        self.block: list[dict] = []
+        self.want, self.ready = warmup, False
+
+    def end_step(self, record: dict) -> bool:
+        """Record a step; False once the driver has said quit."""
+        self.block.append(record)
+        if len(self.block) < self.want:
+            return True
+        if self.ready:
+            self.channel.send(steps=self.block)
+        else:
+            self.channel.send(ready=True, versions=self.versions,
+                              setup_s=time.perf_counter() - self.t_setup, warmup=self.block,
+                              **self.extra)
+            self.ready = True
+        self.block = []
+        cmd = self.channel.receive()
         if cmd.get("quit"):
-            return
-        channel.send(steps=run_steps(int(cmd["run"])))
+            return False
+        self.want = int(cmd["run"])
+        return True
+
+
+def serve(driven: Driven, one_step) -> None:
+    """The loop of a side whose steps the worker calls itself: `one_step() -> record`."""
+    while driven.end_step(one_step()):
+        pass

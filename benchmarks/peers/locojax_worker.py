@@ -14,14 +14,14 @@ from __future__ import annotations
 import sys
 import time
 
-from benchmarks import bench_engine
+from benchmarks.engine_work import generate_flops
 from benchmarks.peers import common
 
 
 def step_flops(cfg, s, beta: float) -> dict:
     """Matmul FLOPs of one locojax GRPO step at shape `s`, as its code does them.
 
-    generate: `bench_engine.generate_flops` (each prompt prefilled once, R·(N-1) decode
+    generate: `engine_work.generate_flops` (each prompt prefilled once, R·(N-1) decode
     tokens). train: the shared-prefix path of `train_step` (each group's prompt forward once:
     B·P tokens; each row's N - 1 response positions; the LM head on the N positions that
     predict a target), times 3 for forward + backward, plus one forward of the reference
@@ -34,19 +34,16 @@ def step_flops(cfg, s, beta: float) -> dict:
     suffix = s.rows * sum(body(p + i + 1) for i in range(n - 1))
     forward = prefix + suffix + s.rows * n * head
     train = 3 * forward + (forward if beta else 0)
-    generate = bench_engine.generate_flops(cfg, s, lengths=[n] * s.rows)  # exactly N each
+    generate = generate_flops(cfg, s, lengths=[n] * s.rows)  # exactly N each
     return {"generate": float(generate), "train": float(train), "total": float(generate + train)}
 
 
-def main(argv=None) -> int:
-    args = common.worker_args(argv)
-    channel = common.Channel()
-    t_setup = time.perf_counter()
+def step_runner(args):
+    """(cfg, one_step): one GRPO step at the worker's shape per call, its phase record out."""
     import jax
     import jax.numpy as jnp
     import numpy as np
 
-    import locojax
     from locojax.engine.engine import Engine
     from locojax.engine.sampling import SamplingConfig
     from locojax.model import params as params_lib
@@ -72,14 +69,12 @@ def main(argv=None) -> int:
                                             max_response_len=s.new_tokens),
                             optim=OptimConfig(lr=common.LR))
     ref = jax.tree.map(jnp.copy, weights) if args.beta else None
-    state = train_state.init(weights, learner.optim, cfg)
     # No stop token at all (locojax rejects ids outside the vocabulary), and ignore_eos.
     sampling = SamplingConfig(max_new_tokens=s.new_tokens, temperature=1.0, ignore_eos=True,
                               stop_token_ids=(), pad_token_id=common.PAD_ID)
     root = jax.random.key(0)
     clock = common.PhaseClock()
-    box = {"state": state, "step": 0}
-    setup_s = time.perf_counter() - t_setup
+    box = {"state": train_state.init(weights, learner.optim, cfg), "step": 0}
 
     def one_step():
         step = box["step"]
@@ -111,14 +106,24 @@ def main(argv=None) -> int:
         box["step"] += 1
         return clock.close_step(step, time.perf_counter() - t0)
 
-    def run_steps(n):
-        return [one_step() for _ in range(n)]
+    return cfg, one_step
 
+
+def main(argv=None) -> int:
+    args = common.worker_args(argv)
+    channel = common.Channel()
+    t_setup = time.perf_counter()
+    import jax
+
+    import locojax
+
+    cfg, one_step = step_runner(args)
     versions = {"locojax": locojax.__dict__.get("__version__", "0.1.0"), "jax": jax.__version__,
                 "jaxlib": jax.lib.__version__ if hasattr(jax.lib, "__version__") else ""}
+    driven = common.Driven(channel, versions, t_setup, args.warmup,
+                           flops=step_flops(cfg, common.SHAPES[args.shape], args.beta))
     try:
-        common.serve(channel, run_steps, setup_s, versions, args.warmup,
-                     flops=step_flops(cfg, s, args.beta))
+        common.serve(driven, one_step)
     except Exception as e:  # the driver reports it and goes on with the other sides
         channel.send(error=f"{type(e).__name__}: {e}")
         raise

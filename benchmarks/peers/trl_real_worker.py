@@ -23,6 +23,8 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks.peers.trl_common import grpo_config
+
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
@@ -84,26 +86,6 @@ def main(argv=None) -> int:
     trainer.train()
     trainer.save_model(str(out / "final_model"))
     return 0
-
-
-def grpo_config(s: dict, output_dir: Path, steps: int, seed: int, device: str, torch):
-    """The GRPOConfig of the TRL side: B·G rows a step, one update per generation, the
-    settings `s` (bench_real_trl.SETTINGS) and TRL's defaults otherwise."""
-    from trl import GRPOConfig
-
-    B, G = s["prompts_per_step"], s["group_size"]
-    return GRPOConfig(
-        output_dir=str(output_dir), per_device_train_batch_size=B * G,
-        gradient_accumulation_steps=1, num_generations=G,
-        max_completion_length=s["max_new_tokens"], temperature=s["temperature"], top_p=1.0,
-        top_k=0, beta=s["beta"], epsilon=s["eps"], num_iterations=1,
-        learning_rate=s["lr"], weight_decay=s["weight_decay"], lr_scheduler_type="constant",
-        warmup_steps=0,
-        optim="adamw_torch", max_steps=steps, shuffle_dataset=False,
-        use_cpu=device == "cpu",
-        bf16=False, fp16=False, report_to="none", save_strategy="no", logging_steps=1,
-        disable_tqdm=True, seed=seed, dataloader_num_workers=0,
-        loss_type=s["trl_loss_type"], model_init_kwargs={"dtype": torch.float32})
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """The TRL side of `ab_sample_trl.py`: what TRL's `GRPOTrainer` samples from the real
 SmolLM2 checkpoint before any update, on the held-out rows `locojax eval` scores.
 
-The trainer is built as `trl_real_worker.py` builds it (its `grpo_config`), and its own
+The trainer is built as `trl_real_worker.py` builds it (`trl_common.grpo_config`), and its own
 generation step, `GRPOTrainer._generate`, draws the completions: TRL's chat-template
 rendering, left padding, `generate` with TRL's GenerationConfig and its cut at the first
 stop token, in train mode as during training. Each row's prompt is repeated `--k` times in a
@@ -38,7 +38,7 @@ def main(argv=None) -> int:
     import torch
     from trl import GRPOTrainer
 
-    from benchmarks.peers.trl_real_worker import grpo_config
+    from benchmarks.peers.trl_common import grpo_config
     from locojax.envs.tasks import arith
 
     torch.set_num_threads(os.cpu_count())

@@ -30,13 +30,7 @@ import json
 import os
 import sys
 
-
-def tensor_names(num_layers: int) -> tuple[str, ...]:
-    """The HF names of the tensors both sides report: the (tied) embedding, the first layer's
-    query projection (the deepest in the backward), the last layer's MLP down projection and
-    the final norm scale."""
-    return ("model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight",
-            f"model.layers.{num_layers - 1}.mlp.down_proj.weight", "model.norm.weight")
+from benchmarks.peers.trl_common import tensor_names
 
 
 def trl_inputs(batch, torch, pad_id: int) -> dict:

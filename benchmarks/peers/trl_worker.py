@@ -21,7 +21,7 @@ import os
 import sys
 import time
 
-import common  # this folder, first on sys.path: the worker runs as a file in TRL's venv
+from benchmarks.peers import common
 
 
 def make_tokenizer(shape):
@@ -36,59 +36,52 @@ def make_tokenizer(shape):
                                    pad_token=str(common.PAD_ID), unk_token="<eos>")
 
 
-def main(argv=None) -> int:
-    import argparse
+def build_trainer(args):
+    """TRL's `GRPOTrainer` on the random model, set up as TRL's docs do (the docstring)."""
+    import datasets
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from trl import GRPOConfig, GRPOTrainer
 
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--max-steps", type=int, required=True)
-    own, rest = ap.parse_known_args(argv)
-    args = common.worker_args(rest)
-    channel = common.Channel()
-    t_setup = time.perf_counter()
-    try:
-        import datasets
-        import torch
-        import transformers
-        import trl
-        from transformers import Qwen3Config, Qwen3ForCausalLM, TrainerCallback
-        from trl import GRPOConfig, GRPOTrainer
+    torch.set_num_threads(args.threads or os.cpu_count())
+    torch.manual_seed(0)
+    s = common.SHAPES[args.shape]
+    # TRL takes a model path (as its docs do with a Hub id), so that β > 0 can load its
+    # reference copy from the same place: the random model is saved once, then loaded.
+    model_dir = os.path.join(os.environ.get("TMPDIR", "/tmp"),
+                             f"locojax-bench-peers-trl-{args.shape}")
+    Qwen3ForCausalLM(Qwen3Config(
+        vocab_size=s.vocab, hidden_size=s.hidden, intermediate_size=s.ffn,
+        num_hidden_layers=s.layers, num_attention_heads=s.heads,
+        num_key_value_heads=s.kv_heads, head_dim=s.head_dim, rope_theta=common.ROPE_THETA,
+        rms_norm_eps=common.RMS_EPS, tie_word_embeddings=True, pad_token_id=common.PAD_ID,
+        eos_token_id=common.eos_id(s), bos_token_id=None)).float().save_pretrained(model_dir)
+    tokenizer = make_tokenizer(s)
+    steps = args.max_steps + 1
+    rows = [common.to_text(p) for step in range(steps) for p in common.prompts(s, step)]
+    dataset = datasets.Dataset.from_dict({"prompt": rows})
 
-        torch.set_num_threads(args.threads or os.cpu_count())
-        torch.manual_seed(0)
-        s = common.SHAPES[args.shape]
-        # TRL takes a model path (as its docs do with a Hub id), so that β > 0 can load its
-        # reference copy from the same place: the random model is saved once, then loaded.
-        model_dir = os.path.join(os.environ.get("TMPDIR", "/tmp"),
-                                 f"locojax-bench-peers-trl-{args.shape}")
-        Qwen3ForCausalLM(Qwen3Config(
-            vocab_size=s.vocab, hidden_size=s.hidden, intermediate_size=s.ffn,
-            num_hidden_layers=s.layers, num_attention_heads=s.heads,
-            num_key_value_heads=s.kv_heads, head_dim=s.head_dim, rope_theta=common.ROPE_THETA,
-            rms_norm_eps=common.RMS_EPS, tie_word_embeddings=True, pad_token_id=common.PAD_ID,
-            eos_token_id=common.eos_id(s), bos_token_id=None)).float().save_pretrained(model_dir)
-        tokenizer = make_tokenizer(s)
-        steps = own.max_steps + 1
-        rows = [common.to_text(p) for step in range(steps) for p in common.prompts(s, step)]
-        dataset = datasets.Dataset.from_dict({"prompt": rows})
+    def even_reward(completions, **_):
+        return [common.even_fraction(c) for c in completions]
 
-        def even_reward(completions, **_):
-            return [common.even_fraction(c) for c in completions]
+    config = GRPOConfig(
+        output_dir=os.environ.get("TMPDIR", "/tmp") + "/locojax-bench-peers-trl",
+        per_device_train_batch_size=s.rows, gradient_accumulation_steps=1,
+        num_generations=s.group, max_completion_length=s.new_tokens,
+        temperature=1.0, top_p=1.0, top_k=0, beta=args.beta, num_iterations=1,
+        learning_rate=common.LR, lr_scheduler_type="constant", warmup_steps=0,
+        optim="adamw_torch", max_steps=steps, shuffle_dataset=False, use_cpu=True,
+        bf16=False, fp16=False, report_to="none", save_strategy="no",
+        logging_steps=10 ** 6, disable_tqdm=True, seed=0, dataloader_num_workers=0,
+        model_init_kwargs={"dtype": torch.float32})
+    trainer = GRPOTrainer(model=model_dir, reward_funcs=even_reward, args=config,
+                          train_dataset=dataset, processing_class=tokenizer)
+    return trainer
 
-        config = GRPOConfig(
-            output_dir=os.environ.get("TMPDIR", "/tmp") + "/locojax-bench-peers-trl",
-            per_device_train_batch_size=s.rows, gradient_accumulation_steps=1,
-            num_generations=s.group, max_completion_length=s.new_tokens,
-            temperature=1.0, top_p=1.0, top_k=0, beta=args.beta, num_iterations=1,
-            learning_rate=common.LR, lr_scheduler_type="constant", warmup_steps=0,
-            optim="adamw_torch", max_steps=steps, shuffle_dataset=False, use_cpu=True,
-            bf16=False, fp16=False, report_to="none", save_strategy="no",
-            logging_steps=10 ** 6, disable_tqdm=True, seed=0, dataloader_num_workers=0,
-            model_init_kwargs={"dtype": torch.float32})
-        trainer = GRPOTrainer(model=model_dir, reward_funcs=even_reward, args=config,
-                              train_dataset=dataset, processing_class=tokenizer)
-    except Exception as e:
-        channel.send(error=f"setup: {type(e).__name__}: {e}")
-        raise
+
+def timed_phases(trainer) -> common.PhaseClock:
+    """Wrap the trainer's phases so each step's time goes to its `PhaseClock`; the optimizer
+    step is added by the callback (`StepEnds`)."""
     clock = common.PhaseClock()
     trainer._generate_single_turn = clock.timed("generate", trainer._generate_single_turn)
     logps = trainer._get_per_token_logps_and_entropies
@@ -116,15 +109,33 @@ def main(argv=None) -> int:
         return out
 
     trainer._prepare_inputs, trainer.training_step = prepare_timed, training_step_timed
+    return clock
+
+
+def main(argv=None) -> int:
+    args = common.worker_args(argv)
+    channel = common.Channel()
+    t_setup = time.perf_counter()
+    try:
+        import torch
+        import transformers
+        import trl
+        from transformers import TrainerCallback
+
+        trainer = build_trainer(args)
+    except Exception as e:
+        channel.send(error=f"setup: {type(e).__name__}: {e}")
+        raise
+    clock = timed_phases(trainer)
     versions = {"trl": trl.__version__, "torch": torch.__version__,
                 "transformers": transformers.__version__, "torch_threads": torch.get_num_threads()}
+    driven = common.Driven(channel, versions, t_setup, args.warmup)
 
-    class Driven(TrainerCallback):
-        """Each step ends here: record it, and when a block is done, report and wait."""
+    class StepEnds(TrainerCallback):
+        """Each step ends here: its record goes to the protocol's skeleton."""
 
         def __init__(self):
-            self.step, self.block, self.want, self.t0, self.opt0 = 0, [], args.warmup, 0.0, 0.0
-            self.ready = False
+            self.step, self.t0, self.opt0 = 0, 0.0, 0.0
 
         def on_train_begin(self, *_, **__):
             self.t0 = time.perf_counter()
@@ -136,25 +147,14 @@ def main(argv=None) -> int:
             clock.add("train", time.perf_counter() - self.opt0)
 
         def on_step_end(self, _args, _state, control, **__):
-            self.block.append(clock.close_step(self.step, time.perf_counter() - self.t0))
+            record = clock.close_step(self.step, time.perf_counter() - self.t0)
             self.step += 1
-            if len(self.block) >= self.want:
-                if not self.ready:
-                    channel.send(ready=True, versions=versions,
-                                 setup_s=time.perf_counter() - t_setup, warmup=self.block)
-                    self.ready = True
-                else:
-                    channel.send(steps=self.block)
-                self.block = []
-                cmd = channel.receive()
-                if cmd.get("quit"):
-                    control.should_training_stop = True
-                else:
-                    self.want = int(cmd["run"])
+            if not driven.end_step(record):
+                control.should_training_stop = True
             self.t0 = time.perf_counter()
             return control
 
-    trainer.add_callback(Driven())
+    trainer.add_callback(StepEnds())
     try:
         trainer.train()
     except Exception as e:

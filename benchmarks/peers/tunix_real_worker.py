@@ -36,9 +36,6 @@ import sys
 import time
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a file: import the package from the repository root
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
 from benchmarks.peers import tunix_real_model
 
 
@@ -60,7 +57,7 @@ def locojax_batches(model: str, settings: dict, seed: int, steps: int):
         AutoTokenizer.from_pretrained(model), ours
 
 
-def main(argv=None) -> int:
+def parse(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True)
     ap.add_argument("--out", required=True)
@@ -72,22 +69,17 @@ def main(argv=None) -> int:
     ap.add_argument("--rollout-micro-prompts", type=int, default=0,
                     help="prompts (x G rows) per generate call (0: the whole step's)")
     ap.add_argument("--export", help="write the trained model here as an HF directory")
-    args = ap.parse_args(argv)
-    s = json.loads(args.settings)
+    return ap.parse_args(argv)
 
-    import jax
-    import numpy as np
+
+def build_cluster(args, s: dict, hf_tok, mesh):
+    """(cluster, its rollout config, the GRPO config, the model's config): Tunix's
+    `RLCluster` on the checkpoint, set up as the docstring says."""
     import optax
-    from flax import nnx
-    from jax.sharding import Mesh
     from tunix.rl import rl_cluster as rl_cluster_lib
     from tunix.rl.grpo import grpo_learner as grpo_lib
     from tunix.rl.rollout import base_rollout
 
-    from locojax.envs.prompt import encode_prompt
-
-    task, steps, hf_tok, our_tok = locojax_batches(args.model, s, args.seed, args.steps)
-    mesh = Mesh(np.asarray(jax.devices()[:1]).reshape(1, 1), ("fsdp", "tp"))
     actor, cfg = tunix_real_model.load(args.model, mesh=mesh)
     p, n, b = s["max_prompt_tokens"], s["max_new_tokens"], s["prompts_per_step"]
     rollout = base_rollout.RolloutConfig(
@@ -111,25 +103,19 @@ def main(argv=None) -> int:
     grpo = grpo_lib.GRPOConfig(num_generations=s["group_size"], num_iterations=1,
                                beta=s["beta"], epsilon=s["eps"], loss_agg_mode="token-mean")
 
-    rewards: list[float] = []  # every completion's reward, in generation order
-    texts = {}  # prompt text -> Example: the reward looks up the row's answer by its prompt
-    for batch in steps:
-        for ex in batch:
-            texts[hf_tok.apply_chat_template(list(ex.prompt), tokenize=False,
-                                             add_generation_prompt=True)] = ex
+    return cluster, rollout, grpo, cfg
 
-    def locojax_reward(prompts, completions, **_):
-        r = [task.reward(c, texts[q]) for q, c in zip(prompts, completions)]
-        rewards.extend(r)
-        return r
 
-    learner = grpo_lib.GRPOLearner(rl_cluster=cluster, reward_fns=locojax_reward,
-                                   algo_config=grpo)
-    base_key, generate, update_actor = jax.random.key(args.seed), cluster.generate, \
+def timed_steps(cluster, rollout, seed: int, rows: int, rewards: list[float], out: Path):
+    """Wrap the cluster's generate (seeded per call) and actor update (a step ends with the
+    update that completes its rows) to write OUT/metrics.jsonl; the clock they share."""
+    import jax
+    import numpy as np
+    from flax import nnx
+
+    base_key, generate, update_actor = jax.random.key(seed), cluster.generate, \
         cluster.update_actor
-    rows = b * s["group_size"]
     clock = {"t0": time.perf_counter(), "generate": 0.0, "trained": 0, "calls": 0}
-    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     log = open(out / "metrics.jsonl", "w")
 
@@ -165,6 +151,41 @@ def main(argv=None) -> int:
         return result
 
     cluster.generate, cluster.update_actor = seeded_generate, timed_update
+    return clock
+
+
+def main(argv=None) -> int:
+    args = parse(argv)
+    s = json.loads(args.settings)
+
+    import jax
+    import numpy as np
+    from jax.sharding import Mesh
+    from tunix.rl.grpo import grpo_learner as grpo_lib
+
+    from locojax.envs.prompt import encode_prompt
+
+    task, steps, hf_tok, our_tok = locojax_batches(args.model, s, args.seed, args.steps)
+    mesh = Mesh(np.asarray(jax.devices()[:1]).reshape(1, 1), ("fsdp", "tp"))
+    cluster, rollout, grpo, cfg = build_cluster(args, s, hf_tok, mesh)
+    p = s["max_prompt_tokens"]
+
+    rewards: list[float] = []  # every completion's reward, in generation order
+    texts = {}  # prompt text -> Example: the reward looks up the row's answer by its prompt
+    for batch in steps:
+        for ex in batch:
+            texts[hf_tok.apply_chat_template(list(ex.prompt), tokenize=False,
+                                             add_generation_prompt=True)] = ex
+
+    def locojax_reward(prompts, completions, **_):
+        r = [task.reward(c, texts[q]) for q, c in zip(prompts, completions)]
+        rewards.extend(r)
+        return r
+
+    learner = grpo_lib.GRPOLearner(rl_cluster=cluster, reward_fns=locojax_reward,
+                                   algo_config=grpo)
+    clock = timed_steps(cluster, rollout, args.seed, s["prompts_per_step"] * s["group_size"],
+                        rewards, Path(args.out))
 
     def batches():
         for batch in steps:

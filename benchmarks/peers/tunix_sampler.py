@@ -25,21 +25,17 @@ import os
 import sys
 import time
 
+from benchmarks.peers import common
 
-def main() -> int:
-    shape = json.loads(sys.argv[1])
-    out = os.fdopen(os.dup(1), "w")
-    os.dup2(2, 1)  # whatever the libraries print goes to stderr
-    import jax
+
+def forced_model(shape: dict, lengths, eos: int):
+    """Tunix's nnx `Qwen3` of the shape, random f32 weights; with `lengths`, wrapped so that
+    each row's EOS comes exactly at its length (the docstring)."""
     import jax.numpy as jnp
-    import numpy as np
     from flax import nnx
-    from tunix.generate import sampler as sampler_lib
     from tunix.models.qwen3 import model as qwen3_lib
 
-    v, p, n, g = shape["vocab"], shape["prompt_tokens"], shape["new_tokens"], shape["group"]
-    lengths = np.asarray(shape["lengths"], np.int32)  # [R], prompt-major; empty: exactly N
-    eos = v - 1 if len(lengths) else v  # V: outside the vocabulary, never sampled
+    v, p = shape["vocab"], shape["prompt_tokens"]
     config = qwen3_lib.ModelConfig(
         num_layers=shape["layers"], vocab_size=v, embed_dim=shape["hidden"],
         hidden_dim=shape["ffn"], num_heads=shape["heads"], head_dim=shape["head_dim"],
@@ -63,26 +59,26 @@ def main() -> int:
 
     if len(lengths):
         model = ForcedLengths(model, p + lengths - 2)  # the query that predicts token L - 1
+    return model
 
-    class IdTokenizer:
-        def encode(self, text, **_):
-            return [int(t) for t in text.split()]
 
-        def decode(self, ids, **_):
-            return " ".join(str(int(i)) for i in ids)
+def main() -> int:
+    shape = json.loads(sys.argv[1])
+    out = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)  # whatever the libraries print goes to stderr
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from flax import nnx
+    from tunix.generate import sampler as sampler_lib
 
-        def bos_id(self):
-            return 0  # falsy: none prepended
-
-        def eos_id(self):
-            return eos
-
-        def pad_id(self):
-            return 0
-
+    v, p, n, g = shape["vocab"], shape["prompt_tokens"], shape["new_tokens"], shape["group"]
+    lengths = np.asarray(shape["lengths"], np.int32)  # [R], prompt-major; empty: exactly N
+    eos = v - 1 if len(lengths) else v  # V: outside the vocabulary, never sampled
+    model = forced_model(shape, lengths, eos)
     cache = sampler_lib.CacheConfig(cache_size=p + n, num_layers=shape["layers"],
                                     num_kv_heads=shape["kv_heads"], head_dim=shape["head_dim"])
-    sampler = sampler_lib.Sampler(model, IdTokenizer(), cache)
+    sampler = sampler_lib.Sampler(model, common.IdTokenizer(eos), cache)
     rng = np.random.default_rng(1)
     prompts = [" ".join(map(str, rng.integers(1, v - 1, p))) for _ in range(shape["prompts"])]
     rows = [x for x in prompts for _ in range(g)]

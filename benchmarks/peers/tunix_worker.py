@@ -7,7 +7,7 @@ rollout roles on ONE mesh (colocated: the rollout shares the actor's weights), t
 = G, num_iterations = 1, beta)`, `optax.adamw`, and a reward function over completion texts.
 The mesh is this process's one CPU device as (fsdp 1, tp 1), like locojax's `single` mode.
 
-The tokenizer is Tunix's duck-typed one (encode / decode / bos_id / eos_id / pad_id): prompt
+The tokenizer is `common.IdTokenizer`, Tunix's duck-typed interface: prompt
 ids as decimal words, bos 0 (falsy, so none is prepended), pad 0, EOS = V, which the V-way
 model can never sample: exactly N new tokens.
 
@@ -23,88 +23,60 @@ import os
 import sys
 import time
 
-import common  # this folder, first on sys.path: the worker runs as a file in Tunix's venv
+from benchmarks.peers import common
 
 
-class IdTokenizer:
-    """Token ids as decimal words; the interface `tunix.generate.tokenizer_adapter` accepts."""
+def build_learner(args):
+    """(learner, its cluster, mesh): Tunix's `GRPOLearner` on the random model (the docstring)."""
+    import jax
+    import numpy as np
+    import optax
+    from flax import nnx
+    from jax.sharding import Mesh
+    from tunix.models.qwen3 import model as qwen3_lib
+    from tunix.rl import rl_cluster as rl_cluster_lib
+    from tunix.rl.grpo import grpo_learner as grpo_lib
+    from tunix.rl.rollout import base_rollout
 
-    def __init__(self, shape):
-        self._eos = common.eos_id(shape)
+    s = common.SHAPES[args.shape]
+    config = qwen3_lib.ModelConfig(
+        num_layers=s.layers, vocab_size=s.vocab, embed_dim=s.hidden, hidden_dim=s.ffn,
+        num_heads=s.heads, head_dim=s.head_dim, num_kv_heads=s.kv_heads,
+        rope_theta=int(common.ROPE_THETA), norm_eps=common.RMS_EPS,
+        use_tied_embedding=True)
+    mesh = Mesh(np.asarray(jax.devices()[:1]).reshape(1, 1), ("fsdp", "tp"))
+    with mesh:
+        actor = qwen3_lib.Qwen3(config, rngs=nnx.Rngs(0))
+        reference = qwen3_lib.Qwen3(config, rngs=nnx.Rngs(0)) if args.beta else None
+    steps = args.max_steps + 1
+    cluster_config = rl_cluster_lib.ClusterConfig(
+        role_to_mesh={rl_cluster_lib.Role.ACTOR: mesh, rl_cluster_lib.Role.REFERENCE: mesh,
+                      rl_cluster_lib.Role.ROLLOUT: mesh},
+        rollout_engine="vanilla", offload_to_cpu=False,
+        training_config=rl_cluster_lib.RLTrainingConfig(
+            actor_optimizer=optax.adamw(common.LR), eval_every_n_steps=10 ** 6,
+            max_steps=steps),
+        rollout_config=base_rollout.RolloutConfig(
+            max_tokens_to_generate=s.new_tokens, max_prompt_length=s.prompt_tokens,
+            kv_cache_size=s.prompt_tokens + s.new_tokens + 8, temperature=1.0,
+            top_p=1.0, top_k=None, eos_tokens=[common.eos_id(s)]))
+    cluster = rl_cluster_lib.RLCluster(actor=actor, reference=reference,
+                                       tokenizer=common.IdTokenizer(common.eos_id(s)),
+                                       cluster_config=cluster_config)
+    grpo = grpo_lib.GRPOConfig(num_generations=s.group, num_iterations=1, beta=args.beta,
+                               epsilon=0.2)
 
-    def encode(self, text, **_):
-        return common.from_text(text)
+    def even_reward(prompts, completions, **_):
+        return [common.even_fraction(c) for c in completions]
 
-    def decode(self, ids, **_):
-        return common.to_text(i for i in ids if i != self._eos)
-
-    def bos_id(self):
-        return 0
-
-    def eos_id(self):
-        return self._eos
-
-    def pad_id(self):
-        return common.PAD_ID
+    learner = grpo_lib.GRPOLearner(rl_cluster=cluster, reward_fns=even_reward,
+                                   algo_config=grpo)
+    return learner, cluster, mesh
 
 
-def main(argv=None) -> int:
-    import argparse
-
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--max-steps", type=int, required=True)
-    own, rest = ap.parse_known_args(argv)
-    args = common.worker_args(rest)
-    channel = common.Channel()
-    t_setup = time.perf_counter()
-    try:
-        import flax
-        import jax
-        import numpy as np
-        import optax
-        from flax import nnx
-        from jax.sharding import Mesh
-        from tunix.models.qwen3 import model as qwen3_lib
-        from tunix.rl import rl_cluster as rl_cluster_lib
-        from tunix.rl.grpo import grpo_learner as grpo_lib
-        from tunix.rl.rollout import base_rollout
-
-        s = common.SHAPES[args.shape]
-        config = qwen3_lib.ModelConfig(
-            num_layers=s.layers, vocab_size=s.vocab, embed_dim=s.hidden, hidden_dim=s.ffn,
-            num_heads=s.heads, head_dim=s.head_dim, num_kv_heads=s.kv_heads,
-            rope_theta=int(common.ROPE_THETA), norm_eps=common.RMS_EPS,
-            use_tied_embedding=True)
-        mesh = Mesh(np.asarray(jax.devices()[:1]).reshape(1, 1), ("fsdp", "tp"))
-        with mesh:
-            actor = qwen3_lib.Qwen3(config, rngs=nnx.Rngs(0))
-            reference = qwen3_lib.Qwen3(config, rngs=nnx.Rngs(0)) if args.beta else None
-        steps = own.max_steps + 1
-        cluster_config = rl_cluster_lib.ClusterConfig(
-            role_to_mesh={rl_cluster_lib.Role.ACTOR: mesh, rl_cluster_lib.Role.REFERENCE: mesh,
-                          rl_cluster_lib.Role.ROLLOUT: mesh},
-            rollout_engine="vanilla", offload_to_cpu=False,
-            training_config=rl_cluster_lib.RLTrainingConfig(
-                actor_optimizer=optax.adamw(common.LR), eval_every_n_steps=10 ** 6,
-                max_steps=steps),
-            rollout_config=base_rollout.RolloutConfig(
-                max_tokens_to_generate=s.new_tokens, max_prompt_length=s.prompt_tokens,
-                kv_cache_size=s.prompt_tokens + s.new_tokens + 8, temperature=1.0,
-                top_p=1.0, top_k=None, eos_tokens=[common.eos_id(s)]))
-        cluster = rl_cluster_lib.RLCluster(actor=actor, reference=reference,
-                                           tokenizer=IdTokenizer(s),
-                                           cluster_config=cluster_config)
-        grpo = grpo_lib.GRPOConfig(num_generations=s.group, num_iterations=1, beta=args.beta,
-                                   epsilon=0.2)
-
-        def even_reward(prompts, completions, **_):
-            return [common.even_fraction(c) for c in completions]
-
-        learner = grpo_lib.GRPOLearner(rl_cluster=cluster, reward_fns=even_reward,
-                                       algo_config=grpo)
-    except Exception as e:
-        channel.send(error=f"setup: {type(e).__name__}: {e}")
-        raise
+def timed_phases(cluster) -> common.PhaseClock:
+    """Wrap the cluster's phases so each step's time goes to its `PhaseClock`."""
+    import jax
 
     clock = common.PhaseClock()
     cluster.generate = clock.timed("generate", cluster.generate)
@@ -127,6 +99,24 @@ def main(argv=None) -> int:
         return TimedStep(train_step), eval_step
 
     trainer.jit_train_and_eval_step = jit_timed
+    return clock
+
+
+def main(argv=None) -> int:
+    args = common.worker_args(argv)
+    channel = common.Channel()
+    t_setup = time.perf_counter()
+    try:
+        import flax
+        import jax
+        import numpy as np
+        import optax
+
+        learner, cluster, mesh = build_learner(args)
+    except Exception as e:
+        channel.send(error=f"setup: {type(e).__name__}: {e}")
+        raise
+    clock = timed_phases(cluster)
     versions = {"tunix": "0.1.7", "jax": jax.__version__, "flax": flax.__version__,
                 "optax": optax.__version__}
     try:
@@ -134,26 +124,16 @@ def main(argv=None) -> int:
         versions["tunix"] = md.version("google-tunix")
     except Exception:  # noqa: BLE001 (the version string is informational)
         pass
+    driven = common.Driven(channel, versions, t_setup, args.warmup)
+    s = common.SHAPES[args.shape]
 
     def batches():
         """One batch per GRPO step; each pull (after the first) ends the previous step."""
-        block, want, ready = [], args.warmup, False
         t0 = time.perf_counter()
-        for step in range(steps):
+        for step in range(args.max_steps + 1):
             if step:
-                block.append(clock.close_step(step - 1, time.perf_counter() - t0))
-                if len(block) >= want:
-                    if ready:
-                        channel.send(steps=block)
-                    else:
-                        channel.send(ready=True, versions=versions,
-                                     setup_s=time.perf_counter() - t_setup, warmup=block)
-                        ready = True
-                    block = []
-                    cmd = channel.receive()
-                    if cmd.get("quit"):
-                        return
-                    want = int(cmd["run"])
+                if not driven.end_step(clock.close_step(step - 1, time.perf_counter() - t0)):
+                    return
                 t0 = time.perf_counter()
             yield {"prompts": np.asarray([common.to_text(p) for p in common.prompts(s, step)])}
 

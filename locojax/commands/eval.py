@@ -49,8 +49,9 @@ class EvalArgs:
     """Score a checkpoint on a task's rows: accuracy, pass@k, lengths, truncation."""
 
     model: str = "embedded"
-    """An HF checkpoint directory, a shipped checkpoint (embedded, embedded-strict,
-    embedded-calc) or a preset (tiny, small: random weights)."""
+    """An HF checkpoint directory (Qwen3, Qwen2/2.5, Llama 3.x or Gemma 3 (text)), a shipped
+    checkpoint (embedded, embedded-strict, embedded-calc) or a preset (tiny, small, char_demo:
+    random weights)."""
     task: str = "gsm8k"
     """Task: arith, calc, gsm8k, math, swe, data, or your own module:function (as `train
     --task.name`; docs/your_task.md)."""

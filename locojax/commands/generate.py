@@ -25,7 +25,9 @@ class GenerateArgs:
     """Sample completions of one prompt with the jitted engine."""
 
     model: str = "tiny"
-    """embedded, a preset with random weights (tiny, small), or an HF directory."""
+    """A shipped checkpoint (embedded, embedded-strict, embedded-calc), a preset with random
+    weights (tiny, small, char_demo), or an HF checkpoint directory: Qwen3, Qwen2/2.5, Llama
+    3.x or Gemma 3 (text)."""
     prompt: str = "Hello"
     """Prompt text, encoded with the model's tokenizer."""
     template: Literal["plain", "qwen", "chat"] = "plain"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
+from typing import Annotated
 
 import tyro
 
@@ -24,7 +25,8 @@ ACCURACY_KEYS = ("eval/accuracy", "eval/pass@1")
 class PlotArgs:
     """Plot a run directory's metrics.jsonl and perf.jsonl."""
 
-    run_dirs: tyro.conf.Positional[tuple[str, ...]]
+    run_dirs: Annotated[tuple[str, ...], tyro.conf.Positional,
+                        tyro.conf.arg(metavar="RUN_DIR")]
     """The run directory (holds metrics.jsonl and perf.jsonl), or several to compare."""
     out: str = ""
     """Output PNG path (default RUN_DIR/summary.png; required with several runs)."""

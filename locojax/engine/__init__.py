@@ -1,0 +1,8 @@
+"""Generation on local devices: token ids in, tokens and their logprobs out (no strings).
+
+    engine.py     `Engine.generate` = prefill + decode; start here
+    decode.py     the programs: prefill, the one decode loop, compaction of finished rows
+    sampling.py   how the next token is drawn: greedy, temperature, top-k, top-p
+    extend.py     multi-turn: a row goes on in its own KV cache after an environment turn
+    refill.py     finished rows refilled from the waiting ones
+"""

@@ -1,4 +1,9 @@
-"""The Ray modes, `disaggregated` (LoCoJAX-DA) and `async` (RLAX-style parameter server).
+"""The Ray modes: `controller` (the single-controller baseline), `disaggregated` (LoCoJAX-DA)
+and `async` (RLAX-style parameter server).
+
+`controller.py` drives `--mode controller`: one central controller admits, dispatches,
+gathers and scores every row for host actors (`controller_host.py`) that train as
+colocated's hosts do. The other two share what follows.
 
 One mechanism with three settings (placement, max staleness k, versions kept): rollout
 workers produce leased units of work into a versioned buffer, the learner group consumes it

@@ -61,10 +61,12 @@ class RolloutWorker:
         distributed.set_cpu_devices(devices)  # before anything touches the backend
         import jax
 
+        from locojax import float_context
         from locojax.train import meshes
         from locojax.train.build import RunParts
 
         self.index, self.cfg, self.faults = index, cfg, faults
+        float_context.record(cfg.run_dir, f"worker{index}")
         parts = RunParts.of(cfg)
         # `--rollout.tp`: data x tensor over this host's devices, as a colocated host's engine
         mesh, rules = meshes.rollout_mesh(cfg.rollout.tp, jax.local_devices())

@@ -1,0 +1,13 @@
+"""The model: every family as plain pytrees and one pure forward.
+
+    families.py       each family (Qwen3, Qwen2/2.5, Llama 3.x, Gemma 3 text), declared once
+    config.py         `ModelConfig` and the benchmark presets
+    params.py         every weight declared once: shape, dtype, logical axes, init
+    decoder.py        the forward of every family
+    attention.py      the KV cache and attention over it
+    sharding.py       logical axes to mesh axes, one rules table per role
+    hf_config.py      HF `config.json` to `ModelConfig` and back
+    hf_io.py          HF checkpoints (safetensors) to weights and back
+    loader.py         a model spec string to (config, weights, tokenizer); start here
+    gguf_convert.py   a GGUF file to an HF checkpoint (`locojax convert`)
+"""

@@ -1,8 +1,8 @@
 """A compiled program's time on this machine from the kernels it runs.
 
 A program's kernels (`hlo_kernels.kernels` of its optimized HLO) are summed into a few
-features, each a cost XLA:CPU pays per kernel run (docs/predict_validation.md, "Kernel by
-kernel", measured them in traces of locojax's programs):
+features, each a cost XLA:CPU pays per kernel run (docs/results/predict_validation.md,
+"Kernel by kernel", measured them in traces of locojax's programs):
 
 - `call`: 1 per call of the program (its dispatch);
 - `launch`: the kernels run (each costs about a microsecond whatever its size);

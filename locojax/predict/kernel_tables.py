@@ -2,7 +2,7 @@
 
 The isolated-kernel model `benchmarks/kernel_profile.py` holds against a profiler's trace of
 the real program, kernel by kernel. Summed alone it under-predicts TINY, SMALL and SmolLM2
-programs by 14-62% (docs/predict_validation.md, "Kernel by kernel"): a kernel runs slower
+programs by 14-62% (docs/results/predict_validation.md, "Kernel by kernel"): a kernel runs slower
 among others than alone. So `locojax predict --compiled` uses the matmul tables only as one
 feature of a program, weighted by a fit to locojax's own programs (`kernel_model.py`,
 `calibrate_kernels.py`, which times these tables in a process pinned to one core).

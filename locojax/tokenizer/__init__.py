@@ -1,5 +1,11 @@
 """Tokenizers: a small common interface (`base.Tokenizer`) and its two implementations.
 
+    base.py            the interface (`Tokenizer`) and the Qwen chat format
+    char.py            the built-in character-level tokenizer
+    hf.py              an HF `tokenizer.json` behind the interface
+    chat_template.py   a checkpoint's own chat template, rendered as transformers does
+    gguf_vocab.py      a GGUF file's vocabulary as HF tokenizer files
+
 `fingerprint` names a vocabulary (every id and its token), so a model can record the one it
 was trained with, and `load_tokenizer(..., trained_with=...)` refuses another one of the same
 size, which the model's vocab_size check alone cannot tell apart.

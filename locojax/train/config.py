@@ -161,8 +161,9 @@ class RunConfig:
     step s+1 overlapping training of step s. async (Ray): a parameter server and N rollout
     workers pulling the newest version, samples at most --max-staleness versions old."""
     model: str = "embedded"
-    """embedded / embedded-strict / embedded-calc (shipped tiny checkpoints), tiny / small
-    (random), or an HF Qwen3 dir."""
+    """embedded / embedded-strict / embedded-calc (shipped tiny checkpoints), tiny / small /
+    char_demo (random), or an HF checkpoint dir: Qwen3, Qwen2/2.5, Llama 3.x or Gemma 3
+    (text) (a GGUF file: `locojax convert` it first)."""
     task: TaskConfig = TaskConfig()
     """The workload."""
     steps: int = 40

@@ -25,7 +25,7 @@ import time
 import jax
 import jax.numpy as jnp
 
-from locojax import distributed, profiler
+from locojax import distributed, float_context, profiler
 from locojax.checkpoint import Checkpointer
 from locojax.envs.rewards import RewardRunner
 from locojax.evaluate import batch_rows, derived, evaluate, greedy_sampling
@@ -139,6 +139,7 @@ class Trainer:
         self.parts, self.wiring, self.engine, self.memory = parts, wiring, engine, memory
         self.host = wiring.host
         self.is_main = self.host.process_id == 0
+        float_context.record(cfg.run_dir, f"host{self.host.process_id}")
         # Loaded straight into the training layout (replicated over every host's devices, or
         # sharded over `fsdp`).
         params = parts.weights(wiring.train_mesh, wiring.train_rules)

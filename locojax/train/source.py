@@ -8,6 +8,9 @@ same loop; what differs is where the producer runs and how deep the buffer is:
   of the params, when the step asks for it. The buffer has depth 0 and the weights need no
   transport: staleness is 0 by construction. `publish` folds the step's pass counts (every
   host's) into the producer's curator, which admits the next step's prompts.
+- `fleet.controller_host.ControllerSource` (controller): the central controller generates
+  and scores every host's rows, and each host's shard arrives through `put`; `take` waits
+  for this host's.
 - `fleet.learner.RemoteSource` (disaggregated, async): rollout workers produce into a
   versioned buffer under a staleness bound k; `take` waits for the oldest step, `publish`
   pushes the new version to the parameter server.
