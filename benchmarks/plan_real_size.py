@@ -13,7 +13,7 @@ batches of 64), bf16 compute over f32 master weights and Adam state, and planned
 (`--train.mesh data=D,fsdp=F` and `--rollout.tp N` in `locojax train`).
 
 `--remat auto` and `--grad-accum 0` (the defaults) let the plan choose as a run's would
-(`memory_plan._fit`): each escalation compiles the train step again. XLA:CPU compiles what an
+(`plan_fit.fit`): each escalation compiles the train step again. XLA:CPU compiles what an
 accelerator would compile otherwise (no bf16 dot, so bf16 operands get f32 copies), so the
 figures are CPU's; docs/real_size.md has them.
 """

@@ -155,6 +155,18 @@ def shares(perf: dict[str, float]) -> dict[str, float]:
             for name, x in (("host", host), ("network", network), ("wait", wait))}
 
 
+def device_memory() -> dict[str, float]:
+    """`perf/device_peak_gb` and `perf/device_in_use_gb`: the most any of this host's devices
+    has held since the process started, and holds now, as its backend reports them
+    (`memory_stats()`, GB = 10^9 bytes; the memory plan's peak is the figure to set beside
+    it). Empty where the backend reports none (XLA:CPU)."""
+    stats = [d.memory_stats() or {} for d in jax.local_devices()]
+    if not all("peak_bytes_in_use" in s for s in stats):
+        return {}
+    return {"perf/device_peak_gb": max(s["peak_bytes_in_use"] for s in stats) / 1e9,
+            "perf/device_in_use_gb": max(s.get("bytes_in_use", 0) for s in stats) / 1e9}
+
+
 def allreduce_bytes(param_count: int, devices: int, updates: int) -> dict[str, float]:
     """`perf/net/allreduce_bytes` of a step (see the module docstring): a ring all-reduce of
     the f32 gradient over `devices` devices, `updates` times."""

@@ -33,7 +33,7 @@ def main(argv: list[str]) -> int:
         return 2
     if cfg.mode in RAY_MODES:
         return _run_ray(cfg)
-    from locojax.train import wiring
+    from locojax.train import out_of_memory, wiring
     from locojax.train.loop import start
 
     try:
@@ -59,8 +59,15 @@ def main(argv: list[str]) -> int:
     try:
         final = trainer.run()
     except Exception as e:
+        oom = out_of_memory.is_out_of_memory(e)  # past the plan: say so, and what to change
+        if oom:
+            e = RuntimeError(out_of_memory.runtime_message(e, trainer.memory))
         if host.is_multihost:
-            return failure.stop("train", e, 1, host.process_id, host.num_processes)
+            return failure.stop("train", e, 1, host.process_id, host.num_processes,
+                                show_traceback=not oom)
+        if oom:
+            print(f"locojax train: {e}", file=sys.stderr)
+            return 1
         raise
     if trainer.is_main:
         _report(final)

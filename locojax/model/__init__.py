@@ -4,6 +4,7 @@
     config.py         `ModelConfig` and the benchmark presets
     params.py         every weight declared once: shape, dtype, logical axes, init
     decoder.py        the forward of every family
+    accumulating_scan.py  the layer scan whose backward sums weight gradients in place
     attention.py      the KV cache and attention over it
     sharding.py       logical axes to mesh axes, one rules table per role
     hf_config.py      HF `config.json` to `ModelConfig` and back

@@ -40,6 +40,7 @@ from locojax.model.attention import (  # noqa: F401
     wide_dtype,
     within,
 )
+from locojax.model import accumulating_scan
 from locojax.model.config import FULL, SLIDING, ModelConfig
 from locojax.model.lora import Lora
 from locojax.model.params import Weights
@@ -250,6 +251,7 @@ def forward(
     keep_kv: bool = False,
     unroll: bool = False,
     remat: bool = False,
+    layer_grads: Weights | None = None,
 ) -> tuple[jax.Array, KVCache | None]:
     """Final hidden states [B, T, D] (after the last norm) and the updated cache.
 
@@ -265,6 +267,10 @@ def forward(
     remat (without a cache): rematerialise each layer in the backward (`jax.checkpoint`):
     a differentiated forward then keeps only each layer's input [B, T, D] instead of all
     its activations (attention scores, MLP), for about one more forward of compute.
+    layer_grads (with remat, without a cache or keep_kv): the f32 running sum of the layers'
+    gradients, [L, ...] like `weights["layers"]`; differentiated, its cotangent is that sum
+    plus this forward's layer gradients, added in place (`accumulating_scan.py`), and the
+    layer weights get none.
     """
     b, t = tokens.shape
     mask = jnp.ones((b, t), bool) if mask is None else mask
@@ -280,6 +286,11 @@ def forward(
             x, new_kv = layer(cfg, x, w, positions, (None, causal), kind=kind)
             return x, (new_kv if keep_kv else None)
 
+        if layer_grads is not None:  # the gradient summed in place: one f32 buffer
+            x = accumulating_scan.scan(
+                lambda x, w, kind, c: layer(cfg, x, w, c[0], (None, c[1]), kind=kind)[0], x,
+                weights["layers"], kinds, layer_grads, (positions, causal), unroll)
+            return final_norm(weights, x, cfg), None
         if remat:  # prevent_cse is needed only where the scan is unrolled into straight code
             body = jax.checkpoint(body, prevent_cse=unroll)
 

@@ -2,9 +2,11 @@
 (locojax/train/memory_plan.py) at the target's shapes, and the settings that make a run fit.
 
 What a learner chip holds (bytes; P parameters, FSDP over n chips, compute itemsize s):
-- params 4P/n (f32 master), AdamW moments 8P/n, gradients 4P/n (8P/n with grad_accum > 1);
-  under LoRA (`--lora.rank`) P there is the adapters' parameters, and the frozen base adds
-  its own bytes (bP/n, b its `--lora.base-dtype` itemsize) and serves as the reference;
+- params 4P/n (f32 master), AdamW moments 8P/n, gradients 4P/n and, by the train step's own
+  rule (`train_memory.gradient_bytes`), with remat one layer's and the embedding's more, or
+  without remat 4P/n more when grad_accum > 1; under LoRA (`--lora.rank`) P there is the
+  adapters' parameters, and the frozen base adds its own bytes (bP/n, b its
+  `--lora.base-dtype` itemsize) and serves as the reference;
 - the reference model sP/n with β > 0; a compute-dtype copy of the weights sP/mp for
   rollout when s < 4 (tensor parallel over mp chips); under LoRA the merged f32 copy the
   sampler reads (4P/mp);
@@ -41,6 +43,7 @@ from locojax.model import lora
 from locojax.model.attention import KVCache
 from locojax.predict.flops import ITEMSIZE
 from locojax.predict.phases import Ctx
+from locojax.rl.config import LearnerConfig
 from locojax.train import train_memory
 
 GB = 1e9
@@ -102,7 +105,8 @@ def plan_for(ctx: Ctx, fsdp: int, mp: int, grad_accum: int, remat: bool,
     s = ITEMSIZE[ctx.dtype]
     p, t = float(cfg.num_params()), float(lora.num_trainable(cfg))
     parts = {"params": 4 * t / fsdp, "optimizer": 8 * t / fsdp,
-             "gradients": (8 if grad_accum > 1 else 4) * t / fsdp}
+             "gradients": train_memory.gradient_bytes(
+                 cfg, LearnerConfig(remat=remat, grad_accum=grad_accum), int(4 * t / fsdp))}
     if lora.enabled(cfg):  # the base is frozen, and is the reference; the sampler merges
         parts["frozen base"] = np.dtype(cfg.lora.base_dtype).itemsize * p / fsdp
         parts["merged weights"] = 4 * p / mp
@@ -132,7 +136,7 @@ def plan_for(ctx: Ctx, fsdp: int, mp: int, grad_accum: int, remat: bool,
 
 
 def fit(ctx: Ctx, learner_chips: int | None = None) -> Plan:
-    """The first plan that fits, in the memory plan's order of escalation (`memory_plan._fit`,
+    """The first plan that fits, in the memory plan's order of escalation (`plan_fit.fit`,
     as `--remat auto --grad-accum auto` runs it): as asked; remat; then with remat more
     micro-batches (grad_accum doubling up to the rows per chip); then FSDP over twice the
     chips, from the top. Else the last (smallest) one tried."""

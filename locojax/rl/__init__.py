@@ -14,6 +14,7 @@ registry entries in `algorithms.py`; docs/objectives.md has the equations.
     gradients.py        one update's sums over micro-batches and devices
     micro_batches.py    how many micro-batches, when the config says auto
     train_state.py      params, optimizer state, counters
+    host_memory.py      held state kept in host memory between the programs that read it
     train_step.py       one learner step
     split_step.py       the train step as separate programs, timed apart
 """

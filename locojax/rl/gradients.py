@@ -29,14 +29,17 @@ from locojax.rl.losses import LossSettings, is_weight_histogram, objective
 
 
 def _micro_loss(params, data, counts: Counts, first, fresh_tokens, s: LossSettings,
-                model_cfg: ModelConfig, cfg: LearnerConfig, frozen=None):
+                model_cfg: ModelConfig, cfg: LearnerConfig, frozen=None, layer_grads=None):
     """Loss share and metric shares of one micro-batch (global denominators throughout).
-    `frozen`: a LoRA run's base, read by the forward, never differentiated (`lora.py`)."""
+    `frozen`: a LoRA run's base, read by the forward, never differentiated (`lora.py`);
+    `layer_grads`: the running sum the layers' gradients go into (`in_place`)."""
     b: TrainBatch = data["batch"]
-    logp, ent = sequence_logprobs(lora.policy(frozen, params, model_cfg), b.tokens, b.positions, b.attn_mask, model_cfg,
+    logp, ent = sequence_logprobs(lora.policy(frozen, params, model_cfg), b.tokens, b.positions,
+                                  b.attn_mask, model_cfg,
                                   cfg.temperature, cfg.logprob_chunk,
                                   unroll=decoder.unroll_for_grad(model_cfg), remat=cfg.remat,
-                                  prefix=b.shared_prefix)  # as `logprobs.for_split` left it
+                                  prefix=b.shared_prefix,  # as `logprobs.for_split` left it
+                                  layer_grads=layer_grads)
     own = jax.lax.stop_gradient(logp)  # π_θ before any update of this step, bitwise
     old = own if data["prox"] is None else jnp.where(first, own, data["prox"])
     loss, metrics, extremes = objective(logp, ent, old, b.old_logprobs, b.ref_logprobs,
@@ -58,14 +61,26 @@ def mismatch(mask, sampler, trainer, tokens):
     return jnp.sum(gap) / jnp.maximum(tokens, 1.0)
 
 
+def in_place(cfg: LearnerConfig, model_cfg: ModelConfig) -> bool:
+    """Whether the layers' gradients are summed into the f32 accumulator in place, inside
+    the backward (`model/accumulating_scan.py`): with remat, whose backward that is. Then a
+    step holds one f32 gradient buffer of the layers whatever its micro-batches; without
+    remat, a micro-batch's own besides the sum when there are several. Not under LoRA: what
+    trains there is the adapters, whose gradients are a small fraction of the base's, and
+    the layer scan's accumulator is the base weights' shape."""
+    return cfg.remat and not lora.enabled(model_cfg)
+
+
 def accumulate(params, micro, counts, first, fresh_tokens, s, model_cfg, cfg,
                keep_f32: bool = False, frozen=None):
     """Σ over micro-batches (leading axis of `micro`) of loss, gradients and metric shares.
 
-    Gradients come back in the params' dtype, or in the f32 accumulator with `keep_f32`."""
+    Gradients come back in the params' dtype, or in the f32 accumulator with `keep_f32`.
+    With `in_place` the layers' gradients are added into the accumulator inside each
+    micro-batch's backward; the other weights' (embedding, final norm) after it."""
     loss_fn = functools.partial(_micro_loss, counts=counts, first=first,
                                 fresh_tokens=fresh_tokens, s=s, model_cfg=model_cfg, cfg=cfg,
-                              frozen=frozen)
+                                frozen=frozen)
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
     one = jax.tree.map(lambda x: x[0], micro)
     (l_shape, (m_shape, e_shape)), _ = jax.eval_shape(grad_fn, params, one)
@@ -78,10 +93,24 @@ def accumulate(params, micro, counts, first, fresh_tokens, s, model_cfg, cfg,
          for k, e in e_shape.items()},
     )
 
+    def grads_of(grads, data):
+        """(loss, aux, the sum with this micro-batch's gradients added)."""
+        add = lambda acc, g: jax.tree.map(lambda a, b: a + b.astype(a.dtype), acc, g)  # noqa: E731
+        if not in_place(cfg, model_cfg):
+            (l, aux), g = grad_fn(params, data)
+            return l, aux, add(grads, g)
+        rest = {k: v for k, v in params.items() if k != "layers"}
+
+        def loss_of(rest, layer_grads):  # the layers' cotangent arrives in layer_grads
+            return loss_fn({**rest, "layers": params["layers"]}, data, layer_grads=layer_grads)
+
+        (l, aux), (g, layers) = jax.value_and_grad(loss_of, argnums=(0, 1), has_aux=True)(
+            rest, grads["layers"])
+        return l, aux, {**add({k: grads[k] for k in rest}, g), "layers": layers}
+
     def body(acc, data):
         grads, loss, metrics, extremes = acc
-        (l, (m, e)), g = grad_fn(params, data)
-        grads = jax.tree.map(lambda a, b: a + b.astype(a.dtype), grads, g)
+        l, (m, e), grads = grads_of(grads, data)
         metrics = jax.tree.map(jnp.add, metrics, m)
         extremes = {k: (jnp.maximum if k.endswith("_max") else jnp.minimum)(v, e[k])
                     for k, v in extremes.items()}

@@ -16,7 +16,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from locojax.model import decoder
+from locojax.model import accumulating_scan, decoder
 from locojax.model.config import ModelConfig
 from locojax.model.params import Weights
 from locojax.rl import batch as batch_lib
@@ -27,12 +27,14 @@ from locojax.rl.config import LearnerConfig
 def sequence_logprobs(params: Weights, tokens, positions, attn_mask, model_cfg: ModelConfig,
                       temperature: float = 1.0, chunk: int = decoder.AUTO_CHUNK,
                       unroll: bool = False, remat: bool = False,
-                      prefix: batch_lib.SharedPrefix | None = None):
+                      prefix: batch_lib.SharedPrefix | None = None, layer_grads=None):
     """log π(tokens[b, t] | tokens[b, :t]) and the entropy of that distribution, [B, T] each.
 
     Aligned with `tokens`; column 0 (no context to predict it from) is 0. The hidden state
     at t predicts token t + 1, so the forward runs on tokens[:, :-1]. `unroll`, `remat`: see
-    `decoder.forward` (set where the result is differentiated); `chunk`: `decoder.token_logprobs`.
+    `decoder.forward` (set where the result is differentiated); `chunk`: `decoder.token_logprobs`;
+    `layer_grads` (with remat): the running sum the layers' gradients are added into, in place
+    (`decoder.forward`).
 
     `prefix` (a `TrainBatch.shared_prefix`, P columns): columns 1..P-1 hold no target, so
     their logits are skipped and they read 0. With groups of G > 1 rows the prompt's forward
@@ -42,8 +44,8 @@ def sequence_logprobs(params: Weights, tokens, positions, attn_mask, model_cfg: 
     b = tokens.shape[0]
     if prefix is None:
         hidden, _ = decoder.forward(params, tokens[:, :-1], positions[:, :-1], model_cfg,
-                                    mask=attn_mask[:, :-1], unroll=unroll,
-                                    remat=remat)  # [B, T-1, D]
+                                    mask=attn_mask[:, :-1], unroll=unroll, remat=remat,
+                                    layer_grads=layer_grads)  # [B, T-1, D]
         logp, ent = decoder.token_logprobs(params, hidden, tokens[:, 1:], model_cfg, temperature,
                                            chunk)
         zero = jnp.zeros((b, 1), logp.dtype)
@@ -51,10 +53,11 @@ def sequence_logprobs(params: Weights, tokens, positions, attn_mask, model_cfg: 
     p = prefix.columns
     if prefix.group > 1:
         hidden = prefix_hidden(params, tokens, positions, attn_mask, model_cfg, p,
-                               prefix.group, unroll, remat)
+                               prefix.group, unroll, remat, layer_grads)
     else:
         hidden, _ = decoder.forward(params, tokens[:, :-1], positions[:, :-1], model_cfg,
-                                    mask=attn_mask[:, :-1], unroll=unroll, remat=remat)
+                                    mask=attn_mask[:, :-1], unroll=unroll, remat=remat,
+                                    layer_grads=layer_grads)
         hidden = hidden[:, p - 1:]  # [B, T-P, D]: the positions that predict targets
     logp, ent = decoder.token_logprobs(params, hidden, tokens[:, p:], model_cfg, temperature,
                                        chunk)
@@ -63,7 +66,7 @@ def sequence_logprobs(params: Weights, tokens, positions, attn_mask, model_cfg: 
 
 
 def prefix_hidden(params, tokens, positions, attn_mask, model_cfg, p: int, g: int, unroll,
-                  remat: bool = False):
+                  remat: bool = False, layer_grads=None):
     """Hidden states [B, T-P, D] of positions P-1 .. T-2, the prompt run once per group.
 
     The first row of each group holds the group's prompt. One scan over the layers runs, per
@@ -74,6 +77,7 @@ def prefix_hidden(params, tokens, positions, attn_mask, model_cfg, p: int, g: in
     of every layer's weights before their sum (1.76 GB more at 0.6B, docs/real_size.md), and
     the repeated keys and values of all layers at once. The hidden state at P - 1 predicts
     every row's first response token. Reshapes keep groups inside a device's rows.
+    `layer_grads`: as `decoder.forward`'s (the layers' gradients summed into it in place).
     """
     cfg, b = model_cfg, tokens.shape[0]
     first = lambda x: x.reshape(b // g, g, *x.shape[1:])[:, 0, :p]  # noqa: E731  [B/G, P]
@@ -88,19 +92,25 @@ def prefix_hidden(params, tokens, positions, attn_mask, model_cfg, p: int, g: in
     causal_r = jnp.tril(jnp.ones((r, r), bool))[None] & mask_r[:, None, :]  # [B, R-1, R-1]
     visible_r = (jnp.broadcast_to(rows(mask_p)[:, None], (b, r, p)), causal_r)
 
-    def body(carry, xs):
-        (x_p, x_r), (w, kind) = carry, xs
+    def one_layer(carry, w, kind, consts):  # a function of its arguments alone
+        (x_p, x_r), (pos_p, pos_r, causal_p, visible_r) = carry, consts
         x_p, (k, v) = decoder.layer(cfg, x_p, w, pos_p, (None, causal_p), kind=kind)
         x_r, _ = decoder.layer(cfg, x_r, w, pos_r, visible_r, (rows(k), rows(v), rows(pos_p)),
                                kind)
-        return (x_p, x_r), None
+        return x_p, x_r
 
-    if remat:  # prevent_cse is needed only where the scan is unrolled into straight code
-        body = jax.checkpoint(body, prevent_cse=unroll)
+    consts = (pos_p, pos_r, causal_p, visible_r)
     embed = lambda t: decoder.embed(params, t, cfg)  # noqa: E731  [., ., D]
     kinds = decoder.layer_kinds(cfg, decoder.wide_dtype(cfg.dtype))
-    (x_p, x_r), _ = jax.lax.scan(body, (embed(first(tokens)), embed(tokens[:, p:-1])),
-                                 (params["layers"], kinds), unroll=unroll)
+    x = (embed(first(tokens)), embed(tokens[:, p:-1]))
+    if layer_grads is not None:
+        x_p, x_r = accumulating_scan.scan(one_layer, x, params["layers"], kinds, layer_grads,
+                                          consts, unroll)
+    else:
+        body = lambda carry, xs: (one_layer(carry, *xs, consts), None)  # noqa: E731
+        if remat:  # prevent_cse is needed only where the scan is unrolled into straight code
+            body = jax.checkpoint(body, prevent_cse=unroll)
+        (x_p, x_r), _ = jax.lax.scan(body, x, (params["layers"], kinds), unroll=unroll)
     norm = lambda x: decoder.final_norm(params, x, cfg)  # noqa: E731
     return jnp.concatenate([rows(norm(x_p[:, -1:])), norm(x_r)], axis=1)
 

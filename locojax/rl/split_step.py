@@ -37,7 +37,7 @@ from jax.sharding import PartitionSpec as P
 
 from locojax.model.config import ModelConfig
 from locojax.profiler import StepTimer
-from locojax.rl import gradients, micro_batches
+from locojax.rl import gradients, host_memory, micro_batches
 from locojax.rl import train_step as ts
 from locojax.rl.algorithms import resolve
 from locojax.rl.batch import TrainBatch
@@ -60,6 +60,7 @@ def update(state, batch, model_cfg, cfg, ref_params, mesh, timer: StepTimer):
     """The fused step's `update`, as separately timed programs."""
     ts.check(batch, cfg, ref_params)
     batch, ref_params = ts.with_reference(batch, ref_params, model_cfg, cfg, mesh), None
+    state = host_memory.to_device(state)  # as `train_step.update`
     cfg = micro_batches.resolve(ts.program_cfg(cfg), batch, model_cfg.vocab_size, mesh)
     axis = gradients.flat_allreduce_axis(mesh, cfg)
     static = dict(model_cfg=model_cfg, cfg=cfg, mesh=mesh)

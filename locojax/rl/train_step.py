@@ -44,7 +44,7 @@ import optax
 from locojax.model import lora
 from locojax.model.config import ModelConfig
 from locojax.rl import batch as batch_lib
-from locojax.rl import gradients, logprobs, micro_batches
+from locojax.rl import gradients, host_memory, logprobs, micro_batches
 from locojax.rl.aggregation import global_counts
 from locojax.rl.algorithms import resolve
 from locojax.rl.batch import TrainBatch, split_rows
@@ -254,7 +254,9 @@ def with_reference(batch: TrainBatch, ref_params, model_cfg: ModelConfig, cfg: L
     more at TINY (~16 ms for ~5 ms of work) and 1.15x the whole step at SMALL β 0.04
     (docs/peers_benchmark.md has the interleaved A/B). With ShapeDtypeStructs
     (`compile_update`) it compiles that program and returns the batch with an abstract
-    `ref_logprobs` placed like `old_logprobs`, which is where the real one is put."""
+    `ref_logprobs` placed like `old_logprobs`, which is where the real one is put. A
+    reference in host memory (`host_memory.py`) is copied onto the device for the program
+    and freed after it."""
     if not _needs_reference(batch, ref_params, cfg):
         return batch
     like = batch.old_logprobs
@@ -263,8 +265,8 @@ def with_reference(batch: TrainBatch, ref_params, model_cfg: ModelConfig, cfg: L
         compile_reference(batch, ref_params, model_cfg, cfg, mesh)
         out = jax.eval_shape(functools.partial(reference_logprobs, **static), ref_params, batch)
         ref = jax.ShapeDtypeStruct(out.shape, out.dtype, sharding=like.sharding)
-    else:
-        ref = reference_logprobs(ref_params, batch, **static)
+    else:  # a reference kept in host memory comes back for this program alone
+        ref = reference_logprobs(host_memory.to_device(ref_params), batch, **static)
         if isinstance(like, jax.Array):  # where the step's compile expects it
             ref = jax.device_put(ref, like.sharding)
     return dataclasses.replace(batch, ref_logprobs=ref)
@@ -294,6 +296,7 @@ def update(state: TrainState, batch: TrainBatch, model_cfg: ModelConfig, cfg: Le
     """
     check(batch, cfg, ref_params)
     batch = with_reference(batch, ref_params, model_cfg, cfg, mesh)
+    state = host_memory.to_device(state)  # moments kept in host memory: for this step only
     state, metrics = train_step(state, batch, None, model_cfg=model_cfg,
                                 cfg=program_cfg(cfg), mesh=mesh)
     return finish(state, metrics, cfg)

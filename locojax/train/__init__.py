@@ -15,6 +15,8 @@ Start at `loop.py`.
     curation.py           pass-rate curation: admit the prompts that still teach
     dynamic_sampling.py   DAPO's rollout-side parts
     memory_plan.py        what each device holds at its peak, before the first step
+    plan_fit.py           the plan's automatic settings, raised until a run fits
+    out_of_memory.py      XLA's "out of device memory", read as an answer
     train_memory.py       a train step's memory beyond its state, from the shapes
     program_cost.py       one compiled program's FLOPs, bytes and memory, as XLA counts
     comm_probe.py         the gradient all-reduce timed on its own

@@ -36,7 +36,7 @@ from locojax.model import loader, lora, lora_io
 from locojax.profiler import StepTimer, TraceWindow
 from locojax.rl import batch as batch_lib
 from locojax.rl import buckets
-from locojax.rl import train_state
+from locojax.rl import host_memory, train_state
 from locojax.rl.split_step import timed_update
 from locojax.train import memory_plan, meshes, resume, run_lock
 from locojax.train.build import RunParts
@@ -131,7 +131,8 @@ def plan_memory(parts: RunParts, wiring, engine) -> memory_plan.MemoryPlan:
                                staleness=remote)
     return memory_plan.plan(parts.model_cfg, learner, state, batch, ref, mesh, engine, shapes,
                             cfg.precision, cfg.device_memory_gb, auto_remat=cfg.remat == "auto",
-                            rollout_layout=wiring.reshard_target(engine.weight_shardings))
+                            rollout_layout=wiring.reshard_target(engine.weight_shardings),
+                            offload=cfg.offload == "auto" and host_memory.supported())
 
 
 def reference_of(state: train_state.TrainState, beta: float, copy=None):
@@ -170,11 +171,15 @@ class Trainer:
         # Loaded straight into the training layout (replicated over every host's devices, or
         # sharded over `fsdp`).
         params, frozen = parts.train_weights(wiring.train_mesh, wiring.train_rules)
-        # The reference policy is the starting point; copied because train_step donates state
-        # (under LoRA it is the frozen base, read from the state each step: `reference_of`).
-        self.ref_params = jax.tree.map(jnp.copy, params) \
-            if cfg.algo.beta > 0 and frozen is None else None
-        self.state = train_state.init(params, parts.learner.optim, parts.model_cfg, frozen)
+        # The reference policy is the starting point; copied because train_step donates state,
+        # into host memory where the plan needs the room (`MemoryPlan.offloaded`). Under LoRA
+        # it is the frozen base, read from the state each step (`reference_of`).
+        self.ref_params = None
+        if cfg.algo.beta > 0 and frozen is None:
+            self.ref_params = (host_memory.to_host(params) if "reference" in memory.offloaded
+                               else jax.tree.map(jnp.copy, params))
+        self.state = self._placed(train_state.init(params, parts.learner.optim, parts.model_cfg,
+                                                   frozen))
         self.runner = RewardRunner(cfg.reward)
         self.logger = MetricsLogger(cfg.run_dir, enabled=self.is_main, tensorboard=cfg.tensorboard,
                                     report_to=cfg.report_to, config=resume.as_json(cfg))
@@ -201,7 +206,8 @@ class Trainer:
         if found is None:
             self.logger.truncate_after(-1)  # a fresh run owns its logs
             return 0, None
-        self.state, step = dataclasses.replace(found.state, frozen=frozen), found.step
+        self.state, step = self._placed(dataclasses.replace(found.state, frozen=frozen)), \
+            found.step
         # Lines are labelled 1..step for steps done: later ones (a killed run's) and a cut
         # last line are dropped, and steps missing from the log are a warning.
         self.logger.truncate_after(step)
@@ -245,6 +251,7 @@ class Trainer:
                                                         self.ref_params),
                                            self.wiring.train_mesh, timer,
                                            split=cfg.profile_split)
+        self.state = self._placed(self.state)
         metrics.update(sizes)
         metrics.update(self.rollouts.publish(step + 1, self.state.params, timer))
         with timer.phase("metrics"):  # every host's sums, in one collective
@@ -264,6 +271,14 @@ class Trainer:
                "perf/timing": profiler.TIMING}
         out["perf/profiler_s"] = time.perf_counter() - start
         return out
+
+    def _placed(self, state: train_state.TrainState) -> train_state.TrainState:
+        """`state` with AdamW's moments in host memory where the plan keeps them there
+        (`MemoryPlan.offloaded`): only the train step reads them, and `train_step.update`
+        copies them back for it (`rl/host_memory.py`)."""
+        if "optimizer" not in self.memory.offloaded:
+            return state
+        return dataclasses.replace(state, opt_state=host_memory.to_host(state.opt_state))
 
     def _whole_params(self):
         """The params whole in host memory, for export (every host joins: sharded over
@@ -349,7 +364,8 @@ class Trainer:
                 if self._checkpoint_due(step):
                     with timer.phase("checkpoint"):
                         self.save(step)
-                perf = {**timings, **timer.finish_step(), **self.net_bytes}
+                perf = {**timings, **timer.finish_step(), **self.net_bytes,
+                        **profiler.device_memory()}
                 perf.update(self._across_hosts(perf))
                 generated = last["rollout/response_length/mean"] * cfg.rollout.prompts_per_step \
                     * cfg.group_size

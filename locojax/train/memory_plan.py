@@ -45,22 +45,14 @@ from locojax.model.config import ModelConfig
 from locojax.rl import micro_batches
 from locojax.rl import train_step as train_step_lib
 from locojax.rl.batch import logit_positions
-from locojax.rl.config import AUTO_ACCUM, LearnerConfig
-from locojax.train import meshes
+from locojax.rl.config import LearnerConfig
+from locojax.train import meshes, out_of_memory, plan_fit
 from locojax.train.program_cost import ProgramCost as Program
-from locojax.train.program_cost import argument_bytes, device_bytes
+from locojax.train.program_cost import GB, argument_bytes, device_bytes, size
 from locojax.train.train_memory import expected_train_temporaries, layer_residual_bytes
 
 __all__ = ["GB", "EngineShape", "MemoryPlan", "MemoryPlanError", "Program", "device_bytes",
            "expected_train_temporaries", "layer_residual_bytes", "plan", "size"]
-
-GB = 1e9
-
-
-def size(b: float) -> str:
-    """Bytes as MB below 1 GB, else GB (10^6, 10^9)."""
-    return f"{b / GB:.2f} GB" if b >= GB else f"{b / 1e6:.1f} MB"
-
 
 class MemoryPlanError(ValueError):
     """The run does not fit in device memory; the message says what to change."""
@@ -84,6 +76,11 @@ def detect_device_memory(override_gb: float = 0.0) -> tuple[int | None, str]:
     return None, "unknown"
 
 
+# Held buffers that may be offloaded, and the programs that read them (on the device for
+# those alone: `train_step.with_reference` moves the reference back).
+READS = {"reference": ("ref_logprobs",), "optimizer": ("train_step",)}
+
+
 @dataclasses.dataclass
 class MemoryPlan:
     """Per-device memory of a run: held buffers, each program's needs on top, the peak."""
@@ -99,9 +96,14 @@ class MemoryPlan:
     local_devices: int
     learner: LearnerConfig  # what the run trains with: the plan's automatic choices made
     chosen: list[str] = dataclasses.field(default_factory=list)  # what auto chose, and why
+    # Held buffers kept in host memory except while a program that reads them runs
+    # (`rl/host_memory.py`; the plan chooses it, `plan_fit.fit`): names of `held`.
+    offloaded: tuple[str, ...] = ()
 
     def peak_of(self, p: Program) -> int:
-        return sum(self.held.values()) + self.caches.get(p.phase, 0) + p.extra
+        held = sum(v for k, v in self.held.items()
+                   if k not in self.offloaded or p.name in READS.get(k, ()))
+        return held + self.caches.get(p.phase, 0) + p.extra
 
     @property
     def peak_program(self) -> Program:
@@ -112,7 +114,16 @@ class MemoryPlan:
         return self.peak_of(self.peak_program)
 
     @property
+    def refused(self) -> list[Program]:
+        """Programs the compiler refused for want of memory (`out_of_memory.py`)."""
+        return [p for p in self.programs if p.refused]
+
+    @property
     def fits(self) -> bool:
+        """Within the device's memory, and no program refused by the compiler for want of it
+        (`out_of_memory.py`; then it does not fit even where the device's size is unknown)."""
+        if self.refused:
+            return False
         return self.device_memory is None or self.peak <= self.device_memory
 
     def format(self) -> str:
@@ -125,7 +136,8 @@ class MemoryPlan:
                  f"{'s' * (self.local_devices > 1)}; {layout}; {st['precision']}, remat "
                  f"{'on' if st['remat'] else 'off'}, {st['grad_accum']} micro-batch"
                  f"{'es' * (st['grad_accum'] > 1)}, logits in {st['logits']}):"]
-        held = ", ".join(f"{k} {size(v)}" for k, v in self.held.items() if v)
+        host = {k: f" (host memory but in {', '.join(READS[k])})" for k in self.offloaded}
+        held = ", ".join(f"{k} {size(v)}{host.get(k, '')}" for k, v in self.held.items() if v)
         caches = ", ".join(f"{k} {size(v)}" for k, v in self.caches.items())
         caches = f"{caches} ({st['cache_dtype']})" if caches else "none"
         copy = (f"; rollout's copy of the weights {size(st['rollout_copy'])} (another layout "
@@ -135,6 +147,9 @@ class MemoryPlan:
             compiled = ("   [compiled with prefill]" if p.name.startswith("decode") else
                         f"   [compiled in {p.compile_s:.1f} s]")
             what = f"XLA temporaries {size(p.temporaries)}"
+            if p.refused:
+                compiled = f"   [refused by XLA: {p.refused}]"
+                what = f"XLA needs >= {size(p.temporaries)} of temporaries"
             if p.name == "reshard":
                 what = f"rollout's copy {size(p.outputs)}, {what}"
             lines.append(f"  {p.name:<16} +{size(p.extra)} ({what}) -> {size(self.peak_of(p))}"
@@ -198,7 +213,10 @@ class MemoryPlan:
         tp = self._tp_hint(cache)
         if tp:
             found.append((st["rollout_copy"] + cache, tp))
-        return [h for b, h in found if b >= 0.05 * self.peak]
+        # A program XLA refused has no analysis of its own: its figure is the compiler's
+        # total, so the buffers that matter are measured against what the plan counts.
+        scale = (sum(self.held.values()) + sum(e.values()) if self.refused else self.peak)
+        return [h for b, h in found if b >= 0.05 * scale]
 
     def _fsdp_hint(self, state: int) -> str:
         """`--train.mesh` with the fewest FSDP ways, over this run's devices, whose saving
@@ -240,10 +258,17 @@ class MemoryPlan:
         g = size
         biggest = ", ".join(f"{k} {g(v)}" for k, v in self.biggest())
         hints = "\n  ".join(self.hints())
-        tried = "".join(f"\n(auto: {c})" for c in self.chosen)
+        tried = "".join(f"\n(auto: {c})" for c in self.chosen) + "".join(
+            f"\n(XLA refused to compile {p.name}: {p.refused})" for p in self.refused)
+        available = ("the device's memory" if self.device_memory is None else
+                     f"the {g(self.device_memory)} available")
+        what = (f"XLA refused to compile {self.refused[0].name} for want of device memory "
+                f"(it needs >= {g(self.peak_of(self.refused[0]))} per device"
+                if self.refused and self.peak <= (self.device_memory or 0) else
+                f"this run needs {g(self.peak)} per device at its peak "
+                f"({self.peak_program.name}")
         raise MemoryPlanError(
-            f"this run needs {g(self.peak)} per device at its peak ({self.peak_program.name}), "
-            f"more than the {g(self.device_memory)} available ({self.device_source}); nothing "
+            f"{what}), more than {available} ({self.device_source}); nothing "
             f"was run. Biggest buffers: {biggest}. Settings that shrink them:\n  {hints}"
             f"{tried}\n"
             "(`--plan-only` prints the whole plan; `--device-memory-gb` overrides the detected size.)")
@@ -263,7 +288,7 @@ class EngineShape:
 def plan(model_cfg: ModelConfig, learner: LearnerConfig, state, batch, ref_params, mesh, engine,
          engine_shapes: list[EngineShape], precision: str = "f32",
          device_memory_gb: float = 0.0, auto_remat: bool = False,
-         rollout_layout=None) -> MemoryPlan:
+         rollout_layout=None, offload: bool = False) -> MemoryPlan:
     """Compile the run's programs at its shapes (without running them) and plan its memory.
 
     state, batch, ref_params: arrays or ShapeDtypeStructs placed as the run's will be
@@ -271,7 +296,8 @@ def plan(model_cfg: ModelConfig, learner: LearnerConfig, state, batch, ref_param
     run's `Engine`; engine_shapes: its generate calls; rollout_layout: where the reshard
     writes the weights (`wiring.reshard_target`; None: the engine's own layout). When the run does not fit, the
     automatic settings (remat when `auto_remat`, micro-batches when `learner.grad_accum` is
-    AUTO_ACCUM) are raised until it does (`_fit`); `MemoryPlan.learner` is what it chose.
+    AUTO_ACCUM) are raised until it does (`plan_fit.fit`), after keeping the reference in host
+    memory when `offload` allows it; `MemoryPlan.learner` and `.offloaded` are what it chose.
     """
     held, model_weights = _held(state, ref_params)
     memory, source = detect_device_memory(device_memory_gb)
@@ -291,11 +317,9 @@ def plan(model_cfg: ModelConfig, learner: LearnerConfig, state, batch, ref_param
                                           prefix=batch.shared_prefix, param_bytes=held["params"])
 
     def train_program(learner: LearnerConfig) -> tuple[Program, dict, dict]:
-        t0 = time.perf_counter()
-        compiled = train_step_lib.compile_update(state, batch, model_cfg, learner, ref_params,
-                                                 mesh)
-        program = Program.of("train_step", "train", compiled, device_bytes((state, ref_params)),
-                             time.perf_counter() - t0)
+        program = _compiled("train_step", "train", memory, device_bytes((state, ref_params)),
+                            lambda: train_step_lib.compile_update(state, batch, model_cfg,
+                                                                  learner, ref_params, mesh))
         resolved = micro_batches.resolve(learner, batch, model_cfg.vocab_size, mesh)  # as the step
         chunk = decoder.logprob_chunk_size(rows // resolved.rows_multiple,
                                            logit_positions(columns, batch.shared_prefix),
@@ -335,7 +359,7 @@ def plan(model_cfg: ModelConfig, learner: LearnerConfig, state, batch, ref_param
         guess = dataclasses.replace(train, temporaries=int(xla_per_expected * sum(e.values())))
         return max(first.peak_of(p) for p in [*reference, guess, *programs])
 
-    return _fit(first, with_learner, estimate, auto_remat)
+    return plan_fit.fit(first, with_learner, estimate, auto_remat, offload)
 
 
 def _held(state, ref_params) -> tuple[dict[str, int], object]:
@@ -350,12 +374,26 @@ def _reference_program(batch, ref_params, model_cfg: ModelConfig, learner: Learn
     """β > 0: the reference logprobs, a program of their own before the step
     (`train_step.with_reference`), reading the held reference copy; `compile_update` has just
     compiled it, so this compile is the jit cache's. With β = 0 there is none: []."""
+    program = _compiled("ref_logprobs", "train", None, device_bytes(ref_params),
+                        lambda: train_step_lib.compile_reference(batch, ref_params, model_cfg,
+                                                                 learner, mesh))
+    return [] if program is None else [program]
+
+
+def _compiled(name: str, phase: str, memory: int | None, held: int, compile_it) -> Program | None:
+    """`compile_it()` as a `Program` (None if it compiles nothing), or, when XLA refuses it
+    for want of device memory (XLA:TPU raises at compile), the refusal as the plan counts it
+    (`out_of_memory.refused`): the plan then tries its next setting or names what it tried."""
     t0 = time.perf_counter()
-    compiled = train_step_lib.compile_reference(batch, ref_params, model_cfg, learner, mesh)
+    try:
+        compiled = compile_it()
+    except jax.errors.JaxRuntimeError as e:
+        if not out_of_memory.is_out_of_memory(e):
+            raise
+        return out_of_memory.refused(name, phase, e, memory, held, time.perf_counter() - t0)
     if compiled is None:
-        return []
-    return [Program.of("ref_logprobs", "train", compiled, device_bytes(ref_params),
-                       time.perf_counter() - t0)]
+        return None
+    return Program.of(name, phase, compiled, held, time.perf_counter() - t0)
 
 
 def _engine_programs(engine, engine_shapes: list[EngineShape], params,
@@ -367,8 +405,15 @@ def _engine_programs(engine, engine_shapes: list[EngineShape], params,
     programs, caches = [], {}
     for shape in engine_shapes:
         t0 = time.perf_counter()
-        prefill, decode = engine.compile(shape.prompts, shape.prompt_len, shape.sampling,
-                                         shape.num_samples)
+        try:
+            prefill, decode = engine.compile(shape.prompts, shape.prompt_len, shape.sampling,
+                                             shape.num_samples)
+        except jax.errors.JaxRuntimeError as e:
+            if not out_of_memory.is_out_of_memory(e):
+                raise
+            programs.append(out_of_memory.refused(f"generate {shape.name}", shape.name, e, None,
+                                                  0, time.perf_counter() - t0))
+            continue
         seconds = time.perf_counter() - t0
         weights, cache = argument_bytes(prefill, 0), argument_bytes(prefill, 5)
         caches[shape.name] = max(caches.get(shape.name, 0), cache)
@@ -381,45 +426,6 @@ def _engine_programs(engine, engine_shapes: list[EngineShape], params,
         programs.append(Program.of(f"decode {shape.name}", shape.name, decode,
                                    weights + cache, 0.0))
     return programs, caches
-
-
-def _fit(first: MemoryPlan, with_learner, estimate, auto_remat: bool) -> MemoryPlan:
-    """The plan of the first escalation of the automatic settings that fits, saying what it
-    chose and why; else the last one tried, saying what was tried (`check` refuses it).
-
-    Remat first: it keeps only each layer's input whatever the batch, for about one more
-    forward, and keeps the matmuls whole; then more micro-batches (divisors of a device's
-    rows, fewest first), which divide what is left of the activations and the logits. The
-    logits are already chunked automatically (`--logprob-chunk -1`) once they are large.
-    Only the train step is compiled again: from the first escalation that `estimate` (no
-    compile) says fits, or the last, on until one does."""
-    learner, st = first.learner, first.settings
-    steps = []
-    if auto_remat and not learner.remat:
-        learner = dataclasses.replace(learner, remat=True)
-        steps.append((learner, "remat on"))
-    if first.learner.grad_accum == AUTO_ACCUM:
-        rows = st["rows_per_device"]
-        for k in range(st["grad_accum"] + 1, rows + 1):
-            if rows % k == 0:
-                steps.append((dataclasses.replace(learner, grad_accum=k),
-                              ("remat on and " if learner.remat and not first.learner.remat
-                               else "") + f"{k} micro-batches of {rows // k} rows per device"))
-    why = (f"without it the peak is {size(first.peak)} ({first.peak_program.name}), more than "
-           f"the {size(first.device_memory)} available")
-    if not steps:
-        return first
-    start = next((i for i, (c, _) in enumerate(steps) if estimate(c) <= first.device_memory),
-                 len(steps) - 1)
-    skipped = f" ({', '.join(w for _, w in steps[:start])}: estimated not to)" if start else ""
-    for candidate, what in steps[start:]:
-        tried = with_learner(candidate)
-        if tried.fits:
-            tried.chosen = [f"{what}: {why}; with it {size(tried.peak)}"]
-            return tried
-    tried.chosen = [f"tried {', then '.join(w for _, w in steps[start:])}{skipped}: none fits, "
-                    f"the last needs {size(tried.peak)}"]
-    return tried
 
 
 def _reshard(params, layout) -> Program:

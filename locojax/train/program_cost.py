@@ -26,6 +26,14 @@ import jax
 import numpy as np
 
 
+GB = 1e9
+
+
+def size(b: float) -> str:
+    """Bytes as MB below 1 GB, else GB (10^6, 10^9)."""
+    return f"{b / GB:.2f} GB" if b >= GB else f"{b / 1e6:.1f} MB"
+
+
 def device_bytes(tree) -> int:
     """Bytes one device holds of a tree of arrays or ShapeDtypeStructs (its shard of each)."""
     total = 0
@@ -73,6 +81,10 @@ class ProgramCost:
     bytes_accessed: float = 0.0
     # The compiled program itself: `locojax predict --compiled` reads its kernels from it.
     compiled: object = dataclasses.field(default=None, repr=False, compare=False)
+    # Non-empty: the compiler refused the program for want of device memory, and said this
+    # (`out_of_memory.refused`); its temporaries are then the compiler's figure, not XLA's
+    # memory analysis, and `compiled` is None.
+    refused: str = ""
 
     @classmethod
     def of(cls, name: str, phase: str, compiled, held_arguments: int, compile_s: float):

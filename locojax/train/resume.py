@@ -61,7 +61,7 @@ MAY_CHANGE: dict[str, str] = {
     "probe_allreduce": _LOGGING, "dump_rollouts": _LOGGING, "plan_only": _LOGGING,
     "eval": "held-out evaluation reads the params and never changes them",
     "checkpoint": "when checkpoints are written and kept, and resume itself",
-    "device_memory_gb": _MEMORY, "grad_accum": _MEMORY, "remat": _MEMORY,
+    "device_memory_gb": _MEMORY, "grad_accum": _MEMORY, "remat": _MEMORY, "offload": _MEMORY,
     "logprob_chunk": _MEMORY, "profile_split": _MEMORY, "train.mesh": _MEMORY,
     "rollout.tp": _MEMORY,
     "controller.decode_chunk": _HOW,

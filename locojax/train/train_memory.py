@@ -21,8 +21,7 @@ import jax.numpy as jnp
 from locojax.model import decoder
 from locojax.model import params as params_lib
 from locojax.model.config import ModelConfig
-from locojax.rl import micro_batches
-from locojax.rl import logprobs
+from locojax.rl import gradients, logprobs, micro_batches
 from locojax.rl.batch import logit_positions, split_group
 from locojax.rl.config import LearnerConfig
 
@@ -104,6 +103,19 @@ def _forward_residual_bytes(cfg: ModelConfig, rows: int, columns: int, group: in
     return _residual_bytes(hidden, (w,), platform, consts=(tok, tok, mask))
 
 
+def gradient_bytes(cfg: ModelConfig, learner: LearnerConfig, param_bytes: int) -> int:
+    """f32 gradient bytes a train step holds per device, under `learner`'s remat and
+    grad_accum (`expected_train_temporaries` says which; `locojax predict` reads it too):
+    `param_bytes` is the device's share of the f32 params, and each term shares alike."""
+    if not gradients.in_place(learner, cfg):
+        return param_bytes * (2 if learner.grad_accum > 1 else 1)
+    share = param_bytes / (cfg.num_params() * 4)
+    layers = sum(x.size for x in jax.tree.leaves(params_lib.abstract(cfg)["layers"]))
+    one_layer = layers // cfg.num_hidden_layers * 4
+    outside = (cfg.num_params() - layers) * 4  # embedding (tied or not), final norm
+    return param_bytes + int(share * (one_layer + outside))
+
+
 def _group_in_step(prefix, learner: LearnerConfig, rows: int, local: int) -> int:
     """Rows per group that the step's forward shares its prompt over (1: none shared).
 
@@ -127,9 +139,12 @@ def expected_train_temporaries(cfg: ModelConfig, learner: LearnerConfig, rows: i
     grad_accum 2, β > 0, V up to 151,936, shared prefix or not), data parallel: under FSDP
     it is not one yet (TINY, 4 layers, FSDP 2: XLA 80 MB against 68 MB expected, where data
     parallel at the same rows per device needs 44 MB; docs/real_size.md). The terms:
-    - gradients: one f32 copy of the device's params (two with grad_accum > 1: the running
-      sum and a micro-batch's own); the optimizer then updates in place
-      (`train_state.apply_in_place`); under FSDP, sharded like the params;
+    - gradients: one f32 copy of the device's params, the running sum. With remat the layers'
+      gradients are added into it inside the backward, in place (`gradients.in_place`,
+      `model/accumulating_scan.py`): beside it only one layer's gradient and a micro-batch's
+      gradient of the weights outside the layers (the embedding, the final norm). Without
+      remat, a micro-batch's whole gradient too when grad_accum > 1. The optimizer then
+      updates in place (`train_state.apply_in_place`); under FSDP, sharded like the params;
     - gathered weights (FSDP only): the whole params, gathered from their shards for the
       forward and again for the backward, in the compute dtype;
     - logits: five f32 buffers of one chunk's size: logits, log-softmax, its exp, the
@@ -153,7 +168,7 @@ def expected_train_temporaries(cfg: ModelConfig, learner: LearnerConfig, rows: i
     v, d = cfg.vocab_size, cfg.hidden_size
     whole = cfg.num_params() * 4
     param_bytes = whole if param_bytes is None else param_bytes
-    out = {"gradients": param_bytes * (2 if learner.grad_accum > 1 else 1)}
+    out = {"gradients": gradient_bytes(cfg, learner, param_bytes)}
     if param_bytes < whole:
         out["gathered weights"] = cfg.num_params() * cfg.dtype.itemsize
     chunk = decoder.logprob_chunk_size(micro, targets, v, learner.logprob_chunk)

@@ -1,0 +1,103 @@
+"""The memory plan's automatic settings: what it raises, in which order, until a run fits.
+
+`memory_plan.plan` compiles a run's programs once at the settings given; when they do not fit
+(or XLA refuses to compile one for want of memory: `out_of_memory.py`), `fit` first keeps the
+reference weights in host memory outside the one program that reads them (`--offload auto`,
+where the device has host memory kinds: `rl/host_memory.py`), which costs a copy over the host
+link per step and no compile; then it tries the automatic settings in order, each a
+`LearnerConfig` the train step is compiled for again, on every backend alike: remat when
+`--remat auto`, then more micro-batches when `--grad-accum 0` (auto). `locojax predict`
+escalates remat and micro-batches in the same order (`locojax/predict/memory.py`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from locojax.rl.config import AUTO_ACCUM
+from locojax.train.program_cost import size
+
+
+def _offloaded(plan, names: tuple[str, ...]):
+    plan.offloaded = names
+    return plan
+
+
+def _offload(plan, allowed: bool) -> tuple[str, ...]:
+    """What `plan` keeps in host memory (set on it): the reference (β > 0), and AdamW's
+    moments too when a program other than the train step, which alone reads them, still
+    exceeds the device without them (rollout's KV cache; remat and micro-batches cannot
+    help there, and the moments cost two copies a step, the reference one)."""
+    if not allowed:
+        return ()
+    names = ("reference",) if plan.held.get("reference") else ()
+    room = plan.device_memory or float("inf")
+    _offloaded(plan, names)
+    if any(p.name != "train_step" and plan.peak_of(p) > room for p in plan.programs):
+        names += ("optimizer",)
+    return _offloaded(plan, names).offloaded
+
+
+def _said(names: tuple[str, ...]) -> str:
+    return " and ".join({"reference": "the reference", "optimizer": "AdamW's moments"}[n]
+                        for n in names) + " in host memory but in the programs that read them"
+
+
+def fit(first, with_learner, estimate, auto_remat: bool, offload: bool = False):
+    """The plan of the first escalation of the automatic settings that fits, saying what it
+    chose and why; else the last one tried, saying what was tried (`check` refuses it).
+
+    The reference in host memory first (`offload`, with β > 0), kept through every later
+    step. Then remat: it keeps only each layer's input whatever the batch, for about one more
+    forward, and keeps the matmuls whole; then more micro-batches (divisors of a device's
+    rows, fewest first), which divide what is left of the activations and the logits. The
+    logits are already chunked automatically (`--logprob-chunk -1`) once they are large.
+    Only the train step is compiled again: from the first escalation that `estimate` (no
+    compile) says fits, or the last, on until one does; not at all when a rollout or
+    evaluation program alone exceeds the device (its KV cache is not the train step's)."""
+    if first.fits:
+        return first
+    learner, st = first.learner, first.settings
+    before, names = first.peak, _offload(first, offload)
+    if names and first.fits:
+        first.chosen = [f"{_said(names)}: without it the peak is {size(before)}, with it "
+                        f"{size(first.peak)}"]
+        return first
+    steps = []
+    if auto_remat and not learner.remat:
+        learner = dataclasses.replace(learner, remat=True)
+        steps.append((learner, "remat on"))
+    if first.learner.grad_accum == AUTO_ACCUM:
+        rows = st["rows_per_device"]
+        for k in range(st["grad_accum"] + 1, rows + 1):
+            if rows % k == 0:
+                steps.append((dataclasses.replace(learner, grad_accum=k),
+                              ("remat on and " if learner.remat and not first.learner.remat
+                               else "") + f"{k} micro-batches of {rows // k} rows per device"))
+    refused = [p for p in first.programs if p.refused]
+    available = (f"the {size(first.device_memory)} available" if first.device_memory else
+                 "the device's memory")
+    why = (f"without it XLA refused to compile {refused[0].name} ({refused[0].refused})"
+           if refused else f"without it the peak is {size(before)} "
+           f"({first.peak_program.name}), more than {available}")
+    if not steps:
+        return first
+    room = first.device_memory or float("inf")  # unknown size: try every step in order
+    beyond = [p for p in first.programs if p.phase != "train" and first.peak_of(p) > room]
+    if beyond:  # rollout or evaluation alone does not fit: no train-step setting helps
+        first.chosen = [f"not tried ({', '.join(w for _, w in steps)}): {beyond[0].name} "
+                        f"alone needs {size(first.peak_of(beyond[0]))}, which they do not "
+                        "change"]
+        return first
+    start = next((i for i, (c, _) in enumerate(steps) if estimate(c) <= room), len(steps) - 1)
+    skipped = f" ({', '.join(w for _, w in steps[:start])}: estimated not to)" if start else ""
+    if names:
+        steps = [(c, f"{_said(names)}, {w}") for c, w in steps]
+    for candidate, what in steps[start:]:
+        tried = _offloaded(with_learner(candidate), names)
+        if tried.fits:
+            tried.chosen = [f"{what}: {why}; with it {size(tried.peak)}"]
+            return tried
+    tried.chosen = [f"tried {', then '.join(w for _, w in steps[start:])}{skipped}: none fits, "
+                    f"the last needs {size(tried.peak)}"]
+    return tried
