@@ -67,7 +67,7 @@ def test_fsdp_to_tp_moves_every_bit_where_the_engine_wants_it(kind, to_engine):
 
 def test_the_same_layout_is_not_copied():
     """Data parallel training and replicated rollout: the engine reads the params' own
-    buffers (no copy, as the memory plan assumes: `memory_plan._another_layout`)."""
+    buffers (no copy, as the memory plan assumes: `meshes.another_layout`)."""
     w = wiring.Colocated(_host(), TrainConfig())
     cfg = model_config.tiny()
     params = jax.device_put(params_lib.init(cfg, jax.random.key(0)),

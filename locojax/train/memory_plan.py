@@ -417,7 +417,7 @@ def _engine_programs(engine, engine_shapes: list[EngineShape], params,
         seconds = time.perf_counter() - t0
         weights, cache = argument_bytes(prefill, 0), argument_bytes(prefill, 5)
         caches[shape.name] = max(caches.get(shape.name, 0), cache)
-        if _another_layout(prefill.input_shardings[0][0], params):
+        if meshes.another_layout(prefill.input_shardings[0][0], params):
             settings["rollout_copy"] = weights
             weights = 0
         # The two compile together; the pair's time is reported once, on prefill.
@@ -439,18 +439,3 @@ def _reshard(params, layout) -> Program:
     compiled = program.lower([leaves[i] for i in moving]).compile()
     return Program.of("reshard", "train", compiled, device_bytes([leaves[i] for i in moving]),
                       time.perf_counter() - t0)
-
-
-def _another_layout(engine_shardings, params) -> bool:
-    """Whether the engine's weights are laid out otherwise than the training params (FSDP
-    training, tensor-parallel rollout), so that rollout needs a copy of them. In the same
-    layout (both replicated) it reads the params' own buffers, even on another mesh
-    (`Colocated.rollout_weights`: a host's shards viewed on its local mesh)."""
-    def spec(sharding):
-        s = tuple(getattr(sharding, "spec", ()) or ())
-        while s and s[-1] is None:
-            s = s[:-1]
-        return s
-
-    return any(spec(e) != spec(p.sharding)
-               for e, p in zip(jax.tree.leaves(engine_shardings), jax.tree.leaves(params)))

@@ -292,3 +292,18 @@ def spread_over_hosts(x, grid: np.ndarray) -> NamedSharding:
     if dim is None:
         return NamedSharding(mesh, P())
     return NamedSharding(mesh, P(*[None] * dim, "local"))
+
+
+def another_layout(engine_shardings, params) -> bool:
+    """Whether the engine's weights are laid out otherwise than the training params (FSDP
+    training, tensor-parallel rollout), so that rollout needs a copy of them. In the same
+    layout (both replicated) it reads the params' own buffers, even on another mesh
+    (`Colocated.rollout_weights`: a host's shards viewed on its local mesh)."""
+    def spec(sharding):
+        s = tuple(getattr(sharding, "spec", ()) or ())
+        while s and s[-1] is None:
+            s = s[:-1]
+        return s
+
+    return any(spec(e) != spec(p.sharding)
+               for e, p in zip(jax.tree.leaves(engine_shardings), jax.tree.leaves(params)))
