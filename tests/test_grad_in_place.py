@@ -37,7 +37,7 @@ def _step(in_place: bool):
     does not see `in_place`), with `gradients.in_place` forced."""
     def step(*args, **kwargs):
         original = gradients.in_place
-        gradients.in_place = lambda cfg: in_place
+        gradients.in_place = lambda *_: in_place
         try:
             return train_step._train_step(*args, **kwargs)
         finally:

@@ -19,7 +19,7 @@ import pytest
 from locojax.model import decoder, lora, params
 from locojax.model.config import LoraConfig, tiny
 from locojax.rl import batch as batch_lib
-from locojax.rl import train_state
+from locojax.rl import gradients, train_state
 from locojax.rl.config import AlgoConfig, LearnerConfig, OptimConfig
 from locojax.rl.train_step import update
 from tests.tolerance import probabilistic, x64
@@ -127,10 +127,17 @@ def _batch(cfg, rows=8, cols=12, seed=3):
         group_id=np.repeat(np.arange(rows // 4), 4).astype(np.int32))
 
 
-@pytest.mark.parametrize("base_dtype", ["float32", "bfloat16"])
-def test_train_step_updates_adapters_only(base_dtype):
+@pytest.mark.parametrize("base_dtype,remat,accum", [("float32", False, 1),
+                                                    ("bfloat16", False, 1),
+                                                    ("float32", True, 2)])
+def test_train_step_updates_adapters_only(base_dtype, remat, accum):
+    """Also with remat and micro-batches, what the memory plan picks for a large model: the
+    layers' in-place gradient sum is for the full fine-tune's layer shapes, and LoRA keeps
+    the plain backward (`gradients.in_place`)."""
     cfg = lora_cfg(base_dtype=base_dtype)
-    learner = LearnerConfig(algo=AlgoConfig(group_size=4), optim=OptimConfig(lr=1e-2))
+    learner = LearnerConfig(algo=AlgoConfig(group_size=4), optim=OptimConfig(lr=1e-2),
+                            remat=remat, grad_accum=accum)
+    assert not gradients.in_place(learner, cfg)
     base = lora.base_copy(cfg, params.init(cfg, jax.random.key(0)))
     adapters = lora.init(cfg, jax.random.key(1))
     before = jax.tree.map(np.asarray, (base, adapters))
