@@ -89,10 +89,11 @@ def prediction(pt: dict, profile: Path, work: Path):
 def predict(pt: dict, profile: Path, work: Path, method: str = "model"):
     """The point's `Prediction`; with method `measure`, its device phases are the run's own
     programs timed here (`locojax predict train ... --measure`); with `compiled`, priced
-    from them compiled here (`... --compiled`). Its phases are kept in
+    from them compiled here (`predict_programs compiled`). Its phases are kept in
     WORK/ID.pred.json with the load and this machine's matmul rate when it was made."""
     from locojax.predict import measure as measure_lib
-    from locojax.predict import modes, priced
+    from benchmarks import priced
+    from locojax.predict import modes
 
     rate, load = harness.matmul_peak(1024), harness.loads()
     ctx = context(pt, profile, work)
@@ -134,7 +135,7 @@ GROUPS = {"prefill": ("prefill",), "decode": ("decode", "tp_comm", "extend"),
                    "other", "lockstep")}
 """Phases grouped as the diagnosis reads them: a measured run's `train` phase holds its
 gradient all-reduce (predicted apart); host is every phase of Python work, and the hosts'
-meetings (`--compiled`'s `lockstep`: a run measures them inside its batch and metrics)."""
+meetings (`predict_programs compiled`'s `lockstep`: a run measures them inside its batch and metrics)."""
 
 
 def breakdown(pt: dict, profile: Path, work: Path) -> list[object]:
@@ -239,7 +240,7 @@ def main() -> int:
     ap.add_argument("--method", choices=("model", "measure", "compiled"), default="model",
                     help="model: the cost model on the profile; measure: the run's own "
                          "programs timed here (`predict train ... --measure`); compiled: "
-                         "its compiled programs priced (`predict train ... --compiled`)")
+                         "its compiled programs priced (`predict_programs compiled`)")
     ap.add_argument("--phases", action="store_true",
                     help="with --profile: read the runs already in --work-dir and print the "
                          "two phases furthest from their prediction, per point; run nothing")
@@ -262,8 +263,9 @@ def main() -> int:
     print(harness.command_line(), flush=True)
     profile = Path(args.profile) if args.profile else work / "here.json"
     if not args.profile:
-        argv = [*harness.CLI, "predict", "calibrate", "--out", str(profile),
-                *(["--programs"] if args.method == "compiled" else [])]
+        argv = ([sys.executable, "-m", "benchmarks.predict_programs", "calibrate"]
+                if args.method == "compiled" else [*harness.CLI, "predict", "calibrate"])
+        argv += ["--out", str(profile)]
         print(f"$ {shlex.join(argv)}", flush=True)
         subprocess.run(argv, check=True)
     busy = real_model_busy()

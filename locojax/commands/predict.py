@@ -6,7 +6,7 @@ the cost model in locojax/predict (docs/pod_scale.md).
     locojax predict workload NAME --model MODEL --cluster PROFILE-CHIPS [predict flags]
     locojax predict paper [--plot-dir DIR]       # the paper's three studies, reproduced
     locojax predict fields                       # which train flags predict reads
-    locojax predict calibrate [--out FILE] [--programs]   # measure this machine (minutes)
+    locojax predict calibrate [--out FILE]       # measure this machine (minutes)
 
 `train ...` takes exactly `locojax train`'s arguments, so the prediction is of the run that
 command would make: on this machine `locojax predict train demo ... --cluster cpu-here-2`
@@ -27,10 +27,6 @@ predict flags:
   --measure                time one step's work here as the run's own code does it,
                            instead of costing it (single-turn single and colocated runs
                            that fit this machine; locojax/predict/measure.py)
-  --compiled               cost the run's device programs from the programs it compiles
-                           here, kernel by kernel, by the profile's program model (runs
-                           that fit this machine, on a `locojax predict calibrate` profile;
-                           nothing run; locojax/predict/priced.py)
 
 Exit status: 0 a prediction; 2 bad input (named); 3 the run fits in no layout of the
 cluster (the smallest that fits is named).
@@ -42,7 +38,7 @@ import sys
 
 FLAGS = {"--cluster": "", "--hardware": "", "--lengths-from": "", "--chars-per-token": "0",
          "--kv-read": "static", "--sweep": "", "--plot": "", "--plot-dir": ""}
-SWITCHES = ("--constants", "--measure", "--compiled")
+SWITCHES = ("--constants", "--measure")
 DOES_NOT_FIT = 3
 ENDS = ("faster end", "slower end")  # of the range, for colocated
 
@@ -110,8 +106,6 @@ def _train(rest: list[str], own: dict) -> int:
     cfg = run.cfg
     if own["--measure"]:
         return _measured(run, rest)
-    if own["--compiled"]:
-        return _compiled(run, rest)
     return _predict(run.ctx, run.source, own, only=cfg.mode if run.explicit_mode else None,
                     placement=cfg.placement, given=run.given, steps=cfg.steps)
 
@@ -150,27 +144,6 @@ def _beside(model, pred, how: str, done: tuple, inside: tuple) -> None:
         said = how if name in done else f"inside a {how} phase" if name in inside else "model"
         print(f"  {name:<18} {1e3 * got:10.1f}  ({said}; the cost model: {1e3 * est:.1f})")
     print(f"  {'step':<18} {1e3 * pred.step:10.1f}  (the cost model: {1e3 * model.step:.1f})")
-
-
-def _compiled(run, argv: list[str]) -> int:
-    """The run's mode with its device programs priced from their compiled kernels
-    (`priced.py`), next to the cost model's figures for the same phases."""
-    from locojax.predict import priced
-
-    cfg, ctx = run.cfg, run.ctx
-    priced.program_model(ctx.cluster.hw)  # refused before any header is printed
-    _header(ctx)
-    try:
-        model, pred = priced.predicted(ctx, cfg.mode, argv, cfg.rollout.prompts_per_step)
-    except RuntimeError as e:  # the run cannot be built here (it does not fit, ...)
-        print(f"locojax predict: {e}", file=sys.stderr)
-        return 1
-    print(f"\n{cfg.mode}, step time per phase (milliseconds; priced: the run's compiled "
-          "programs by the profile's program model; model: the cost model's):")
-    _beside(model, pred, "priced", priced.PRICED, priced.REPLACED)
-    for note in pred.notes:
-        print(f"  note: {note}")
-    return 0
 
 
 def _workload(rest: list[str], own: dict) -> int:

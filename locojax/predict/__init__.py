@@ -18,12 +18,10 @@ The rest, by what it serves:
   `memory.py`, `presets.py` (workloads by name, `workloads.json`), `compaction.py` (the
   decode loop's waves), `uncertainty.py` (what the uncertain constants move);
 - this machine: `calibrate.py` (`locojax predict calibrate`) with `calibrate_host.py`,
-  `calibrate_oversub.py`, `calibrate_kernels.py`, `calibrate_lockstep.py`,
-  `calibrate_joined.py` and `calibration_step.py`; `calibrated.py` (the program times it
+  `calibrate_oversub.py` and `calibration_step.py`; `calibrated.py` (the program times it
   measured) and `shared_machine.py` (hosts sharing one machine's cores);
 - the run's own programs: `measure.py` with `measure_child.py` (`--measure`: one step
-  timed), `priced.py` with `price_child.py` (`--compiled`: the programs priced by kernel),
-  `hlo_kernels.py`, `kernel_model.py` and `kernel_tables.py`;
+  timed);
 - the reports: `report.py`, `sweep.py` (`--sweep`), `paper.py` with `paper_report.py` and
   `paper_sensitivity.py` (the paper's studies).
 """

@@ -1,4 +1,4 @@
-"""The joined train step, for `locojax predict calibrate --programs`: what a GRPO update
+"""The joined train step, for `predict_programs calibrate`: what a GRPO update
 costs when k colocated hosts (processes on this machine, joined by `jax.distributed`) run
 it as one data-parallel program, over what the same update costs each of them alone.
 
