@@ -19,8 +19,8 @@ Scripts, by what they measure:
   (sampling and one update), paired_seeds (the learning claim's paired test);
 - learning: bench_learning; real sizes: bench_real_size, plan_real_size;
 - `locojax predict`: calibrate_predict, predict_probes, validate_predict, validate_heldout,
-  predict_programs (a run's programs priced by kernel beside the cost model: priced with
-  its child price_child, kernel_model, kernel_tables, hlo_kernels, kernel_programs,
+  predict_programs (a run's programs timed or priced by kernel beside the cost model:
+  measure with its child measure_child; priced with its child price_child, kernel_model, kernel_tables, hlo_kernels, kernel_programs,
   calibrate_kernels, calibrate_lockstep, calibrate_joined), kernel_profile and
   kernel_rates.
 

@@ -1,23 +1,27 @@
 """A run's own programs beside `locojax predict`'s cost model, on this machine: the step's
-device phases priced from the programs the run compiles here, kernel by kernel
+device phases timed as the run's own code runs them (`measure`: `measure.py`,
+`measure_child.py`), or priced from the programs the run compiles here, kernel by kernel
 (`compiled`, issue 37's program model: `priced.py`, `price_child.py`, `kernel_model.py`),
-next to the cost model's figure for each phase.
+each next to the cost model's figure for the same phase.
 
-It needs the machine the run runs on (the programs are compiled there, and the program
-model is fitted there, about twelve minutes on 2 cores), so it is a laboratory, not the
-prediction `locojax predict` makes before launch (issue 58); its validation on
-pre-registered held-out points is `benchmarks/validate_heldout.py --method compiled`
-(docs/results/predict_compiled.md).
+Both need the machine the run runs on (the programs are built there; the program model is
+fitted there, about twelve minutes on 2 cores), so they are a laboratory, not the
+prediction `locojax predict` makes before launch (issue 58, which moved them here from
+`locojax predict train ... --measure` and `--compiled`). Their validations on pre-registered
+held-out points are `benchmarks/validate_heldout.py --method measure|compiled`
+(docs/results/predict_validation.md, docs/results/predict_compiled.md).
 
 Usage:
+    .venv/bin/python -m benchmarks.predict_programs measure TRAIN_ARGS [--hardware FILE] \
+        [--cluster N]
     .venv/bin/python -m benchmarks.predict_programs calibrate --out FILE
     .venv/bin/python -m benchmarks.predict_programs compiled TRAIN_ARGS --hardware FILE \\
         --cluster N
 
 `calibrate` writes `locojax predict calibrate`'s profile with the program model added
 (`program_model`: `calibrate_kernels.py`, `calibrate_lockstep.py`, `calibrate_joined.py`).
-`compiled` takes `locojax train`'s arguments, as `locojax predict train` does, for a `single`
-or `colocated` run that fits this machine.
+`measure` and `compiled` take `locojax train`'s arguments, as `locojax predict train` does,
+for a single-turn `single` or `colocated` run that fits this machine.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import json
 import sys
 from pathlib import Path
 
-from benchmarks import harness, priced
+from benchmarks import harness, measure as measure_lib, priced
 
 
 def beside(model, pred, how: str, done: tuple, inside: tuple) -> list[str]:
@@ -51,6 +55,27 @@ def run_of(argv: list[str]):
     ap.add_argument("--cluster", default="")
     own, rest = ap.parse_known_args(argv)
     return from_train.parse(rest, own.cluster, own.hardware), rest
+
+
+def measure(argv: list[str]) -> int:
+    """The run's mode with its step's work timed as the run's own code runs it."""
+    from locojax.predict import modes
+
+    run, rest = run_of(argv)
+    cfg, ctx = run.cfg, run.ctx
+    if cfg.mode not in measure_lib.MEASURABLE:
+        raise ValueError(f"measure times {' and '.join(measure_lib.MEASURABLE)} runs here; "
+                         f"--mode {cfg.mode} is predicted by the model only")
+    model = getattr(modes, cfg.mode)(ctx)
+    prompts, group = cfg.rollout.prompts_per_step, cfg.group_size
+    timed = measure_lib.measure(cfg.mode, rest, ctx.cluster.chips, prompts, group,
+                                measure_lib.limits_of(ctx, prompts * group))
+    pred = measure_lib.apply(model, timed)
+    print(f"{cfg.mode} on {ctx.cluster.describe()} [{ctx.cluster.hw.path}], step time per "
+          f"phase (milliseconds; timed here, {measure_lib.REPS} repetitions after warm-ups, "
+          "the slowest host's step; model: the cost model's):")
+    print("\n".join(beside(model, pred, "timed", measure_lib.TIMED, measure_lib.REPLACED)))
+    return 0
 
 
 def compiled(argv: list[str]) -> int:
@@ -86,13 +111,14 @@ def calibrate(argv: list[str]) -> int:
 
 
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] in ("-h", "--help") or argv[0] not in ("calibrate", "compiled"):
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in ("measure", "calibrate", "compiled"):
         print(__doc__)
         return 0 if argv[:1] in (["-h"], ["--help"]) else 2
     print(harness.header("predict_programs"))
     print(harness.command_line(), flush=True)
     try:
-        return {"calibrate": calibrate, "compiled": compiled}[argv[0]](argv[1:])
+        return {"measure": measure, "calibrate": calibrate,
+                "compiled": compiled}[argv[0]](argv[1:])
     except (ValueError, RuntimeError, FileNotFoundError) as e:
         print(f"predict_programs: {e}", file=sys.stderr)
         return 2

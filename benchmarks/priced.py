@@ -35,7 +35,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from locojax.predict import measure, modes
+from benchmarks import measure
+from locojax.predict import modes
 from benchmarks.kernel_model import CACHE, GRADIENTS, KernelModel, added
 from locojax.predict.modes import Prediction
 

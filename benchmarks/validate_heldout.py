@@ -88,10 +88,10 @@ def prediction(pt: dict, profile: Path, work: Path):
 
 def predict(pt: dict, profile: Path, work: Path, method: str = "model"):
     """The point's `Prediction`; with method `measure`, its device phases are the run's own
-    programs timed here (`locojax predict train ... --measure`); with `compiled`, priced
+    programs timed here (`predict_programs measure`); with `compiled`, priced
     from them compiled here (`predict_programs compiled`). Its phases are kept in
     WORK/ID.pred.json with the load and this machine's matmul rate when it was made."""
-    from locojax.predict import measure as measure_lib
+    from benchmarks import measure as measure_lib
     from benchmarks import priced
     from locojax.predict import modes
 
@@ -239,7 +239,7 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=900, help="seconds per run")
     ap.add_argument("--method", choices=("model", "measure", "compiled"), default="model",
                     help="model: the cost model on the profile; measure: the run's own "
-                         "programs timed here (`predict train ... --measure`); compiled: "
+                         "programs timed here (`predict_programs measure`); compiled: "
                          "its compiled programs priced (`predict_programs compiled`)")
     ap.add_argument("--phases", action="store_true",
                     help="with --profile: read the runs already in --work-dir and print the "

@@ -36,6 +36,7 @@ COVERED_ELSEWHERE = {
     "peers/tunix_real_worker": "bench_real_tunix's worker, below: needs Tunix's venv",
     "peers/tunix_real_model": "tests/test_tunix_real.py runs it: needs Tunix's venv",
     "price_child": "predict_programs compiled's child: tests/test_kernel_model.py runs it",
+    "measure_child": "predict_programs measure's child: tests/test_predict_measure.py runs it",
 }
 
 
@@ -126,7 +127,7 @@ def test_predict_probes_and_calibrate_start():
     assert probe["copy_bytes_per_s"] > 0 and probe["mb"] == 256
     out = bench("calibrate_predict", "--help")
     assert "locojax predict calibrate" in out  # a short caller of the command
-    out = bench("predict_programs", "--help")  # compiled and calibrate: test_kernel_model.py
+    out = bench("predict_programs", "--help")  # test_kernel_model.py, test_predict_measure.py
     assert "predict_programs compiled" in out
 
 

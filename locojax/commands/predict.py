@@ -24,9 +24,6 @@ predict flags:
   --sweep sizes|chips      a sweep over the shipped model sizes or over chip counts
   --plot FILE              where the sweep's plot goes (default predict_sweep.png)
   --constants              every constant the prediction used, with its origin
-  --measure                time one step's work here as the run's own code does it,
-                           instead of costing it (single-turn single and colocated runs
-                           that fit this machine; locojax/predict/measure.py)
 
 Exit status: 0 a prediction; 2 bad input (named); 3 the run fits in no layout of the
 cluster (the smallest that fits is named).
@@ -38,7 +35,7 @@ import sys
 
 FLAGS = {"--cluster": "", "--hardware": "", "--lengths-from": "", "--chars-per-token": "0",
          "--kv-read": "static", "--sweep": "", "--plot": "", "--plot-dir": ""}
-SWITCHES = ("--constants", "--measure")
+SWITCHES = ("--constants",)
 DOES_NOT_FIT = 3
 ENDS = ("faster end", "slower end")  # of the range, for colocated
 
@@ -104,46 +101,8 @@ def _train(rest: list[str], own: dict) -> int:
     run = from_train.parse(rest, own["--cluster"], own["--hardware"], own["--lengths-from"],
                            float(own["--chars-per-token"]), own["--kv-read"])
     cfg = run.cfg
-    if own["--measure"]:
-        return _measured(run, rest)
     return _predict(run.ctx, run.source, own, only=cfg.mode if run.explicit_mode else None,
                     placement=cfg.placement, given=run.given, steps=cfg.steps)
-
-
-def _measured(run, argv: list[str]) -> int:
-    """The run's mode with its step's work timed as the run's own code runs it
-    (`measure.py`), next to the cost model's figures for the same phases."""
-    from locojax.predict import measure, modes
-
-    cfg, ctx = run.cfg, run.ctx
-    mode = cfg.mode
-    if mode not in measure.MEASURABLE:
-        raise ValueError(f"--measure times {' and '.join(measure.MEASURABLE)} runs here; "
-                         f"--mode {mode} is predicted by the model only")
-    _header(ctx)
-    model = getattr(modes, mode)(ctx)
-    rows = cfg.rollout.prompts_per_step * cfg.group_size
-    try:
-        timed = measure.measure(mode, argv, ctx.cluster.chips, cfg.rollout.prompts_per_step,
-                                cfg.group_size, measure.limits_of(ctx, rows))
-    except RuntimeError as e:  # the run cannot be built or run here (it does not fit, ...)
-        print(f"locojax predict: {e}", file=sys.stderr)
-        return 1
-    pred = measure.apply(model, timed)
-    print(f"\n{mode}, step time per phase (milliseconds; timed here, {measure.REPS} "
-          "repetitions after warm-ups, the slowest host's step; model: the cost model's):")
-    _beside(model, pred, "timed", measure.TIMED, measure.REPLACED)
-    return 0
-
-
-def _beside(model, pred, how: str, done: tuple, inside: tuple) -> None:
-    """Each phase of `pred` beside the cost model's (`model`): `how` (timed, priced) for
-    the phases in `done`, "inside a ... phase" for those in `inside`, else "model"."""
-    for name in sorted(set(model.phases) | set(pred.phases), key=lambda k: -pred.phases.get(k, 0)):
-        got, est = pred.phases.get(name, 0.0), model.phases.get(name, 0.0)
-        said = how if name in done else f"inside a {how} phase" if name in inside else "model"
-        print(f"  {name:<18} {1e3 * got:10.1f}  ({said}; the cost model: {1e3 * est:.1f})")
-    print(f"  {'step':<18} {1e3 * pred.step:10.1f}  (the cost model: {1e3 * model.step:.1f})")
 
 
 def _workload(rest: list[str], own: dict) -> int:

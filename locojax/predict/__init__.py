@@ -20,8 +20,6 @@ The rest, by what it serves:
 - this machine: `calibrate.py` (`locojax predict calibrate`) with `calibrate_host.py`,
   `calibrate_oversub.py` and `calibration_step.py`; `calibrated.py` (the program times it
   measured) and `shared_machine.py` (hosts sharing one machine's cores);
-- the run's own programs: `measure.py` with `measure_child.py` (`--measure`: one step
-  timed);
 - the reports: `report.py`, `sweep.py` (`--sweep`), `paper.py` with `paper_report.py` and
   `paper_sensitivity.py` (the paper's studies).
 """
