@@ -28,5 +28,5 @@ Leaves they share: harness (header, interleaving, ratios, tables), workloads (th
 command lines), engine_work (the engine benchmarks' shapes, FLOPs and bytes),
 engine_runners (each side's generate), real_runs (the real-model comparisons' settings and
 runs), kernel_traces (a program's kernels and their trace). Data: predict_validation_points
-*.json (validate_heldout's pre-registered points), data/ (kept result tables).
+_v5.json and _v9.json (validate_heldout's current pre-registered sets), data/ (kept result tables).
 """

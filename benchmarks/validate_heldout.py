@@ -1,5 +1,5 @@
 """Pre-registered validation of `locojax predict` (issue 37, item 3): calibrate this machine
-afresh, run every held-out point of benchmarks/predict_validation_points.json with the real
+afresh, run every held-out point of a pre-registered points file with the real
 `locojax train` / `locojax launch`, predict each from the fresh profile, and print every
 point with its signed error and the verdict against the file's target.
 
@@ -13,6 +13,10 @@ micro-benchmarks (`locojax/predict/calibrate.py`), never a train run.
 - predicted: the step of the run's mode, from the command's own builder
   (`from_train.parse`, as `locojax predict train ARGS --hardware PROFILE --cluster N`
   prints it), with the profile's measured host rates (`calibrated.with_host_rates`).
+
+The points files kept are the current sets: predict_validation_points_v5.json (the
+`measure` method's, the default) and _v9.json (`compiled`'s); the earlier sets are in git
+history, their every point in docs/results/.
 
 Usage:
     .venv/bin/python -m benchmarks.validate_heldout [--work-dir DIR] [--only ID ...]
@@ -33,7 +37,7 @@ from pathlib import Path
 
 from benchmarks import harness
 
-POINTS = Path(__file__).with_name("predict_validation_points.json")
+POINTS = Path(__file__).with_name("predict_validation_points_v5.json")
 REAL = "models/SmolLM2"
 
 

@@ -402,8 +402,8 @@ def test_bench_real_tunix_refuses_without_its_venv_else_runs_three_steps(tmp_pat
 @pytest.mark.slow  # a 6-step `locojax train` run of the smallest pre-registered point
 def test_validate_heldout_one_point_from_the_shipped_profile(tmp_path):
     profile = ROOT / "locojax" / "predict" / "hardware" / "cpu-here.json"
-    out = bench("validate_heldout", "--profile", str(profile), "--only", "tiny-s1-a",
+    out = bench("validate_heldout", "--profile", str(profile), "--only", "tiny-s1-f",
                 "--work-dir", str(tmp_path))
     assert "# validate_heldout: " in out and "load average at the end" in out
-    (row,) = table_rows(out, "tiny-s1-a")
+    (row,) = table_rows(out, "tiny-s1-f")
     assert float(row[7]) > 0 and float(row[8]) > 0  # measured and predicted s/step
