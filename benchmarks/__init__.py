@@ -19,10 +19,10 @@ Scripts, by what they measure:
   (sampling and one update), paired_seeds (the learning claim's paired test);
 - learning: bench_learning; real sizes: bench_real_size, plan_real_size;
 - `locojax predict`: calibrate_predict, predict_probes, validate_predict, validate_heldout,
-  predict_programs (a run's programs timed or priced by kernel beside the cost model:
-  measure with its child measure_child; priced with its child price_child, kernel_model, kernel_tables, hlo_kernels, kernel_programs,
-  calibrate_kernels, calibrate_lockstep, calibrate_joined), kernel_profile and
-  kernel_rates.
+  predict_programs (a run's programs timed, or priced by kernel, beside the cost model:
+  measure with its child measure_child; priced with its child price_child, kernel_model,
+  kernel_tables, hlo_kernels, kernel_programs, calibrate_kernels, calibrate_lockstep and
+  calibrate_joined), kernel_profile and kernel_rates.
 
 Leaves they share: harness (header, interleaving, ratios, tables), workloads (the train
 command lines), engine_work (the engine benchmarks' shapes, FLOPs and bytes),

@@ -41,7 +41,8 @@ import numpy as np
 
 from locojax import distributed
 from benchmarks import calibrate_joined
-from locojax.predict.calibrate_host import call_time_over, median_time
+from benchmarks.calibrate_joined import call_time_over
+from locojax.predict.calibrate_host import median_time
 
 COUNTS = (2, 4)
 WORKS = (1, 16, 256)  # matmuls per unit between meetings: about 0.1, 1 and 17 ms on a core

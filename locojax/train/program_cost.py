@@ -71,7 +71,7 @@ class ProgramCost:
     compile_s: float
     flops: float = 0.0  # per call, a loop's body once (`xla_costs`)
     bytes_accessed: float = 0.0
-    # The compiled program itself: `locojax predict --compiled` reads its kernels from it.
+    # The compiled program itself: benchmarks/price_child.py reads its kernels from it.
     compiled: object = dataclasses.field(default=None, repr=False, compare=False)
 
     @classmethod
