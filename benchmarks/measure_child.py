@@ -95,7 +95,7 @@ def run(spec: dict) -> dict:
     cfg = tyro.extras.overridable_config_cli(PRESETS, args=spec["argv"], prog="measure")
     parts = RunParts.of(cfg)
     if parts.task.multi_turn:
-        raise ValueError(f"--measure builds single-turn steps; {cfg.task.name!r} is multi-turn")
+        raise ValueError(f"measure builds single-turn steps; {cfg.task.name!r} is multi-turn")
     wiring = _join(spec, cfg)
     engine = parts.engine(wiring.rollout_mesh, wiring.rollout_rules)
     plan = plan_memory(parts, wiring, engine)
