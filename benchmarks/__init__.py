@@ -21,11 +21,14 @@ Scripts, by what they measure:
 - the roofline: chip_rates (the probes against a chip's published figures);
 - one accelerator chip: tpu/ (whole experiments for a borrowed chip, each in one process);
 - `locojax predict`: calibrate_predict, predict_probes, validate_predict, validate_heldout,
-  kernel_profile and kernel_rates.
+  predict_programs (a run's programs timed, or priced by kernel, beside the cost model:
+  measure with its child measure_child; priced with its child price_child, kernel_model,
+  kernel_tables, hlo_kernels, kernel_programs, calibrate_kernels, calibrate_lockstep and
+  calibrate_joined), kernel_profile and kernel_rates.
 
 Leaves they share: harness (header, interleaving, ratios, tables), workloads (the train
 command lines), engine_work (the engine benchmarks' shapes, FLOPs and bytes),
 engine_runners (each side's generate), real_runs (the real-model comparisons' settings and
 runs), kernel_traces (a program's kernels and their trace). Data: predict_validation_points
-*.json (validate_heldout's pre-registered points), data/ (kept result tables).
+_v5.json and _v9.json (validate_heldout's current pre-registered sets), data/ (kept result tables).
 """

@@ -1,6 +1,6 @@
 """Where a compiled program's time goes, kernel by kernel: a profiler's trace of the real
-program against the kernels read from its HLO (`locojax/predict/hlo_kernels.py`) and against
-the same kernels timed alone (`locojax/predict/kernel_tables.py`).
+program against the kernels read from its HLO (`benchmarks/hlo_kernels.py`) and against
+the same kernels timed alone (`benchmarks/kernel_tables.py`).
 
     .venv/bin/python -m benchmarks.kernel_profile --model tiny --shape 4 4 20 48 \
         [--tables FILE] [--quick] [--top 8]
@@ -33,8 +33,8 @@ from pathlib import Path
 
 from benchmarks import harness
 from benchmarks.kernel_traces import generate_program, model_config, profiled, train_program
-from locojax.predict.kernel_model import kernel_class
-from locojax.predict.kernel_tables import KernelPrices, measure
+from benchmarks.kernel_model import kernel_class
+from benchmarks.kernel_tables import KernelPrices, measure
 
 COLUMNS = ("class", "kernel runs per call", "events per call", "core ms", "active ms",
            "model ms", "active / model", "MB", "GFLOP", "GB/s active", "GFLOP/s active")

@@ -30,8 +30,8 @@ from pathlib import Path
 
 from benchmarks import harness
 from benchmarks import kernel_traces as kp
-from locojax.predict.kernel_model import kernel_class
-from locojax.predict.kernel_tables import KernelPrices
+from benchmarks.kernel_model import kernel_class
+from benchmarks.kernel_tables import KernelPrices
 
 BUILDS = {"update": kp.train_program, "generate": kp.generate_program}
 CALIBRATION_SHAPE = (8, 4, 16, 32)

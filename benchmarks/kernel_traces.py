@@ -2,7 +2,7 @@
 
 What kernel_profile.py and kernel_rates.py share, in one leaf: the programs (the GRPO
 update and the engine's generate, `locojax/predict/calibration_step.py`) with their kernels
-listed from the compiled HLO (`locojax/predict/hlo_kernels.py`), and `trace_events`, their
+listed from the compiled HLO (`benchmarks/hlo_kernels.py`), and `trace_events`, their
 kernels' times in a `jax.profiler` trace (kernel_profile.py's docstring says how they are
 joined).
 """
@@ -69,18 +69,19 @@ def model_config(name: str):
 
 def train_program(cfg, b: int, g: int, p: int, n: int):
     """(one update, its kernels)."""
+    from benchmarks.hlo_kernels import kernels
+    from benchmarks.kernel_programs import compiled_update
     from locojax.predict import calibration_step
-    from locojax.predict.hlo_kernels import kernels
 
-    compiled = calibration_step.compiled_update(cfg, b, g, p, n)
+    compiled = compiled_update(cfg, b, g, p, n)
     return calibration_step.update(cfg, b, g, p, n), kernels(compiled.as_text()).kernels
 
 
 def generate_program(cfg, b: int, g: int, p: int, n: int):
-    """(one generate of b x g rows of n tokens, its kernels: `calibration_step.generate`)."""
-    from locojax.predict import calibration_step
+    """(one generate of b x g rows of n tokens, its kernels: `kernel_programs.generate`)."""
+    from benchmarks import kernel_programs
 
-    return calibration_step.generate(cfg, b, g, p, n)
+    return kernel_programs.generate(cfg, b, g, p, n)
 
 
 def profiled(build, cfg, shape, calls: int) -> tuple[list, tuple]:

@@ -1,5 +1,5 @@
 """Pre-registered validation of `locojax predict` (issue 37, item 3): calibrate this machine
-afresh, run every held-out point of benchmarks/predict_validation_points.json with the real
+afresh, run every held-out point of a pre-registered points file with the real
 `locojax train` / `locojax launch`, predict each from the fresh profile, and print every
 point with its signed error and the verdict against the file's target.
 
@@ -13,6 +13,10 @@ micro-benchmarks (`locojax/predict/calibrate.py`), never a train run.
 - predicted: the step of the run's mode, from the command's own builder
   (`from_train.parse`, as `locojax predict train ARGS --hardware PROFILE --cluster N`
   prints it), with the profile's measured host rates (`calibrated.with_host_rates`).
+
+The points files kept are the current sets: predict_validation_points_v5.json (the
+`measure` method's, the default) and _v9.json (`compiled`'s); the earlier sets are in git
+history, their every point in docs/results/.
 
 Usage:
     .venv/bin/python -m benchmarks.validate_heldout [--work-dir DIR] [--only ID ...]
@@ -33,7 +37,7 @@ from pathlib import Path
 
 from benchmarks import harness
 
-POINTS = Path(__file__).with_name("predict_validation_points.json")
+POINTS = Path(__file__).with_name("predict_validation_points_v5.json")
 REAL = "models/SmolLM2"
 
 
@@ -88,11 +92,12 @@ def prediction(pt: dict, profile: Path, work: Path):
 
 def predict(pt: dict, profile: Path, work: Path, method: str = "model"):
     """The point's `Prediction`; with method `measure`, its device phases are the run's own
-    programs timed here (`locojax predict train ... --measure`); with `compiled`, priced
-    from them compiled here (`... --compiled`). Its phases are kept in
+    programs timed here (`predict_programs measure`); with `compiled`, priced
+    from them compiled here (`predict_programs compiled`). Its phases are kept in
     WORK/ID.pred.json with the load and this machine's matmul rate when it was made."""
-    from locojax.predict import measure as measure_lib
-    from locojax.predict import modes, priced
+    from benchmarks import measure as measure_lib
+    from benchmarks import priced
+    from locojax.predict import modes
 
     rate, load = harness.matmul_peak(1024), harness.loads()
     ctx = context(pt, profile, work)
@@ -134,7 +139,7 @@ GROUPS = {"prefill": ("prefill",), "decode": ("decode", "tp_comm", "extend"),
                    "other", "lockstep")}
 """Phases grouped as the diagnosis reads them: a measured run's `train` phase holds its
 gradient all-reduce (predicted apart); host is every phase of Python work, and the hosts'
-meetings (`--compiled`'s `lockstep`: a run measures them inside its batch and metrics)."""
+meetings (`predict_programs compiled`'s `lockstep`: a run measures them inside its batch and metrics)."""
 
 
 def breakdown(pt: dict, profile: Path, work: Path) -> list[object]:
@@ -238,8 +243,8 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=900, help="seconds per run")
     ap.add_argument("--method", choices=("model", "measure", "compiled"), default="model",
                     help="model: the cost model on the profile; measure: the run's own "
-                         "programs timed here (`predict train ... --measure`); compiled: "
-                         "its compiled programs priced (`predict train ... --compiled`)")
+                         "programs timed here (`predict_programs measure`); compiled: "
+                         "its compiled programs priced (`predict_programs compiled`)")
     ap.add_argument("--phases", action="store_true",
                     help="with --profile: read the runs already in --work-dir and print the "
                          "two phases furthest from their prediction, per point; run nothing")
@@ -262,8 +267,9 @@ def main() -> int:
     print(harness.command_line(), flush=True)
     profile = Path(args.profile) if args.profile else work / "here.json"
     if not args.profile:
-        argv = [*harness.CLI, "predict", "calibrate", "--out", str(profile),
-                *(["--programs"] if args.method == "compiled" else [])]
+        argv = ([sys.executable, "-m", "benchmarks.predict_programs", "calibrate"]
+                if args.method == "compiled" else [*harness.CLI, "predict", "calibrate"])
+        argv += ["--out", str(profile)]
         print(f"$ {shlex.join(argv)}", flush=True)
         subprocess.run(argv, check=True)
     busy = real_model_busy()

@@ -35,6 +35,8 @@ COVERED_ELSEWHERE = {
     "peers/tunix_sampler": "bench_engine's Tunix arm: needs its venv",
     "peers/tunix_real_worker": "bench_real_tunix's worker, below: needs Tunix's venv",
     "peers/tunix_real_model": "tests/test_tunix_real.py runs it: needs Tunix's venv",
+    "price_child": "predict_programs compiled's child: tests/test_kernel_model.py runs it",
+    "measure_child": "predict_programs measure's child: tests/test_predict_measure.py runs it",
 }
 
 
@@ -133,6 +135,8 @@ def test_predict_probes_and_calibrate_start():
     assert probe["copy_bytes_per_s"] > 0 and probe["mb"] == 256
     out = bench("calibrate_predict", "--help")
     assert "locojax predict calibrate" in out  # a short caller of the command
+    out = bench("predict_programs", "--help")  # test_kernel_model.py, test_predict_measure.py
+    assert "predict_programs compiled" in out
 
 
 @pytest.fixture(scope="module")
@@ -406,10 +410,10 @@ def test_bench_real_tunix_refuses_without_its_venv_else_runs_three_steps(tmp_pat
 @pytest.mark.slow  # a 6-step `locojax train` run of the smallest pre-registered point
 def test_validate_heldout_one_point_from_the_shipped_profile(tmp_path):
     profile = ROOT / "locojax" / "predict" / "hardware" / "cpu-here.json"
-    out = bench("validate_heldout", "--profile", str(profile), "--only", "tiny-s1-a",
+    out = bench("validate_heldout", "--profile", str(profile), "--only", "tiny-s1-f",
                 "--work-dir", str(tmp_path))
     assert "# validate_heldout: " in out and "load average at the end" in out
-    (row,) = table_rows(out, "tiny-s1-a")
+    (row,) = table_rows(out, "tiny-s1-f")
     assert float(row[7]) > 0 and float(row[8]) > 0  # measured and predicted s/step
 
 

@@ -53,8 +53,8 @@ def accepted() -> dict[str, set[str]]:
         "train": train,
         "demo": train | {"--real"},  # demo passes the rest to `train demo`
         # predict train/workload take train's flags and predict's own; `predict calibrate`
-        # reads two, --out and --programs, by hand (commands/predict_calibrate.py).
-        "predict": train | set(predict.FLAGS) | set(predict.SWITCHES) | {"--out", "--programs"},
+        # reads one, --out, by hand (commands/predict_calibrate.py).
+        "predict": train | set(predict.FLAGS) | set(predict.SWITCHES) | {"--out"},
         "eval": _tyro(eval.EvalArgs), "curate": _tyro(curate.CurateArgs),
         "generate": _tyro(generate.GenerateArgs), "sft": _tyro(sft.SFTArgs),
         "convert": _tyro(convert.ConvertArgs), "plot": _tyro(plot.PlotArgs),

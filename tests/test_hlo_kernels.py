@@ -1,10 +1,10 @@
-"""The kernel list read from a compiled program's HLO (`locojax/predict/hlo_kernels.py`)."""
+"""The kernel list read from a compiled program's HLO (`benchmarks/hlo_kernels.py`)."""
 
 import jax
 import jax.numpy as jnp
 import pytest
 
-from locojax.predict.hlo_kernels import Dot, kernels, type_bytes
+from benchmarks.hlo_kernels import Dot, kernels, type_bytes
 
 
 def _program(fn, *args):
@@ -66,11 +66,11 @@ def test_train_step_dots_are_the_cost_models_flops(preset):
     only matmuls, as the dots are): equal to float rounding, TINY being unrolled and the
     kernel list counting every layer."""
     from locojax.model import config
-    from locojax.predict import calibration_step
+    from benchmarks.kernel_programs import compiled_update
     from locojax.predict.flops import ModelCosts
 
     cfg = getattr(config, preset)()
-    compiled = calibration_step.compiled_update(cfg, 4, 4, 20, 48)
+    compiled = compiled_update(cfg, 4, 4, 20, 48)
     prog = kernels(compiled.as_text())
     model = ModelCosts(cfg, "float32").train_step(16, 4, 20, 48).flops
     assert prog.dot_flops == pytest.approx(model, rel=1e-9)

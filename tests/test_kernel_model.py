@@ -1,4 +1,4 @@
-"""The program model of `locojax predict --compiled` (`locojax/predict/kernel_model.py`,
+"""The program model of `benchmarks.predict_programs compiled` (`benchmarks/kernel_model.py`,
 `priced.py`): features of a kernel list, the fit, the cores and the phases, on made-up
 numbers; and one tiny run's programs compiled and read by the child."""
 
@@ -6,9 +6,9 @@ import math
 
 import pytest
 
-from locojax.predict import kernel_model, kernel_tables, priced
-from locojax.predict.hlo_kernels import Dot, Kernel
-from locojax.predict.kernel_model import FEATURES, KernelModel
+from benchmarks import kernel_model, kernel_tables, priced
+from benchmarks.hlo_kernels import Dot, Kernel
+from benchmarks.kernel_model import FEATURES, KernelModel
 from tests.test_kernel_tables import RATE
 from tests.test_kernel_tables import _table as _tables
 
@@ -94,11 +94,11 @@ def test_a_colocated_host_compiles_its_share_of_the_prompts():
 
 
 def test_compiled_is_refused_without_a_program_model(tmp_path, capsys):
-    from locojax.commands import predict
+    from benchmarks import predict_programs
 
-    code = predict.main(["train", "demo", "--model", "tiny", "--compiled",
-                         "--cluster", "cpu-here-1"])
-    assert code == 2 and "locojax predict calibrate" in capsys.readouterr().err
+    code = predict_programs.main(["compiled", "demo", "--model", "tiny",
+                                  "--cluster", "cpu-here-1"])
+    assert code == 2 and "predict_programs calibrate" in capsys.readouterr().err
 
 
 def test_the_child_reads_a_tiny_runs_compiled_programs(tmp_path):
@@ -129,7 +129,7 @@ def test_the_calibration_times_and_reads_its_programs():
     """`calibrate_kernels.rows` on one narrow decoder and one shape: each kind's program is
     compiled, read and timed (a positive time; features that price a matmul), the prefill
     and the decode of one generate apart, each one program call."""
-    from locojax.predict import calibrate_kernels
+    from benchmarks import calibrate_kernels
 
     dims = dict(hidden_size=16, intermediate_size=32, num_attention_heads=2,
                 num_key_value_heads=1, head_dim=8, vocab_size=64)
@@ -146,7 +146,7 @@ def test_compiled_prints_each_phase_priced_beside_the_cost_model(tmp_path, capsy
     within 0.05 ms of it)."""
     import json
 
-    from locojax.commands import predict
+    from benchmarks import predict_programs
     from locojax.predict import calibrate
     from tests.test_predict_calibrated import MEASURED
 
@@ -160,8 +160,8 @@ def test_compiled_prints_each_phase_priced_beside_the_cost_model(tmp_path, capsy
     argv = ["demo", "--model", "tiny", "--mode", "single", "--rollout.prompts-per-step", "2",
             "--algo.group-size", "2", "--rollout.max-new-tokens", "8", "--rollout.ignore-eos",
             "--eval.every", "0", "--steps", "2"]
-    code = predict.main(["train", *argv, "--compiled", "--hardware", str(profile),
-                         "--cluster", "1"])
+    code = predict_programs.main(["compiled", *argv, "--hardware", str(profile),
+                                  "--cluster", "1"])
     out = capsys.readouterr().out
     assert code == 0, out
     train = next(ln for ln in out.splitlines() if ln.strip().startswith("train "))
@@ -179,9 +179,9 @@ def test_a_malformed_program_model_is_refused_by_name():
              "cores": 2}
     assert KernelModel.of(entry).cores == 2.0
     broken = {**entry, "weights": {"one": good.weights["one"]}}  # no all-core fit
-    with pytest.raises(ValueError, match=r"weights\.all\.update\.call.*calibrate --programs"):
+    with pytest.raises(ValueError, match=r"weights\.all\.update\.call.*predict_programs calibrate"):
         KernelModel.of(broken)
     with pytest.raises(ValueError, match="lacks tables"):
         KernelModel.of({k: v for k, v in entry.items() if k != "tables"})
-    with pytest.raises(ValueError, match="lacks tables_all.*calibrate --programs"):
+    with pytest.raises(ValueError, match="lacks tables_all.*predict_programs calibrate"):
         KernelModel.of({k: v for k, v in entry.items() if k != "tables_all"})  # an old one

@@ -1,13 +1,13 @@
 """Pricing a compiled program kernel by kernel from kernels timed alone
-(`locojax/predict/kernel_tables.py`): the arithmetic of the tables, on made-up numbers."""
+(`benchmarks/kernel_tables.py`): the arithmetic of the tables, on made-up numbers."""
 
 import itertools
 
 import pytest
 
-from locojax.predict import kernel_tables
-from locojax.predict.kernel_tables import KernelPrices
-from locojax.predict.hlo_kernels import Dot, Kernel
+from benchmarks import kernel_tables
+from benchmarks.kernel_tables import KernelPrices
+from benchmarks.hlo_kernels import Dot, Kernel
 
 LAUNCH = 2e-6
 RATE = 1e11  # FLOP/s of every synthetic matmul

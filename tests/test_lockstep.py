@@ -1,12 +1,12 @@
 """Meetings of device threads and hosts that share the cores (`calibrate_lockstep.py`), as
-`predict --compiled` prices them (`KernelModel.meeting`, `priced.phases`, `priced.meetings`):
+`benchmarks.predict_programs compiled` prices them (`KernelModel.meeting`, `priced.phases`, `priced.meetings`):
 the fit and the terms on made-up numbers, and the probe itself, run."""
 
 import pytest
 
-from locojax.predict import calibrate_joined, calibrate_lockstep, priced
+from benchmarks import calibrate_joined, calibrate_lockstep, priced
 from locojax.predict.modes import Prediction
-from locojax.predict.kernel_model import KernelModel
+from benchmarks.kernel_model import KernelModel
 from tests.test_kernel_model import _model
 
 TABLE = {"2": {"a": 1e-3, "b": 0.1}, "4": {"a": 3e-3, "b": 0.3}}
@@ -108,7 +108,7 @@ def test_the_meetings_replace_the_small_collectives_or_a_note_says_they_are_miss
     assert "collectives" not in got.phases and "allreduce" not in got.phases
     assert got.phases["lockstep"] == pytest.approx(priced.meetings(ph, measured, 2))
     old = priced.with_meetings(Prediction("colocated", "2 hosts", dict(ph)), _with({}), 2, True)
-    assert old.phases == ph and "calibrate --programs again" in old.notes[-1]
+    assert old.phases == ph and "predict_programs calibrate again" in old.notes[-1]
     one = priced.with_meetings(Prediction("single", "1", dict(ph)), _with({}), 1, False)
     assert one.phases == ph and not one.notes  # one unit: nothing meets
 

@@ -1,4 +1,4 @@
-"""`locojax predict train ... --measure` (locojax/predict/measure.py, measure_child.py): the
+"""`benchmarks.predict_programs measure` (benchmarks/measure.py, measure_child.py): the
 run's own step timed here. No assertion on a time: only that the work is the run's, that
 the slowest host's step and the median are taken, and that bad requests are refused by
 name."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from locojax.predict import measure
+from benchmarks import measure
 from locojax.predict.modes import Prediction
 from locojax.predict.workload import Lengths
 
@@ -64,7 +64,7 @@ def test_apply_replaces_timed_phases_and_the_model_phases_inside_them():
     got = measure.apply(pred, {"prefill": 0.1, "decode": 0.2, "train": 0.3, "batch": 0.05})
     assert got.phases == {"prefill": 0.1, "decode": 0.2, "train": 0.3, "batch": 0.05,
                           "other": 0.01}
-    assert got.mode == "colocated" and any("--measure" in n for n in got.notes)
+    assert got.mode == "colocated" and any("predict_programs measure" in n for n in got.notes)
 
 
 def test_measure_refuses_a_mode_it_cannot_build_here():
@@ -77,10 +77,10 @@ def test_measure_refuses_prompts_that_do_not_split_over_hosts():
         measure.measure("colocated", TINY, 2, 5, 2)
 
 
-def test_cli_refuses_measure_for_a_ray_mode(capsys):
-    from locojax.commands import predict
+def test_measure_refuses_a_ray_mode(capsys):
+    from benchmarks import predict_programs
 
-    code = predict.main(["train", "demo", "--mode", "async", "--model", "tiny", "--measure"])
+    code = predict_programs.main(["measure", "demo", "--mode", "async", "--model", "tiny"])
     assert code == 2
     assert "--mode async is predicted by the model only" in capsys.readouterr().err
 

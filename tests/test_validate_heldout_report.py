@@ -1,5 +1,5 @@
 """benchmarks/validate_heldout.py's report: the verdict line against a target, and the
-cost model's own predictions printed beside `--measure`'s, every run point with its sign."""
+cost model's own predictions printed beside `measure`'s, every run point with its sign."""
 
 import json
 

@@ -6,7 +6,7 @@ the cost model in locojax/predict (docs/pod_scale.md).
     locojax predict workload NAME --model MODEL --cluster PROFILE-CHIPS [predict flags]
     locojax predict paper [--plot-dir DIR]       # the paper's three studies, reproduced
     locojax predict fields                       # which train flags predict reads
-    locojax predict calibrate [--out FILE] [--programs]   # measure this machine (minutes)
+    locojax predict calibrate [--out FILE]       # measure this machine (minutes)
 
 `train ...` takes exactly `locojax train`'s arguments, so the prediction is of the run that
 command would make: on this machine `locojax predict train demo ... --cluster cpu-here-2`
@@ -24,13 +24,6 @@ predict flags:
   --sweep sizes|chips      a sweep over the shipped model sizes or over chip counts
   --plot FILE              where the sweep's plot goes (default predict_sweep.png)
   --constants              every constant the prediction used, with its origin
-  --measure                time one step's work here as the run's own code does it,
-                           instead of costing it (single-turn single and colocated runs
-                           that fit this machine; locojax/predict/measure.py)
-  --compiled               cost the run's device programs from the programs it compiles
-                           here, kernel by kernel, by the profile's program model (runs
-                           that fit this machine, on a `locojax predict calibrate` profile;
-                           nothing run; locojax/predict/priced.py)
 
 Exit status: 0 a prediction; 2 bad input (named); 3 the run fits in no layout of the
 cluster (the smallest that fits is named).
@@ -42,7 +35,7 @@ import sys
 
 FLAGS = {"--cluster": "", "--hardware": "", "--lengths-from": "", "--chars-per-token": "0",
          "--kv-read": "static", "--sweep": "", "--plot": "", "--plot-dir": ""}
-SWITCHES = ("--constants", "--measure", "--compiled")
+SWITCHES = ("--constants",)
 DOES_NOT_FIT = 3
 ENDS = ("faster end", "slower end")  # of the range, for colocated
 
@@ -108,69 +101,8 @@ def _train(rest: list[str], own: dict) -> int:
     run = from_train.parse(rest, own["--cluster"], own["--hardware"], own["--lengths-from"],
                            float(own["--chars-per-token"]), own["--kv-read"])
     cfg = run.cfg
-    if own["--measure"]:
-        return _measured(run, rest)
-    if own["--compiled"]:
-        return _compiled(run, rest)
     return _predict(run.ctx, run.source, own, only=cfg.mode if run.explicit_mode else None,
                     placement=cfg.placement, given=run.given, steps=cfg.steps)
-
-
-def _measured(run, argv: list[str]) -> int:
-    """The run's mode with its step's work timed as the run's own code runs it
-    (`measure.py`), next to the cost model's figures for the same phases."""
-    from locojax.predict import measure, modes
-
-    cfg, ctx = run.cfg, run.ctx
-    mode = cfg.mode
-    if mode not in measure.MEASURABLE:
-        raise ValueError(f"--measure times {' and '.join(measure.MEASURABLE)} runs here; "
-                         f"--mode {mode} is predicted by the model only")
-    _header(ctx)
-    model = getattr(modes, mode)(ctx)
-    rows = cfg.rollout.prompts_per_step * cfg.group_size
-    try:
-        timed = measure.measure(mode, argv, ctx.cluster.chips, cfg.rollout.prompts_per_step,
-                                cfg.group_size, measure.limits_of(ctx, rows))
-    except RuntimeError as e:  # the run cannot be built or run here (it does not fit, ...)
-        print(f"locojax predict: {e}", file=sys.stderr)
-        return 1
-    pred = measure.apply(model, timed)
-    print(f"\n{mode}, step time per phase (milliseconds; timed here, {measure.REPS} "
-          "repetitions after warm-ups, the slowest host's step; model: the cost model's):")
-    _beside(model, pred, "timed", measure.TIMED, measure.REPLACED)
-    return 0
-
-
-def _beside(model, pred, how: str, done: tuple, inside: tuple) -> None:
-    """Each phase of `pred` beside the cost model's (`model`): `how` (timed, priced) for
-    the phases in `done`, "inside a ... phase" for those in `inside`, else "model"."""
-    for name in sorted(set(model.phases) | set(pred.phases), key=lambda k: -pred.phases.get(k, 0)):
-        got, est = pred.phases.get(name, 0.0), model.phases.get(name, 0.0)
-        said = how if name in done else f"inside a {how} phase" if name in inside else "model"
-        print(f"  {name:<18} {1e3 * got:10.1f}  ({said}; the cost model: {1e3 * est:.1f})")
-    print(f"  {'step':<18} {1e3 * pred.step:10.1f}  (the cost model: {1e3 * model.step:.1f})")
-
-
-def _compiled(run, argv: list[str]) -> int:
-    """The run's mode with its device programs priced from their compiled kernels
-    (`priced.py`), next to the cost model's figures for the same phases."""
-    from locojax.predict import priced
-
-    cfg, ctx = run.cfg, run.ctx
-    priced.program_model(ctx.cluster.hw)  # refused before any header is printed
-    _header(ctx)
-    try:
-        model, pred = priced.predicted(ctx, cfg.mode, argv, cfg.rollout.prompts_per_step)
-    except RuntimeError as e:  # the run cannot be built here (it does not fit, ...)
-        print(f"locojax predict: {e}", file=sys.stderr)
-        return 1
-    print(f"\n{cfg.mode}, step time per phase (milliseconds; priced: the run's compiled "
-          "programs by the profile's program model; model: the cost model's):")
-    _beside(model, pred, "priced", priced.PRICED, priced.REPLACED)
-    for note in pred.notes:
-        print(f"  note: {note}")
-    return 0
 
 
 def _workload(rest: list[str], own: dict) -> int:

@@ -21,11 +21,6 @@ What is measured, each a median of repeats, nothing fitted to a training run:
 - `dcn_latency`, `dcn_bandwidth`: two processes joined by `jax.distributed` on 127.0.0.1
   (gloo, as `locojax launch` joins its hosts) time a psum at several sizes; a ring
   all-reduce over p = 2 takes 2 (p - 1) α + 2 (p - 1) / p · m / β, fitted for α and β.
-- `program_model` (only with `--programs`: about twelve more minutes on 2 cores): the
-  weights of the kernel model of `predict train ... --compiled` (`kernel_model.py`), fitted
-  to locojax's programs on three calibration decoders on one core and on all, the matmul
-  tables it prices matmuls by, timed on each (`calibrate_kernels.py`), and the meetings of
-  devices and hosts sharing the cores (`calibrate_lockstep.py`, `calibrate_joined.py`);
 - `oversubscription`: ρ(k) for k = 2 and 4 local hosts, k processes of the calibration
   decoder's train step at once, placed as `locojax launch` places its hosts (pinned a share
   each where k <= cores, unpinned beyond), over one alone on one core, per core of its fair
@@ -52,7 +47,7 @@ import time
 from pathlib import Path
 
 from locojax import distributed
-from locojax.predict import calibrate_kernels, calibration_step
+from locojax.predict import calibration_step
 from locojax.predict.calibrate_host import host_rates, matmul_flops, median_time
 from locojax.predict.calibrate_oversub import oversubscription
 from locojax.predict.hardware import CALIBRATED
@@ -208,9 +203,8 @@ def _c(value: float, unit: str, origin: str, source: str) -> dict:
     return {"value": float(value), "unit": unit, "origin": origin, "source": source}
 
 
-def measure(say=print, programs: bool = False) -> dict:
-    """Every measurement of the module docstring, saying each as it is taken; the program
-    model only with `programs` (it takes three times as long as the rest)."""
+def measure(say=print) -> dict:
+    """Every measurement of the module docstring, saying each as it is taken."""
     cores = len(os.sched_getaffinity(0))
     out = {"cores": cores}
     steps = (("peak_flops", matmul_flops), ("flops_per_core", one_core_flops),
@@ -218,8 +212,6 @@ def measure(say=print, programs: bool = False) -> dict:
              ("program_rates", lambda: program_rates(out["peak_flops"])),
              ("host_rates", host_rates), ("collectives", collectives),
              ("oversubscription", lambda: oversubscription(CALIBRATION_DECODER)))
-    if programs:
-        steps += (("program_model", calibrate_kernels.program_model),)
     for name, fn in steps:
         t0 = time.perf_counter()
         out[name] = fn()
@@ -227,8 +219,7 @@ def measure(say=print, programs: bool = False) -> dict:
     return out
 
 
-QUIET = ("samples", "tables", "tables_all", "rows", "decoders", "shapes",
-         "works")  # too long to say
+QUIET = ("samples",)  # too long to say
 
 
 def _short(v) -> str:
@@ -277,7 +268,6 @@ def profile(m: dict, when: str, load: str) -> dict:
         "host_rates": {k: mk(v, "s", k.replace("_", " ")) for k, v in rates.items()},
         "collective_samples_s": coll["samples"],
         **_oversubscription(m, mk),
-        **({"program_model": m["program_model"]} if "program_model" in m else {}),
     }
 
 
@@ -298,14 +288,13 @@ def _ram() -> float:
     return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
 
 
-def run(out: Path = DEFAULT_PATH, say=print, programs: bool = False) -> Path:
-    """Measure (the program model too with `programs`), write the profile to `out`, and
-    return its path."""
+def run(out: Path = DEFAULT_PATH, say=print) -> Path:
+    """Measure, write the profile to `out`, and return its path."""
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     load = "{:.2f}".format(os.getloadavg()[0])
     say(f"calibrating this machine ({len(os.sched_getaffinity(0))} cores, load {load}); "
         "a few minutes, keep it otherwise idle:")
-    m = measure(say, programs)
+    m = measure(say)
     load = f"{load}-{os.getloadavg()[0]:.2f} (1-min average, start-end)"
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -41,18 +41,6 @@ def median_time(fn, reps: int, warm: int = 2) -> float:
     return statistics.median(times)
 
 
-def call_time_over(call, window: float) -> float:
-    """Seconds per call of `call` (which returns when done) called back to back for
-    `window` seconds (every process busy for the whole window, where a count of calls would
-    let the first to finish leave the others the cores)."""
-    call()
-    start, calls = time.perf_counter(), 0
-    while time.perf_counter() - start < window:
-        call()
-        calls += 1
-    return (time.perf_counter() - start) / calls
-
-
 def matmul_flops(n: int = 1024, reps: int = 5) -> float:
     """f32 matmul FLOP/s of this process (2 n^3 per product)."""
     import jax

@@ -19,8 +19,9 @@ sampling draws for all N steps and its cache writes, is fixed per shape and scal
 rows, as the FLOPs do); on c cores the FLOP part
 splits as Amdahl's law, a serial share (1 - φ) and a parallel share φ / c, with φ fitted to
 the same runs on 2 cores. Below one core (more busy processes than cores, each getting
-c < 1 of one) a program is time-sliced: t(c) = t(1) / c. `benchmarks/calibrate_predict.py`
-measures and fits these; the profile records the runs.
+c < 1 of one) a program is time-sliced: t(c) = t(1) / c. The shipped example's fits were made
+by a script since replaced (the profile's sources name it); `locojax predict calibrate`
+measures this machine instead (`calibrated.py`).
 """
 
 from __future__ import annotations

@@ -97,7 +97,7 @@ def scored(gen, tokenizer: Tokenizer, task: Task, runner: RewardRunner,
            examples: Sequence[Example], prompt_tokens: np.ndarray, prompt_mask: np.ndarray,
            first_group: int, group_size: int) -> Rollouts:
     """The engine's output `gen` detokenized and scored: the `detokenize_reward` phase
-    (`predict --measure` times this same call, `measure_child.py`)."""
+    (`benchmarks/measure_child.py` times this same call)."""
     tokens, mask, logprobs = (np.asarray(x) for x in (gen.tokens, gen.mask, gen.logprobs))
     texts = [tokenizer.decode(row[m].tolist()) for row, m in zip(tokens, mask)]
     row_examples = [ex for ex in examples for _ in range(group_size)]

@@ -116,7 +116,7 @@ class Producer:
                  ) -> tuple[Rollouts, batch_lib.TrainBatch, RolloutStats]:
         """The producer's `batch` phase: each slot's kept group (`choice`: its round), the
         group-relative advantages, the host-local train rows and the step's sums.
-        `predict --measure` times this same call (`measure_child.py`)."""
+        `benchmarks/measure_child.py` times this same call."""
         out = ds.select_groups(rounds, choice)
         adv, _ = algorithms.compute_advantages(self.algo, out.rewards, out.group_ids)
         local = batch_lib.from_rollout(

@@ -79,7 +79,7 @@ class ProgramCost:
     compile_s: float
     flops: float = 0.0  # per call, a loop's body once (`xla_costs`)
     bytes_accessed: float = 0.0
-    # The compiled program itself: `locojax predict --compiled` reads its kernels from it.
+    # The compiled program itself: benchmarks/price_child.py reads its kernels from it.
     compiled: object = dataclasses.field(default=None, repr=False, compare=False)
     # Non-empty: the compiler refused the program for want of device memory, and said this
     # (`out_of_memory.refused`); its temporaries are then the compiler's figure, not XLA's

@@ -1,4 +1,4 @@
-"""The joined train step, for `locojax predict calibrate --programs`: what a GRPO update
+"""The joined train step, for `predict_programs calibrate`: what a GRPO update
 costs when k colocated hosts (processes on this machine, joined by `jax.distributed`) run
 it as one data-parallel program, over what the same update costs each of them alone.
 
@@ -24,10 +24,12 @@ colocated host's train step, in place of the cost model's all-reduce and the psu
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from locojax import distributed
-from locojax.predict.calibrate_host import call_time_over, median_time
+from locojax.predict.calibrate_host import median_time
 
 DECODERS = {
     "d96": dict(hidden_size=96, intermediate_size=256, num_attention_heads=3,
@@ -41,6 +43,18 @@ SHAPE = (2, 2, 16, 16)  # prompts x group x prompt tokens x new tokens, per host
 CALLS = 6
 WINDOW_S = 0.6  # the side-by-side run alone: every process busy throughout (`call_time_over`)
 REPEATS = 3
+
+
+def call_time_over(call, window: float) -> float:
+    """Seconds per call of `call` (which returns when done) called back to back for
+    `window` seconds (every process busy for the whole window, where a count of calls would
+    let the first to finish leave the others the cores)."""
+    call()
+    start, calls = time.perf_counter(), 0
+    while time.perf_counter() - start < window:
+        call()
+        calls += 1
+    return (time.perf_counter() - start) / calls
 
 
 def _updates(host, cfg):

@@ -1,5 +1,5 @@
-"""`locojax predict train ... --compiled`: the step's device programs costed from the programs
-the run compiles, kernel by kernel, on a machine `locojax predict calibrate` measured.
+"""`predict_programs compiled`: the step's device programs costed from the programs the run
+compiles, kernel by kernel, on a machine `predict_programs calibrate` measured.
 
 Where the run's hosts are processes on this machine (`single`, or `colocated` under
 `locojax launch --hosts N`), its programs can be compiled here: a child process per distinct
@@ -35,10 +35,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from locojax.predict import measure, modes
-from locojax.predict.kernel_model import KernelModel, added
+from benchmarks import measure
+from locojax.predict import modes
+from benchmarks.kernel_model import CACHE, GRADIENTS, KernelModel, added
 from locojax.predict.modes import Prediction
-from locojax.predict.price_child import CACHE, GRADIENTS
 
 PRICED = ("reshard", "prefill", "decode", "train")
 REPLACED = ("tp_comm", "extend")
@@ -58,10 +58,10 @@ def features(mode: str, argv: list[str], hosts: int, prompts: int, tables: dict,
     """The child's {program: features} of one host of the run, its matmuls priced by the
     tables timed on one core and on all."""
     if mode not in measure.MEASURABLE:
-        raise ValueError(f"--compiled prices {' and '.join(measure.MEASURABLE)} runs here, "
+        raise ValueError(f"compiled prices {' and '.join(measure.MEASURABLE)} runs here, "
                          f"not {mode!r}")
     if mode == "colocated" and prompts % hosts:
-        raise ValueError(f"--compiled: {prompts} prompts per step do not split over {hosts} "
+        raise ValueError(f"compiled: {prompts} prompts per step do not split over {hosts} "
                          "hosts")
     env = {k: v for k, v in os.environ.items() if k not in measure.DROP_ENV}
     env.setdefault("JAX_PLATFORMS", "cpu")
@@ -71,11 +71,11 @@ def features(mode: str, argv: list[str], hosts: int, prompts: int, tables: dict,
                 "tables": tables, "tables_all": tables_all,
                 "out": str(Path(tmp) / "out.json")}
         (Path(tmp) / "spec.json").write_text(json.dumps(spec))
-        done = subprocess.run([sys.executable, "-m", "locojax.predict.price_child",
+        done = subprocess.run([sys.executable, "-m", "benchmarks.price_child",
                                str(Path(tmp) / "spec.json")], env=env, capture_output=True,
                               text=True, timeout=timeout)
         if done.returncode != 0:
-            raise RuntimeError("--compiled: the run's programs could not be compiled here; "
+            raise RuntimeError("compiled: the run's programs could not be compiled here; "
                                + (done.stdout + done.stderr)[-3000:])
         return json.loads(Path(spec["out"]).read_text())
 
@@ -135,7 +135,7 @@ def apply(pred: Prediction, priced: dict[str, float], spread: bool) -> Predictio
     out = {k: v for k, v in pred.phases.items() if k not in REPLACED}
     out.update(priced)
     note = (f"{', '.join(PRICED)}: the run's compiled programs, priced kernel by kernel "
-            "(--compiled)")
+            "(predict_programs compiled)")
     if spread:
         note += "; every decode iteration at the full batch's rows (lengths are spread: the "\
                 "engine's later waves run fewer rows, so this is an upper bound)"
@@ -147,9 +147,9 @@ def program_model(hw) -> dict:
     """A calibrated profile's `program_model` entry, or a ValueError saying how to get one."""
     entry = hw.extra.get("program_model") if hw.kind == "calibrated" else None
     if not entry:
-        raise ValueError("--compiled prices programs by a calibrated profile's program model: "
-                         "run `locojax predict calibrate --programs` and pass --cluster "
-                         "here-N or --hardware FILE")
+        raise ValueError("compiled prices programs by a calibrated profile's program model: "
+                         "run `python -m benchmarks.predict_programs calibrate --out FILE` "
+                         "and pass --hardware FILE")
     KernelModel.of(entry)  # a malformed one is refused here, naming what it lacks
     return entry
 
@@ -181,7 +181,7 @@ def with_meetings(pred: Prediction, model: KernelModel, units: int,
     `joined`), or a note where the profile measured no lock-step."""
     if units > 1 and not model.lockstep:
         pred.notes.append("the profile measured no lock-step (a profile from before it): "
-                          "meetings of devices or hosts unpriced; calibrate --programs again")
+                          "meetings of devices or hosts unpriced; predict_programs calibrate again")
     elif colocated and units > 1:
         pred.phases.pop("collectives", None)
         pred.phases.pop("allreduce", None)

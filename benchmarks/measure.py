@@ -1,4 +1,4 @@
-"""`locojax predict train ... --measure`: one step of the run, its parts timed on this
+"""`predict_programs measure`: one step of the run, its parts timed on this
 machine as the run's own code runs them, in place of the cost model's phases.
 
 Where the run fits this machine (its hosts are local processes: `single`, or `colocated`
@@ -14,7 +14,7 @@ does, with each row's length drawn from the workload's completion lengths
 
 What stays the model's (`phases.py`, on the profile given): admission. Nothing is fitted:
 a new shape is measured, not extrapolated; the model is what extrapolates, and where a run
-cannot be built here (a pod) `--measure` is refused and the model's estimate stands.
+cannot be built here (a pod) `predict_programs measure` is refused and the model's estimate stands.
 
 Every host's step ends in the same collectives, so each repetition's step is the slowest
 host's: its phases are kept, then each phase's median over the repetitions.
@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from locojax import distributed
-from locojax.predict import measure_child
+from benchmarks import measure_child
 from locojax.predict.modes import Prediction
 
 MEASURABLE = ("single", "colocated")
@@ -84,11 +84,11 @@ def measure(mode: str, argv: list[str], hosts: int, prompts: int, group: int,
     docstring). mode: single (one process, `hosts` devices) or colocated (`hosts`
     processes, one device each)."""
     if mode not in MEASURABLE:
-        raise ValueError(f"--measure times the programs of {' and '.join(MEASURABLE)} runs on "
+        raise ValueError(f"measure times the programs of {' and '.join(MEASURABLE)} runs on "
                          f"this machine, not {mode!r}")
     procs = hosts if mode == "colocated" else 1
     if prompts % procs:
-        raise ValueError(f"--measure: {prompts} prompts per step do not split over {procs} "
+        raise ValueError(f"measure: {prompts} prompts per step do not split over {procs} "
                          "hosts")
     per = prompts // procs
     env = {k: v for k, v in os.environ.items() if k not in DROP_ENV}
@@ -103,7 +103,7 @@ def measure(mode: str, argv: list[str], hosts: int, prompts: int, group: int,
                          rows, coordinator, h, procs, d / f"out{h}.json")
             (d / f"spec{h}.json").write_text(json.dumps(spec))
             children.append(subprocess.Popen(
-                [sys.executable, "-m", "locojax.predict.measure_child", str(d / f"spec{h}.json")],
+                [sys.executable, "-m", "benchmarks.measure_child", str(d / f"spec{h}.json")],
                 env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
         failed = []
         for h, c in enumerate(children):
@@ -118,7 +118,7 @@ def measure(mode: str, argv: list[str], hosts: int, prompts: int, group: int,
             for c in children:
                 if c.poll() is None:
                     c.kill()
-            raise RuntimeError("--measure: a program could not be built or run here; "
+            raise RuntimeError("measure: a program could not be built or run here; "
                                + "\n".join(failed))
         outs = [json.loads((d / f"out{h}.json").read_text()) for h in range(procs)]
     return slowest(outs)
@@ -139,4 +139,4 @@ def apply(pred: Prediction, measured: dict[str, float]) -> Prediction:
     phases.update(measured)
     return Prediction(pred.mode, pred.layout, phases, pred.staleness, pred.wait,
                       [*pred.notes, f"{', '.join(TIMED)}: the run's own code, timed here "
-                                    "(--measure)"])
+                                    "(predict_programs measure)"])

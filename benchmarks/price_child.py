@@ -1,8 +1,8 @@
 """One host's programs of a `locojax train` run, compiled by the run's memory plan and read
-kernel by kernel, nothing run: what `locojax predict train ... --compiled` starts in a child
+kernel by kernel, nothing run: what `benchmarks/predict_programs.py compiled` starts in a child
 process (`priced.py` prices what it writes).
 
-    python -m locojax.predict.price_child SPEC.json
+    python -m benchmarks.price_child SPEC.json
 
 SPEC: {"argv": the run's train arguments, "mode", "devices": the process's devices,
 "tables": the profile's matmul tables, "out": where the features go (JSON)}. The child
@@ -24,16 +24,15 @@ import os
 import sys
 from pathlib import Path
 
-CACHE = "cache rollout"
-GRADIENTS = "gradients"
+from benchmarks.kernel_model import CACHE, GRADIENTS
 
 
 def features_of(plan, prices, every=None) -> dict[str, dict]:
     """{program name: features} of a memory plan's programs, their matmuls priced by the
     one-core tables `prices` and the all-core ones `every`; a decode as two entries,
     `NAME once` and `NAME iteration`."""
-    from locojax.predict import kernel_model
-    from locojax.predict.hlo_kernels import kernels
+    from benchmarks import kernel_model
+    from benchmarks.hlo_kernels import kernels
 
     out = {}
     for program in plan.programs:
@@ -53,8 +52,8 @@ def run(spec: dict) -> dict:
     import tyro
 
     from locojax.engine.engine import generate_slots
-    from locojax.predict.hlo_kernels import kernels
-    from locojax.predict.kernel_tables import KernelPrices
+    from benchmarks.hlo_kernels import kernels
+    from benchmarks.kernel_tables import KernelPrices
     from locojax.train import wiring as wiring_lib
     from locojax.train.build import RunParts
     from locojax.train.config import PRESETS
@@ -63,7 +62,7 @@ def run(spec: dict) -> dict:
     cfg = tyro.extras.overridable_config_cli(PRESETS, args=spec["argv"], prog="price")
     parts = RunParts.of(cfg)
     if parts.task.multi_turn:
-        raise ValueError(f"--compiled prices single-turn steps; {cfg.task.name!r} is "
+        raise ValueError(f"compiled prices single-turn steps; {cfg.task.name!r} is "
                          "multi-turn")
     wiring = wiring_lib.join(spec["mode"], spec["devices"], cfg.train, cfg.rollout.tp)
     engine = parts.engine(wiring.rollout_mesh, wiring.rollout_rules)

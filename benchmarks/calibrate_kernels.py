@@ -1,4 +1,4 @@
-"""`locojax predict calibrate`'s program model: the weights of `kernel_model.py`, fitted to
+"""The program model of `predict_programs calibrate`: the weights of `kernel_model.py`, fitted to
 locojax's own programs on this machine.
 
 Three calibration decoders, of widths 96, 384 and 640 (no model's and no validation
@@ -16,8 +16,6 @@ not at all, so the same kernel has two prices (`kernel_model.ALL_MATMUL`). Each 
 a fresh process, so the affinity is set before JAX starts. About three and a half minutes
 each on 2 cores. Then the lock-step probe (`calibrate_lockstep.py`): what meetings of
 devices or hosts cost.
-
-    python -m locojax.predict.calibrate_kernels
 """
 
 from __future__ import annotations
@@ -29,7 +27,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from locojax.predict import calibrate_lockstep
+from benchmarks import calibrate_lockstep
 
 DECODERS = {
     "d96": dict(hidden_size=96, intermediate_size=256, num_attention_heads=3,
@@ -56,19 +54,20 @@ def rows(prices, decoders=DECODERS, shapes=SHAPES, reps=REPS) -> dict[str, list]
     import statistics
 
     from locojax.model import config
-    from locojax.predict import calibration_step, kernel_model
+    from benchmarks import kernel_model, kernel_programs
+    from locojax.predict import calibration_step
     from locojax.predict.calibrate_host import median_time
-    from locojax.predict.hlo_kernels import kernels
+    from benchmarks.hlo_kernels import kernels
 
     out: dict[str, list] = {kind: [] for kind in kernel_model.KINDS}
     for dims in decoders.values():
         cfg = config.tiny(num_hidden_layers=LAYERS, **dims)
         for shape in shapes:
             step = calibration_step.update(cfg, *shape)
-            listed = kernels(calibration_step.compiled_update(cfg, *shape).as_text()).kernels
+            listed = kernels(kernel_programs.compiled_update(cfg, *shape).as_text()).kernels
             out["update"].append((kernel_model.features(listed, prices),
                                   median_time(step, reps)))
-            call, prefilling, decoding = calibration_step.generate_parts(cfg, *shape)
+            call, prefilling, decoding = kernel_programs.generate_parts(cfg, *shape)
             for _ in range(2):  # compiles, then warms
                 call()
             parts = [call() for _ in range(reps)]
@@ -81,7 +80,7 @@ def rows(prices, decoders=DECODERS, shapes=SHAPES, reps=REPS) -> dict[str, list]
 def child(out: str) -> None:
     """One child's part (module docstring): the tables, and the rows priced by them, on the
     cores the parent left it."""
-    from locojax.predict import kernel_model, kernel_tables
+    from benchmarks import kernel_model, kernel_tables
     from locojax.predict.calibrate_host import matmul_flops
 
     table = kernel_tables.measure(matmul_flops())
@@ -95,7 +94,7 @@ def child(out: str) -> None:
 def _run_child(out: Path, one_core: bool) -> dict:
     pin = ("import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
            if one_core else "")
-    code = (f"{pin}import sys; from locojax.predict.calibrate_kernels import child; "
+    code = (f"{pin}import sys; from benchmarks.calibrate_kernels import child; "
             f"child({str(out)!r})")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=1800,
                    stdout=subprocess.DEVNULL)
@@ -115,6 +114,3 @@ def program_model() -> dict:
                          for name, dims in DECODERS.items()},
             "shapes": [list(s) for s in SHAPES], "lockstep": calibrate_lockstep.lockstep()}
 
-
-if __name__ == "__main__":
-    print(json.dumps(program_model()["weights"], indent=1))

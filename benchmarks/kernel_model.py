@@ -33,14 +33,16 @@ import dataclasses
 
 import numpy as np
 
-from locojax.predict.hlo_kernels import Kernel
-from locojax.predict.kernel_tables import KernelPrices
+from benchmarks.hlo_kernels import Kernel
+from benchmarks.kernel_tables import KernelPrices
 
 FEATURES = ("call", "launch", "matmul", "elementwise", "fill")
 ALL_MATMUL = "matmul_all"
 """The `matmul` feature priced by the tables timed on all the cores, which the all-core
 weights price in its place (`on_all_cores`)."""
 KINDS = ("update", "prefill", "decode")
+CACHE = "cache rollout"  # a run's cache buffer (`price_child.py`): seconds, not features
+GRADIENTS = "gradients"  # the bytes its hosts' gradient all-reduce sums
 CORES = ("one", "all")
 KIND_OF = {"train": "update", "prefill": "prefill", "decode_step": "decode",
            "forward": "prefill", "reshard": "prefill"}
@@ -136,7 +138,7 @@ class KernelModel:
                     or not isinstance(weights[c][k].get(f), (int, float))]
         if missing:
             raise ValueError(f"the profile's program_model lacks {', '.join(missing[:4])}: run "
-                             "`locojax predict calibrate --programs` again")
+                             "`predict_programs calibrate` again")
         return cls(KernelPrices.of(entry["tables"]), weights, float(entry["cores"]),
                    entry.get("lockstep") or {})
 

@@ -3,7 +3,7 @@
 The isolated-kernel model `benchmarks/kernel_profile.py` holds against a profiler's trace of
 the real program, kernel by kernel. Summed alone it under-predicts TINY, SMALL and SmolLM2
 programs by 14-62% (docs/results/predict_validation.md, "Kernel by kernel"): a kernel runs slower
-among others than alone. So `locojax predict --compiled` uses the matmul tables only as one
+among others than alone. So `predict_programs compiled` uses the matmul tables only as one
 feature of a program, weighted by a fit to locojax's own programs (`kernel_model.py`,
 `calibrate_kernels.py`, which times these tables in a process pinned to one core).
 
@@ -42,7 +42,7 @@ import itertools
 import math
 
 from locojax.predict.calibrate_host import median_time
-from locojax.predict.hlo_kernels import Dot, Kernel
+from benchmarks.hlo_kernels import Dot, Kernel
 
 DOT_M = (1, 4, 16, 64, 256, 1024, 4096)
 DOT_KN = (16, 64, 256, 1024, 4096)
@@ -53,13 +53,14 @@ LOOP_SECONDS = 4e-3  # a timed call's length, so that its dispatch does not matt
 
 def launch_costs(reps: int = 15) -> dict[str, float]:
     """{"launch_s", "call_s"} from the narrow decoder's update at 1 and 2 layers."""
+    from benchmarks.hlo_kernels import kernels
+    from benchmarks.kernel_programs import compiled_update
     from locojax.predict import calibration_step
-    from locojax.predict.hlo_kernels import kernels
 
     micro, shape = calibration_step.micro, (2, 2, 8, 8)
     counts, times = [], []
     for layers in (1, 2):
-        compiled = calibration_step.compiled_update(micro(layers), *shape)
+        compiled = compiled_update(micro(layers), *shape)
         counts.append(kernels(compiled.as_text()).launches)
         times.append(median_time(calibration_step.update(micro(layers), *shape), reps))
     launch = max(times[1] - times[0], 0.0) / max(counts[1] - counts[0], 1.0)

@@ -1,4 +1,4 @@
-"""Lock-step, for `locojax predict calibrate --programs`: what meeting costs where the units
+"""Lock-step, for `predict_programs calibrate`: what meeting costs where the units
 that meet share the machine's cores.
 
 The program model (`kernel_model.py`) prices one device's program on its share of the
@@ -40,8 +40,9 @@ import sys
 import numpy as np
 
 from locojax import distributed
-from locojax.predict import calibrate_joined
-from locojax.predict.calibrate_host import call_time_over, median_time
+from benchmarks import calibrate_joined
+from benchmarks.calibrate_joined import call_time_over
+from locojax.predict.calibrate_host import median_time
 
 COUNTS = (2, 4)
 WORKS = (1, 16, 256)  # matmuls per unit between meetings: about 0.1, 1 and 17 ms on a core
@@ -141,7 +142,7 @@ def processes_worker(k: int, pid: int, port: int) -> dict:
 def _spawn(args: list[str], envs: list[dict], timeout: float,
            module: str = "calibrate_lockstep") -> list[dict]:
     """One worker per environment in `envs`, worker i running `args(i)`; their outputs."""
-    code = (f"import json, sys; from locojax.predict import {module} as m; "
+    code = (f"import json, sys; from benchmarks import {module} as m; "
             "print(json.dumps(getattr(m, sys.argv[1])(*map(int, sys.argv[2:]))))")
     procs = [subprocess.Popen([sys.executable, "-c", code, *args(i)], env=env, text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -223,6 +224,3 @@ def lockstep(counts: tuple[int, ...] = COUNTS, timeout: float = 600) -> dict:
     out["works"] = list(WORKS)
     return out
 
-
-if __name__ == "__main__":
-    print(json.dumps(lockstep(), indent=1))

@@ -1,8 +1,8 @@
 """One host's step of a `locojax train` run, built by the run's own builder and timed on
-this machine: what `locojax predict train ... --measure` runs in a child process per host
+this machine: what `predict_programs measure` runs in a child process per host
 (`measure.py` starts them and reads their times).
 
-    python -m locojax.predict.measure_child SPEC.json
+    python -m benchmarks.measure_child SPEC.json
 
 SPEC: {"argv": the run's train arguments (each host takes its share of the prompts as the
 run's hosts do, `host_slice`), "mode": single or colocated, "devices": the devices of that
@@ -95,7 +95,7 @@ def run(spec: dict) -> dict:
     cfg = tyro.extras.overridable_config_cli(PRESETS, args=spec["argv"], prog="measure")
     parts = RunParts.of(cfg)
     if parts.task.multi_turn:
-        raise ValueError(f"--measure builds single-turn steps; {cfg.task.name!r} is multi-turn")
+        raise ValueError(f"measure builds single-turn steps; {cfg.task.name!r} is multi-turn")
     wiring = _join(spec, cfg)
     engine = parts.engine(wiring.rollout_mesh, wiring.rollout_rules)
     plan = plan_memory(parts, wiring, engine)
