@@ -92,7 +92,7 @@ def test_bench_extend_tiny():
 def test_bench_engine_tiny_against_hf():
     out = bench("bench_engine", "--shapes", "tiny", "--runs", "1", "--peer-runs", "1",
                 "--no-tunix")
-    assert "# bench_engine: " in out and "memory read bandwidth" in out
+    assert "# bench_engine: " in out and "memory bandwidth" in out
     rows = table_rows(out, "tiny")
     assert len(rows) == 2  # printed as the shape ends, then in the whole table
     assert rows[0][1] == str(8 * 4 * 32)  # tokens: exactly N a row
