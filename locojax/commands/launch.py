@@ -48,7 +48,7 @@ class LaunchArgs:
     each host's XLA thread pool as wide as the machine). On by default: on 2 cores, 2-host
     steps interleaved pinned and not (`benchmarks/ab_runs.py --launch-flag`, 2026-12-06)
     took 0.035 s pinned against 0.050 unpinned at TINY and 2.56 against 2.67 s at SMALL
-    (docs/modes_benchmark.md, "Pinning again")."""
+    (docs/results/modes_step_time.md, "Pinning again")."""
 
 
 class _Screen:

@@ -29,7 +29,7 @@ docs/design.md). One device only (the batch is not split over a mesh); single-tu
 chunks through `engine.Decoding`, which refuses a refilling prefill. Memory: R rows of
 P + 2N slots against the plain generate's B·G rows of P + N. On a 2-core CPU refill adds
 decode steps (a row refilled late ends late) where a step's cost is mostly per-op, so it is
-off by default (docs/engine_benchmark.md, "Finished rows refilled").
+off by default (docs/results/engine_generation.md, "Finished rows refilled").
 
 Legend: b prompts, r rows (R slots), p prompt length, n new tokens, s cache slots.
 """

@@ -32,13 +32,13 @@ BLOCK = 32
 as equal as it can). XLA:CPU copies each block out of the cache before the fusion that reads
 it, so a smaller block keeps that copy in cache: a decode-step A/B at SMALL's 128 rows
 measured 48 ms a step at 32 against 80 at 256, and a whole small-512 generate 1.25x faster
-(docs/engine_benchmark.md, "Per-op trace")."""
+(docs/results/engine_generation.md, "Per-op trace")."""
 
 
 WHOLE_BLOCKS = 5
 """A cache of at most this many blocks is read whole, in one step without a loop (its
 unwritten slots masked: they add exact zeros), instead of block by block. Whole SMALL
-generates at 128 rows, A/B against the loop (docs/engine_benchmark.md, "Short caches read
+generates at 128 rows, A/B against the loop (docs/results/engine_generation.md, "Short caches read
 whole"): 4% faster at 3 blocks, 8% at 5, 14% slower at 9 (it reads every allocated slot)."""
 
 

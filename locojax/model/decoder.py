@@ -164,7 +164,7 @@ def narrow(weight_dtype, compute_dtype) -> bool:
     copy, `Engine(weights_dtype=...)`): such a matmul rounds its activations to the weights'
     dtype and accumulates in the compute dtype. XLA:CPU runs a bf16 x bf16 -> f32 dot 1.3-1.9x
     faster than the f32 one at decode's 8-128 rows, but a bf16 weight upcast to f32 first
-    2-14x slower (docs/engine_benchmark.md, "Real model"); f32 weights are as before.
+    2-14x slower (docs/results/engine_real_roofline.md, "Real model"); f32 weights are as before.
     """
     w, c = jnp.dtype(weight_dtype), jnp.dtype(compute_dtype)
     return w.itemsize == 2 and jnp.issubdtype(w, jnp.floating) and c.itemsize > 2
@@ -236,7 +236,7 @@ def layer_weights(stacked: Weights, i) -> Weights:
     the stack to the loop index (as `KVCache.read` ties the cache) keeps the slice inside the
     loop. Each layer's slice is still copied before its matmuls, in f32 as when scanned
     (~22 ms of a 32-row SmolLM2-135M step; neutral in f32 against the scan), in bf16 at half
-    the bytes (docs/engine_benchmark.md, "Real model")."""
+    the bytes (docs/results/engine_real_roofline.md, "Real model")."""
     stacked, i = jax.lax.optimization_barrier((stacked, i))
     return jax.tree.map(lambda w: jax.lax.dynamic_index_in_dim(w, i, 0, keepdims=False), stacked)
 
