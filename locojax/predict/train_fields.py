@@ -75,7 +75,7 @@ REFUSED = {
 
 IRRELEVANT = {
     "lora.alpha": "a constant factor on the adapters' product",
-    "offload": "the reference in host memory: predict counts it on the chip (an upper bound)",
+    "offload": "the reference and moments in host memory: predict counts them on the chip",
     "task.level": "arith difficulty: lengths come from ignore_eos, data or the cap",
     "task.test_data": "evaluation is outside the steady step",
     "task.template": "prompts are padded to P whatever the template",
