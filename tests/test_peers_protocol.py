@@ -38,3 +38,17 @@ def test_a_step_driven_from_outside_stops_at_quit():
     driven = common.Driven(channel, {}, t_setup=0.0, warmup=1)
     assert driven.end_step({"step": 0}) is False
     assert channel.sent[0]["warmup"] == [{"step": 0}]
+
+
+def test_an_error_reaches_the_driver_named_then_propagates():
+    """What every worker wraps its setup and its steps in (`Channel.reporting`)."""
+    import pytest
+
+    channel = FakeChannel([])
+    with pytest.raises(RuntimeError, match="no chip"):
+        with common.Channel.reporting(channel, "setup: "):
+            raise RuntimeError("no chip")
+    assert channel.sent == [{"error": "setup: RuntimeError: no chip"}]
+    with common.Channel.reporting(channel):
+        pass
+    assert len(channel.sent) == 1  # nothing sent when nothing failed

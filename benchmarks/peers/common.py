@@ -26,6 +26,7 @@ its phases in seconds: generate, reference, train, other (= step - the named pha
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -156,6 +157,16 @@ class Channel:
     def send(self, **msg) -> None:
         self._out.write(json.dumps(msg) + "\n")
         self._out.flush()
+
+    @contextlib.contextmanager
+    def reporting(self, stage: str = ""):
+        """An error inside goes to the driver as `error` (after `stage`, e.g. "setup: "),
+        then on up: the driver reports it and goes on with the other sides."""
+        try:
+            yield
+        except Exception as e:
+            self.send(error=f"{stage}{type(e).__name__}: {e}")
+            raise
 
     def receive(self) -> dict:
         line = sys.stdin.readline()

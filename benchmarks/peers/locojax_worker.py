@@ -122,11 +122,8 @@ def main(argv=None) -> int:
                 "jaxlib": jax.lib.__version__ if hasattr(jax.lib, "__version__") else ""}
     driven = common.Driven(channel, versions, t_setup, args.warmup,
                            flops=step_flops(cfg, common.SHAPES[args.shape], args.beta))
-    try:
+    with channel.reporting():
         common.serve(driven, one_step)
-    except Exception as e:  # the driver reports it and goes on with the other sides
-        channel.send(error=f"{type(e).__name__}: {e}")
-        raise
     return 0
 
 

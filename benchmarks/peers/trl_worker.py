@@ -116,16 +116,13 @@ def main(argv=None) -> int:
     args = common.worker_args(argv)
     channel = common.Channel()
     t_setup = time.perf_counter()
-    try:
+    with channel.reporting("setup: "):
         import torch
         import transformers
         import trl
         from transformers import TrainerCallback
 
         trainer = build_trainer(args)
-    except Exception as e:
-        channel.send(error=f"setup: {type(e).__name__}: {e}")
-        raise
     clock = timed_phases(trainer)
     versions = {"trl": trl.__version__, "torch": torch.__version__,
                 "transformers": transformers.__version__, "torch_threads": torch.get_num_threads()}
@@ -155,11 +152,8 @@ def main(argv=None) -> int:
             return control
 
     trainer.add_callback(StepEnds())
-    try:
+    with channel.reporting():
         trainer.train()
-    except Exception as e:
-        channel.send(error=f"{type(e).__name__}: {e}")
-        raise
     return 0
 
 

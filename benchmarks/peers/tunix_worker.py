@@ -106,16 +106,13 @@ def main(argv=None) -> int:
     args = common.worker_args(argv)
     channel = common.Channel()
     t_setup = time.perf_counter()
-    try:
+    with channel.reporting("setup: "):
         import flax
         import jax
         import numpy as np
         import optax
 
         learner, cluster, mesh = build_learner(args)
-    except Exception as e:
-        channel.send(error=f"setup: {type(e).__name__}: {e}")
-        raise
     clock = timed_phases(cluster)
     versions = {"tunix": "0.1.7", "jax": jax.__version__, "flax": flax.__version__,
                 "optax": optax.__version__}
@@ -137,12 +134,8 @@ def main(argv=None) -> int:
                 t0 = time.perf_counter()
             yield {"prompts": np.asarray([common.to_text(p) for p in common.prompts(s, step)])}
 
-    try:
-        with mesh:
-            learner.train(batches())
-    except Exception as e:
-        channel.send(error=f"{type(e).__name__}: {e}")
-        raise
+    with channel.reporting(), mesh:
+        learner.train(batches())
     os._exit(0)  # Tunix's executor threads and loggers need not be torn down
 
 
