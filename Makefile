@@ -64,9 +64,15 @@ test-fast: $(STAMP)
 # finds (docs/tpu.md): in one process, since one program at a time holds a TPU, and with
 # XLA's own flags, not the CPU suite's -O0. CI has no accelerator and never runs it; on a
 # machine whose python already has locojax's dependencies: `make test-accelerator PY=python3`.
+# Then, in a second pytest that stays on the CPU (JAX_PLATFORMS=cpu), the tests whose own
+# subprocesses hold the chip (marked `accelerator_children`: a killed-and-resumed run).
 test-accelerator: $(if $(filter .venv/bin/python,$(PY)),$(STAMP))
+	@status=0; \
 	LOCOJAX_ACCELERATOR_RUN=1 XLA_FLAGS= $(PY) -m pytest -q -p no:xdist -p no:cacheprovider \
-		-m accelerator
+		-m accelerator || status=$$?; \
+	LOCOJAX_ACCELERATOR_RUN=children JAX_PLATFORMS=cpu XLA_FLAGS= $(PY) -m pytest -q \
+		-p no:xdist -p no:cacheprovider -m accelerator_children || status=$$?; \
+	exit $$status
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.bench_engine

@@ -62,7 +62,9 @@ def _f32_dots_on_accelerators():
 def pytest_sessionstart(session):
     """`pytest -q` (what `make test` runs) hides the report header: print it anyway, so a
     failure report says where it ran."""
-    if os.environ.get("LOCOJAX_ACCELERATOR_RUN") and jax.default_backend() == "cpu":
+    # "children": the second pytest of `make test-accelerator`, on the CPU by design (its
+    # tests' subprocesses hold the chip: tests/backend.py `child_env`).
+    if os.environ.get("LOCOJAX_ACCELERATOR_RUN") == "1" and jax.default_backend() == "cpu":
         pytest.exit("`make test-accelerator` found no accelerator: jax.default_backend() is "
                     "cpu (JAX_PLATFORMS, the installed plugins?)", returncode=2)
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")

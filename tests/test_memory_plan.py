@@ -23,10 +23,12 @@ from locojax.rl import batch as batch_lib
 from locojax.rl import train_state, train_step
 from locojax.train import memory_plan
 from locojax.train.config import EvalConfig, RolloutConfig, demo, gsm8k_qwen3
+from tests import backend
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@pytest.mark.accelerator  # XLA's temporaries are the backend's: the plan's expectation must hold
 @pytest.mark.parametrize("remat,grad_accum", [(False, 0), (True, 4)])
 def test_gsm8k_sized_train_step_stays_within_the_plan(remat, grad_accum):
     """The gsm8k preset's batch (32 prompts x G 8 = 256 rows of 256 + 512 tokens, with the
@@ -196,6 +198,7 @@ def test_plan_only_loads_and_runs_nothing(tmp_path, monkeypatch, capsys):
 
 
 @pytest.mark.slow  # a fresh process: imports and compiles again (~20 s)
+@pytest.mark.accelerator_children  # the refusal on the chip too: the plan's, never XLA's
 def test_a_run_that_does_not_fit_is_refused_before_its_first_step(tmp_path):
     run = tmp_path / "run"
     out = subprocess.run(
@@ -204,7 +207,7 @@ def test_a_run_that_does_not_fit_is_refused_before_its_first_step(tmp_path):
          "--algo.group-size", "2",
          "--rollout.max-new-tokens", "6", "--rollout.max-prompt-tokens", "8", "--eval.every",
          "0", "--no-progress", "--no-tensorboard", "--device-memory-gb", "0.001"],
-        cwd=ROOT, capture_output=True, text=True, timeout=600)
+        cwd=ROOT, capture_output=True, text=True, timeout=600, env=backend.child_env())
     assert out.returncode == 2, out.stdout + out.stderr
     assert "memory plan per device" in out.stdout  # printed before the refusal
     err = out.stderr

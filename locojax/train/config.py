@@ -225,12 +225,13 @@ class RunConfig:
     """Recompute each layer's activations in the backward instead of keeping them (about one
     more forward of compute); see the memory plan's `activations`. auto: on only when the
     memory plan finds the run does not fit without it (the plan says so)."""
-    offload: Literal["auto", "off"] = "auto"
+    offload: Literal["auto", "off", "host"] = "auto"
     """auto: when the memory plan finds the run does not fit, keep the reference weights
     (β > 0) in host memory except during the program that reads them (one copy over the
     host link per step), and AdamW's moments too when rollout or evaluation alone does not
     fit otherwise (two copies per step), before trying remat and micro-batches (the plan
-    says what it chose). off: keep everything on the device."""
+    says what it chose). off: keep everything on the device. host: keep both in host memory
+    whether or not the device needs the room (where the device has host memory kinds)."""
     logprob_chunk: int = -1
     """Positions per chunk of the learner's logits (each rematerialised). -1: automatic,
     whenever a micro-batch's [rows, T, V] f32 logits would exceed 256 MiB; 0: never."""
@@ -265,8 +266,8 @@ class RunConfig:
                              f"{self.device_memory_gb}")
         if self.time_limit_s < 0:
             raise ValueError(f"time_limit_s must be >= 0, got {self.time_limit_s}")
-        if self.offload not in ("auto", "off"):
-            raise ValueError(f"offload must be 'auto' or 'off', got {self.offload!r}")
+        if self.offload not in ("auto", "off", "host"):
+            raise ValueError(f"offload must be 'auto', 'off' or 'host', got {self.offload!r}")
         if self.remat not in ("auto", "on", "off"):
             raise ValueError(f"remat must be 'auto', 'on' or 'off', got {self.remat!r}")
         if self.precision not in COMPUTE_DTYPES:

@@ -132,7 +132,7 @@ def plan_memory(parts: RunParts, wiring, engine) -> memory_plan.MemoryPlan:
     return memory_plan.plan(parts.model_cfg, learner, state, batch, ref, mesh, engine, shapes,
                             cfg.precision, cfg.device_memory_gb, auto_remat=cfg.remat == "auto",
                             rollout_layout=wiring.reshard_target(engine.weight_shardings),
-                            offload=cfg.offload == "auto" and host_memory.supported())
+                            offload=cfg.offload if host_memory.supported() else "off")
 
 
 def reference_of(state: train_state.TrainState, beta: float, copy=None):

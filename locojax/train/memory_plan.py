@@ -288,7 +288,7 @@ class EngineShape:
 def plan(model_cfg: ModelConfig, learner: LearnerConfig, state, batch, ref_params, mesh, engine,
          engine_shapes: list[EngineShape], precision: str = "f32",
          device_memory_gb: float = 0.0, auto_remat: bool = False,
-         rollout_layout=None, offload: bool = False) -> MemoryPlan:
+         rollout_layout=None, offload: str = "off") -> MemoryPlan:
     """Compile the run's programs at its shapes (without running them) and plan its memory.
 
     state, batch, ref_params: arrays or ShapeDtypeStructs placed as the run's will be
@@ -297,7 +297,8 @@ def plan(model_cfg: ModelConfig, learner: LearnerConfig, state, batch, ref_param
     writes the weights (`wiring.reshard_target`; None: the engine's own layout). When the run does not fit, the
     automatic settings (remat when `auto_remat`, micro-batches when `learner.grad_accum` is
     AUTO_ACCUM) are raised until it does (`plan_fit.fit`), after keeping the reference in host
-    memory when `offload` allows it; `MemoryPlan.learner` and `.offloaded` are what it chose.
+    memory when `offload` is "auto" ("host": always; "off": never); `MemoryPlan.learner` and
+    `.offloaded` are what it chose.
     """
     held, model_weights = _held(state, ref_params)
     memory, source = detect_device_memory(device_memory_gb)
@@ -348,6 +349,8 @@ def plan(model_cfg: ModelConfig, learner: LearnerConfig, state, batch, ref_param
                           jax.local_device_count(), learner)
 
     first = with_learner(learner, train, train_settings, expected)
+    if offload == "host":
+        plan_fit.keep_on_host(first)
     if first.fits:
         return first
     xla_per_expected = train.temporaries / max(1, sum(expected.values()))

@@ -38,12 +38,19 @@ def _offload(plan, allowed: bool) -> tuple[str, ...]:
     return _offloaded(plan, names).offloaded
 
 
+def keep_on_host(plan) -> None:
+    """`--offload host`: the reference (β > 0) and AdamW's moments in host memory whether or
+    not the device needs the room, so a run's state lives where a larger run's would."""
+    _offloaded(plan, (("reference",) if plan.held.get("reference") else ()) + ("optimizer",))
+    plan.chosen = [f"{_said(plan.offloaded)} (--offload host)"]
+
+
 def _said(names: tuple[str, ...]) -> str:
     return " and ".join({"reference": "the reference", "optimizer": "AdamW's moments"}[n]
                         for n in names) + " in host memory but in the programs that read them"
 
 
-def fit(first, with_learner, estimate, auto_remat: bool, offload: bool = False):
+def fit(first, with_learner, estimate, auto_remat: bool, offload: str = "off"):
     """The plan of the first escalation of the automatic settings that fits, saying what it
     chose and why; else the last one tried, saying what was tried (`check` refuses it).
 
@@ -58,7 +65,10 @@ def fit(first, with_learner, estimate, auto_remat: bool, offload: bool = False):
     if first.fits:
         return first
     learner, st = first.learner, first.settings
-    before, names = first.peak, _offload(first, offload)
+    if offload == "host":  # kept there (`keep_on_host`) through every later step
+        before, names = first.peak, first.offloaded
+    else:
+        before, names = first.peak, _offload(first, offload == "auto")
     if names and first.fits:
         first.chosen = [f"{_said(names)}: without it the peak is {size(before)}, with it "
                         f"{size(first.peak)}"]
