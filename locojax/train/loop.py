@@ -36,8 +36,8 @@ from locojax.model import loader, lora, lora_io
 from locojax.profiler import StepTimer, TraceWindow
 from locojax.rl import batch as batch_lib
 from locojax.rl import buckets
-from locojax.rl import host_memory, train_state
-from locojax.rl.split_step import timed_update
+from locojax.rl import host_memory, split_step, train_state
+from locojax.rl import train_step as train_step_lib
 from locojax.train import memory_plan, meshes, resume, run_lock
 from locojax.train.build import RunParts
 from locojax.train.comm_probe import AllReduceProbe
@@ -146,6 +146,22 @@ def reference_of(state: train_state.TrainState, beta: float, copy=None):
     return state.params if copy is None else copy
 
 
+def update(state: train_state.TrainState, batch, model_cfg, learner, ref_params, mesh,
+           timer: StepTimer, split: bool = False):
+    """The step's global update (`train_step.update`), timed as one `train` phase; with
+    `split` (`--profile-split`), where the layout has a flat all-reduce to run apart, as
+    `split_step`'s separate programs, each in its own phase. Only a profiled step reaches
+    `split_step`."""
+    if split and split_step.splits(mesh, learner):
+        return train_step_lib.update(state, batch, model_cfg, learner, ref_params, mesh,
+                                     programs=split_step.programs(timer))
+    with timer.phase("train") as ph:
+        state, metrics = train_step_lib.update(state, batch, model_cfg, learner, ref_params,
+                                               mesh)
+        ph.sync(state.params)
+    return state, metrics
+
+
 @functools.partial(jax.jit, static_argnames=("cfg", "dtype"))
 def merged(frozen, adapters, cfg, dtype=None):
     """Base + adapters merged (`lora.merge`), straight into the engine's rollout copy where it
@@ -246,11 +262,9 @@ class Trainer:
             local, sizes = buckets.fit(record.batch, self.wiring.gather_over_hosts)
             batch = self.wiring.global_batch(local)
             ph.sync(batch)
-        self.state, metrics = timed_update(self.state, batch, parts.model_cfg, parts.learner,
-                                           reference_of(self.state, cfg.algo.beta,
-                                                        self.ref_params),
-                                           self.wiring.train_mesh, timer,
-                                           split=cfg.profile_split)
+        self.state, metrics = update(self.state, batch, parts.model_cfg, parts.learner,
+                                     reference_of(self.state, cfg.algo.beta, self.ref_params),
+                                     self.wiring.train_mesh, timer, split=cfg.profile_split)
         self.state = self._placed(self.state)
         metrics.update(sizes)
         metrics.update(self.rollouts.publish(step + 1, self.state.params, timer))
