@@ -369,28 +369,8 @@ class Trainer:
         with progress:
             for step in range(self.start_step, cfg.steps):
                 trace.before_step(step)
-                timer = StepTimer()
-                last = self.step(step, timer)
-                timings = {k: last.pop(k) for k in list(last) if k.startswith("perf/")}
-                # Metrics are logged before the checkpoint that covers them, so a run killed
-                # right after a save has already logged every step that save contains.
-                self.logger.log(step + 1, last)
-                if self._checkpoint_due(step):
-                    with timer.phase("checkpoint"):
-                        self.save(step)
-                perf = {**timings, **timer.finish_step(), **self.net_bytes,
-                        **profiler.device_memory()}
-                perf.update(self._across_hosts(perf))
-                generated = last["rollout/response_length/mean"] * cfg.rollout.prompts_per_step \
-                    * cfg.group_size
-                perf["perf/tokens_per_s"] = generated / max(perf["perf/step_time"], 1e-9)
-                perf.update(buckets.rates(perf))
-                perf["perf/elapsed_s"] = time.monotonic() - self.started
-                if probe is not None:
-                    perf.update(probe.measure())
-                self.logger.log(step + 1, perf)
+                last = self.logged_step(step, probe)
                 trace.after_step(step)
-                last.update(perf)
                 progress.update(step + 1, last)
                 if step + 1 == self.last_step:
                     break
@@ -405,10 +385,42 @@ class Trainer:
                         dtype=COMPUTE_DTYPES[cfg.checkpoint.export_dtype])
             if adapters is not None:
                 self._export_adapters(adapters)
+        self.close()
+        return {**{f"before/{k}": v for k, v in before.items()}, **last}
+
+    def logged_step(self, step: int, probe: AllReduceProbe | None = None) -> dict[str, float]:
+        """`step` as the run takes it: timed (`StepTimer`), its metrics and `perf/*` logged
+        (`metrics.jsonl`, `perf.jsonl`), checkpointed when due; returns both, as logged.
+        `benchmarks/measure_child.py` times a run's step by these same lines."""
+        cfg, timer = self.cfg, StepTimer()
+        last = self.step(step, timer)
+        timings = {k: last.pop(k) for k in list(last) if k.startswith("perf/")}
+        # Metrics are logged before the checkpoint that covers them, so a run killed right
+        # after a save has already logged every step that save contains.
+        self.logger.log(step + 1, last)
+        if self._checkpoint_due(step):
+            with timer.phase("checkpoint"):
+                self.save(step)
+        perf = {**timings, **timer.finish_step(), **self.net_bytes, **profiler.device_memory()}
+        perf.update(self._across_hosts(perf))
+        generated = last["rollout/response_length/mean"] * cfg.rollout.prompts_per_step \
+            * cfg.group_size
+        perf["perf/tokens_per_s"] = generated / max(perf["perf/step_time"], 1e-9)
+        perf.update(buckets.rates(perf))
+        perf["perf/elapsed_s"] = time.monotonic() - self.started
+        if probe is not None:
+            perf.update(probe.measure())
+        self.logger.log(step + 1, perf)
+        return {**last, **perf}
+
+    def close(self) -> None:
+        """Close what the run opened (checkpointer, reward runner, env pool, logs, the run
+        dir's lock); `run` ends with it, and so does a caller that took steps itself
+        (`logged_step`)."""
         self.ckpt.close()
         self.runner.close()
         if self.producer.envs is not None:
             self.producer.envs.close()
         self.logger.close()
-        return {**{f"before/{k}": v for k, v in before.items()}, **last}
-
+        if self.lock is not None:
+            self.lock.release()
