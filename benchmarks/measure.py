@@ -1,16 +1,17 @@
-"""`predict_programs measure`: one step of the run, its parts timed on this
-machine as the run's own code runs them, in place of the cost model's phases.
+"""`predict_programs measure`: steps of the run, their phases timed on this machine by the
+run's own code, in place of the cost model's phases.
 
 Where the run fits this machine (its hosts are local processes: `single`, or `colocated`
-under `locojax launch --hosts N`), the surest cost of a step's work is that work: each
-host's reshard, prefill, decode loop, detokenize and reward, batch assembly and gather,
-train step, metrics' sum and metrics line, built by the run's own builder at the run's
-exact shape, compiled by its memory plan and timed after warm-ups (`measure_child.py`: one
-child process per host; colocated children join each other by `jax.distributed` as the
-run's hosts do, so the train step is the run's multi-process program, all-reduce
-included). The decode is the engine's own loop, compacting finished rows as the engine
-does, with each row's length drawn from the workload's completion lengths
-(`--rollout.ignore-eos`: every row at N, one wave).
+under `locojax launch --hosts N`), the surest cost of a step's work is that work: the run's
+own `Trainer.step`s, built by `loop.start` at the run's exact shape, compiled by its memory
+plan, and timed after warm-ups by the `StepTimer` every run logs with (`measure_child.py`:
+one child process per host; colocated children join each other by `jax.distributed` as the
+run's hosts do, so the train step is the run's multi-process program, all-reduce included).
+The phases kept: each host's reshard, prefill, decode loop, detokenize and reward, batch
+assembly and gather, train step, metrics' sum, and the step's other time. The decode is the
+engine's own loop, compacting finished rows as the engine does, with each row's length
+drawn from the workload's completion lengths (`--rollout.ignore-eos`: every row at N, one
+wave).
 
 What stays the model's (`phases.py`, on the profile given): admission. Nothing is fitted:
 a new shape is measured, not extrapolated; the model is what extrapolates, and where a run
@@ -73,8 +74,10 @@ def limits_of(ctx, rows: int, seed: int = 0) -> list[int] | None:
 
 
 def _spec(argv, mode, devices, reps, limits, coordinator, host, hosts, out) -> dict:
+    """A child's spec (`measure_child.py`); its hosts share the run dir beside `out`."""
     return {"argv": argv, "mode": mode, "devices": devices, "reps": reps, "limits": limits,
-            "coordinator": coordinator, "host": host, "hosts": hosts, "out": str(out)}
+            "coordinator": coordinator, "host": host, "hosts": hosts,
+            "run_dir": str(Path(out).parent / "run"), "out": str(out)}
 
 
 def measure(mode: str, argv: list[str], hosts: int, prompts: int, group: int,

@@ -114,3 +114,11 @@ def test_measure_joins_colocated_hosts_as_the_run_does():
 def test_measure_reports_a_run_that_cannot_be_built():
     with pytest.raises(RuntimeError, match="could not be built or run here"):
         measure.measure("single", [*TINY, "--model", "no-such-model"], 1, 4, 2, reps=1)
+
+
+@pytest.mark.slow
+def test_measure_times_a_step_with_a_reference():
+    """β > 0: the run's own step gives the update its reference policy (`Trainer.step`); the
+    child that composed its own step passed none, and `train_step.update` refused it."""
+    got = measure.measure("single", [*TINY, "--algo.beta", "0.04"], 1, 4, 2, reps=1)
+    assert set(got) == set(measure.TIMED) and all(v > 0 for v in got.values())

@@ -51,8 +51,9 @@ from locojax.model import params
 from locojax.model.sharding import TRAIN_DP, make_mesh, weight_shardings
 from locojax.profiler import StepTimer
 from locojax.rl import batch as batch_lib
-from locojax.rl import gradients, split_step, train_state
+from locojax.rl import gradients, train_state
 from locojax.rl.config import AlgoConfig, LearnerConfig, OptimConfig
+from locojax.train import loop
 from tests import backend
 from tests.test_shared_prefix import MODEL, RTOL, grouped_batch
 
@@ -70,7 +71,7 @@ def run(cfg, split: bool, mesh):
     before = jax.device_get(state.params)
     batch = batch_lib.shard(grouped_batch(), mesh, TRAIN_DP)
     timer = StepTimer()
-    state, metrics = split_step.timed_update(state, batch, MODEL, cfg, ref, mesh, timer, split)
+    state, metrics = loop.update(state, batch, MODEL, cfg, ref, mesh, timer, split)
     return before, jax.device_get(state), metrics, timer.finish_step()
 
 

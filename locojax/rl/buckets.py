@@ -130,7 +130,7 @@ def fit(batch: TrainBatch, agree: Callable[[np.ndarray], np.ndarray] = lambda x:
 
 
 TRAIN_PHASES = ("train", "train_compute", "train_wait", "train_collective")
-"""The phases a step's update runs in (`split_step.timed_update`)."""
+"""The phases a step's update runs in (`loop.update`: fused, or `split_step`'s)."""
 
 
 def rates(perf: dict[str, float]) -> dict[str, float]:

@@ -16,19 +16,23 @@ its local work (the straggler wait); the all-reduce then starts with every host 
 its time is the collective's own: the pack and unpack of the buffer and the transfer.
 
 The pieces are the fused step's own public functions (`train_step.prepare`,
-`gradients.local_sums`, `gradients.allreduce_sums`, `train_step.apply`): the same sums, but
-compiled in their own XLA modules, which may fuse and so round differently, so the params
-agree with the fused step's within a few ulps, not bitwise (tests/test_split_step.py). Use
-it to measure, not in runs that must be bitwise. What the split costs is a program launch
-and a host round trip per piece and update (no benchmark measures it against the fused step
-yet). Only the flat data-parallel layout splits (params replicated over a `data` axis of
-more than one device, `gradients.flat_allreduce_axis`); elsewhere `timed_update` runs the
-fused step as one `train` phase.
+`gradients.local_sums`, `gradients.allreduce_sums`, `train_step.apply`, `train_step.stepped`):
+the same sums, but compiled in their own XLA modules, which may fuse and so round
+differently, so the params agree with the fused step's within a few ulps, not bitwise
+(tests/test_split_step.py). Use it to measure, not in runs that must be bitwise. What the
+split costs is a program launch and a host round trip per piece and update (no benchmark
+measures it against the fused step yet).
+
+This module holds the programs only: `train_step.update` runs them in place of `train_step`
+(`programs(timer)`), so the checks, the reference forward and the metrics' fetch are the
+fused step's own, and `Trainer.step` (locojax/train/loop.py, `update`) decides which of the
+two a step runs. Only the flat data-parallel layout splits (params replicated over a `data`
+axis of more than one device: `splits`); elsewhere the loop runs the fused step as one
+`train` phase.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import jax
@@ -37,7 +41,7 @@ from jax.sharding import PartitionSpec as P
 
 from locojax.model.config import ModelConfig
 from locojax.profiler import StepTimer
-from locojax.rl import gradients, host_memory, micro_batches
+from locojax.rl import gradients, micro_batches
 from locojax.rl import train_step as ts
 from locojax.rl.algorithms import resolve
 from locojax.rl.batch import TrainBatch
@@ -45,27 +49,28 @@ from locojax.rl.config import LearnerConfig
 from locojax.rl.train_state import TrainState, pin
 
 
-def timed_update(state: TrainState, batch: TrainBatch, model_cfg: ModelConfig,
-                 cfg: LearnerConfig, ref_params, mesh, timer: StepTimer, split: bool):
-    """`train_step.update` timed as one `train` phase, or split (see the module doc)."""
-    if split and gradients.flat_allreduce_axis(mesh, cfg) is not None:
-        return update(state, batch, model_cfg, cfg, ref_params, mesh, timer)
-    with timer.phase("train") as ph:
-        state, metrics = ts.update(state, batch, model_cfg, cfg, ref_params, mesh=mesh)
-        ph.sync(state.params)
-    return state, metrics
+def splits(mesh, cfg: LearnerConfig) -> bool:
+    """Whether the step on `mesh` has a flat all-reduce to run apart (the module doc)."""
+    return gradients.flat_allreduce_axis(mesh, cfg) is not None
 
 
-def update(state, batch, model_cfg, cfg, ref_params, mesh, timer: StepTimer):
-    """The fused step's `update`, as separately timed programs."""
-    ts.check(batch, cfg, ref_params)
-    batch, ref_params = ts.with_reference(batch, ref_params, model_cfg, cfg, mesh), None
-    state = host_memory.to_device(state)  # as `train_step.update`
-    cfg = micro_batches.resolve(ts.program_cfg(cfg), batch, model_cfg.vocab_size, mesh)
+def programs(timer: StepTimer):
+    """The step's programs for `train_step.update(..., programs=...)`, each update's pieces
+    timed in the phases of the module doc."""
+    return functools.partial(run, timer=timer)
+
+
+def run(state: TrainState, batch: TrainBatch, ref_params=None, *, model_cfg: ModelConfig,
+        cfg: LearnerConfig, mesh, timer: StepTimer):
+    """The fused step's `train_step`, as separately timed programs, called as `update` calls
+    it: `cfg` as the program sees it (`train_step.program_cfg`), the batch checked and
+    with its reference logprobs (`ref_params` None)."""
+    cfg = micro_batches.resolve(cfg, batch, model_cfg.vocab_size, mesh)
     axis = gradients.flat_allreduce_axis(mesh, cfg)
     static = dict(model_cfg=model_cfg, cfg=cfg, mesh=mesh)
     with timer.phase("train_compute") as ph:
-        data, counts, fresh_tokens, extra = _prepare(state.params, batch, ref_params, **static)
+        data, counts, fresh_tokens, extra = _prepare(state.params, batch, ref_params,
+                                                     **static)
         ph.sync(data)
     per_update = []
     for i in range(cfg.updates_per_step):
@@ -82,10 +87,7 @@ def update(state, batch, model_cfg, cfg, ref_params, mesh, timer: StepTimer):
             ph.sync(state.params)
         per_update.append({**metrics, **opt_metrics})
     stacked = {k: jnp.stack([m[k] for m in per_update]) for k in per_update[0]}
-    metrics = {**ts.per_step(stacked), **extra,
-               "actor/skipped_steps": state.skipped.astype(jnp.float32)}
-    state = dataclasses.replace(state, step=state.step + 1)
-    return ts.finish(state, metrics, cfg)
+    return ts.stepped(state, stacked, extra)
 
 
 _STATIC = ("model_cfg", "cfg", "mesh")

@@ -24,7 +24,7 @@ the batch, calls `train_step`, fetches metrics and raises `NonFiniteError` unles
 The pieces: `logprobs.py` (the forward, and the no-grad reference and π_old passes) and
 `gradients.py` (one update's loss, gradient and metric sums over micro-batches and
 devices); `split_step.py` runs this step's public pieces (`prepare`, `gradients.local_sums`,
-`gradients.allreduce_sums`, `apply`) as programs of their own.
+`gradients.allreduce_sums`, `apply`, `stepped`) as programs of their own, inside `update`.
 
 References: PPO epochs/mini-batches as in Schulman et al. 2017 and verl's `dp_actor.py`;
 global-count normalisation is `aggregation.py`.
@@ -155,10 +155,17 @@ def _train_step(state: TrainState, batch: TrainBatch, ref_params=None, *,
         state, (per_update, grads) = jax.lax.scan(update, state,
                                                   jnp.arange(cfg.updates_per_step))
         grads = jax.tree.map(lambda g: g[0], grads)
+    state, metrics = stepped(state, per_update, extra)
+    return (state, metrics, grads) if return_grads else (state, metrics)
+
+
+def stepped(state: TrainState, per_update: dict, extra: dict):
+    """The step's end, after its updates: its metrics (`per_step`, the `prepare` extras,
+    `actor/skipped_steps`) and the state's step count advanced. Traced inside `train_step`,
+    or run on the host by `split_step`."""
     metrics = {**per_step(per_update), **extra,
                "actor/skipped_steps": state.skipped.astype(jnp.float32)}
-    state = dataclasses.replace(state, step=state.step + 1)
-    return (state, metrics, grads) if return_grads else (state, metrics)
+    return dataclasses.replace(state, step=state.step + 1), metrics
 
 
 def per_step(per_update: dict) -> dict:
@@ -209,8 +216,8 @@ def _kind(x: float) -> str:
 def program_cfg(cfg: LearnerConfig) -> LearnerConfig:
     """`cfg` as the compiled step sees it: the policy on non-finite steps is applied by
     `update` (`finish`), not in the program, so one compiled step serves both settings.
-    Every caller that compiles or runs a step (`update`, `compile_update`, `split_step`)
-    passes its config through this."""
+    Every caller that compiles or runs a step (`update`, for `split_step`'s programs too,
+    and `compile_update`) passes its config through this."""
     return dataclasses.replace(cfg, skip_nonfinite=False)
 
 
@@ -286,9 +293,15 @@ def compile_update(state, batch: TrainBatch, model_cfg: ModelConfig, cfg: Learne
 
 
 def update(state: TrainState, batch: TrainBatch, model_cfg: ModelConfig, cfg: LearnerConfig,
-           ref_params=None, mesh=None) -> tuple[TrainState, dict[str, float]]:
-    """Check, add the reference logprobs (`with_reference`), run one `train_step` (donating
-    `state`), fetch metrics as floats.
+           ref_params=None, mesh=None, programs=None) -> tuple[TrainState, dict[str, float]]:
+    """Check, add the reference logprobs (`with_reference`), run the step's programs
+    (donating `state`), fetch metrics as floats.
+
+    `programs(state, batch, None, *, model_cfg, cfg, mesh) -> (state, metrics)` runs the
+    step on the checked batch (`train_step`'s signature, its reference already in the
+    batch): by default `train_step`, one program, called as `compile_update` lowered it; `split_step.programs(timer)`
+    runs the same step as separate programs, timed apart. Either way the checks, the
+    reference and the metrics are this function's, so the two cannot drift apart.
 
     Raises `NonFiniteError` naming the step if an update was non-finite, unless
     `cfg.skip_nonfinite`; either way the rejected update changed neither params nor
@@ -297,8 +310,8 @@ def update(state: TrainState, batch: TrainBatch, model_cfg: ModelConfig, cfg: Le
     check(batch, cfg, ref_params)
     batch = with_reference(batch, ref_params, model_cfg, cfg, mesh)
     state = host_memory.to_device(state)  # moments kept in host memory: for this step only
-    state, metrics = train_step(state, batch, None, model_cfg=model_cfg,
-                                cfg=program_cfg(cfg), mesh=mesh)
+    state, metrics = (programs or train_step)(state, batch, None, model_cfg=model_cfg,
+                                              cfg=program_cfg(cfg), mesh=mesh)
     return finish(state, metrics, cfg)
 
 

@@ -71,19 +71,22 @@ def score(task: Task, runner: RewardRunner, texts: Sequence[str], examples: Sequ
 def rollout(engine: Engine, weights, tokenizer: Tokenizer, task: Task, runner: RewardRunner,
             examples: Sequence[Example], first_group: int, key: jax.Array,
             sampling: SamplingConfig, group_size: int, max_prompt_tokens: int,
-            timer: StepTimer) -> Rollouts:
+            timer: StepTimer, limits=None) -> Rollouts:
     """Generate `group_size` completions for each example and score them.
 
     first_group: global index of examples[0], so group ids (and per-row sampling keys) are
     the same whichever host or layout generates a prompt. `timer` gets the admission,
-    prefill, decode and detokenize_reward phases.
+    prefill, decode and detokenize_reward phases. `limits`: each row's most tokens
+    (`Engine.prefill`); a run passes none, `benchmarks/measure_child.py` the lengths it
+    measures a step at.
     """
     phase = timer.phase
     with phase("admission"):
         prompt_tokens, prompt_mask = encode_prompts(tokenizer, examples, max_prompt_tokens)
     with phase("prefill") as ph:
         pending = engine.prefill(weights, prompt_tokens, key, sampling, num_samples=group_size,
-                                 prompt_mask=prompt_mask, first_row=first_group * group_size)
+                                 prompt_mask=prompt_mask, first_row=first_group * group_size,
+                                 limits=limits)
         ph.sync(pending.prefilled)
     with phase("decode") as ph:
         gen = engine.decode(pending)
@@ -96,8 +99,7 @@ def rollout(engine: Engine, weights, tokenizer: Tokenizer, task: Task, runner: R
 def scored(gen, tokenizer: Tokenizer, task: Task, runner: RewardRunner,
            examples: Sequence[Example], prompt_tokens: np.ndarray, prompt_mask: np.ndarray,
            first_group: int, group_size: int) -> Rollouts:
-    """The engine's output `gen` detokenized and scored: the `detokenize_reward` phase
-    (`benchmarks/measure_child.py` times this same call)."""
+    """The engine's output `gen` detokenized and scored: the `detokenize_reward` phase."""
     tokens, mask, logprobs = (np.asarray(x) for x in (gen.tokens, gen.mask, gen.logprobs))
     texts = [tokenizer.decode(row[m].tolist()) for row, m in zip(tokens, mask)]
     row_examples = [ex for ex in examples for _ in range(group_size)]

@@ -36,8 +36,8 @@ from locojax.model import loader, lora, lora_io
 from locojax.profiler import StepTimer, TraceWindow
 from locojax.rl import batch as batch_lib
 from locojax.rl import buckets
-from locojax.rl import host_memory, train_state
-from locojax.rl.split_step import timed_update
+from locojax.rl import host_memory, split_step, train_state
+from locojax.rl import train_step as train_step_lib
 from locojax.train import memory_plan, meshes, resume, run_lock
 from locojax.train.build import RunParts
 from locojax.train.comm_probe import AllReduceProbe
@@ -146,6 +146,22 @@ def reference_of(state: train_state.TrainState, beta: float, copy=None):
     return state.params if copy is None else copy
 
 
+def update(state: train_state.TrainState, batch, model_cfg, learner, ref_params, mesh,
+           timer: StepTimer, split: bool = False):
+    """The step's global update (`train_step.update`), timed as one `train` phase; with
+    `split` (`--profile-split`), where the layout has a flat all-reduce to run apart, as
+    `split_step`'s separate programs, each in its own phase. Only a profiled step reaches
+    `split_step`."""
+    if split and split_step.splits(mesh, learner):
+        return train_step_lib.update(state, batch, model_cfg, learner, ref_params, mesh,
+                                     programs=split_step.programs(timer))
+    with timer.phase("train") as ph:
+        state, metrics = train_step_lib.update(state, batch, model_cfg, learner, ref_params,
+                                               mesh)
+        ph.sync(state.params)
+    return state, metrics
+
+
 @functools.partial(jax.jit, static_argnames=("cfg", "dtype"))
 def merged(frozen, adapters, cfg, dtype=None):
     """Base + adapters merged (`lora.merge`), straight into the engine's rollout copy where it
@@ -246,11 +262,9 @@ class Trainer:
             local, sizes = buckets.fit(record.batch, self.wiring.gather_over_hosts)
             batch = self.wiring.global_batch(local)
             ph.sync(batch)
-        self.state, metrics = timed_update(self.state, batch, parts.model_cfg, parts.learner,
-                                           reference_of(self.state, cfg.algo.beta,
-                                                        self.ref_params),
-                                           self.wiring.train_mesh, timer,
-                                           split=cfg.profile_split)
+        self.state, metrics = update(self.state, batch, parts.model_cfg, parts.learner,
+                                     reference_of(self.state, cfg.algo.beta, self.ref_params),
+                                     self.wiring.train_mesh, timer, split=cfg.profile_split)
         self.state = self._placed(self.state)
         metrics.update(sizes)
         metrics.update(self.rollouts.publish(step + 1, self.state.params, timer))
@@ -355,28 +369,8 @@ class Trainer:
         with progress:
             for step in range(self.start_step, cfg.steps):
                 trace.before_step(step)
-                timer = StepTimer()
-                last = self.step(step, timer)
-                timings = {k: last.pop(k) for k in list(last) if k.startswith("perf/")}
-                # Metrics are logged before the checkpoint that covers them, so a run killed
-                # right after a save has already logged every step that save contains.
-                self.logger.log(step + 1, last)
-                if self._checkpoint_due(step):
-                    with timer.phase("checkpoint"):
-                        self.save(step)
-                perf = {**timings, **timer.finish_step(), **self.net_bytes,
-                        **profiler.device_memory()}
-                perf.update(self._across_hosts(perf))
-                generated = last["rollout/response_length/mean"] * cfg.rollout.prompts_per_step \
-                    * cfg.group_size
-                perf["perf/tokens_per_s"] = generated / max(perf["perf/step_time"], 1e-9)
-                perf.update(buckets.rates(perf))
-                perf["perf/elapsed_s"] = time.monotonic() - self.started
-                if probe is not None:
-                    perf.update(probe.measure())
-                self.logger.log(step + 1, perf)
+                last = self.logged_step(step, probe)
                 trace.after_step(step)
-                last.update(perf)
                 progress.update(step + 1, last)
                 if step + 1 == self.last_step:
                     break
@@ -391,10 +385,42 @@ class Trainer:
                         dtype=COMPUTE_DTYPES[cfg.checkpoint.export_dtype])
             if adapters is not None:
                 self._export_adapters(adapters)
+        self.close()
+        return {**{f"before/{k}": v for k, v in before.items()}, **last}
+
+    def logged_step(self, step: int, probe: AllReduceProbe | None = None) -> dict[str, float]:
+        """`step` as the run takes it: timed (`StepTimer`), its metrics and `perf/*` logged
+        (`metrics.jsonl`, `perf.jsonl`), checkpointed when due; returns both, as logged.
+        `benchmarks/measure_child.py` times a run's step by these same lines."""
+        cfg, timer = self.cfg, StepTimer()
+        last = self.step(step, timer)
+        timings = {k: last.pop(k) for k in list(last) if k.startswith("perf/")}
+        # Metrics are logged before the checkpoint that covers them, so a run killed right
+        # after a save has already logged every step that save contains.
+        self.logger.log(step + 1, last)
+        if self._checkpoint_due(step):
+            with timer.phase("checkpoint"):
+                self.save(step)
+        perf = {**timings, **timer.finish_step(), **self.net_bytes, **profiler.device_memory()}
+        perf.update(self._across_hosts(perf))
+        generated = last["rollout/response_length/mean"] * cfg.rollout.prompts_per_step \
+            * cfg.group_size
+        perf["perf/tokens_per_s"] = generated / max(perf["perf/step_time"], 1e-9)
+        perf.update(buckets.rates(perf))
+        perf["perf/elapsed_s"] = time.monotonic() - self.started
+        if probe is not None:
+            perf.update(probe.measure())
+        self.logger.log(step + 1, perf)
+        return {**last, **perf}
+
+    def close(self) -> None:
+        """Close what the run opened (checkpointer, reward runner, env pool, logs, the run
+        dir's lock); `run` ends with it, and so does a caller that took steps itself
+        (`logged_step`)."""
         self.ckpt.close()
         self.runner.close()
         if self.producer.envs is not None:
             self.producer.envs.close()
         self.logger.close()
-        return {**{f"before/{k}": v for k, v in before.items()}, **last}
-
+        if self.lock is not None:
+            self.lock.release()

@@ -115,8 +115,7 @@ class Producer:
     def assemble(self, rounds: list[Rollouts], choice: np.ndarray, zero_round0: int
                  ) -> tuple[Rollouts, batch_lib.TrainBatch, RolloutStats]:
         """The producer's `batch` phase: each slot's kept group (`choice`: its round), the
-        group-relative advantages, the host-local train rows and the step's sums.
-        `benchmarks/measure_child.py` times this same call."""
+        group-relative advantages, the host-local train rows and the step's sums."""
         out = ds.select_groups(rounds, choice)
         adv, _ = algorithms.compute_advantages(self.algo, out.rewards, out.group_ids)
         local = batch_lib.from_rollout(
