@@ -40,6 +40,7 @@ def test_the_check_catches_a_module_left_out():
     doc = ast.get_docstring(ast.parse(init.read_text()))
     assert unnamed(init) == []
     assert unnamed(init, doc.replace("refill.py", "")) == ["refill"]
-    assert unnamed(init, "") == ["decode", "engine", "extend", "refill", "sampling"]
+    assert unnamed(init, "") == ["decode", "engine", "extend", "generation", "refill",
+                                  "sampling", "waves"]
     # `decoder` or `sampling_x` in prose does not name `decode` or `sampling`.
     assert "decode" in unnamed(init, "decoder, sampling_x, engine.py extend refill")

@@ -37,51 +37,23 @@ import numpy as np
 from jax.sharding import Mesh, SingleDeviceSharding
 
 from locojax.engine import refill as refill_lib
+from locojax.engine import waves as waves_lib
 from locojax.engine.decode import (
     K_AXES,
     V_AXES,
     Layout,
-    Turn,
     check_prompts,
     compact_jit,
     decode_jit,
     prefill_jit,
 )
+from locojax.engine.generation import Generation, Pending, generation_jit, without_cache
 from locojax.engine.extend import Conversation
 from locojax.engine.sampling import SamplingConfig
 from locojax.model import decoder, sharding
 from locojax.model import params as params_lib
 from locojax.model.config import ModelConfig
 from locojax.model.params import Weights
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass
-class Generation:
-    """What one `generate` call returns (rows prompt-major: row r is prompt r // G)."""
-
-    tokens: jax.Array  # [R, N] int32; pad_token_id after a row stopped
-    mask: jax.Array  # [R, N] bool; True for generated tokens, the stop token included
-    logprobs: jax.Array  # [R, N] f32; log π(token), π the τ-scaled untruncated policy; 0 on pad
-    lengths: jax.Array  # [R] int32; number of True in mask
-    steps: jax.Array  # [] int32; decode steps run after prefill (early exit makes it < N - 1)
-
-
-@jax.jit
-def _generation_jit(turn: Turn, order, out) -> Generation:
-    """A finished single-turn `Turn` as the `Generation` it returns (one small program);
-    order, out: as `compact` gives them, or None if no row was compacted out."""
-    tokens, logprobs, length = turn.tokens, turn.logprobs, turn.length
-    if out is not None:
-        tokens, logprobs, length = (o.at[order].set(x) for o, x in
-                                    zip(out, (tokens, logprobs, length)))
-    mask = jnp.arange(tokens.shape[1])[None, :] < length[:, None]
-    return Generation(tokens, mask, logprobs, length, turn.step - 1)
-
-
-def _without_cache(turn: Turn) -> tuple[decoder.KVCache, Turn]:
-    """The cache, and `turn` with its cache taken out: `decode_jit`'s two arguments."""
-    return turn.cache, dataclasses.replace(turn, cache=None)
 
 
 def pad_prompts(prompts: Sequence[Sequence[int]], pad_id: int = 0, length: int | None = None):
@@ -153,13 +125,19 @@ class Engine:
     `WEIGHT_DTYPES` name or a dtype to decode with a copy of the weights' matrices in
     (`rollout_copy`; None: the weights as given). refill: a generate of more rows than
     `refill.slots` decodes that many at a time, refilling finished rows (`refill.py`).
+    waves: a generate of B prompts, B a multiple of `waves`, runs as that many plain
+    generates of B / waves prompts one after another (`waves.py`): each wave's KV cache is
+    freed before the next is made, so the rollout's memory is about 1 / waves, for about
+    `waves` times the decode steps. The memory plan sets it when a rollout does not fit.
     """
 
     def __init__(self, model_cfg: ModelConfig, mesh: Mesh | None = None,
                  rules: sharding.Rules | None = None, cache_dtype=None,
                  block: int = decoder.BLOCK, min_rows: int | None = MIN_ROWS,
-                 weights_dtype=None, refill: refill_lib.Refill | None = None):
+                 weights_dtype=None, refill: refill_lib.Refill | None = None,
+                 waves: int = 1):
         self.model_cfg = model_cfg
+        self.waves = waves
         rules = sharding.ROLLOUT_REPLICATED if rules is None else rules
         self.layout = None if mesh is None else Layout(mesh, tuple(sorted(rules.items())))
         self._weight_shardings = (None if mesh is None
@@ -273,7 +251,7 @@ class Engine:
         prefill = prefill_jit.lower(weights, tokens, mask, key, first_row, cache, model_cfg=cfg,
                                     sampling=sampling, num_samples=num_samples,
                                     layout=self.layout).compile()
-        cache, turn = _without_cache(prefill.out_info)
+        cache, turn = without_cache(prefill.out_info)
         bound = jax.ShapeDtypeStruct((), jnp.int32)  # until and stop_at, as `Decoding` calls
         decode = decode_jit.lower(weights, cache, turn, bound, bound, model_cfg=cfg,
                                   sampling=sampling, layout=self.layout).compile()
@@ -343,6 +321,18 @@ class Engine:
         if self.refill is not None and b * num_samples > self.refill.slots:
             return refill_lib.start(self, weights, tokens, mask, key, sampling, num_samples,
                                     first_row, limits)
+        if waves_lib.split(self, b):
+            return waves_lib.start(self, weights, tokens, mask, key, sampling, num_samples,
+                                   first_row, limits)
+        return self.prefill_whole(weights, tokens, mask, key, sampling, num_samples,
+                                  first_row, limits)
+
+    def prefill_whole(self, weights: Weights, tokens: np.ndarray, mask: np.ndarray,
+                      key: jax.Array, sampling: SamplingConfig, num_samples: int,
+                      first_row: int, limits) -> "Pending":
+        """`prefill` of checked, padded prompts as one batch, the weights placed already (a
+        wave of `waves.py` too)."""
+        b, p = tokens.shape
         cache = self._buffer(b * num_samples, generate_slots(p, sampling))
         if self.layout is not None:
             tokens, mask = (jax.device_put(x, self.layout.sharding(("batch", None), x.shape))
@@ -366,6 +356,8 @@ class Engine:
         (tests/test_long_decode.py). A refilling generate (`refill.Queued`) runs `refill.run`."""
         if isinstance(pending, refill_lib.Queued):
             return Generation(*refill_lib.run(self, pending))
+        if isinstance(pending, waves_lib.Waves):
+            return Generation(*waves_lib.run(self, pending))
         decoding = Decoding(self, pending)
         decoding.advance()
         return decoding.result()
@@ -374,15 +366,6 @@ class Engine:
                      compact: bool = True) -> Conversation:
         """A multi-turn batch on this engine (`extend.Conversation`)."""
         return Conversation(self, sampling, slots, stops, max_block, compact)
-
-
-@dataclasses.dataclass
-class Pending:
-    """A prefilled batch waiting for `Engine.decode` (host-side handle, decoded once)."""
-
-    weights: Weights
-    prefilled: Turn | None
-    sampling: SamplingConfig
 
 
 class Decoding:
@@ -395,13 +378,14 @@ class Decoding:
     and logprobs are `Engine.decode`'s bitwise (tests/test_decode_chunks.py)."""
 
     def __init__(self, engine: Engine, pending: Pending):
-        if isinstance(pending, refill_lib.Queued):
-            raise ValueError("a refilling generate decodes whole, in Engine.decode")
+        if isinstance(pending, (refill_lib.Queued, waves_lib.Waves)):
+            raise ValueError("a refilling generate, or one in waves, decodes whole, in "
+                             "Engine.decode")
         prefilled, pending.prefilled = pending.prefilled, None  # donated: usable once
         if prefilled is None:
             raise ValueError("this prefill was already decoded")
         self.engine, self.weights, self.sampling = engine, pending.weights, pending.sampling
-        self.cache, self.turn = _without_cache(prefilled)
+        self.cache, self.turn = without_cache(prefilled)
         self.order = self.out = None  # as `compact` gives them
         self.step = 1  # tokens sampled per live row so far (token 0 by prefill)
         self.finished = False
@@ -420,7 +404,7 @@ class Decoding:
             local = self.turn.last.shape[0] // d  # rows per device
             half = local // 2 if (e.min_rows is not None and local % 2 == 0
                                   and local // 2 >= e.min_rows) else 0
-            self.cache, self.turn = _without_cache(decode_jit(
+            self.cache, self.turn = without_cache(decode_jit(
                 self.weights, self.cache, self.turn, jnp.int32(half), jnp.int32(stop),
                 **static))
             if not half and iterations is None:  # it ran to the end: no host sync
@@ -447,4 +431,4 @@ class Decoding:
     def result(self) -> Generation:
         if not self.finished:
             raise ValueError("this decode has not finished: advance it first")
-        return _generation_jit(self.turn, self.order, self.out)
+        return generation_jit(self.turn, self.order, self.out)

@@ -16,6 +16,7 @@ Start at `loop.py`.
     dynamic_sampling.py   DAPO's rollout-side parts
     memory_plan.py        what each device holds at its peak, before the first step
     plan_fit.py           the plan's automatic settings, raised until a run fits
+    plan_hints.py         the settings a refused plan suggests, for its biggest buffers
     out_of_memory.py      XLA's "out of device memory", read as an answer
     train_memory.py       a train step's memory beyond its state, from the shapes
     program_cost.py       one compiled program's FLOPs, bytes and memory, as XLA counts

@@ -76,7 +76,8 @@ class RunParts:
     def engine(self, mesh, rules: Rules = ROLLOUT_REPLICATED) -> Engine:
         r = self.cfg.rollout
         return engine_of(self.model_cfg, mesh, rules, r.cache_dtype, r.weights_dtype,
-                         Refill(r.refill_slots, r.refill_at) if r.refill_slots else None)
+                         Refill(r.refill_slots, r.refill_at) if r.refill_slots else None,
+                         max(1, r.waves))
 
     def weights(self, mesh, rules: Rules) -> Weights:
         """The starting weights, loaded (or initialised, for presets) straight into `rules`'
@@ -150,13 +151,13 @@ def sampling_of(rollout: RolloutConfig, tokenizer: Tokenizer) -> SamplingConfig:
 
 def engine_of(model_cfg: ModelConfig, mesh=None, rules: Rules = ROLLOUT_REPLICATED,
               cache_dtype: str | None = None, weights_dtype: str | None = None,
-              refill: Refill | None = None) -> Engine:
+              refill: Refill | None = None, waves: int = 1) -> Engine:
     """An engine over `mesh` (None: the default device); `cache_dtype` None: compute dtype;
     `weights_dtype` None: decode with the weights as given (else a rollout copy); `refill`
     None: a generate decodes all its rows at once."""
     return Engine(model_cfg, mesh=mesh, rules=rules,
                   cache_dtype=cache_dtype and COMPUTE_DTYPES[cache_dtype],
-                  weights_dtype=weights_dtype, refill=refill)
+                  weights_dtype=weights_dtype, refill=refill, waves=waves)
 
 
 def weights_of(model: str, seed: int = 0, precision: str = "f32", mesh=None,

@@ -78,8 +78,15 @@ class RolloutConfig:
     refill_at: int = 0
     """Free slots at which the decode loop stops to refill (0: G): a multiple of G, at most
     refill_slots; each stop is one host sync and a prefill of refill_at / G prompts."""
+    waves: int = 0
+    """Generate a step's prompts as this many plain generates one after another, one wave's
+    KV cache at a time (`engine/waves.py`): the rollout's memory about 1 / waves, for about
+    waves times the decode steps. 0: 1, or the fewest that fit when the memory plan finds
+    that the rollout alone does not (single and colocated, whose trainers generate)."""
 
     def __post_init__(self):
+        if self.waves < 0:
+            raise ValueError(f"rollout.waves must be >= 0 (0: automatic), got {self.waves}")
         if self.refill_slots < 0 or self.refill_at < 0:
             raise ValueError(f"rollout.refill_slots and refill_at must be >= 0, got "
                              f"{self.refill_slots} and {self.refill_at}")
@@ -286,6 +293,10 @@ class RunConfig:
             # learner.
             raise ValueError(f"mode {self.mode!r}: --curation.enabled and --dynamic.max-rounds "
                              "run in the single and colocated modes so far")
+        if self.rollout.waves > 1 and (self.rollout.refill_slots or self.mode == "controller"):
+            raise ValueError("--rollout.waves N > 1 generates whole batches one after another: "
+                             "not with --rollout.refill-slots, nor in the controller mode, "
+                             "whose hosts decode in chunks")
         if self.profile_split and self.train.fsdp > 1:
             raise ValueError("--profile-split times a data-parallel step; with --train.mesh "
                              "fsdp > 1 XLA schedules the collectives inside the step")

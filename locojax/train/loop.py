@@ -132,7 +132,16 @@ def plan_memory(parts: RunParts, wiring, engine) -> memory_plan.MemoryPlan:
     return memory_plan.plan(parts.model_cfg, learner, state, batch, ref, mesh, engine, shapes,
                             cfg.precision, cfg.device_memory_gb, auto_remat=cfg.remat == "auto",
                             rollout_layout=wiring.reshard_target(engine.weight_shardings),
-                            offload=cfg.offload if host_memory.supported() else "off")
+                            offload=cfg.offload if host_memory.supported() else "off",
+                            auto_waves=waves_allowed(cfg, wiring, parts))
+
+
+def waves_allowed(cfg, wiring, parts: RunParts) -> bool:
+    """Whether the plan may generate in waves: a single-turn rollout that this trainer's own
+    engine generates whole (not the Ray modes' workers, not the controller's chunked decode,
+    not a refilling one), with `--rollout.waves 0`."""
+    return (cfg.rollout.waves == 0 and not wiring.remote_rollouts and parts.limits is None
+            and not cfg.rollout.refill_slots and wiring.name in ("single", "colocated"))
 
 
 def reference_of(state: train_state.TrainState, beta: float, copy=None):

@@ -39,6 +39,7 @@ import time
 import jax
 import numpy as np
 
+from locojax.engine import waves
 from locojax.engine.sampling import SamplingConfig
 from locojax.model import decoder
 from locojax.model.config import ModelConfig
@@ -46,7 +47,7 @@ from locojax.rl import micro_batches
 from locojax.rl import train_step as train_step_lib
 from locojax.rl.batch import logit_positions
 from locojax.rl.config import LearnerConfig
-from locojax.train import meshes, out_of_memory, plan_fit
+from locojax.train import meshes, out_of_memory, plan_fit, plan_hints
 from locojax.train.program_cost import ProgramCost as Program
 from locojax.train.program_cost import GB, argument_bytes, device_bytes, size
 from locojax.train.train_memory import expected_train_temporaries, layer_residual_bytes
@@ -135,7 +136,8 @@ class MemoryPlan:
         lines = [f"memory plan per device ({self.local_devices} local device"
                  f"{'s' * (self.local_devices > 1)}; {layout}; {st['precision']}, remat "
                  f"{'on' if st['remat'] else 'off'}, {st['grad_accum']} micro-batch"
-                 f"{'es' * (st['grad_accum'] > 1)}, logits in {st['logits']}):"]
+                 f"{'es' * (st['grad_accum'] > 1)}, logits in {st['logits']}"
+                 f"{', rollout in %d waves' % st['waves'] if st.get('waves', 1) > 1 else ''}):"]
         host = {k: f" (host memory but in {', '.join(READS[k])})" for k in self.offloaded}
         held = ", ".join(f"{k} {size(v)}{host.get(k, '')}" for k, v in self.held.items() if v)
         caches = ", ".join(f"{k} {size(v)}" for k, v in self.caches.items())
@@ -183,72 +185,10 @@ class MemoryPlan:
 
     def hints(self) -> list[str]:
         """Settings that shrink the buffers that matter (>= 5% of the peak), in this order."""
-        st, e = self.settings, self.expected
-        acts, logits = e.get("activations", 0), e.get("logits", 0)
-        cache = max(self.caches.values(), default=0)
-        state = self.held.get("params", 0) + self.held.get("optimizer", 0) + e["gradients"]
-        found = []  # (bytes it acts on, hint)
-        found.append((acts + logits, f"--grad-accum N: N micro-batches instead of "
-                                     f"{st['grad_accum']} of {st['rows_per_micro']} rows per "
-                                     f"device divide the activations and logits "
-                                     f"({size(acts + logits)}) by ~N"))
-        if not st["remat"]:
-            found.append((acts, f"--remat on: keep only each layer's input for the backward "
-                                f"(activations {size(acts)})"))
-        if st["logprob_chunk"] == 0 and logits > 3 * decoder.LOGITS_WHOLE_BYTES:
-            found.append((logits, f"--logprob-chunk -1: chunk the logits ({size(logits)})"))
-        if st["precision"] == "f32":
-            found.append((acts + cache, "--precision bf16: bf16 activations and KV cache; "
-                                        "master weights and optimizer stay f32 (on CPU its "
-                                        "bf16 embedding copy costs more than it saves)"))
-        if st["cache_dtype"] == "float32":
-            found.append((cache // 2, f"--rollout.cache-dtype bf16: a bf16 KV cache, half the "
-                                      f"{size(cache)} (attention still accumulates in f32)"))
-        found.append((cache, f"a smaller --rollout.prompts-per-step, --rollout.max-new-tokens "
-                             f"or --eval.batch-size (KV cache {size(cache)})"))
-        if self.held.get("reference", 0):
-            found.append((self.held["reference"], f"--algo.beta 0: no reference copy "
-                                                  f"({size(self.held['reference'])})"))
-        found.append((state, self._fsdp_hint(state)))
-        tp = self._tp_hint(cache)
-        if tp:
-            found.append((st["rollout_copy"] + cache, tp))
-        # A program XLA refused has no analysis of its own: its figure is the compiler's
-        # total, so the buffers that matter are measured against what the plan counts.
-        scale = (sum(self.held.values()) + sum(e.values()) if self.refused else self.peak)
-        return [h for b, h in found if b >= 0.05 * scale]
-
-    def _fsdp_hint(self, state: int) -> str:
-        """`--train.mesh` with the fewest FSDP ways, over this run's devices, whose saving
-        closes the gap (all of them if none does)."""
-        st = self.settings
-        n, now = st["devices"], st["fsdp"]
-        what = (f"shard params, gradients and optimizer state ({size(state)} per device) over "
-                "`fsdp`")
-        if n == 1:
-            return (f"--train.mesh data=D,fsdp=F on D x F devices (this run has 1): {what}, "
-                    f"{size(state)} / F each")
-        ways = [f for f in range(now + 1, n + 1) if n % f == 0]
-        if not ways:
-            return (f"more devices: this run already shards over all {n} (--train.mesh "
-                    f"data=1,fsdp={n}); {what}")
-        gap = self.peak - (self.device_memory or self.peak)
-        f = next((f for f in ways if state * (1 - now / f) >= gap), ways[-1])
-        return (f"--train.mesh data={n // f},fsdp={f}: {what}, {size(state * now / f)} each "
-                f"instead of {size(state)}")
+        return plan_hints.hints(self)
 
     def _tp_hint(self, cache: int) -> str | None:
-        """`--rollout.tp N` over the engine's devices (this host's), when the KV heads
-        split N ways."""
-        st = self.settings
-        n = st["rollout_devices"]
-        ways = [t for t in range(st["rollout_tp"] + 1, n + 1)
-                if n % t == 0 and st["kv_heads"] % t == 0]
-        if not ways:
-            return None
-        t = ways[-1]
-        return (f"--rollout.tp {t}: shard the engine's weights and KV cache ({size(cache)}) by "
-                f"heads over {t} of this host's devices")
+        return plan_hints.tp_hint(self, cache)
 
     def check(self) -> None:
         """Raise MemoryPlanError, naming the biggest buffers and the settings that shrink
@@ -288,29 +228,24 @@ class EngineShape:
 def plan(model_cfg: ModelConfig, learner: LearnerConfig, state, batch, ref_params, mesh, engine,
          engine_shapes: list[EngineShape], precision: str = "f32",
          device_memory_gb: float = 0.0, auto_remat: bool = False,
-         rollout_layout=None, offload: str = "off") -> MemoryPlan:
+         rollout_layout=None, offload: str = "off", auto_waves: bool = False) -> MemoryPlan:
     """Compile the run's programs at its shapes (without running them) and plan its memory.
 
     state, batch, ref_params: arrays or ShapeDtypeStructs placed as the run's will be
     (`train_state.abstract`, `batch.abstract`); ref_params None when β = 0. engine: the
     run's `Engine`; engine_shapes: its generate calls; rollout_layout: where the reshard
-    writes the weights (`wiring.reshard_target`; None: the engine's own layout). When the run does not fit, the
-    automatic settings (remat when `auto_remat`, micro-batches when `learner.grad_accum` is
-    AUTO_ACCUM) are raised until it does (`plan_fit.fit`), after keeping the reference in host
-    memory when `offload` is "auto" ("host": always; "off": never); `MemoryPlan.learner` and
-    `.offloaded` are what it chose.
+    writes the weights (`wiring.reshard_target`; None: the engine's own layout). A run
+    that does not fit keeps the reference (and moments) in host memory when `offload` is
+    "auto" ("host": always), generates in waves when a rollout alone does not fit
+    (`auto_waves`; it sets `engine.waves`), then raises remat (`auto_remat`) and
+    micro-batches (AUTO_ACCUM) until it fits (`plan_fit`); `MemoryPlan.learner`, `.offloaded`
+    and `.chosen` say what it chose.
     """
     held, model_weights = _held(state, ref_params)
     memory, source = detect_device_memory(device_memory_gb)
     rows, columns = batch.tokens.shape
-    devices = int(np.prod(list(mesh.shape.values()))) if mesh is not None else 1
-    fsdp = mesh.shape.get("fsdp", 1) if mesh is not None and learner.rules == "train_fsdp" else 1
-    engine_mesh = engine.layout.mesh if engine.layout is not None else None
-    tp = engine_mesh.shape.get("tensor", 1) if engine_mesh is not None else 1
-    settings = {"precision": precision, "cache_dtype": engine.cache_dtype.name,
-                "logprob_chunk": learner.logprob_chunk, "devices": devices, "fsdp": fsdp,
-                "rollout_tp": tp, "rollout_devices": engine_mesh.size if engine_mesh else 1,
-                "kv_heads": model_cfg.num_key_value_heads, "rollout_copy": 0}
+    settings = _layout_settings(model_cfg, learner, mesh, engine, precision)
+    devices = settings["devices"]
 
     def expected_of(resolved: LearnerConfig) -> dict[str, int]:
         """`expected_train_temporaries` of this run's batch, under `resolved` settings."""
@@ -335,22 +270,29 @@ def plan(model_cfg: ModelConfig, learner: LearnerConfig, state, batch, ref_param
 
     train, train_settings, expected = train_program(learner)
     reference = _reference_program(batch, ref_params, model_cfg, learner, mesh)
-    programs, caches = _engine_programs(engine, engine_shapes, model_weights, settings)
-    if settings["rollout_copy"]:
-        programs.insert(0, _reshard(model_weights, rollout_layout or engine.weight_shardings))
+    rollout_args = (engine, engine_shapes, model_weights, settings, rollout_layout)
+    rollout = [_rollout_programs(*rollout_args)]  # again at each number of waves tried
 
     def with_learner(learner, train=None, train_settings=None, expected=None) -> MemoryPlan:
         ref = reference
         if train is None:
             train, train_settings, expected = train_program(learner)
             ref = _reference_program(batch, ref_params, model_cfg, learner, mesh)
+        programs, caches = rollout[0]
         return MemoryPlan(held, caches, [*ref, train, *programs], expected,
                           {**settings, **train_settings}, memory, source,
                           jax.local_device_count(), learner)
 
+    def with_waves(k: int) -> MemoryPlan:
+        engine.waves = k  # the run's engine: it generates in the waves its plan compiled
+        rollout[0] = _rollout_programs(*rollout_args)
+        return with_learner(learner, train, train_settings, expected)
+
     first = with_learner(learner, train, train_settings, expected)
     if offload == "host":
         plan_fit.keep_on_host(first)
+    if auto_waves and not first.fits:
+        first = plan_fit.in_waves(first, with_waves, engine, engine_shapes, offload)
     if first.fits:
         return first
     xla_per_expected = train.temporaries / max(1, sum(expected.values()))
@@ -360,9 +302,22 @@ def plan(model_cfg: ModelConfig, learner: LearnerConfig, state, batch, ref_param
         temporaries its expectation times XLA's ratio to it in the first plan."""
         e = expected_of(micro_batches.resolve(learner, batch, model_cfg.vocab_size, mesh))
         guess = dataclasses.replace(train, temporaries=int(xla_per_expected * sum(e.values())))
-        return max(first.peak_of(p) for p in [*reference, guess, *programs])
+        return max(first.peak_of(p) for p in [*reference, guess, *rollout[0][0]])
 
     return plan_fit.fit(first, with_learner, estimate, auto_remat, offload)
+
+
+def _layout_settings(model_cfg: ModelConfig, learner: LearnerConfig, mesh, engine,
+                     precision: str) -> dict:
+    """The plan's settings that the layouts fix: devices, FSDP and rollout TP ways."""
+    devices = int(np.prod(list(mesh.shape.values()))) if mesh is not None else 1
+    fsdp = mesh.shape.get("fsdp", 1) if mesh is not None and learner.rules == "train_fsdp" else 1
+    engine_mesh = engine.layout.mesh if engine.layout is not None else None
+    tp = engine_mesh.shape.get("tensor", 1) if engine_mesh is not None else 1
+    return {"precision": precision, "cache_dtype": engine.cache_dtype.name,
+            "logprob_chunk": learner.logprob_chunk, "devices": devices, "fsdp": fsdp,
+            "rollout_tp": tp, "rollout_devices": engine_mesh.size if engine_mesh else 1,
+            "kv_heads": model_cfg.num_key_value_heads, "rollout_copy": 0}
 
 
 def _held(state, ref_params) -> tuple[dict[str, int], object]:
@@ -399,6 +354,14 @@ def _compiled(name: str, phase: str, memory: int | None, held: int, compile_it) 
     return Program.of(name, phase, compiled, held, time.perf_counter() - t0)
 
 
+def _rollout_programs(engine, engine_shapes, params, settings: dict, rollout_layout):
+    """`_engine_programs`, after the reshard into the engine's layout when it has another."""
+    programs, caches = _engine_programs(engine, engine_shapes, params, settings)
+    if settings["rollout_copy"]:
+        programs.insert(0, _reshard(params, rollout_layout or engine.weight_shardings))
+    return programs, caches
+
+
 def _engine_programs(engine, engine_shapes: list[EngineShape], params,
                      settings: dict) -> tuple[list[Program], dict[str, int]]:
     """The prefill and decode of each generate call, compiled as the run compiles them
@@ -406,10 +369,12 @@ def _engine_programs(engine, engine_shapes: list[EngineShape], params,
     when the engine reads the weights in another layout than training's (its copy is live
     while the engine runs, not held)."""
     programs, caches = [], {}
+    settings["waves"] = engine.waves
     for shape in engine_shapes:
         t0 = time.perf_counter()
+        prompts = shape.prompts // (engine.waves if waves.split(engine, shape.prompts) else 1)
         try:
-            prefill, decode = engine.compile(shape.prompts, shape.prompt_len, shape.sampling,
+            prefill, decode = engine.compile(prompts, shape.prompt_len, shape.sampling,
                                              shape.num_samples)
         except jax.errors.JaxRuntimeError as e:
             if not out_of_memory.is_out_of_memory(e):

@@ -4,10 +4,12 @@
 (or XLA refuses to compile one for want of memory: `out_of_memory.py`), `fit` first keeps the
 reference weights in host memory outside the one program that reads them (`--offload auto`,
 where the device has host memory kinds: `rl/host_memory.py`), which costs a copy over the host
-link per step and no compile; then it tries the automatic settings in order, each a
-`LearnerConfig` the train step is compiled for again, on every backend alike: remat when
-`--remat auto`, then more micro-batches when `--grad-accum 0` (auto). `locojax predict`
-escalates remat and micro-batches in the same order (`locojax/predict/memory.py`).
+link per step and no compile; when a rollout alone still does not fit (its KV cache), it
+generates in waves (`in_waves`, `--rollout.waves 0`); then it tries the automatic settings
+in order, each a `LearnerConfig` the train step is compiled for again, on every backend
+alike: remat when `--remat auto`, then more micro-batches when `--grad-accum 0` (auto).
+`locojax predict` escalates remat and micro-batches in the same order
+(`locojax/predict/memory.py`).
 """
 
 from __future__ import annotations
@@ -45,6 +47,38 @@ def keep_on_host(plan) -> None:
     plan.chosen = [f"{_said(plan.offloaded)} (--offload host)"]
 
 
+def in_waves(first, with_waves, engine, engine_shapes, offload: str):
+    """When a rollout alone does not fit the device (its KV cache, which remat, micro-batches
+    and offloading leave as it is): the plan generating in the fewest waves that fits it
+    (`engine/waves.py`), after what `_offload` would keep in host memory; `first` if none
+    helps. Tried: the divisors k of the rollout's prompts whose waves still split evenly
+    over the engine's devices; each costs a compile of prefill and decode at B / k."""
+    room = first.device_memory or float("inf")
+    kept = first.offloaded  # restored unless waves are chosen: `fit` says what it offloads
+    names = kept if offload == "host" else _offload(first, offload == "auto")
+
+    def beyond(plan):
+        return [p for p in plan.programs if p.phase == "rollout" and plan.peak_of(p) > room]
+
+    over = beyond(first)
+    rollout = next((s for s in engine_shapes if s.name == "rollout"), None)
+    if not over or rollout is None:
+        return _offloaded(first, kept)
+    devices = first.settings["rollout_devices"]
+    tried = first
+    for k in range(2, rollout.prompts + 1):
+        if rollout.prompts % k or (rollout.prompts // k * rollout.num_samples) % devices:
+            continue
+        tried = _offloaded(with_waves(k), names)
+        if not beyond(tried):
+            tried.chosen = [f"the rollout in {k} waves of {rollout.prompts // k} prompts, one "
+                            f"wave's KV cache at a time: without it {over[0].name} alone "
+                            f"needs {size(first.peak_of(over[0]))}"]
+            return tried
+    with_waves(1)  # none helps: the run's engine as it was, and the plan says why not
+    return _offloaded(first, kept)
+
+
 def _said(names: tuple[str, ...]) -> str:
     return " and ".join({"reference": "the reference", "optimizer": "AdamW's moments"}[n]
                         for n in names) + " in host memory but in the programs that read them"
@@ -64,14 +98,15 @@ def fit(first, with_learner, estimate, auto_remat: bool, offload: str = "off"):
     evaluation program alone exceeds the device (its KV cache is not the train step's)."""
     if first.fits:
         return first
+    prior = list(first.chosen)  # `in_waves` or `keep_on_host`: said first, kept
     learner, st = first.learner, first.settings
     if offload == "host":  # kept there (`keep_on_host`) through every later step
         before, names = first.peak, first.offloaded
     else:
         before, names = first.peak, _offload(first, offload == "auto")
     if names and first.fits:
-        first.chosen = [f"{_said(names)}: without it the peak is {size(before)}, with it "
-                        f"{size(first.peak)}"]
+        first.chosen = prior + [f"{_said(names)}: without it the peak is {size(before)}, "
+                                f"with it {size(first.peak)}"]
         return first
     steps = []
     if auto_remat and not learner.remat:
@@ -95,9 +130,9 @@ def fit(first, with_learner, estimate, auto_remat: bool, offload: str = "off"):
     room = first.device_memory or float("inf")  # unknown size: try every step in order
     beyond = [p for p in first.programs if p.phase != "train" and first.peak_of(p) > room]
     if beyond:  # rollout or evaluation alone does not fit: no train-step setting helps
-        first.chosen = [f"not tried ({', '.join(w for _, w in steps)}): {beyond[0].name} "
-                        f"alone needs {size(first.peak_of(beyond[0]))}, which they do not "
-                        "change"]
+        first.chosen = prior + [
+            f"not tried ({', '.join(w for _, w in steps)}): {beyond[0].name} alone needs "
+            f"{size(first.peak_of(beyond[0]))}, which they do not change"]
         return first
     start = next((i for i, (c, _) in enumerate(steps) if estimate(c) <= room), len(steps) - 1)
     skipped = f" ({', '.join(w for _, w in steps[:start])}: estimated not to)" if start else ""
@@ -106,8 +141,9 @@ def fit(first, with_learner, estimate, auto_remat: bool, offload: str = "off"):
     for candidate, what in steps[start:]:
         tried = _offloaded(with_learner(candidate), names)
         if tried.fits:
-            tried.chosen = [f"{what}: {why}; with it {size(tried.peak)}"]
+            tried.chosen = prior + [f"{what}: {why}; with it {size(tried.peak)}"]
             return tried
-    tried.chosen = [f"tried {', then '.join(w for _, w in steps[start:])}{skipped}: none fits, "
-                    f"the last needs {size(tried.peak)}"]
+    tried.chosen = prior + [
+        f"tried {', then '.join(w for _, w in steps[start:])}{skipped}: none fits, "
+        f"the last needs {size(tried.peak)}"]
     return tried

@@ -63,7 +63,7 @@ MAY_CHANGE: dict[str, str] = {
     "checkpoint": "when checkpoints are written and kept, and resume itself",
     "device_memory_gb": _MEMORY, "grad_accum": _MEMORY, "remat": _MEMORY, "offload": _MEMORY,
     "logprob_chunk": _MEMORY, "profile_split": _MEMORY, "train.mesh": _MEMORY,
-    "rollout.tp": _MEMORY,
+    "rollout.tp": _MEMORY, "rollout.waves": _MEMORY,
     "controller.decode_chunk": _HOW,
     "reward.workers": _HOW, "reward.load_timeout_s": _HOW, "multi_turn.env_workers": _HOW,
     "task.sandbox": "how model-written code is isolated, not what it is scored on",
