@@ -162,6 +162,10 @@ def test_multi_turn_is_sized_from_the_trajectory_as_the_compiled_plan_is(tmp_pat
     others = (devices - 1) * (wl.rows // devices) * slots
     assert compiled.caches["rollout"] - predicted.parts["KV cache"] == others + 4
     assert wl.prompt_columns + wl.response_columns == seen["batch"].tokens.shape[1]
+    # And the compiled plan's analytic account (`MemoryPlan.analytic`) is predict's, held
+    # and train step term by term, byte for byte: the same functions of the same shapes.
+    ours, theirs = predicted.account, compiled.analytic
+    assert (ours.held, ours.train) == (theirs.held, theirs.train)
 
 
 def _engine_slots(wl) -> int:

@@ -1,27 +1,16 @@
 """Memory per device, for hardware that is not here: the memory plan's own analytic account
-(`train_memory.Account`, which `locojax train`'s plan is too, `MemoryPlan.analytic`) built
-from the target's shapes, and the settings that make a run fit. Nothing is restated here:
-- held all run, the train state's own bytes (`train_memory.held_bytes`): f32 params, AdamW's
-  moments, LoRA's frozen base, and with β > 0 the reference (a copy of the f32 params; under
-  LoRA the base itself), each shared over FSDP;
-- rollout: the KV cache of its rows, rows · S · (2 L k h s / mp + 1) (keys, values and a
-  validity byte per slot, S the engine's own slots, `extend.slots_needed` rounded up to whole
-  blocks as `KVCache.empty` allocates them: a multi-turn task's whole conversation, not one
-  turn's N), and the engine's copy of the weights where it reads them in another layout than
-  training's (tensor parallel over mp chips, or FSDP training), as the plan counts it; under
-  LoRA the merged f32 weights the sampler reads;
-- the train step: `expected_train_temporaries` at the run's batch (B G rows of P + M columns,
-  the prompt shared by each group): gradients (in place with remat), FSDP's gathered weights,
-  one chunk of logits, the embedding gradient's partial, the activations autodiff keeps
-  (traced from `jax.vjp` of the decoder's own layer and forward, nothing runs) and the
-  compute copy of the embedding.
-The KV cache and the train step's buffers are never live at once, so the peak is the held
-bytes plus the larger phase. With `--offload auto` (the default) a plan that does not fit
-keeps the reference, then AdamW's moments, in host memory as the plan does
-(`Account.offload`; the copies' time over the host link is not costed). The planner tries,
-in the memory plan's order of escalation, remat, more micro-batches and FSDP until the peak
-fits 90% of HBM. tests/test_predict_memory.py holds this within 10% of the plan's analytic
-account at the validation shapes.
+(`train_memory.Account`; `locojax train`'s plan is the same account plus XLA's compiled
+figures, `MemoryPlan.analytic`) built from the target's shapes by the plan's functions, and
+the settings that make a run fit. What it counts, and why, is in train_memory.py; here only
+what a target adds: FSDP over `fsdp` chips shares the held state, the KV cache is the
+engine's (`extend.slots_needed` slots, rounded up to whole blocks as `KVCache.empty`
+allocates them: a multi-turn task's whole conversation) over tensor parallelism `mp`, the
+engine's copy of the weights exists where it reads them in another layout (tp or FSDP) or
+merges LoRA's adapters, and with `--offload auto` a plan that does not fit keeps the
+reference, then AdamW's moments, in host memory (`Account.offload`; the copies' time over
+the host link is not costed). `fit` escalates remat, micro-batches and FSDP, in the plan's
+order, until the peak fits 90% of HBM. tests/test_predict_memory.py holds predict within
+10% of the plan's account at the validation shapes.
 """
 
 from __future__ import annotations
