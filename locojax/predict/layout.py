@@ -94,15 +94,16 @@ def _in_waves(plan: memory.Plan) -> memory.Plan:
     plan.settings.setdefault("waves", 1)
     if plan.fits or plan.peak_phase != "rollout":
         return plan
-    kv = sum(plan.parts.get(n, 0.0) for n in memory.ROLLOUT)
-    held = plan.peak - kv
-    room = memory.HEADROOM * plan.hbm - held
-    train = sum(plan.parts.get(n, 0.0) for n in memory.TRAIN)
-    if room <= 0 or held + train > memory.HEADROOM * plan.hbm:
+    a = plan.account
+    kv = a.rollout["KV cache"]
+    limit = memory.HEADROOM * plan.hbm
+    room = limit - (a.phases["rollout"] - kv)
+    if room <= 0 or a.phases["train step"] > limit:
         return plan
     waves = math.ceil(kv / room)
-    parts = {k: (v / waves if k in memory.ROLLOUT else v) for k, v in plan.parts.items()}
-    return memory.Plan(dict(plan.settings, waves=waves), parts, plan.hbm)
+    rollout = dict(a.rollout, **{"KV cache": kv / waves})
+    return memory.Plan(dict(plan.settings, waves=waves),
+                       dataclasses.replace(a, rollout=rollout), plan.hbm)
 
 
 def _powers(limit: int, divides: int = 0) -> list[int]:

@@ -1,84 +1,54 @@
-"""Memory per device, for hardware that is not here: the memory plan's accounting
-(locojax/train/memory_plan.py) at the target's shapes, and the settings that make a run fit.
-
-What a learner chip holds (bytes; P parameters, FSDP over n chips, compute itemsize s):
-- params 4P/n (f32 master), AdamW moments 8P/n, gradients 4P/n and, by the train step's own
-  rule (`train_memory.gradient_bytes`), with remat one layer's and the embedding's more, or
-  without remat 4P/n more when grad_accum > 1; under LoRA (`--lora.rank`) P there is the
-  adapters' parameters, and the frozen base adds its own bytes (bP/n, b its
-  `--lora.base-dtype` itemsize) and serves as the reference;
-- the reference model sP/n with β > 0; a compute-dtype copy of the weights sP/mp for
-  rollout when s < 4 (tensor parallel over mp chips); under LoRA the merged f32 copy the
-  sampler reads (4P/mp);
-- the KV cache of its rollout rows: rows · S · (2 L k h s / mp + 1), keys, values and a
-  validity byte per slot, S the engine's own slots (`extend.slots_needed`, rounded up to
-  whole blocks as `KVCache.empty` allocates them): P + N - 1, or for a multi-turn task of T turns and observations
-  of O tokens P + T (N - 1) + (T - 1)(O + 1), the whole conversation, which the engine's
-  cache holds at once (not one turn's N);
-- the train step's temporaries for one micro-batch of r rows and T = P + M columns (M:
-  `Workload.response_columns`, N or the trajectory's columns), by the
-  train step's own rules (`locojax/train/train_memory.py`), not restated here:
-  activations, what `jax.vjp` keeps of one decoder layer (`layer_residual_bytes`, traced
-  at these shapes, nothing runs) times L without remat, or every layer's input
-  (L · r · T · d · s) plus two layers' residuals with remat; and the logits, five f32
-  buffers of one chunk (`logits_bytes`: the decoder's own chunking rule,
-  `decoder.logprob_chunk_size`, whole up to its LOGITS_WHOLE_BYTES).
-The KV cache and the train step's buffers are never live at once: the trainer releases the
-engine's cache after each rollout (`Engine.release_cache`), so the peak is what is held
-throughout (params, optimizer, reference, rollout's weights) plus the larger of the rollout
-(the cache) and the train step (gradients, activations, logits), as the memory plan counts it.
-The planner tries, in the memory plan's order of hints, grad_accum, remat, FSDP and a
-smaller rollout batch per chip until the peak fits 90% of HBM.
+"""Memory per device, for hardware that is not here: the memory plan's own analytic account
+(`train_memory.Account`; `locojax train`'s plan is the same account plus XLA's compiled
+figures, `MemoryPlan.analytic`) built from the target's shapes by the plan's functions, and
+the settings that make a run fit. What it counts, and why, is in train_memory.py; here only
+what a target adds: FSDP over `fsdp` chips shares the held state, the KV cache is the
+engine's (`extend.slots_needed` slots, rounded up to whole blocks as `KVCache.empty`
+allocates them: a multi-turn task's whole conversation) over tensor parallelism `mp`, the
+engine's copy of the weights exists where it reads them in another layout (tp or FSDP) or
+merges LoRA's adapters, and with `--offload auto` a plan that does not fit keeps the
+reference, then AdamW's moments, in host memory (`Account.offload`; the copies' time over
+the host link is not costed). `fit` escalates remat, micro-batches and FSDP, in the plan's
+order, until the peak fits 90% of HBM. tests/test_predict_memory.py holds predict within
+10% of the plan's account at the validation shapes.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
-
-import numpy as np
 
 from locojax.engine.extend import slots_needed
 from locojax.model import lora
 from locojax.model.attention import KVCache
-from locojax.predict.flops import ITEMSIZE
 from locojax.predict.phases import Ctx
-from locojax.rl.config import LearnerConfig
+from locojax.rl.batch import SharedPrefix
+from locojax.rl.config import AlgoConfig, LearnerConfig
 from locojax.train import train_memory
 
 GB = 1e9
 HEADROOM = 0.9  # of HBM: what XLA and the runtime keep for themselves
-ROLLOUT = ("KV cache",)  # live only while rollout runs
-TRAIN = ("gradients", "activations", "logits")  # live only while the train step runs
-
-
-def layer_bytes(cfg, dtype: str, rows: int, t: int, platform: str) -> int:
-    """What autodiff keeps of one decoder layer on rows x t in `dtype` (the train step's
-    count, `train_memory.layer_residual_bytes`, traced at these shapes). Every residual is
-    a per-row array or a fixed one, so the count is affine in the rows: it is traced at 1 and
-    2 rows and extended, two traces per length however many plans the planner tries."""
-    cfg = dataclasses.replace(cfg, compute_dtype=dtype)
-    one, two = (train_memory.layer_residual_bytes(cfg, r, max(1, t), platform) for r in (1, 2))
-    return one + (max(1, rows) - 1) * (two - one)
 
 
 @dataclasses.dataclass
 class Plan:
     settings: dict
-    parts: dict[str, float]  # bytes per device
+    account: train_memory.Account  # bytes per device
     hbm: float
 
-    def _sum(self, names) -> float:
-        return sum(self.parts.get(n, 0.0) for n in names)
+    @property
+    def parts(self) -> dict[str, float]:
+        a = self.account
+        return {**a.held, **a.rollout, **a.train}
 
     @property
     def peak(self) -> float:
-        held = sum(v for k, v in self.parts.items() if k not in ROLLOUT + TRAIN)
-        return held + max(self._sum(ROLLOUT), self._sum(TRAIN))
+        return self.account.peak
 
     @property
     def peak_phase(self) -> str:
-        return "rollout" if self._sum(ROLLOUT) > self._sum(TRAIN) else "train step"
+        return self.account.peak_phase
 
     @property
     def fits(self) -> bool:
@@ -90,7 +60,9 @@ class Plan:
                 f"{st['mp']}, grad_accum {st['grad_accum']}, "
                 f"remat {'on' if st['remat'] else 'off'},"
                 f" {st['dtype']}):")
-        parts = ", ".join(f"{k} {v / GB:.2f} GB" for k, v in self.parts.items() if v)
+        host = {k: " (host memory but in its program)" for k in self.account.offloaded}
+        parts = ", ".join(f"{k} {v / GB:.2f} GB{host.get(k, '')}"
+                          for k, v in self.parts.items() if v)
         verdict = "fits" if self.fits else "DOES NOT FIT"
         return (f"{head}\n  {parts}\n  peak {self.peak / GB:.2f} GB in the {self.peak_phase} "
                 f"(the KV cache and the train step's buffers are never live at once) of "
@@ -98,41 +70,49 @@ class Plan:
                 f"(limit {HEADROOM:.0%})")
 
 
+@functools.lru_cache(maxsize=1024)
+def _train_terms(cfg, learner: LearnerConfig, rows: int, columns: int, chips: int,
+                 platform: str, prefix: SharedPrefix, param_bytes: int) -> dict[str, int]:
+    """`expected_train_temporaries`, kept: a layout search asks for the same terms often."""
+    return train_memory.expected_train_temporaries(cfg, learner, rows, columns, chips, platform,
+                                                   prefix, param_bytes)
+
+
 def plan_for(ctx: Ctx, fsdp: int, mp: int, grad_accum: int, remat: bool,
              learner_chips: int | None = None) -> Plan:
-    cfg, wl = ctx.cfg, ctx.wl
+    wl = ctx.wl
+    # As the run's builder loads the model (`build._dtypes`): f32 masters whatever the
+    # checkpoint's dtype, the compute dtype from --precision.
+    cfg = dataclasses.replace(ctx.cfg, param_dtype="float32", compute_dtype=ctx.dtype)
     chips = learner_chips or ctx.cluster.chips
-    s = ITEMSIZE[ctx.dtype]
-    p, t = float(cfg.num_params()), float(lora.num_trainable(cfg))
-    parts = {"params": 4 * t / fsdp, "optimizer": 8 * t / fsdp,
-             "gradients": train_memory.gradient_bytes(
-                 cfg, LearnerConfig(remat=remat, grad_accum=grad_accum), int(4 * t / fsdp))}
-    if lora.enabled(cfg):  # the base is frozen, and is the reference; the sampler merges
-        parts["frozen base"] = np.dtype(cfg.lora.base_dtype).itemsize * p / fsdp
-        parts["merged weights"] = 4 * p / mp
-    elif wl.beta > 0:
-        parts["reference"] = s * p / fsdp
-    if s < 4:
-        parts["rollout weights"] = s * p / mp
-    m = wl.response_columns  # multi-turn: the whole trajectory, not one turn's cap
+    held = dict(train_memory.held_bytes(cfg, fsdp, wl.beta > 0))
+    p = cfg.num_params()
+    rollout = {}
     n, block = KVCache.blocks(slots_needed(wl.prompt_columns, wl.max_new, wl.turns,
                                            1 + wl.obs_tokens))
     groups = max(1.0, ctx.cluster.chips / mp)  # each row's keys and values, and its validity
-    parts["KV cache"] = wl.rows / groups * n * block * (ctx.mc.kv_bytes_per_token() / mp + 1)
-    micro = max(1, math.ceil(wl.rows / grad_accum))  # one micro-batch, every chip's rows
-    rows = max(1, math.ceil(micro / chips))  # on one chip
-    cols = wl.prompt_columns + m
+    rollout["KV cache"] = int(wl.rows / groups * n * block * (ctx.mc.kv_bytes_per_token() / mp
+                                                               + 1))
+    if lora.enabled(cfg):  # the sampler merges the adapters into f32 weights of its own
+        rollout["merged weights"] = 4 * p // mp
+    elif mp > 1 or fsdp > 1:  # another layout than training's: the plan's rollout copy
+        rollout["rollout's copy of the weights"] = 4 * p // mp
+    learner = LearnerConfig(algo=AlgoConfig(group_size=wl.group, beta=wl.beta,
+                                            num_minibatches=ctx.minibatches),
+                            grad_accum=grad_accum, remat=remat,
+                            rules="train_fsdp" if fsdp > 1 else "train_dp")
     platform = "cpu" if ctx.cluster.hw.is_cpu else ctx.cluster.hw.kind
-    layer = layer_bytes(cfg, ctx.dtype, rows, cols - 1, platform)
-    if remat:
-        acts = cfg.num_hidden_layers * rows * cols * cfg.hidden_size * s + 2 * layer
-    else:
-        acts = cfg.num_hidden_layers * layer
-    parts["activations"] = acts
-    parts["logits"] = train_memory.logits_bytes(micro, rows, m, cfg.vocab_size)
+    rows = max(wl.rows, learner.rows_multiple)
+    columns = wl.prompt_columns + wl.response_columns  # multi-turn: the whole trajectory
+    train = _train_terms(cfg, learner, rows, columns, chips, platform,
+                         SharedPrefix(wl.prompt_columns, wl.group), held["params"])
+    account = train_memory.Account(held, rollout, dict(train))
+    hbm = float(ctx.cluster.hw.hbm_bytes.value)
+    if ctx.offload:
+        account = account.offload(HEADROOM * hbm)
     settings = {"fsdp": fsdp, "mp": mp, "grad_accum": grad_accum, "remat": remat,
                 "dtype": ctx.dtype}
-    return Plan(settings, parts, float(ctx.cluster.hw.hbm_bytes.value))
+    return Plan(settings, account, hbm)
 
 
 def fit(ctx: Ctx, learner_chips: int | None = None) -> Plan:

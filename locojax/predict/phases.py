@@ -83,6 +83,7 @@ class Ctx:
     decode_chunk: int = 0  # controller: decode iterations per round trip (0: the whole loop)
     waves: int = 1  # rollout batches per host, where the KV cache of all rows does not fit
     tensorboard: bool = False  # the run writes TensorBoard too (`--tensorboard`)
+    offload: bool = False  # --offload auto: held buffers to host memory where needed
     rates: dict = dataclasses.field(default_factory=host_rates)
     ledger: Ledger = dataclasses.field(default_factory=Ledger)
 

@@ -40,6 +40,8 @@ HONOURED = {
     "precision": "compute dtype (FLOPs' peak, weight and cache bytes)",
     "remat": "on / off fixes it; auto lets the layout choose",
     "grad_accum": "micro-batches of the train step (memory)",
+    "offload": "auto: where a layout does not fit, the reference, then the moments, in host "
+               "memory as the plan keeps them (the copies' time is not costed)",
     "device_memory_gb": "memory per chip the layout must fit (replaces the profile's HBM)",
     "devices_per_host": "single: the simulated devices (the cluster's chips)",
     "controller.decode_chunk": "controller: decode iterations per round trip",
@@ -75,7 +77,6 @@ REFUSED = {
 
 IRRELEVANT = {
     "lora.alpha": "a constant factor on the adapters' product",
-    "offload": "the reference and moments in host memory: predict counts them on the chip",
     "task.level": "arith difficulty: lengths come from ignore_eos, data or the cap",
     "task.test_data": "evaluation is outside the steady step",
     "task.template": "prompts are padded to P whatever the template",

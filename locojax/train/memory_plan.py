@@ -50,7 +50,8 @@ from locojax.rl.config import LearnerConfig
 from locojax.train import meshes, out_of_memory, plan_fit, plan_hints
 from locojax.train.program_cost import ProgramCost as Program
 from locojax.train.program_cost import GB, argument_bytes, device_bytes, size
-from locojax.train.train_memory import expected_train_temporaries, layer_residual_bytes
+from locojax.train.train_memory import (READS, Account, expected_train_temporaries,
+                                        layer_residual_bytes, on_device)
 
 __all__ = ["GB", "EngineShape", "MemoryPlan", "MemoryPlanError", "Program", "device_bytes",
            "expected_train_temporaries", "layer_residual_bytes", "plan", "size"]
@@ -77,11 +78,6 @@ def detect_device_memory(override_gb: float = 0.0) -> tuple[int | None, str]:
     return None, "unknown"
 
 
-# Held buffers that may be offloaded, and the programs that read them (on the device for
-# those alone: `train_step.with_reference` moves the reference back).
-READS = {"reference": ("ref_logprobs",), "optimizer": ("train_step",)}
-
-
 @dataclasses.dataclass
 class MemoryPlan:
     """Per-device memory of a run: held buffers, each program's needs on top, the peak."""
@@ -102,9 +98,15 @@ class MemoryPlan:
     offloaded: tuple[str, ...] = ()
 
     def peak_of(self, p: Program) -> int:
-        held = sum(v for k, v in self.held.items()
-                   if k not in self.offloaded or p.name in READS.get(k, ()))
-        return held + self.caches.get(p.phase, 0) + p.extra
+        return on_device(self.held, self.offloaded, p.name) + self.caches.get(p.phase, 0) + p.extra
+
+    @property
+    def analytic(self) -> Account:
+        """The plan's analytic account, without XLA's figures (`train_memory.Account`): what
+        `locojax predict` counts for hardware that is not here."""
+        copy = {"rollout's copy of the weights": self.settings["rollout_copy"]}
+        return Account(dict(self.held), {"KV cache": max(self.caches.values(), default=0),
+                                         **copy}, dict(self.expected), self.offloaded)
 
     @property
     def peak_program(self) -> Program:

@@ -5,25 +5,34 @@ layer (nothing runs).
 
 The memory plan (`memory_plan.py`) sets this expectation beside XLA's compiled temporaries:
 it names the biggest buffers when a run does not fit, and tests/test_memory_plan.py checks
-that XLA's temporaries stay within it. `locojax predict` (`locojax/predict/memory.py`) reads
-the same rules for hardware that is not here: the logits term (`logits_bytes`, on the
-decoder's own chunking rule, `decoder.logprob_chunk_size`) and one layer's residuals
-(`layer_residual_bytes`), so the two cannot disagree about either.
+that XLA's temporaries stay within it.
+
+`Account` is the plan's analytic account of a device: what it holds all run (the train
+state's own bytes, `held_bytes`), what only rollout adds (the KV cache, the engine's copy of
+the weights) and what only the train step adds (`expected_train_temporaries`), with the held
+buffers kept in host memory between the programs that read them (`READS`,
+`rl/host_memory.py`). The plan's is `MemoryPlan.analytic` (it adds XLA's compiled figures
+on top); `locojax predict` (`locojax/predict/memory.py`) builds the same account from the
+shapes of hardware that is not here, so the two count the same terms by the same functions
+(tests/test_predict_memory.py holds them within 10% at the validation shapes).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
 import jax.numpy as jnp
 
-from locojax.model import decoder
+from locojax.model import decoder, lora
 from locojax.model import params as params_lib
 from locojax.model.config import ModelConfig
-from locojax.rl import gradients, logprobs, micro_batches
+from locojax.model.sharding import make_mesh
+from locojax.rl import gradients, logprobs, micro_batches, train_state
 from locojax.rl.batch import logit_positions, split_group
-from locojax.rl.config import LearnerConfig
+from locojax.rl.config import LearnerConfig, OptimConfig
+from locojax.train.program_cost import device_bytes
 
 LOGIT_BUFFERS = 5
 """f32 buffers of one chunk's logits a step holds: logits, log-softmax, its exp, the
@@ -84,6 +93,7 @@ def layer_residual_bytes(cfg: ModelConfig, rows: int, t: int, platform: str,
         (x, shapes, k, v), platform)
 
 
+@functools.lru_cache(maxsize=256)
 def _forward_residual_bytes(cfg: ModelConfig, rows: int, columns: int, group: int, p: int,
                             remat: bool, platform: str) -> int:
     """Bytes autodiff keeps from the whole differentiated forward of `sequence_logprobs` (the
@@ -166,7 +176,7 @@ def expected_train_temporaries(cfg: ModelConfig, learner: LearnerConfig, rows: i
     micro = rows // learner.rows_multiple  # rows of one micro-batch, all devices
     local = max(1, micro // devices)
     v, d = cfg.vocab_size, cfg.hidden_size
-    whole = cfg.num_params() * 4
+    whole = lora.num_trainable(cfg) * 4  # under LoRA the state's params are the adapters
     param_bytes = whole if param_bytes is None else param_bytes
     out = {"gradients": gradient_bytes(cfg, learner, param_bytes)}
     if param_bytes < whole:
@@ -192,3 +202,68 @@ def expected_train_temporaries(cfg: ModelConfig, learner: LearnerConfig, rows: i
         if platform == "cpu" and cfg.dtype.itemsize < 4:
             out["compute copy of the embedding"] += v * d * 4
     return out
+
+
+READS = {"reference": ("ref_logprobs",), "optimizer": ("train_step",)}
+"""Held buffers that may be kept in host memory, and the programs that read them (on the
+device for those alone: `train_step.with_reference` moves the reference back)."""
+
+
+def on_device(held: dict[str, int], offloaded: tuple[str, ...], program: str) -> int:
+    """Bytes of `held` on the device while `program` runs: an offloaded buffer only in the
+    programs that read it."""
+    return sum(v for k, v in held.items() if k not in offloaded or program in READS.get(k, ()))
+
+
+@dataclasses.dataclass
+class Account:
+    """A device's memory by the plan's analytic terms (bytes; module docstring). The KV cache
+    and the train step's buffers are never live at once: the trainer releases the engine's
+    cache after each rollout (`Engine.release_cache`)."""
+
+    held: dict[str, int]  # all run: params, optimizer, frozen (LoRA's base), reference
+    rollout: dict[str, int]  # live while the engine runs
+    train: dict[str, int]  # live while the train step runs (`expected_train_temporaries`)
+    offloaded: tuple[str, ...] = ()  # names of `held` in host memory but in their READS
+
+    @property
+    def phases(self) -> dict[str, int]:
+        """Each phase's peak: the held bytes on the device then, plus its own buffers."""
+        return {"rollout": on_device(self.held, self.offloaded, "generate")
+                + sum(self.rollout.values()),
+                "train step": on_device(self.held, self.offloaded, "train_step")
+                + sum(self.train.values())}
+
+    @property
+    def peak(self) -> int:
+        return max(self.phases.values())
+
+    @property
+    def peak_phase(self) -> str:
+        return max(self.phases, key=self.phases.get)
+
+    def offload(self, room: float) -> "Account":
+        """Where the peak exceeds `room`, the held buffers the plan keeps in host memory
+        (`plan_fit._offload`): the reference, then AdamW's moments too where rollout alone
+        still exceeds it (the train step reads them, so only rollout is spared)."""
+        if self.peak <= room:
+            return self
+        names = ("reference",) if self.held.get("reference") else ()
+        out = dataclasses.replace(self, offloaded=names)
+        if out.phases["rollout"] > room:
+            out = dataclasses.replace(self, offloaded=names + ("optimizer",))
+        return out
+
+
+@functools.lru_cache(maxsize=64)
+def held_bytes(cfg: ModelConfig, fsdp: int = 1, reference: bool = False) -> dict[str, int]:
+    """What a learner device holds all run, from the train state's own shapes
+    (`train_state.abstract`, which the plan's held buffers are): the f32 params, AdamW's
+    moments and step counts, LoRA's frozen base; with `reference` (β > 0) a copy of the
+    params, or under LoRA none (the base is the reference). FSDP over `fsdp` devices shares
+    each alike (the step counts are replicated: 8 bytes over-shared)."""
+    state = train_state.abstract(cfg, OptimConfig(), make_mesh({"data": 1}, jax.devices()[:1]))
+    out = {"params": device_bytes(state.params), "optimizer": device_bytes(state.opt_state),
+           "frozen": device_bytes(state.frozen)}
+    out["reference"] = out["params"] if reference and state.frozen is None else 0
+    return {k: v // fsdp for k, v in out.items()}
