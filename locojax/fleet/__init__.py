@@ -17,6 +17,7 @@ The plain parts (no Ray; tests drive them directly):
     leases.py            leased units of work, the staleness gate, redispatch
     buffer.py            finished units by step, host shares, the staleness histogram
     versions.py          checksummed weight versions, the newest-K store, the transport protocol
+    inflight.py          in-flight updates: a newer version between decode chunks, per token
     faults.py            fault injection for the preemption tests
     actors.py            what every actor shares: log prefix, CPU requests, environment
 

@@ -39,6 +39,7 @@ class RolloutBuffer:
                              f"version {record.version}")
         if key in self._records:
             raise RuntimeError(f"unit {key} is already in the buffer: it would train twice")
+        check_token_versions(record, self.max_staleness)
         self._records[key] = record
 
     def ready(self, step: int) -> bool:
@@ -83,6 +84,39 @@ def staleness_histogram(staleness: np.ndarray, max_staleness: int) -> tuple[floa
     return tuple(float(c) for c in counts)
 
 
+def check_token_versions(record: RolloutRecord, max_staleness: int) -> None:
+    """Raise unless every target token's version v of `record` (step s, unit version u)
+    satisfies u <= v <= s and s - v <= k: sampled by the unit's own version or a newer one,
+    never by one the learner has not made yet, never more than k versions stale."""
+    if record.token_versions is None:
+        return
+    tv, mask = np.asarray(record.token_versions), np.asarray(record.batch.loss_mask, bool)
+    if tv.shape != mask.shape:
+        raise ValueError(f"token_versions has shape {tv.shape}, the batch {mask.shape}")
+    used = tv[mask]
+    if not used.size:
+        return
+    s, lo = record.step, max(record.version, record.step - max_staleness)
+    bad = used[(used < lo) | (used > s)]
+    if bad.size:
+        raise RuntimeError(f"a token of step {s} (unit version {record.version}) names weight "
+                           f"version {int(bad[0])}: allowed {lo}..{s} (k={max_staleness})")
+
+
+def token_staleness(record: RolloutRecord) -> tuple[np.ndarray, np.ndarray]:
+    """([rows] each row's staleness, its stalest target token's; [n] every target token's),
+    for a record of the step the learner trains."""
+    rows = len(record.batch.tokens)
+    mask = np.asarray(record.batch.loss_mask, bool)
+    if record.token_versions is None:
+        return (np.full(rows, record.step - record.version, np.int32),
+                np.full(int(mask.sum()), record.step - record.version, np.int32))
+    tv = np.where(mask, np.asarray(record.token_versions), np.iinfo(np.int32).max)
+    oldest = np.where(mask.any(1), tv.min(1), record.version)
+    return ((record.step - oldest).astype(np.int32),
+            (record.step - np.asarray(record.token_versions)[mask]).astype(np.int32))
+
+
 def merge(units: list[RolloutRecord], host: int, num_hosts: int,
           max_staleness: int) -> RolloutRecord:
     """Concatenate a step's units in slot order, each row tagged with its staleness, and give
@@ -92,11 +126,19 @@ def merge(units: list[RolloutRecord], host: int, num_hosts: int,
     prefix = first.batch.shared_prefix
     if any(u.batch.shared_prefix != prefix for u in units):
         raise RuntimeError(f"the units of step {step} disagree on the prompt layout")
-    staleness = np.concatenate([np.full(len(u.batch.tokens), step - u.version, np.int32)
-                                for u in units])
+    rows, tokens = zip(*(token_staleness(u) for u in units))
+    staleness = np.concatenate(rows)
     whole = jax.tree.map(lambda *xs: np.concatenate(xs), *[u.batch for u in units])
     stats = sum((u.stats for u in units[1:]), first.stats) + RolloutStats(
         staleness=staleness_histogram(staleness, max_staleness))
+    versions = None
+    if any(u.token_versions is not None for u in units):  # in-flight: count tokens too
+        stats = stats + RolloutStats(token_staleness=staleness_histogram(
+            np.concatenate(tokens), max_staleness))
+        versions = np.concatenate([
+            u.token_versions if u.token_versions is not None else
+            np.where(np.asarray(u.batch.loss_mask, bool), u.version, -1).astype(np.int32)
+            for u in units])
     record = RolloutRecord(step, min(u.version for u in units),
-                           dataclasses.replace(whole, staleness=staleness), stats)
+                           dataclasses.replace(whole, staleness=staleness), stats, versions)
     return record.share(host, num_hosts)

@@ -308,6 +308,21 @@ class Dispatcher:
                     break  # the gate admits nothing more until the next version
                 slot.lease, slot.ref = lease, slot.handle.produce.remote(lease)
 
+    def _check_taken(self, worker: int, lease: Lease, taken: dict[int, str],
+                     wait_s: float = 10.0) -> None:
+        """`WeightMismatch` unless every version a worker took in flight has the checksum the
+        learner published for it (called holding `cv`). The server holds a version a moment
+        before the learner announces it here, so an unknown one is waited for briefly."""
+        deadline = time.monotonic() + wait_s
+        for version, digest in sorted(taken.items()):
+            while version not in self.digests and time.monotonic() < deadline:
+                self.cv.wait(deadline - time.monotonic())
+            if self.digests.get(version) != digest:
+                raise WeightMismatch(
+                    f"worker {worker} took weight version {version} (checksum {digest}) in "
+                    f"flight for lease {lease.id} (step {lease.step} unit {lease.unit}), but "
+                    f"the learner published it with checksum {self.digests.get(version)}")
+
     def _finish(self, slot: _Slot) -> None:
         ref, lease = slot.ref, slot.lease
         slot.ref = None
@@ -348,12 +363,13 @@ class Dispatcher:
                 slot.starting, slot.slow_starts = False, 0
                 slot.scoring_s = out[1] if isinstance(out, tuple) else 0.0
                 return
-            slot.lease, (record, digest) = None, out
-            slot.version = record.version
+            slot.lease, (record, digest, taken) = None, out
+            slot.version = max([record.version, *taken])
             check_generated_with(slot.index, lease, digest)
             if self.table.complete(lease.id) is None:
                 log.info("late result of lease %d (step %d unit %d) dropped", lease.id,
                          lease.step, lease.unit)
                 return
+            self._check_taken(slot.index, lease, taken)
             self.buffer.add(lease, record)
             self.cv.notify_all()

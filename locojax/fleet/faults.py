@@ -56,6 +56,9 @@ class Faults:
     corrupt_version: int | None = None
     """The parameter server serves this version with one bit flipped (bad memory, a bad
     link): the worker must refuse it."""
+    slow_version_check_s: float = 0.0
+    """Each in-flight version check of a rollout worker (`--inflight-chunk`) first sleeps
+    this long: a decode slow enough that versions arrive mid-unit, so swaps happen."""
     kill_host_after: int | None = None
     """Controller mode: host 1 (or 0 if alone) SIGKILLs itself after the update of this step."""
 

@@ -84,6 +84,9 @@ def place(mode: str, p: PlacementConfig, prompts_per_step: int,
         raise ValueError(f"--hosts must be >= 2 (one learner and one rollout worker), got "
                          f"{p.hosts}")
     d = devices_per_host or 1
+    if mode == "disaggregated" and p.inflight_chunk:
+        raise ValueError("--inflight-chunk is async only: disaggregated's versions are "
+                         "deterministic (max(0, s - k)), a version taken mid-unit is not")
     if mode == "disaggregated":
         workers = math.floor(p.rollout_fraction * p.hosts + 0.5)
         learners = p.hosts - workers
