@@ -42,6 +42,10 @@ class PlacementConfig:
     """async: decode iterations between a rollout worker's checks for a newer weight version,
     which it then samples with from the next iteration on (in-flight updates; each token
     records its version). 0: a unit is generated with the one version its lease names."""
+    partial_rollouts: bool = False
+    """async: cut each step once enough leased units are in, training the ones that finished
+    first, whichever step's prompts they hold; a unit still decoding goes on, with its
+    versions, into a later step (no long unit holds a step up). Every unit trains once."""
     lease_timeout_s: float = 300.0
     """A worker that has not returned a lease after this long loses it (and is restarted)."""
     start_timeout_s: float = 900.0
