@@ -101,6 +101,24 @@ def test_a_swap_samples_with_the_new_weights_from_the_swap_on(weights):
     assert np.all(np.abs(lp[:, cut] - lp0[:, cut]) > 1e-3)
 
 
+def test_a_version_the_server_cannot_give_now_is_not_taken(weights):
+    """The server restarting mid-unit (`VersionUnavailable` on the pull): the unit goes on
+    with the version it holds, bitwise as if no newer one existed."""
+    from locojax.fleet.versions import VersionUnavailable
+
+    class Restarting(FakeServer):
+        def take(self, version):
+            raise VersionUnavailable(f"weight version {version}: parameter server unreachable")
+
+    eng = Engine(MODEL, block=8)
+    whole = _decode(eng, weights)
+    inflight = InFlightEngine(eng, CHUNK, Restarting({0: weights, 1: weights}))
+    inflight.begin(0, "digest0")
+    kept = _decode(inflight, weights)
+    np.testing.assert_array_equal(np.asarray(kept.logprobs), np.asarray(whole.logprobs))
+    assert inflight.schedules[0].spans == [(0, 0, "digest0")] and inflight.latest is None
+
+
 def _record(step, version, tv_columns=None, rows=4, p=3, n=4):
     mask = np.ones((rows, n), bool)
     mask[1, 2:] = False  # a shorter row: its padding has no version

@@ -36,6 +36,7 @@ import numpy as np
 
 from locojax.engine import refill as refill_lib
 from locojax.engine.engine import Decoding, Generation
+from locojax.fleet.versions import VersionUnavailable
 
 
 def swap_to(held: int, newest: int | None) -> int | None:
@@ -53,7 +54,8 @@ class VersionSource(Protocol):
 
     def take(self, version: int):
         """(The engine's weights of `version`, placed; the checksum computed from the bytes
-        that arrived). Raises if they are not the published bytes."""
+        that arrived). `WeightMismatch` if they are not the published bytes;
+        `VersionUnavailable` if the server cannot give it now (the unit keeps its version)."""
 
 
 @dataclasses.dataclass
@@ -126,7 +128,10 @@ class InFlightEngine:
                 continue
             if self.latest is None or self.latest[0] != version:
                 self.latest = None  # the older newest goes before the next arrives
-                self.latest = (version, *self.source.take(version))
+                try:
+                    self.latest = (version, *self.source.take(version))
+                except VersionUnavailable:  # the server is restarting: try at the next chunk
+                    continue
             _, decoding.weights, digest = self.latest
             held = version
             spans.append((decoding.step, version, digest))

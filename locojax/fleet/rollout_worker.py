@@ -41,7 +41,7 @@ from locojax.fleet.actors import setup_logging
 from locojax.fleet.faults import Faults, FaultyTimer, hang
 from locojax.fleet.inflight import InFlightEngine, token_versions
 from locojax.fleet.leases import Lease
-from locojax.fleet.parameter_server import ObjectStoreTransport
+from locojax.fleet.parameter_server import TRANSIENT, ObjectStoreTransport
 from locojax.fleet.verifier import VerifierPool
 from locojax.fleet.versions import checksum
 
@@ -72,7 +72,10 @@ class ServerSource:
     def newest(self) -> int | None:
         if self.worker.faults.slow_version_check_s:
             time.sleep(self.worker.faults.slow_version_check_s)
-        held = ray.get(self.worker.transport.server.versions.remote(), timeout=30)
+        try:
+            held = ray.get(self.worker.transport.server.versions.remote(), timeout=30)
+        except TRANSIENT:  # the server is down or restarting: keep the version held
+            return None
         return max(held) if held else None
 
     def take(self, version: int):
