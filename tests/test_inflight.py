@@ -130,7 +130,8 @@ def _record(step, version, tv_columns=None, rows=4, p=3, n=4):
     if tv_columns is not None:
         spans = [(c, v, f"d{v}") for c, v in tv_columns]
         versions = token_versions(batch.loss_mask, n, VersionSchedule(spans))
-    return RolloutRecord(step, version, batch, RolloutStats(rows=float(rows), groups=float(rows // 2)), versions)
+    stats = RolloutStats(rows=float(rows), groups=float(rows // 2))
+    return RolloutRecord(step, version, batch, stats, versions)
 
 
 def test_token_versions_and_per_token_staleness():

@@ -6,9 +6,10 @@ built from the run's parts (`train/build.py`) as every role's is, running the sa
 dispatcher, scoring with the verifier pool (`verifier.py`). What it owns is small: the one
 weight version it holds (pulled whole from the parameter server, checksum verified, so no
 weight tensor ever mixes two versions; with in-flight updates a row's later tokens may be
-a newer whole version's, each token naming its own) and its compiled engine. Everything else arrives with a
-lease (step, prompt slots, the version to use), so Ray can kill and restart it at any
-point: the restarted actor warms up, then pulls the version the next lease names.
+a newer whole version's, each token naming its own) and its compiled engine. Everything
+else arrives with a lease (step, prompt slots, the version to use), so Ray can kill and
+restart it at any point: the restarted actor warms up, then pulls the version the next
+lease names.
 
 Under LoRA a version is the adapters alone (the learner's `state.params`): the worker keeps
 the base it loaded at start and samples from base + adapters merged into one copy per
