@@ -5,7 +5,9 @@ After a learner restart, async publishes versions again under the same numbers, 
 bytes may differ. A worker that kept its copy of version v by number would generate with
 the old bytes; `rollout_worker.needs_pull` makes it pull again (tests/test_leases.py), and
 the dispatcher checks the checksum each result says it was made with against its lease's,
-so such rows never reach the learner. The end-to-end restart (test_ray_modes) meets this
+so such rows never reach the learner. With in-flight updates (issue 59) a result also names
+every version it took mid-unit, and each must carry the checksum its version was published
+with. The end-to-end restart (test_ray_modes) meets this
 case only when timing makes the bytes differ; here a stand-in worker always answers with
 other bytes, so the dispatcher's check is exercised every time.
 """
@@ -36,7 +38,19 @@ class _KeptItsCopy:
         return os.getpid()
 
     def produce(self, lease):
-        return _Record(lease.version), "0ld0ld00"
+        return _Record(lease.version), "0ld0ld00", {}
+
+
+@ray.remote(num_cpus=0)
+class _TookOtherBytesInFlight:
+    """A worker that starts with the lease's bytes and, in flight, takes version 1 with
+    bytes the learner did not publish under that number."""
+
+    def ready(self, prompts_per_lease: int) -> int:
+        return os.getpid()
+
+    def produce(self, lease):
+        return _Record(lease.version), lease.digest, {1: "0ld0ld11"}
 
 
 @pytest.fixture(scope="module")
@@ -63,6 +77,25 @@ def test_a_result_made_with_other_bytes_stops_the_run(cluster):
                            match=r"worker 0 generated lease \d+ \(step 0 unit 0\) with weights "
                                  r"of checksum 0ld0ld00, but the lease named version 0 with "
                                  r"checksum c0ffee00"):
+            ray.get(dispatcher.take.remote(0, 0, 1, 60.0))
+    finally:
+        ray.get(dispatcher.stop.remote())
+
+
+def test_a_version_taken_in_flight_with_other_bytes_stops_the_run(cluster):
+    plan = PlacementPlan(mode="async", learner_hosts=1, workers=1, devices_per_host=1,
+                         prompts_per_lease=4, schedule=Schedule(1, 2, True),
+                         lease_timeout_s=60.0, verifiers=1)
+    worker = _TookOtherBytesInFlight.remote()
+    dispatcher = Dispatcher.options(num_cpus=0).remote(plan, 4, 1, [worker])
+    try:
+        ray.get(dispatcher.begin.remote(0, None, None))
+        ray.get(dispatcher.published.remote(0, "c0ffee00"))
+        ray.get(dispatcher.published.remote(1, "c0ffee11"))
+        with pytest.raises(ray.exceptions.RayTaskError,
+                           match=r"worker 0 took weight version 1 \(checksum 0ld0ld11\) in "
+                                 r"flight for lease \d+ \(step 0 unit 0\), but the learner "
+                                 r"published it with checksum c0ffee11"):
             ray.get(dispatcher.take.remote(0, 0, 1, 60.0))
     finally:
         ray.get(dispatcher.stop.remote())

@@ -511,3 +511,59 @@ def test_an_async_learner_restart_republishes_and_workers_pull_again(cluster, tm
     groups = trained_groups(str(tmp_path))
     assert groups == {s + 1: sorted(np.repeat(np.arange(8 * s, 8 * s + 8), 4).tolist())
                       for s in range(STEPS)}
+
+
+def test_async_inflight_updates_take_newer_versions_mid_unit(cluster, tmp_path):
+    """`--inflight-chunk 2` (issue 59 item 1): workers check for a newer version every 2
+    decode iterations, each check slowed to 0.5 s so that the learner publishes versions
+    while units decode. Some tokens are then sampled by a newer version than their unit
+    started with (token staleness below row staleness), every token stays within k = 2, the
+    versions taken were verified (the dispatcher checks their checksums), the logprob check
+    still holds on the tokens of each unit's own version, and every prompt trains once."""
+    from locojax.fleet.faults import Faults
+
+    train(tmp_path, "--mode", "async", "--max-staleness", "2", "--workers", "2", "--hosts", "3",
+          "--lease-timeout-s", "60", "--inflight-chunk", "2",
+          faults=Faults(slow_version_check_s=0.5))
+    rows = jsonl(tmp_path / "metrics.jsonl")
+    assert len(rows) == STEPS
+    for r in rows:
+        assert r["rollout/staleness/max"] <= 2
+        # Ratios of token counts: only f64 rounding (1e-16) separates the sum from 1.
+        assert sum(r[f"rollout/token_staleness/frac_{s}"] for s in range(3)) \
+            == pytest.approx(1.0)
+        assert r["rollout/token_staleness/mean"] <= r["rollout/staleness/mean"]
+        assert 0 <= r["rollout/logprob_mismatch"] < 1e-4  # as in the test above
+    assert any(r["rollout/token_staleness/mean"] < r["rollout/staleness/mean"] for r in rows)
+    groups = trained_groups(str(tmp_path))
+    assert groups == {s + 1: sorted(np.repeat(np.arange(8 * s, 8 * s + 8), 4).tolist())
+                      for s in range(STEPS)}
+
+
+def test_async_partial_rollouts_train_every_unit_once_despite_a_kill(cluster, tmp_path):
+    """`--partial-rollouts` (issue 59 item 2), with in-flight updates: unit 1 of step 0 is
+    slow (8 s) and the first worker to decode a unit of step 1 is killed mid-generation.
+    Steps are cut without waiting for the slow unit, which trains in a later step; the
+    killed unit is generated again and its lost attempt never trains. The final
+    checkpoint's ledger (which step trained which unit) names every unit of the run
+    exactly once, and the rollout dumps hold every prompt once."""
+    from locojax.checkpoint import Checkpointer
+    from locojax.fleet.faults import Faults
+
+    train(tmp_path, "--mode", "async", "--max-staleness", "2", "--workers", "2", "--hosts", "3",
+          "--lease-timeout-s", "60", "--partial-rollouts", "--inflight-chunk", "4",
+          faults=Faults(slow_unit=(0, 1), slow_unit_s=8.0, kill_worker_at_step=1))
+    assert os.path.exists(tmp_path / "faults" / "kill_worker")
+    ckpt = Checkpointer(str(tmp_path / "checkpoints"))
+    leases = ckpt.read_meta(ckpt.latest_step())["rollouts"]["leases"]
+    trained = {(s, u): t for s, u, t in leases["trained"]}
+    assert sorted(trained) == [(s, u) for s in range(STEPS) for u in range(2)]
+    assert sorted(trained.values()) == sorted(list(range(STEPS)) * 2)  # 2 units a step
+    assert trained[(0, 1)] > 0  # the slow unit did not hold step 0 up
+    assert leases["redispatched"] >= 1  # the killed worker's unit went back
+    rows = jsonl(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
+    assert all(r["rollout/staleness/max"] <= 2 for r in rows)
+    groups = trained_groups(str(tmp_path))
+    assert groups == {s + 1: sorted(np.repeat(np.arange(8 * s, 8 * s + 8), 4).tolist())
+                      for s in range(STEPS)}

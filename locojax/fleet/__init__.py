@@ -14,9 +14,10 @@ what crosses is a `train.record.RolloutRecord`.
 The plain parts (no Ray; tests drive them directly):
 
     placement.py         settings, the checked placement plan and the version schedule
-    leases.py            leased units of work, the staleness gate, redispatch
+    leases.py            leased units of work, the staleness gate, redispatch, the ledger
     buffer.py            finished units by step, host shares, the staleness histogram
     versions.py          checksummed weight versions, the newest-K store, the transport protocol
+    inflight.py          in-flight updates: a newer version between decode chunks, per token
     faults.py            fault injection for the preemption tests
     actors.py            what every actor shares: log prefix, CPU requests, environment
 

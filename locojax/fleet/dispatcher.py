@@ -60,9 +60,11 @@ class DispatchStats:
     late: int  # results dropped because their lease was no longer held, so far
     worker_lag_mean: float  # newest version minus the version each worker last used
     worker_lag_max: float
+    restarted: int = 0  # partial rollouts: finished units too stale for the cut, so far
 
     def metrics(self) -> dict[str, float]:
         return {"perf/rollout/redispatched_leases": float(self.redispatched),
+                "perf/rollout/restarted_units": float(self.restarted),
                 "perf/rollout/late_results": float(self.late),
                 "perf/sync/worker_version_lag/mean": self.worker_lag_mean,
                 "perf/sync/worker_version_lag/max": self.worker_lag_max}
@@ -124,7 +126,8 @@ class Dispatcher:
         self.plan = plan
         self.table = LeaseTable(prompts_per_step, plan.prompts_per_lease, plan.schedule, steps,
                                 max_attempts=plan.max_attempts)
-        self.buffer = RolloutBuffer(self.table.units_per_step, plan.schedule.max_staleness)
+        self.buffer = RolloutBuffer(self.table.units_per_step, plan.schedule.max_staleness,
+                                    plan.schedule.partial)
         self.newest: int | None = None  # no version published yet: nothing is admitted
         self.digests: dict[int, str] = {}  # checksum of each published version
         self.open = False  # learners may take (False while a learner group (re)starts)
@@ -200,22 +203,38 @@ class Dispatcher:
         after timeout_s."""
         deadline = time.monotonic() + timeout_s
         with self.cv:
-            while self.error is None and not (self.open and self.buffer.ready(step)):
+            while self.error is None and not (self.open and self._ready(step)):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return None
                 self.cv.wait(left)
             if self.error is not None:
                 raise RuntimeError(self.error)
-            record = self.buffer.take(step, host, num_hosts)
+            partial = self.plan.schedule.partial
+            record = (self.buffer.take_units if partial else self.buffer.take)(step, host,
+                                                                                num_hosts)
             stats = self._stats() if host == 0 else None
             taken = self._taken.setdefault(step, set())
             taken.add(host)
             if len(taken) == num_hosts:
-                self.buffer.drop(step)
-                self.table.consume(step)
+                if partial:
+                    self.table.consume_units(step, self.buffer.retire(step))
+                else:
+                    self.buffer.drop(step)
+                    self.table.consume(step)
                 self._taken.pop(step)
             return record, stats
+
+    def _ready(self, step: int) -> bool:
+        """Whether `step` can be taken (called holding `cv`). Partial rollouts: once it is
+        cut (`buffer.assign`); finished units too stale for it go back to the queue."""
+        if not self.plan.schedule.partial:
+            return self.buffer.ready(step)
+        cut, stale = self.buffer.assign(step)
+        for key in stale:
+            self.table.requeue(key)
+            log.info("unit %s finished too stale for step %d: generated again", key, step)
+        return cut
 
     def snapshot(self, next_step: int) -> tuple[dict, dict]:
         """(arrays, JSON) of the buffer and leases, the same for every host that asks."""
@@ -238,7 +257,7 @@ class Dispatcher:
         lags = [newest - s.version for s in self.slots if s.version is not None]
         return DispatchStats(self.table.redispatched, self.table.late,
                              float(np.mean(lags)) if lags else 0.0,
-                             float(max(lags)) if lags else 0.0)
+                             float(max(lags)) if lags else 0.0, self.table.restarted)
 
     # --- the dispatch loop ------------------------------------------------------------------
 
@@ -308,6 +327,21 @@ class Dispatcher:
                     break  # the gate admits nothing more until the next version
                 slot.lease, slot.ref = lease, slot.handle.produce.remote(lease)
 
+    def _check_taken(self, worker: int, lease: Lease, taken: dict[int, str],
+                     wait_s: float = 10.0) -> None:
+        """`WeightMismatch` unless every version a worker took in flight has the checksum the
+        learner published for it (called holding `cv`). The server holds a version a moment
+        before the learner announces it here, so an unknown one is waited for briefly."""
+        deadline = time.monotonic() + wait_s
+        for version, digest in sorted(taken.items()):
+            while version not in self.digests and time.monotonic() < deadline:
+                self.cv.wait(deadline - time.monotonic())
+            if self.digests.get(version) != digest:
+                raise WeightMismatch(
+                    f"worker {worker} took weight version {version} (checksum {digest}) in "
+                    f"flight for lease {lease.id} (step {lease.step} unit {lease.unit}), but "
+                    f"the learner published it with checksum {self.digests.get(version)}")
+
     def _finish(self, slot: _Slot) -> None:
         ref, lease = slot.ref, slot.lease
         slot.ref = None
@@ -348,12 +382,13 @@ class Dispatcher:
                 slot.starting, slot.slow_starts = False, 0
                 slot.scoring_s = out[1] if isinstance(out, tuple) else 0.0
                 return
-            slot.lease, (record, digest) = None, out
-            slot.version = record.version
+            slot.lease, (record, digest, taken) = None, out
+            slot.version = max([record.version, *taken])
             check_generated_with(slot.index, lease, digest)
             if self.table.complete(lease.id) is None:
                 log.info("late result of lease %d (step %d unit %d) dropped", lease.id,
                          lease.step, lease.unit)
                 return
+            self._check_taken(slot.index, lease, taken)
             self.buffer.add(lease, record)
             self.cv.notify_all()

@@ -56,6 +56,13 @@ class Faults:
     corrupt_version: int | None = None
     """The parameter server serves this version with one bit flipped (bad memory, a bad
     link): the worker must refuse it."""
+    slow_version_check_s: float = 0.0
+    """Each in-flight version check of a rollout worker (`--inflight-chunk`) first sleeps
+    this long: a decode slow enough that versions arrive mid-unit, so swaps happen."""
+    slow_unit: tuple[int, int] | None = None
+    """(step, unit): the first worker that starts decoding this unit first sleeps
+    `slow_unit_s` (once): a long tail, which partial rollouts train in a later step."""
+    slow_unit_s: float = 0.0
     kill_host_after: int | None = None
     """Controller mode: host 1 (or 0 if alone) SIGKILLs itself after the update of this step."""
 
@@ -106,6 +113,10 @@ class FaultyTimer(StepTimer):
                 kill_self(f"worker {self.worker} mid-generation (step {step})")
             if p.hang_worker_at_step == step and p.fire(self.run_dir, "hang_worker"):
                 hang(f"worker {self.worker} (step {step})")
+            if p.slow_unit == (step, self.unit) and p.fire(self.run_dir, "slow_unit"):
+                log.warning("fault injection: worker %d sleeps %.0f s on unit %d of step %d",
+                            self.worker, p.slow_unit_s, self.unit, step)
+                time.sleep(p.slow_unit_s)
             if p.poison_unit == (step, self.unit):
                 what = f"worker {self.worker} decoding poison unit {self.unit} of step {step}"
                 if p.poison == "kill":

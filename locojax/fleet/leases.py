@@ -28,6 +28,14 @@ Three settings describe every mode (`placement.Schedule`):
   dispatch (RLAX-style async). With k = 0 both are `s`: lock-step, as colocated.
 - versions kept: the schedule may still need versions s - k .. s, so at least k + 1.
 
+Partial rollouts (`Schedule.partial`, async): the learner's step t is cut once
+`units_per_step` units are in; it trains the ones that finished first (`buffer.assign`),
+whichever step's prompts they hold, and a unit still decoding goes on and trains in a later
+step, its rows keeping their versions. Accounting is per unit: `consume_units` records which
+step trained each (`trained`), a unit is trained at most once (a second time raises), and
+one whose oldest token would be more than k versions stale at the step it would train in
+goes back to the queue (`requeue`: regenerated, counted in `restarted`), so none is lost.
+
 This module is plain Python (no Ray, no JAX): the mode modules drive it, tests drive it
 directly. Its state is JSON and goes into the checkpoint. References: RLAX (leased,
 preemptible inference workers), PipelineRL / AReaL (staleness bound by admission control).
@@ -89,6 +97,8 @@ class LeaseTable:
         self._next_id = 0
         self.redispatched = 0  # units put back after a dispatch (died, hung, failed)
         self.late = 0  # results dropped because their lease was no longer held
+        self.restarted = 0  # partial: finished units put back, too stale for the cut step
+        self.trained: dict[tuple[int, int], int] = {}  # partial: unit -> the step it trained
 
     # --- dispatch ---------------------------------------------------------------------------
 
@@ -210,6 +220,33 @@ class LeaseTable:
             self._failures.pop((step, u), None)
         self.next_step += 1
 
+    def requeue(self, key: tuple[int, int]) -> None:
+        """partial: put a finished unit back (too stale for any step it can still train in);
+        it is generated again, with a newer version. Not a failed attempt."""
+        if key not in self._done or key in self.trained:
+            raise RuntimeError(f"unit {key} is not finished and untrained: cannot requeue it")
+        self._done.discard(key)
+        heapq.heappush(self._pending, key)
+        self.restarted += 1
+
+    def consume_units(self, step: int, keys: list[tuple[int, int]]) -> None:
+        """partial: learner step `step` trained these finished units (whichever steps' prompts
+        they hold). Steps are consumed in order; a unit is trained once, never twice."""
+        if step != self.next_step:
+            raise RuntimeError(f"consuming step {step}, but the next step is {self.next_step}")
+        for key in keys:
+            if key in self.trained:
+                raise RuntimeError(f"unit {key} trained at step {self.trained[key]} and again "
+                                   f"at step {step}")
+            if key not in self._done:
+                raise RuntimeError(f"unit {key} is not finished: step {step} cannot train it")
+        for key in keys:
+            self.trained[key] = step
+            self._done.discard(key)
+            self._attempts.pop(key, None)
+            self._failures.pop(key, None)
+        self.next_step += 1
+
     # --- checkpoint -------------------------------------------------------------------------
 
     def state(self) -> dict:
@@ -219,7 +256,9 @@ class LeaseTable:
                 "done": sorted([list(k) for k in self._done]),
                 "attempts": sorted([[s, u, n] for (s, u), n in self._attempts.items()]),
                 "failures": sorted([[s, u, n] for (s, u), n in self._failures.items()]),
-                "redispatched": self.redispatched, "late": self.late}
+                "redispatched": self.redispatched, "late": self.late,
+                "restarted": self.restarted,
+                "trained": sorted([[s, u, t] for (s, u), t in self.trained.items()])}
 
     def restore(self, state: dict) -> None:
         """Replace everything by `state`. Lease ids keep counting up, so a result for a lease
@@ -229,7 +268,12 @@ class LeaseTable:
         self._attempts = {(int(s), int(u)): int(n) for s, u, n in state["attempts"]}
         self._failures = {(int(s), int(u)): int(n) for s, u, n in state.get("failures", [])}
         self.redispatched, self.late = int(state["redispatched"]), int(state["late"])
+        self.restarted = int(state.get("restarted", 0))
+        self.trained = {(int(s), int(u)): int(t) for s, u, t in state.get("trained", [])}
         self._active = {}
-        self._pending = [(s, u) for s in range(self.next_step, self._opened)
-                         for u in range(self.units_per_step) if (s, u) not in self._done]
+        # partial: a step's units may train in any later step, so every opened one counts
+        first = 0 if self.schedule.partial else self.next_step
+        self._pending = [(s, u) for s in range(first, self._opened)
+                         for u in range(self.units_per_step)
+                         if (s, u) not in self._done and (s, u) not in self.trained]
         heapq.heapify(self._pending)

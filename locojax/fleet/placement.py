@@ -34,6 +34,10 @@ class Schedule:
     newest: bool
     """True: a lease takes the newest version (async). False: `max(0, step - k)`, the
     deterministic schedule (disaggregated), so a run's tokens do not depend on timing."""
+    partial: bool = False
+    """Partial rollouts (async): the learner's step s is cut once enough units are in and
+    trains those that finished first, whichever step's prompts they hold; units still
+    decoding go on, with their versions, into a later step (`leases.py`)."""
 
     def admits(self, step: int, newest_version: int) -> bool:
         return step - newest_version <= self.max_staleness
@@ -72,6 +76,7 @@ class PlacementPlan:
                 f"worker(s) x {self.devices_per_host} device(s), max staleness "
                 f"{s.max_staleness}, {s.versions_kept} version(s) kept, "
                 f"{'newest' if s.newest else 'deterministic'} version schedule, "
+                f"{'partial rollouts, ' if s.partial else ''}"
                 f"{self.prompts_per_lease} prompt(s) per lease")
 
 
@@ -84,6 +89,9 @@ def place(mode: str, p: PlacementConfig, prompts_per_step: int,
         raise ValueError(f"--hosts must be >= 2 (one learner and one rollout worker), got "
                          f"{p.hosts}")
     d = devices_per_host or 1
+    if mode == "disaggregated" and p.inflight_chunk:
+        raise ValueError("--inflight-chunk is async only: disaggregated's versions are "
+                         "deterministic (max(0, s - k)), a version taken mid-unit is not")
     if mode == "disaggregated":
         workers = math.floor(p.rollout_fraction * p.hosts + 0.5)
         learners = p.hosts - workers
@@ -106,8 +114,11 @@ def place(mode: str, p: PlacementConfig, prompts_per_step: int,
     if prompts_per_step % per_lease:
         raise ValueError(f"--prompts-per-lease {per_lease} does not divide "
                          f"rollout.prompts_per_step={prompts_per_step}")
+    if mode == "disaggregated" and p.partial_rollouts:
+        raise ValueError("--partial-rollouts is async only: disaggregated trains each step's "
+                         "own prompts, deterministically")
     schedule = Schedule(p.max_staleness, p.versions_kept or p.max_staleness + 1,
-                        newest=mode == "async")
+                        newest=mode == "async", partial=p.partial_rollouts)
     return PlacementPlan(mode, learners, workers, d, per_lease, schedule, p.lease_timeout_s,
                          p.verifiers, p.max_attempts, p.stall_warning_s,
                          p.verifier_timeout_s or p.lease_timeout_s / 2, p.start_timeout_s)

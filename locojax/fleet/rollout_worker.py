@@ -4,10 +4,12 @@ Like a colocated host without the training half: its own engine on its own local
 built from the run's parts (`train/build.py`) as every role's is, running the same
 `Producer` (admission → generate → score → advantages → rows), fed leases by the
 dispatcher, scoring with the verifier pool (`verifier.py`). What it owns is small: the one
-weight version it holds (pulled whole from the parameter server, checksum verified, so a
-sample never mixes two versions) and its compiled engine. Everything else arrives with a
-lease (step, prompt slots, the version to use), so Ray can kill and restart it at any
-point: the restarted actor warms up, then pulls the version the next lease names.
+weight version it holds (pulled whole from the parameter server, checksum verified, so no
+weight tensor ever mixes two versions; with in-flight updates a row's later tokens may be
+a newer whole version's, each token naming its own) and its compiled engine. Everything
+else arrives with a lease (step, prompt slots, the version to use), so Ray can kill and
+restart it at any point: the restarted actor warms up, then pulls the version the next
+lease names.
 
 Under LoRA a version is the adapters alone (the learner's `state.params`): the worker keeps
 the base it loaded at start and samples from base + adapters merged into one copy per
@@ -17,6 +19,14 @@ A lease names its version by number and checksum, and the worker reuses the copy
 only if both match: after a learner restart, version v may be other bytes than the v this
 worker pulled before. It returns the checksum it generated with, which the dispatcher
 checks against the lease's.
+
+With `--inflight-chunk K` (async) the producer's engine is an `inflight.InFlightEngine`:
+between decode chunks the worker asks the server for the newest version and takes it
+(`ServerSource`: pulled whole, checksum verified on arrival); the record then carries each
+token's version, and the worker returns the checksum of every version it took, which the
+dispatcher checks against the ones the learner published. After the unit, the newest it
+took becomes the version it holds. The logprob check covers the tokens of the unit's own
+version (sampled over a cache that version wrote, so the trainer's forward must match).
 """
 
 from __future__ import annotations
@@ -31,8 +41,9 @@ import ray
 
 from locojax.fleet.actors import setup_logging
 from locojax.fleet.faults import Faults, FaultyTimer, hang
+from locojax.fleet.inflight import InFlightEngine, token_versions
 from locojax.fleet.leases import Lease
-from locojax.fleet.parameter_server import ObjectStoreTransport
+from locojax.fleet.parameter_server import TRANSIENT, ObjectStoreTransport
 from locojax.fleet.verifier import VerifierPool
 from locojax.fleet.versions import checksum
 
@@ -51,6 +62,30 @@ def pull_for(transport, lease: Lease):
     copied from the lease, so the dispatcher's comparison can fire."""
     tree, sync = transport.pull(lease.version, lease.digest or None)
     return tree, sync, sync.digest or checksum(tree)
+
+
+class ServerSource:
+    """`inflight.VersionSource` of a worker: the parameter server's newest version, pulled
+    and verified by the worker's transport, placed for its engine."""
+
+    def __init__(self, worker: "RolloutWorker"):
+        self.worker = worker
+
+    def newest(self) -> int | None:
+        if self.worker.faults.slow_version_check_s:
+            time.sleep(self.worker.faults.slow_version_check_s)
+        try:
+            held = ray.get(self.worker.transport.server.versions.remote(), timeout=30)
+        except TRANSIENT:  # the server is down or restarting: keep the version held
+            return None
+        return max(held) if held else None
+
+    def take(self, version: int):
+        w = self.worker
+        tree, sync = w.transport.pull(version)  # verified against the server's checksum
+        w.pull_bytes += float(sync.bytes)
+        w.pull_seconds += sync.seconds
+        return w.engine.place_weights(w._sampler_weights(tree)), sync.digest or checksum(tree)
 
 
 @ray.remote
@@ -78,7 +113,10 @@ class RolloutWorker:
         self.engine = parts.engine(mesh, rules)
         dump_dir = os.path.join(cfg.run_dir, "rollouts") if cfg.dump_rollouts else None
         pool = VerifierPool(verifiers, verifier_timeout_s, attempts, cfg.reward)
-        self.producer = parts.producer(self.engine, pool, dump_dir)
+        chunk = cfg.placement.inflight_chunk
+        self.inflight = InFlightEngine(self.engine, chunk, ServerSource(self)) if chunk else None
+        self.pull_bytes = self.pull_seconds = 0.0  # in-flight pulls of the unit in progress
+        self.producer = parts.producer(self.inflight or self.engine, pool, dump_dir)
         self.pool = pool
         # The starting weights, on this host's devices: only to compile before any lease;
         # under LoRA also the frozen base every version's adapters are merged into.
@@ -103,6 +141,8 @@ class RolloutWorker:
 
             t = time.perf_counter()
             self.weights = self._warm_weights  # the check below runs on `self.weights`
+            if self.inflight is not None:
+                self.inflight.begin(0, "warm-up", swap=False)
             record, _ = self.producer.produce(0, self.weights, 0, prompts_per_lease, StepTimer(),
                                               dump=False)
             self._logprob_gap(record)
@@ -113,10 +153,12 @@ class RolloutWorker:
         return os.getpid(), self.pool.lease_extra_s(self.producer.task.reward, rows)
 
     def produce(self, lease: Lease):
-        """Generate `lease`'s unit with exactly the version it names, bytes and all: (its
-        `RolloutRecord`, whose stats carry this worker's figures (pull, phases, the logprob
-        check), and the checksum of the weights it generated with)."""
+        """Generate `lease`'s unit starting with exactly the version it names, bytes and all:
+        (its `RolloutRecord`, whose stats carry this worker's figures (pull, phases, the
+        logprob check), the checksum of the weights it started with, and {version: checksum}
+        of every version it took in flight)."""
         pull_bytes, pull_seconds = 0.0, 0.0
+        self.pull_bytes = self.pull_seconds = 0.0
         if needs_pull((self.version, self.digest), lease):
             # Never keep two versions: the old one is gone before the new arrives. If the pull
             # fails (server down), the worker holds no version, not a stale label on None.
@@ -126,15 +168,38 @@ class RolloutWorker:
             self.version, self.digest = lease.version, digest
             pull_bytes, pull_seconds = float(sync.bytes), sync.seconds
         timer = FaultyTimer(self.faults, self.cfg.run_dir, self.index, lease.step, lease.unit)
+        if self.inflight is not None:
+            self.inflight.begin(self.version, self.digest)
         record, _ = self.producer.produce(lease.step, self.weights, lease.start, lease.stop, timer,
                                           version=self.version)
+        record, taken = self._versions_of(record)
         with timer.phase("logprob_check"):
             gap, tokens = self._logprob_gap(record)
         seconds = {k[len("perf/"):]: v for k, v in timer.finish_step().items()}
         stats = record.stats + type(record.stats)(
-            logprob_gap=gap, logprob_tokens=tokens, units=1.0, pull_bytes=pull_bytes,
-            pull_seconds=pull_seconds, worker_seconds=seconds)
-        return dataclasses.replace(record, stats=stats), self.digest
+            logprob_gap=gap, logprob_tokens=tokens, units=1.0,
+            pull_bytes=pull_bytes + self.pull_bytes, pull_seconds=pull_seconds + self.pull_seconds,
+            worker_seconds=seconds)
+        digest = self.digest
+        if self.inflight is not None and self.inflight.latest is not None:
+            # The newest version taken is the one held now (the next lease likely names it).
+            self.version, self.weights, self.digest = self.inflight.latest
+            self.inflight.latest = None
+        return dataclasses.replace(record, stats=stats), digest, taken
+
+    def _versions_of(self, record):
+        """(`record` with each token's version, {version: checksum} of those taken in flight
+        beyond the unit's own), from the in-flight engine's schedule of each generate."""
+        if self.inflight is None or not self.inflight.schedules:  # multi-turn: one version
+            return record, {}
+        schedules = self.inflight.schedules
+        if len(schedules) > 1:
+            raise RuntimeError(f"{len(schedules)} generates in one unit: in-flight updates "
+                               "map one generate's columns to versions (no refill rounds)")
+        n = self.producer.sampling.max_new_tokens
+        versions = token_versions(record.batch.loss_mask, n, schedules[0])
+        taken = {v: d for v, d in schedules[0].versions().items() if v != self.version}
+        return dataclasses.replace(record, token_versions=versions), taken
 
     def _sampler_weights(self, tree):
         """What the engine samples a version's `tree` with: the params, or under LoRA the
@@ -157,5 +222,7 @@ class RolloutWorker:
                                       model_cfg=self.engine.model_cfg,
                                       temperature=self.cfg.rollout.temperature)
         mask = np.asarray(b.loss_mask)
+        if record.token_versions is not None:  # a token after a swap is another policy's
+            mask = mask & (np.asarray(record.token_versions) == record.version)
         gap = np.where(mask, np.abs(np.asarray(trainer) - np.asarray(b.old_logprobs)), 0.0)
         return float(gap.sum()), float(mask.sum())

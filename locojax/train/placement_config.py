@@ -38,6 +38,14 @@ class PlacementConfig:
     """Prompts (whole groups) per leased unit of work, always generated as one batch
     (0: the largest divisor of prompts_per_step up to prompts_per_step / workers, e.g. one
     unit per worker per step when they divide)."""
+    inflight_chunk: int = 0
+    """async: decode iterations between a rollout worker's checks for a newer weight version,
+    which it then samples with from the next iteration on (in-flight updates; each token
+    records its version). 0: a unit is generated with the one version its lease names."""
+    partial_rollouts: bool = False
+    """async: cut each step once enough leased units are in, training the ones that finished
+    first, whichever step's prompts they hold; a unit still decoding goes on, with its
+    versions, into a later step (no long unit holds a step up). Every unit trains once."""
     lease_timeout_s: float = 300.0
     """A worker that has not returned a lease after this long loses it (and is restarted)."""
     start_timeout_s: float = 900.0
@@ -83,6 +91,9 @@ class PlacementConfig:
         if self.prompts_per_lease < 0:
             raise ValueError(f"--prompts-per-lease must be >= 0 (0: automatic), got "
                              f"{self.prompts_per_lease}")
+        if self.inflight_chunk < 0:
+            raise ValueError(f"--inflight-chunk must be >= 0 (0: off), got "
+                             f"{self.inflight_chunk}")
         if self.lease_timeout_s <= 0:
             raise ValueError(f"--lease-timeout-s must be > 0, got {self.lease_timeout_s}")
         if self.start_timeout_s <= 0:

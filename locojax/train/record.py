@@ -1,8 +1,10 @@
 """What crosses from producer to learner: one small typed record (STYLE.md 13).
 
-    RolloutRecord(step, version, batch, stats)
+    RolloutRecord(step, version, batch, stats, token_versions)
 
 - `batch`: the host-local rows of the training batch (numpy `TrainBatch`), prompt-major;
+- `token_versions` (async with in-flight updates, `fleet/inflight.py`): [B, T] the version
+  that sampled each target token, -1 elsewhere; None: every token is `version`'s;
 - `stats`: `RolloutStats`, the sums behind the step's logged rollout metrics. Sums, not
   means, so that a step's units (leased to different workers) and hosts add up exactly
   with `+`, and the metrics are the ratios of the totals (`RolloutStats.metrics`).
@@ -47,6 +49,7 @@ class RolloutStats(Sums):
     logprob_gap: float = 0.0  # Σ |sampler − trainer| logprob over the tokens checked ...
     logprob_tokens: float = 0.0  # ... by rollout workers, at each row's own version
     staleness: tuple[float, ...] = ()  # rows per staleness 0..k (the buffer fills it in)
+    token_staleness: tuple[float, ...] = ()  # target tokens per staleness 0..k (likewise)
     units: float = 0.0  # leased units, each with the worker figures below
     pull_bytes: float = 0.0
     pull_seconds: float = 0.0
@@ -79,6 +82,12 @@ class RolloutStats(Sums):
             m["rollout/staleness/max"] = float(np.flatnonzero(counts).max())
             m.update({f"rollout/staleness/frac_{s}": c / counts.sum()
                       for s, c in enumerate(self.staleness)})
+        if sum(self.token_staleness):  # per token: fresher than its row after a swap
+            counts = np.asarray(self.token_staleness)
+            m["rollout/token_staleness/mean"] = float(np.arange(len(counts)) @ counts
+                                                      / counts.sum())
+            m.update({f"rollout/token_staleness/frac_{s}": c / counts.sum()
+                      for s, c in enumerate(self.token_staleness)})
         if self.units:  # wall-clock figures of the rollout workers: perf.jsonl
             m["perf/sync/pull_seconds"] = self.pull_seconds
             m["perf/net/weight_sync_pull_bytes"] = self.pull_bytes
@@ -91,7 +100,8 @@ class RolloutStats(Sums):
 
     @classmethod
     def from_json(cls, d: dict) -> RolloutStats:
-        d = dict(d, staleness=tuple(d["staleness"]))
+        d = dict(d, staleness=tuple(d["staleness"]),
+                 token_staleness=tuple(d.get("token_staleness", ())))
         if d["env"] is not None:
             d["env"] = EnvStats(**d["env"])
         if d["refill"] is not None:
@@ -107,6 +117,7 @@ class RolloutRecord:
     version: int  # the weight version (learner updates applied) that generated them
     batch: TrainBatch  # host-local numpy rows, prompt-major
     stats: RolloutStats
+    token_versions: np.ndarray | None = None  # [B, T] int32, -1 off target; None: `version`
 
     def share(self, host: int, num_hosts: int) -> RolloutRecord:
         """Host `host` of `num_hosts`'s rows (a contiguous slice of whole groups); the stats
@@ -120,13 +131,16 @@ class RolloutRecord:
             raise ValueError(f"{rows} rows of step {self.step} do not split into whole groups "
                              f"over {num_hosts} hosts")
         batch = jax.tree.map(lambda x: x[lo:hi], self.batch)  # shared_prefix is static
-        return dataclasses.replace(self, batch=batch,
+        versions = None if self.token_versions is None else self.token_versions[lo:hi]
+        return dataclasses.replace(self, batch=batch, token_versions=versions,
                                    stats=self.stats.zeros() if host else self.stats)
 
     def to_state(self) -> tuple[dict, dict]:
         """(numpy arrays, JSON) for a checkpoint; `from_state` inverts it exactly."""
         arrays = {f.name: getattr(self.batch, f.name) for f in dataclasses.fields(TrainBatch)
                   if f.name != "shared_prefix" and getattr(self.batch, f.name) is not None}
+        if self.token_versions is not None:
+            arrays["token_versions"] = self.token_versions
         prefix = self.batch.shared_prefix
         return arrays, {"step": self.step, "version": self.version,
                         "stats": self.stats.to_json(),
@@ -135,7 +149,10 @@ class RolloutRecord:
     @classmethod
     def from_state(cls, arrays: dict, meta: dict) -> RolloutRecord:
         prefix = meta["shared_prefix"] and SharedPrefix(**meta["shared_prefix"])
+        arrays = dict(arrays)
+        versions = arrays.pop("token_versions", None)
         batch = TrainBatch(**{k: np.asarray(v) for k, v in arrays.items()},
                            shared_prefix=prefix)
         return cls(int(meta["step"]), int(meta["version"]), batch,
-                   RolloutStats.from_json(meta["stats"]))
+                   RolloutStats.from_json(meta["stats"]),
+                   None if versions is None else np.asarray(versions, np.int32))
