@@ -1,0 +1,45 @@
+"""Host work off the critical path (issue 56 item 1): rewards scored one thread per batch
+(`envs/rewards.py`)."""
+
+import functools
+import threading
+import time
+
+import numpy as np
+
+from locojax.envs.base import Example
+from locojax.envs.rewards import RewardConfig, RewardRunner
+
+EX = Example("e0", "1+1=", "2")
+
+
+def _one_thread(seen, completion, example):
+    seen.append(threading.current_thread())  # the objects kept: none is reused
+    return float(completion == example.answer)
+
+
+def _slow_on(word, seen, completion, example):
+    seen.append(threading.current_thread())
+    end = time.monotonic() + (2.0 if completion == word else 0.0)
+    while time.monotonic() < end:  # holds the GIL in slices, as a real hang does
+        pass
+    return 1.0
+
+
+def test_thread_rewards_run_one_thread_per_batch_each_row_its_own_deadline():
+    seen: list = []
+    run = RewardRunner(RewardConfig(isolation="thread"))
+    scores = run.score_batch(functools.partial(_one_thread, seen), ["2", "3", "2", "2"], [EX] * 4)
+    np.testing.assert_array_equal(scores.total, [1, 0, 1, 1])
+    assert len(seen) == 4 and all(t is seen[0] for t in seen)
+    assert seen[0] is not threading.current_thread()
+    # A row past its deadline scores a timeout; the rows after it go on in a fresh thread.
+    seen.clear()
+    run = RewardRunner(RewardConfig(timeout_s=0.3, isolation="thread"))
+    t0 = time.monotonic()
+    scores = run.score_batch(functools.partial(_slow_on, "hang", seen), ["a", "hang", "b", "c"],
+                             [EX] * 4)
+    assert 0.3 <= time.monotonic() - t0 < 2.0  # the one deadline, not the hang's 2 s
+    np.testing.assert_array_equal(scores.total, [1, 0, 1, 1])
+    assert run.metrics()["reward/timeouts"] == 1
+    assert seen[0] is seen[1] and seen[2] is seen[3] and seen[1] is not seen[2]
