@@ -1,5 +1,5 @@
 """Host work off the critical path (issue 56 item 1): rewards scored one thread per batch
-(`envs/rewards.py`)."""
+(`envs/rewards.py`); completions decoded in one batch call (`tokenizer/base.decode_all`)."""
 
 import functools
 import threading
@@ -9,6 +9,7 @@ import numpy as np
 
 from locojax.envs.base import Example
 from locojax.envs.rewards import RewardConfig, RewardRunner
+from locojax.tokenizer import HFTokenizer, decode_all
 
 EX = Example("e0", "1+1=", "2")
 
@@ -43,3 +44,15 @@ def test_thread_rewards_run_one_thread_per_batch_each_row_its_own_deadline():
     np.testing.assert_array_equal(scores.total, [1, 0, 1, 1])
     assert run.metrics()["reward/timeouts"] == 1
     assert seen[0] is seen[1] and seen[2] is seen[3] and seen[1] is not seen[2]
+
+
+def test_decode_all_decodes_the_batch_in_one_call(monkeypatch):
+    from tests.test_tokenizer import build_hf_tokenizer
+    tok = HFTokenizer(build_hf_tokenizer())
+    rows = [tok.encode(t) for t in ("12 + 30 = 42", "", "<|im_end|>7")]
+    calls = []
+    batch = tok.tokenizer.decode_batch
+    monkeypatch.setattr(tok.tokenizer, "decode_batch",
+                        lambda *a, **k: calls.append(a) or batch(*a, **k), raising=False)
+    assert decode_all(tok, rows) == [tok.decode(r) for r in rows]
+    assert len(calls) == 1

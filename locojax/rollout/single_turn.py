@@ -19,7 +19,7 @@ from locojax.envs.base import Example, Task
 from locojax.envs.prompt import encode_prompt
 from locojax.envs.rewards import RewardRunner
 from locojax.profiler import StepTimer
-from locojax.tokenizer import Tokenizer
+from locojax.tokenizer import Tokenizer, decode_all
 
 
 @dataclasses.dataclass
@@ -42,7 +42,7 @@ class Rollouts:
 
     @property
     def group_size(self) -> int:
-        return len(self.texts) // len(self.examples)
+        return len(self.rewards) // len(self.examples)
 
     def rows(self, x: np.ndarray) -> np.ndarray:
         """Repeat a per-prompt [B, ...] array to per-row [R, ...]."""
@@ -91,19 +91,26 @@ def rollout(engine: Engine, weights, tokenizer: Tokenizer, task: Task, runner: R
     with phase("decode") as ph:
         gen = engine.decode(pending)
         ph.sync(gen)
+    with phase("detokenize_reward"):  # the rows' copy to the host is part of the phase
+        rows = unscored(gen, examples, prompt_tokens, prompt_mask, first_group, group_size)
     with phase("detokenize_reward"):
-        return scored(gen, tokenizer, task, runner, examples, prompt_tokens, prompt_mask,
-                      first_group, group_size)
+        return scored(rows, tokenizer, task, runner)
 
 
-def scored(gen, tokenizer: Tokenizer, task: Task, runner: RewardRunner,
-           examples: Sequence[Example], prompt_tokens: np.ndarray, prompt_mask: np.ndarray,
-           first_group: int, group_size: int) -> Rollouts:
-    """The engine's output `gen` detokenized and scored: the `detokenize_reward` phase."""
+def unscored(gen, examples: Sequence[Example], prompt_tokens: np.ndarray,
+             prompt_mask: np.ndarray, first_group: int, group_size: int) -> Rollouts:
+    """The engine's output `gen` as host rows, not yet decoded or scored (rewards 0)."""
     tokens, mask, logprobs = (np.asarray(x) for x in (gen.tokens, gen.mask, gen.logprobs))
-    texts = [tokenizer.decode(row[m].tolist()) for row, m in zip(tokens, mask)]
-    row_examples = [ex for ex in examples for _ in range(group_size)]
-    rewards, parts = score(task, runner, texts, row_examples)
     group_ids = np.repeat(np.arange(first_group, first_group + len(examples)), group_size)
-    return Rollouts(list(examples), prompt_tokens, prompt_mask, tokens, mask, logprobs, texts,
-                    rewards, parts, group_ids.astype(np.int32), decode_steps=int(gen.steps))
+    return Rollouts(list(examples), prompt_tokens, prompt_mask, tokens, mask, logprobs, [],
+                    np.zeros(len(tokens), np.float32), {}, group_ids.astype(np.int32),
+                    decode_steps=int(gen.steps))
+
+
+def scored(rows: Rollouts, tokenizer: Tokenizer, task: Task, runner: RewardRunner) -> Rollouts:
+    """`rows` detokenized (one batch call, `decode_all`) and scored: the `detokenize_reward`
+    phase."""
+    texts = decode_all(tokenizer, [row[m].tolist() for row, m in zip(rows.tokens, rows.mask)])
+    row_examples = [ex for ex in rows.examples for _ in range(rows.group_size)]
+    rewards, parts = score(task, runner, texts, row_examples)
+    return dataclasses.replace(rows, texts=texts, rewards=rewards, reward_parts=parts)
