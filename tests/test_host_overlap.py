@@ -1,7 +1,9 @@
-"""Host work off the critical path (issue 56 item 1): rewards scored one thread per batch
+"""Host work off the critical path (issue 56 item 1): the host time the timer reports hidden
+behind device work and exposed (`profiler.py`); rewards scored one thread per batch
 (`envs/rewards.py`); completions decoded in one batch call (`tokenizer/base.decode_all`)."""
 
 import functools
+import math
 import threading
 import time
 
@@ -9,9 +11,48 @@ import numpy as np
 
 from locojax.envs.base import Example
 from locojax.envs.rewards import RewardConfig, RewardRunner
+from locojax.profiler import StepTimer, overlap_seconds
 from locojax.tokenizer import HFTokenizer, decode_all
 
 EX = Example("e0", "1+1=", "2")
+
+
+def test_overlap_seconds_is_the_host_time_inside_busy_intervals():
+    # Every end point a multiple of 1/8: the sums are exact in binary floating point.
+    busy = [(1.0, 2.0), (1.5, 2.5), (4.0, 4.5)]  # overlapping ones merged: [1, 2.5], [4, 4.5]
+    spans = [(0.5, 1.25), (2.0, 3.0), (3.5, 5.0), (6.0, 7.0)]
+    assert overlap_seconds(spans, busy) == 0.25 + 0.5 + 0.5
+    assert overlap_seconds(spans, []) == 0.0
+
+
+class _Work:
+    """Stands for dispatched device work: ready once `done` is set (what `block_until_ready`
+    waits for, as it waits for a jax.Array)."""
+
+    def __init__(self):
+        self.done = threading.Event()
+
+    def block_until_ready(self):
+        self.done.wait()
+        return self
+
+
+def test_timer_splits_host_phases_into_hidden_and_exposed():
+    timer, work = StepTimer(), _Work()
+    timer.device_busy(work)
+    with timer.phase("detokenize_reward"):  # host work while the device is busy: hidden
+        time.sleep(0.05)
+    work.done.set()
+    time.sleep(0.02)  # let the watcher see it ready before the next host phase starts
+    with timer.phase("admission"):  # host work with nothing in flight: exposed
+        time.sleep(0.03)
+    with timer.phase("decode"):  # not host work: in neither
+        time.sleep(0.01)
+    perf = timer.finish_step()
+    # Each is a difference of perf_counter readings: a few roundings at their magnitude.
+    tol = 8 * math.ulp(time.perf_counter())
+    assert abs(perf["perf/host_hidden"] - perf["perf/phase/detokenize_reward"]) <= tol
+    assert abs(perf["perf/host_exposed"] - perf["perf/phase/admission"]) <= tol
 
 
 def _one_thread(seen, completion, example):
