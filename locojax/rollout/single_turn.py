@@ -8,7 +8,7 @@ samples of one prompt) are always generated together, so they never cross hosts.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import numpy as np
@@ -71,14 +71,17 @@ def score(task: Task, runner: RewardRunner, texts: Sequence[str], examples: Sequ
 def rollout(engine: Engine, weights, tokenizer: Tokenizer, task: Task, runner: RewardRunner,
             examples: Sequence[Example], first_group: int, key: jax.Array,
             sampling: SamplingConfig, group_size: int, max_prompt_tokens: int,
-            timer: StepTimer, limits=None) -> Rollouts:
+            timer: StepTimer, limits=None,
+            generated: Callable[[Rollouts], None] | None = None) -> Rollouts:
     """Generate `group_size` completions for each example and score them.
 
     first_group: global index of examples[0], so group ids (and per-row sampling keys) are
     the same whichever host or layout generates a prompt. `timer` gets the admission,
     prefill, decode and detokenize_reward phases. `limits`: each row's most tokens
     (`Engine.prefill`); a run passes none, `benchmarks/measure_child.py` the lengths it
-    measures a step at.
+    measures a step at. `generated`, if given, is called with the rows before they are
+    scored (no texts, rewards 0): device work that needs no reward is dispatched there, and
+    runs while the host scores (`train/early.py`).
     """
     phase = timer.phase
     with phase("admission"):
@@ -93,6 +96,8 @@ def rollout(engine: Engine, weights, tokenizer: Tokenizer, task: Task, runner: R
         ph.sync(gen)
     with phase("detokenize_reward"):  # the rows' copy to the host is part of the phase
         rows = unscored(gen, examples, prompt_tokens, prompt_mask, first_group, group_size)
+    if generated is not None:
+        generated(rows)
     with phase("detokenize_reward"):
         return scored(rows, tokenizer, task, runner)
 
