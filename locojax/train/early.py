@@ -7,8 +7,9 @@ are such work: they read the rows' tokens, never their advantages. So `EarlyRefe
 takes the step's train rows from the producer before they are scored (`Producer.early`,
 advantages 0), cuts and places them exactly as the step will (`buckets.fit`,
 `global_batch`), and dispatches `train_step.with_reference` on them without waiting for
-it (JAX's async dispatch); the step then finds the reference logprobs in its batch
-(`attach`), and the update's own `with_reference` has nothing left to do. The same program
+it (JAX's async dispatch); the step waits for them after the scoring (`wait`, a `reference`
+phase, where the chip's time on them that the scoring did not hide shows), finds them in its
+batch (`attach`), and the update's own `with_reference` has nothing left to do. The same program
 on the same arrays: the logprobs, and so the params, are bitwise those computed in the
 update (tests/test_host_overlap.py).
 
@@ -52,6 +53,15 @@ class EarlyReference:
                                   self.parts.learner, self.wiring.train_mesh)
         self._ref = batch.ref_logprobs
         timer.device_busy(self._ref)
+
+    def wait(self, timer: StepTimer) -> None:
+        """Wait for the dispatched forward, if any, in a phase of its own (`reference`), once
+        the rows are scored and before the producer's `batch` phase: else that host phase
+        would hold the wait (its advantages are jnp ops, queued behind the forward on the
+        device) and report it as host work."""
+        if self._ref is not None:
+            with timer.phase("reference") as ph:
+                ph.sync(self._ref)
 
     def attach(self, batch: TrainBatch) -> TrainBatch:
         """The step's `batch` with the reference logprobs dispatched for it, if any (a step

@@ -210,7 +210,7 @@ class Trainer:
         if cfg.algo.beta > 0 and isinstance(self.rollouts, InlineSource):
             self.early = EarlyReference(
                 lambda: reference_of(self.state, cfg.algo.beta, self.ref_params), parts, wiring)
-            self.producer.early = self.early.dispatch
+            self.producer.early = self.early
         self.start_step, self.saved_rollouts = self._maybe_resume()
         self.last_step = cfg.steps  # moved earlier when time_limit_s runs out
         mesh = wiring.train_mesh

@@ -68,8 +68,9 @@ class Producer:
         self.prompts_per_step, self.max_prompt_tokens = prompts_per_step, max_prompt_tokens
         self.root_key, self.dump_dir = root_key, dump_dir
         self.rollout_fn = rollout_fn  # tests swap in a model-free rollout
-        # Set by the trainer (`train/early.py`): given a step's train rows before they are
-        # scored (advantages 0), it dispatches the device work that needs no reward.
+        # Set by the trainer (`train/early.py`): `dispatch`, given a step's train rows before
+        # they are scored (advantages 0), starts the device work that needs no reward;
+        # `wait` waits for it, in a phase of its own, once the rows are scored.
         self.early = None
         self.multi, self.limits, self.envs = multi, limits, None
         if task.multi_turn:  # this host's environments run here, on its own worker pool
@@ -107,6 +108,8 @@ class Producer:
             choice[live] = r
             observations.append(self._observe(out, start, r, cand, live))
             live = live & ds.zero_variance(out.rewards, g)
+        if self.early is not None:  # before the batch phase: its advantages (jnp ops)
+            self.early.wait(timer)  # queue behind that work, and would hold the wait
         with timer.phase("batch"):
             out, local, stats = self.assemble(rounds, choice, zero_round0)
         version = step if version is None else version
@@ -173,7 +176,8 @@ class Producer:
         engine's cache goes first, as the rollout source drops it before the update: the
         memory plan has no program running beside it."""
         self.engine.release_cache()
-        self.early(self.train_rows(rows, np.zeros(len(rows.rewards), np.float32)), timer)
+        self.early.dispatch(self.train_rows(rows, np.zeros(len(rows.rewards), np.float32)),
+                            timer)
 
     def _observe(self, out: Rollouts, start: int, round_: int, indices: np.ndarray,
                  used: np.ndarray | None = None) -> np.ndarray:
