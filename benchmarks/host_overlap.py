@@ -85,7 +85,8 @@ def scoring(argv: list[str], reps: int = 30) -> None:
     parts = RunParts.of(cfg)
     tok, g = parts.tokenizer, cfg.group_size
     rows = cfg.rollout.prompts_per_step * g
-    ids = np.random.default_rng(0).integers(256, tok.vocab_size - 256,
+    edge = min(256, tok.vocab_size // 4)  # clear of the special ids at either end
+    ids = np.random.default_rng(0).integers(edge, tok.vocab_size - edge,
                                             (rows, cfg.rollout.max_new_tokens)).tolist()
     examples = [parts.task.train[i // g] for i in range(rows)]
     runner = RewardRunner(cfg.reward)
