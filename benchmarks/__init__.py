@@ -18,6 +18,8 @@ Scripts, by what they measure:
   bench_real_trl and bench_real_tunix (the real SmolLM2), ab_sample_trl and ab_update_trl
   (sampling and one update), paired_seeds (the learning claim's paired test);
 - learning: bench_learning; real sizes: bench_real_size, plan_real_size;
+- the step's host work: host_overlap (hidden behind device work or exposed, checkouts
+  interleaved; each child runs this file with its checkout's locojax first on the path);
 - the roofline: chip_rates (the probes against a chip's published figures);
 - one accelerator chip: tpu/ (whole experiments for a borrowed chip, each in one process);
 - `locojax predict`: calibrate_predict, predict_probes, validate_predict, validate_heldout,

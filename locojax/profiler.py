@@ -15,6 +15,14 @@ Timing mode (`TIMING`, logged with every step): each phase ends with `block_unti
 what it dispatched, so a phase holds its device work; the step is the sum of its phases and
 `perf/other`, the time between them (Python, logging).
 
+Host work behind device work: device work dispatched without waiting for it (JAX's async
+dispatch; e.g. the reference forward dispatched before the rows are scored,
+`train/early.py`) is registered with `StepTimer.device_busy`, which watches it from a thread
+of its own: busy from the dispatch until its `block_until_ready` returns. The host phases'
+seconds that fall inside such a busy interval are `perf/host_hidden` (the chip was not
+waiting for them); the rest of the host phases' seconds are `perf/host_exposed` (the chip
+idle, or not yet given the work that needs them). Their sum is the host phases' time.
+
 The step split the paper's way (`shares`), each a share of `perf/step_time`:
 - `perf/host_share`: host orchestration, the CPU work of the data path: admission and
   tokenisation, detokenisation and scoring, batch assembly, environment steps and the
@@ -94,6 +102,18 @@ def compile_seconds() -> float:
     return _compile_clock.total
 
 
+def overlap_seconds(spans, busy) -> float:
+    """Seconds of the `spans` ([start, end] pairs) that fall inside the union of the `busy`
+    intervals: the host time hidden behind device work."""
+    merged: list[list[float]] = []
+    for a, b in sorted(busy):
+        if merged and a <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], b)
+        else:
+            merged.append([a, b])
+    return sum(max(0.0, min(e, b) - max(s, a)) for s, e in spans for a, b in merged)
+
+
 class _Phase:
     def __init__(self):
         self._pending = []
@@ -111,6 +131,25 @@ class StepTimer:
         self._phases: dict[str, float] = {}
         self._compile = 0.0
         self._start = time.perf_counter()
+        self._host_spans: list[tuple[float, float]] = []  # HOST_PHASES' [start, end]
+        self._busy: list[tuple[float, float]] = []  # device work in flight: [dispatch, ready]
+        self._watchers: list[threading.Thread] = []
+        self._lock = threading.Lock()
+
+    def device_busy(self, tree) -> None:
+        """Device work just dispatched (its outputs, `tree`) that the host does not wait
+        for now: busy from now until a watcher thread's `block_until_ready(tree)` returns
+        (see the module docstring)."""
+        begun = time.perf_counter()
+
+        def watch():
+            jax.block_until_ready(tree)
+            with self._lock:
+                self._busy.append((begun, time.perf_counter()))
+
+        watcher = threading.Thread(target=watch, daemon=True, name="device-busy")
+        watcher.start()
+        self._watchers.append(watcher)
 
     @contextlib.contextmanager
     def phase(self, name: str):
@@ -126,17 +165,26 @@ class StepTimer:
             compiled = compile_seconds() - compile_before
             self._compile += compiled
             self._phases[name] = self._phases.get(name, 0.0) + max(0.0, elapsed - compiled)
+            if name in HOST_PHASES:
+                self._host_spans.append((start, start + elapsed))
 
     def finish_step(self) -> dict[str, float]:
         wall = time.perf_counter() - self._start
+        for watcher in self._watchers:  # done by now: the step waited for every output
+            watcher.join()
         step_time = max(0.0, wall - self._compile)
         out = {f"perf/phase/{k}": v for k, v in self._phases.items()}
+        host = sum(self._phases.get(k, 0.0) for k in HOST_PHASES)
+        hidden = min(host, overlap_seconds(self._host_spans, self._busy))
         out.update({
             "perf/step_time": step_time,
             "perf/compile_time": self._compile,
             "perf/other": max(0.0, step_time - sum(self._phases.values())),
+            "perf/host_hidden": hidden,
+            "perf/host_exposed": host - hidden,
         })
         self._phases, self._compile, self._start = {}, 0.0, time.perf_counter()
+        self._host_spans, self._busy, self._watchers = [], [], []
         return out
 
 

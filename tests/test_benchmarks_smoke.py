@@ -77,6 +77,26 @@ def test_chip_rates_prints_the_probes_and_their_share():
     assert "no published figures for this device" in out  # the CPU
 
 
+def test_host_overlap_two_sides_of_this_tree_and_the_scoring_alone():
+    """benchmarks/host_overlap.py: one round, one timed step a run, β 0.04 (the reference
+    dispatched before scoring: some host time may be hidden), this tree as both sides."""
+    out = bench("host_overlap", "--sides", "a=.", "b=.", "--rounds", "1", "--steps", "1",
+                "--beta", "0.04", "--", "demo", "--model", "embedded",
+                "--rollout.prompts-per-step", "4", "--algo.group-size", "2",
+                "--rollout.max-new-tokens", "6", "--rollout.max-prompt-tokens", "8")
+    assert "# benchmarks/host_overlap.py " in out
+    assert "| β | side | step ms | decode ms | reference ms | train ms | detokenize_reward ms " \
+        "| host ms | host_hidden ms | host_exposed ms |" in out
+    rows = table_rows(out, "0.04")
+    assert [r[1] for r in rows] == ["a", "b"] and all(float(r[2]) > 0 for r in rows)
+    assert all(abs(float(r[8]) + float(r[9]) - float(r[7])) <= 0.11 for r in rows)  # 1 decimal
+    assert any(line.startswith("β 0.04: a / b: step ") for line in out.splitlines())
+    out = bench("host_overlap", "--scoring", "--sides", "a=.", "--rounds", "1", "--", "demo",
+                "--rollout.prompts-per-step", "4")
+    assert any(line.startswith("a: detokenize ") and "reward" in line
+               for line in out.splitlines())
+
+
 def test_bench_extend_tiny():
     out = bench("bench_extend", "--shapes", "tiny", "--repeats", "1")
     assert "# bench_extend: " in out and "load average at start" in out

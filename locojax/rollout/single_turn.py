@@ -8,7 +8,7 @@ samples of one prompt) are always generated together, so they never cross hosts.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import numpy as np
@@ -19,7 +19,7 @@ from locojax.envs.base import Example, Task
 from locojax.envs.prompt import encode_prompt
 from locojax.envs.rewards import RewardRunner
 from locojax.profiler import StepTimer
-from locojax.tokenizer import Tokenizer
+from locojax.tokenizer import Tokenizer, decode_all
 
 
 @dataclasses.dataclass
@@ -42,7 +42,7 @@ class Rollouts:
 
     @property
     def group_size(self) -> int:
-        return len(self.texts) // len(self.examples)
+        return len(self.rewards) // len(self.examples)
 
     def rows(self, x: np.ndarray) -> np.ndarray:
         """Repeat a per-prompt [B, ...] array to per-row [R, ...]."""
@@ -71,14 +71,17 @@ def score(task: Task, runner: RewardRunner, texts: Sequence[str], examples: Sequ
 def rollout(engine: Engine, weights, tokenizer: Tokenizer, task: Task, runner: RewardRunner,
             examples: Sequence[Example], first_group: int, key: jax.Array,
             sampling: SamplingConfig, group_size: int, max_prompt_tokens: int,
-            timer: StepTimer, limits=None) -> Rollouts:
+            timer: StepTimer, limits=None,
+            generated: Callable[[Rollouts], None] | None = None) -> Rollouts:
     """Generate `group_size` completions for each example and score them.
 
     first_group: global index of examples[0], so group ids (and per-row sampling keys) are
     the same whichever host or layout generates a prompt. `timer` gets the admission,
     prefill, decode and detokenize_reward phases. `limits`: each row's most tokens
     (`Engine.prefill`); a run passes none, `benchmarks/measure_child.py` the lengths it
-    measures a step at.
+    measures a step at. `generated`, if given, is called with the rows before they are
+    scored (no texts, rewards 0): device work that needs no reward is dispatched there, and
+    runs while the host scores (`train/early.py`).
     """
     phase = timer.phase
     with phase("admission"):
@@ -91,19 +94,28 @@ def rollout(engine: Engine, weights, tokenizer: Tokenizer, task: Task, runner: R
     with phase("decode") as ph:
         gen = engine.decode(pending)
         ph.sync(gen)
+    with phase("detokenize_reward"):  # the rows' copy to the host is part of the phase
+        rows = unscored(gen, examples, prompt_tokens, prompt_mask, first_group, group_size)
+    if generated is not None:
+        generated(rows)
     with phase("detokenize_reward"):
-        return scored(gen, tokenizer, task, runner, examples, prompt_tokens, prompt_mask,
-                      first_group, group_size)
+        return scored(rows, tokenizer, task, runner)
 
 
-def scored(gen, tokenizer: Tokenizer, task: Task, runner: RewardRunner,
-           examples: Sequence[Example], prompt_tokens: np.ndarray, prompt_mask: np.ndarray,
-           first_group: int, group_size: int) -> Rollouts:
-    """The engine's output `gen` detokenized and scored: the `detokenize_reward` phase."""
+def unscored(gen, examples: Sequence[Example], prompt_tokens: np.ndarray,
+             prompt_mask: np.ndarray, first_group: int, group_size: int) -> Rollouts:
+    """The engine's output `gen` as host rows, not yet decoded or scored (rewards 0)."""
     tokens, mask, logprobs = (np.asarray(x) for x in (gen.tokens, gen.mask, gen.logprobs))
-    texts = [tokenizer.decode(row[m].tolist()) for row, m in zip(tokens, mask)]
-    row_examples = [ex for ex in examples for _ in range(group_size)]
-    rewards, parts = score(task, runner, texts, row_examples)
     group_ids = np.repeat(np.arange(first_group, first_group + len(examples)), group_size)
-    return Rollouts(list(examples), prompt_tokens, prompt_mask, tokens, mask, logprobs, texts,
-                    rewards, parts, group_ids.astype(np.int32), decode_steps=int(gen.steps))
+    return Rollouts(list(examples), prompt_tokens, prompt_mask, tokens, mask, logprobs, [],
+                    np.zeros(len(tokens), np.float32), {}, group_ids.astype(np.int32),
+                    decode_steps=int(gen.steps))
+
+
+def scored(rows: Rollouts, tokenizer: Tokenizer, task: Task, runner: RewardRunner) -> Rollouts:
+    """`rows` detokenized (one batch call, `decode_all`) and scored: the `detokenize_reward`
+    phase."""
+    texts = decode_all(tokenizer, [row[m].tolist() for row, m in zip(rows.tokens, rows.mask)])
+    row_examples = [ex for ex in rows.examples for _ in range(rows.group_size)]
+    rewards, parts = score(task, runner, texts, row_examples)
+    return dataclasses.replace(rows, texts=texts, rewards=rewards, reward_parts=parts)

@@ -17,12 +17,12 @@ import hashlib
 import json
 from pathlib import Path
 
-from locojax.tokenizer.base import Tokenizer, render_chat
+from locojax.tokenizer.base import Tokenizer, decode_all, render_chat
 from locojax.tokenizer.char import CharTokenizer
 from locojax.tokenizer.hf import HFTokenizer
 
-__all__ = ["Tokenizer", "CharTokenizer", "HFTokenizer", "fingerprint", "load_tokenizer",
-           "render_chat"]
+__all__ = ["Tokenizer", "CharTokenizer", "HFTokenizer", "decode_all", "fingerprint",
+           "load_tokenizer", "render_chat"]
 
 
 def fingerprint(tok: Tokenizer) -> str:

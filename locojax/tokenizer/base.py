@@ -3,7 +3,8 @@
 The engine sees token ids only (docs/design.md); strings exist at the edges: prompts are
 rendered with `apply_chat_template` and encoded, completions are decoded for rewards.
 Any object with these members is a tokenizer; `CharTokenizer` and `HFTokenizer` are the
-two that ship.
+two that ship. One may also have `decode_batch(rows, skip_special)`, the texts of many rows
+in one call, which `decode_all` uses where it exists (the rollout decodes a batch at once).
 
 Reference: Qwen's ChatML template (`<|im_start|>role\\ncontent<|im_end|>\\n`). Departure:
 only the plain-message part of Qwen3's jinja template is rendered (no tools, no
@@ -45,6 +46,16 @@ class Tokenizer(Protocol):
                             ) -> str:
         """The chat rendered as text (see `render_chat`)."""
         ...
+
+
+def decode_all(tokenizer: Tokenizer, rows: Sequence[Sequence[int]], skip_special: bool = True
+               ) -> list[str]:
+    """`tokenizer.decode` of every row: through its `decode_batch` where it has one (one call
+    for the batch, as `HFTokenizer`'s), else row by row. The same texts either way."""
+    batch = getattr(tokenizer, "decode_batch", None)
+    if batch is not None:
+        return batch(rows, skip_special)
+    return [tokenizer.decode(ids, skip_special) for ids in rows]
 
 
 def render_chat(messages: list[dict], add_generation_prompt: bool = True) -> str:

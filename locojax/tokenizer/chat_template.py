@@ -34,6 +34,7 @@ from jinja2.ext import Extension, loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from locojax.jsonfile import read_object
+from locojax.tokenizer.base import decode_all
 
 CONFIG_FILE = "tokenizer_config.json"
 TEMPLATE_FILE = "chat_template.jinja"
@@ -205,6 +206,9 @@ class ChatTemplateTokenizer:
 
     def decode(self, ids, skip_special: bool = True) -> str:
         return self.inner.decode(ids, skip_special)
+
+    def decode_batch(self, rows, skip_special: bool = True) -> list[str]:
+        return decode_all(self.inner, rows, skip_special)
 
     def vocabulary(self):
         return self.inner.vocabulary()

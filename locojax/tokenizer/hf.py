@@ -107,6 +107,16 @@ class HFTokenizer:
         # Ids past the vocabulary (model vocab is often padded) are dropped by `tokenizers`.
         return self.tokenizer.decode(ids, skip_special_tokens=skip_special)
 
+    def decode_batch(self, rows: Sequence[Sequence[int]], skip_special: bool = True
+                     ) -> list[str]:
+        """`decode` of every row, in one call into `tokenizers` (no Python round trip per
+        row; `base.decode_all`)."""
+        rows = [[int(i) for i in ids] for ids in rows]
+        for r, ids in enumerate(rows):
+            if ids and min(ids) < 0:
+                raise ValueError(f"id {min(ids)} in row {r} is negative")
+        return self.tokenizer.decode_batch(rows, skip_special_tokens=skip_special)
+
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True
                             ) -> str:
         for token in (IM_START, IM_END):

@@ -11,6 +11,7 @@ Start at `loop.py`.
     producer.py           one host's prompts become its share of the train batch
     record.py             what crosses from producer to learner (`RolloutRecord`)
     source.py             where a learner step's rollouts come from (the seam)
+    early.py              device work dispatched before the rows are scored
     data.py               which examples a step trains on, from (seed, step)
     curation.py           pass-rate curation: admit the prompts that still teach
     dynamic_sampling.py   DAPO's rollout-side parts

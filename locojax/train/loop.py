@@ -42,8 +42,9 @@ from locojax.train import memory_plan, meshes, resume, run_lock
 from locojax.train.build import RunParts
 from locojax.train.comm_probe import AllReduceProbe
 from locojax.train.config import COMPUTE_DTYPES, RunConfig, check_run
+from locojax.train.early import EarlyReference
 from locojax.train.progress import Progress
-from locojax.train.source import RolloutSource
+from locojax.train.source import InlineSource, RolloutSource
 
 log = logging.getLogger(__name__)
 
@@ -213,6 +214,12 @@ class Trainer:
         dump_dir = os.path.join(cfg.run_dir, "rollouts") if cfg.dump_rollouts else None
         self.producer = parts.producer(engine, self.runner, dump_dir)
         self.rollouts: RolloutSource = wiring.rollout_source(self.producer)
+        # The reference forward runs while the host scores the rows (`early.py`).
+        self.early = None
+        if cfg.algo.beta > 0 and isinstance(self.rollouts, InlineSource):
+            self.early = EarlyReference(
+                lambda: reference_of(self.state, cfg.algo.beta, self.ref_params), parts, wiring)
+            self.producer.early = self.early
         self.start_step, self.saved_rollouts = self._maybe_resume()
         self.last_step = cfg.steps  # moved earlier when time_limit_s runs out
         mesh = wiring.train_mesh
@@ -271,6 +278,8 @@ class Trainer:
             local, sizes = buckets.fit(record.batch, self.wiring.gather_over_hosts)
             batch = self.wiring.global_batch(local)
             ph.sync(batch)
+        if self.early is not None:  # its reference logprobs, dispatched before scoring
+            batch = self.early.attach(batch)
         self.state, metrics = update(self.state, batch, parts.model_cfg, parts.learner,
                                      reference_of(self.state, cfg.algo.beta, self.ref_params),
                                      self.wiring.train_mesh, timer, split=cfg.profile_split)

@@ -68,6 +68,10 @@ class Producer:
         self.prompts_per_step, self.max_prompt_tokens = prompts_per_step, max_prompt_tokens
         self.root_key, self.dump_dir = root_key, dump_dir
         self.rollout_fn = rollout_fn  # tests swap in a model-free rollout
+        # Set by the trainer (`train/early.py`): `dispatch`, given a step's train rows before
+        # they are scored (advantages 0), starts the device work that needs no reward;
+        # `wait` waits for it, in a phase of its own, once the rows are scored.
+        self.early = None
         self.multi, self.limits, self.envs = multi, limits, None
         if task.multi_turn:  # this host's environments run here, on its own worker pool
             if multi is None or limits is None:
@@ -104,6 +108,8 @@ class Producer:
             choice[live] = r
             observations.append(self._observe(out, start, r, cand, live))
             live = live & ds.zero_variance(out.rewards, g)
+        if self.early is not None:  # before the batch phase: its advantages (jnp ops)
+            self.early.wait(timer)  # queue behind that work, and would hold the wait
         with timer.phase("batch"):
             out, local, stats = self.assemble(rounds, choice, zero_round0)
         version = step if version is None else version
@@ -118,14 +124,20 @@ class Producer:
         group-relative advantages, the host-local train rows and the step's sums."""
         out = ds.select_groups(rounds, choice)
         adv, _ = algorithms.compute_advantages(self.algo, out.rewards, out.group_ids)
+        return out, self.train_rows(out, np.asarray(adv)), \
+            self._stats(out, rounds, choice, zero_round0)
+
+    def train_rows(self, out: Rollouts, advantages: np.ndarray) -> batch_lib.TrainBatch:
+        """The host-local train rows of `out` with these advantages; what `early` gets too
+        (advantages 0), so every array but the advantages is the batch's own."""
         local = batch_lib.from_rollout(
             out.rows(out.prompt_tokens), out.rows(out.prompt_mask), out.tokens, out.mask,
-            out.logprobs, np.asarray(adv), out.group_ids, group_size=self.algo.group_size,
+            out.logprobs, advantages, out.group_ids, group_size=self.algo.group_size,
             context_mask=out.env_mask)
         if self.dynamic.overlong_filter:  # cut-off responses train nothing (DAPO)
             cut = ds.truncated(out.tokens, out.mask, self.sampling.stop_token_ids)
             local = dataclasses.replace(local, loss_mask=local.loss_mask & ~cut[:, None])
-        return out, local, self._stats(out, rounds, choice, zero_round0)
+        return local
 
     def shaped(self, out: Rollouts) -> Rollouts:
         """A round's rows with their correctness kept apart (`CORRECT`) and the rewards
@@ -149,11 +161,23 @@ class Producer:
                                      sampling=self.sampling, group_size=g, limits=self.limits,
                                      timer=timer, compact=self.multi.compact)
         else:
+            # Early device work only where round 0's rows are surely the batch's: without
+            # refill rounds, whose choice of groups needs the rewards.
+            early = {} if self.early is None or self.dynamic.max_rounds else {
+                "generated": lambda rows: self._early(rows, timer)}
             out = self.rollout_fn(self.engine, weights, self.tokenizer, self.task, self.runner,
                                   examples, first_group=first_group, key=key,
                                   sampling=self.sampling, group_size=g,
-                                  max_prompt_tokens=self.max_prompt_tokens, timer=timer)
+                                  max_prompt_tokens=self.max_prompt_tokens, timer=timer, **early)
         return self.shaped(out)
+
+    def _early(self, rows: Rollouts, timer: StepTimer) -> None:
+        """Hand the step's rows, before scoring, to the trainer's early device work. The
+        engine's cache goes first, as the rollout source drops it before the update: the
+        memory plan has no program running beside it."""
+        self.engine.release_cache()
+        self.early.dispatch(self.train_rows(rows, np.zeros(len(rows.rewards), np.float32)),
+                            timer)
 
     def _observe(self, out: Rollouts, start: int, round_: int, indices: np.ndarray,
                  used: np.ndarray | None = None) -> np.ndarray:
