@@ -79,7 +79,7 @@ def parse(argv: list[str], cluster: str = "", hardware_file: str = "", lengths_f
               cache_dtype=COMPUTE_DTYPES[cfg.rollout.cache_dtype] if cfg.rollout.cache_dtype
               else "", epochs=cfg.algo.ppo_epochs, minibatches=cfg.algo.num_minibatches,
               lease_prompts=lease, decode_chunk=cfg.controller.decode_chunk,
-              tensorboard=cfg.tensorboard, offload=cfg.offload == "auto")
+              tensorboard=cfg.tensorboard, offload=cfg.offload != "off")
     given = layout.Given.of(cfg, cl)
     explicit = any(a == "--mode" or a.startswith("--mode=") for a in argv)
     return TrainRun(cfg, ctx, source, explicit, given)

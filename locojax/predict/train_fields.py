@@ -73,6 +73,7 @@ REFUSED = {
     "rollout.weights_dtype": "decode's weight bytes and dots are costed in the compute dtype",
     "rollout.refill_slots": "decode is costed as one batch of the step's rows, not R slots",
     "rollout.refill_at": "decode is costed as one batch of the step's rows, not R slots",
+    "rollout.waves": "decode is costed as one batch of the step's rows, not in waves",
     "placement.inflight_chunk": "the async simulation swaps versions between units only",
     "placement.partial_rollouts": "the async simulation trains each step's own units",
 }
