@@ -71,6 +71,7 @@ REFUSED = {
     "rollout.weights_dtype": "decode's weight bytes and dots are costed in the compute dtype",
     "rollout.refill_slots": "decode is costed as one batch of the step's rows, not R slots",
     "rollout.refill_at": "decode is costed as one batch of the step's rows, not R slots",
+    "batch_invariant": "the cost model prices XLA's own kernels, not the fixed-order ones",
 }
 
 IRRELEVANT = {

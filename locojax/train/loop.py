@@ -251,6 +251,7 @@ class Trainer:
                                                         self.ref_params),
                                            self.wiring.train_mesh, timer,
                                            split=cfg.profile_split)
+        parts.check_gap(metrics, batch.tokens.shape[1], record.version, step)  # issue 59
         self.state = self._placed(self.state)
         metrics.update(sizes)
         metrics.update(self.rollouts.publish(step + 1, self.state.params, timer))
