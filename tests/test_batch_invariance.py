@@ -2,15 +2,17 @@
 
 With `ModelConfig.batch_invariant` (`locojax/model/invariant.py`) a token's learner logprob is
 the same bits whatever the rows beside it, the micro-batch count, the row's position and the
-bucket (columns of padding cut from the front, added at the end); and in bf16 compute the
-engine's logprob of each token it sampled, decoded one token at a time over its KV cache,
-is the learner's, bits again. No float bound: both sides run the same fixed-order kernels.
+bucket (columns of padding cut from the front, added at the end); and the engine's logprob
+of each token it sampled, decoded one token at a time over its KV cache, is the learner's,
+bits again (f32 and bf16 compute). No float bound: both sides run the same fixed-order kernels.
 
 Each comparison also runs with the option off, where on the CPU it must see a difference:
 that is what the option changes, and it shows the comparison can fail (checked too by
 taking the kernels out one at a time: without the tree sums, the tiled matmuls, the
-in-order key loop or the key padding, a check here fails).
+in-order key loop, the key padding or the elementwise max, a check here fails).
 """
+
+import os
 
 import jax
 import jax.numpy as jnp
@@ -21,12 +23,36 @@ from locojax.engine.engine import Engine, pad_prompts
 from locojax.engine.sampling import SamplingConfig
 from locojax.model import config, params
 from locojax.rl import batch as batch_lib
-from locojax.rl import logprobs
+from locojax.rl import logprob_gap, logprobs
 
 pytestmark = pytest.mark.accelerator  # numbers that depend on the backend (docs/tpu.md)
 
 B, P, R = 8, 12, 20  # rows; prompt columns (left-padded); response columns (right-padded)
 TAU = 0.8
+SUITE_FLAGS = "--xla_backend_optimization_level=0"  # tests/conftest.py's default
+
+
+def _bitwise_here(dtype: str, engine: bool) -> bool:
+    """Whether bits are promised in this float context (docs/design.md, "Batch-invariant
+    logprobs"): everywhere off the CPU-flag sets below, and on XLA:CPU under the suite's own
+    flags. Measured there: XLA's defaults (LLVM -O2) change 23 of 96 of the f32 engine's
+    tokens against the learner's (a product and its sum fused into one FMA in one program
+    only); `make test`'s classic fusion emitters change 2 of 96 (f32 engine) and 2 of ~100
+    (bf16 learner at 8 micro-batches). There the comparison is within the derived bound."""
+    if jax.default_backend() != "cpu":
+        return True
+    flags = os.environ.get("XLA_FLAGS", "")
+    return flags == SUITE_FLAGS or (dtype == "bfloat16" and engine and "emitters" not in flags)
+
+
+def _assert_same(got: np.ndarray, want: np.ndarray, bitwise: bool, bound: float, what: str):
+    """Bits where promised, else |got - want| within `bound` (the default kernels' derived
+    sampler-learner bound, `logprob_gap.bound`)."""
+    if bitwise:
+        differ = int(np.sum(got.view(np.uint32) != want.view(np.uint32)))
+        assert differ == 0, f"{what}: {differ} of {want.size} tokens' bits differ"
+    else:
+        assert np.abs(got.astype(np.float64) - want).max() <= bound, what
 
 
 def _rows(cfg, lead: int = 0, tail: int = 0, seed: int = 0):
@@ -73,22 +99,26 @@ def _learner_variants(w, cfg) -> dict[str, np.ndarray]:
     return out
 
 
-def _differing(variants: dict[str, np.ndarray]) -> dict[str, int]:
-    ref = variants["8 rows"]
-    return {k: int(np.sum(v.view(np.uint32) != ref.view(np.uint32))) for k, v in variants.items()
-            if k != "8 rows"}
+def _bound(w, cfg, columns: int) -> float:
+    """The derived gap bound of the default kernels (`logprob_gap.bound`) at these weights."""
+    plain = config.tiny(compute_dtype=cfg.compute_dtype)
+    return logprob_gap.bound(plain, float(logprob_gap.logit_terms(w, plain)), columns, TAU)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_learner_logprobs_bitwise_whatever_the_layout(dtype):
     w = params.init(config.tiny(), jax.random.key(0))
-    on = _differing(_learner_variants(w, config.tiny(compute_dtype=dtype, batch_invariant=True)))
-    assert not any(on.values()), f"tokens whose bits changed with the layout: {on}"
+    cfg = config.tiny(compute_dtype=dtype, batch_invariant=True)
+    on = _learner_variants(w, cfg)
+    for name, got in on.items():
+        _assert_same(got, on["8 rows"], _bitwise_here(dtype, engine=False),
+                     _bound(w, cfg, P + R + 45), name)
     # What the option changes on the CPU (invariant.py's probe). In bf16 the default kernels
     # agreed on these rows: each layer's rounding to bf16 hid their last-bit differences.
     if jax.default_backend() == "cpu" and dtype == "float32":
-        off = _differing(_learner_variants(w, config.tiny(compute_dtype=dtype)))
-        assert any(off.values()), "the default kernels were layout-invariant here: a vacuous test"
+        off = _learner_variants(w, config.tiny(compute_dtype=dtype))
+        assert any(np.any(v != off["8 rows"]) for v in off.values()), \
+            "the default kernels were layout-invariant here: a vacuous test"
 
 
 def _engine_and_learner(cfg, seed=3):
@@ -117,16 +147,17 @@ def _engine_and_learner(cfg, seed=3):
     return engine, learner
 
 
-def test_engine_logprobs_equal_the_learners_bitwise_in_bf16():
-    """The sampler = learner contract where it holds: bf16 compute (docs/design.md). In f32 the
-    decode step's program fuses `s * scale - max` and its exp otherwise than the learner's
-    (invariant.py), and the gap stays the derived bound's (`rollout/logprob_gap_max`)."""
-    cfg = config.tiny(compute_dtype="bfloat16", batch_invariant=True)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_engine_logprobs_equal_the_learners_bitwise(dtype):
+    """The sampler = learner contract (docs/design.md): every sampled token's logprob, the
+    engine's (prefill, then cached steps, compacted) and the learner's (whole rows)."""
+    cfg = config.tiny(compute_dtype=dtype, batch_invariant=True)
     engine, learner = _engine_and_learner(cfg)
     assert engine.size > 40 and np.all(engine < 0)
+    w = params.init(config.tiny(), jax.random.key(0))
     for name, lp in learner.items():
-        differ = int(np.sum(lp.view(np.uint32) != engine.view(np.uint32)))
-        assert differ == 0, f"{name}: {differ} of {engine.size} tokens differ from the engine's"
+        _assert_same(lp, engine, _bitwise_here(dtype, engine=True), _bound(w, cfg, 9 + 12 + 7),
+                     f"{name} against the engine")
     if jax.default_backend() == "cpu":
-        engine, learner = _engine_and_learner(config.tiny(compute_dtype="bfloat16"))
+        engine, learner = _engine_and_learner(config.tiny(compute_dtype=dtype))
         assert np.any(learner["uncut"] != engine), "default kernels agreed: a vacuous test"

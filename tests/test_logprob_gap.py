@@ -2,7 +2,7 @@
 bound, and the check that stops a step whose sampler ran other weights.
 
 The stale-weights test is the mechanism's: the engine samples with version v while the
-learner holds v + 1 (one AdamW update further); in a batch-invariant bf16 run the bound is
+learner holds v + 1 (one AdamW update further); in a batch-invariant run the bound is
 0, the gap is not, and `update` + `check` raise naming both versions. With the sampler on the
 learner's own version the same step passes, its gap exactly 0 (so the check cannot pass
 for want of a gap: without the check, or with the bound loosened past the planted gap, the
@@ -45,9 +45,10 @@ def test_the_bound_is_zero_only_where_both_sides_are_bitwise():
     bf16 = config.tiny(compute_dtype="bfloat16", batch_invariant=True)
     assert logprob_gap.bound(bf16, 2.0, 64, 1.0) == 0.0
     assert logprob_gap.bound(bf16, 2.0, 64, 1.0, ["float32"]) > 0  # an f32 cache: another program
-    f32 = config.tiny(batch_invariant=True)  # f32: the decode step still rounds otherwise
-    loose = logprob_gap.bound(config.tiny(compute_dtype="bfloat16"), 2.0, 64, 1.0)
-    assert 0 < logprob_gap.bound(f32, 2.0, 64, 1.0) < 1e-3 < loose  # u: 2^-24 against 2^-8
+    invariant_f32 = logprob_gap.bound(config.tiny(batch_invariant=True), 2.0, 64, 1.0)
+    assert invariant_f32 == logprob_gap.bound(config.tiny(), 2.0, 64, 1.0)  # not bitwise everywhere
+    assert 0 < invariant_f32 < 1e-3 < logprob_gap.bound(config.tiny(compute_dtype="bfloat16"),
+                                                        2.0, 64, 1.0)  # u: 2^-24 against 2^-8
 
 
 def _rollout(w, cfg, seed=0):

@@ -2,8 +2,8 @@
 
 `ModelConfig.batch_invariant` computes the forward with these (docs/design.md, "Batch-invariant
 logprobs"): the learner's logprob of a token is then bitwise the same whatever the micro-batch
-count, the row's position and the bucket's width, and in bf16 compute equals the engine's,
-which decodes with a KV cache one token at a time. Each piece replaces one reduction whose order XLA chose by shape.
+count, the row's position and the bucket's width, and equals the engine's, which decodes
+with a KV cache one token at a time (f32 and bf16 compute, the cache in the compute dtype). Each piece replaces one reduction whose order XLA chose by shape.
 
 Sums. XLA picks how to reduce an axis by the whole array's shape: on XLA:CPU a row sum of 64
 values rounds otherwise in an array of 32 rows than in one of 128 (probed: RMSNorm's mean
@@ -28,15 +28,17 @@ of the learner's columns.
 
 Matmuls (`matmul`): in fixed row tiles, so each is one compiled dot of one shape.
 
+Maxima (`tree_max`): elementwise, never a reduce, which XLA:CPU may give a library fusion
+with its own exp.
+
 Probe (`tests/test_batch_invariance.py`; numbers in docs/design.md, "Batch-invariant
 logprobs"): on XLA:CPU what changed a row's bits with its batch's shape was the row sums
 (RMSNorm's mean, the log-softmax normaliser), the 2-D and batched dots (their kernel and
-blocking go by the operands' shapes), and an elementwise exp in a row's tail. With these
-kernels the learner is bitwise invariant to rows, micro-batches and buckets. The engine's
-one-token step equals the learner in bf16 compute; in f32 it does not yet: the two
-programs fuse `s * scale - max` and the exp differently (an FMA in one; exp(0) = 1 + u in
-the other's fusion), which an `optimization_barrier` does not stop (XLA:CPU expands it before
-fusion). A software exp and FMA-free products would close it (docs/design.md).
+blocking go by the operands' shapes), an elementwise exp in a row's tail, and, between the
+decode step and the learner, a max-subtract-exp that XLA:CPU gave YNNPACK (`__ynn_fusion`)
+in one program only. With these kernels the learner is bitwise invariant to rows,
+micro-batches and buckets, and equals the engine's cached steps. An `optimization_barrier`
+is no substitute: XLA:CPU removes barriers before fusion.
 
 Reference: batch-invariant kernels, He et al., "Defeating Nondeterminism in LLM Inference"
 (Thinking Machines, 2025), which fix the reduction strategy whatever the batch.
@@ -56,16 +58,16 @@ on a CPU and pad a 151,936-token vocabulary by 0.05% (to whole chunks) where a s
 of two would pad it by 73%."""
 
 
-def _pairwise(x):
-    """Sum over the last axis by halving: x[:h] + x[h:] until one value is left (the axis is
-    padded with zeros to a power of two first)."""
+def _pairwise(x, op=jnp.add, fill=0.0):
+    """Reduce the last axis by halving: op(x[:h], x[h:]) until one value is left (the axis is
+    padded with `fill` to a power of two first)."""
     n = x.shape[-1]
     p = 1 << max(n - 1, 0).bit_length()
     if p != n:
-        x = jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, p - n)])
+        x = jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, p - n)], constant_values=fill)
     while x.shape[-1] > 1:
         h = x.shape[-1] // 2
-        x = x[..., :h] + x[..., h:]
+        x = op(x[..., :h], x[..., h:])
     return x[..., 0]
 
 
@@ -92,16 +94,25 @@ def matmul(x2, w, dot):
     return y.reshape(-1, y.shape[-1])[:m]
 
 
-def tree_sum(x, axis: int = -1, keepdims: bool = False):
+def tree_sum(x, axis: int = -1, keepdims: bool = False, op=jnp.add, fill=0.0):
     """Σ of x over `axis` in a fixed order (module docstring): the same bits for a row
-    whatever the other axes' sizes, and whatever zeros follow it on `axis`."""
+    whatever the other axes' sizes, and whatever zeros follow it on `axis`. op, fill: another
+    associative elementwise op and its identity (`tree_max`)."""
     x = jnp.moveaxis(x, axis, -1)
     n = x.shape[-1]
-    if n > CHUNK:  # [..., n] -> [..., chunks, CHUNK], zeros at the end
-        x = jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, -n % CHUNK)])
-        x = _pairwise(x.reshape(x.shape[:-1] + (-1, CHUNK)))  # [..., chunks]
-    out = _pairwise(x)
+    if n > CHUNK:  # [..., n] -> [..., chunks, CHUNK], `fill` at the end
+        x = jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, -n % CHUNK)], constant_values=fill)
+        x = _pairwise(x.reshape(x.shape[:-1] + (-1, CHUNK)), op, fill)  # [..., chunks]
+    out = _pairwise(x, op, fill)
     return jnp.expand_dims(out, axis) if keepdims else out
+
+
+def tree_max(x, axis: int = -1, keepdims: bool = False):
+    """max over `axis` as elementwise maximums, not a reduce (exact in any order). As a
+    reduce, XLA:CPU handed reduce + subtract + exp to a library fusion (`__ynn_fusion`) in
+    the learner's program and not in the decode step's, and the two exps rounded apart
+    (exp(0) = 1 + u in one of them)."""
+    return tree_sum(x, axis, keepdims, jnp.maximum, -jnp.inf)
 
 
 def tree_mean(x, axis: int = -1, keepdims: bool = False):
@@ -112,7 +123,7 @@ def tree_mean(x, axis: int = -1, keepdims: bool = False):
 def log_softmax(x):
     """log softmax over the last axis, its normaliser a `tree_sum` (shifted by the stopped
     max, as `jax.nn.log_softmax`)."""
-    top = jax.lax.stop_gradient(jnp.max(x, axis=-1, keepdims=True))
+    top = jax.lax.stop_gradient(tree_max(x, axis=-1, keepdims=True))
     shifted = x - top
     return shifted - jnp.log(tree_sum(jnp.exp(shifted), axis=-1, keepdims=True))
 
@@ -149,7 +160,7 @@ def attention(q, parts, blocks=None, scale: float | None = None):
     for i in range(1, h):
         s = s + qt[..., i:i + 1] * kw[..., i, :]
     s = jnp.where(visible[:, None, None], s * scale, _MASKED)
-    p = jnp.exp(s - jnp.max(s, axis=-1, keepdims=True))
+    p = jnp.exp(s - tree_max(s, axis=-1, keepdims=True))  # not a reduce: see `tree_max`
     ones = jnp.ones(v.shape[:-1] + (1,), wide)
     vv = jnp.moveaxis(jnp.concatenate([v.astype(wide), ones], -1), 2, 0)  # [S, B, K, H+1]
     ps = jnp.moveaxis(p, -1, 0)  # [S, B, K, G, T]

@@ -223,9 +223,9 @@ class RunConfig:
     (softmax, norms and accumulation in f32) over f32 master weights and optimizer state."""
     batch_invariant: bool = False
     """Batch-invariant kernels on both sides (`model/invariant.py`): a token's learner logprob
-    is the same bits whatever its micro-batch, row and bucket, and in bf16 the engine's equals
-    it bitwise, so a step's sampler-learner gap must be 0 (`rl/logprob_gap.py`). Slower:
-    docs/design.md, "Batch-invariant logprobs", has the cost."""
+    is the same bits whatever its micro-batch, row and bucket, and the engine's equals it
+    bitwise, so a step's sampler-learner gap must be 0 (`rl/logprob_gap.py`; with the cache
+    and weights in the compute dtype). Slower: docs/design.md, "Batch-invariant logprobs"."""
     remat: Literal["auto", "on", "off"] = "auto"
     """Recompute each layer's activations in the backward instead of keeping them (about one
     more forward of compute); see the memory plan's `activations`. auto: on only when the
