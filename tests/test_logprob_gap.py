@@ -67,7 +67,10 @@ def test_a_step_on_stale_weights_stops_naming_both_versions():
     cfg = config.tiny(compute_dtype="bfloat16", batch_invariant=True)
     learner = LearnerConfig(algo=AlgoConfig(name="grpo"), optim=OptimConfig(lr=1e-2))
     v0 = jax.tree.map(np.asarray, params.init(config.tiny(), jax.random.key(0)))
-    fresh = lambda w: train_state.init(jax.tree.map(jnp.asarray, w), learner.optim, cfg)  # noqa: E731
+
+    def fresh(w):  # a new state on device copies of host weights `w`
+        return train_state.init(jax.tree.map(jnp.asarray, w), learner.optim, cfg)
+
     state, _ = train_step.update(fresh(v0), _rollout(v0, cfg), cfg, learner)  # version 1
     v1 = jax.tree.map(np.asarray, state.params)  # host copies: `update` donates its state
 

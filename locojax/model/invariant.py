@@ -3,7 +3,9 @@
 `ModelConfig.batch_invariant` computes the forward with these (docs/design.md, "Batch-invariant
 logprobs"): the learner's logprob of a token is then bitwise the same whatever the micro-batch
 count, the row's position and the bucket's width, and equals the engine's, which decodes
-with a KV cache one token at a time (f32 and bf16 compute, the cache in the compute dtype). Each piece replaces one reduction whose order XLA chose by shape.
+with a KV cache one token at a time (the cache in the compute dtype; under which XLA flags
+each holds: docs/design.md). Each piece replaces one reduction whose order XLA chose by
+the array's shape.
 
 Sums. XLA picks how to reduce an axis by the whole array's shape: on XLA:CPU a row sum of 64
 values rounds otherwise in an array of 32 rows than in one of 128 (probed: RMSNorm's mean
@@ -37,8 +39,9 @@ logprobs"): on XLA:CPU what changed a row's bits with its batch's shape was the 
 blocking go by the operands' shapes), an elementwise exp in a row's tail, and, between the
 decode step and the learner, a max-subtract-exp that XLA:CPU gave YNNPACK (`__ynn_fusion`)
 in one program only. With these kernels the learner is bitwise invariant to rows,
-micro-batches and buckets, and equals the engine's cached steps. An `optimization_barrier`
-is no substitute: XLA:CPU removes barriers before fusion.
+micro-batches and buckets, and equals the engine's cached steps, under the suite's XLA
+flags (another flag set contracts some product and sum into one FMA in one program only).
+An `optimization_barrier` is no substitute: XLA:CPU removes barriers before fusion.
 
 Reference: batch-invariant kernels, He et al., "Defeating Nondeterminism in LLM Inference"
 (Thinking Machines, 2025), which fix the reduction strategy whatever the batch.
@@ -53,9 +56,9 @@ _MASKED = -1e30  # as `attention._MASKED`: finite, so a query with no visible ke
 
 CHUNK = 128
 """Values summed pairwise within one chunk before the chunks are summed: a power of two, so
-a chunk halves down to one value; 128 f32 keep a chunk's adds in one vector register file
-on a CPU and pad a 151,936-token vocabulary by 0.05% (to whole chunks) where a single power
-of two would pad it by 73%."""
+a chunk halves down to one value. Chunks keep the padding small: a 151,936-token
+vocabulary is 1,187 whole chunks (their sums padded to 2,048), where one power of two would
+pad the whole row by 73%."""
 
 
 def _pairwise(x, op=jnp.add, fill=0.0):
