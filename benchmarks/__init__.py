@@ -11,7 +11,8 @@ Scripts, by what they measure:
 - generation: bench_engine (locojax against HF and Tunix; engine_sweeps: the engine's
   constants), bench_extend (multi-turn continuation), profile_generate (per program);
 - the train step: profile_train (per op), train_step_memory (against the memory plan),
-  ab_train_step (A/B of arms, interleaved);
+  ab_train_step (A/B of arms, interleaved), bench_invariant (the batch-invariant kernels'
+  cost, learner and generate);
 - modes and placement: bench_modes (its tables: modes_report), bench_placement, ab_runs
   (A/B of whole runs across code trees);
 - against the peers: bench_peers (TINY/SMALL, each side a worker in `peers/`),

@@ -196,6 +196,13 @@ def test_ab_train_step_two_arms_of_this_tree():
     assert len(lines) == 2 and "1.00x vs a" in lines[0] and "over 2 steps" in lines[1]
 
 
+def test_bench_invariant():
+    out = bench("bench_invariant", "--shape", "tiny", "--rounds", "1")
+    assert "# bench_invariant: " in out
+    lines = [ln for ln in out.splitlines() if "x vs default" in ln]
+    assert [ln.split()[0] for ln in lines] == ["learn", "generate"]
+
+
 @pytest.mark.slow
 @pytest.mark.multiprocess  # the locojax side's worker process
 def test_bench_peers_locojax_side_only_installs_nothing(tmp_path):

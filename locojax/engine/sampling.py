@@ -24,6 +24,8 @@ import numbers
 import jax
 import jax.numpy as jnp
 
+from locojax.model import invariant
+
 # Preceding mass within this relative distance of top_p counts as having reached it, so
 # that f32 rounding of a softmax cannot add a token that exactly closes the nucleus.
 _TOP_P_RTOL = 1e-6
@@ -99,8 +101,10 @@ class SamplingConfig:
 
 def policy_logprobs(logits: jax.Array, cfg: SamplingConfig) -> jax.Array:
     """log π(· | context) [B, V]: softmax of logits / τ (τ = 1 for greedy), untruncated."""
-    scale = 1.0 if cfg.greedy else 1.0 / cfg.temperature
-    return jax.nn.log_softmax(logits.astype(jnp.float32) * scale, axis=-1)
+    tau = 1.0 if cfg.greedy else cfg.temperature
+    # The learner's `decoder.token_logprobs`: logits / τ and a fixed-order normaliser, so in
+    # a batch-invariant run (`ModelConfig.batch_invariant`) the two agree bitwise.
+    return invariant.log_softmax(logits.astype(jnp.float32) / tau)
 
 
 def sample(logits: jax.Array, key: jax.Array, cfg: SamplingConfig) -> jax.Array:

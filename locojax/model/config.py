@@ -133,6 +133,11 @@ class ModelConfig:
     float64 (both dtypes, under `jax_enable_x64`) computes everything in f64: what the
     tests use where f32 rounding would hide a bug."""
 
+    batch_invariant: bool = False
+    """Compute the forward with batch-invariant kernels (`invariant.py`): a token's logprob
+    is bitwise the same whatever its batch, micro-batch, row position and padding, and the
+    engine's equals the learner's. Slower (docs/design.md, "Batch-invariant logprobs")."""
+
     def __post_init__(self):
         if self.model_type not in FAMILIES:
             raise ValueError(f"model_type {self.model_type!r} is not supported "

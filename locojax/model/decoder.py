@@ -22,6 +22,7 @@ h head dim, f ffn, v vocab, L layers.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import jax
@@ -40,7 +41,7 @@ from locojax.model.attention import (  # noqa: F401
     wide_dtype,
     within,
 )
-from locojax.model import accumulating_scan
+from locojax.model import accumulating_scan, invariant
 from locojax.model.config import FULL, SLIDING, ModelConfig
 from locojax.model.lora import Lora
 from locojax.model.params import Weights
@@ -58,7 +59,8 @@ def norm(x, scale, cfg: ModelConfig):
     by w; Gemma (`unit_offset_norm`): scale by (1 + w) in f32, then cast back."""
     wide = wide_dtype(x.dtype)
     x32 = x.astype(wide)
-    x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + cfg.rms_norm_eps)
+    mean = invariant.tree_mean if cfg.batch_invariant else jnp.mean
+    x32 = x32 * jax.lax.rsqrt(mean(x32 * x32, axis=-1, keepdims=True) + cfg.rms_norm_eps)
     if cfg.family.unit_offset_norm:
         return (x32 * (1.0 + scale.astype(wide))).astype(x.dtype)
     return scale.astype(x.dtype) * x32.astype(x.dtype)
@@ -139,23 +141,24 @@ def final_norm(weights: Weights, x, cfg: ModelConfig):
     return norm(x, weights["final_norm"], cfg)
 
 
-def dense(x, w, contract: int = 1):
+def dense(x, w, contract: int = 1, tiled: bool = False):
     """x [B, T, *in] @ w [*in, *out] -> [B, T, *out]; `contract`: how many trailing dims are in.
 
     Written as one 2-D matmul over B*T rows. The einsum form ("btd,dnh->btnh") gives the
     same forward, but its weight gradient contracts over two dims (b, t), which XLA:CPU
     runs off its fast matmul path: the layer backward measured ~1.5x slower.
+    tiled: in fixed row tiles (`invariant.matmul`), for `ModelConfig.batch_invariant`.
     """
     if isinstance(w, Lora):  # x @ W + s (x @ A) @ B, the sum after both: B = 0 adds exact 0
-        low = dense(x, w.a, contract)  # [B, T, r]
-        return dense(x, w.w, contract) + w.scale * dense(low, w.b)
+        low = dense(x, w.a, contract, tiled)  # [B, T, r]
+        return dense(x, w.w, contract, tiled) + w.scale * dense(low, w.b, tiled=tiled)
     lead, inner = x.shape[:-contract], x.shape[-contract:]
     out = w.shape[contract:]
     x2, w2 = x.reshape(-1, int(np.prod(inner))), w.reshape(int(np.prod(inner)), -1)
+    dot = jnp.matmul
     if narrow(w.dtype, x.dtype):  # a rollout copy's bf16 weights under f32 compute
-        y = jax.lax.dot(x2.astype(w.dtype), w2, preferred_element_type=x.dtype)
-    else:
-        y = x2 @ w2
+        x2, dot = x2.astype(w.dtype), functools.partial(jax.lax.dot, preferred_element_type=x.dtype)
+    y = invariant.matmul(x2, w2, dot) if tiled else dot(x2, w2)
     return y.reshape(*lead, *out)
 
 
@@ -194,11 +197,12 @@ def layer(cfg: ModelConfig, x, w, positions, visible, cache_kv=None,
     needs no key positions (e.g. `memory_plan`'s probe of one layer's shapes).
     """
     dt, fam = cfg.dtype, cfg.family
+    mm = functools.partial(dense, tiled=cfg.batch_invariant)
     kind = LayerKind(inv_freq(cfg, FULL, wide_dtype(dt)), None) if kind is None else kind
     y = norm(x, w["attn_norm"], cfg)
-    q = dense(y, matrix(w["wq"], dt))  # [B, T, N, H]
-    k = dense(y, matrix(w["wk"], dt))  # [B, T, K, H]
-    v = dense(y, matrix(w["wv"], dt))
+    q = mm(y, matrix(w["wq"], dt))  # [B, T, N, H]
+    k = mm(y, matrix(w["wk"], dt))  # [B, T, K, H]
+    v = mm(y, matrix(w["wv"], dt))
     if fam.qkv_bias:
         q, k, v = q + w["bq"].astype(dt), k + w["bk"].astype(dt), v + w["bv"].astype(dt)
     if fam.qk_norm:
@@ -215,15 +219,16 @@ def layer(cfg: ModelConfig, x, w, positions, visible, cache_kv=None,
         k_pos = cache_kv[2] if kind.window is not None else None
         parts.insert(0, (cache_kv[0].astype(dt), cache_kv[1].astype(dt), near(visible[0], k_pos)))
     scale = None if cfg.query_pre_attn_scalar is None else cfg.query_pre_attn_scalar ** -0.5
-    attn = attention(q, parts, blocks, scale)  # [B, T, N, H]
-    out = dense(attn, matrix(w["wo"], dt), contract=2)
+    attend = invariant.attention if cfg.batch_invariant else attention
+    attn = attend(q, parts, blocks, scale)  # [B, T, N, H]
+    out = mm(attn, matrix(w["wo"], dt), contract=2)
     x = x + (norm(out, w["attn_out_norm"], cfg) if fam.sandwich_norms else out)
 
     y = norm(x, w["mlp_norm"], cfg)
-    gate = dense(y, matrix(w["w_gate"], dt))
-    up = dense(y, matrix(w["w_up"], dt))
+    gate = mm(y, matrix(w["w_gate"], dt))
+    up = mm(y, matrix(w["w_up"], dt))
     act = jax.nn.silu(gate) if fam.activation == "silu" else jax.nn.gelu(gate, approximate=True)
-    out = dense(act * up, matrix(w["w_down"], dt))
+    out = mm(act * up, matrix(w["w_down"], dt))
     x = x + (norm(out, w["mlp_out_norm"], cfg) if fam.sandwich_norms else out)
     return x, new_kv
 
@@ -331,13 +336,14 @@ def logits(weights: Weights, hidden: jax.Array, cfg: ModelConfig) -> jax.Array:
     # Tied: contract the embedding's own D axis ([V, D]) rather than multiply by its
     # transpose, for which XLA made a [D, V] copy as big as the embedding (622 MB at 0.6B).
     tied = cfg.tie_word_embeddings
-    head = weights["embed"] if tied else weights["lm_head"]  # [V, D] or [D, V]
+    head = matrix(weights["embed"] if tied else weights["lm_head"], hidden.dtype)  # [V, D]/[D, V]
     dims = (((1,), (1 if tied else 0,)), ((), ()))
     h2 = hidden.reshape(b * t, d)
     if narrow(head.dtype, hidden.dtype):  # a bf16 rollout copy: see `narrow`
         h2 = h2.astype(head.dtype)
-    out = jax.lax.dot_general(h2, matrix(head, hidden.dtype), dims,
-                              preferred_element_type=wide_dtype(hidden.dtype))
+    dot = functools.partial(jax.lax.dot_general, dimension_numbers=dims,
+                            preferred_element_type=wide_dtype(hidden.dtype))
+    out = invariant.matmul(h2, head, dot) if cfg.batch_invariant else dot(h2, head)
     return out.reshape(b, t, -1)
 
 
@@ -387,6 +393,8 @@ def token_logprobs(weights: Weights, hidden: jax.Array, targets: jax.Array, cfg:
     chunk = logprob_chunk_size(b, t, cfg.vocab_size, chunk)
 
     def one(h, tg):
+        if cfg.batch_invariant:  # as the engine: the log-softmax of the logits matmul
+            return invariant.logprobs_and_entropy(logits(weights, h, cfg) / temperature, tg)
         wide = h.dtype == wide_dtype(h.dtype)
         picked = target_logits(weights, h, tg, cfg) / temperature if wide else None
         return _logprobs_and_entropy(logits(weights, h, cfg) / temperature, tg, picked)

@@ -76,6 +76,7 @@ REFUSED = {
     "rollout.waves": "decode is costed as one batch of the step's rows, not in waves",
     "placement.inflight_chunk": "the async simulation swaps versions between units only",
     "placement.partial_rollouts": "the async simulation trains each step's own units",
+    "batch_invariant": "the cost model prices XLA's own kernels, not the fixed-order ones",
 }
 
 IRRELEVANT = {

@@ -12,6 +12,7 @@ registry entries in `algorithms.py`; docs/objectives.md has the equations.
     buckets.py          the batch cut to the step's real length
     logprobs.py         per-token logprobs of a batch under a policy
     gradients.py        one update's sums over micro-batches and devices
+    logprob_gap.py      the sampler-learner logprob gap: metrics, bound, the check
     micro_batches.py    how many micro-batches, when the config says auto
     train_state.py      params, optimizer state, counters
     host_memory.py      held state kept in host memory between the programs that read it

@@ -5,7 +5,8 @@ each micro-batch's loss share (partial sum / global count: `aggregation.py`) and
 gradient, so every split gives the same objective. Data parallel over a `data`-only mesh,
 `accumulate_flat` runs that per device (`local_sums`) and then ONE all-reduce of a flat
 buffer (`allreduce_sums`) rather than XLA's one per gradient leaf; `split_step.py` runs the
-same two pieces as programs of their own. `mismatch` is `rollout/logprob_mismatch`.
+same two pieces as programs of their own. The sampler-learner gap's metrics are
+`logprob_gap.py`'s.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from jax.sharding import PartitionSpec as P
 from locojax.model import decoder, lora
 from locojax.model.config import ModelConfig
 from locojax.rl import batch as batch_lib
+from locojax.rl import logprob_gap
 from locojax.rl.aggregation import Counts
 from locojax.rl.batch import TrainBatch
 from locojax.rl.config import LearnerConfig
@@ -48,17 +50,13 @@ def _micro_loss(params, data, counts: Counts, first, fresh_tokens, s: LossSettin
         metrics["actor/is_weight_hist"] = is_weight_histogram(
             old, b.old_logprobs, b.loss_mask, data["stale"], counts, s.is_cap, s.ratio_level)
     if data["prox"] is None and b.staleness is None:  # `old`: the start-of-step π
-        metrics["rollout/logprob_mismatch"] = mismatch(b.loss_mask & data["fresh"][:, None],
-                                                        b.old_logprobs, old, fresh_tokens)
+        # The sampler-learner gap, measured only where rollouts are made inline (no
+        # staleness in the batch); rollout workers measure their own rows (`fleet/`).
+        gap = logprob_gap.metrics(b.loss_mask & data["fresh"][:, None], b.old_logprobs, old,
+                                  fresh_tokens)
+        extremes["rollout/logprob_gap_max"] = gap.pop("rollout/logprob_gap_max")
+        metrics.update(gap)
     return loss, (metrics, extremes)
-
-
-def mismatch(mask, sampler, trainer, tokens):
-    """`rollout/logprob_mismatch`: mean |sampler − trainer| logprob over the tokens the
-    sampler drew with this step's params. Measured here only where rollouts are made inline
-    (no staleness in the batch); rollout workers measure their own rows (`fleet/`)."""
-    gap = jnp.where(mask, jnp.abs(jnp.where(mask, sampler, 0.0) - trainer), 0.0)
-    return jnp.sum(gap) / jnp.maximum(tokens, 1.0)
 
 
 def in_place(cfg: LearnerConfig, model_cfg: ModelConfig) -> bool:

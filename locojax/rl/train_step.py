@@ -44,7 +44,7 @@ import optax
 from locojax.model import lora
 from locojax.model.config import ModelConfig
 from locojax.rl import batch as batch_lib
-from locojax.rl import gradients, host_memory, logprobs, micro_batches
+from locojax.rl import gradients, host_memory, logprob_gap, logprobs, micro_batches
 from locojax.rl.aggregation import global_counts
 from locojax.rl.algorithms import resolve
 from locojax.rl.batch import TrainBatch, split_rows
@@ -105,13 +105,12 @@ def prepare(params, batch: TrainBatch, ref_params, model_cfg, cfg: LearnerConfig
     fresh_mask = batch.loss_mask & fresh[:, None]
     fresh_tokens = jnp.sum(fresh_mask.astype(jnp.float32))
 
-    extra = {}
+    extra = {"rollout/logit_terms": logprob_gap.logit_terms(params, model_cfg)}  # its bound
     prox = None
     if cfg.updates_per_step > 1:  # later updates need π_old of the start-of-step params
         prox = logprobs.scan_logprobs(params, batch, n_mini * k, group, model_cfg, cfg)
         if batch.staleness is None:
-            extra["rollout/logprob_mismatch"] = gradients.mismatch(
-                fresh_mask, batch.old_logprobs, prox, fresh_tokens)
+            extra.update(logprob_gap.metrics(fresh_mask, batch.old_logprobs, prox, fresh_tokens))
 
     def layout(x):  # [B, ...] → [M, k, B/(M k), ...]; both splits strided, so device-local
         x = split_rows(x, n_mini, group)
@@ -319,9 +318,12 @@ def finish(state: TrainState, metrics: dict, cfg: LearnerConfig):
     """Fetch a step's metrics as floats; raise `NonFiniteError` as `update` says."""
     metrics = jax.device_get(metrics)
     hist = metrics.pop("actor/is_weight_hist", None)
+    gaps = metrics.pop("rollout/logprob_gap_hist", None)
     metrics = {k: float(v) for k, v in metrics.items()}
     if hist is not None:
         metrics.update(is_weight_quantiles(hist))
+    if gaps is not None:
+        metrics.update(logprob_gap.quantiles(gaps))
     bad_loss, bad_grad = metrics["actor/nonfinite_loss"], metrics["actor/nonfinite_grad"]
     if (bad_loss or bad_grad) and not cfg.skip_nonfinite:
         step = int(np.asarray(jax.device_get(state.step))) - 1

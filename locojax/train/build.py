@@ -23,7 +23,7 @@ import dataclasses
 
 import jax
 
-from locojax.engine.engine import Engine
+from locojax.engine.engine import CACHE_DTYPES, WEIGHT_DTYPES, Engine
 from locojax.engine.refill import Refill
 from locojax.engine.sampling import SamplingConfig
 from locojax.envs import data_lengths, registry
@@ -32,6 +32,7 @@ from locojax.model import loader, lora
 from locojax.model.config import ModelConfig
 from locojax.model.params import Weights
 from locojax.model.sharding import ROLLOUT_REPLICATED, Rules, weight_shardings
+from locojax.rl import logprob_gap
 from locojax.rl.config import LearnerConfig
 from locojax.rollout import limits as limits_lib
 from locojax.tokenizer import Tokenizer
@@ -63,6 +64,8 @@ class RunParts:
     def of(cls, cfg: RunConfig) -> RunParts:
         cfg, task, tokenizer, prompts = sized(cfg)
         model_cfg = model_config(cfg.model, cfg.precision)
+        if cfg.batch_invariant:  # fixed-order kernels on both sides (model/invariant.py)
+            model_cfg = dataclasses.replace(model_cfg, batch_invariant=True)
         if cfg.lora.rank:  # adapters on a frozen base: what the learner trains (lora.py)
             model_cfg = dataclasses.replace(model_cfg, lora=cfg.lora)
         if cfg.optim.hf_padding_idx:
@@ -78,6 +81,23 @@ class RunParts:
         return engine_of(self.model_cfg, mesh, rules, r.cache_dtype, r.weights_dtype,
                          Refill(r.refill_slots, r.refill_at) if r.refill_slots else None,
                          max(1, r.waves))
+
+    def check_gap(self, metrics: dict, columns: int, sampler_version: int,
+                  learner_version: int) -> None:
+        """Stop the run if this step's sampler-learner logprob gap passed the bound rounding
+        explains (`rl/logprob_gap.py`), naming both weight versions; the bound is logged as
+        `rollout/logprob_gap_bound`. columns: the train batch's width (the keys' count)."""
+        if "rollout/logprob_gap_max" not in metrics:  # stale rows: measured by the workers
+            return
+        r = self.cfg.rollout
+        narrow = [d for d in (CACHE_DTYPES.get(r.cache_dtype), WEIGHT_DTYPES.get(r.weights_dtype))
+                  if d is not None]
+        if lora.enabled(self.model_cfg):  # the sampler's merged weights: a narrower base's
+            narrow.append(self.model_cfg.lora.base_dtype)
+        limit = logprob_gap.bound(self.model_cfg, metrics["rollout/logit_terms"], columns,
+                                  self.learner.temperature, narrow)
+        metrics["rollout/logprob_gap_bound"] = limit
+        logprob_gap.check(metrics, limit, sampler_version, learner_version)
 
     def weights(self, mesh, rules: Rules) -> Weights:
         """The starting weights, loaded (or initialised, for presets) straight into `rules`'

@@ -228,6 +228,11 @@ class RunConfig:
     precision: Literal["f32", "bf16"] = "f32"
     """Compute dtype of rollout and training. bf16: bf16 activations, matmuls and KV cache
     (softmax, norms and accumulation in f32) over f32 master weights and optimizer state."""
+    batch_invariant: bool = False
+    """Batch-invariant kernels on both sides (`model/invariant.py`): a token's learner logprob
+    is the same bits whatever its micro-batch, row and bucket, and the engine's equals it
+    bitwise, so a step's sampler-learner gap must be 0 (`rl/logprob_gap.py`; with the cache
+    and weights in the compute dtype). Slower: docs/design.md, "Batch-invariant logprobs"."""
     remat: Literal["auto", "on", "off"] = "auto"
     """Recompute each layer's activations in the backward instead of keeping them (about one
     more forward of compute); see the memory plan's `activations`. auto: on only when the

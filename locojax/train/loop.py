@@ -283,6 +283,7 @@ class Trainer:
         self.state, metrics = update(self.state, batch, parts.model_cfg, parts.learner,
                                      reference_of(self.state, cfg.algo.beta, self.ref_params),
                                      self.wiring.train_mesh, timer, split=cfg.profile_split)
+        parts.check_gap(metrics, batch.tokens.shape[1], record.version, step)  # issue 59
         self.state = self._placed(self.state)
         metrics.update(sizes)
         metrics.update(self.rollouts.publish(step + 1, self.state.params, timer))
