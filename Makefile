@@ -69,7 +69,7 @@ test-fast: $(STAMP)
 test-accelerator: $(if $(filter .venv/bin/python,$(PY)),$(STAMP))
 	@status=0; \
 	LOCOJAX_ACCELERATOR_RUN=1 XLA_FLAGS= $(PY) -m pytest -q -p no:xdist -p no:cacheprovider \
-		-m accelerator || status=$$?; \
+		--durations=30 -m accelerator || status=$$?; \
 	LOCOJAX_ACCELERATOR_RUN=children JAX_PLATFORMS=cpu XLA_FLAGS= $(PY) -m pytest -q \
 		-p no:xdist -p no:cacheprovider -m accelerator_children || status=$$?; \
 	exit $$status
