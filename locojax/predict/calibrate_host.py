@@ -88,8 +88,8 @@ def _rollouts(rows: int):
                         jax.random.key(0))
 
     def score():
-        return producer.shaped(single_turn.scored(gen, tok, task, runner, examples, prompts,
-                                                  mask, 0, GROUP))
+        rows = single_turn.unscored(gen, examples, prompts, mask, 0, GROUP)
+        return producer.shaped(single_turn.scored(rows, tok, task, runner))
     return producer, score
 
 

@@ -73,11 +73,14 @@ def quantiles(hist) -> dict[str, float]:
 
 
 def logit_terms(params, cfg: ModelConfig):
-    """A bound on any logit's Σ_d |h_d e_vd| under these weights (module docstring)."""
-    scale = params["final_norm"].astype(jnp.float32)
-    scale = 1.0 + scale if cfg.family.unit_offset_norm else scale
+    """A bound on any logit's Σ_d |h_d e_vd| under these weights (module docstring), in the
+    weights' own precision (at least f32): a step's metric, so in f64 it agrees across
+    layouts to f64 rounding (tests/test_layout_invariance.py compares every metric)."""
     head = params["embed"] if cfg.tie_word_embeddings else params["lm_head"].T  # [V, D]
-    rows = jnp.sqrt(jnp.max(jnp.sum(jnp.square(head.astype(jnp.float32)), axis=-1)))
+    dtype = jnp.promote_types(head.dtype, jnp.float32)
+    scale = params["final_norm"].astype(dtype)
+    scale = 1.0 + scale if cfg.family.unit_offset_norm else scale
+    rows = jnp.sqrt(jnp.max(jnp.sum(jnp.square(head.astype(dtype)), axis=-1)))
     return math.sqrt(cfg.hidden_size) * jnp.max(jnp.abs(scale)) * rows
 
 
