@@ -91,9 +91,12 @@ class HostEngines:
         self.traffic = Traffic()
 
     def prefill(self, weights, prompts, key, sampling, num_samples: int = 1, prompt_mask=None,
-                first_row: int = 0) -> _Pending:
+                first_row: int = 0, limits=None) -> _Pending:
         """Dispatch host p's share of the [B, P] prompts (weights: unused, each host uses
-        its own params)."""
+        its own params). `limits` (`Engine.prefill`'s, which only benchmarks pass) is not
+        sent to the hosts: refused rather than ignored."""
+        if limits is not None:
+            raise ValueError("the controller's generate does not take per-row limits")
         tokens, mask = np.asarray(prompts, np.int32), np.asarray(prompt_mask, bool)
         n = len(self.hosts)
         if len(tokens) % n:
