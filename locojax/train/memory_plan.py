@@ -273,21 +273,21 @@ def plan(model_cfg: ModelConfig, learner: LearnerConfig, state, batch, ref_param
     train, train_settings, expected = train_program(learner)
     reference = _reference_program(batch, ref_params, model_cfg, learner, mesh)
     rollout_args = (engine, engine_shapes, model_weights, settings, rollout_layout)
-    rollout = [_rollout_programs(*rollout_args)]  # again at each number of waves tried
+    rollout = {engine.waves: _rollout_programs(*rollout_args)}  # by the waves tried
 
     def with_learner(learner, train=None, train_settings=None, expected=None) -> MemoryPlan:
         ref = reference
         if train is None:
             train, train_settings, expected = train_program(learner)
             ref = _reference_program(batch, ref_params, model_cfg, learner, mesh)
-        programs, caches = rollout[0]
+        programs, caches = rollout[engine.waves]
         return MemoryPlan(held, caches, [*ref, train, *programs], expected,
-                          {**settings, **train_settings}, memory, source,
+                          {**settings, **train_settings, "waves": engine.waves}, memory, source,
                           jax.local_device_count(), learner)
 
     def with_waves(k: int) -> MemoryPlan:
         engine.waves = k  # the run's engine: it generates in the waves its plan compiled
-        rollout[0] = _rollout_programs(*rollout_args)
+        rollout[k] = rollout.get(k) or _rollout_programs(*rollout_args)  # once per k
         return with_learner(learner, train, train_settings, expected)
 
     first = with_learner(learner, train, train_settings, expected)
@@ -304,7 +304,7 @@ def plan(model_cfg: ModelConfig, learner: LearnerConfig, state, batch, ref_param
         temporaries its expectation times XLA's ratio to it in the first plan."""
         e = expected_of(micro_batches.resolve(learner, batch, model_cfg.vocab_size, mesh))
         guess = dataclasses.replace(train, temporaries=int(xla_per_expected * sum(e.values())))
-        return max(first.peak_of(p) for p in [*reference, guess, *rollout[0][0]])
+        return max(first.peak_of(p) for p in [*reference, guess, *rollout[engine.waves][0]])
 
     return plan_fit.fit(first, with_learner, estimate, auto_remat, offload)
 
@@ -371,7 +371,6 @@ def _engine_programs(engine, engine_shapes: list[EngineShape], params,
     when the engine reads the weights in another layout than training's (its copy is live
     while the engine runs, not held)."""
     programs, caches = [], {}
-    settings["waves"] = engine.waves
     for shape in engine_shapes:
         t0 = time.perf_counter()
         prompts = shape.prompts // (engine.waves if waves.split(engine, shape.prompts) else 1)

@@ -75,7 +75,7 @@ def in_waves(first, with_waves, engine, engine_shapes, offload: str):
                             f"wave's KV cache at a time: without it {over[0].name} alone "
                             f"needs {size(first.peak_of(over[0]))}"]
             return tried
-    with_waves(1)  # none helps: the run's engine as it was, and the plan says why not
+    with_waves(1)  # none helps: the run's engine as it was (its programs compiled already)
     return _offloaded(first, kept)
 
 
