@@ -65,11 +65,17 @@ def cluster():
         ray.shutdown()
 
 
-def test_a_result_made_with_other_bytes_stops_the_run(cluster):
+
+def _one_worker_async(worker):
+    """A dispatcher of async's plan (1 learner host, `worker` the one rollout worker, k = 2,
+    4 prompts a lease) that the tests drive by hand."""
     plan = PlacementPlan(mode="async", learner_hosts=1, workers=1, devices_per_host=1,
                          prompts_per_lease=4, schedule=Schedule(1, 2, True),
                          lease_timeout_s=60.0, verifiers=1)
-    dispatcher = Dispatcher.options(num_cpus=0).remote(plan, 4, 1, [_KeptItsCopy.remote()])
+    return Dispatcher.options(num_cpus=0).remote(plan, 4, 1, [worker])
+
+def test_a_result_made_with_other_bytes_stops_the_run(cluster):
+    dispatcher = _one_worker_async(_KeptItsCopy.remote())
     try:
         ray.get(dispatcher.begin.remote(0, None, None))
         ray.get(dispatcher.published.remote(0, "c0ffee00"))  # version 0, republished bytes
@@ -83,11 +89,7 @@ def test_a_result_made_with_other_bytes_stops_the_run(cluster):
 
 
 def test_a_version_taken_in_flight_with_other_bytes_stops_the_run(cluster):
-    plan = PlacementPlan(mode="async", learner_hosts=1, workers=1, devices_per_host=1,
-                         prompts_per_lease=4, schedule=Schedule(1, 2, True),
-                         lease_timeout_s=60.0, verifiers=1)
-    worker = _TookOtherBytesInFlight.remote()
-    dispatcher = Dispatcher.options(num_cpus=0).remote(plan, 4, 1, [worker])
+    dispatcher = _one_worker_async(_TookOtherBytesInFlight.remote())
     try:
         ray.get(dispatcher.begin.remote(0, None, None))
         ray.get(dispatcher.published.remote(0, "c0ffee00"))

@@ -147,6 +147,11 @@ def jsonl(path):
         return [json.loads(line) for line in f]
 
 
+EVERY_PROMPT_ONCE = {s + 1: sorted(np.repeat(np.arange(8 * s, 8 * s + 8), 4).tolist())
+                     for s in range(STEPS)}
+"""`trained_groups` of a run that trained each step's 8 prompts x G 4 once, in its step."""
+
+
 def trained_groups(run_dir):
     """{step: sorted group ids of every row trained at that step} from the rollout dumps."""
     out = {}
@@ -403,8 +408,7 @@ def test_faults_change_nothing(reference, tmp_path, faults, capfd):
     assert_bitwise_equal(reference, tmp_path)
     assert jsonl(tmp_path / "metrics.jsonl") == jsonl(os.path.join(reference, "metrics.jsonl"))
     groups = trained_groups(str(tmp_path))
-    assert groups == {s + 1: sorted(np.repeat(np.arange(8 * s, 8 * s + 8), 4).tolist())
-                      for s in range(STEPS)}  # every prompt once: none lost, none twice
+    assert groups == EVERY_PROMPT_ONCE  # every prompt once: none lost, none twice
     if faults == "workers_ps_verifier":  # the killed and the hung worker's leases, at least
         perf = jsonl(tmp_path / "perf.jsonl")
         assert max(p.get("perf/rollout/redispatched_leases", 0) for p in perf) >= 2
@@ -463,8 +467,7 @@ def test_async_keeps_every_sample_within_k_versions(cluster, tmp_path):
         assert sum(r[f"rollout/staleness/frac_{s}"] for s in range(3)) == pytest.approx(1.0)
     assert rows[0]["rollout/staleness/max"] == 0  # step 0 can only be made by version 0
     groups = trained_groups(str(tmp_path))
-    assert groups == {s + 1: sorted(np.repeat(np.arange(8 * s, 8 * s + 8), 4).tolist())
-                      for s in range(STEPS)}
+    assert groups == EVERY_PROMPT_ONCE
 
 
 @pytest.mark.parametrize("poison", ["hang", "kill"])
@@ -519,8 +522,7 @@ def test_an_async_learner_restart_republishes_and_workers_pull_again(cluster, tm
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
     assert all(r["rollout/staleness/max"] <= 2 for r in rows)
     groups = trained_groups(str(tmp_path))
-    assert groups == {s + 1: sorted(np.repeat(np.arange(8 * s, 8 * s + 8), 4).tolist())
-                      for s in range(STEPS)}
+    assert groups == EVERY_PROMPT_ONCE
 
 
 def test_async_inflight_updates_take_newer_versions_mid_unit(cluster, tmp_path):
@@ -546,8 +548,7 @@ def test_async_inflight_updates_take_newer_versions_mid_unit(cluster, tmp_path):
         assert 0 <= r["rollout/logprob_mismatch"] < 1e-4  # as in the test above
     assert any(r["rollout/token_staleness/mean"] < r["rollout/staleness/mean"] for r in rows)
     groups = trained_groups(str(tmp_path))
-    assert groups == {s + 1: sorted(np.repeat(np.arange(8 * s, 8 * s + 8), 4).tolist())
-                      for s in range(STEPS)}
+    assert groups == EVERY_PROMPT_ONCE
 
 
 def test_async_partial_rollouts_train_every_unit_once_despite_a_kill(cluster, tmp_path):
@@ -575,5 +576,4 @@ def test_async_partial_rollouts_train_every_unit_once_despite_a_kill(cluster, tm
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
     assert all(r["rollout/staleness/max"] <= 2 for r in rows)
     groups = trained_groups(str(tmp_path))
-    assert groups == {s + 1: sorted(np.repeat(np.arange(8 * s, 8 * s + 8), 4).tolist())
-                      for s in range(STEPS)}
+    assert groups == EVERY_PROMPT_ONCE
