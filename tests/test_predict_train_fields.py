@@ -1,5 +1,5 @@
 """`locojax predict train`: every `locojax train` config field is honoured, refused by name
-or declared irrelevant (locojax/predict/train_fields.py), and the honoured ones change the
+or declared irrelevant (locojax/predict/train_fields.json), and the honoured ones change the
 prediction."""
 
 import pytest
@@ -15,9 +15,9 @@ def test_every_train_field_is_placed_exactly_once():
     assert len(placed) == len(set(placed)), "a field is in two tables"
     missing = sorted(fields - set(placed))
     assert not missing, (f"train fields predict neither honours, refuses nor declares "
-                         f"irrelevant (place them in locojax/predict/train_fields.py): {missing}")
+                         f"irrelevant (place them in locojax/predict/train_fields.json): {missing}")
     stale = sorted(set(placed) - fields)
-    assert not stale, f"train_fields.py names fields RunConfig no longer has: {stale}"
+    assert not stale, f"train_fields.json names fields RunConfig no longer has: {stale}"
 
 
 def test_flags_are_the_command_lines():
