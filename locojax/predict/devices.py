@@ -58,12 +58,6 @@ class Roofline:
         t_iter = g(f"{h.name}.loop_iteration_s", h.loop_iteration_s)
         return max(c.flops / (chips * peak * eta), c.bytes / (chips * bw * eta_m)) + t_iter
 
-    def split(self, kind: str, c: Costs, chips: float = 1.0) -> tuple[float, float]:
-        """(compute-bound seconds, memory-bound seconds): which side of the roofline."""
-        h = self.hw
-        return (c.flops / (chips * float(h.peak(self.dtype)) * float(h.matmul_efficiency)),
-                c.bytes / (chips * float(h.hbm_bandwidth) * float(h.hbm_efficiency)))
-
 
 _MXU_ROWS = {"tpu-v5e": 128, "tpu-v5p": 128, "tpu-v6e": 256, "tpu-v7x": 256}
 """Rows of the matrix unit's tile, by profile (a GPU's tensor-core tile: 64)."""

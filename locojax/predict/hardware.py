@@ -76,14 +76,6 @@ class Hardware:
                                   f"{', '.join(sorted(self.peak_flops))}")
         return self.peak_flops[dtype]
 
-    def constants(self) -> dict[str, Const]:
-        out = {f"{self.name}.peak_flops.{k}": v for k, v in self.peak_flops.items()}
-        out.update({f"{self.name}.{k}": getattr(self, k) for k in _SCALARS})
-        for k, v in self.extra.items():
-            if isinstance(v, Const):
-                out[f"{self.name}.{k}"] = v
-        return out
-
 
 def known() -> list[str]:
     return sorted(p.stem for p in HARDWARE_DIR.glob("*.json"))

@@ -34,9 +34,6 @@ class Const:
     def __float__(self) -> float:
         return float(self.value)
 
-    def describe(self, name: str) -> str:
-        return f"{name} = {self.value:.4g} {self.unit} [{self.origin}: {self.source}]"
-
 
 def from_json(entry, where: str) -> Const:
     """A Const from a profile's `{"value", "unit", "origin", "source"}` entry."""
@@ -55,6 +52,3 @@ class Ledger:
     def get(self, name: str, c: Const) -> float:
         self.used.setdefault(name, c)
         return float(c)
-
-    def lines(self) -> list[str]:
-        return [c.describe(n) for n, c in self.used.items()]
