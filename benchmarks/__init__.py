@@ -27,11 +27,14 @@ Scripts, by what they measure:
   predict_programs (a run's programs timed, or priced by kernel, beside the cost model:
   measure with its child measure_child; priced with its child price_child, kernel_model,
   kernel_tables, hlo_kernels, kernel_programs, calibrate_kernels, calibrate_lockstep and
-  calibrate_joined), kernel_profile and kernel_rates.
+  calibrate_joined), kernel_profile and kernel_rates; studies of the cost model:
+  predict_sweep (over model sizes or chip counts) and paper_report (the LoCoJAX paper's
+  three studies: paper; their sensitivity: paper_sensitivity), drawn by predict_plots.
 
 Leaves they share: harness (header, interleaving, ratios, tables), workloads (the train
 command lines), engine_work (the engine benchmarks' shapes, FLOPs and bytes),
 engine_runners (each side's generate), real_runs (the real-model comparisons' settings and
-runs), kernel_traces (a program's kernels and their trace). Data: predict_validation_points
+runs), kernel_traces (a program's kernels and their trace), probe_walls (probe workers
+started together, predict_probes' oversub). Data: predict_validation_points
 _v5.json and _v9.json (validate_heldout's current pre-registered sets), data/ (kept result tables).
 """

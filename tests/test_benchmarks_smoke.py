@@ -37,6 +37,7 @@ COVERED_ELSEWHERE = {
     "peers/tunix_real_model": "tests/test_tunix_real.py runs it: needs Tunix's venv",
     "price_child": "predict_programs compiled's child: tests/test_kernel_model.py runs it",
     "measure_child": "predict_programs measure's child: tests/test_predict_measure.py runs it",
+    "paper_report": "tests/test_pod_scale_doc.py runs it and checks docs/pod_scale.md's copy",
 }
 
 
@@ -69,6 +70,13 @@ def table_rows(out: str, first_cell: str) -> list[list[str]]:
     return [[c.strip() for c in line.strip().strip("|").split("|")]
             for line in out.splitlines()
             if line.startswith("|") and line.strip("| ").split(" |")[0] == first_cell]
+
+
+def test_predict_sweep_over_the_sizes_draws_its_plot(tmp_path):
+    plot = tmp_path / "sizes.png"
+    out = bench("predict_sweep", "sizes", "--workload", "gsm8k", "--cluster", "v7x-64",
+                "--plot", str(plot))
+    assert "llama-3.1-405b" in out and plot.stat().st_size > 0
 
 
 def test_chip_rates_prints_the_probes_and_their_share():

@@ -1,6 +1,8 @@
 """docs/pod_scale.md's tables are the commands' output: each block between
-`<!-- locojax predict WHAT: begin -->` and `<!-- locojax predict WHAT: end -->` is rerun
-(`locojax predict WHAT`) and must equal it. To refresh the doc after a change to the model:
+`<!-- COMMAND: begin -->` and `<!-- COMMAND: end -->` is rerun and must equal it, for the
+two commands of `COMMANDS` (`locojax predict fields`, and the paper's studies,
+`python -m benchmarks.paper_report`, run as a user starts it). To refresh the doc after a
+change to the model:
 
     .venv/bin/python -m tests.test_pod_scale_doc
 
@@ -11,6 +13,8 @@ coarser than the rounding differences between CPUs.
 
 import io
 import re
+import subprocess
+import sys
 from contextlib import redirect_stdout
 from pathlib import Path
 
@@ -18,16 +22,24 @@ import pytest
 
 from locojax.commands import predict
 
-DOC = Path(__file__).resolve().parent.parent / "docs" / "pod_scale.md"
-BLOCK = re.compile(r"(<!-- locojax predict (\w+): begin -->\n)(.*?)(\n<!-- locojax predict "
-                   r"\2: end -->)", re.S)
+ROOT = Path(__file__).resolve().parent.parent
+DOC = ROOT / "docs" / "pod_scale.md"
+FIELDS, PAPER = "locojax predict fields", "python -m benchmarks.paper_report"
+COMMANDS = (FIELDS, PAPER)
+BLOCK = re.compile(r"(<!-- (" + "|".join(map(re.escape, COMMANDS)) + r"): begin -->\n)(.*?)"
+                   r"(\n<!-- \2: end -->)", re.S)
 
 
-def output(what: str) -> str:
-    buf = io.StringIO()
-    with redirect_stdout(buf):
-        assert predict.main([what]) == 0
-    return buf.getvalue().rstrip("\n")
+def output(command: str) -> str:
+    if command == FIELDS:
+        buf = io.StringIO()
+        with redirect_stdout(buf):
+            assert predict.main(["fields"]) == 0
+        return buf.getvalue().rstrip("\n")
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.paper_report"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout.rstrip("\n")
 
 
 def blocks() -> list[tuple[str, str]]:
@@ -35,15 +47,15 @@ def blocks() -> list[tuple[str, str]]:
 
 
 def test_the_doc_has_the_blocks():
-    assert {w for w, _ in blocks()} >= {"fields", "paper"}
+    assert {w for w, _ in blocks()} >= set(COMMANDS)
 
 
-@pytest.mark.parametrize("what", ["fields", "paper"])
-def test_a_block_is_the_commands_output(what):
-    doc = dict(blocks())[what]
-    assert doc == output(what), (f"docs/pod_scale.md's `locojax predict {what}` block differs "
-                                 "from the command's output; refresh it: .venv/bin/python -m "
-                                 "tests.test_pod_scale_doc")
+@pytest.mark.parametrize("command", COMMANDS)
+def test_a_block_is_the_commands_output(command):
+    doc = dict(blocks())[command]
+    assert doc == output(command), (f"docs/pod_scale.md's `{command}` block differs from the "
+                                    "command's output; refresh it: .venv/bin/python -m "
+                                    "tests.test_pod_scale_doc")
 
 
 def refresh() -> None:

@@ -4,7 +4,6 @@ the cost model in locojax/predict (docs/pod_scale.md).
 
     locojax predict train PRESET [train flags] --cluster PROFILE-CHIPS [predict flags]
     locojax predict workload NAME --model MODEL --cluster PROFILE-CHIPS [predict flags]
-    locojax predict paper [--plot-dir DIR]       # the paper's three studies, reproduced
     locojax predict fields                       # which train flags predict reads
     locojax predict calibrate [--out FILE]       # measure this machine (minutes)
 
@@ -21,8 +20,6 @@ predict flags:
   --lengths-from PATH      completion lengths from a run dir (rollouts/) or a data jsonl
   --chars-per-token X      for lengths from text (default 4, or 1 for char-level models)
   --kv-read static|actual  decode reads the whole fixed cache (locojax) or the filled part
-  --sweep sizes|chips      a sweep over the shipped model sizes or over chip counts
-  --plot FILE              where the sweep's plot goes (default predict_sweep.png)
   --constants              every constant the prediction used, with its origin
 
 Exit status: 0 a prediction; 2 bad input (named); 3 the run fits in no layout of the
@@ -34,7 +31,7 @@ from __future__ import annotations
 import sys
 
 FLAGS = {"--cluster": "", "--hardware": "", "--lengths-from": "", "--chars-per-token": "0",
-         "--kv-read": "static", "--sweep": "", "--plot": "", "--plot-dir": ""}
+         "--kv-read": "static"}
 SWITCHES = ("--constants",)
 DOES_NOT_FIT = 3
 ENDS = ("faster end", "slower end")  # of the range, for colocated
@@ -75,11 +72,6 @@ def main(argv: list[str]) -> int:
     try:
         own, rest = _split(argv)
         what, rest = rest[0], rest[1:]
-        if what == "paper":
-            from locojax.predict import paper_report
-
-            print(paper_report.render(own["--plot-dir"] or None))
-            return 0
         if what == "fields":
             from locojax.predict import train_fields
 
@@ -89,7 +81,8 @@ def main(argv: list[str]) -> int:
             return _train(rest, own)
         if what == "workload":
             return _workload(rest, own)
-        raise ValueError(f"unknown target {what!r}: train, workload, paper or fields")
+        raise ValueError(f"unknown target {what!r}: train, workload or fields (the paper's "
+                         "studies are a benchmark: python -m benchmarks.paper_report)")
     except (UnknownHardware, UncostableModel, ValueError, FileNotFoundError) as e:
         print(f"locojax predict: {e}", file=sys.stderr)
         return 2
@@ -162,11 +155,6 @@ def _predict(ctx, source: str, own: dict, only: str | None = None, placement=Non
         if choice.wave_note():
             print(f"  {choice.wave_note()}")
     ctx = choice.ctx
-    if own["--sweep"]:
-        from locojax.predict import sweep
-
-        print(sweep.run(own["--sweep"], ctx, own["--plot"] or "predict_sweep.png"))
-        return 0
     _modes(ctx, only, placement, steps)
     if own["--constants"]:
         from locojax.predict import report

@@ -182,5 +182,5 @@ def _dispatch_note(ctx: Ctx) -> list[str]:
         return []
     return [f"its dispatch, {const.value * 1e6:.0f} us per host per round trip, is a Ray call "
             f"round trip measured on this machine (host_rates.json), not on "
-            f"{ctx.cluster.hw.name}'s hosts; `locojax predict paper` compares it with the "
-            "value fitted to the paper"]
+            f"{ctx.cluster.hw.name}'s hosts; benchmarks/paper_report.py compares it with "
+            "the value fitted to the paper"]

@@ -9,7 +9,8 @@ but they are inputs, not constants of the ledger; they are not moved here.
 
 from __future__ import annotations
 
-from locojax.predict import modes, paper
+from benchmarks import paper
+from locojax.predict import modes
 from locojax.predict.uncertainty import HIGH, LOW, Scaled, uncertain
 
 FITTED = "host.controller_dispatch_s"  # refitted under each move, so not moved itself

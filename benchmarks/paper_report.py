@@ -1,13 +1,19 @@
-"""`locojax predict paper`: the three studies of `paper.py` as tables beside the paper's
-figures, each with the controller's dispatch cost fitted to the paper and with the one
-measured here side by side, then the sensitivity to the assumed constants, with plots
-(docs/pod_scale.md holds the output, checked by tests/test_pod_scale_doc.py)."""
+"""The LoCoJAX paper's three studies (`paper.py`) as tables beside the paper's figures, each
+with the controller's dispatch cost fitted to the paper and with the one measured here side
+by side, then the sensitivity to the assumed constants, with plots (docs/pod_scale.md holds
+the output, checked by tests/test_pod_scale_doc.py). A study of the cost model against a
+paper, not a prediction of a run, so a benchmark (it was `locojax predict paper`):
+
+    .venv/bin/python -m benchmarks.paper_report [--plot-dir DIR]
+"""
 
 from __future__ import annotations
 
+import argparse
 import os
 
-from locojax.predict import paper, paper_sensitivity, report
+from benchmarks import paper, paper_sensitivity
+from benchmarks.predict_plots import lines_plot, stacked_bars
 from locojax.predict.phases import host_rates
 
 
@@ -133,23 +139,29 @@ def render(plot_dir: str | None = None) -> str:
 
 def _plots(plot_dir: str, sweep, by: dict, co, da) -> str:
     os.makedirs(plot_dir, exist_ok=True)
-    report.stacked_bars([r.label for r in sweep], [r.values["controller"] for r in sweep],
-                        "controller step split by model size (model), paper's 0.6B marks",
-                        os.path.join(plot_dir, "pod_scale_sizes.png"),
-                        paper={paper.SIZES[0]: (0.36, 0.02)})
+    stacked_bars([r.label for r in sweep], [r.values["controller"] for r in sweep],
+                 "controller step split by model size (model), paper's 0.6B marks",
+                 os.path.join(plot_dir, "pod_scale_sizes.png"),
+                 paper={paper.SIZES[0]: (0.36, 0.02)})
     series = {w: [by[(w, n)]["controller"].step / by[(w, n)]["colocated"].step
                   for n in paper.CO_CHIPS] for w in paper.CO_WORKLOADS}
     series.update({f"{w} (measured dispatch)": [
         by[(w, n)]["measured"].step / by[(w, n)]["colocated"].step for n in paper.CO_CHIPS]
         for w in paper.CO_WORKLOADS})
-    report.lines_plot(list(paper.CO_CHIPS), series, "v7x chips", "controller / colocated",
-                      "CO speed-up over the controller (model; paper: 1.3-3.6x, band)",
-                      os.path.join(plot_dir, "pod_scale_co_vs_controller.png"), logy=True,
-                      marks={"paper range ends": ([8, 64], [1.3, 3.6])})
-    report.lines_plot([r.values["fraction"] for r in da],
-                      {"colocated / DA": [co.step / r.values["da"].step for r in da]},
-                      "rollout fraction", "colocated / DA",
-                      "DA at 256 v7x chips (model; paper: ~1.15 at 0.75)",
-                      os.path.join(plot_dir, "pod_scale_da.png"),
-                      marks={"paper": ([0.75], [1.15])})
+    lines_plot(list(paper.CO_CHIPS), series, "v7x chips", "controller / colocated",
+               "CO speed-up over the controller (model; paper: 1.3-3.6x, band)",
+               os.path.join(plot_dir, "pod_scale_co_vs_controller.png"), logy=True,
+               marks={"paper range ends": ([8, 64], [1.3, 3.6])})
+    lines_plot([r.values["fraction"] for r in da],
+               {"colocated / DA": [co.step / r.values["da"].step for r in da]},
+               "rollout fraction", "colocated / DA",
+               "DA at 256 v7x chips (model; paper: ~1.15 at 0.75)",
+               os.path.join(plot_dir, "pod_scale_da.png"),
+               marks={"paper": ([0.75], [1.15])})
     return f"\nplots: {plot_dir}/pod_scale_{{sizes,co_vs_controller,da}}.png"
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--plot-dir", default="", help="where the three plots go (none: no plots)")
+    print(render(ap.parse_args().plot_dir or None))

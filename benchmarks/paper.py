@@ -1,4 +1,5 @@
-"""The LoCoJAX paper's three studies, reproduced by the cost model beside the paper's figures.
+"""The LoCoJAX paper's three studies, reproduced by the cost model beside the paper's figures
+(`paper_report.py` prints them).
 
 Paper figures (issue 25; docs/design.md):
 - size sweep, dense 0.6B → 405B, decode-heavy, TPU v7x: at 0.6B host orchestration is 36% of
