@@ -13,10 +13,9 @@ runs them; each prints one JSON line).
   synthetic 32-row, 128-token batch (`OVERSUB_SHAPE`, a shape no benchmark runs) run 12
   times after warm-up, started together, in 3 rounds (the median of the processes' walls,
   then of the rounds); pinned one per core when K <= cores and unpinned otherwise, as
-  `locojax launch` places its hosts by default (`locojax predict calibrate` measures the
-  same placement: `locojax/predict/calibrate_oversub.py`). Prints each K's
-  median wall per process against one process alone on one core (taskset) times max(1,
-  K / cores), fair time-slicing: the ratio is the penalty of their contention (memory
+  `locojax launch` places its hosts by default (the workers started together:
+  `probe_walls.py`). Prints each K's median wall per process against one process alone on
+  one core (taskset) times max(1, K / cores), fair time-slicing: the ratio is the penalty of their contention (memory
   system, shared cache) and over-subscription;
 - `multidev --ns N...`: one process with N simulated CPU devices (`jax_num_cpu_devices`, as
   `--mode single --devices-per-host N`) running the engine's own decode loop: TINY's
@@ -39,11 +38,11 @@ import sys
 
 
 from benchmarks.harness import ROOT, median_time
+from benchmarks.probe_walls import serve, walls
 
 PROBE = [sys.executable, "-m", "benchmarks.predict_probes"]
 """This script in a fresh process (a worker of a probe), run from the repository root."""
 from locojax import distributed
-from locojax.predict import calibrate_oversub
 
 
 def matmul(n: int = 2048) -> dict:
@@ -153,7 +152,7 @@ OVERSUB_ROUNDS = 3
 
 
 def _oversub_worker() -> None:
-    calibrate_oversub.serve(_train_step(), OVERSUB_CALLS, OVERSUB_ROUNDS)
+    serve(_train_step(), OVERSUB_CALLS, OVERSUB_ROUNDS)
 
 
 def _oversub_once(k: int, cpus: list[int], one_core: bool = False) -> float:
@@ -165,7 +164,7 @@ def _oversub_once(k: int, cpus: list[int], one_core: bool = False) -> float:
         pin = [cpus[0]] if one_core else [cpus[i]] if k <= len(cpus) else None
         prefix = ["taskset", "-c", ",".join(map(str, pin))] if pin else []
         commands.append([*prefix, *cmd])
-    return calibrate_oversub.walls(commands, OVERSUB_ROUNDS)
+    return walls(commands, OVERSUB_ROUNDS)
 
 
 def oversub(ks: list[int]) -> dict:

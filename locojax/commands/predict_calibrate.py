@@ -5,8 +5,8 @@
 Measures the f32 matmul rate (all cores and one), the copy bandwidth, the launch and
 per-layer overhead and the effective FLOP rate of locojax's prefill, decode iteration and
 train step, host work per prompt, row and step, and the latency and bandwidth between two
-local hosts (gloo), and how much slower 2 and 4 local hosts run together than alone, and
-writes a profile (default: $LOCOJAX_PROFILE, else ~/.cache/locojax/here.json). Then:
+local hosts (gloo), and writes a profile (default: $LOCOJAX_PROFILE, else
+~/.cache/locojax/here.json). Then:
 
     locojax predict train demo ... --cluster here-2      # or --hardware FILE --cluster 2
 

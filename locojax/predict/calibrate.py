@@ -21,11 +21,11 @@ What is measured, each a median of repeats, nothing fitted to a training run:
 - `dcn_latency`, `dcn_bandwidth`: two processes joined by `jax.distributed` on 127.0.0.1
   (gloo, as `locojax launch` joins its hosts) time a psum at several sizes; a ring
   all-reduce over p = 2 takes 2 (p - 1) α + 2 (p - 1) / p · m / β, fitted for α and β.
-- `oversubscription`: ρ(k) for k = 2 and 4 local hosts, k processes of the calibration
-  decoder's train step at once, placed as `locojax launch` places its hosts (pinned a share
-  each where k <= cores, unpinned beyond), over one alone on one core, per core of its fair
-  share (`calibrate_oversub.py`); the model multiplies a host's program time by it where
-  hosts share the machine.
+Not measured: ρ(k), how much slower k local hosts run together than each alone on its
+share of the cores. It was (`calibrate_oversub.py`, until 2026-12-06), but no pre-registered
+set was ever predicted with it, so it went back to the laboratory
+(`benchmarks/predict_probes.py oversub`); a profile that has the table is still read
+(`shared_machine.py`).
 
 The device model that reads it (`calibrated.py`): a program's time is
     fixed + L · per_layer + max(flops / F_k(c), bytes / bandwidth)
@@ -49,7 +49,6 @@ from pathlib import Path
 from locojax import distributed
 from locojax.predict import calibration_step
 from locojax.predict.calibrate_host import host_rates, matmul_flops, median_time
-from locojax.predict.calibrate_oversub import oversubscription
 from locojax.predict.hardware import CALIBRATED
 
 DEFAULT_PATH = CALIBRATED  # where `calibrate` writes and `--cluster here-N` reads
@@ -210,8 +209,7 @@ def measure(say=print) -> dict:
     steps = (("peak_flops", matmul_flops), ("flops_per_core", one_core_flops),
              ("hbm_bandwidth", copy_bandwidth), ("program_overhead", program_overhead),
              ("program_rates", lambda: program_rates(out["peak_flops"])),
-             ("host_rates", host_rates), ("collectives", collectives),
-             ("oversubscription", lambda: oversubscription(CALIBRATION_DECODER)))
+             ("host_rates", host_rates), ("collectives", collectives))
     for name, fn in steps:
         t0 = time.perf_counter()
         out[name] = fn()
@@ -267,21 +265,7 @@ def profile(m: dict, when: str, load: str) -> dict:
                           for k, v in m["program_rates"].items()},
         "host_rates": {k: mk(v, "s", k.replace("_", " ")) for k, v in rates.items()},
         "collective_samples_s": coll["samples"],
-        **_oversubscription(m, mk),
     }
-
-
-def _oversubscription(m: dict, mk) -> dict:
-    """The profile's `oversubscription` table ({k: ρ(k)}), where it was measured."""
-    over = m.get("oversubscription")
-    if not over:
-        return {}
-    what = (f"processes of the calibration decoder's train step at once, placed as "
-            f"`locojax launch` places its hosts (pinned a share each where k <= the cores), "
-            f"over one alone on one core "
-            f"({over['alone_1_core_s']:.3f} s) x max(1, k / {m['cores']} cores)")
-    return {"oversubscription": {k: mk(v, "x fair time-slicing", f"{k} {what}")
-                                 for k, v in over["penalty"].items()}}
 
 
 def _ram() -> float:

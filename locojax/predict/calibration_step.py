@@ -1,5 +1,6 @@
 """The GRPO update a calibration times: one builder for `calibrate.py`'s overheads and
-rates and for `calibrate_oversub.py`'s processes, so that both time the same program."""
+rates and for the laboratory's kernel calibrations (benchmarks/calibrate_kernels.py, ...),
+so that all time the same program."""
 
 from __future__ import annotations
 
