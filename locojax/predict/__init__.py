@@ -1,28 +1,33 @@
 """`locojax predict`: step time, memory and staleness at pod scale, from a cost model,
 before launch and without the target machine (docs/predict.md: how a prediction is made).
 
-Three inputs, each in its own module:
-- the model (`spec.py` reads a config; `flops.py` counts FLOPs and bytes of locojax's
-  prefill, decode step and train step, checked against XLA's cost analysis);
-- the workload (`workload.py`: prompts, group, length distributions, host work);
-- the cluster (`hardware.py` and `hardware/*.json`: profiles with a source for every
-  number; `collectives.py`: ring/tree formulas over ICI and DCN).
-`phases.py` holds the per-phase equations, `devices.py` the roofline and this machine's
-fitted program times, `modes.py` the synchronous modes, `simulate.py` the discrete-event
-simulation of the buffered ones and `placement.py` the DA/async predictions and advice.
-Every constant carries its origin (`origin.py`). docs/pod_scale.md has the equations, the
-validation on this machine and the paper's tables reproduced. What times or prices a run's
-own programs on this machine (the former `--measure` and `--compiled`) is a benchmark,
-benchmarks/predict_programs.py: it needs the machine the run runs on.
+The cost model, in the order a prediction runs through it:
+- the inputs: the model (`spec.py` reads a config), the workload (`workload.py`: prompts,
+  group, length distributions, host work; `presets.py`: workloads by name,
+  `workloads.json`), the cluster (`hardware.py` and `hardware/*.json`: profiles with a
+  source for every number), each constant with its origin (`origin.py`);
+- work: `flops.py` counts FLOPs and bytes of locojax's prefill, decode step and train step,
+  checked against XLA's cost analysis;
+- rates: `devices.py` (the roofline; the example profile's CPU fits) and `calibrated.py`
+  (a calibrated machine's program times);
+- phases: `phases.py` holds the per-phase equations, with `collectives.py` (ring/tree
+  formulas over ICI and DCN), `compaction.py` (the decode loop's waves) and
+  `shared_machine.py` (hosts that are processes sharing one machine's cores);
+- modes and placement: `modes.py` (the synchronous modes), `simulate.py` (the discrete-event
+  simulation of the buffered ones), `placement.py` (DA/async and the advice), `layout.py`
+  (tp, FSDP, remat, micro-batches: the fastest that fits) with `memory.py`;
+- the report: `report.py` (tables, `--constants`), `uncertainty.py` (the range over the
+  uncertain constants, and the verdicts that flip in it).
 
-The rest, by what it serves:
-- the run being predicted: `from_train.py` (the context of a `locojax train` command line),
-  `train_fields.py` (which of its fields predict reads), `layout.py` (tp, FSDP, remat, ...),
-  `memory.py`, `presets.py` (workloads by name, `workloads.json`), `compaction.py` (the
-  decode loop's waves), `uncertainty.py` (what the uncertain constants move);
-- this machine: `calibrate.py` (`locojax predict calibrate`) with `calibrate_host.py`,
-  `calibrate_oversub.py` and `calibration_step.py`; `calibrated.py` (the program times it
-  measured) and `shared_machine.py` (hosts sharing one machine's cores);
-- the reports: `report.py`, `sweep.py` (`--sweep`), `paper.py` with `paper_report.py` and
-  `paper_sensitivity.py` (the paper's studies).
+The run being predicted: `from_train.py` (the context of a `locojax train` command line)
+and `train_fields.py` (which of its fields predict reads; the tables in
+`train_fields.json`). This machine: `calibrate.py` (`locojax predict calibrate`) with
+`calibrate_host.py` and `calibration_step.py`. docs/pod_scale.md has the equations, the
+validation and the paper's tables reproduced.
+
+What is not a prediction of the run asked for is a benchmark (docs/benchmarks.md): the
+sweeps over sizes and chips (`predict_sweep`), the paper's studies (`paper_report`), the
+run's own programs timed or priced by kernel (`predict_programs`, the former `--measure`
+and `--compiled`: they need the machine the run runs on), and the probes and validations
+of the profiles.
 """
