@@ -60,6 +60,8 @@ HONOURED = {
 }
 
 REFUSED = {
+    "rollout.tail_median": "per-row length caps (a benchmark's long tail) are not costed",
+    "rollout.tail_sigma": "per-row length caps (a benchmark's long tail) are not costed",
     "dynamic.max_rounds": "refill rounds generate a data-dependent number of extra groups",
     "multi_turn.max_cache_slots": "the cache is costed at P + M slots, not a cap",
     "reward.isolation": "host rates were measured with isolation auto",

@@ -132,7 +132,8 @@ class RunParts:
         return Producer(engine, self.tokenizer, self.task, runner, self.curator(),
                         self.learner.algo, self.sampling, cfg.rollout.prompts_per_step,
                         cfg.rollout.max_prompt_tokens, jax.random.key(cfg.seed), cfg.dynamic,
-                        cfg.multi_turn, self.limits, dump_dir)
+                        cfg.multi_turn, self.limits, dump_dir,
+                        tail=(cfg.rollout.tail_median, cfg.rollout.tail_sigma))
 
 
 def sized(cfg: RunConfig) -> tuple[RunConfig, Task, Tokenizer, data_lengths.Sized]:
