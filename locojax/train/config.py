@@ -58,9 +58,8 @@ class RolloutConfig:
     ignore_eos: bool = False
     """Never stop early: every completion is exactly max_new_tokens (benchmarks: equal work)."""
     tail_median: int = 0
-    """Benchmarks: cap each row's new tokens at a draw from a lognormal of this median (0: off),
-    a long-tailed length distribution (`rollout/lengths.py`; with --rollout.ignore-eos the
-    lengths are exactly the draws). Not the Ray controller mode's."""
+    """Benchmarks: cap each row's new tokens at a lognormal draw of this median (0: off), long
+    tailed (`rollout/lengths.py`; exact with --rollout.ignore-eos). Not in controller mode."""
     tail_sigma: float = 1.0
     """σ of --rollout.tail-median's lognormal (benchmarks/engine_work.py's small-* shapes: 1)."""
     cache_dtype: Literal["f32", "bf16"] | None = None
