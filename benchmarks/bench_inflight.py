@@ -19,14 +19,16 @@ Workload: the demo preset (the embedded tiny checkpoint, built-in arith, GRPO) w
 exactly its cap, drawn lognormal (median M, σ S) from its group id (`rollout/lengths.py`),
 clipped at N. The small-4096 shape (benchmarks/engine_work.py: 16 prompts x 8, N 4096,
 median 200, σ 1; its longest row ~ 11x the median) scaled to a CPU: by default 8 prompts
-x 4, N 256, median 16, σ 1 (the same σ, median / N about small-4096's 0.05).
+x 4, N 1024, median 64, σ 1 (the same σ, median / N 0.06 against small-4096's 0.05).
 
 Figures, over each run's steady steps (the first `--skip` warm up, the last holds the
 checkpoint, `harness.steady_steps`): steps/s = steps / Σ perf/step_time; tokens/s = the
 response tokens those steps trained (rollout/response_length/mean x rows) / Σ step_time.
 The learner's step time holds its wait for the step's rollouts, so both are the run's
-throughput. Also printed: mean row and token staleness, the share of tokens a newer
-version sampled (on only), and the load average around each run.
+throughput. Also printed: the mean row staleness, how much fresher the mean token is
+(row minus token staleness: in-flight swaps; 0 off), the share of the learner's time spent
+waiting for rollouts (near 0: the learner is the bottleneck, and no rollout speed-up can
+show), and the load average around each run.
 """
 
 from __future__ import annotations
@@ -68,7 +70,8 @@ def figures(run_dir: Path, args) -> dict[str, float]:
     fresher = [m["rollout/staleness/mean"] - m.get("rollout/token_staleness/mean",
                                                    m["rollout/staleness/mean"])
                for m in metrics]
-    return {"steps_per_s": len(perf) / seconds, "tokens_per_s": tokens / seconds,
+    wait = sum(float(r.get("perf/phase/wait_rollouts", 0.0)) for r in perf) / seconds
+    return {"steps_per_s": len(perf) / seconds, "tokens_per_s": tokens / seconds, "wait": wait,
             "staleness": statistics.mean(m["rollout/staleness/mean"] for m in metrics),
             "fresher": statistics.mean(fresher)}
 
@@ -99,18 +102,19 @@ def report(results: dict[str, list[dict]], args) -> list[str]:
     """The table: each arm's median figures over its runs, A/A spread, the on / off ratio."""
     ok = {arm: [r for r in rs if r] for arm, rs in results.items()}
     lines = harness.table(["arm", "runs", "tokens/s", "steps/s", "A/A spread (tokens/s)",
-                           "row staleness", "token fresher by", "load (mean)"])
+                           "row staleness", "token fresher by", "learner waits",
+                           "load (mean)"])
     med = {}
     for arm, rs in ok.items():
         if not rs:
-            lines.append(f"| {arm} | 0 | failed | | | | | |")
+            lines.append(f"| {arm} | 0 | failed | | | | | | |")
             continue
         med[arm] = {k: statistics.median(r[k] for r in rs) for k in rs[0]}
         spread = harness.aa_spread([r["tokens_per_s"] for r in rs])
         lines.append(harness.table_row([
             arm, len(rs), f"{med[arm]['tokens_per_s']:.1f}", f"{med[arm]['steps_per_s']:.3f}",
             harness.fmt(spread, ".1%"), f"{med[arm]['staleness']:.2f}",
-            f"{med[arm]['fresher']:.2f}", f"{med[arm]['load']:.2f}"]))
+            f"{med[arm]['fresher']:.2f}", f"{med[arm]['wait']:.0%}", f"{med[arm]['load']:.2f}"]))
     if len(med) == 2:
         spread = max(harness.aa_spread([r["tokens_per_s"] for r in rs]) for rs in ok.values())
         tok = med["on"]["tokens_per_s"] / med["off"]["tokens_per_s"]
@@ -124,13 +128,13 @@ def report(results: dict[str, list[dict]], args) -> list[str]:
 def parse(argv: list[str] | None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=2, help="off on, then on off, ...")
-    ap.add_argument("--chunk", type=int, default=8, help="--inflight-chunk K of the on arm")
+    ap.add_argument("--chunk", type=int, default=16, help="--inflight-chunk K of the on arm")
     ap.add_argument("--max-staleness", type=int, default=1)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--group", type=int, default=4)
-    ap.add_argument("--new-tokens", type=int, default=256, help="N, the lengths' cap")
-    ap.add_argument("--tail-median", type=int, default=16)
+    ap.add_argument("--new-tokens", type=int, default=1024, help="N, the lengths' cap")
+    ap.add_argument("--tail-median", type=int, default=64)
     ap.add_argument("--tail-sigma", type=float, default=1.0)
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--skip", type=int, default=2, help="warm-up steps left out")
