@@ -19,7 +19,7 @@ Workload: the demo preset (the embedded tiny checkpoint, built-in arith, GRPO) w
 exactly its cap, drawn lognormal (median M, σ S) from its group id (`rollout/lengths.py`),
 clipped at N. The small-4096 shape (benchmarks/engine_work.py: 16 prompts x 8, N 4096,
 median 200, σ 1; its longest row ~ 11x the median) scaled to a CPU: by default 8 prompts
-x 4, N 1024, median 64, σ 1 (the same σ, median / N 0.06 against small-4096's 0.05).
+x 4, N 512, median 32, σ 1 (the same σ, median / N 0.06 against small-4096's 0.05).
 
 Figures, over each run's steady steps (the first `--skip` warm up, the last holds the
 checkpoint, `harness.steady_steps`): steps/s = steps / Σ perf/step_time; tokens/s = the
@@ -133,8 +133,8 @@ def parse(argv: list[str] | None):
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--group", type=int, default=4)
-    ap.add_argument("--new-tokens", type=int, default=1024, help="N, the lengths' cap")
-    ap.add_argument("--tail-median", type=int, default=64)
+    ap.add_argument("--new-tokens", type=int, default=512, help="N, the lengths' cap")
+    ap.add_argument("--tail-median", type=int, default=32)
     ap.add_argument("--tail-sigma", type=float, default=1.0)
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--skip", type=int, default=2, help="warm-up steps left out")
