@@ -116,7 +116,8 @@ def report(results: dict[str, list[dict]], args) -> list[str]:
             harness.fmt(spread, ".1%"), f"{med[arm]['staleness']:.2f}",
             f"{med[arm]['fresher']:.2f}", f"{med[arm]['wait']:.0%}", f"{med[arm]['load']:.2f}"]))
     if len(med) == 2:
-        spread = max(harness.aa_spread([r["tokens_per_s"] for r in rs]) for rs in ok.values())
+        spreads = [harness.aa_spread([r["tokens_per_s"] for r in rs]) for rs in ok.values()]
+        spread = max((x for x in spreads if x == x), default=harness.NAN)  # 1 run: no spread
         tok = med["on"]["tokens_per_s"] / med["off"]["tokens_per_s"]
         steps = med["on"]["steps_per_s"] / med["off"]["steps_per_s"]
         lines += ["", f"on / off: tokens/s x{tok:.3f}, steps/s x{steps:.3f} "
