@@ -250,7 +250,7 @@ class RolloutWorker:
         worst = float(gap.max(initial=0.0))
         terms = logprob_gap.logit_terms(self.weights, self.engine.model_cfg)
         bound = self.parts.gap_bound(terms, b.tokens.shape[1])
-        if worst <= bound:
+        if not worst > bound:  # as `logprob_gap.check`
             return stats
         key = logprob_gap.unit_key(record.version, *unit)
         log.warning("logprob check: %s sampled logprobs off its forward by up to %.3g, past "
