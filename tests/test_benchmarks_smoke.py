@@ -253,6 +253,23 @@ def test_bench_placement_colocated_and_one_da_point(tmp_path):
     assert "# best DA point: da-0.5" in out and "async" not in out
 
 
+@pytest.mark.slow
+@pytest.mark.ray
+@pytest.mark.multiprocess  # a learner host and 2 rollout workers: Ray's actors
+def test_bench_inflight_one_round_of_both_arms(tmp_path):
+    out = bench("bench_inflight", "--prompts", "4", "--group", "2", "--new-tokens", "16",
+                "--tail-median", "4", "--chunk", "2", "--steps", "3", "--skip", "0",
+                "--rounds", "1", "--work-dir", str(tmp_path), timeout=600)
+    assert "# bench_inflight: " in out and "FAILED" not in out
+    for arm in ("off", "on"):
+        (row,) = table_rows(out, arm)
+        assert float(row[2]) > 0 and float(row[3]) > 0, row  # tokens/s, steps/s
+    assert "on / off: tokens/s x" in out
+    # the long tail reached the run: rows capped below N = 16 (median 4)
+    rows = [json.loads(line) for line in (tmp_path / "off-1" / "metrics.jsonl").open()]
+    assert all(r["rollout/response_length/mean"] < 16 for r in rows)
+
+
 def test_kernel_profile_joins_the_trace_with_the_programs_kernels():
     """A TINY update and generate traced: the dot row's FLOPs are the train step's matmuls,
     which the cost model counts exactly, and its kernels ran."""

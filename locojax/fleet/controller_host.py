@@ -77,6 +77,12 @@ class ControllerSource:
         with timer.phase("reshard") as ph:  # training layout -> rollout layout (meshes.py)
             weights = self.wiring.rollout_weights(params, self.engine.weight_shardings)
             ph.sync(weights)
+        at = self.faults.stale_sampler_at_step  # the sampler keeps version 0's weights
+        if at is not None:  # (a host copy: the update donates what the reshard may alias)
+            self._first = jax.tree.map(np.array, weights) if step == 0 else self._first
+            if step >= at:
+                weights = jax.tree.map(lambda h, w: jax.device_put(h, w.sharding),
+                                       self._first, weights)
         with timer.phase("wait_controller"), self.cv:
             self.weights, self.waiting = weights, step
             self.cv.notify_all()

@@ -63,6 +63,11 @@ class Faults:
     """(step, unit): the first worker that starts decoding this unit first sleeps
     `slow_unit_s` (once): a long tail, which partial rollouts train in a later step."""
     slow_unit_s: float = 0.0
+    stale_sampler_at_step: int | None = None
+    """Every rollout worker (controller mode: every host) samples leases (steps) of this step
+    and later with version 0's weights while holding, naming and checking a newer version:
+    the stale-weights bug class, which the logprob check must stop the run on, naming the
+    versions."""
     kill_host_after: int | None = None
     """Controller mode: host 1 (or 0 if alone) SIGKILLs itself after the update of this step."""
 

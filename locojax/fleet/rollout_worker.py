@@ -108,6 +108,7 @@ class RolloutWorker:
         self.index, self.cfg, self.faults = index, cfg, faults
         float_context.record(cfg.run_dir, f"worker{index}")
         parts = RunParts.of(cfg)
+        self.parts = parts  # the gap's bound, as the learner's (`RunParts.gap_bound`)
         # `--rollout.tp`: data x tensor over this host's devices, as a colocated host's engine
         mesh, rules = meshes.rollout_mesh(cfg.rollout.tp, jax.local_devices())
         self.engine = parts.engine(mesh, rules)
@@ -124,6 +125,8 @@ class RolloutWorker:
         self.model_cfg = parts.model_cfg
         self.base = lora.base_copy(parts.model_cfg, self._warm_weights) \
             if lora.enabled(parts.model_cfg) else None
+        # Faults.stale_sampler_at_step: the starting weights, which the sampler keeps using
+        self._stale = self._warm_weights if faults.stale_sampler_at_step is not None else None
         self.transport = ObjectStoreTransport(server)
         self.version, self.digest, self.weights = None, None, None
 
@@ -145,7 +148,7 @@ class RolloutWorker:
                 self.inflight.begin(0, "warm-up", swap=False)
             record, _ = self.producer.produce(0, self.weights, 0, prompts_per_lease, StepTimer(),
                                               dump=False)
-            self._logprob_gap(record)
+            self._logprob_gap(record, (0, -1))
             self.weights = self._warm_weights = None
             log.info("ready (engine mesh %s, warm-up %.1fs)", dict(self.engine.layout.mesh.shape),
                      time.perf_counter() - t)
@@ -170,16 +173,15 @@ class RolloutWorker:
         timer = FaultyTimer(self.faults, self.cfg.run_dir, self.index, lease.step, lease.unit)
         if self.inflight is not None:
             self.inflight.begin(self.version, self.digest)
-        record, _ = self.producer.produce(lease.step, self.weights, lease.start, lease.stop, timer,
-                                          version=self.version)
+        record, _ = self.producer.produce(lease.step, self._sampler(lease), lease.start,
+                                          lease.stop, timer, version=self.version)
         record, taken = self._versions_of(record)
         with timer.phase("logprob_check"):
-            gap, tokens = self._logprob_gap(record)
+            gap = self._logprob_gap(record, (lease.step, lease.unit))
         seconds = {k[len("perf/"):]: v for k, v in timer.finish_step().items()}
-        stats = record.stats + type(record.stats)(
-            logprob_gap=gap, logprob_tokens=tokens, units=1.0,
-            pull_bytes=pull_bytes + self.pull_bytes, pull_seconds=pull_seconds + self.pull_seconds,
-            worker_seconds=seconds)
+        stats = record.stats + dataclasses.replace(
+            gap, units=1.0, pull_bytes=pull_bytes + self.pull_bytes,
+            pull_seconds=pull_seconds + self.pull_seconds, worker_seconds=seconds)
         digest = self.digest
         if self.inflight is not None and self.inflight.latest is not None:
             # The newest version taken is the one held now (the next lease likely names it).
@@ -210,12 +212,30 @@ class RolloutWorker:
             return tree
         return lora.merge_jit(self.base, tree, self.model_cfg)
 
-    def _logprob_gap(self, record) -> tuple[float, float]:
-        """(Σ |sampler − trainer| logprob, tokens) over the unit's response tokens, the
-        trainer's forward run here on the same version: `rollout/logprob_mismatch` for every
-        row, where the learner could only check rows of its own version (none, with the
-        one-step overlap)."""
+    def _sampler(self, lease: Lease):
+        """The weights the engine samples `lease`'s unit with: those held (`self.weights`, the
+        version the lease names), but under `Faults.stale_sampler_at_step` the starting
+        ones: a sampler that kept stale weights, which the logprob check must catch."""
+        at = self.faults.stale_sampler_at_step
+        if at is not None and lease.step >= at and self.version:
+            log.warning("fault injection: worker %d samples step %d unit %d with version 0's "
+                        "weights, naming version %d", self.index, lease.step, lease.unit,
+                        self.version)
+            return self._stale
+        return self.weights
+
+    def _logprob_gap(self, record, unit: tuple[int, int]):
+        """`RolloutStats` of the logprob check over the unit's response tokens, the trainer's
+        forward run here on the weights this worker holds and names (`self.weights`), so a
+        sampler that ran other weights shows: Σ |sampler − trainer| logprob and the tokens
+        (`rollout/logprob_mismatch`), their histogram, and, if the largest gap passed the
+        bound rounding explains (`RunParts.gap_bound`), the unit's key (version, step, unit)
+        with its largest gap and the bound, which the learner's check stops the run on
+        (`logprob_gap.check_units`). Every row, where the learner could only check rows of
+        its own version (none, with the one-step overlap)."""
+        from locojax.rl import logprob_gap
         from locojax.rl.logprobs import compute_logprobs
+        from locojax.train.record import RolloutStats
 
         b = record.batch
         trainer, _ = compute_logprobs(self.weights, b.tokens, b.positions, b.attn_mask,
@@ -225,4 +245,15 @@ class RolloutWorker:
         if record.token_versions is not None:  # a token after a swap is another policy's
             mask = mask & (np.asarray(record.token_versions) == record.version)
         gap = np.where(mask, np.abs(np.asarray(trainer) - np.asarray(b.old_logprobs)), 0.0)
-        return float(gap.sum()), float(mask.sum())
+        stats = RolloutStats(logprob_gap=float(gap.sum()), logprob_tokens=float(mask.sum()),
+                             logprob_gap_hist=logprob_gap.counts(gap[mask]))
+        worst = float(gap.max(initial=0.0))
+        terms = logprob_gap.logit_terms(self.weights, self.engine.model_cfg)
+        bound = self.parts.gap_bound(terms, b.tokens.shape[1])
+        if not worst > bound:  # as `logprob_gap.check`
+            return stats
+        key = logprob_gap.unit_key(record.version, *unit)
+        log.warning("logprob check: %s sampled logprobs off its forward by up to %.3g, past "
+                    "the rounding bound %.3g", key, worst, bound)
+        return dataclasses.replace(stats, logprob_gap_past={key: worst},
+                                   logprob_gap_bounds={key: bound})

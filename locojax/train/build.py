@@ -82,6 +82,17 @@ class RunParts:
                          Refill(r.refill_slots, r.refill_at) if r.refill_slots else None,
                          max(1, r.waves))
 
+    def gap_bound(self, terms: float, columns: int) -> float:
+        """The largest sampler-learner logprob gap rounding explains (`rl/logprob_gap.py`) at
+        `terms` (`logprob_gap.logit_terms` of the weights) and `columns` keys."""
+        r = self.cfg.rollout
+        narrow = [d for d in (CACHE_DTYPES.get(r.cache_dtype), WEIGHT_DTYPES.get(r.weights_dtype))
+                  if d is not None]
+        if lora.enabled(self.model_cfg):  # the sampler's merged weights: a narrower base's
+            narrow.append(self.model_cfg.lora.base_dtype)
+        return logprob_gap.bound(self.model_cfg, float(terms), columns, self.learner.temperature,
+                                 narrow)
+
     def check_gap(self, metrics: dict, columns: int, sampler_version: int,
                   learner_version: int) -> None:
         """Stop the run if this step's sampler-learner logprob gap passed the bound rounding
@@ -89,13 +100,7 @@ class RunParts:
         `rollout/logprob_gap_bound`. columns: the train batch's width (the keys' count)."""
         if "rollout/logprob_gap_max" not in metrics:  # stale rows: measured by the workers
             return
-        r = self.cfg.rollout
-        narrow = [d for d in (CACHE_DTYPES.get(r.cache_dtype), WEIGHT_DTYPES.get(r.weights_dtype))
-                  if d is not None]
-        if lora.enabled(self.model_cfg):  # the sampler's merged weights: a narrower base's
-            narrow.append(self.model_cfg.lora.base_dtype)
-        limit = logprob_gap.bound(self.model_cfg, metrics["rollout/logit_terms"], columns,
-                                  self.learner.temperature, narrow)
+        limit = self.gap_bound(metrics["rollout/logit_terms"], columns)
         metrics["rollout/logprob_gap_bound"] = limit
         logprob_gap.check(metrics, limit, sampler_version, learner_version)
 
@@ -132,7 +137,8 @@ class RunParts:
         return Producer(engine, self.tokenizer, self.task, runner, self.curator(),
                         self.learner.algo, self.sampling, cfg.rollout.prompts_per_step,
                         cfg.rollout.max_prompt_tokens, jax.random.key(cfg.seed), cfg.dynamic,
-                        cfg.multi_turn, self.limits, dump_dir)
+                        cfg.multi_turn, self.limits, dump_dir,
+                        tail=(cfg.rollout.tail_median, cfg.rollout.tail_sigma))
 
 
 def sized(cfg: RunConfig) -> tuple[RunConfig, Task, Tokenizer, data_lengths.Sized]:

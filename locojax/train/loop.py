@@ -36,7 +36,7 @@ from locojax.model import loader, lora, lora_io
 from locojax.profiler import StepTimer, TraceWindow
 from locojax.rl import batch as batch_lib
 from locojax.rl import buckets
-from locojax.rl import host_memory, split_step, train_state
+from locojax.rl import host_memory, logprob_gap, split_step, train_state
 from locojax.rl import train_step as train_step_lib
 from locojax.train import memory_plan, meshes, resume, run_lock
 from locojax.train.build import RunParts
@@ -288,7 +288,11 @@ class Trainer:
         metrics.update(sizes)
         metrics.update(self.rollouts.publish(step + 1, self.state.params, timer))
         with timer.phase("metrics"):  # every host's sums, in one collective
-            metrics.update(self.wiring.sum_over_hosts(record.stats).metrics())
+            stats = self.wiring.sum_over_hosts(record.stats)
+            metrics.update(stats.metrics())
+        # The Ray modes' rows are checked by the workers that made them: every host stops here
+        # alike if one's gap passed the bound (before the step's checkpoint), naming versions.
+        logprob_gap.check_units(stats.logprob_gap_past, stats.logprob_gap_bounds, step)
         if cfg.time_limit_s and self._out_of_time():
             self.last_step = step + 1  # this step is the run's last: evaluate and save it
         if cfg.eval.every and ((step + 1) % cfg.eval.every == 0 or step + 1 == self.last_step):

@@ -36,6 +36,7 @@ from locojax.rl import algorithms
 from locojax.rl import batch as batch_lib
 from locojax.rl.config import AlgoConfig
 from locojax.rollout import multi_turn
+from locojax.rollout.lengths import tail_limits
 from locojax.rollout.limits import Limits, MultiTurnConfig
 from locojax.rollout.single_turn import Rollouts, rollout
 from locojax.tokenizer import Tokenizer
@@ -62,18 +63,22 @@ class Producer:
                  prompts_per_step: int, max_prompt_tokens: int, root_key: jax.Array,
                  dynamic: ds.DynamicSamplingConfig = ds.DynamicSamplingConfig(),
                  multi: MultiTurnConfig | None = None, limits: Limits | None = None,
-                 dump_dir: str | None = None, rollout_fn=rollout):
+                 dump_dir: str | None = None, rollout_fn=rollout,
+                 tail: tuple[int, float] = (0, 1.0)):
         self.engine, self.tokenizer, self.task, self.runner = engine, tokenizer, task, runner
         self.curator, self.algo, self.sampling, self.dynamic = curator, algo, sampling, dynamic
         self.prompts_per_step, self.max_prompt_tokens = prompts_per_step, max_prompt_tokens
         self.root_key, self.dump_dir = root_key, dump_dir
         self.rollout_fn = rollout_fn  # tests swap in a model-free rollout
+        self.tail = tail  # --rollout.tail-median, -sigma: per-row caps (`rollout/lengths.py`)
         # Set by the trainer (`train/early.py`): `dispatch`, given a step's train rows before
         # they are scored (advantages 0), starts the device work that needs no reward;
         # `wait` waits for it, in a phase of its own, once the rows are scored.
         self.early = None
         self.multi, self.limits, self.envs = multi, limits, None
         if task.multi_turn:  # this host's environments run here, on its own worker pool
+            if tail[0]:
+                raise ValueError("--rollout.tail-median caps single-turn rows only")
             if multi is None or limits is None:
                 raise ValueError(f"task {task.name!r} is multi-turn: pass its MultiTurnConfig "
                                  "and resolved Limits")
@@ -165,6 +170,9 @@ class Producer:
             # refill rounds, whose choice of groups needs the rewards.
             early = {} if self.early is None or self.dynamic.max_rounds else {
                 "generated": lambda rows: self._early(rows, timer)}
+            if self.tail[0]:
+                early["limits"] = tail_limits(first_group, len(examples), g, *self.tail,
+                                              self.sampling.max_new_tokens)
             out = self.rollout_fn(self.engine, weights, self.tokenizer, self.task, self.runner,
                                   examples, first_group=first_group, key=key,
                                   sampling=self.sampling, group_size=g,

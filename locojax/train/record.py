@@ -22,6 +22,7 @@ import dataclasses
 import jax
 import numpy as np
 
+from locojax.rl import logprob_gap
 from locojax.rl.batch import SharedPrefix, TrainBatch
 from locojax.rollout.multi_turn import EnvStats
 from locojax.sums import Sums
@@ -48,6 +49,11 @@ class RolloutStats(Sums):
     decode_iterations: float = 0.0  # decode-loop iterations the rows took, every call summed
     logprob_gap: float = 0.0  # Σ |sampler − trainer| logprob over the tokens checked ...
     logprob_tokens: float = 0.0  # ... by rollout workers, at each row's own version
+    logprob_gap_hist: tuple[float, ...] = ()  # those tokens per |gap| bin (rl/logprob_gap.py)
+    # Units whose gap passed the rounding bound: {"version v, step s unit u": its largest
+    # gap} and {same key: the bound}; one key per unit, so sums keep each value.
+    logprob_gap_past: dict[str, float] = dataclasses.field(default_factory=dict)
+    logprob_gap_bounds: dict[str, float] = dataclasses.field(default_factory=dict)
     staleness: tuple[float, ...] = ()  # rows per staleness 0..k (the buffer fills it in)
     token_staleness: tuple[float, ...] = ()  # target tokens per staleness 0..k (likewise)
     units: float = 0.0  # leased units, each with the worker figures below
@@ -76,6 +82,11 @@ class RolloutStats(Sums):
             m.update(self.refill.metrics(self.groups))
         if self.logprob_tokens:
             m["rollout/logprob_mismatch"] = self.logprob_gap / self.logprob_tokens
+        if sum(self.logprob_gap_hist):  # the workers' histogram (the learner's: train_step)
+            m.update(logprob_gap.quantiles(self.logprob_gap_hist))
+            m["rollout/logprob_gap/units_past_bound"] = float(
+                sum(v > self.logprob_gap_bounds.get(k, 0.0)
+                    for k, v in self.logprob_gap_past.items()))
         if self.staleness:
             counts = np.asarray(self.staleness)
             m["rollout/staleness/mean"] = float(np.arange(len(counts)) @ counts / counts.sum())
@@ -101,7 +112,8 @@ class RolloutStats(Sums):
     @classmethod
     def from_json(cls, d: dict) -> RolloutStats:
         d = dict(d, staleness=tuple(d["staleness"]),
-                 token_staleness=tuple(d.get("token_staleness", ())))
+                 token_staleness=tuple(d.get("token_staleness", ())),
+                 logprob_gap_hist=tuple(d.get("logprob_gap_hist", ())))
         if d["env"] is not None:
             d["env"] = EnvStats(**d["env"])
         if d["refill"] is not None:
