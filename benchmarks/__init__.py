@@ -13,7 +13,8 @@ Scripts, by what they measure:
 - the train step: profile_train (per op), train_step_memory (against the memory plan),
   ab_train_step (A/B of arms, interleaved), bench_invariant (the batch-invariant kernels'
   cost, learner and generate);
-- modes and placement: bench_modes (its tables: modes_report), bench_placement, ab_runs
+- modes and placement: bench_modes (its tables: modes_report), bench_inflight (async with and
+  without in-flight updates), bench_placement, ab_runs
   (A/B of whole runs across code trees);
 - against the peers: bench_peers (TINY/SMALL, each side a worker in `peers/`),
   bench_real_trl and bench_real_tunix (the real SmolLM2), ab_sample_trl and ab_update_trl
