@@ -18,6 +18,9 @@ import pytest
 # classic fusion emitters for the in-process phase (see the Makefile), and
 # `XLA_FLAGS= make test` runs XLA's defaults.
 os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0")
+import compile_cache  # noqa: E402
+
+CACHE = compile_cache.configure()  # before jax: the cache every process of the run shares
 import jax  # noqa: E402
 
 jax.config.update("jax_num_cpu_devices", 8)
@@ -38,12 +41,33 @@ def _where() -> list[str]:
         f"cpu: {cpu}, {isa}; {usable} usable of {os.cpu_count()} cores",
         f"jax {jax.__version__}, jaxlib {jaxlib.__version__}; "
         f"XLA_FLAGS={os.environ.get('XLA_FLAGS') or '(none)'}; "
-        f"JAX_PLATFORMS={os.environ.get('JAX_PLATFORMS') or '(unset)'}",
+        f"JAX_PLATFORMS={os.environ.get('JAX_PLATFORMS') or '(unset)'}; "
+        f"XLA compilation cache: {CACHE or 'off'}",
     ]
 
 
 def pytest_report_header(config):
     return _where()
+
+
+TALLY = compile_cache.Tally()
+TALLY.listen()
+WORKER_TALLIES: list[dict] = []
+
+
+def pytest_sessionfinish(session):
+    """An xdist worker hands its compile tally to the controller (`pytest_testnodedown`)."""
+    if hasattr(session.config, "workeroutput"):
+        session.config.workeroutput["xla_cache"] = TALLY.as_dict()
+
+
+def pytest_testnodedown(node, error):
+    WORKER_TALLIES.append(getattr(node, "workeroutput", {}).get("xla_cache", {}))
+
+
+def pytest_terminal_summary(terminalreporter):
+    terminalreporter.write_line(
+        compile_cache.summary([TALLY.as_dict(), *WORKER_TALLIES], CACHE))
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -334,13 +334,14 @@ def test_bench_real_trl_locojax_side(tmp_path):
     model = _real_model(tmp_path)
     out = bench("bench_real_trl", "--model", str(model), "--steps", "3", "--sides", "locojax",
                 "--eval-every", "0", "--held-out", "16", "--out", str(tmp_path / "o"),
-                "--locojax-flags=--optim.hf-padding-idx", timeout=900)
+                f"--locojax-flags=--optim.hf-padding-idx {SMALL_REAL_BATCH}", timeout=900)
     assert "# bench_real_trl: " in out and '"loss_agg": "token-mean"' in out
     (row,) = table_rows(out, "0")
-    assert row[1] == "locojax --optim.hf-padding-idx"  # the extra flag, labelled
+    assert row[1] == f"locojax --optim.hf-padding-idx {SMALL_REAL_BATCH}"  # the extra flags
     assert "->" in row[3] and float(row[6]) > 0  # s/step
     (result,) = json.loads((tmp_path / "o" / "results.json").read_text())
-    assert result["flags"] == "--optim.hf-padding-idx"  # a flag train refused fails the run
+    # a flag train refused fails the run
+    assert result["flags"] == f"--optim.hf-padding-idx {SMALL_REAL_BATCH}"
     assert "of the bandwidth roofline" in out and "of the matmul peak" in out
     empty = dict(os.environ, LOCOJAX_PEERS_DIR=str(tmp_path / "peers"))
     proc = subprocess.run([sys.executable, "-m", "benchmarks.bench_real_trl", "--model",
@@ -356,7 +357,8 @@ def test_bench_real_trl_speed_rounds_locojax_side(tmp_path):
     first step apart, and the roofline share; the peers' sides need their venvs."""
     model = _real_model(tmp_path)
     out = bench("bench_real_trl", "--model", str(model), "--steps", "3", "--sides", "locojax",
-                "--speed-rounds", "1", "--out", str(tmp_path / "s"), timeout=540)
+                "--speed-rounds", "1", "--out", str(tmp_path / "s"),
+                f"--locojax-flags={SMALL_REAL_BATCH}", timeout=540)
     (row,) = table_rows(out, "0")  # round 0: the median step and the first one
     assert float(row[1].split()[0]) > 0 and row[1].split()[1].startswith("(")
     assert "locojax, last round: decode" in out and "of the matmul peak" in out
@@ -418,6 +420,11 @@ def test_ab_sample_trl_locojax_side_and_refusal_without_trls_venv(tmp_path):
                           timeout=120)
     assert proc.returncode == 2 and "TRL's venv is not installed" in proc.stderr
     assert not (tmp_path / "peers").exists()
+
+
+SMALL_REAL_BATCH = "--rollout.prompts-per-step 2 --algo.group-size 2"
+"""The real model's runs here at 4 rows, not the benchmark's 64: the script's paths are the
+same at any batch, and the 64-row steps were most of these tests' time (~12 s a step)."""
 
 
 def _real_model(tmp_path):

@@ -60,7 +60,7 @@ def worker_gap(key: str) -> bool:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    cache = tmp_path_factory.mktemp("jax_cache")
+    cache = os.environ.get("JAX_COMPILATION_CACHE_DIR") or tmp_path_factory.mktemp("jax_cache")
     env = {"JAX_COMPILATION_CACHE_DIR": str(cache), "RAY_DEDUP_LOGS": "0",
            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
            "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0", "LOCOJAX_HEARTBEAT_S": "10"}

@@ -62,9 +62,10 @@ def _kill_in_step_after(run_dir, offload, env, step: int) -> None:
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
-    # One compilation cache: the resumed run loads what the others compiled. A cache hit is
-    # the same executable, so it cannot change a bit.
-    return backend.child_env(JAX_COMPILATION_CACHE_DIR=str(tmp_path_factory.mktemp("cache")))
+    # One compilation cache (the suite's, else this module's): the resumed run loads what the
+    # others compiled. A cache hit is the same executable, so it cannot change a bit.
+    cache = os.environ.get("JAX_COMPILATION_CACHE_DIR") or str(tmp_path_factory.mktemp("cache"))
+    return backend.child_env(JAX_COMPILATION_CACHE_DIR=cache)
 
 
 @pytest.mark.slow

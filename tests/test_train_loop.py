@@ -109,10 +109,13 @@ def _extra(mode, root):
 
 @pytest.fixture(scope="module")
 def compile_cache(tmp_path_factory):
-    """The environment of the runs below: one JAX compilation cache, so a killed-and-resumed
-    twin loads the programs its uninterrupted run compiled (about 10 s a run). Every host of
-    a twin finds every program there, so the hosts stay in step as without a cache."""
-    return dict(os.environ, JAX_COMPILATION_CACHE_DIR=str(tmp_path_factory.mktemp("jax_cache")))
+    """The environment of the runs below: one JAX compilation cache (the suite's, else this
+    module's), so a killed-and-resumed twin loads the programs its uninterrupted run compiled
+    (about 10 s a run). Every host of a twin finds every program there, so the hosts stay in
+    step as without a cache."""
+    env = dict(os.environ)
+    env.setdefault("JAX_COMPILATION_CACHE_DIR", str(tmp_path_factory.mktemp("jax_cache")))
+    return env
 
 
 @pytest.fixture(scope="module")
