@@ -37,6 +37,10 @@ NARROW = dict(vocab_size=151_936, hidden_size=64, intermediate_size=128, num_hid
 BF16 = {"compute_dtype": "bfloat16"}
 REAL = (8, 192, (160, 2))  # bench_real_size.py: 4 prompts x G 2, 160 prompt + 32 new tokens
 GSM8K = (256, 768, (256, 8))  # the gsm8k preset: 32 prompts x G 8, 256 prompt + 512 new
+SMOLLM2 = dict(model_type="llama", vocab_size=49_152, hidden_size=576, intermediate_size=1536,
+               num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3, head_dim=64,
+               rope_theta=100_000.0, tie_word_embeddings=True)  # SmolLM2-135M-Instruct
+GSM8K_128 = (32, 384, (256, 4))  # issue 56 item 5: 8 GSM8K chat prompts (bucket 256) x G 4, 128 new
 # name: (model overrides, rows, columns, (P, G) of the shared prefix, learner overrides)
 CONFIGS = {
     "0.6b": (QWEN3_0_6B, *REAL, {}),
@@ -52,6 +56,8 @@ CONFIGS = {
     "gsm8k-narrow-remat": (NARROW, *GSM8K, {"remat": True}),
     "gsm8k-narrow-remat-bf16": ({**NARROW, **BF16}, *GSM8K, {"remat": True}),
     "gsm8k-narrow-remat-noprefix": (NARROW, *GSM8K, {"remat": True}),
+    "smollm2-gsm8k128": (SMOLLM2, *GSM8K_128, {}),
+    "smollm2-gsm8k128-remat": (SMOLLM2, *GSM8K_128, {"remat": True}),
     "small": (dataclasses.asdict(config.small()), 128, 96, (48, 8), {}),
     "small-noprefix": (dataclasses.asdict(config.small()), 128, 96, (48, 8), {}),
     "tiny": (dataclasses.asdict(config.tiny()), 32, 48, (16, 4), {}),

@@ -150,6 +150,12 @@ def test_profile_train_and_train_step_memory_tiny():
     assert "tiny" in out and "temporaries" in out and "XLA/expected" in out
 
 
+def test_real_step_seconds_tiny():
+    out = bench("real_step_seconds", "--model", "tiny", "--prompts", "1", "--group", "2",
+                "--prompt-tokens", "8", "--new-tokens", "8", "--steps", "1", "--remat", "on")
+    assert "remat on: wall s " in out and "; CPU s " in out and "peak RSS" in out
+
+
 @pytest.mark.slow  # compiles a real config's programs on 8 simulated devices
 def test_plan_real_size_of_the_smallest_config():
     out = bench("plan_real_size", "smollm2-135m-instruct", "--remat", "on", "--grad-accum",

@@ -27,7 +27,7 @@ from locojax.model.sharding import RULES, make_mesh
 from locojax.rl import batch as batch_lib
 from locojax.rl import train_state
 from locojax.rl.config import AlgoConfig, LearnerConfig
-from locojax.train import memory_plan
+from locojax.train import memory_plan, plan_fit
 from locojax.train.config import PRESETS, RunConfig
 
 MODEL = config.tiny(num_hidden_layers=8)
@@ -71,6 +71,34 @@ def test_auto_turns_remat_on_only_when_the_run_does_not_fit_without_it(peaks):
     kept = _plan(memory=off, auto_remat=True)  # fits as it is: nothing changes
     assert kept.fits and not kept.learner.remat and kept.chosen == []
     assert kept.peak == off
+
+
+def test_auto_remat_on_a_cpu_host_beyond_its_share_of_the_ram(peaks, monkeypatch):
+    """Detected as a CPU host's RAM (shared with other processes), a run that fits but fills
+    more than CPU_AUTO_SHARE of it gets remat all the same; under the share, or with the
+    memory given (`--device-memory-gb`), it keeps remat off. Without this the GSM8K-128
+    run planned 97% of the RAM and peaked at 20.4 GB (docs/results/cpu_long_step.md)."""
+    off, on = peaks
+    share = plan_fit.CPU_AUTO_SHARE
+
+    def host_ram(ram):
+        monkeypatch.setattr(memory_plan, "detect_device_memory",
+                            lambda _gb=0.0: (int(ram), "host RAM shared by 2 CPU devices"))
+
+    host_ram(off / share * 0.99)  # fits, but beyond the share
+    chosen = _plan(auto_remat=True)
+    assert chosen.fits and chosen.learner.remat and chosen.peak == on
+    budget = memory_plan.size(int(off / share * 0.99 * share))
+    assert chosen.chosen == [
+        f"remat on: without it the peak is {memory_plan.size(off)} (train_step), more than "
+        f"{budget} ({share:.0%} of this host's RAM, which other processes share); with it "
+        f"{memory_plan.size(on)}"]
+    assert not _plan(auto_remat=False).learner.remat  # --remat off: kept
+    host_ram(off / share * 1.01)  # within the share: kept off
+    kept = _plan(auto_remat=True)
+    assert not kept.learner.remat and kept.chosen == [] and kept.peak == off
+    monkeypatch.undo()  # the same memory given by --device-memory-gb: no share
+    assert not _plan(memory=off / share * 0.99, auto_remat=True).learner.remat
 
 
 def test_explicit_settings_are_kept_and_refused_with_the_settings_by_name(peaks):

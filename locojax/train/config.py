@@ -241,7 +241,8 @@ class RunConfig:
     remat: Literal["auto", "on", "off"] = "auto"
     """Recompute each layer's activations in the backward instead of keeping them (about one
     more forward of compute); see the memory plan's `activations`. auto: on only when the
-    memory plan finds the run does not fit without it (the plan says so)."""
+    memory plan finds the run does not fit without it, or on a CPU host fills more than 40%
+    of its RAM, which other processes share (the plan says so)."""
     offload: Literal["auto", "off", "host"] = "auto"
     """auto: when the memory plan finds the run does not fit, keep the reference weights
     (β > 0) in host memory except during the program that reads them (one copy over the

@@ -295,8 +295,8 @@ def plan(model_cfg: ModelConfig, learner: LearnerConfig, state, batch, ref_param
         plan_fit.keep_on_host(first)
     if auto_waves and not first.fits:
         first = plan_fit.in_waves(first, with_waves, engine, engine_shapes, offload)
-    if first.fits:
-        return first
+    if first.fits:  # a CPU host's RAM is shared: remat beyond a share of it (`cpu_budget`)
+        return plan_fit.cpu_budget(first, with_learner, auto_remat)
     xla_per_expected = train.temporaries / max(1, sum(expected.values()))
 
     def estimate(learner: LearnerConfig) -> int:

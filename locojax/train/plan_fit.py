@@ -84,9 +84,45 @@ def _said(names: tuple[str, ...]) -> str:
                         for n in names) + " in host memory but in the programs that read them"
 
 
+CPU_AUTO_SHARE = 0.4
+"""On a CPU host, the share of its RAM a run's plan may fill before `--remat auto` turns remat
+on, though the run would fit the whole RAM without it. The RAM is the host's, shared with
+every other process, and a process's RSS exceeds its plan (the runtime, the allocator's
+slack): GSM8K prompts (P 256) with 128 new tokens at G 4 planned 24.5 of 25.3 GB without
+remat and peaked at 20.4 GB RSS, twice TRL's 10.1 GB at the same work; with remat its train
+step's temporaries are 1.6 GB instead of 18.0 (docs/results/cpu_long_step.md). The real
+demo's plan (7.7 GB, 30%) stays under it, so its step keeps every activation."""
+
+
+def host_budget(memory: int | None, source: str) -> int | None:
+    """What `--remat auto` lets a plan fill of memory detected as a CPU host's RAM
+    (`memory_plan.detect_device_memory`); None for a device's own, or a size given."""
+    return int(CPU_AUTO_SHARE * memory) if memory and source.startswith("host RAM") else None
+
+
+def cpu_budget(first, with_learner, auto_remat: bool):
+    """`first`, or on a CPU host where it fits but fills more than CPU_AUTO_SHARE of the RAM
+    (`host_budget`) with remat off and `--remat auto`, the plan with remat on, saying why;
+    micro-batches are not raised for it (the run fits)."""
+    budget = host_budget(first.device_memory, first.device_source)
+    if (not auto_remat or budget is None or first.learner.remat or not first.fits
+            or first.peak <= budget):
+        return first
+    tried = _offloaded(with_learner(dataclasses.replace(first.learner, remat=True)),
+                       first.offloaded)
+    if not tried.fits or tried.peak >= first.peak:
+        return first
+    tried.chosen = list(first.chosen) + [
+        f"remat on: without it the peak is {size(first.peak)} ({first.peak_program.name}), "
+        f"more than {size(budget)} ({CPU_AUTO_SHARE:.0%} of this host's RAM, which other "
+        f"processes share); with it {size(tried.peak)}"]
+    return tried
+
+
 def fit(first, with_learner, estimate, auto_remat: bool, offload: str = "off"):
     """The plan of the first escalation of the automatic settings that fits, saying what it
-    chose and why; else the last one tried, saying what was tried (`check` refuses it).
+    chose and why; else the last one tried, saying what was tried (`check` refuses it). One
+    that fits a CPU host's RAM may still get remat (`cpu_budget`).
 
     The reference in host memory first (`offload`, with β > 0), kept through every later
     step. Then remat: it keeps only each layer's input whatever the batch, for about one more
@@ -97,7 +133,7 @@ def fit(first, with_learner, estimate, auto_remat: bool, offload: str = "off"):
     compile) says fits, or the last, on until one does; not at all when a rollout or
     evaluation program alone exceeds the device (its KV cache is not the train step's)."""
     if first.fits:
-        return first
+        return cpu_budget(first, with_learner, auto_remat)
     prior = list(first.chosen)  # `in_waves` or `keep_on_host`: said first, kept
     learner, st = first.learner, first.settings
     if offload == "host":  # kept there (`keep_on_host`) through every later step
