@@ -11,6 +11,7 @@ Scripts, by what they measure:
 - generation: bench_engine (locojax against HF and Tunix; engine_sweeps: the engine's
   constants), bench_extend (multi-turn continuation), profile_generate (per program);
 - the train step: profile_train (per op), train_step_memory (against the memory plan),
+  real_step_seconds (a real config's wall and CPU s per step and peak RSS),
   ab_train_step (A/B of arms, interleaved), bench_invariant (the batch-invariant kernels'
   cost, learner and generate);
 - modes and placement: bench_modes (its tables: modes_report), bench_inflight (async with and

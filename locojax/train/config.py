@@ -58,10 +58,9 @@ class RolloutConfig:
     ignore_eos: bool = False
     """Never stop early: every completion is exactly max_new_tokens (benchmarks: equal work)."""
     tail_median: int = 0
-    """Benchmarks: cap each row's new tokens at a lognormal draw of this median (0: off), long
-    tailed (`rollout/lengths.py`; exact with --rollout.ignore-eos). Not in controller mode."""
-    tail_sigma: float = 1.0
-    """σ of --rollout.tail-median's lognormal (benchmarks/engine_work.py's small-* shapes: 1)."""
+    """Benchmarks: cap each row's new tokens at a long-tailed lognormal draw of this median (0:
+    off; `rollout/lengths.py`; exact with --rollout.ignore-eos; not in controller mode)."""
+    tail_sigma: float = 1.0  # σ of --rollout.tail-median's lognormal (engine_work's small-*: 1)
     cache_dtype: Literal["f32", "bf16"] | None = None
     """The KV cache's storage dtype (default: the compute dtype, --precision). bf16 halves the
     cache and its reads; attention still accumulates in f32. The sampler-trainer gap it adds
