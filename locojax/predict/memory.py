@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 
 from locojax.engine.extend import slots_needed
 from locojax.model import lora
