@@ -129,6 +129,7 @@ class RolloutWorker:
         self._stale = self._warm_weights if faults.stale_sampler_at_step is not None else None
         self.transport = ObjectStoreTransport(server)
         self.version, self.digest, self.weights = None, None, None
+        self._terms: tuple[tuple, float] | None = None  # ((version, digest), logit terms)
 
     def __repr__(self) -> str:
         return f"worker {self.index}"
@@ -248,8 +249,7 @@ class RolloutWorker:
         stats = RolloutStats(logprob_gap=float(gap.sum()), logprob_tokens=float(mask.sum()),
                              logprob_gap_hist=logprob_gap.counts(gap[mask]))
         worst = float(gap.max(initial=0.0))
-        terms = logprob_gap.logit_terms(self.weights, self.engine.model_cfg)
-        bound = self.parts.gap_bound(terms, b.tokens.shape[1])
+        bound = self.parts.gap_bound(self._logit_terms(), b.tokens.shape[1])
         if not worst > bound:  # as `logprob_gap.check`
             return stats
         key = logprob_gap.unit_key(record.version, *unit)
@@ -257,3 +257,14 @@ class RolloutWorker:
                     "the rounding bound %.3g", key, worst, bound)
         return dataclasses.replace(stats, logprob_gap_past={key: worst},
                                    logprob_gap_bounds={key: bound})
+
+    def _logit_terms(self) -> float:
+        """`logprob_gap.logit_terms` of the weights held, once per version and checksum held
+        (a pass over the LM head, which every unit of that version would repeat otherwise)."""
+        from locojax.rl import logprob_gap
+
+        held = (self.version, self.digest)
+        if self._terms is None or self._terms[0] != held:
+            self._terms = held, float(logprob_gap.logit_terms(self.weights,
+                                                              self.engine.model_cfg))
+        return self._terms[1]
