@@ -27,7 +27,8 @@ The bound (docs/design.md, "Sampler logprobs equal trainer logprobs"):
   2·λ√V·u. Σ_d |h_d e_vd| ≤ ‖h‖·‖e_v‖ ≤ √D · max|norm scale| · max_v ‖e_v‖ (h leaves the
   final RMSNorm with unit RMS): `logit_terms`, from the weights each step. u is the unit
   roundoff of the coarsest dtype either side computes or stores in (bf16: a rollout copy, a
-  bf16 cache or compute). The bound holds for any kernel order; it is loose (large models,
+  bf16 cache or compute), or that its matrix products round f32 to (XLA:TPU at jax's default
+  precision: `matmul_rounding`). The bound holds for any kernel order; it is loose (large models,
   bf16), so there it catches only gross version mix-ups.
 """
 
@@ -107,12 +108,23 @@ def bound(cfg: ModelConfig, terms: float, columns: int, temperature: float,
           sampler_dtypes=()) -> float:
     """The largest gap rounding explains (module docstring); 0 where both sides are bitwise.
     sampler_dtypes: the engine's cache and weights dtypes where they differ from compute."""
-    dtypes = {np.dtype(cfg.dtype), *(np.dtype(d) for d in sampler_dtypes)}
+    dtypes = {np.dtype(cfg.dtype), *(np.dtype(d) for d in sampler_dtypes),
+              *matmul_rounding()}
     if cfg.batch_invariant and dtypes == {np.dtype(jnp.bfloat16)}:
         return 0.0
     u = max(float(jnp.finfo(d).eps) / 2 for d in dtypes)
     logit = 2 * LAMBDA * math.sqrt(depth(cfg, columns)) * u * terms
     return 2 * logit / max(temperature, 1e-6) + 2 * LAMBDA * math.sqrt(cfg.vocab_size) * u
+
+
+def matmul_rounding() -> tuple:
+    """The dtype a matrix product rounds its f32 operands to where it is coarser than f32:
+    XLA:TPU at jax's default matmul precision multiplies f32 in one bf16 pass
+    (docs/tpu.md, "The chip's arithmetic"), so there u is bf16's."""
+    precision = jax.config.jax_default_matmul_precision
+    if jax.default_backend() == "tpu" and precision in (None, "default", "bfloat16", "fastest"):
+        return (jnp.bfloat16,)
+    return ()
 
 
 class LogprobGapError(RuntimeError):
