@@ -45,7 +45,8 @@ QWEN_FLAGS = ["--task.name", "arith", "--task.level", "1", "--rollout.prompts-pe
 char tokenizer's arithmetic prompts: random weights make the task irrelevant."""
 
 
-def run(name: str, args: list[str], out: str, steps: int, evaluate: bool = True) -> dict:
+def run(name: str, args: list[str], out: str, steps: int, evaluate: bool = True,
+        every: int = 0, target: float | None = None) -> dict:
     """One run of `locojax train` ARGS (a preset and its flags), `steps` steps, evaluated
     before the first and after the last (`evaluate`); its result."""
     import jax
@@ -62,20 +63,24 @@ def run(name: str, args: list[str], out: str, steps: int, evaluate: bool = True)
         return done
     run_dir = os.path.join(out, "runs", name)
     argv = [*args, "--run-dir", run_dir, "--steps", str(steps), "--eval.every",
-            str(steps if evaluate else 0), "--no-progress", "--no-tensorboard"]
+            str((every or steps) if evaluate else 0), "--no-progress", "--no-tensorboard"]
     print(f"\n=== {name}: locojax train {' '.join(argv)}", flush=True)
     cfg = tyro.extras.overridable_config_cli(PRESETS, args=argv)
     t0 = time.perf_counter()
     trainer = loop.start(cfg, wiring.Single(HostInfo(process_id=0, num_processes=1)))
     before = trainer.evaluate() if cfg.eval.every else {}
     trainer.rollouts.begin(0, trainer.state.params, None)
-    times, phases, last = [], [], {}
+    times, phases, evals, last = [], [], [], {}
     for step in range(steps):
         timer = StepTimer()
         last = trainer.step(step, timer)
         perf = timer.finish_step()
         times.append(perf["perf/step_time"])
         phases.append({k[5:]: v for k, v in perf.items() if k.startswith("perf/")})
+        if "eval/accuracy" in last:  # the curve, for the steps-to-target table
+            evals.append((step + 1, last["eval/accuracy"], time.perf_counter() - t0))
+            if target is not None and last["eval/accuracy"] >= target:
+                break
         print(f"step {step + 1}: {times[-1]:.3f} s", flush=True)  # a cut-off run still tells
     trainer.lock.release()
     stats = jax.local_devices()[0].memory_stats() or {}
@@ -86,7 +91,7 @@ def run(name: str, args: list[str], out: str, steps: int, evaluate: bool = True)
         "format_after": last.get("eval/format_rate"),
         "in_format_before": before.get("eval/accuracy_in_format"),
         "in_format_after": last.get("eval/accuracy_in_format"),
-        "median_step_s": statistics.median(times[1:] or times),
+        "median_step_s": statistics.median(times[1:] or times), "evals": evals,
         "median_phases_s": {k: statistics.median(p.get(k, 0.0) for p in phases[1:] or phases)
                             for k in phases[0]},
         "plan_peak_bytes": trainer.memory.peak, "plan": trainer.memory.format(),
@@ -188,6 +193,21 @@ def stage_seeds(args, base: list[str], steps: int) -> None:
     print(verdict(full, lora), flush=True)
 
 
+TARGET, TARGET_PROMPTS, TARGET_EVERY = 0.70, (4, 8, 16, 32), 5
+"""docs/tpu.md's fixed-quality table: held-out 0.70, evaluated every 5 steps, up to 40."""
+
+
+def stage_target(args, base: list[str], steps: int) -> None:
+    """The steps and the wall time to reach held-out TARGET at each prompts-per-step, seeds
+    0-2, G 8 and the rest of `real-demo` held fixed; a run stops at its first evaluation at
+    or above TARGET."""
+    for prompts in TARGET_PROMPTS:
+        for seed in SEEDS:
+            run(f"target-p{prompts}-s{seed}", [*base, "--seed", str(seed),
+                                               "--rollout.prompts-per-step", str(prompts)],
+                args.out, steps, every=TARGET_EVERY, target=TARGET)
+
+
 def stage_qwen(args) -> None:
     model = random_model(args.qwen_config, os.path.join(args.work, "qwen3-1.7b-random"),
                          args.toy)
@@ -255,17 +275,21 @@ def main() -> None:
     if args.toy:
         base, steps = ["real-demo", "--model", "embedded", "--task.template", "plain",
                        "--eval.num-examples", "8", "--eval.batch-size", "8"], 2
-    else:
+    elif {"sweep", "seeds", "target"} & set(args.stages):  # the qwen stage alone needs no GGUF
         base, steps = ["real-demo", "--model", smollm_dir(args)], 40
+    else:
+        base, steps = [], 40
     for stage in args.stages:
         if stage == "sweep":
             stage_sweep(args, base, steps)
         elif stage == "seeds":
             stage_seeds(args, base, steps)
+        elif stage == "target":
+            stage_target(args, base, steps)
         elif stage == "qwen":
             stage_qwen(args)
         else:
-            raise SystemExit(f"unknown stage {stage!r}: sweep, seeds or qwen")
+            raise SystemExit(f"unknown stage {stage!r}: sweep, seeds, target or qwen")
     report(args.out)
 
 
