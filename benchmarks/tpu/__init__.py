@@ -6,4 +6,8 @@ held for minutes at a time:
   GRPO on one chip (issue 57, docs/lora.md), and the real demo's claim and steps-to-target
   table on the chip (issue 55, docs/results/tpu_real_model.md).
 - peak_probe: whether the device's peak-bytes statistic counts a program's temporaries.
+- decode_blocks: a decode token step's time per attention block size, against the bytes
+  it must read (issue 56 item 2).
+- ballast: the memory plan's peak checked by the ballast a step survives (qwen3_fit.sh's
+  BALLAST=1), since that statistic does not count them on a TPU.
 """

@@ -6,6 +6,7 @@
 #   OUT=... PARTS="a b" bash benchmarks/tpu/qwen3_fit.sh           # the two targets (~8 min)
 #   OUT=... PARTS="c" bash benchmarks/tpu/qwen3_fit.sh             # the sweep that must not fit
 #   OUT=... TINY=1 JAX_PLATFORMS=cpu bash benchmarks/tpu/qwen3_fit.sh   # dry run, a tiny model
+#   OUT=... BALLAST=1 PARTS=a bash benchmarks/tpu/qwen3_fit.sh   # and the plan's peak by ballast
 #
 # Run from the repository root on the TPU machine. It needs, in ignored folders carried with
 # the checkout (docs/real_size.md, "Qwen3-0.6B on one v5e chip"):
@@ -103,7 +104,7 @@ target() {  # name prompts budget_seconds
     --rollout.prompts-per-step "$prompts" --algo.group-size 4 --rollout.max-new-tokens "$NEW" \
     --precision bf16 --steps "$STEPS" --run-dir "$WORK/run-$name" "${EXTRA_TARGET[@]}" \
     <<'EOF' 2>&1 | tee "$OUT/$name.log"
-import json, sys, time
+import json, os, sys, time
 import jax
 import tyro
 from locojax.profiler import StepTimer
@@ -152,10 +153,14 @@ with open(log, "w") as out:
             print(f"stopping after {step + 1} steps: the {budget:.0f} s budget is spent")
             break
 print("settings:", plan.format().splitlines()[0])
+if os.environ.get("BALLAST") == "1":  # the plan's peak against the chip, by ballast
+    from benchmarks.tpu import ballast
+    more = iter(range(step + 1, step + 10))
+    print(ballast.check(lambda: trainer.step(next(more), StepTimer()), plan.peak), flush=True)
 EOF
   local rc=$?
   say "($name) exit $rc; $(grep -E '^  peak |^  auto ' "$OUT/$name.log" | tr -s ' ' | tr '\n' ';')"
-  grep -E '^step |^stopping|^plan and' "$OUT/$name.log" >> "$SUMMARY"
+  grep -E '^step |^stopping|^plan and|^ballast' "$OUT/$name.log" >> "$SUMMARY"
   "$PY" - "$OUT/$name.jsonl" <<'EOF' 2>/dev/null | tee -a "$SUMMARY"
 import json, statistics, sys
 rows = [json.loads(line) for line in open(sys.argv[1])]
