@@ -27,7 +27,6 @@
 set -uo pipefail
 
 OUT=${OUT:?set OUT to the folder the logs go to}
-mkdir -p "$OUT"
 TINY=${TINY:-0}
 STEPS=${STEPS:-5}
 ROUNDS=${ROUNDS:-2}
@@ -37,55 +36,19 @@ RUN_TIMEOUT=${RUN_TIMEOUT:-500}  # one child run (start, compiles, steps)
 WORK=${WORK:-/tmp/locojax-host-overlap}
 CONFIG=${CONFIG:-.tpu-data/configs/smollm2-135m-instruct.json}
 TOKENIZER=${TOKENIZER:-.tpu-data/smollm2-tokenizer}
-SUMMARY="$OUT/summary.txt"
-: > "$SUMMARY"
-
-say() { echo "$*" | tee -a "$SUMMARY"; }
-
-if [ -f .tpu-wheels/site.sh ]; then . .tpu-wheels/site.sh; fi
-PY=${PYTHON:-python3}
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-
-say "# benchmarks/tpu/host_overlap.sh: $(date -u +%FT%TZ) on $(hostname); TINY=$TINY BEFORE=${BEFORE:-none}"
-say "# git $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet 2>/dev/null || echo ' (modified)')"
-"$PY" -c 'import jax; print(f"# jax {jax.__version__}")' 2>&1 | tee -a "$SUMMARY"
+. benchmarks/tpu/preamble.sh
+say "# BEFORE=${BEFORE:-none}"
 [ -f "$TOKENIZER/tokenizer.json" ] || { say "FAILED: no $TOKENIZER/tokenizer.json"; exit 1; }
 
 # The shapes. TINY: the same command on a 2-layer, d=64 model (vocab and tokenizer kept),
 # 2 prompts x G 4 and 8 new tokens.
 SHAPE=()
 if [ "$TINY" = 1 ]; then
-  mkdir -p "$WORK"
-  "$PY" - "$CONFIG" "$WORK/tiny.json" <<'EOF'
-import json, sys
-fields = json.load(open(sys.argv[1]))
-fields.update(num_hidden_layers=2, hidden_size=64, intermediate_size=128,
-              num_attention_heads=4, num_key_value_heads=2, head_dim=16)
-json.dump(fields, open(sys.argv[2], "w"))
-EOF
-  CONFIG="$WORK/tiny.json"; STEPS=${TINY_STEPS:-1}; ROUNDS=${TINY_ROUNDS:-1}
+  STEPS=${TINY_STEPS:-1}; ROUNDS=${TINY_ROUNDS:-1}
   SHAPE=(--rollout.prompts-per-step 2 --algo.group-size 4 --rollout.max-new-tokens 8)
 fi
-MODEL="$WORK/model-$(basename "$CONFIG" .json)"
 say "# STEPS=$STEPS ROUNDS=$ROUNDS BETAS=$BETAS; model $MODEL (random init of $CONFIG)"
-
-# The random-weight checkpoint with the real tokenizer (copied from $TOKENIZER by `save`).
-if [ ! -f "$MODEL/model.safetensors" ]; then
-  mkdir -p "$WORK"
-  JAX_PLATFORMS=cpu timeout 300 "$PY" - "$CONFIG" "$MODEL" "$TOKENIZER" <<'EOF' 2>&1 | tee "$OUT/write_model.log"
-import json, sys, time
-import jax
-from locojax.model import hf_config, loader, params
-t0 = time.perf_counter()
-cfg = hf_config.config_from_dict(json.load(open(sys.argv[1])))
-weights = jax.jit(lambda k: params.init(cfg, k))(jax.random.key(0))
-loader.save(sys.argv[2], cfg, weights, sys.argv[3],
-            {"made_by": f"benchmarks/tpu/host_overlap.sh: random init of {sys.argv[1]}"})
-print(f"wrote {sys.argv[2]}: {cfg.num_params() / 1e6:.1f}M params in "
-      f"{time.perf_counter() - t0:.0f} s")
-EOF
-  [ -f "$MODEL/model.safetensors" ] || { say "FAILED: could not write $MODEL"; exit 1; }
-fi
+random_model "$TOKENIZER"  # the real tokenizer, so detokenizing costs what it costs
 
 SIDES=()
 if [ -n "$BEFORE" ]; then SIDES+=("before=$BEFORE"); fi

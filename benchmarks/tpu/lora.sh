@@ -3,8 +3,9 @@
 # seeds (real-demo, LoRA against the full fine-tune), then Qwen3-1.7B LoRA GRPO for 20 steps.
 #
 # From the repository root on the TPU machine (single mode only: no sockets there):
-#   bash benchmarks/tpu/lora.sh                 # sweep, seeds, qwen; ~8 minutes
+#   bash benchmarks/tpu/lora.sh                 # sweep, seeds, qwen (v5e: 5 + 7 minutes)
 #   bash benchmarks/tpu/lora.sh sweep seeds     # or any of the stages alone
+#   bash benchmarks/tpu/lora.sh target          # steps to held-out 0.70 at 4-32 prompts a step
 # Needs: .tpu-wheels/ (../shared/tpu/fetch_wheels.sh), the SmolLM2 GGUF at $GGUF and the
 # Qwen3-1.7B config at $QWEN_CONFIG. Logs, results.jsonl and the table go under $OUT.
 # A CPU dry run at a toy size: JAX_PLATFORMS=cpu bash benchmarks/tpu/lora.sh --toy

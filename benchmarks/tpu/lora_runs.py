@@ -1,6 +1,7 @@
 """LoRA's learning and size runs on one accelerator (issue 57; docs/lora.md has the claim).
 
-    python -m benchmarks.tpu.lora_runs --out OUT [sweep] [seeds] [qwen]     # default: all
+    python -m benchmarks.tpu.lora_runs --out OUT [sweep] [seeds] [target] [qwen]
+                                              # default: sweep seeds qwen
     python -m benchmarks.tpu.lora_runs --out OUT --toy                      # a CPU dry run
 
 OUT gets the logs, results and run directories (small); the converted and random models
@@ -13,6 +14,8 @@ it, e.g. the three seeds of one setting, come out of JAX's compilation cache):
   seed 100; chooses the point by the registered rule and writes it to OUT/chosen.json;
 - `seeds`: `real-demo` full fine-tune and LoRA at the chosen point, seeds 0, 1, 2, and the
   registered verdict;
+- `target`: `real-demo` full fine-tune at 4, 8, 16 and 32 prompts a step, seeds 0, 1, 2,
+  evaluated every 5 steps until held-out 0.70 (docs/results/tpu_real_model.md's table);
 - `qwen`: LoRA GRPO on Qwen3-1.7B's published config with random bf16 weights, 20 steps at
   GSM8K-like shapes, its step time and peak HBM (the plan's and the device's own).
 
@@ -32,6 +35,8 @@ import statistics
 import subprocess
 import time
 
+from benchmarks.tpu import random_model
+
 SWEEP = [(8, 1e-4), (8, 5e-4), (32, 1e-4), (32, 5e-4)]
 """(rank, lr), docs/lora.md's grid; alpha = 2 x rank."""
 SWEEP_SEED, SEEDS = 100, (0, 1, 2)
@@ -48,7 +53,8 @@ char tokenizer's arithmetic prompts: random weights make the task irrelevant."""
 def run(name: str, args: list[str], out: str, steps: int, evaluate: bool = True,
         every: int = 0, target: float | None = None) -> dict:
     """One run of `locojax train` ARGS (a preset and its flags), `steps` steps, evaluated
-    before the first and after the last (`evaluate`); its result."""
+    before the first and after the last (`evaluate`), or every `every` steps, stopping at
+    the first evaluation at or above `target`; its result (kept in OUT/results.jsonl)."""
     import jax
     import tyro
 
@@ -77,11 +83,11 @@ def run(name: str, args: list[str], out: str, steps: int, evaluate: bool = True,
         perf = timer.finish_step()
         times.append(perf["perf/step_time"])
         phases.append({k[5:]: v for k, v in perf.items() if k.startswith("perf/")})
+        print(f"step {step + 1}: {times[-1]:.3f} s", flush=True)  # a cut-off run still tells
         if "eval/accuracy" in last:  # the curve, for the steps-to-target table
             evals.append((step + 1, last["eval/accuracy"], time.perf_counter() - t0))
             if target is not None and last["eval/accuracy"] >= target:
                 break
-        print(f"step {step + 1}: {times[-1]:.3f} s", flush=True)  # a cut-off run still tells
     trainer.lock.release()
     stats = jax.local_devices()[0].memory_stats() or {}
     result = {
@@ -145,28 +151,6 @@ def smollm_dir(args) -> str:
     return path
 
 
-def random_model(config_path: str, out_dir: str, toy: bool) -> str:
-    """An HF directory of the published config at `config_path`, random bf16 weights
-    (`params.init`), the char tokenizer named in locojax.json; cut to 2 layers at d 64 with
-    `toy`."""
-    import jax
-
-    from locojax.model import loader, params
-    from locojax.model.hf_config import config_from_dict
-
-    with open(config_path) as f:
-        d = json.load(f)
-    if toy:
-        d = {**d, "num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128,
-             "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
-             "vocab_size": 512}
-    cfg = config_from_dict(d, param_dtype="bfloat16")
-    weights = jax.jit(lambda k: params.init(cfg, k))(jax.random.key(0))
-    loader.save(out_dir, cfg, weights, "tiny", {"made_by": "benchmarks/tpu/lora_runs.py"},
-                dtype="bfloat16")
-    return out_dir
-
-
 def stage_sweep(args, base: list[str], steps: int) -> None:
     points = []
     for rank, lr in SWEEP:
@@ -209,8 +193,9 @@ def stage_target(args, base: list[str], steps: int) -> None:
 
 
 def stage_qwen(args) -> None:
-    model = random_model(args.qwen_config, os.path.join(args.work, "qwen3-1.7b-random"),
-                         args.toy)
+    model = random_model.write(args.qwen_config, os.path.join(args.work, "qwen3-1.7b-random"),
+                               dtype="bfloat16", tiny=args.toy, vocab=512 if args.toy else None,
+                               made_by="benchmarks/tpu/lora_runs.py")
     flags = QWEN_FLAGS
     if args.toy:  # the same flags at a size a CPU runs in seconds
         flags = [{"256": "32", "512": "16"}.get(x, x) for x in flags]

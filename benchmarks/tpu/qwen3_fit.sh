@@ -27,7 +27,6 @@
 set -uo pipefail
 
 OUT=${OUT:?set OUT to the folder the logs go to}
-mkdir -p "$OUT"
 PARTS=${PARTS:-"a b c"}
 TINY=${TINY:-0}
 STEPS=${STEPS:-20}
@@ -38,58 +37,20 @@ SWEEP_TIMEOUT=${SWEEP_TIMEOUT:-150}
 WORK=${WORK:-/tmp/locojax-qwen3-fit}
 CONFIG=${CONFIG:-.tpu-data/configs/qwen3-0.6b.json}
 DATA=${DATA:-.tpu-data/gsm8k/train.jsonl}
-SUMMARY="$OUT/summary.txt"
-: > "$SUMMARY"
-
-say() { echo "$*" | tee -a "$SUMMARY"; }
-
-if [ -f .tpu-wheels/site.sh ]; then . .tpu-wheels/site.sh; fi
-PY=${PYTHON:-python3}
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-
-say "# benchmarks/tpu/qwen3_fit.sh: $(date -u +%FT%TZ) on $(hostname); PARTS=$PARTS TINY=$TINY"
-say "# git $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet 2>/dev/null || echo ' (modified)')"
-# (jax's version only: a process that opens the chip pays ~10-15 s; the plans print its size)
-"$PY" -c 'import jax; print(f"# jax {jax.__version__}")' 2>&1 | tee -a "$SUMMARY"
+. benchmarks/tpu/preamble.sh
+say "# PARTS=$PARTS"
 
 # The shapes. TINY: the same commands on a 2-layer, d=64 model (vocab kept) and fewer tokens.
 NEW=512; SWEEP_NEW=4096
 if [ "$TINY" = 1 ]; then
-  mkdir -p "$WORK"
-  "$PY" - "$CONFIG" "$WORK/tiny.json" <<'EOF'
-import json, sys
-fields = json.load(open(sys.argv[1]))
-fields.update(num_hidden_layers=2, hidden_size=64, intermediate_size=128,
-              num_attention_heads=4, num_key_value_heads=2, head_dim=16)
-json.dump(fields, open(sys.argv[2], "w"))
-EOF
-  CONFIG="$WORK/tiny.json"; NEW=32; SWEEP_NEW=256; STEPS=${TINY_STEPS:-2}
+  NEW=32; SWEEP_NEW=256; STEPS=${TINY_STEPS:-2}
   EXTRA_SWEEP=(--device-memory-gb 0.15)  # a small "device", so the sweep is refused here too
   EXTRA_TARGET=(--device-memory-gb 0.45)  # and one the targets fit only as on the chip:
   # the reference offloaded, remat on, micro-batches (the layers' gradients summed in place)
 else
   EXTRA_SWEEP=(); EXTRA_TARGET=()
 fi
-MODEL="$WORK/model-$(basename "$CONFIG" .json)"
-
-# The random-weight checkpoint: locojax's own init of the published config (on the CPU, so
-# this process never holds the chip), saved as an HF directory with the char tokenizer.
-if [ ! -f "$MODEL/model.safetensors" ]; then
-  mkdir -p "$WORK"
-  JAX_PLATFORMS=cpu timeout 300 "$PY" - "$CONFIG" "$MODEL" <<'EOF' 2>&1 | tee "$OUT/write_model.log"
-import json, sys, time
-import jax
-from locojax.model import hf_config, loader, params
-t0 = time.perf_counter()
-cfg = hf_config.config_from_dict(json.load(open(sys.argv[1])))
-weights = jax.jit(lambda k: params.init(cfg, k))(jax.random.key(0))
-loader.save(sys.argv[2], cfg, weights, "tiny",
-            {"made_by": f"benchmarks/tpu/qwen3_fit.sh: random init of {sys.argv[1]}"})
-print(f"wrote {sys.argv[2]}: {cfg.num_params() / 1e6:.1f}M params in "
-      f"{time.perf_counter() - t0:.0f} s")
-EOF
-  [ -f "$MODEL/model.safetensors" ] || { say "FAILED: could not write $MODEL"; exit 1; }
-fi
+random_model tiny  # the char tokenizer: GSM8K's questions need no other
 
 COMMON=(gsm8k --model "$MODEL" --task.data "$DATA" --task.template plain --task.skip-invalid
         --mode single --rollout.max-prompt-tokens 256 --rollout.ignore-eos --algo.beta 0.04
