@@ -1,11 +1,12 @@
-"""benchmarks/tpu/decode_blocks.py at a toy size on the CPU: every arm decodes, the
-arms' tokens are compared, and the JSON holds each arm's token step and roofline share.
-(The figures are the chip's to measure; here only that the probe runs and reports.)"""
+"""The chip's probes on the CPU: benchmarks/tpu/decode_blocks.py at a toy size (every arm
+decodes, the arms' tokens are compared, the JSON holds each arm's token step and roofline
+share) and benchmarks/tpu/peak_probe.py (its program's temporaries as XLA names them). The
+figures are the chip's to measure; here only that the probes run and report."""
 
 import json
 import sys
 
-from benchmarks.tpu import decode_blocks
+from benchmarks.tpu import decode_blocks, peak_probe
 
 CONFIG = {"model_type": "qwen3", "vocab_size": 512, "hidden_size": 64,
           "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -28,3 +29,12 @@ def test_decode_blocks_runs_every_arm_and_compares_their_tokens(tmp_path, monkey
     # token may differ, so only that the comparison was made is asserted, not its outcome.
     assert all(isinstance(a["same_tokens"], bool) and a["ms_per_token_step"] != 0
                for a in arms)
+
+
+def test_peak_probe_reports_the_programs_temporaries():
+    row = peak_probe.probe(64)
+    # What XLA:CPU calls temporaries here is its business (it reported 0 for this program);
+    # the probe's job is to report XLA's figures beside the device's, which is checked.
+    assert set(row["analysis"]) == set(peak_probe.ANALYSIS)
+    assert all(isinstance(v, int) for v in row["analysis"].values())
+    assert row["expected_temp_bytes"] == 3 * 64 * 64 * 4 and "peak_rise_bytes" in row
