@@ -10,12 +10,15 @@ entry computation) by the JAX operation they came from: at TINY a step is ~600 k
 ~25 us each, not its FLOPs, which is what bounds it (docs/peers_benchmark.md).
 
 Usage:  .venv/bin/python -m benchmarks.profile_train --shape small [--beta 0.04] [--top 40]
+        .venv/bin/python -m benchmarks.profile_train --config CONFIG.json --batch 8,4,256,128
+            [--remat]      # a published model at a batch of your own
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import json
 import re
 import statistics
 import sys
@@ -28,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from locojax.model import config as model_config
+from locojax.model import hf_config
 from locojax.model import params as params_lib
 from locojax.rl import batch as batch_lib
 from locojax.rl import train_state
@@ -53,11 +57,12 @@ def synthetic_batch(cfg, shape, seed: int = 0) -> batch_lib.TrainBatch:
         return batch_lib.from_rollout(*args)
 
 
-def synthetic_setup(preset: str, shape, beta: float = 0.0, **learner):
+def synthetic_setup(preset, shape, beta: float = 0.0, **learner):
     """(state, batch, ref, model config, learner config) of a synthetic train step: the
-    preset's random f32 weights (seed 0), AdamW, `synthetic_batch` at `shape`; `ref` a copy
-    of the weights when beta > 0; `learner`: further LearnerConfig fields."""
-    cfg = model_config.PRESETS[preset]()
+    preset's (a name, or a ModelConfig) random f32 weights (seed 0), AdamW,
+    `synthetic_batch` at `shape`; `ref` a copy of the weights when beta > 0; `learner`:
+    further LearnerConfig fields."""
+    cfg = model_config.PRESETS[preset]() if isinstance(preset, str) else preset
     weights = params_lib.init(cfg, jax.random.key(0))
     ref = jax.tree.map(jnp.copy, weights) if beta else None
     lcfg = LearnerConfig(algo=AlgoConfig(group_size=shape[1], beta=beta),
@@ -125,8 +130,20 @@ def main(argv=None) -> int:
     ap.add_argument("--traced", type=int, default=2, help="steps traced")
     ap.add_argument("--top", type=int, default=30)
     ap.add_argument("--hlo", default="", help="write the optimized HLO text here")
+    ap.add_argument("--config", help="an HF config.json: that model (random f32 weights) "
+                                     "instead of --shape's preset")
+    ap.add_argument("--batch", help="B,G,P,N instead of --shape's (e.g. GSM8K prompts at "
+                                    "128 new tokens: 8,4,256,128)")
+    ap.add_argument("--remat", action="store_true", help="rematerialise each layer")
     args = ap.parse_args(argv)
-    state, batch, ref, cfg, lcfg = synthetic_setup(args.shape, SHAPES[args.shape], args.beta)
+    shape = (tuple(int(x) for x in args.batch.split(",")) if args.batch
+             else SHAPES[args.shape])
+    model = args.shape
+    if args.config:
+        with open(args.config) as f:
+            model = hf_config.config_from_dict(json.load(f), param_dtype="float32")
+    learner = {"remat": True} if args.remat else {}
+    state, batch, ref, cfg, lcfg = synthetic_setup(model, shape, args.beta, **learner)
     hlo = train_step.lower(state, batch, ref, model_cfg=cfg, cfg=lcfg).compile().as_text()
     if args.hlo:
         Path(args.hlo).write_text(hlo)
@@ -134,7 +151,8 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     state, m = train_step(state, batch, ref, model_cfg=cfg, cfg=lcfg)
     jax.block_until_ready(state)
-    print(f"{args.shape} beta={args.beta}: first step (compile + run) "
+    print(f"{args.config or args.shape} {shape} beta={args.beta} remat={args.remat}: first "
+          f"step (compile + run) "
           f"{time.perf_counter() - t0:.2f}s")
     times = []
     for _ in range(args.steps):
