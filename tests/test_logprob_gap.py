@@ -54,7 +54,7 @@ def test_the_bound_is_zero_only_where_both_sides_are_bitwise():
 def test_on_a_tpu_at_default_precision_the_bound_is_bf16s(monkeypatch):
     """XLA:TPU multiplies f32 in one bf16 pass at jax's default matmul precision, so there u
     is bf16's (the real demo with LoRA stopped on a v5e at a gap of 0.76 against the f32
-    bound 0.54, docs/results/tpu_real_model.md); at `highest` the f32 bound stands."""
+    bound 0.54, docs/results/lora_tpu.md); at `highest` the f32 bound stands."""
     f32, bf16 = config.tiny(), config.tiny(compute_dtype="bfloat16")
     monkeypatch.setattr(jax, "default_backend", lambda: "cpu")  # the same on any machine,
     on_cpu = logprob_gap.bound(f32, 2.0, 64, 1.0)  # a chip's suite (`highest`) included

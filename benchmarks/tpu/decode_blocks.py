@@ -25,9 +25,9 @@ import statistics
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
+from benchmarks.tpu import random_model
 from locojax.engine.engine import Engine
 from locojax.engine.sampling import SamplingConfig
 from locojax.model import params
@@ -37,10 +37,8 @@ from locojax.model.hf_config import config_from_dict
 def model(config: str, toy: bool):
     with open(config) as f:
         d = json.load(f)
-    if toy:  # a CPU dry run
-        d = {**d, "num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128,
-             "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
-             "vocab_size": 512}
+    if toy:  # a CPU dry run: the chip scripts' tiny cut, and a small vocabulary
+        d = {**d, **random_model.TINY, "vocab_size": 512}
     cfg = config_from_dict(d, param_dtype="bfloat16", compute_dtype="bfloat16")
     return cfg, jax.jit(lambda k: params.init(cfg, k))(jax.random.key(0))
 
