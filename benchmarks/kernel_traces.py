@@ -31,6 +31,26 @@ def _union(spans: list[tuple[int, int]]) -> int:
     return total
 
 
+# The threads XLA:CPU runs a program's kernels on: its intra-op pool's, and the client's
+# thread that starts the program, which runs the kernels itself while no other is ready (a
+# small program under load can run whole there, and its kernels then showed no time).
+KERNEL_THREADS = ("XLAEigen", "XLAPjRtCpuClient")
+NOT_KERNELS = ("ThunkExecutor", "ThreadpoolListener", "Slinky", *CONTROL)
+
+
+def kernel_spans(planes) -> dict[str, list[tuple[int, int]]]:
+    """{kernel name: its events' (start, end) ns} from a trace's planes: the events on the
+    threads that run kernels (`KERNEL_THREADS`), less the executor's own events."""
+    spans: dict[str, list[tuple[int, int]]] = collections.defaultdict(list)
+    for plane in planes:
+        for line in plane.lines:
+            if any(thread in line.name for thread in KERNEL_THREADS):
+                for ev in line.events:
+                    if not ev.name.startswith(NOT_KERNELS):
+                        spans[ev.name].append((ev.start_ns, ev.end_ns))
+    return spans
+
+
 def trace_events(fn, calls: int) -> tuple[dict[str, float], dict[str, float],
                                           dict[str, float], float]:
     """Per call of `fn`, `calls` of them traced with `jax.profiler`: ({kernel name: seconds
@@ -46,13 +66,7 @@ def trace_events(fn, calls: int) -> tuple[dict[str, float], dict[str, float],
                 fn()
             wall = (time.perf_counter() - t0) / calls
         data = jax.profiler.ProfileData.from_file(str(sorted(Path(work).rglob("*.xplane.pb"))[-1]))
-    spans: dict[str, list[tuple[int, int]]] = collections.defaultdict(list)
-    for plane in data.planes:
-        for line in plane.lines:
-            for ev in line.events:
-                if "Eigen" in line.name and not ev.name.startswith(("ThunkExecutor",
-                                                                      "Slinky", *CONTROL)):
-                    spans[ev.name].append((ev.start_ns, ev.end_ns))
+    spans = kernel_spans(data.planes)
     core = {k: sum(e - b for b, e in v) / 1e9 / calls for k, v in spans.items()}
     active = {k: _union(v) / 1e9 / calls for k, v in spans.items()}
     return core, active, {k: len(v) / calls for k, v in spans.items()}, wall
