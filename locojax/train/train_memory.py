@@ -67,7 +67,17 @@ def _residual_bytes(fn, args, platform: str, consts=()) -> int:
     return total["bytes"]
 
 
-@functools.lru_cache(maxsize=256)
+def affine_in_rows(probe, rows: int, unit: int = 1) -> int:
+    """`probe(rows)`, for `rows` a multiple of `unit`, from two probes, at `unit` and `2 unit`
+    rows. Every residual a forward keeps has the rows as a factor of its shape (activations,
+    attention scores, masks) or no dependence on them (a constant), so its bytes are affine
+    in the rows, exactly: a sweep over batch sizes (`locojax predict`, the paper's tables)
+    then traces each shape twice, not once per batch size (tests/test_train_memory.py
+    checks the extrapolation against a direct probe)."""
+    one, two = probe(unit), probe(2 * unit)
+    return one + (rows // unit - 1) * (two - one)
+
+
 def layer_residual_bytes(cfg: ModelConfig, rows: int, t: int, platform: str,
                          slots: int = 0) -> int:
     """Bytes autodiff keeps from one decoder layer's forward for its backward, on rows x t
@@ -75,7 +85,16 @@ def layer_residual_bytes(cfg: ModelConfig, rows: int, t: int, platform: str,
     when > 0).
 
     Counted exactly from `jax.vjp` of `decoder.layer` at these shapes, less the layer's own
-    inputs (weights, and the prompt's keys and values)."""
+    inputs (weights, and the prompt's keys and values): `probed_layer_residual_bytes` at
+    one and two rows (`affine_in_rows`)."""
+    return affine_in_rows(
+        lambda r: probed_layer_residual_bytes(cfg, r, t, platform, slots), rows)
+
+
+@functools.lru_cache(maxsize=256)
+def probed_layer_residual_bytes(cfg: ModelConfig, rows: int, t: int, platform: str,
+                                slots: int = 0) -> int:
+    """`layer_residual_bytes` traced at these very rows."""
     shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype),
                           params_lib.abstract(cfg)["layers"])  # one layer's weights
     x = jax.ShapeDtypeStruct((rows, t, cfg.hidden_size), cfg.dtype)
@@ -93,12 +112,20 @@ def layer_residual_bytes(cfg: ModelConfig, rows: int, t: int, platform: str,
         (x, shapes, k, v), platform)
 
 
-@functools.lru_cache(maxsize=256)
-def _forward_residual_bytes(cfg: ModelConfig, rows: int, columns: int, group: int, p: int,
-                            remat: bool, platform: str) -> int:
+def forward_residual_bytes(cfg: ModelConfig, rows: int, columns: int, group: int, p: int,
+                           remat: bool, platform: str) -> int:
     """Bytes autodiff keeps from the whole differentiated forward of `sequence_logprobs` (the
     hidden states the logits read), exactly as the train step runs it: with `group` > 1 the
-    prompt once per group (`logprobs.prefix_hidden`); with remat, every layer's input."""
+    prompt once per group (`logprobs.prefix_hidden`); with remat, every layer's input.
+    Probed at one and two groups of rows (`affine_in_rows`)."""
+    return affine_in_rows(lambda r: probed_forward_residual_bytes(
+        cfg, r, columns, group, p, remat, platform), rows, group)
+
+
+@functools.lru_cache(maxsize=256)
+def probed_forward_residual_bytes(cfg: ModelConfig, rows: int, columns: int, group: int,
+                                  p: int, remat: bool, platform: str) -> int:
+    """`forward_residual_bytes` traced at these very rows."""
     w = params_lib.abstract(cfg)
     tok = jax.ShapeDtypeStruct((rows, columns), jnp.int32)
     mask = jax.ShapeDtypeStruct((rows, columns), bool)
@@ -161,7 +188,7 @@ def expected_train_temporaries(cfg: ModelConfig, learner: LearnerConfig, rows: i
       entropy's product, the logit gradient; over the positions that predict a target (the
       response's, with a shared prefix);
     - embedding-gradient partial: a chunk's [V, D] head gradient before it joins the sum;
-    - activations: what autodiff keeps of the whole forward (`_forward_residual_bytes`: all
+    - activations: what autodiff keeps of the whole forward (`forward_residual_bytes`: all
       of every layer's residuals, or with remat only every layer's input), plus one layer's
       residuals for the gradients of the layer being differentiated (twice with remat: it is
       recomputed, and its gradients); with the prompt shared by a group, a layer step is the
@@ -194,7 +221,7 @@ def expected_train_temporaries(cfg: ModelConfig, learner: LearnerConfig, rows: i
     else:
         p = 0
         one_layer = layer_residual_bytes(cfg, local, columns - 1, platform)
-    out["activations"] = (_forward_residual_bytes(cfg, local, columns, group, p, learner.remat,
+    out["activations"] = (forward_residual_bytes(cfg, local, columns, group, p, learner.remat,
                                                   platform)
                           + (2 if learner.remat else 1) * one_layer)
     if cfg.dtype.itemsize < cfg.weight_dtype.itemsize:
