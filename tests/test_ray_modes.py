@@ -94,6 +94,13 @@ def train(run_dir, *args, faults=None, preset=("demo", *COMMON)):
     return (controller if cfg.mode == "controller" else driver).run(cfg, faults or Faults())
 
 
+# A lease, and a verifier call, also cover their rows' worst-case scoring (`--reward.timeout-s`
+# per call, 2 reward workers): a lease of 16 rows gets 40 s more at the default 5 s, which a
+# test of a hung worker or verifier waits out. The demo's rewards take microseconds, so 2 s
+# times none out (a timeout would score 0 and change the run), and a hang is found 24 s
+# sooner per lease.
+SHORT_SCORING = ("--reward.timeout-s", "2")
+
 DA = ("--mode", "disaggregated", "--hosts", "3", "--rollout-fraction", "0.67",
       "--lease-timeout-s", "60")  # 1 learner host, 2 rollout workers
 
@@ -395,7 +402,8 @@ def test_faults_change_nothing(reference, tmp_path, faults, capfd):
         "workers_ps_verifier": (
             Faults(kill_worker_at_step=1, hang_worker_at_step=2, kill_ps_at_version=1,
                    hang_verifier_after_calls=2),
-            ("--lease-timeout-s", "8", "--verifiers", "2", "--verifier-timeout-s", "3"),
+            ("--lease-timeout-s", "8", "--verifiers", "2", "--verifier-timeout-s", "3",
+             *SHORT_SCORING),
             ("kill_worker", "hang_worker", "kill_ps", "hang_verifier")),
         # After the update of step 1 and after publishing version 2 (workers may be
         # generating step 3 with it), before checkpoint 2: resumes from checkpoint 1 and
@@ -483,7 +491,8 @@ def test_a_unit_that_fails_every_worker_stops_the_run_naming_it(cluster, tmp_pat
     with pytest.raises(RunFailed, match=r"step 1 unit 0 \(prompts 0-3\) failed 2 time\(s\), "
                                         r"the last on worker \d") as e:
         train(tmp_path, *DA, "--lease-timeout-s", "6", "--max-attempts", "2",
-              "--stall-warning-s", "2", faults=Faults(poison_unit=(1, 0), poison=poison))
+              "--stall-warning-s", "2", *SHORT_SCORING,
+              faults=Faults(poison_unit=(1, 0), poison=poison))
     assert ("held past its deadline" if poison == "hang" else "died") in str(e.value)
     assert not (tmp_path / "final_model").exists()
     if poison == "hang":  # the learner waited at least one lease: it said for what
