@@ -47,14 +47,15 @@ def beside(model, pred, how: str, done: tuple, inside: tuple) -> list[str]:
 
 
 def run_of(argv: list[str]):
-    """(`from_train.parse`'s run, the train arguments) of `TRAIN_ARGS --hardware F --cluster N`."""
-    from locojax.predict import from_train
+    """(`predict_train.parse`'s run, the train arguments) of
+    `TRAIN_ARGS --hardware F --cluster N`."""
+    from locojax.commands import predict_train
 
     ap = argparse.ArgumentParser(add_help=False)
     ap.add_argument("--hardware", default="")
     ap.add_argument("--cluster", default="")
     own, rest = ap.parse_known_args(argv)
-    return from_train.parse(rest, own.cluster, own.hardware), rest
+    return predict_train.parse(rest, own.cluster, own.hardware), rest
 
 
 def measure(argv: list[str]) -> int:

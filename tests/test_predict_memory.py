@@ -66,14 +66,14 @@ def test_predict_is_the_plans_analytic_account_at_the_validation_shapes(name, tm
     shapes, so only the KV cache's block rounding and the optimizer's 8 bytes of step counts
     separate them). Predict once restated the step and left out the embedding gradient's
     partial and compute copy, and counted the reference in the compute dtype."""
-    from locojax.predict import from_train
+    from locojax.commands import predict_train
 
     argv = list(VALIDATION[name])
     if argv[0] == "real-demo":  # SmolLM2-135M-Instruct's published config, no checkpoint
         published = json.loads(PUBLISHED.read_text())["smollm2-135m-instruct"]
         (tmp_path / "config.json").write_text(json.dumps(published))
         argv += ["--model", str(tmp_path)]
-    run = from_train.parse(argv, "v5e-1")
+    run = predict_train.parse(argv, "v5e-1")
     remat = run.cfg.remat == "on"
     plan = memory.plan_for(run.ctx, fsdp=1, mp=1, grad_accum=1, remat=remat)
     ours = dataclasses.replace(plan.account, offloaded=())
@@ -131,7 +131,7 @@ def test_multi_turn_is_sized_from_the_trajectory_as_the_compiled_plan_is(tmp_pat
     slots, `extend.slots_needed`, of f32 keys and values), and its train columns are the
     compiled batch's: the whole trajectory, not one turn's cap (the bug of issue 37, which
     sized both from the per-turn N)."""
-    from locojax.predict import from_train
+    from locojax.commands import predict_train
     from locojax.train import memory_plan, wiring
     from locojax.train.loop import start
 
@@ -139,7 +139,7 @@ def test_multi_turn_is_sized_from_the_trajectory_as_the_compiled_plan_is(tmp_pat
             "--algo.group-size", "2", "--multi-turn.max-turns", "3", "--eval.every", "0",
             "--steps", "1", "--no-progress", "--no-tensorboard"]
     devices = len(jax.devices())  # the session's simulated CPU devices, one row each
-    run = from_train.parse(argv, f"cpu-here-{devices}")
+    run = predict_train.parse(argv, f"cpu-here-{devices}")
     seen = {}
     real_plan = memory_plan.plan
 

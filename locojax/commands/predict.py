@@ -73,9 +73,9 @@ def main(argv: list[str]) -> int:
         own, rest = _split(argv)
         what, rest = rest[0], rest[1:]
         if what == "fields":
-            from locojax.predict import train_fields
+            from locojax.commands import predict_fields
 
-            print(train_fields.table())
+            print(predict_fields.table())
             return 0
         if what == "train":
             return _train(rest, own)
@@ -89,9 +89,9 @@ def main(argv: list[str]) -> int:
 
 
 def _train(rest: list[str], own: dict) -> int:
-    from locojax.predict import from_train
+    from locojax.commands import predict_train
 
-    run = from_train.parse(rest, own["--cluster"], own["--hardware"], own["--lengths-from"],
+    run = predict_train.parse(rest, own["--cluster"], own["--hardware"], own["--lengths-from"],
                            float(own["--chars-per-token"]), own["--kv-read"])
     cfg = run.cfg
     return _predict(run.ctx, run.source, own, only=cfg.mode if run.explicit_mode else None,

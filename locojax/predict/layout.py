@@ -26,30 +26,13 @@ MAX_CHIPS = 65536  # the search for a layout that fits stops here
 
 @dataclasses.dataclass(frozen=True)
 class Given:
-    """What the command fixes (0 / None: free)."""
+    """What the command fixes (0 / None: free; `predict_train.given_of` reads a run's)."""
 
     tp: int = 0
     fsdp: int = 0
     data: int = 0
     remat: bool | None = None
     grad_accum: int = 0
-
-    @classmethod
-    def of(cls, cfg, cluster: hardware.Cluster) -> "Given":
-        from locojax.train.meshes import parse_mesh
-
-        mesh = parse_mesh(cfg.train.mesh)
-        remat = {"on": True, "off": False}.get(cfg.remat)
-        tp = cfg.rollout.tp if cfg.rollout.tp > 1 else 0
-        # cpu-here's "hosts" are simulated devices of this machine: --mode single drives
-        # them from one process, so its tp may span them.
-        per_host = cluster.chips if cluster.shared_cores else cluster.chips_per_host
-        if tp and tp > min(cluster.chips, per_host):
-            raise ValueError(f"--rollout.tp {tp}: rollout stays inside a host, and a host of "
-                             f"{cluster.describe()} has {cluster.chips_per_host} chips")
-        if mesh and cfg.mode not in ("disaggregated", "async"):
-            cfg.train.shape(cluster.chips)  # train's own refusal: D x F must be the chips
-        return cls(tp, mesh.get("fsdp", 0), mesh.get("data", 0), remat, cfg.grad_accum)
 
     def describe(self) -> str:
         parts = [f"{k} {v}" for k, v in (("tp", self.tp), ("fsdp", self.fsdp),
