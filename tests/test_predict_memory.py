@@ -10,6 +10,7 @@ import pathlib
 import jax
 import pytest
 
+from benchmarks.paper import memory_fit
 from locojax.model import config, decoder
 from locojax.predict import hardware, memory, spec
 from locojax.predict.phases import Ctx
@@ -103,9 +104,9 @@ def _ctx(model, cluster, rows=(128, 16)):
 
 
 def test_small_model_fits_unsharded_and_405b_needs_sharding():
-    small = memory.fit(_ctx("qwen3-0.6b", "v7x-8"))
+    small = memory_fit(_ctx("qwen3-0.6b", "v7x-8"))
     assert small.fits and small.settings["fsdp"] == 1
-    big = memory.fit(_ctx("llama-3.1-405b", "v7x-256"))
+    big = memory_fit(_ctx("llama-3.1-405b", "v7x-256"))
     # 18 bytes of train state a parameter (7.3 TB) cannot sit on one 192 GiB chip.
     assert big.settings["fsdp"] >= 64 and big.settings["mp"] > 1
     assert big.parts["params"] + big.parts["optimizer"] < 192 * 2 ** 30
@@ -188,7 +189,7 @@ def test_the_swe_workload_is_sized_from_its_trajectory_and_gets_remat():
     cfg, _ = spec.load("qwen3-0.6b")
 
     def fitted(workload, cluster):
-        return memory.fit(Ctx(cfg, "qwen3-0.6b", workload, hardware.parse_cluster(cluster),
+        return memory_fit(Ctx(cfg, "qwen3-0.6b", workload, hardware.parse_cluster(cluster),
                               env_workers=workers))
 
     cache = fitted(wl, "v5e-8").parts["KV cache"]
