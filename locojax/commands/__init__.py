@@ -14,5 +14,6 @@
     predict.py             `locojax predict`: memory, step time and placement before launch
     predict_train.py       `predict train ARGS`: a train command line as the cost model's inputs
     predict_fields.py      `predict fields`: which train fields it reads (predict_fields.json)
+    predict_report.py      what `locojax predict` prints: its tables, throughput, constants
     predict_calibrate.py   `locojax predict calibrate`: measure this machine
 """

@@ -26,7 +26,6 @@ from locojax.rl.batch import SharedPrefix
 from locojax.rl.config import AlgoConfig, LearnerConfig
 from locojax.train import train_memory
 
-GB = 1e9
 HEADROOM = 0.9  # of HBM: what XLA and the runtime keep for themselves
 
 
@@ -52,21 +51,6 @@ class Plan:
     @property
     def fits(self) -> bool:
         return self.peak <= HEADROOM * self.hbm
-
-    def format(self) -> str:
-        st = self.settings
-        head = (f"memory per device (analytic; FSDP over {st['fsdp']}, rollout tensor-parallel "
-                f"{st['mp']}, grad_accum {st['grad_accum']}, "
-                f"remat {'on' if st['remat'] else 'off'},"
-                f" {st['dtype']}):")
-        host = {k: " (host memory but in its program)" for k in self.account.offloaded}
-        parts = ", ".join(f"{k} {v / GB:.2f} GB{host.get(k, '')}"
-                          for k, v in self.parts.items() if v)
-        verdict = "fits" if self.fits else "DOES NOT FIT"
-        return (f"{head}\n  {parts}\n  peak {self.peak / GB:.2f} GB in the {self.peak_phase} "
-                f"(the KV cache and the train step's buffers are never live at once) of "
-                f"{self.hbm / GB:.1f} GB ({100 * self.peak / self.hbm:.0f}%): {verdict} "
-                f"(limit {HEADROOM:.0%})")
 
 
 @functools.lru_cache(maxsize=1024)
