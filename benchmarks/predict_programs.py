@@ -97,12 +97,12 @@ def compiled(argv: list[str]) -> int:
 def calibrate(argv: list[str]) -> int:
     """`locojax predict calibrate`'s profile at --out, with the program model added."""
     from benchmarks import calibrate_kernels
-    from locojax.predict import calibrate as calibrate_lib
+    from locojax.commands import predict_calibrate
 
     ap = argparse.ArgumentParser(prog="predict_programs calibrate")
     ap.add_argument("--out", required=True)
     out = Path(ap.parse_args(argv).out)
-    calibrate_lib.run(out)
+    predict_calibrate.run(out)
     print("  program_model: about twelve minutes on 2 cores", flush=True)
     profile = json.loads(out.read_text())
     profile["program_model"] = calibrate_kernels.program_model()
