@@ -35,7 +35,8 @@ def main(argv: list[str]) -> int:
     elif rest and rest[0].startswith("--out="):
         out, rest = rest[0].split("=", 1)[1], rest[1:]
     if rest:
-        print(f"locojax predict calibrate: unknown argument {rest[0]!r} (only --out FILE)", file=sys.stderr)
+        print(f"locojax predict calibrate: unknown argument {rest[0]!r} (only --out FILE)",
+              file=sys.stderr)
         return 2
     run(out)
     return 0

@@ -4,9 +4,9 @@ with that range: locojax/commands/predict_report.py).
 Range: every constant the prediction read whose origin is `assumed` or `fitted`
 (origin.py) is moved, one at a time, to LOW and to HIGH times its value (an efficiency at
 most 1), and the prediction rerun; then, for each mode, all at once, each to the end that
-made that mode's step shorter (the range's low end) or longer (its high end). A verdict flips when, in any of
-those runs, which mode is fastest, or the order of two modes, differs from the nominal
-prediction; each flip names the constant and the end that does it.
+made that mode's step shorter (the range's low end) or longer (its high end). A verdict
+flips when, in any of those runs, which mode is fastest, or the order of two modes, differs
+from the nominal prediction; each flip names the constant and the end that does it.
 """
 
 from __future__ import annotations
