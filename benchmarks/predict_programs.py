@@ -47,14 +47,15 @@ def beside(model, pred, how: str, done: tuple, inside: tuple) -> list[str]:
 
 
 def run_of(argv: list[str]):
-    """(`from_train.parse`'s run, the train arguments) of `TRAIN_ARGS --hardware F --cluster N`."""
-    from locojax.predict import from_train
+    """(`predict_train.parse`'s run, the train arguments) of
+    `TRAIN_ARGS --hardware F --cluster N`."""
+    from locojax.commands import predict_train
 
     ap = argparse.ArgumentParser(add_help=False)
     ap.add_argument("--hardware", default="")
     ap.add_argument("--cluster", default="")
     own, rest = ap.parse_known_args(argv)
-    return from_train.parse(rest, own.cluster, own.hardware), rest
+    return predict_train.parse(rest, own.cluster, own.hardware), rest
 
 
 def measure(argv: list[str]) -> int:
@@ -96,12 +97,12 @@ def compiled(argv: list[str]) -> int:
 def calibrate(argv: list[str]) -> int:
     """`locojax predict calibrate`'s profile at --out, with the program model added."""
     from benchmarks import calibrate_kernels
-    from locojax.predict import calibrate as calibrate_lib
+    from locojax.commands import predict_calibrate
 
     ap = argparse.ArgumentParser(prog="predict_programs calibrate")
     ap.add_argument("--out", required=True)
     out = Path(ap.parse_args(argv).out)
-    calibrate_lib.run(out)
+    predict_calibrate.run(out)
     print("  program_model: about twelve minutes on 2 cores", flush=True)
     profile = json.loads(out.read_text())
     profile["program_model"] = calibrate_kernels.program_model()

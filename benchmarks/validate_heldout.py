@@ -11,7 +11,7 @@ micro-benchmarks (`locojax/predict/calibrate.py`), never a train run.
   locojax/profiler.py) less `perf/phase/checkpoint` (the final save), from process 0's
   perf.jsonl (the points file's "measured" and "amended");
 - predicted: the step of the run's mode, from the command's own builder
-  (`from_train.parse`, as `locojax predict train ARGS --hardware PROFILE --cluster N`
+  (`predict_train.parse`, as `locojax predict train ARGS --hardware PROFILE --cluster N`
   prints it), with the profile's measured host rates (`calibrated.with_host_rates`).
 
 The points files kept are the current sets: predict_validation_points_v5.json (the
@@ -74,11 +74,12 @@ def measure(pt: dict, work: Path, timeout: float) -> float:
 
 
 def context(pt: dict, profile: Path, work: Path):
-    """The prediction context of a point's run (`from_train.parse`), with the profile's
+    """The prediction context of a point's run (`predict_train.parse`), with the profile's
     host rates."""
-    from locojax.predict import calibrated, from_train
+    from locojax.commands import predict_train
+    from locojax.predict import calibrated
 
-    run = from_train.parse(train_args(pt, work / pt["id"]), str(pt["n"]), str(profile))
+    run = predict_train.parse(train_args(pt, work / pt["id"]), str(pt["n"]), str(profile))
     run.ctx.rates = calibrated.with_host_rates(run.ctx.rates, run.ctx.cluster.hw)
     return run.ctx
 

@@ -13,7 +13,7 @@ What is measured (`--measure`), each benchmark as it runs by default unless said
   the 6-step runs they are, not as a long run's steady state (`placement.Window`): in a
   short run the last steps' rollouts may all be in early.
 
-Each prediction goes through the command's own builder (`locojax.predict.from_train`), on
+Each prediction goes through the command's own builder (`locojax.commands.predict_train`), on
 the exact `train` arguments the benchmark ran: the pairing of docs/pod_scale.md. Target:
 step time within 25% at every held-out point; the table marks a miss and the term to blame
 (the phase with the largest absolute error).
@@ -52,7 +52,8 @@ from pathlib import Path
 from benchmarks import harness
 from benchmarks import workloads
 from benchmarks.harness import med
-from locojax.predict import from_train, modes, placement
+from locojax.commands import predict_train
+from locojax.predict import modes, placement
 
 PY = sys.executable
 HERE = Path(__file__).parent
@@ -189,7 +190,7 @@ def report_modes(path: Path) -> list[float]:
     for key, runs in groups.items():
         shape, workload, n, mode = key
         argv = shlex.split(runs[0]["command"])
-        run = from_train.parse(train_args(argv), f"cpu-here-{n}",
+        run = predict_train.parse(train_args(argv), f"cpu-here-{n}",
                                lengths_from=lengths_dir(workload, shape))
         pred = predict_mode(run, mode)
         rows = [s for r in runs for s in r["steady"]]
@@ -239,7 +240,7 @@ def report_placement(work: Path, workload: str, steps: int) -> list[float]:
         if not (run_dir / "perf.jsonl").exists():
             continue
         argv = workloads.placement_argv(p, args, run_dir, "auto")
-        run = from_train.parse(train_args(argv), f"cpu-here-{workloads.HOSTS}")
+        run = predict_train.parse(train_args(argv), f"cpu-here-{workloads.HOSTS}")
         pl, ctx = run.cfg.placement, run.ctx
         window = placement.Window(steps, PLACEMENT_SKIP)  # the run made, end included
         if p.mode == "colocated":

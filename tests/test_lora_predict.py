@@ -16,7 +16,8 @@ import jax
 from locojax.model import config, lora
 from locojax.model.config import LoraConfig
 from locojax.model.sharding import make_mesh
-from locojax.predict import from_train, memory
+from locojax.commands import predict_train
+from locojax.predict import memory
 from locojax.predict.flops import ModelCosts
 from locojax.rl import batch as batch_lib
 from locojax.rl import train_state, train_step
@@ -31,7 +32,7 @@ ARGS = ["demo", "--model", "tiny", "--mode", "single", "--rollout.prompts-per-st
 
 
 def test_predict_holds_what_the_lora_state_holds():
-    run = from_train.parse(ARGS)
+    run = predict_train.parse(ARGS)
     cfg = run.ctx.cfg
     assert cfg.lora == LoraConfig(rank=8, targets=("q", "v", "gate"), base_dtype="bfloat16")
     plan = memory.plan_for(run.ctx, fsdp=1, mp=1, grad_accum=1, remat=False)
@@ -43,7 +44,7 @@ def test_predict_holds_what_the_lora_state_holds():
     assert plan.parts["frozen"] == held["frozen base"]
     assert 0 <= held["optimizer"] - plan.parts["optimizer"] <= 8
     assert not plan.parts.get("reference")  # the base is the reference
-    full = memory.plan_for(from_train.parse(ARGS[:-8]).ctx, 1, 1, 1, False)
+    full = memory.plan_for(predict_train.parse(ARGS[:-8]).ctx, 1, 1, 1, False)
     assert plan.parts["optimizer"] < full.parts["optimizer"] / 10
 
 

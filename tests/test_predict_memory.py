@@ -10,6 +10,7 @@ import pathlib
 import jax
 import pytest
 
+from benchmarks.paper import memory_fit
 from locojax.model import config, decoder
 from locojax.predict import hardware, memory, spec
 from locojax.predict.phases import Ctx
@@ -66,14 +67,14 @@ def test_predict_is_the_plans_analytic_account_at_the_validation_shapes(name, tm
     shapes, so only the KV cache's block rounding and the optimizer's 8 bytes of step counts
     separate them). Predict once restated the step and left out the embedding gradient's
     partial and compute copy, and counted the reference in the compute dtype."""
-    from locojax.predict import from_train
+    from locojax.commands import predict_train
 
     argv = list(VALIDATION[name])
     if argv[0] == "real-demo":  # SmolLM2-135M-Instruct's published config, no checkpoint
         published = json.loads(PUBLISHED.read_text())["smollm2-135m-instruct"]
         (tmp_path / "config.json").write_text(json.dumps(published))
         argv += ["--model", str(tmp_path)]
-    run = from_train.parse(argv, "v5e-1")
+    run = predict_train.parse(argv, "v5e-1")
     remat = run.cfg.remat == "on"
     plan = memory.plan_for(run.ctx, fsdp=1, mp=1, grad_accum=1, remat=remat)
     ours = dataclasses.replace(plan.account, offloaded=())
@@ -103,9 +104,9 @@ def _ctx(model, cluster, rows=(128, 16)):
 
 
 def test_small_model_fits_unsharded_and_405b_needs_sharding():
-    small = memory.fit(_ctx("qwen3-0.6b", "v7x-8"))
+    small = memory_fit(_ctx("qwen3-0.6b", "v7x-8"))
     assert small.fits and small.settings["fsdp"] == 1
-    big = memory.fit(_ctx("llama-3.1-405b", "v7x-256"))
+    big = memory_fit(_ctx("llama-3.1-405b", "v7x-256"))
     # 18 bytes of train state a parameter (7.3 TB) cannot sit on one 192 GiB chip.
     assert big.settings["fsdp"] >= 64 and big.settings["mp"] > 1
     assert big.parts["params"] + big.parts["optimizer"] < 192 * 2 ** 30
@@ -131,7 +132,7 @@ def test_multi_turn_is_sized_from_the_trajectory_as_the_compiled_plan_is(tmp_pat
     slots, `extend.slots_needed`, of f32 keys and values), and its train columns are the
     compiled batch's: the whole trajectory, not one turn's cap (the bug of issue 37, which
     sized both from the per-turn N)."""
-    from locojax.predict import from_train
+    from locojax.commands import predict_train
     from locojax.train import memory_plan, wiring
     from locojax.train.loop import start
 
@@ -139,7 +140,7 @@ def test_multi_turn_is_sized_from_the_trajectory_as_the_compiled_plan_is(tmp_pat
             "--algo.group-size", "2", "--multi-turn.max-turns", "3", "--eval.every", "0",
             "--steps", "1", "--no-progress", "--no-tensorboard"]
     devices = len(jax.devices())  # the session's simulated CPU devices, one row each
-    run = from_train.parse(argv, f"cpu-here-{devices}")
+    run = predict_train.parse(argv, f"cpu-here-{devices}")
     seen = {}
     real_plan = memory_plan.plan
 
@@ -188,7 +189,7 @@ def test_the_swe_workload_is_sized_from_its_trajectory_and_gets_remat():
     cfg, _ = spec.load("qwen3-0.6b")
 
     def fitted(workload, cluster):
-        return memory.fit(Ctx(cfg, "qwen3-0.6b", workload, hardware.parse_cluster(cluster),
+        return memory_fit(Ctx(cfg, "qwen3-0.6b", workload, hardware.parse_cluster(cluster),
                               env_workers=workers))
 
     cache = fitted(wl, "v5e-8").parts["KV cache"]

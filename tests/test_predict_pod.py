@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from locojax.commands import predict
+from locojax.commands import predict, predict_report
 from locojax.predict import hardware, layout, modes, presets, spec
 from locojax.predict.phases import Ctx
 
@@ -88,7 +88,7 @@ def test_waves_where_only_the_cache_does_not_fit():
     ctx = dataclasses.replace(ctx, wl=ctx.wl.with_(prompts=1024))
     c = layout.choose(ctx)
     assert c.fits and c.plan.settings["waves"] > 1 and c.ctx.waves == c.plan.settings["waves"]
-    assert "waves" in c.describe() and "fewer" in c.wave_note()
+    assert "waves" in c.describe() and "fewer" in predict_report.wave_note(c)
 
 
 def test_matmul_efficiency_falls_below_a_tile_of_rows():

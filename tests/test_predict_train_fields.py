@@ -1,11 +1,13 @@
 """`locojax predict train`: every `locojax train` config field is honoured, refused by name
-or declared irrelevant (locojax/predict/train_fields.json), and the honoured ones change the
+or declared irrelevant (locojax/commands/predict_fields.json), and the honoured ones change the
 prediction."""
 
 import pytest
 
 from locojax.commands import predict
-from locojax.predict import from_train, modes, train_fields
+from locojax.commands import predict_fields as train_fields
+from locojax.commands import predict_train
+from locojax.predict import modes
 
 
 def test_every_train_field_is_placed_exactly_once():
@@ -15,9 +17,10 @@ def test_every_train_field_is_placed_exactly_once():
     assert len(placed) == len(set(placed)), "a field is in two tables"
     missing = sorted(fields - set(placed))
     assert not missing, (f"train fields predict neither honours, refuses nor declares "
-                         f"irrelevant (place them in locojax/predict/train_fields.json): {missing}")
+                         f"irrelevant (place them in locojax/commands/predict_fields.json): "
+                         f"{missing}")
     stale = sorted(set(placed) - fields)
-    assert not stale, f"train_fields.json names fields RunConfig no longer has: {stale}"
+    assert not stale, f"predict_fields.json names fields RunConfig no longer has: {stale}"
 
 
 def test_flags_are_the_command_lines():
@@ -53,7 +56,7 @@ def test_predicts_own_decode_chunk_flag_is_gone(capsys):
 
 
 def ctx(*argv):
-    return from_train.parse(["gsm8k", "--model", "qwen3-0.6b", *argv], "v5e-16").ctx
+    return predict_train.parse(["gsm8k", "--model", "qwen3-0.6b", *argv], "v5e-16").ctx
 
 
 def test_honoured_fields_reach_the_context():

@@ -12,5 +12,8 @@
     plot.py                `locojax plot`: one PNG of a run
     devices.py             `locojax devices`: what each host sees, a cross-host all-reduce
     predict.py             `locojax predict`: memory, step time and placement before launch
+    predict_train.py       `predict train ARGS`: a train command line as the cost model's inputs
+    predict_fields.py      `predict fields`: which train fields it reads (predict_fields.json)
+    predict_report.py      what `locojax predict` prints: its tables, throughput, constants
     predict_calibrate.py   `locojax predict calibrate`: measure this machine
 """

@@ -73,9 +73,9 @@ def main(argv: list[str]) -> int:
         own, rest = _split(argv)
         what, rest = rest[0], rest[1:]
         if what == "fields":
-            from locojax.predict import train_fields
+            from locojax.commands import predict_fields
 
-            print(train_fields.table())
+            print(predict_fields.table())
             return 0
         if what == "train":
             return _train(rest, own)
@@ -89,9 +89,9 @@ def main(argv: list[str]) -> int:
 
 
 def _train(rest: list[str], own: dict) -> int:
-    from locojax.predict import from_train
+    from locojax.commands import predict_train
 
-    run = from_train.parse(rest, own["--cluster"], own["--hardware"], own["--lengths-from"],
+    run = predict_train.parse(rest, own["--cluster"], own["--hardware"], own["--lengths-from"],
                            float(own["--chars-per-token"]), own["--kv-read"])
     cfg = run.cfg
     return _predict(run.ctx, run.source, own, only=cfg.mode if run.explicit_mode else None,
@@ -137,35 +137,35 @@ def _header(ctx) -> None:
 
 def _predict(ctx, source: str, own: dict, only: str | None = None, placement=None,
              given=None, steps: int = 0) -> int:
+    from locojax.commands import predict_report as report
     from locojax.predict import layout
 
     _header(ctx)
     print(f"  (model config: {source})")
     given = given or layout.Given()
     choice = layout.choose(ctx, given)
-    print(choice.plan.format())
+    print(report.memory_text(choice.plan))
     if ctx.cluster.hw.kind == "cpu":
         print("  (on this machine `locojax train ... --plan-only` gives XLA's exact plan)")
     elif not choice.fits:
-        print(f"locojax predict: {layout.refusal(choice, ctx, given)}", file=sys.stderr)
+        print(f"locojax predict: {report.refusal(choice, ctx, given)}", file=sys.stderr)
         return DOES_NOT_FIT
     else:
         print(f"layout: {choice.describe()}: the fastest of {choice.tried} that fit (fixed by "
               f"the command: {given.describe()})")
-        if choice.wave_note():
-            print(f"  {choice.wave_note()}")
+        if report.wave_note(choice):
+            print(f"  {report.wave_note(choice)}")
     ctx = choice.ctx
     _modes(ctx, only, placement, steps)
     if own["--constants"]:
-        from locojax.predict import report
-
         print("\nconstants used (origin [source]):")
         print("\n".join(f"  {line}" for line in report.constants(ctx.ledger)))
     return 0
 
 
 def _modes(ctx, only, placement, steps: int) -> None:
-    from locojax.predict import report, uncertainty
+    from locojax.commands import predict_report as report
+    from locojax.predict import uncertainty
     from locojax.predict import placement as place
 
     preds = place.predict_modes(ctx, only, placement)
@@ -178,7 +178,7 @@ def _modes(ctx, only, placement, steps: int) -> None:
     print(f"\nthroughput (in brackets: the range with every assumed or fitted constant from "
           f"{uncertainty.LOW:.2g}x to {uncertainty.HIGH:.2g}x; {len(rng.constants)} such "
           "constants):")
-    print("\n".join(uncertainty.throughput_lines(ctx, preds, rng, steps)))
+    print("\n".join(report.throughput_lines(ctx, preds, rng, steps)))
     if len(rng.nominal) > 1:
         print("verdicts that flip in that range: " + ("; ".join(rng.flips) or "none"))
     if ctx.cluster.hosts >= 2:
@@ -188,7 +188,8 @@ def _modes(ctx, only, placement, steps: int) -> None:
 def _advice(ctx, rng) -> None:
     """The best DA fraction and async workers and k, and what they are at the ends of the
     range (colocated's: the constants that make colocated faster, then slower)."""
-    from locojax.predict import modes, report, uncertainty
+    from locojax.commands import predict_report as report
+    from locojax.predict import modes, uncertainty
     from locojax.predict import placement as place
 
     adv = place.advise(ctx)

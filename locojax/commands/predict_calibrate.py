@@ -15,23 +15,46 @@ The profile's fields and the validation of its predictions: docs/predict.md.
 
 from __future__ import annotations
 
+import datetime
+import json
+import os
 import sys
+from pathlib import Path
 
 
 def main(argv: list[str]) -> int:
     if argv and argv[0] in ("-h", "--help"):
         print(__doc__)
         return 0
-    from locojax.predict import calibrate
+    from locojax.predict.hardware import CALIBRATED
 
-    out = calibrate.DEFAULT_PATH
+    out = CALIBRATED
     rest = list(argv)
     if rest[:1] == ["--out"] and len(rest) >= 2:
         out, rest = rest[1], rest[2:]
     elif rest and rest[0].startswith("--out="):
         out, rest = rest[0].split("=", 1)[1], rest[1:]
     if rest:
-        print(f"locojax predict calibrate: unknown argument {rest[0]!r} (only --out FILE)", file=sys.stderr)
+        print(f"locojax predict calibrate: unknown argument {rest[0]!r} (only --out FILE)",
+              file=sys.stderr)
         return 2
-    calibrate.run(out)
+    run(out)
     return 0
+
+
+def run(out: Path, say=print) -> Path:
+    """Measure (`calibrate.measure`), write the profile to `out`, and return its path."""
+    from locojax.predict import calibrate
+
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    load = "{:.2f}".format(os.getloadavg()[0])
+    say(f"calibrating this machine ({len(os.sched_getaffinity(0))} cores, load {load}); "
+        "a few minutes, keep it otherwise idle:")
+    m = calibrate.measure(say)
+    load = f"{load}-{os.getloadavg()[0]:.2f} (1-min average, start-end)"
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(calibrate.profile(m, when, load), indent=1) + "\n")
+    say(f"wrote {out}: predict with `locojax predict train ... --hardware {out} --cluster N` "
+        f"(or `--cluster here-N`, which reads {calibrate.DEFAULT_PATH})")
+    return out

@@ -16,14 +16,15 @@ The cost model, in the order a prediction runs through it:
 - modes and placement: `modes.py` (the synchronous modes), `simulate.py` (the discrete-event
   simulation of the buffered ones), `placement.py` (DA/async and the advice), `layout.py`
   (tp, FSDP, remat, micro-batches: the fastest that fits) with `memory.py`;
-- the report: `report.py` (tables, `--constants`), `uncertainty.py` (the range over the
-  uncertain constants, and the verdicts that flip in it).
+- the range: `uncertainty.py` (the range over the uncertain constants, and the verdicts
+  that flip in it); the command prints it all (locojax/commands/predict_report.py: the
+  tables, throughput and chip-hours, `--constants`).
 
-The run being predicted: `from_train.py` (the context of a `locojax train` command line)
-and `train_fields.py` (which of its fields predict reads; the tables in
-`train_fields.json`). This machine: `calibrate.py` (`locojax predict calibrate`) with
-`calibrate_host.py` and `calibration_step.py`. docs/pod_scale.md has the equations, the
-validation and the paper's tables reproduced.
+The run being predicted is read from its `locojax train` command line by the command
+(locojax/commands/predict_train.py; predict_fields.py: which train fields predict reads).
+This machine: `calibrate.py` (`locojax predict calibrate`) with `calibrate_host.py` and
+`calibration_step.py`. docs/pod_scale.md has the equations, the validation and the paper's
+tables reproduced.
 
 What is not a prediction of the run asked for is a benchmark (docs/benchmarks.md): the
 sweeps over sizes and chips (`predict_sweep`), the paper's studies (`paper_report`), the

@@ -37,14 +37,12 @@ Profile fields are described in docs/predict_validation.md.
 
 from __future__ import annotations
 
-import datetime
 import json
 import os
 import platform
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 from locojax import distributed
 from locojax.predict import calibration_step
@@ -271,18 +269,3 @@ def profile(m: dict, when: str, load: str) -> dict:
 def _ram() -> float:
     return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
 
-
-def run(out: Path = DEFAULT_PATH, say=print) -> Path:
-    """Measure, write the profile to `out`, and return its path."""
-    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    load = "{:.2f}".format(os.getloadavg()[0])
-    say(f"calibrating this machine ({len(os.sched_getaffinity(0))} cores, load {load}); "
-        "a few minutes, keep it otherwise idle:")
-    m = measure(say)
-    load = f"{load}-{os.getloadavg()[0]:.2f} (1-min average, start-end)"
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(profile(m, when, load), indent=1) + "\n")
-    say(f"wrote {out}: predict with `locojax predict train ... --hardware {out} --cluster N` "
-        f"(or `--cluster here-N`, which reads {DEFAULT_PATH})")
-    return out

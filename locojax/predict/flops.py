@@ -18,8 +18,8 @@ so that they can be checked against XLA's `cost_analysis()` of those programs
   columns (a local layer: over at most W of them), and the LM head on the last position only;
 - a decode step runs every row of the call (finished rows too: shapes are static) and reads
   `kv_slots` keys per row: the whole fixed-size cache, S = P + N - 1, in locojax's engine
-  (`kv_read="static"`), or only the filled part, P + i at step i, in a paged engine
-  (`kv_read="actual"`);
+  (`--kv-read static`), or only the filled part, P + i at step i, in a paged engine
+  (`--kv-read actual`; `phases.Ctx.decode_keys` picks the keys);
 - the train step runs each group's prompt once (`logprobs.prefix_hidden`), the responses'
   N - 1 columns attending to the prompt's P keys and to each other (dense masked), and the
   LM head on the N positions that predict response tokens.
@@ -57,12 +57,6 @@ class Costs:
 
     flops: float = 0.0
     bytes: float = 0.0
-
-    def __add__(self, other: "Costs") -> "Costs":
-        return Costs(self.flops + other.flops, self.bytes + other.bytes)
-
-    def scale(self, k: float) -> "Costs":
-        return Costs(self.flops * k, self.bytes * k)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,22 +136,6 @@ class ModelCosts:
         every row's keys and values read."""
         flops = rows * self.token_flops(keys)
         moved = self.weight_bytes() + rows * self.kv_read_bytes(keys)
-        return Costs(flops, moved)
-
-    def decode(self, rows: float, prompt_len: int, steps: int, max_new: int,
-               kv_read: str = "static") -> Costs:
-        """`steps` decode steps (tokens 1..steps of every row; at most max_new - 1).
-
-        kv_read "static": every step reads all S = P + N - 1 slots (locojax's engine, whose
-        cache has a fixed size); "actual": step i reads the P + i filled slots (paged)."""
-        if kv_read not in ("static", "actual"):
-            raise ValueError(f"kv_read must be 'static' or 'actual', got {kv_read!r}")
-        if kv_read == "static":
-            return self.decode_step(rows, prompt_len + max_new - 1).scale(steps)
-        i = np.arange(1, steps + 1, dtype=np.float64)
-        keys = prompt_len + i  # the fed token's own slot included
-        flops = rows * float(np.sum(self.token_flops(keys)))
-        moved = steps * self.weight_bytes() + rows * float(np.sum(self.kv_read_bytes(keys)))
         return Costs(flops, moved)
 
     def train_forward(self, rows: float, group: int, prompt_len: int, new: int) -> float:

@@ -6,10 +6,12 @@ Candidates (accelerators): tp a power of two up to one host's chips that divides
 and the MLP width (locojax's rollout stays inside a host, locojax/train/meshes.py), FSDP a
 power of two dividing the chips, remat off and on, and for each the fewest micro-batches
 that fit; where the train step fits but the KV cache of all rows does not, rollout in the
-fewest waves whose cache fits (each wave a decode loop over its share of the rows). Each that fits (`memory.plan_for`) is timed as the colocated step, and the
-fastest wins: choosing the first that fits would, e.g., shard a 1.7B model over more chips
-than a 4B one and make the larger faster. A run that fits in no layout is refused with the
-smallest chip count (doubling) that does fit, and its layout. On this machine (cpu-here)
+fewest waves whose cache fits (each wave a decode loop over its share of the rows). Each
+that fits (`memory.plan_for`) is timed as the colocated step, and the fastest wins:
+choosing the first that fits would, e.g., shard a 1.7B model over more chips than a 4B one
+and make the larger faster. A run that fits in no layout is refused with the
+smallest chip count (doubling) that does fit, and its layout (`smallest_fit`; the command's
+message, locojax/commands/predict_report.py). On this machine (cpu-here)
 the layout is the command's; `locojax train --plan-only` gives XLA's exact plan.
 """
 
@@ -26,30 +28,13 @@ MAX_CHIPS = 65536  # the search for a layout that fits stops here
 
 @dataclasses.dataclass(frozen=True)
 class Given:
-    """What the command fixes (0 / None: free)."""
+    """What the command fixes (0 / None: free; `predict_train.given_of` reads a run's)."""
 
     tp: int = 0
     fsdp: int = 0
     data: int = 0
     remat: bool | None = None
     grad_accum: int = 0
-
-    @classmethod
-    def of(cls, cfg, cluster: hardware.Cluster) -> "Given":
-        from locojax.train.meshes import parse_mesh
-
-        mesh = parse_mesh(cfg.train.mesh)
-        remat = {"on": True, "off": False}.get(cfg.remat)
-        tp = cfg.rollout.tp if cfg.rollout.tp > 1 else 0
-        # cpu-here's "hosts" are simulated devices of this machine: --mode single drives
-        # them from one process, so its tp may span them.
-        per_host = cluster.chips if cluster.shared_cores else cluster.chips_per_host
-        if tp and tp > min(cluster.chips, per_host):
-            raise ValueError(f"--rollout.tp {tp}: rollout stays inside a host, and a host of "
-                             f"{cluster.describe()} has {cluster.chips_per_host} chips")
-        if mesh and cfg.mode not in ("disaggregated", "async"):
-            cfg.train.shape(cluster.chips)  # train's own refusal: D x F must be the chips
-        return cls(tp, mesh.get("fsdp", 0), mesh.get("data", 0), remat, cfg.grad_accum)
 
     def describe(self) -> str:
         parts = [f"{k} {v}" for k, v in (("tp", self.tp), ("fsdp", self.fsdp),
@@ -76,16 +61,6 @@ class Choice:
         return (f"{self.ctx.cluster.chips} chips: rollout tp {st['mp']}, FSDP {st['fsdp']}, "
                 f"remat {'on' if st['remat'] else 'off'}, grad_accum {st['grad_accum']}"
                 + (f", rollout in {waves} waves" if waves > 1 else ""))
-
-    def wave_note(self) -> str:
-        """What waves mean for a locojax run, where the layout needs them."""
-        waves = self.plan.settings.get("waves", 1)
-        if waves <= 1:
-            return ""
-        return (f"the KV cache of all rows does not fit: rollout runs in {waves} waves of "
-                f"1/{waves} of the rows (the plan's KV cache is one wave's). locojax's engine "
-                f"generates a host's rows in one batch, so a locojax run needs {waves}x fewer "
-                "--rollout.prompts-per-step, or more chips")
 
 
 def _in_waves(plan: memory.Plan) -> memory.Plan:
@@ -181,37 +156,3 @@ def smallest_fit(ctx: Ctx, given: Given = Given()) -> tuple[Choice | None, str]:
             break
     return None, ""
 
-
-def refusal(choice: Choice, ctx: Ctx, given: Given) -> str:
-    """Why the run does not fit, and the smallest layout that does."""
-    p = choice.plan
-    head = (f"does not fit: at best ({choice.describe()}) the peak is {p.peak / 1e9:.1f} GB "
-            f"of {p.hbm / 1e9:.1f} GB per chip ({100 * p.peak / p.hbm:.0f}%; limit "
-            f"{memory.HEADROOM:.0%})")
-    fit, freed = smallest_fit(ctx, given)
-    if fit is None:
-        return (f"{head}; no layout of up to {MAX_CHIPS} {ctx.cluster.hw.name} chips fits "
-                f"(rollout stays inside a host of {ctx.cluster.chips_per_host} chips). "
-                + elsewhere(ctx))
-    also = f", without the fixed {freed}" if freed else ""
-    return (f"{head}. The smallest layout that fits: {fit.describe()}{also} "
-            f"(--cluster {ctx.cluster.hw.name}-{fit.ctx.cluster.chips}; peak "
-            f"{fit.plan.peak / 1e9:.1f} GB)")
-
-
-def elsewhere(ctx: Ctx) -> str:
-    """The smallest layout that fits on each other shipped accelerator profile."""
-    found = []
-    for name in hardware.known():
-        hw = hardware.load(name)
-        if hw.kind == "cpu" or hw.name == ctx.cluster.hw.name:
-            continue
-        start = hardware.Cluster(hw, int(hw.chips_per_host.value))
-        c = dataclasses.replace(ctx, cluster=start, tp=0, fsdp_chips=0)
-        first = choose(c)
-        fit = first if first.fits else smallest_fit(c)[0]
-        if fit is not None:
-            found.append(f"--cluster {hw.name}-{fit.ctx.cluster.chips} ({fit.describe()})")
-    if not found:
-        return "No shipped profile fits it either."
-    return "Smallest that fit on the other shipped profiles: " + "; ".join(found)

@@ -8,9 +8,9 @@ allocates them: a multi-turn task's whole conversation) over tensor parallelism 
 engine's copy of the weights exists where it reads them in another layout (tp or FSDP) or
 merges LoRA's adapters, and with `--offload auto` a plan that does not fit keeps the
 reference, then AdamW's moments, in host memory (`Account.offload`; the copies' time over
-the host link is not costed). `fit` escalates remat, micro-batches and FSDP, in the plan's
-order, until the peak fits 90% of HBM. tests/test_predict_memory.py holds predict within
-10% of the plan's account at the validation shapes.
+the host link is not costed). `layout.py` times every plan that fits 90% of HBM and takes
+the fastest. tests/test_predict_memory.py holds predict within 10% of the plan's account at
+the validation shapes.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ from locojax.rl.batch import SharedPrefix
 from locojax.rl.config import AlgoConfig, LearnerConfig
 from locojax.train import train_memory
 
-GB = 1e9
 HEADROOM = 0.9  # of HBM: what XLA and the runtime keep for themselves
 
 
@@ -53,21 +52,6 @@ class Plan:
     def fits(self) -> bool:
         return self.peak <= HEADROOM * self.hbm
 
-    def format(self) -> str:
-        st = self.settings
-        head = (f"memory per device (analytic; FSDP over {st['fsdp']}, rollout tensor-parallel "
-                f"{st['mp']}, grad_accum {st['grad_accum']}, "
-                f"remat {'on' if st['remat'] else 'off'},"
-                f" {st['dtype']}):")
-        host = {k: " (host memory but in its program)" for k in self.account.offloaded}
-        parts = ", ".join(f"{k} {v / GB:.2f} GB{host.get(k, '')}"
-                          for k, v in self.parts.items() if v)
-        verdict = "fits" if self.fits else "DOES NOT FIT"
-        return (f"{head}\n  {parts}\n  peak {self.peak / GB:.2f} GB in the {self.peak_phase} "
-                f"(the KV cache and the train step's buffers are never live at once) of "
-                f"{self.hbm / GB:.1f} GB ({100 * self.peak / self.hbm:.0f}%): {verdict} "
-                f"(limit {HEADROOM:.0%})")
-
 
 @functools.lru_cache(maxsize=1024)
 def _train_terms(cfg, learner: LearnerConfig, rows: int, columns: int, chips: int,
@@ -77,13 +61,11 @@ def _train_terms(cfg, learner: LearnerConfig, rows: int, columns: int, chips: in
                                                    prefix, param_bytes)
 
 
-def plan_for(ctx: Ctx, fsdp: int, mp: int, grad_accum: int, remat: bool,
-             learner_chips: int | None = None) -> Plan:
+def plan_for(ctx: Ctx, fsdp: int, mp: int, grad_accum: int, remat: bool) -> Plan:
     wl = ctx.wl
     # As the run's builder loads the model (`build._dtypes`): f32 masters whatever the
     # checkpoint's dtype, the compute dtype from --precision.
     cfg = dataclasses.replace(ctx.cfg, param_dtype="float32", compute_dtype=ctx.dtype)
-    chips = learner_chips or ctx.cluster.chips
     held = dict(train_memory.held_bytes(cfg, fsdp, wl.beta > 0))
     p = cfg.num_params()
     rollout = {}
@@ -103,7 +85,7 @@ def plan_for(ctx: Ctx, fsdp: int, mp: int, grad_accum: int, remat: bool,
     platform = "cpu" if ctx.cluster.hw.is_cpu else ctx.cluster.hw.kind
     rows = max(wl.rows, learner.rows_multiple)
     columns = wl.prompt_columns + wl.response_columns  # multi-turn: the whole trajectory
-    train = _train_terms(cfg, learner, rows, columns, chips, platform,
+    train = _train_terms(cfg, learner, rows, columns, ctx.cluster.chips, platform,
                          SharedPrefix(wl.prompt_columns, wl.group), held["params"])
     account = train_memory.Account(held, rollout, dict(train))
     hbm = float(ctx.cluster.hw.hbm_bytes.value)
@@ -113,31 +95,3 @@ def plan_for(ctx: Ctx, fsdp: int, mp: int, grad_accum: int, remat: bool,
                 "dtype": ctx.dtype}
     return Plan(settings, account, hbm)
 
-
-def fit(ctx: Ctx, learner_chips: int | None = None) -> Plan:
-    """The first plan that fits, in the memory plan's order of escalation (`plan_fit.fit`,
-    as `--remat auto --grad-accum auto` runs it): as asked; remat; then with remat more
-    micro-batches (grad_accum doubling up to the rows per chip); then FSDP over twice the
-    chips, from the top. Else the last (smallest) one tried."""
-    chips = learner_chips or ctx.cluster.chips
-    mp = ctx.model_parallel()
-    rows_per_chip = max(1, ctx.wl.rows // chips)
-    last = None
-    fsdp = 1
-    while fsdp <= chips:
-        tries = [(ctx.remat, 1)] + [(True, a) for a in _doublings(rows_per_chip)]
-        for remat, accum in tries:
-            last = plan_for(ctx, fsdp, mp, accum, remat, chips)
-            if last.fits:
-                return last
-        fsdp *= 2
-    return last
-
-
-def _doublings(top: int) -> list[int]:
-    """1, 2, 4, ... up to `top`."""
-    out, a = [], 1
-    while a <= top:
-        out.append(a)
-        a *= 2
-    return out

@@ -313,7 +313,7 @@ class Ctx:
         per_host = max(1, min(self.cluster.chips_per_host, chips))
         ici, dcn = coll.data_parallel_allreduce(
             int(chips), domain, grads, self.hw("ici_bandwidth"), self.hw("ici_latency"),
-            h.ici_topology, self.dcn_bandwidth(hosts), self.dcn_latency(hosts), per_host,
+            h.ici_topology, self.dcn("dcn_bandwidth", hosts), self.dcn_latency(hosts), per_host,
             h.extra.get("collective_algorithm", "best"))
         n = self.fsdp(chips)
         if n > 1:
@@ -326,21 +326,18 @@ class Ctx:
         shared = self.cluster.shared_cores
         return bool(shared) and processes > shared
 
-    def dcn_latency(self, processes: float) -> float:
-        """Per-message latency between hosts; on cpu-here, where hosts are processes sharing
-        the cores, the latency measured with more processes than cores once oversubscribed."""
+    def dcn(self, field: str, processes: float) -> float:
+        """`dcn_latency` or `dcn_bandwidth` between hosts; on cpu-here, where hosts are
+        processes sharing the cores, the one measured with more processes than cores once
+        oversubscribed (`FIELD_oversubscribed`)."""
         h = self.cluster.hw
-        over = h.extra.get("dcn_latency_oversubscribed")
+        over = h.extra.get(f"{field}_oversubscribed")
         if over is not None and self._oversubscribed(processes):
-            return self.c(f"{h.name}.dcn_latency_oversubscribed", over)
-        return self.hw("dcn_latency")
+            return self.c(f"{h.name}.{field}_oversubscribed", over)
+        return self.hw(field)
 
-    def dcn_bandwidth(self, processes: float) -> float:
-        h = self.cluster.hw
-        over = h.extra.get("dcn_bandwidth_oversubscribed")
-        if over is not None and self._oversubscribed(processes):
-            return self.c(f"{h.name}.dcn_bandwidth_oversubscribed", over)
-        return self.hw("dcn_bandwidth")
+    def dcn_latency(self, processes: float) -> float:
+        return self.dcn("dcn_latency", processes)
 
     def small_collectives(self, hosts: int, count: int) -> float:
         """`count` small cross-host collectives (metric sums, flags) per step: a ring's

@@ -41,15 +41,10 @@ def _table(hw: Hardware, field: str, ledger: Ledger) -> list[tuple[float, float]
     return sorted(out)
 
 
-def shared_cores(hw: Hardware) -> float:
-    c = hw.extra.get("shared_cores")
-    return float(c) if c else 0.0
-
-
 def oversubscription(hw: Hardware, ledger: Ledger, processes: float) -> float:
     """ρ(k): k busy processes' time over each alone on its share of the shared cores (1 for
     one process, where the hosts do not share a machine, or without a measured table)."""
-    if not shared_cores(hw) or processes <= 1:
+    if not hw.extra.get("shared_cores") or processes <= 1:
         return 1.0
     table = [(k, v) for k, v in _table(hw, "oversubscription", ledger) if k > 1]
     if not table:
@@ -63,7 +58,7 @@ def loop_iteration_extra(hw: Hardware, ledger: Ledger, devices: int) -> float:
     i(N) - i(1), negative where N threads gain more from the idle core than they lose to
     contention (0 where the hosts do not share a machine, at N = 1, or without a measured
     table)."""
-    if not shared_cores(hw) or devices <= 1:
+    if not hw.extra.get("shared_cores") or devices <= 1:
         return 0.0
     table = _table(hw, "multi_device_iteration_s", ledger)
     if not table:

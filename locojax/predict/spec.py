@@ -25,12 +25,9 @@ from pathlib import Path
 from locojax.model import config as model_config
 from locojax.model.config import FULL, SLIDING, ModelConfig
 from locojax.model.families import FAMILIES
+from locojax.model.loader import EMBEDDED  # `--model` names of the shipped checkpoints
 
 MODELS_DIR = Path(__file__).parent / "models"
-ASSETS_DIR = Path(__file__).parent.parent / "assets"
-EMBEDDED = {"embedded": "tiny-arith", "embedded-strict": "tiny-arith-strict",
-            "embedded-calc": "tiny-calc"}
-"""`locojax train --model` names of the shipped checkpoints (locojax/model/loader.py)."""
 
 _REQUIRED = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
              "vocab_size")
@@ -128,7 +125,7 @@ def load(name: str) -> tuple[ModelConfig, str]:
         return model_config.PRESETS[name](), f"preset {name} (locojax.model.config)"
     path = Path(name)
     if name in EMBEDDED:
-        path = ASSETS_DIR / EMBEDDED[name]
+        path = EMBEDDED[name]
     elif (MODELS_DIR / f"{name}.json").is_file():
         path = MODELS_DIR / f"{name}.json"
     if path.is_dir():

@@ -1,16 +1,12 @@
-"""What a buyer can act on: throughput, chip-hours, and how far the uncertain constants move
-them.
-
-Throughput of a step of R rows taking t seconds on C chips: R / t samples/s, the generated
-tokens R · turns · mean completion / t tokens/s, each also per chip; chip-hours per 1,000
-steps C · 1000 t / 3600.
+"""How far the uncertain constants move a prediction (the throughput and chip-hours printed
+with that range: locojax/commands/predict_report.py).
 
 Range: every constant the prediction read whose origin is `assumed` or `fitted`
 (origin.py) is moved, one at a time, to LOW and to HIGH times its value (an efficiency at
 most 1), and the prediction rerun; then, for each mode, all at once, each to the end that
-made that mode's step shorter (the range's low end) or longer (its high end). A verdict flips when, in any of
-those runs, which mode is fastest, or the order of two modes, differs from the nominal
-prediction; each flip names the constant and the end that does it.
+made that mode's step shorter (the range's low end) or longer (its high end). A verdict
+flips when, in any of those runs, which mode is fastest, or the order of two modes, differs
+from the nominal prediction; each flip names the constant and the end that does it.
 """
 
 from __future__ import annotations
@@ -109,30 +105,3 @@ def at(ctx: Ctx, scale: dict) -> Ctx:
     """ctx with the constants of `scale` moved (one end of a range)."""
     return dataclasses.replace(ctx, ledger=Scaled(scale))
 
-
-def _span(f, t: float, lo: float | None, hi: float | None) -> str:
-    """f(t), and the range f takes over [lo, hi] where given."""
-    if lo is None:
-        return f"{f(t):.3g}"
-    a, b = sorted((f(lo), f(hi)))
-    return f"{f(t):.3g} ({a:.3g}-{b:.3g})"
-
-
-def throughput_lines(ctx: Ctx, preds, rng: Range | None, steps: int = 0) -> list[str]:
-    """Per mode: samples/s, tokens/s (each per chip), chip-hours per 1,000 steps, with the
-    range where given, and the whole run's hours where `steps` is given."""
-    wl, chips = ctx.wl, ctx.cluster.chips
-    tokens = wl.rows * wl.turns * wl.completion.mean
-    metrics = (lambda s: wl.rows / s, lambda s: wl.rows / s / chips,  # noqa: E731
-               lambda s: tokens / s, lambda s: tokens / s / chips,
-               lambda s: chips * 1000 * s / 3600)
-    lines = ["| mode | samples/s | per chip | tokens/s | per chip | chip-hours / 1,000 steps |"
-             + (" run hours |" if steps else ""),
-             "|---|---|---|---|---|---|" + ("---|" if steps else "")]
-    for p in (p for p in preds if p.phases):
-        lo = rng.low.get(p.mode) if rng else None
-        hi = rng.high.get(p.mode) if rng else None
-        cells = " | ".join(_span(f, p.step, lo, hi) for f in metrics)
-        lines.append(f"| {p.mode} | {cells} |" + (f" {steps * p.step / 3600:.3g} |" if steps
-                                                  else ""))
-    return lines

@@ -8,20 +8,17 @@ A step samples G completions for each of B prompts. What the cost model needs of
 - host work: reward per row, and for multi-turn tasks env turns with their tool time and
   observation tokens.
 
-Lengths come from a preset (assumptions stated), a data file (`question`/`problem` and
-`answer`/`solution` fields: prompt and reference-solution lengths in characters over a
-characters-per-token ratio), or a run's rollout dump (`run_dir/rollouts/*.npz`: the `mask`
-of each row gives its completion length exactly).
+Lengths come from a preset (assumptions stated), or for a `locojax train` command line
+(locojax/commands/predict_train.py) from a data file (reference-solution lengths in
+characters over a characters-per-token ratio) or a run's rollout dump (the `mask` of each
+row gives its completion length exactly).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import glob
-import json
 import math
 import statistics
-from pathlib import Path
 
 import numpy as np
 
@@ -114,33 +111,3 @@ class Workload:
     def with_(self, **kw) -> "Workload":
         return dataclasses.replace(self, **kw)
 
-
-def from_data_file(path: str, chars_per_token: float, max_prompt: int, max_new: int,
-                   prompts: int, group: int, task: str) -> tuple[Lengths, Lengths]:
-    """(prompt lengths, completion lengths) in tokens from a jsonl of problems: the
-    prompt (`question`/`problem`/`prompt`) and the reference solution (`answer`/`solution`)
-    in characters over `chars_per_token`. The completions are the dataset's references, not
-    a policy's: state that where they are used."""
-    prompt_len, answer_len = [], []
-    with open(path) as f:
-        for line in f:
-            if not line.strip():
-                continue
-            d = json.loads(line)
-            q = d.get("question") or d.get("problem") or d.get("prompt") or ""
-            a = d.get("solution") or d.get("answer") or ""
-            prompt_len.append(len(q) / chars_per_token)
-            answer_len.append(len(a) / chars_per_token)
-    src = f"{path}: lengths in characters / {chars_per_token:g} characters per token"
-    return (Lengths.from_samples(prompt_len, src, cap=max_prompt),
-            Lengths.from_samples(answer_len, src + " (reference solutions)", cap=max_new))
-
-
-def from_rollout_dump(run_dir: str, max_new: int) -> Lengths:
-    """Completion lengths of every row a run dumped (`--dump-rollouts`)."""
-    files = sorted(glob.glob(str(Path(run_dir) / "rollouts" / "*.npz")))
-    if not files:
-        raise ValueError(f"no rollout dump in {run_dir}/rollouts (run with --dump-rollouts)")
-    lengths = np.concatenate([np.load(f)["mask"].sum(axis=1) for f in files])
-    return Lengths.from_samples(lengths, f"{run_dir}/rollouts ({len(files)} files, "
-                                f"{lengths.size} rows)", cap=max_new)

@@ -8,8 +8,9 @@ link per step and no compile; when a rollout alone still does not fit (its KV ca
 generates in waves (`in_waves`, `--rollout.waves 0`); then it tries the automatic settings
 in order, each a `LearnerConfig` the train step is compiled for again, on every backend
 alike: remat when `--remat auto`, then more micro-batches when `--grad-accum 0` (auto).
-`locojax predict` escalates remat and micro-batches in the same order
-(`locojax/predict/memory.py`).
+The paper's studies escalate remat and micro-batches in the same order
+(`benchmarks/paper.py`, `memory_fit`); `locojax predict` times every layout that fits
+instead (`locojax/predict/layout.py`).
 """
 
 from __future__ import annotations

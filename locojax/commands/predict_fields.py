@@ -1,12 +1,13 @@
-"""Which `locojax train` config fields `locojax predict train` consumes: every field of
-`RunConfig` is in exactly one of three tables, so that no flag is silently ignored.
+"""`locojax predict fields`: which `locojax train` config fields `locojax predict train`
+consumes. Every field of `RunConfig` is in exactly one of three tables, so that no flag is
+silently ignored.
 
 - HONOURED: the prediction reads it (the text says how);
 - REFUSED: it changes the step's cost in a way the model does not cost; a value other than
   the field's default is refused, naming the flag and why;
 - IRRELEVANT: it does not change a steady step's time or memory (the text says why).
 
-The tables are data, `train_fields.json` (field path -> the text), read once here.
+The tables are data, `predict_fields.json` (field path -> the text), read once here.
 tests/test_predict_train_fields.py walks every field of `RunConfig` and fails when one is
 in none of the tables (a new train flag must be placed there) or in a table but no longer a
 field. `locojax predict fields` prints the tables (docs/pod_scale.md holds a run of it).
@@ -18,7 +19,7 @@ import dataclasses
 import json
 from pathlib import Path
 
-with open(Path(__file__).parent / "train_fields.json") as _f:
+with open(Path(__file__).parent / "predict_fields.json") as _f:
     _TABLES = json.load(_f)
 HONOURED: dict[str, str] = _TABLES["honoured"]
 REFUSED: dict[str, str] = _TABLES["refused"]
