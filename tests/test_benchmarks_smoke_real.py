@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from bench_smoke import ROOT, bench, table_rows
+from bench_smoke import ROOT, XLA_DEFAULTS, bench, table_rows
 
 
 @pytest.mark.slow  # the real SmolLM2: 3 steps, 2 short evaluations (start, final)
@@ -21,7 +21,8 @@ def test_bench_real_trl_locojax_side(tmp_path, real_model):
     model = real_model()
     out = bench("bench_real_trl", "--model", str(model), "--steps", "3", "--sides", "locojax",
                 "--eval-every", "0", "--held-out", "4", "--out", str(tmp_path / "o"),
-                f"--locojax-flags=--optim.hf-padding-idx {SMALL_REAL_BATCH}", timeout=900)
+                f"--locojax-flags=--optim.hf-padding-idx {SMALL_REAL_BATCH}", timeout=900,
+                env=XLA_DEFAULTS)
     assert "# bench_real_trl: " in out and '"loss_agg": "token-mean"' in out
     (row,) = table_rows(out, "0")
     assert row[1] == f"locojax --optim.hf-padding-idx {SMALL_REAL_BATCH}"  # the extra flags
@@ -47,7 +48,8 @@ def test_bench_real_trl_speed_rounds_locojax_side(tmp_path, real_model):
     model = real_model()
     out = bench("bench_real_trl", "--model", str(model), "--steps", "3", "--sides", "locojax",
                 "--speed-rounds", "1", "--out", str(tmp_path / "s"),
-                f"--locojax-flags=--optim.hf-padding-idx {SMALL_REAL_BATCH}", timeout=540)
+                f"--locojax-flags=--optim.hf-padding-idx {SMALL_REAL_BATCH}", timeout=540,
+                env=XLA_DEFAULTS)
     (row,) = table_rows(out, "0")  # round 0: the median step and the first one
     assert float(row[1].split()[0]) > 0 and row[1].split()[1].startswith("(")
     assert "locojax, last round: decode" in out and "of the matmul peak" in out
@@ -95,7 +97,7 @@ def test_ab_sample_trl_locojax_side_and_refusal_without_trls_venv(tmp_path, real
     venv is refused by name, before sampling anything."""
     model = real_model()
     out = bench("ab_sample_trl", "--model", str(model), "--rows", "4", "--k", "2", "--sides",
-                "locojax", "--out", str(tmp_path / "o"), timeout=600)
+                "locojax", "--out", str(tmp_path / "o"), timeout=600, env=XLA_DEFAULTS)
     assert "# ab_sample_trl: " in out and "4 held-out rows x k 2" in out
     (reward,) = table_rows(out, "reward")
     assert 0 <= float(reward[1]) <= 1 and reward[2] == "n/a"
