@@ -21,6 +21,12 @@ history, their every point in docs/results/.
 Usage:
     .venv/bin/python -m benchmarks.validate_heldout [--work-dir DIR] [--only ID ...]
     .venv/bin/python -m benchmarks.validate_heldout --profile FILE   # skip calibrating
+    python -m benchmarks.validate_heldout --points \
+        benchmarks/predict_validation_points_v10_tpu.json   # on the chip (docs/tpu.md)
+
+Set 10's points name a published config (`"config"`): each runs GSM8K on random weights at
+that config (`with_models`), from `--configs` and `--data` (the chip's carried
+`.tpu-data/`); `--tiny` runs them cut to 2 layers at d 64, a dry run on the CPU.
 """
 
 from __future__ import annotations
@@ -42,7 +48,18 @@ REAL = "models/SmolLM2"
 
 
 def train_args(pt: dict, run_dir: Path) -> list[str]:
-    """The `train` arguments of a point (the file's workload)."""
+    """The `train` arguments of a point (the file's workload): the arithmetic demo's, or for
+    a point of a published config (set 10's, `with_models`) GSM8K's on its random weights."""
+    if "config" in pt:
+        return ["gsm8k", "--mode", "single", "--model", pt["model"], "--task.data", pt["data"],
+                "--task.template", "plain", "--task.skip-invalid",
+                "--rollout.prompts-per-step", str(pt["prompts"]),
+                "--algo.group-size", str(pt["group"]),
+                "--rollout.max-prompt-tokens", str(pt["prompt_tokens"]),
+                "--rollout.max-new-tokens", str(pt["new_tokens"]), "--rollout.ignore-eos",
+                "--precision", pt["precision"], "--remat", pt["remat"], "--algo.beta", "0",
+                "--steps", str(pt["steps"]), "--eval.every", "0", "--no-progress",
+                "--no-tensorboard", "--run-dir", str(run_dir)]
     return ["demo", "--mode", pt["mode"], "--model", pt["model"], "--task.name", "arith",
             "--task.level", "3", "--rollout.prompts-per-step", str(pt["prompts"]),
             "--algo.group-size", str(pt["group"]),
@@ -50,6 +67,26 @@ def train_args(pt: dict, run_dir: Path) -> list[str]:
             "--rollout.max-new-tokens", str(pt["new_tokens"]), "--rollout.ignore-eos",
             "--algo.beta", "0", "--steps", str(pt["steps"]), "--eval.every", "0",
             "--no-progress", "--no-tensorboard", "--run-dir", str(run_dir)]
+
+
+def with_models(points: list[dict], configs: Path, data: str, models: Path,
+                tiny: bool = False) -> list[dict]:
+    """The points, each of a published config (`"config"`: CONFIGS/NAME.json) given its
+    random-weight checkpoint under MODELS (written once, on the CPU so that this process
+    never holds an accelerator: benchmarks/tpu/random_model.py; `tiny` cuts it to 2 layers
+    at d 64 for a dry run), the GSM8K rows `data`, and single mode on one device."""
+    out = []
+    for pt in points:
+        if "config" in pt:
+            model = models / (pt["config"] + ("-tiny" if tiny else ""))
+            if not (model / "model.safetensors").exists():
+                subprocess.run([sys.executable, "-m", "benchmarks.tpu.random_model",
+                                str(configs / f"{pt['config']}.json"), str(model),
+                                "--tokenizer", "tiny", *(["--tiny"] if tiny else [])],
+                               check=True, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+            pt = {**pt, "model": str(model), "data": data, "mode": "single", "n": 1}
+        out.append(pt)
+    return out
 
 
 def command(pt: dict, run_dir: Path) -> list[str]:
@@ -252,9 +289,17 @@ def main() -> int:
     ap.add_argument("--breakdown", action="store_true",
                     help="with --profile: read the runs already in --work-dir and print, per "
                          "point, each phase group measured and predicted; run nothing")
+    ap.add_argument("--configs", default=".tpu-data/configs",
+                    help="points of a published config: the folder of its config.json")
+    ap.add_argument("--data", default=".tpu-data/gsm8k/train.jsonl",
+                    help="points of a published config: their GSM8K rows")
+    ap.add_argument("--tiny", action="store_true",
+                    help="points of a published config on 2 layers at d 64 (a dry run)")
     args = ap.parse_args()
     spec = json.loads(Path(args.points).read_text())
     work = Path(args.work_dir)
+    spec["points"] = with_models(spec["points"], Path(args.configs), args.data,
+                                 work / "models", args.tiny)
     if args.breakdown:
         print("\n".join(breakdown_table(spec, Path(args.profile), work)))
         return 0

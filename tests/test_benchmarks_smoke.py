@@ -326,6 +326,32 @@ def test_validate_heldout_one_point_from_the_shipped_profile(tmp_path):
     assert float(row[7]) > 0 and float(row[8]) > 0  # measured and predicted s/step
 
 
+@pytest.mark.slow  # writes a random model, then a 3-step `locojax train` GSM8K run
+def test_validate_heldout_a_published_configs_point_dry_run(tmp_path):
+    """Set 10's kind of point (benchmarks/predict_validation_points_v10_tpu.json): a published
+    config on random weights, GSM8K, a precision and remat; here cut to 2 layers (--tiny)."""
+    configs = tmp_path / "configs"
+    configs.mkdir()
+    (configs / "qwen3-0.6b.json").write_text(json.dumps(json.loads(
+        (ROOT / "tests" / "data" / "hf_configs.json").read_text())["qwen3-0.6b"]))
+    spec = json.loads((ROOT / "benchmarks" / "predict_validation_points_v10_tpu.json")
+                      .read_text())
+    spec["points"] = [{"id": "q", "config": "qwen3-0.6b", "prompts": 2, "group": 2,
+                       "prompt_tokens": 64, "new_tokens": 8, "precision": "bf16",
+                       "remat": "on", "steps": 3}]
+    (tmp_path / "points.json").write_text(json.dumps(spec))
+    out = bench("validate_heldout", "--profile",
+                str(ROOT / "locojax" / "predict" / "hardware" / "cpu-here.json"),
+                "--points", str(tmp_path / "points.json"), "--configs", str(configs),
+                "--data", str(ROOT / "tests" / "data" / "gsm8k_small.jsonl"), "--tiny",
+                "--work-dir", str(tmp_path / "w"))
+    (row,) = table_rows(out, "q")
+    assert row[1] == "qwen3-0.6b-tiny" and float(row[7]) > 0 and float(row[8]) > 0
+    config = json.loads((tmp_path / "w" / "models" / "qwen3-0.6b-tiny" / "config.json")
+                        .read_text())
+    assert config["num_hidden_layers"] == 2 and config["vocab_size"] == 151936
+
+
 def test_tpu_lora_runs_qwen_stage_at_a_toy_size(tmp_path):
     """benchmarks/tpu/lora_runs.py's qwen stage (LoRA GRPO on a random model written from a
     published config, cut to 2 layers by --toy) runs and tabulates; the registered sweep rule
