@@ -72,6 +72,20 @@ def test_take_is_slot_ordered_and_carries_per_row_staleness():
     assert m["rollout/staleness/frac_0"] == 0 and m["perf/rollout/phase/decode"] == 0.5
 
 
+def test_at_k_0_the_batch_is_the_in_process_modes_batch():
+    """Lock-step DA and async (k = 0): every row is fresh and the batch carries no staleness,
+    so the learner compiles the in-process modes' very train step. A staleness input adds
+    the IS weights' histogram: another program, which XLA:CPU's classic fusion emitters
+    rounded otherwise in the last bit (the Makefile's note)."""
+    inline = jax.tree.structure(record(3, 0, 8, 3).batch)  # a batch as the producer makes it
+    r = filled(k=0, step=3, versions=(3, 3)).take(3)
+    assert r.batch.staleness is None and r.stats.staleness == (16.0,)
+    assert jax.tree.structure(r.batch) == inline
+    stale = filled(k=1, step=3, versions=(3, 2)).take(3)  # k > 0: the rows' staleness
+    np.testing.assert_array_equal(stale.batch.staleness, [0] * 8 + [1] * 8)
+    assert jax.tree.structure(stale.batch) != inline
+
+
 def test_host_shares_tile_the_step_and_stats_count_once():
     buf = filled()
     whole = buf.take(3)

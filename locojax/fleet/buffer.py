@@ -196,6 +196,12 @@ def merge(units: list[RolloutRecord], host: int, num_hosts: int,
             u.token_versions if u.token_versions is not None else
             np.where(np.asarray(u.batch.loss_mask, bool), u.version, -1).astype(np.int32)
             for u in units])
+    # At k = 0 every row is fresh (the gate admits no other), and the batch carries no
+    # staleness: the learner then runs the in-process modes' very train step, so lock-step
+    # DA and async equal colocated bitwise by construction. With the staleness input (and
+    # the IS weights' histogram it adds in place of the sampler-learner gap) the step was
+    # another program, equal only where the code generator fused both alike (Makefile).
     record = RolloutRecord(step, min(u.version for u in units),
-                           dataclasses.replace(whole, staleness=staleness), stats, versions)
+                           dataclasses.replace(whole, staleness=staleness if max_staleness
+                                               else None), stats, versions)
     return record.share(host, num_hosts)
