@@ -272,7 +272,7 @@ def report(rows: list[tuple], target: dict) -> list[str]:
     return lines
 
 
-def main() -> int:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--work-dir", default="/tmp/locojax_validate_heldout")
     ap.add_argument("--profile", default="", help="a profile already calibrated (skip it)")
@@ -295,7 +295,11 @@ def main() -> int:
                     help="points of a published config: their GSM8K rows")
     ap.add_argument("--tiny", action="store_true",
                     help="points of a published config on 2 layers at d 64 (a dry run)")
-    args = ap.parse_args()
+    return ap
+
+
+def main() -> int:
+    args = parser().parse_args()
     spec = json.loads(Path(args.points).read_text())
     work = Path(args.work_dir)
     spec["points"] = with_models(spec["points"], Path(args.configs), args.data,

@@ -118,11 +118,9 @@ def plan_memory(parts: RunParts, wiring, engine) -> memory_plan.MemoryPlan:
         sampling = dataclasses.replace(sampling, max_new_tokens=parts.limits.slots - p + 1)
     prefix = batch_lib.SharedPrefix(p, cfg.group_size)
     start, stop = wiring.host_slice(cfg.rollout.prompts_per_step)
-    # Remote rollouts (the Ray modes): the workers generate, this engine never does, and
-    # with k > 0 every batch carries its rows' staleness (another train_step program; at
-    # k = 0 the in-process modes' own: `fleet/buffer.merge`).
+    # Remote rollouts (the Ray modes): the workers generate, this engine never does; with
+    # k > 0 batches carry staleness (another train_step program: `fleet/buffer.merge`).
     remote = wiring.remote_rollouts
-    stale_rows = remote and cfg.placement.max_staleness > 0
     shapes = [] if remote else [
         memory_plan.EngineShape("rollout", stop - start, p, cfg.group_size, sampling)]
     eval_prompts = batch_rows(len(eval_share(parts, wiring)),
@@ -131,7 +129,7 @@ def plan_memory(parts: RunParts, wiring, engine) -> memory_plan.MemoryPlan:
         greedy = greedy_sampling(parts.tokenizer, cfg.rollout.max_new_tokens)
         shapes.append(memory_plan.EngineShape("eval", eval_prompts, p, 1, greedy))
     batch = batch_lib.abstract(rows, columns, mesh, wiring.train_rules, prefix,
-                               staleness=stale_rows)
+                               staleness=remote and cfg.placement.max_staleness > 0)
     return memory_plan.plan(parts.model_cfg, learner, state, batch, ref, mesh, engine, shapes,
                             cfg.precision, cfg.device_memory_gb, auto_remat=cfg.remat == "auto",
                             rollout_layout=wiring.reshard_target(engine.weight_shardings),
