@@ -85,8 +85,8 @@ def test_every_mode_trains_the_adapters_single_trains(cluster, tmp_path):
         assert pushes and all(p == 4 * n for p in pushes), (pushes, n)  # adapters only
     two = tmp_path / "single2"
     cli("train", *PRESET, "--mode", "single", "--devices-per-host", "2", "--run-dir", str(two))
-    # unpinned: a pinned host has one intra-op thread, single's process the machine's cores,
-    # and the classic fusion emitters then rounded lora_A in the last bit (design.md)
+    # unpinned, as every bitwise reference (design.md): a pinned host has one intra-op
+    # thread where single's process has the machine's cores (same_or_raise checks it)
     cli("launch", "--hosts", "2", "--heartbeat-s", "10", "--no-pin-cpus", "--", "train",
         *PRESET, "--mode", "colocated", "--run-dir", str(tmp_path / "colocated"))
     assert_same_adapters(two, tmp_path / "colocated")
