@@ -50,23 +50,18 @@ REAL = "models/SmolLM2"
 def train_args(pt: dict, run_dir: Path) -> list[str]:
     """The `train` arguments of a point (the file's workload): the arithmetic demo's, or for
     a point of a published config (set 10's, `with_models`) GSM8K's on its random weights."""
+    shape = ["--rollout.prompts-per-step", str(pt["prompts"]),
+             "--algo.group-size", str(pt["group"]),
+             "--rollout.max-prompt-tokens", str(pt["prompt_tokens"]),
+             "--rollout.max-new-tokens", str(pt["new_tokens"]), "--rollout.ignore-eos",
+             "--algo.beta", "0", "--steps", str(pt["steps"]), "--eval.every", "0",
+             "--no-progress", "--no-tensorboard", "--run-dir", str(run_dir)]
     if "config" in pt:
         return ["gsm8k", "--mode", "single", "--model", pt["model"], "--task.data", pt["data"],
-                "--task.template", "plain", "--task.skip-invalid",
-                "--rollout.prompts-per-step", str(pt["prompts"]),
-                "--algo.group-size", str(pt["group"]),
-                "--rollout.max-prompt-tokens", str(pt["prompt_tokens"]),
-                "--rollout.max-new-tokens", str(pt["new_tokens"]), "--rollout.ignore-eos",
-                "--precision", pt["precision"], "--remat", pt["remat"], "--algo.beta", "0",
-                "--steps", str(pt["steps"]), "--eval.every", "0", "--no-progress",
-                "--no-tensorboard", "--run-dir", str(run_dir)]
+                "--task.template", "plain", "--task.skip-invalid", "--precision",
+                pt["precision"], "--remat", pt["remat"], *shape]
     return ["demo", "--mode", pt["mode"], "--model", pt["model"], "--task.name", "arith",
-            "--task.level", "3", "--rollout.prompts-per-step", str(pt["prompts"]),
-            "--algo.group-size", str(pt["group"]),
-            "--rollout.max-prompt-tokens", str(pt["prompt_tokens"]),
-            "--rollout.max-new-tokens", str(pt["new_tokens"]), "--rollout.ignore-eos",
-            "--algo.beta", "0", "--steps", str(pt["steps"]), "--eval.every", "0",
-            "--no-progress", "--no-tensorboard", "--run-dir", str(run_dir)]
+            "--task.level", "3", *shape]
 
 
 def with_models(points: list[dict], configs: Path, data: str, models: Path,
