@@ -162,8 +162,8 @@ def controller(ctx: Ctx, decode_chunk: int | None = None) -> Prediction:
     # dispatch to each host (host orchestration) and a round trip on the wire (network).
     dispatch = h * ctx.c("host.controller_dispatch_s", ctx.rates["controller_dispatch_s"])
     ph["dispatch"] = (rounds + 2) * dispatch
-    ph["dispatch_latency"] = (rounds + 2) * 2 * ctx.dcn_latency(h + 1)
-    nic, a = ctx.hw("dcn_bandwidth"), ctx.dcn_latency(h + 1)
+    ph["dispatch_latency"] = (rounds + 2) * 2 * ctx.dcn("dcn_latency", h + 1)
+    nic, a = ctx.hw("dcn_bandwidth"), ctx.dcn("dcn_latency", h + 1)
     cols = wl.prompt_columns + wl.response_columns
     ph["scatter"] = (2 * a + wl.prompts * wl.prompt_columns * 4 / nic  # prompts out
                      + wl.rows * cols * 18 / nic)  # batch out: ids, positions, masks, logprobs

@@ -313,8 +313,8 @@ class Ctx:
         per_host = max(1, min(self.cluster.chips_per_host, chips))
         ici, dcn = coll.data_parallel_allreduce(
             int(chips), domain, grads, self.hw("ici_bandwidth"), self.hw("ici_latency"),
-            h.ici_topology, self.dcn("dcn_bandwidth", hosts), self.dcn_latency(hosts), per_host,
-            h.extra.get("collective_algorithm", "best"))
+            h.ici_topology, self.dcn("dcn_bandwidth", hosts), self.dcn("dcn_latency", hosts),
+            per_host, h.extra.get("collective_algorithm", "best"))
         n = self.fsdp(chips)
         if n > 1:
             w = self.mc.weight_bytes()
@@ -336,9 +336,6 @@ class Ctx:
             return self.c(f"{h.name}.{field}_oversubscribed", over)
         return self.hw(field)
 
-    def dcn_latency(self, processes: float) -> float:
-        return self.dcn("dcn_latency", processes)
-
     def small_collectives(self, hosts: int, count: int) -> float:
         """`count` small cross-host collectives (metric sums, flags) per step: a ring's
         p - 1 steps (gloo), or a tree's 2 log2 p where the profile picks the best."""
@@ -346,7 +343,7 @@ class Ctx:
             return 0.0
         ring = self.cluster.hw.extra.get("collective_algorithm") == "ring"
         steps = (hosts - 1) if ring else 2 * math.ceil(math.log2(hosts))
-        return count * steps * self.dcn_latency(hosts)
+        return count * steps * self.dcn("dcn_latency", hosts)
 
     def weight_push(self, receivers: int) -> float:
         """Learner → rollout hosts: the compute-dtype weights, one pipelined broadcast over
@@ -355,7 +352,7 @@ class Ctx:
             return 0.0
         m = self.mc.weight_bytes()
         return coll.broadcast(receivers + 1, m, self.hw("dcn_bandwidth"),
-                              self.dcn_latency(receivers + 1)) + self.sync_fixed()
+                              self.dcn("dcn_latency", receivers + 1)) + self.sync_fixed()
 
     def sync_fixed(self) -> float:
         over = self.cluster.hw.extra.get("weight_sync_fixed_s")
