@@ -7,7 +7,7 @@
 kernel runs on one thread while others run beside it, elementwise kernels run at a fraction
 of a streaming loop's rate, fresh buffers cost their pages. This script tries the model that
 suggests, with nothing fitted to the programs it judges: the calibration decoder's own update
-and generate (`calibrate.CALIBRATION_DECODER`, 8 x 4 rows, P 16, N 32) are traced, and from
+and generate (`calibrate_device.CPU_PROBE`, 8 x 4 rows, P 16, N 32) are traced, and from
 each
 - every non-matmul class's rate: its kernels' bytes over their active time;
 - the matmuls' factor: their active time over the tables' time for them (`--tables`, best
@@ -90,10 +90,10 @@ def main(argv: list[str] | None = None) -> int:
     print(harness.header("kernel_rates"))
     print(harness.command_line())
     from locojax.model import config
-    from locojax.predict.calibrate import CALIBRATION_DECODER
+    from locojax.predict.calibrate_device import CPU_PROBE
 
     prices = KernelPrices.of(json.loads(Path(args.tables).read_text()))
-    cal = rates_of(config.tiny(**CALIBRATION_DECODER), prices, args.calls)
+    cal = rates_of(config.tiny(**CPU_PROBE.decoder), prices, args.calls)
     for kind, r in cal.items():
         print(f"calibration {kind}: " + ", ".join(f"{c} {v / 1e9:.1f} GB/s"
                                                   for c, v in r["rates"].items())

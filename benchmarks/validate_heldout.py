@@ -295,6 +295,11 @@ def parser() -> argparse.ArgumentParser:
 
 def main() -> int:
     args = parser().parse_args()
+    import jax
+
+    # This process only predicts, on the host: the chip stays free for the runs it measures
+    # (one process holds a TPU at a time). Its children inherit the environment, not this.
+    jax.config.update("jax_platforms", "cpu")
     spec = json.loads(Path(args.points).read_text())
     work = Path(args.work_dir)
     spec["points"] = with_models(spec["points"], Path(args.configs), args.data,

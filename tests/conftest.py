@@ -18,6 +18,10 @@ import pytest
 # classic fusion emitters for the in-process phase (see the Makefile), and
 # `XLA_FLAGS= make test` runs XLA's defaults.
 os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0")
+# A prediction without --cluster uses this machine's calibration where one was written
+# (`hardware.default`): the tests' expectations are the shipped example's, whatever this
+# machine's ~/.cache holds. A path no run writes; tests of `here` monkeypatch their own.
+os.environ["LOCOJAX_PROFILE"] = os.path.join(os.path.dirname(__file__), ".no-calibration.json")
 import compile_cache  # noqa: E402
 
 CACHE = compile_cache.configure()  # before jax: the cache every process of the run shares

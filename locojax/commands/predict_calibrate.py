@@ -6,7 +6,9 @@ Measures the f32 matmul rate (all cores and one), the copy bandwidth, the launch
 per-layer overhead and the effective FLOP rate of locojax's prefill, decode iteration and
 train step, host work per prompt, row and step, and the latency and bandwidth between two
 local hosts (gloo), and writes a profile (default: $LOCOJAX_PROFILE, else
-~/.cache/locojax/here.json). Then:
+~/.cache/locojax/here.json). On a TPU or GPU machine it measures the chip instead, in f32
+and bf16 (locojax/predict/calibrate_device.py). Once written, it is the profile a
+prediction without --cluster uses. Then:
 
     locojax predict train demo ... --cluster here-2      # or --hardware FILE --cluster 2
 

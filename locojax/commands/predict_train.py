@@ -79,7 +79,8 @@ def parse(argv: list[str], cluster: str = "", hardware_file: str = "", lengths_f
     from locojax.train.meshes import check_tp_model
 
     check_tp_model(cfg.rollout.tp, model_cfg)
-    cl = hardware.parse_cluster(cluster or f"cpu-here-{default_hosts(cfg)}", hardware_file)
+    cl = hardware.parse_cluster(cluster or f"{hardware.default()}-{default_hosts(cfg)}",
+                                hardware_file)
     if cfg.device_memory_gb:
         hbm = Const(cfg.device_memory_gb * 1e9, "bytes", "data", "--device-memory-gb")
         cl = hardware.Cluster(dataclasses.replace(cl.hw, hbm_bytes=hbm), cl.chips)

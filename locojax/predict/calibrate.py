@@ -21,6 +21,9 @@ What is measured, each a median of repeats, nothing fitted to a training run:
 - `dcn_latency`, `dcn_bandwidth`: two processes joined by `jax.distributed` on 127.0.0.1
   (gloo, as `locojax launch` joins its hosts) time a psum at several sizes; a ring
   all-reduce over p = 2 takes 2 (p - 1) α + 2 (p - 1) / p · m / β, fitted for α and β.
+On a TPU or GPU (`calibrate_device.py`) the matmul rate and bandwidth are the chip's, the
+overheads and program rates are measured in each compute dtype (f32, bf16) on a decoder as
+wide as the models it runs, and no link is timed (the chip's shipped profile gives them).
 Not measured: ρ(k), how much slower k local hosts run together than each alone on its
 share of the cores. It was (`calibrate_oversub.py`, until 2026-12-06), but no pre-registered
 set was ever predicted with it, so it went back to the laboratory
@@ -45,7 +48,9 @@ import sys
 import time
 
 from locojax import distributed
-from locojax.predict import calibration_step
+from locojax.predict import calibrate_device, calibration_step
+from locojax.predict.calibrate_device import ACCEL_PROBE, CPU_PROBE, DTYPES, RateProbe
+from locojax.predict.calibrate_device import const as _c
 from locojax.predict.calibrate_host import host_rates, matmul_flops, median_time
 from locojax.predict.hardware import CALIBRATED
 
@@ -71,11 +76,11 @@ def copy_bandwidth(mb: int = 256, reps: int = 5) -> float:
     return 2 * a.nbytes / median_time(lambda: np.copyto(b, a), reps)
 
 
-def _generate_times(layers: int, reps: int, cfg=None, prompts_n: int = 4,
+def _generate_times(cfg, reps: int, prompts_n: int = 4,
                     samples: int = 2) -> tuple[float, float]:
-    """(prefill + call, one decode iteration) seconds of the engine's generate at `layers`
-    (or of `cfg`): from generates of 8 and 136 new tokens (`prompts_n` prompts x `samples`
-    samples of 8 tokens)."""
+    """(prefill + call, one decode iteration) seconds of the engine's generate of decoder
+    `cfg`: from generates of 8 and 136 new tokens (`prompts_n` prompts x `samples` samples of
+    8 tokens)."""
     import jax
     import numpy as np
 
@@ -83,7 +88,6 @@ def _generate_times(layers: int, reps: int, cfg=None, prompts_n: int = 4,
     from locojax.engine.sampling import SamplingConfig
     from locojax.model import params
 
-    cfg = cfg or calibration_step.micro(layers)
     weights = params.init(cfg, jax.random.key(0))
     prompts = np.asarray(jax.random.randint(jax.random.key(1), (prompts_n, 8), 0,
                                             cfg.vocab_size), np.int32)
@@ -99,18 +103,20 @@ def _generate_times(layers: int, reps: int, cfg=None, prompts_n: int = 4,
     return max(0.0, short - 7 * iteration), iteration
 
 
-def _train_time(layers: int, reps: int, cfg=None, prompts_n: int = 2, group: int = 2,
-                p: int = 8, n: int = 8) -> float:
-    """Seconds of one GRPO update at `layers` (or of `cfg`) on prompts_n x group rows of
-    p + n tokens (default 4 rows of 8 + 8)."""
-    step = calibration_step.update(cfg or calibration_step.micro(layers), prompts_n, group, p, n)
+def _train_time(cfg, reps: int, prompts_n: int = 2, group: int = 2, p: int = 8,
+                n: int = 8) -> float:
+    """Seconds of one GRPO update of decoder `cfg` on prompts_n x group rows of p + n tokens
+    (default 4 rows of 8 + 8)."""
+    step = calibration_step.update(cfg, prompts_n, group, p, n)
     return median_time(step, reps)
 
 
-def program_overhead(reps: int = 5) -> dict[str, dict[str, float]]:
-    """Per kind, {"fixed": s, "per_layer": s} from the narrow decoder at 1 and 2 layers."""
-    one, two = _generate_times(1, reps), _generate_times(2, reps)
-    train = (_train_time(1, reps), _train_time(2, reps))
+def program_overhead(reps: int = 5, dtype: str = "float32") -> dict[str, dict[str, float]]:
+    """Per kind, {"fixed": s, "per_layer": s} from the narrow decoder at 1 and 2 layers,
+    computing in `dtype`."""
+    micro = [calibration_step.micro(layers, dtype) for layers in (1, 2)]
+    one, two = (_generate_times(cfg, reps) for cfg in micro)
+    train = tuple(_train_time(cfg, reps) for cfg in micro)
     out = {}
     for kind, (t1, t2) in (("prefill", (one[0], two[0])), ("decode_step", (one[1], two[1])),
                            ("train", train)):
@@ -119,30 +125,26 @@ def program_overhead(reps: int = 5) -> dict[str, dict[str, float]]:
     return out
 
 
-CALIBRATION_DECODER = dict(num_hidden_layers=3, hidden_size=128, intermediate_size=384,
-                           num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-                           vocab_size=1024)
-"""The decoder whose programs give the effective rates: a shape no benchmark or validation
-point runs (TINY is d 64, SMALL d 256)."""
-RATE_PROMPTS = (2, 8)  # prompts of the two batches (x 4 samples: 8 and 32 rows)
-
-
-def program_rates(peak: float, reps: int = 5) -> dict[str, float]:
-    """Effective FLOP/s of each program kind on all this process's cores: the slope of time
-    against FLOPs between two batch sizes of `CALIBRATION_DECODER`'s prefill (8 tokens),
-    decode iteration (all 8 + 136 - 1 slots) and train step (16 + 32 tokens), so that the
-    call's overhead cancels; at most `peak`, one large matmul's rate. What a CPU reaches on
-    locojax's own programs (small matmuls, softmax, the backward's elementwise work)."""
+def program_rates(peak: float, reps: int = 5, probe: RateProbe = CPU_PROBE,
+                  dtype: str = "float32") -> dict[str, float]:
+    """Effective FLOP/s of each program kind in compute `dtype` on this process's devices:
+    the slope of time against FLOPs between `probe`'s two batch sizes of its decoder's
+    prefill (8 tokens), decode iteration (all 8 + 136 - 1 slots) and train step, so that the
+    call's overhead cancels; at most `peak`, one large matmul's rate. What the machine
+    reaches on locojax's own programs (small matmuls, softmax, the backward's elementwise
+    work). The CPU's probe is narrow (`CPU_PROBE`), an accelerator's as wide as the models it
+    runs (`ACCEL_PROBE`)."""
     from locojax.model import config
     from locojax.predict.flops import ModelCosts
 
-    cfg = config.tiny(**CALIBRATION_DECODER)
-    mc = ModelCosts(cfg, "float32")
-    gen = [_generate_times(0, reps, cfg, b, 4) for b in RATE_PROMPTS]
-    train = [_train_time(0, reps, cfg, b, 4, 16, 32) for b in RATE_PROMPTS]
-    flops = {"prefill": [mc.prefill(b, 8).flops for b in RATE_PROMPTS],
-             "decode_step": [mc.decode_step(4 * b, 8 + 136 - 1).flops for b in RATE_PROMPTS],
-             "train": [mc.train_step(4 * b, 4, 16, 32).flops for b in RATE_PROMPTS]}
+    cfg = config.tiny(**probe.decoder, compute_dtype=dtype)
+    mc = ModelCosts(cfg, dtype)
+    p, n = probe.train_p, probe.train_n
+    gen = [_generate_times(cfg, reps, b, 4) for b in probe.prompts]
+    train = [_train_time(cfg, reps, b, 4, p, n) for b in probe.prompts]
+    flops = {"prefill": [mc.prefill(b, 8).flops for b in probe.prompts],
+             "decode_step": [mc.decode_step(4 * b, 8 + 136 - 1).flops for b in probe.prompts],
+             "train": [mc.train_step(4 * b, 4, p, n).flops for b in probe.prompts]}
     times = {"prefill": [g[0] for g in gen], "decode_step": [g[1] for g in gen],
              "train": train}
     out = {}
@@ -196,18 +198,26 @@ def collectives(timeout: float = 300) -> dict[str, float]:
             "samples": {str(int(k)): times[int(k)] for k in m}}
 
 
-def _c(value: float, unit: str, origin: str, source: str) -> dict:
-    return {"value": float(value), "unit": unit, "origin": origin, "source": source}
-
-
 def measure(say=print) -> dict:
-    """Every measurement of the module docstring, saying each as it is taken."""
+    """Every measurement of the module docstring, saying each as it is taken; on an
+    accelerator, its own (`calibrate_device.py`): the chip's rates in each compute dtype."""
     cores = len(os.sched_getaffinity(0))
-    out = {"cores": cores}
-    steps = (("peak_flops", matmul_flops), ("flops_per_core", one_core_flops),
-             ("hbm_bandwidth", copy_bandwidth), ("program_overhead", program_overhead),
-             ("program_rates", lambda: program_rates(out["peak_flops"])),
-             ("host_rates", host_rates), ("collectives", collectives))
+    out = {"cores": cores, "platform": calibrate_device.platform()}
+    if out["platform"] == "cpu":
+        steps = (("peak_flops", matmul_flops), ("flops_per_core", one_core_flops),
+                 ("hbm_bandwidth", copy_bandwidth), ("program_overhead", program_overhead),
+                 ("program_rates", lambda: program_rates(out["peak_flops"])),
+                 ("host_rates", host_rates), ("collectives", collectives))
+    else:
+        dev = calibrate_device
+        steps = (("device", lambda: {"kind": dev.device_kind(), "chips": dev.chips(),
+                                     "memory": dev.memory_bytes()}),
+                 ("matmul_rates", dev.matmul_rates), ("hbm_bandwidth", dev.hbm_bandwidth),
+                 ("program_overhead", lambda: {d: program_overhead(dtype=d) for d in DTYPES}),
+                 ("program_rates", lambda: {d: program_rates(out["matmul_rates"][d],
+                                                             probe=ACCEL_PROBE, dtype=d)
+                                            for d in DTYPES}),
+                 ("host_rates", host_rates))
     for name, fn in steps:
         t0 = time.perf_counter()
         out[name] = fn()
@@ -221,15 +231,16 @@ QUIET = ("samples",)  # too long to say
 def _short(v) -> str:
     if isinstance(v, dict):
         return ", ".join(f"{k} {_short(x)}" for k, x in v.items() if k not in QUIET)
-    return f"{v:.4g}"
+    return v if isinstance(v, str) else f"{v:.4g}"
 
 
 def profile(m: dict, when: str, load: str) -> dict:
     """The hardware profile (`hardware.load`'s format, kind `calibrated`) of measurements."""
     src = f"`locojax predict calibrate` on {platform.node()} at {when}, load {load}"
+    if m.get("platform", "cpu") != "cpu":
+        return calibrate_device.profile(m, src, host_rates_of(m, src))
     mk = lambda v, unit, what: _c(v, unit, "measured", f"{what}: {src}")  # noqa: E731
     coll = m["collectives"]
-    rates = m["host_rates"]
     return {
         "name": "here", "kind": "calibrated",
         "peak_flops": {"float32": mk(m["peak_flops"], "FLOP/s", f"f32 1024^3 matmul on "
@@ -259,11 +270,17 @@ def profile(m: dict, when: str, load: str) -> dict:
                                  for part, v in parts.items()}
                              for k, parts in m["program_overhead"].items()},
         "program_rates": {k: mk(v, "FLOP/s", f"{k}'s effective rate, all cores, calibration "
-                                             f"decoder {CALIBRATION_DECODER}")
+                                             f"decoder {CPU_PROBE.decoder}")
                           for k, v in m["program_rates"].items()},
-        "host_rates": {k: mk(v, "s", k.replace("_", " ")) for k, v in rates.items()},
+        "host_rates": host_rates_of(m, src),
         "collective_samples_s": coll["samples"],
     }
+
+
+def host_rates_of(m: dict, src: str) -> dict:
+    """The profile's `host_rates`: each measured on this host through the run's functions."""
+    return {k: _c(v, "s", "measured", f"{k.replace('_', ' ')}: {src}")
+            for k, v in m["host_rates"].items()}
 
 
 def _ram() -> float:

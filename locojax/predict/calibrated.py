@@ -39,6 +39,24 @@ class Calibrated:
     hw: Hardware
     model: str  # devices.shape_key(cfg)/P..-N..
     ledger: Ledger
+    dtype: str = "float32"  # the run's compute dtype
+
+    @property
+    def on_chip(self) -> bool:
+        """Calibrated on an accelerator (`calibrate_device.py`): rates by compute dtype, the
+        chip's own, not scaled by the host's cores."""
+        return self.hw.extra.get("platform", "cpu") != "cpu"
+
+    def _table(self, name: str) -> tuple[dict, str]:
+        """(the profile's `name` table for this run's dtype, its ledger prefix): an
+        accelerator's are by compute dtype; a CPU's were measured in f32 and serve any."""
+        table = self.hw.extra.get(name) or {}
+        if self.on_chip:
+            if self.dtype not in table:
+                raise ValueError(f"{self.hw.path}: no {name}.{self.dtype} (calibrated in "
+                                 f"{', '.join(sorted(table))})")
+            return table[self.dtype], f"{name}.{self.dtype}"
+        return table, name
 
     @property
     def layers(self) -> int:
@@ -54,26 +72,31 @@ class Calibrated:
 
     def overhead(self, kind: str) -> float:
         """fixed + L · per_layer of one call of `kind`."""
-        table = self.hw.extra.get("program_overhead") or {}
+        table, prefix = self._table("program_overhead")
         k = KIND_OF.get(kind, "prefill")
         if k not in table:
-            raise ValueError(f"{self.hw.path}: no program_overhead.{k} (run `locojax predict "
+            raise ValueError(f"{self.hw.path}: no {prefix}.{k} (run `locojax predict "
                              "calibrate` again)")
-        fixed = self._get(f"program_overhead.{k}.fixed", table[k]["fixed"])
-        per_layer = self._get(f"program_overhead.{k}.per_layer", table[k]["per_layer"])
+        fixed = self._get(f"{prefix}.{k}.fixed", table[k]["fixed"])
+        per_layer = self._get(f"{prefix}.{k}.per_layer", table[k]["per_layer"])
         return fixed + self.layers * per_layer
 
     def flop_rate(self, cores: float, kind: str = "") -> float:
         """F_k(c), FLOP/s on c cores (at least one: below it the caller time-slices): the
         kind's effective rate (`program_rates`, all cores) scaled as the matmul rate scales
-        from all cores to c; the matmul rate itself where the profile has no such rate."""
+        from all cores to c; the matmul rate itself where the profile has no such rate. On
+        an accelerator, the kind's rate in the run's dtype: the chip's, whatever the cores."""
+        rates, prefix = self._table("program_rates")
+        k = KIND_OF.get(kind, "prefill")
+        if self.on_chip:
+            if k not in rates:
+                raise ValueError(f"{self.hw.path}: no {prefix}.{k}")
+            return self._get(f"{prefix}.{k}", rates[k])
         total = float(self.hw.host_cores.value)
         every = self.ledger.get(f"{self.hw.name}.peak_flops.float32", self.hw.peak("float32"))
         one = self._get("flops_per_core", self.hw.extra["flops_per_core"])
         c = min(max(cores, 1.0), total)
         matmul = one if total <= 1 else one + (every - one) * (c - 1) / (total - 1)
-        rates = self.hw.extra.get("program_rates") or {}
-        k = KIND_OF.get(kind, "prefill")
         if k not in rates:
             return matmul
         return self._get(f"program_rates.{k}", rates[k]) * matmul / every
@@ -87,7 +110,8 @@ class Calibrated:
         chips = max(chips, 1.0)
         t = self.overhead(kind) + max(c.flops / chips / self.flop_rate(cores, kind),
                                       c.bytes / chips / bw)
-        return t / cores if cores < 1.0 else t
+        # A CPU machine below one core time-slices its programs; a chip's are its own.
+        return t / cores if cores < 1.0 and not self.on_chip else t
 
 
 def with_host_rates(rates: dict, hw: Hardware) -> dict:

@@ -139,5 +139,5 @@ def device_model(hw: Hardware, dtype: str, model: str, ledger: Ledger):
     if hw.kind == "calibrated":  # `locojax predict calibrate`'s profile (calibrated.py)
         from locojax.predict.calibrated import Calibrated
 
-        return Calibrated(hw, model, ledger)
+        return Calibrated(hw, model, ledger, dtype)
     return CpuFit(hw, model, ledger) if hw.kind == "cpu" else Roofline(hw, dtype, ledger)

@@ -65,10 +65,17 @@ class Hardware:
     extra: dict = dataclasses.field(default_factory=dict)  # profile-specific (cpu-here's fits)
 
     @property
+    def platform(self) -> str:
+        """`cpu`, `tpu` or `gpu`: a calibrated profile's is where it was measured."""
+        if self.kind == "calibrated":
+            return self.extra.get("platform", "cpu")
+        return self.kind
+
+    @property
     def is_cpu(self) -> bool:
-        """A CPU machine: a shipped cpu profile, or a `locojax predict calibrate` profile
-        (it measures the machine it runs on, its hosts joined by gloo between processes)."""
-        return self.kind in ("cpu", "calibrated")
+        """A CPU machine: a shipped cpu profile, or a `locojax predict calibrate` profile of
+        one (it measures the machine it runs on, its hosts joined by gloo between processes)."""
+        return self.platform == "cpu"
 
     def peak(self, dtype: str) -> Const:
         if dtype not in self.peak_flops:
@@ -79,6 +86,12 @@ class Hardware:
 
 def known() -> list[str]:
     return sorted(p.stem for p in HARDWARE_DIR.glob("*.json"))
+
+
+def default() -> str:
+    """The profile a prediction without `--cluster` uses: this machine's calibration once
+    `locojax predict calibrate` wrote it (`here`), else the shipped example (`cpu-here`)."""
+    return "here" if CALIBRATED.is_file() else EXAMPLE
 
 
 def _aliases(name: str) -> list[str]:

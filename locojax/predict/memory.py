@@ -82,7 +82,7 @@ def plan_for(ctx: Ctx, fsdp: int, mp: int, grad_accum: int, remat: bool) -> Plan
                                             num_minibatches=ctx.minibatches),
                             grad_accum=grad_accum, remat=remat,
                             rules="train_fsdp" if fsdp > 1 else "train_dp")
-    platform = "cpu" if ctx.cluster.hw.is_cpu else ctx.cluster.hw.kind
+    platform = ctx.cluster.hw.platform
     rows = max(wl.rows, learner.rows_multiple)
     columns = wl.prompt_columns + wl.response_columns  # multi-turn: the whole trajectory
     train = _train_terms(cfg, learner, rows, columns, ctx.cluster.chips, platform,
