@@ -15,8 +15,9 @@ micro-benchmarks (`locojax/predict/calibrate.py`), never a train run.
   prints it), with the profile's measured host rates (`calibrated.with_host_rates`).
 
 The points files kept are the current sets: predict_validation_points_v5.json (the
-`measure` method's, the default) and _v9.json (`compiled`'s); the earlier sets are in git
-history, their every point in docs/results/.
+`measure` method's, the default), _v9.json (`compiled`'s) and the chip's _v10_tpu.json
+(run: docs/results/predict_tpu_validation.md) and _v11_tpu.json (registered after it); the
+earlier sets are in git history, their every point in docs/results/.
 
 Usage:
     .venv/bin/python -m benchmarks.validate_heldout [--work-dir DIR] [--only ID ...]
