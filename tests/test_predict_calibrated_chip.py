@@ -125,3 +125,32 @@ def test_the_chip_probes_measure_a_finite_rate_here():
     assert all(0 < r < math.inf for r in rates.values())
     assert 0 < calibrate_device.hbm_bandwidth(mib=16, reps=2) < math.inf
     assert calibrate_device.chips() >= 1
+
+
+def test_a_chips_overhead_is_what_its_wide_programs_cost_beyond_the_roofline(monkeypatch):
+    """`wide_overhead` on made-up times: each program at L layers costs its roofline (the
+    cost model's FLOPs and bytes at the rates given) plus fixed + L · per_layer, and the
+    fit returns those two, whatever the roofline. Exact up to f64 rounding (rel 1e-9: the
+    differences are of numbers near 1e-3 known to ~1e-16 relative)."""
+    from locojax.predict.flops import ModelCosts
+
+    probe = calibrate_device.ACCEL_PROBE
+    rates = {"prefill": 5e13, "decode_step": 2e13, "train": 7e13}
+    bw = 5e11
+    over = {"prefill": (3e-4, 2e-5), "decode_step": (1e-5, 1.5e-4), "train": (1e-3, 4e-5)}
+
+    def roofline(cfg, kind):
+        mc = ModelCosts(cfg, "bfloat16")
+        c = {"prefill": mc.prefill(4, 8), "decode_step": mc.decode_step(8, 8 + 136 - 1),
+             "train": mc.train_step(4, 2, 8, 8)}[kind]
+        fixed, per_layer = over[kind]
+        return max(c.flops / rates[kind], c.bytes / bw) + fixed + cfg.num_hidden_layers * \
+            per_layer
+
+    monkeypatch.setattr(calibrate, "_generate_times", lambda cfg, reps: (
+        roofline(cfg, "prefill"), roofline(cfg, "decode_step")))
+    monkeypatch.setattr(calibrate, "_train_time", lambda cfg, reps: roofline(cfg, "train"))
+    got = calibrate.wide_overhead(rates, bw, "bfloat16", probe=probe)
+    for kind, (fixed, per_layer) in over.items():
+        assert got[kind]["fixed"] == pytest.approx(fixed, rel=1e-9)
+        assert got[kind]["per_layer"] == pytest.approx(per_layer, rel=1e-9)

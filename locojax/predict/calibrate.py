@@ -76,11 +76,11 @@ def copy_bandwidth(mb: int = 256, reps: int = 5) -> float:
     return 2 * a.nbytes / median_time(lambda: np.copyto(b, a), reps)
 
 
-def _generate_times(cfg, reps: int, prompts_n: int = 4,
-                    samples: int = 2) -> tuple[float, float]:
+def _generate_times(cfg, reps: int, prompts_n: int = 4, samples: int = 2,
+                    prompt: int = 8) -> tuple[float, float]:
     """(prefill + call, one decode iteration) seconds of the engine's generate of decoder
     `cfg`: from generates of 8 and 136 new tokens (`prompts_n` prompts x `samples` samples of
-    8 tokens)."""
+    `prompt` tokens)."""
     import jax
     import numpy as np
 
@@ -89,7 +89,7 @@ def _generate_times(cfg, reps: int, prompts_n: int = 4,
     from locojax.model import params
 
     weights = params.init(cfg, jax.random.key(0))
-    prompts = np.asarray(jax.random.randint(jax.random.key(1), (prompts_n, 8), 0,
+    prompts = np.asarray(jax.random.randint(jax.random.key(1), (prompts_n, prompt), 0,
                                             cfg.vocab_size), np.int32)
     engine = Engine(cfg)
 
@@ -111,25 +111,53 @@ def _train_time(cfg, reps: int, prompts_n: int = 2, group: int = 2, p: int = 8,
     return median_time(step, reps)
 
 
+def _fixed_and_per_layer(t1: float, t2: float) -> dict[str, float]:
+    """{"fixed", "per_layer"} through a cost at 1 and 2 layers, neither below 0."""
+    per_layer = max(0.0, t2 - t1)
+    return {"fixed": max(0.0, t1 - per_layer), "per_layer": per_layer}
+
+
 def program_overhead(reps: int = 5, dtype: str = "float32") -> dict[str, dict[str, float]]:
     """Per kind, {"fixed": s, "per_layer": s} from the narrow decoder at 1 and 2 layers,
     computing in `dtype`."""
     micro = [calibration_step.micro(layers, dtype) for layers in (1, 2)]
     one, two = (_generate_times(cfg, reps) for cfg in micro)
     train = tuple(_train_time(cfg, reps) for cfg in micro)
-    out = {}
-    for kind, (t1, t2) in (("prefill", (one[0], two[0])), ("decode_step", (one[1], two[1])),
-                           ("train", train)):
-        per_layer = max(0.0, t2 - t1)
-        out[kind] = {"fixed": max(0.0, t1 - per_layer), "per_layer": per_layer}
-    return out
+    return {kind: _fixed_and_per_layer(t1, t2)
+            for kind, (t1, t2) in (("prefill", (one[0], two[0])),
+                                   ("decode_step", (one[1], two[1])), ("train", train))}
+
+
+def wide_overhead(rates: dict[str, float], bandwidth: float, dtype: str, reps: int = 5,
+                  probe: RateProbe = ACCEL_PROBE) -> dict[str, dict[str, float]]:
+    """An accelerator's `program_overhead`: per kind, what a call costs beyond the model's own
+    roofline term, max(flops / rate, bytes / bandwidth), on `probe`'s decoder at 1 and 2
+    layers, as wide as the models the chip runs. A d 16 decoder's layer hides the latency
+    of a real width's kernels: on a v5e its decode token step cost 15 µs a layer where
+    SmolLM2 and Qwen3-0.6B took ~150-200 µs beyond their bytes (set 10,
+    docs/results/predict_tpu_validation.md)."""
+    from locojax.model import config
+    from locojax.predict.flops import ModelCosts
+
+    beyond = {k: [] for k in KINDS}
+    for layers in (1, 2):
+        cfg = config.tiny(**{**probe.decoder, "num_hidden_layers": layers}, compute_dtype=dtype)
+        mc = ModelCosts(cfg, dtype)
+        prefill, step = _generate_times(cfg, reps)  # 4 prompts x 2 samples of 8 tokens
+        timed = {"prefill": (prefill, mc.prefill(4, 8)),
+                 "decode_step": (step, mc.decode_step(8, 8 + 136 - 1)),
+                 "train": (_train_time(cfg, reps), mc.train_step(4, 2, 8, 8))}
+        for kind, (t, c) in timed.items():
+            beyond[kind].append(t - max(c.flops / rates[kind], c.bytes / bandwidth))
+    return {kind: _fixed_and_per_layer(*ts) for kind, ts in beyond.items()}
 
 
 def program_rates(peak: float, reps: int = 5, probe: RateProbe = CPU_PROBE,
                   dtype: str = "float32") -> dict[str, float]:
     """Effective FLOP/s of each program kind in compute `dtype` on this process's devices:
     the slope of time against FLOPs between `probe`'s two batch sizes of its decoder's
-    prefill (8 tokens), decode iteration (all 8 + 136 - 1 slots) and train step, so that the
+    prefill (`probe.prompt` tokens), decode iteration (all of its slots) and train step, so
+    that the
     call's overhead cancels; at most `peak`, one large matmul's rate. What the machine
     reaches on locojax's own programs (small matmuls, softmax, the backward's elementwise
     work). The CPU's probe is narrow (`CPU_PROBE`), an accelerator's as wide as the models it
@@ -139,11 +167,11 @@ def program_rates(peak: float, reps: int = 5, probe: RateProbe = CPU_PROBE,
 
     cfg = config.tiny(**probe.decoder, compute_dtype=dtype)
     mc = ModelCosts(cfg, dtype)
-    p, n = probe.train_p, probe.train_n
-    gen = [_generate_times(cfg, reps, b, 4) for b in probe.prompts]
+    p, n, q = probe.train_p, probe.train_n, probe.prompt
+    gen = [_generate_times(cfg, reps, b, 4, q) for b in probe.prompts]
     train = [_train_time(cfg, reps, b, 4, p, n) for b in probe.prompts]
-    flops = {"prefill": [mc.prefill(b, 8).flops for b in probe.prompts],
-             "decode_step": [mc.decode_step(4 * b, 8 + 136 - 1).flops for b in probe.prompts],
+    flops = {"prefill": [mc.prefill(b, q).flops for b in probe.prompts],
+             "decode_step": [mc.decode_step(4 * b, q + 136 - 1).flops for b in probe.prompts],
              "train": [mc.train_step(4 * b, 4, p, n).flops for b in probe.prompts]}
     times = {"prefill": [g[0] for g in gen], "decode_step": [g[1] for g in gen],
              "train": train}
@@ -213,10 +241,12 @@ def measure(say=print) -> dict:
         steps = (("device", lambda: {"kind": dev.device_kind(), "chips": dev.chips(),
                                      "memory": dev.memory_bytes()}),
                  ("matmul_rates", dev.matmul_rates), ("hbm_bandwidth", dev.hbm_bandwidth),
-                 ("program_overhead", lambda: {d: program_overhead(dtype=d) for d in DTYPES}),
                  ("program_rates", lambda: {d: program_rates(out["matmul_rates"][d],
                                                              probe=ACCEL_PROBE, dtype=d)
                                             for d in DTYPES}),
+                 ("program_overhead", lambda: {d: wide_overhead(out["program_rates"][d],
+                                                                out["hbm_bandwidth"], d)
+                                               for d in DTYPES}),
                  ("host_rates", host_rates))
     for name, fn in steps:
         t0 = time.perf_counter()

@@ -6,7 +6,8 @@ devices are TPUs or GPUs rather than the host's cores.
 - the bandwidth is the chip's HBM (`hbm_bandwidth`: x + 1 over 1 GiB, read and written);
 - the program rates are measured on a decoder as wide as the models run there
   (`ACCEL_PROBE`: d 768, vocab 16k, 32 and 128 rows), in each compute dtype: the narrow CPU
-  probe cannot fill a systolic array, so its slope says nothing of a real shape's;
+  probe cannot fill a systolic array, so its slope says nothing of a real shape's; and so
+  are the overheads, net of the roofline (`calibrate.wide_overhead`);
 - no link is timed: a machine with one host has no DCN to time, and a one-process calibration
   cannot open a second process on the chips it holds. The interconnect constants come from
   the shipped profile of the same chip (`preset_of`), named as such in the profile.
@@ -29,13 +30,14 @@ chip copies; matched by prefix, longest first (`TPU v5 lite` before `TPU v5`).""
 @dataclasses.dataclass(frozen=True)
 class RateProbe:
     """The decoder and batches whose programs give the effective rates (`program_rates`):
-    generates of `prompts` x 4 samples (8-token prompts, 8 and 136 new tokens) and updates of
-    the same rows on `train_p` + `train_n` tokens."""
+    generates of `prompts` x 4 samples (`prompt`-token prompts, 8 and 136 new tokens) and
+    updates of the same rows on `train_p` + `train_n` tokens."""
 
     decoder: dict
     prompts: tuple[int, int]
     train_p: int
     train_n: int
+    prompt: int = 8
 
 
 CPU_PROBE = RateProbe(dict(num_hidden_layers=3, hidden_size=128, intermediate_size=384,
@@ -44,9 +46,10 @@ CPU_PROBE = RateProbe(dict(num_hidden_layers=3, hidden_size=128, intermediate_si
 """A shape no benchmark or validation point runs (TINY is d 64, SMALL d 256): 8 and 32 rows."""
 ACCEL_PROBE = RateProbe(dict(num_hidden_layers=4, hidden_size=768, intermediate_size=2048,
                              num_attention_heads=12, num_key_value_heads=4, head_dim=64,
-                             vocab_size=16384), (8, 32), 128, 128)
+                             vocab_size=16384), (8, 32), 128, 128, prompt=128)
 """As wide as the models an accelerator runs (SmolLM2-135M is d 576, Qwen3-0.6B d 1024) and
-none of them: 32 and 128 rows, updates of 8k and 32k tokens."""
+none of them: 32 and 128 rows, prefills of 1k and 4k tokens (an 8-token prompt's rate
+over-predicted set 10's 128-256-token prefills 2.6-8x), updates of 8k and 32k tokens."""
 
 
 def platform() -> str:
@@ -181,8 +184,9 @@ def profile(m: dict, src: str, host_rates: dict) -> dict:
         "host_core_speed": const(1, "x the host rates' core", "spec",
                                  "host_rates below are this host's own"),
         "program_overhead": {
-            d: {k: {part: mk(v, "s", f"{k} {part.replace('_', ' ')} in {d}, narrow decoder "
-                                     "at 1 and 2 layers") for part, v in parts.items()}
+            d: {k: {part: mk(v, "s", f"{k} {part.replace('_', ' ')} in {d} beyond its "
+                                     f"roofline, {ACCEL_PROBE.decoder} at 1 and 2 layers")
+                    for part, v in parts.items()}
                 for k, parts in table.items()}
             for d, table in m["program_overhead"].items()},
         "program_rates": {d: {k: mk(v, "FLOP/s", f"{k}'s effective rate in {d}, {probe}")
