@@ -23,8 +23,8 @@ The cost model, in the order a prediction runs through it:
 The run being predicted is read from its `locojax train` command line by the command
 (locojax/commands/predict_train.py; predict_fields.py: which train fields predict reads).
 This machine: `calibrate.py` (`locojax predict calibrate`) with `calibrate_host.py`,
-`calibration_step.py` and, where its devices are TPUs or GPUs, `calibrate_device.py`. docs/pod_scale.md has the equations, the validation and the paper's
-tables reproduced.
+`calibration_step.py` and, where its devices are TPUs or GPUs, `calibrate_device.py`.
+docs/pod_scale.md has the equations, the validation and the paper's tables reproduced.
 
 What is not a prediction of the run asked for is a benchmark (docs/benchmarks.md): the
 sweeps over sizes and chips (`predict_sweep`), the paper's studies (`paper_report`), the

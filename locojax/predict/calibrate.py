@@ -157,11 +157,10 @@ def program_rates(peak: float, reps: int = 5, probe: RateProbe = CPU_PROBE,
     """Effective FLOP/s of each program kind in compute `dtype` on this process's devices:
     the slope of time against FLOPs between `probe`'s two batch sizes of its decoder's
     prefill (`probe.prompt` tokens), decode iteration (all of its slots) and train step, so
-    that the
-    call's overhead cancels; at most `peak`, one large matmul's rate. What the machine
-    reaches on locojax's own programs (small matmuls, softmax, the backward's elementwise
-    work). The CPU's probe is narrow (`CPU_PROBE`), an accelerator's as wide as the models it
-    runs (`ACCEL_PROBE`)."""
+    that the call's overhead cancels; at most `peak`, one large matmul's rate. What the
+    machine reaches on locojax's own programs (small matmuls, softmax, the backward's
+    elementwise work). The CPU's probe is narrow (`CPU_PROBE`), an accelerator's as wide as
+    the models it runs (`ACCEL_PROBE`)."""
     from locojax.model import config
     from locojax.predict.flops import ModelCosts
 
