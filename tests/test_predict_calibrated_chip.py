@@ -117,6 +117,7 @@ def test_an_unknown_chips_links_are_assumed_and_say_why():
                for k in calibrate_device.LINKS)
 
 
+@pytest.mark.accelerator  # the probes `calibrate` runs on a chip: `make test-accelerator`
 def test_the_chip_probes_measure_a_finite_rate_here():
     """The probes themselves, small: on this CPU or on the accelerator set's chip. A rate is
     positive and finite whatever the machine; nothing else about it can be asserted."""
