@@ -25,6 +25,12 @@ Usage:
     .venv/bin/python -m benchmarks.bench_real_trl --steps 2 --sides locojax --held-out 16
     .venv/bin/python -m benchmarks.bench_real_trl --speed-rounds 2 --steps 6 \
         --sides locojax trl tunix                                              # the ratios
+    .venv/bin/python -m benchmarks.bench_real_trl --work gsm8k --speed-rounds 1 --steps 3
+
+`--work gsm8k` (with `--speed-rounds` only) times issue 56 item 5's longer completions
+instead: GSM8K prompts in the chat template, 8 prompts x G 4, exactly 128 new tokens (EOS
+ignored by locojax, suppressed in TRL), locojax in single mode (`real_runs.gsm8k_settings`;
+`--data`, `--prompts`, `--group`, `--new-tokens`).
 """
 
 from __future__ import annotations
@@ -39,17 +45,18 @@ from pathlib import Path
 
 from benchmarks import harness
 from benchmarks.peers import install
-from benchmarks.real_runs import BLOCK, SETTINGS, block_means, held_out, locojax_argv, \
-    peak_rss_gb, rewards, step_times, trl_argv, tunix_argv, with_peak_rss
+from benchmarks.real_runs import BLOCK, GSM8K_DATA, SETTINGS, block_means, gsm8k_settings, \
+    held_out, locojax_argv, peak_rss_gb, rewards, step_times, trl_argv, tunix_argv, \
+    with_peak_rss
 
-def roofline(run_dir: Path, model: str, bandwidth: float, peak: float) -> str:
+def roofline(run_dir: Path, model: str, bandwidth: float, peak: float,
+             s: dict = SETTINGS) -> str:
     """The locojax step's decode and train time against their ideal at this machine's
     measured bandwidth and matmul peak (median of the steady steps), and the train phase's
     tokens/s: every position it computes, and the real (useful) ones among them."""
     from locojax.model import loader
 
     cfg = loader.load_config(model)
-    s = SETTINGS
     rows = harness.read_steps(run_dir / "perf.jsonl")
     steady = [rows[k] for k in sorted(rows)[2:]]
     weight_bytes = 4 * cfg.num_params()  # f32: what each decode step reads at least once
@@ -103,19 +110,33 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--speed-rounds", type=int, default=0,
                     help="time the step only: this many rounds of one --steps run per side, "
                          "in alternating order (A B, B A, ...), no held-out scoring")
+    ap.add_argument("--work", choices=["real-demo", "gsm8k"], default="real-demo",
+                    help="gsm8k: issue 56 item 5's longer completions (--speed-rounds only)")
+    ap.add_argument("--data", default=GSM8K_DATA, help="--work gsm8k: the training rows")
+    ap.add_argument("--prompts", type=int, default=8, help="--work gsm8k: prompts a step")
+    ap.add_argument("--group", type=int, default=4, help="--work gsm8k: G")
+    ap.add_argument("--new-tokens", type=int, default=128,
+                    help="--work gsm8k: every completion's length (EOS ignored/suppressed)")
     args = ap.parse_args(argv)
     args.extra = tuple(shlex.split(args.locojax_flags))  # the locojax side's extra flags
+    args.settings = (SETTINGS if args.work == "real-demo" else
+                     gsm8k_settings(args.data, args.prompts, args.group, args.new_tokens))
     return args
 
 
 def main(argv=None) -> int:
     args = parse(argv)
-    print(harness.header("bench_real_trl", f"settings {json.dumps(SETTINGS)}"))
+    print(harness.header("bench_real_trl", f"settings {json.dumps(args.settings)}"))
     if args.report_only:
         results = json.loads((args.out / "results.json").read_text())
         report(results)
         print_roofline(results, args.model)
         return 0
+    if args.work == "gsm8k" and (not args.speed_rounds or "tunix" in args.sides):
+        print("--work gsm8k times the step only (--speed-rounds R), of locojax and TRL "
+              "(the held-out scoring and Tunix's worker run the real demo's arith)",
+              file=sys.stderr)
+        return 2
     if not Path(args.model, "config.json").is_file():
         print(f"no checkpoint at {args.model}: make real-model", file=sys.stderr)
         return 2
@@ -169,48 +190,66 @@ def main(argv=None) -> int:
     return 0
 
 
+STEADY_FROM = {"real-demo": 2, "gsm8k": 1}
+"""The first steady step (0-based) of a --speed-rounds run: the real demo's second step
+still warms up (its runs are 6+ steps of seconds); at GSM8K's longer completions a run is a
+few steps of minutes, and only the first holds TRL's warm-up (locojax's compile is out of
+every step's time already: `perf/compile_time`)."""
+
+
+def speed_run(args, pythons: dict[str, Path], side: str, seed: int) -> dict:
+    """One --steps run of `side` on args.settings, under GNU time: its steps' seconds, the
+    median of its steady ones, its first apart, its compile (locojax), its peak RSS."""
+    run_dir = args.out / f"speed-{side}-{seed}"
+    shutil.rmtree(run_dir, ignore_errors=True)
+    if side == "locojax":
+        argv_ = locojax_argv(args.model, seed, args.steps, run_dir, 0, args.extra, args.settings)
+    elif side == "trl":
+        argv_ = trl_argv(pythons["trl"], args.model, seed, args.steps, run_dir, args.trl_device,
+                         args.settings)
+    else:  # its micro-batches and departures: bench_real_tunix.py
+        argv_ = tunix_argv(pythons["tunix"], args.model, seed, args.steps, run_dir)
+    log = args.out / f"speed-{side}-{seed}.log"
+    code, tail = harness.run_logged(with_peak_rss(argv_), log, timeout=4 * 3600)
+    if code:
+        raise RuntimeError(f"{side} seed {seed} failed ({code}):\n{tail}")
+    perf = "perf.jsonl" if side == "locojax" else "metrics.jsonl"
+    times = step_times(run_dir, perf)
+    rows = harness.read_steps(run_dir / perf).values()
+    compile_s = sum(r.get("perf/compile_time", 0.0) for r in rows)
+    lengths = [r["completions/mean_length"] for r in rows if "completions/mean_length" in r]
+    out = dict(step_s=harness.median(times[STEADY_FROM[args.work]:]), first_s=times[0],
+               steps_s=times, compile_s=compile_s, rss=peak_rss_gb(log), mean_length=lengths)
+    print(f"{side}: steps {' '.join(f'{t:.2f}' for t in times)} s, compile {compile_s:.1f} s, "
+          f"peak RSS {harness.fmt(out['rss'], '.2f')} GB"
+          + (f", mean length {' '.join(f'{x:.1f}' for x in lengths)}" if lengths else "")
+          + f", load {harness.loads()}", flush=True)
+    return out
+
+
 def speed(args, pythons: dict[str, Path]) -> int:
     """The step-time ratio from runs interleaved on this machine: each round runs every side
     once for --steps steps (seed --seeds[0], the same work as the table's runs, no
     evaluation), the order reversed every other round, so a drift in the machine's load
-    falls on both sides alike. Each run's time is the median of its steps from the third on
-    (the first two warm up); the first step is printed apart: TRL's and Tunix's hold their
-    compile and warm-up, locojax's profiler already leaves its compile out of every step."""
+    falls on both sides alike. Each run's time is the median of its steady steps
+    (`STEADY_FROM`); the first step is printed apart: TRL's and Tunix's hold their compile
+    and warm-up, locojax's profiler already leaves its compile out of every step."""
     seed = args.seeds[0]
-
-    def arm(side):
-        def run():
-            run_dir = args.out / f"speed-{side}-{seed}"
-            shutil.rmtree(run_dir, ignore_errors=True)
-            if side == "locojax":
-                argv_ = locojax_argv(args.model, seed, args.steps, run_dir, 0, args.extra)
-            elif side == "trl":
-                argv_ = trl_argv(pythons["trl"], args.model, seed, args.steps, run_dir,
-                                 args.trl_device)
-            else:  # its micro-batches and departures: bench_real_tunix.py
-
-                argv_ = tunix_argv(pythons["tunix"], args.model, seed, args.steps, run_dir)
-            code, tail = harness.run_logged(argv_, args.out / f"speed-{side}-{seed}.log",
-                                            timeout=4 * 3600)
-            if code:
-                raise RuntimeError(f"{side} seed {seed} failed ({code}):\n{tail}")
-            times = step_times(run_dir, "perf.jsonl" if side == "locojax" else "metrics.jsonl")
-            print(f"{side}: steps {' '.join(f'{t:.2f}' for t in times)} s, "
-                  f"load {harness.loads()}", flush=True)
-            return dict(step_s=harness.median(times[2:]), first_s=times[0])
-        return run
-
-    runs = harness.interleave({side: arm(side) for side in args.sides}, args.speed_rounds,
-                              how="alternate")
+    runs = harness.interleave(
+        {side: (lambda side=side: speed_run(args, pythons, side, seed)) for side in args.sides},
+        args.speed_rounds, how="alternate")
     print()
-    for line in harness.table(["round", *[f"{s} s/step (first step)" for s in runs]],
-                              [[r, *[f"{runs[s][r]['step_s']:.2f} ({runs[s][r]['first_s']:.1f})"
-                                     for s in runs]] for r in range(args.speed_rounds)]):
+    for line in harness.table(
+            ["round", *[f"{s} s/step (first step)" for s in runs],
+             *[f"{s} peak RSS GB" for s in runs]],
+            [[r, *[f"{runs[s][r]['step_s']:.2f} ({runs[s][r]['first_s']:.1f})" for s in runs],
+              *[harness.fmt(runs[s][r]["rss"], ".2f") for s in runs]]
+             for r in range(args.speed_rounds)]):
         print(line)
     if "locojax" in runs:
         peak, bw, _ = harness.rates()
-        print(f"locojax, last round: "
-              f"{roofline(args.out / f'speed-locojax-{seed}', args.model, bw, peak)}")
+        last = roofline(args.out / f"speed-locojax-{seed}", args.model, bw, peak, args.settings)
+        print(f"locojax, last round: {last}")
     med = {side: harness.median([r["step_s"] for r in rs]) for side, rs in runs.items()}
     for peer, name in (("trl", "TRL"), ("tunix", "Tunix")):
         if "locojax" not in med or peer not in med or (peer == "trl"
@@ -222,8 +261,9 @@ def speed(args, pythons: dict[str, Path]) -> int:
         rounds = ", ".join(harness.fmt(x, ".2f") for x in per_round)
         print(f"{name} s/step / locojax s/step = {harness.fmt(ratio, '.2f')} (medians over "
               f"{args.speed_rounds} interleaved rounds; per round {rounds})")
-    (args.out / "speed.json").write_text(json.dumps(dict(seed=seed, steps=args.steps,
-                                                         runs=runs), indent=1))
+    (args.out / "speed.json").write_text(json.dumps(dict(
+        seed=seed, steps=args.steps, work=args.work, settings=args.settings, runs=runs),
+        indent=1))
     print(f"load at the end {harness.loads()}; results {args.out / 'speed.json'}")
     return 0
 

@@ -37,13 +37,41 @@ def ab_refusal(model: str, need_trl: bool = True) -> str:
     return ""
 
 
+GSM8K_DATA = "/work/shared/data/gsm8k/train.jsonl"
+"""The GSM8K training rows of this machine (HF format), the default of `gsm8k_settings`."""
+
+
+def gsm8k_settings(data: str = GSM8K_DATA, prompts: int = 8, group: int = 4,
+                   new_tokens: int = 128) -> dict:
+    """Issue 56 item 5's longer completions: GSM8K's questions in the checkpoint's chat
+    template, `prompts` x G `group`, exactly `new_tokens` new tokens a completion (EOS
+    ignored by locojax, suppressed in TRL), SETTINGS' learning values otherwise. The prompt
+    width is locojax's `auto` (the data's longest prompt); TRL 1.16 truncates none."""
+    learning = {k: v for k, v in SETTINGS.items() if k not in ("level", "reward")}
+    return dict(learning, task="gsm8k", data=str(data), template="chat", reward="strict",
+                prompts_per_step=prompts, group_size=group, max_new_tokens=new_tokens,
+                max_prompt_tokens="auto", ignore_eos=True)
+
+
+def task_flags(s: dict) -> tuple[str, list[str]]:
+    """The `locojax train` preset and task flags of settings `s`: real-demo's chat arith
+    level, or `gsm8k_settings`' data file with EOS ignored in single mode (the issue's own
+    command, whose preset is the `gsm8k` one)."""
+    if s.get("task") == "gsm8k":
+        return "gsm8k", ["--task.data", s["data"], "--task.template", s["template"],
+                         "--task.reward", s["reward"], "--rollout.ignore-eos",
+                         "--mode", "single", "--no-progress"]
+    return "real-demo", ["--task.level", str(s["level"]), "--task.reward", s["reward"]]
+
+
 def locojax_argv(model: str, seed: int, steps: int, run_dir: Path, eval_every: int,
-                 extra: tuple[str, ...] = ()) -> list[str]:
-    """`locojax train` with SETTINGS, then `extra` flags (`--locojax-flags`)."""
-    s = SETTINGS
-    return [*harness.CLI, "train", "real-demo", "--model", model, "--seed", str(seed),
-            "--steps", str(steps), "--run-dir", str(run_dir), "--task.level", str(s["level"]),
-            "--task.reward", s["reward"], "--rollout.prompts-per-step", str(s["prompts_per_step"]),
+                 extra: tuple[str, ...] = (), s: dict = SETTINGS) -> list[str]:
+    """`locojax train` with settings `s` (SETTINGS, the real demo's work, unless given),
+    then `extra` flags (`--locojax-flags`)."""
+    preset, task = task_flags(s)
+    return [*harness.CLI, "train", preset, "--model", model, "--seed", str(seed),
+            "--steps", str(steps), "--run-dir", str(run_dir), *task,
+            "--rollout.prompts-per-step", str(s["prompts_per_step"]),
             "--algo.group-size", str(s["group_size"]),
             "--rollout.max-new-tokens", str(s["max_new_tokens"]),
             "--rollout.max-prompt-tokens", str(s["max_prompt_tokens"]),
@@ -55,10 +83,11 @@ def locojax_argv(model: str, seed: int, steps: int, run_dir: Path, eval_every: i
 
 
 def trl_argv(python: Path, model: str, seed: int, steps: int, out: Path,
-             device: str = "cpu") -> list[str]:
+             device: str = "cpu", s: dict = SETTINGS) -> list[str]:
+    """TRL's worker on settings `s`; it builds its task from them (`trl_real_worker`)."""
     return [str(python), "-m", "benchmarks.peers.trl_real_worker", "--model", model,
             "--out", str(out), "--seed", str(seed), "--steps", str(steps),
-            "--settings", json.dumps(SETTINGS), "--device", device]
+            "--settings", json.dumps(s), "--device", device]
 
 
 def with_peak_rss(argv: list[str]) -> list[str]:

@@ -25,6 +25,10 @@ def grpo_config(s: dict, output_dir: Path, steps: int, seed: int, device: str, t
     from trl import GRPOConfig
 
     B, G = s["prompts_per_step"], s["group_size"]
+    # A fixed length (`ignore_eos`, locojax's --rollout.ignore-eos): transformers'
+    # min_new_tokens masks the generation config's EOS ids, TRL's own `eos_token_ids`, until
+    # N tokens, so no completion ends early and each one's N tokens are trained.
+    fixed = {"min_new_tokens": s["max_new_tokens"]} if s.get("ignore_eos") else None
     return GRPOConfig(
         output_dir=str(output_dir), per_device_train_batch_size=B * G,
         gradient_accumulation_steps=1, num_generations=G,
@@ -36,4 +40,5 @@ def grpo_config(s: dict, output_dir: Path, steps: int, seed: int, device: str, t
         use_cpu=device == "cpu",
         bf16=False, fp16=False, report_to="none", save_strategy="no", logging_steps=1,
         disable_tqdm=True, seed=seed, dataloader_num_workers=0,
-        loss_type=s["trl_loss_type"], model_init_kwargs={"dtype": torch.float32})
+        loss_type=s["trl_loss_type"], model_init_kwargs={"dtype": torch.float32},
+        generation_kwargs=fixed)

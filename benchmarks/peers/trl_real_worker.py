@@ -2,16 +2,19 @@
 locojax's own task, in TRL's venv.
 
 The task is locojax's (`locojax.envs` is plain Python and numpy, so TRL's venv imports it
-from the repository): the same prompts in the same order as `locojax train` with this seed
-(`train.data.PromptStream`), as conversational `prompt` rows that TRL renders with the
-checkpoint's chat template, and the same reward function, called on each completion's text.
+from the repository), the settings' (`task_of`): the real demo's chat arith, or GSM8K from a
+data file in the chat template (`real_runs.gsm8k_settings`). The same prompts in the same
+order as `locojax train` with this seed (`train.data.PromptStream`), as conversational
+`prompt` rows that TRL renders with the checkpoint's chat template, and the same reward
+function, called on each completion's text.
 TRL's settings are set where they differ from the locojax side's and left at TRL's defaults
 otherwise (`loss_type="dapo"`, i.e. token-mean over the batch; `scale_rewards="group"`;
 ε 0.2); `bench_real_trl.py` passes the locojax side the same values.
 
 Writes OUT/metrics.jsonl in locojax's format (one line per step: `reward/mean`,
 `perf/step_time`), so `locojax plot` overlays both sides, and OUT/final_model, which
-`locojax eval` scores on the held-out split as it scores the locojax side's.
+`locojax eval` scores on the held-out split as it scores the locojax side's. With TRL's
+`completions/mean_length` beside each step, which shows a fixed length (EOS suppressed) held.
 """
 
 from __future__ import annotations
@@ -24,6 +27,19 @@ import time
 from pathlib import Path
 
 from benchmarks.peers.trl_common import grpo_config
+
+
+def task_of(s: dict, seed: int):
+    """locojax's task of the settings, as `locojax train` builds it (envs/registry.py):
+    GSM8K from its data file (its held-out split the same file, as when `--task.test-data`
+    is not given), or the real demo's chat arith."""
+    if s.get("task") == "gsm8k":
+        from locojax.envs import gsm8k
+
+        return gsm8k.task(s["data"], s["data"], template=s["template"], mode=s["reward"])
+    from locojax.envs.tasks import arith
+
+    return arith.task(level=s["level"], template="chat", mode=s["reward"], seed=seed)
 
 
 def main(argv=None) -> int:
@@ -44,12 +60,11 @@ def main(argv=None) -> int:
     from transformers import TrainerCallback
     from trl import GRPOTrainer
 
-    from locojax.envs.tasks import arith
     from locojax.train.data import PromptStream
 
     torch.set_num_threads(os.cpu_count())
     B, G = s["prompts_per_step"], s["group_size"]
-    task = arith.task(level=s["level"], template="chat", mode=s["reward"], seed=args.seed)
+    task = task_of(s, args.seed)
     stream = PromptStream(task.train, args.seed)
     examples = [ex for step in range(args.steps) for ex in stream.take(step, B, 0, B)]
     data = datasets.Dataset.from_dict({"prompt": [list(ex.prompt) for ex in examples],
@@ -72,9 +87,11 @@ def main(argv=None) -> int:
         def on_log(self, _args, state, _control, logs=None, **_):
             if logs and "reward" in logs:
                 now = time.perf_counter()
-                self.file.write(json.dumps({"step": state.global_step,
-                                            "reward/mean": float(logs["reward"]),
-                                            "perf/step_time": now - self.t}) + "\n")
+                row = {"step": state.global_step, "reward/mean": float(logs["reward"]),
+                       "perf/step_time": now - self.t}
+                if "completions/mean_length" in logs:
+                    row["completions/mean_length"] = float(logs["completions/mean_length"])
+                self.file.write(json.dumps(row) + "\n")
                 self.file.flush()
                 self.t = now
 
