@@ -64,9 +64,11 @@ def roofline(run_dir: Path, model: str, bandwidth: float, peak: float,
     train = harness.median([r["perf/phase/train"] for r in steady])
     rows_per_step = s["prompts_per_step"] * s["group_size"]
     # The step computes its batch cut to a bucket (`locojax/rl/buckets.py`), P + N columns
-    # at most; a run from before the cut logged no width.
-    positions = int(harness.median([r.get("perf/train_columns", s["max_prompt_tokens"] +
-                                          s["max_new_tokens"]) for r in steady]))
+    # at most; a run from before the cut logged no width (and then P is a number: `auto`
+    # came with the cut).
+    widths = [r["perf/train_columns"] for r in steady if "perf/train_columns" in r]
+    positions = (int(harness.median(widths)) if widths else
+                 s["max_prompt_tokens"] + s["max_new_tokens"])
     # The body runs at every position; the LM head only where a response token's logprob is
     # read (N positions a row at most), as the train step computes it. 3 x: forward and
     # backward.
