@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from locojax.predict.calibrate_host import median_time
+from locojax.predict.calibrate_host import matmul_flops, median_time
 
 DTYPES = ("float32", "bfloat16")
 PRESETS = {"TPU v5 lite": "tpu-v5e", "TPU v5e": "tpu-v5e", "TPU v5": "tpu-v5p",
@@ -76,17 +76,7 @@ def preset_of(kind: str) -> str:
 def matmul_rates(n: int = 8192, reps: int = 10) -> dict[str, float]:
     """FLOP/s of an [n, n] @ [n, n] product on the first device in each of `DTYPES`
     (2 n^3 per product; n 8192: ~6 ms at a v5e's bf16 peak, 50x a call's dispatch)."""
-    import jax
-    import jax.numpy as jnp
-
-    f = jax.jit(jnp.dot)
-    out = {}
-    for dtype in DTYPES:
-        a = jax.random.normal(jax.random.key(0), (n, n), dtype)
-        b = jax.random.normal(jax.random.key(1), (n, n), dtype)
-        out[dtype] = 2 * n ** 3 / median_time(lambda: f(a, b).block_until_ready(), reps)
-        del a, b
-    return out
+    return {dtype: matmul_flops(n, reps, dtype) for dtype in DTYPES}
 
 
 def hbm_bandwidth(mib: int = 1024, reps: int = 10) -> float:
@@ -122,14 +112,20 @@ def const(value: float, unit: str, origin: str, source: str) -> dict:
 LINKS = ("ici_bandwidth", "ici_latency", "ici_domain", "dcn_bandwidth", "dcn_latency")
 
 
-def _links(kind: str, chips: int) -> dict:
-    """The interconnect of a chip this calibration cannot time: its shipped profile's, each
-    constant's origin saying so; assumed values for a chip no profile ships."""
+def _preset(kind: str) -> tuple[str, dict]:
+    """(name, JSON) of a `device_kind`'s shipped profile; ("", {}) where none is shipped."""
     import json
 
     from locojax.predict.hardware import HARDWARE_DIR
 
     name = preset_of(kind)
+    return name, (json.loads((HARDWARE_DIR / f"{name}.json").read_text()) if name else {})
+
+
+def _links(kind: str, chips: int) -> dict:
+    """The interconnect of a chip this calibration cannot time: its shipped profile's, each
+    constant's origin saying so; assumed values for a chip no profile ships."""
+    name, preset = _preset(kind)
     if not name:
         why = f"assumed: no shipped profile for {kind!r}, and one process cannot time a link"
         return {"ici_topology": "switch", "ici_bandwidth": const(1e11, "bytes/s", "assumed", why),
@@ -137,7 +133,6 @@ def _links(kind: str, chips: int) -> dict:
                 "ici_domain": const(chips, "chips", "assumed", why),
                 "dcn_bandwidth": const(1.25e10, "bytes/s", "assumed", why),
                 "dcn_latency": const(3e-5, "s", "assumed", why)}
-    preset = json.loads((HARDWARE_DIR / f"{name}.json").read_text())
     out = {"ici_topology": preset["ici_topology"]}
     for key in LINKS:
         c = preset[key]
@@ -148,14 +143,10 @@ def _links(kind: str, chips: int) -> dict:
 
 def _preset_hbm(kind: str) -> dict:
     """A device that does not say its memory: its shipped profile's HBM, else none known."""
-    import json
-
-    from locojax.predict.hardware import HARDWARE_DIR
-
-    name = preset_of(kind)
+    name, preset = _preset(kind)
     if not name:
         raise ValueError(f"{kind!r} does not say its memory and no shipped profile has it")
-    return json.loads((HARDWARE_DIR / f"{name}.json").read_text())["hbm_bytes"]
+    return preset["hbm_bytes"]
 
 
 def profile(m: dict, src: str, host_rates: dict) -> dict:

@@ -41,13 +41,13 @@ def median_time(fn, reps: int, warm: int = 2) -> float:
     return statistics.median(times)
 
 
-def matmul_flops(n: int = 1024, reps: int = 5) -> float:
-    """f32 matmul FLOP/s of this process (2 n^3 per product)."""
+def matmul_flops(n: int = 1024, reps: int = 5, dtype: str = "float32") -> float:
+    """Matmul FLOP/s of this process's default device in `dtype` (2 n^3 per product)."""
     import jax
     import jax.numpy as jnp
 
-    a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
-    b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32)
+    a = jax.random.normal(jax.random.key(0), (n, n), dtype)
+    b = jax.random.normal(jax.random.key(1), (n, n), dtype)
     f = jax.jit(jnp.dot)
     return 2 * n ** 3 / median_time(lambda: f(a, b).block_until_ready(), reps)
 

@@ -45,7 +45,7 @@ class Calibrated:
     def on_chip(self) -> bool:
         """Calibrated on an accelerator (`calibrate_device.py`): rates by compute dtype, the
         chip's own, not scaled by the host's cores."""
-        return self.hw.extra.get("platform", "cpu") != "cpu"
+        return not self.hw.is_cpu
 
     def _table(self, name: str) -> tuple[dict, str]:
         """(the profile's `name` table for this run's dtype, its ledger prefix): an
