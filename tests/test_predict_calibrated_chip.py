@@ -148,9 +148,12 @@ def test_a_chips_overhead_is_what_its_wide_programs_cost_beyond_the_roofline(mon
         return max(c.flops / rates[kind], c.bytes / bw) + fixed + cfg.num_hidden_layers * \
             per_layer
 
-    monkeypatch.setattr(calibrate, "_generate_times", lambda cfg, reps: (
-        roofline(cfg, "prefill"), roofline(cfg, "decode_step")))
-    monkeypatch.setattr(calibrate, "_train_time", lambda cfg, reps: roofline(cfg, "train"))
+    # The timers as wide_overhead must call them: the shapes `roofline` costs.
+    monkeypatch.setattr(calibrate, "_generate_times", lambda cfg, reps, *shape: (
+        roofline(cfg, "prefill"), roofline(cfg, "decode_step"))
+        if shape == (4, 2, 8) else pytest.fail(f"generate at {shape}"))
+    monkeypatch.setattr(calibrate, "_train_time", lambda cfg, reps, *shape: roofline(
+        cfg, "train") if shape == (2, 2, 8, 8) else pytest.fail(f"update at {shape}"))
     got = calibrate.wide_overhead(rates, bw, "bfloat16", probe=probe)
     for kind, (fixed, per_layer) in over.items():
         assert got[kind]["fixed"] == pytest.approx(fixed, rel=1e-9)

@@ -143,10 +143,14 @@ def wide_overhead(rates: dict[str, float], bandwidth: float, dtype: str, reps: i
     for layers in (1, 2):
         cfg = config.tiny(**{**probe.decoder, "num_hidden_layers": layers}, compute_dtype=dtype)
         mc = ModelCosts(cfg, dtype)
-        prefill, step = _generate_times(cfg, reps)  # 4 prompts x 2 samples of 8 tokens
-        timed = {"prefill": (prefill, mc.prefill(4, 8)),
-                 "decode_step": (step, mc.decode_step(8, 8 + 136 - 1)),
-                 "train": (_train_time(cfg, reps), mc.train_step(4, 2, 8, 8))}
+        # The shapes timed, passed to the timers and costed alike, so they cannot drift.
+        b, samples, q = 4, 2, 8
+        prompts_n, group, p, n = 2, 2, 8, 8
+        prefill, step = _generate_times(cfg, reps, b, samples, q)
+        timed = {"prefill": (prefill, mc.prefill(b, q)),
+                 "decode_step": (step, mc.decode_step(b * samples, q + 136 - 1)),
+                 "train": (_train_time(cfg, reps, prompts_n, group, p, n),
+                           mc.train_step(prompts_n * group, group, p, n))}
         for kind, (t, c) in timed.items():
             beyond[kind].append(t - max(c.flops / rates[kind], c.bytes / bandwidth))
     return {kind: _fixed_and_per_layer(*ts) for kind, ts in beyond.items()}
