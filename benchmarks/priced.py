@@ -9,8 +9,8 @@ its HLO. Each program is then priced by the profile's program model (`kernel_mod
 weights fitted to locojax's programs on calibration decoders of other widths) on the cores
 its host has: `single`'s N devices are threads of one process, each device's program on
 its share of the cores; `colocated`'s hosts are processes, one device each, sharing the
-machine's cores as `modes.cores_each` splits them, and slowed by the calibrated ρ(k) where
-k of them share (`phases.Ctx.device`).
+machine's cores as `modes.cores_each` splits them (the cost model has no ρ(k) for their
+contention: `predict_probes.py oversub` measures it, and `phases` takes it as `penalty`).
 
 Priced: `reshard`, `prefill` (with the rollout's cache buffer, which the engine makes anew
 every step, its fill kernels priced as timed alone), `decode` (the part of the decode
@@ -163,10 +163,9 @@ def predicted(ctx, mode: str, argv: list[str], prompts: int) -> tuple[Prediction
                      entry["tables_all"])
     colocated = mode == "colocated"
     cores = modes.cores_each(ctx, ctx.cluster.hosts if colocated else ctx.cluster.chips)
-    penalty = ctx.oversubscription(cores) if colocated else 1.0  # single: device threads
     wl, km = ctx.wl, KernelModel.of(entry)
     devices = 1 if colocated else ctx.cluster.chips
-    got = phases(feats, km, wl.decode_steps(wl.rows), cores, penalty, devices)
+    got = phases(feats, km, wl.decode_steps(wl.rows), cores, devices=devices)
     if colocated and km.lockstep:
         got["train"] += joined(feats, km, ctx.cluster.hosts)
     out = apply(model, got, min(wl.completion.quantiles) < wl.max_new)

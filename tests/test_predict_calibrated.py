@@ -90,14 +90,14 @@ def test_the_measured_host_rates_replace_the_shipped_ones(profile_file):
 
 
 def test_host_phases_add_the_calibrated_fixed_part_to_the_rows_part(profile_file):
-    """reward = reward_fixed + rows x reward_per_row; batch likewise; the shipped rates have
-    no fixed part (through-origin fits)."""
+    """reward = reward_fixed + rows x reward_per_row; batch likewise; the shipped rates, which
+    an accelerator's profile uses, have no fixed part (through-origin fits)."""
     wl = _workload()
     hw = hardware.load(str(profile_file))
     ctx = phases.Ctx(config.tiny(), "tiny", wl, hardware.Cluster(hw, 1), dtype="float32")
     assert ctx.reward(64) == pytest.approx(3e-4 + 64 * 2e-5, rel=1e-12)  # float sums only
     assert ctx.batch(64) == pytest.approx(5e-4 + 64 * 3e-7, rel=1e-12)
-    shipped = phases.Ctx(config.tiny(), "tiny", wl, hardware.parse_cluster("cpu-here-1"),
+    shipped = phases.Ctx(config.tiny(), "tiny", wl, hardware.parse_cluster("v5e-1"),
                          dtype="float32")
     per_row = shipped.rate("batch_per_row") / shipped.hw("host_core_speed")
     assert shipped.batch(64) == pytest.approx(64 * per_row, rel=1e-12)
@@ -142,8 +142,7 @@ def test_calibrate_refuses_an_unknown_argument(capsys):
 
 def test_a_calibrated_machines_gradient_all_reduce_is_not_hidden(profile_file):
     """A calibrated profile is a CPU machine whose hosts are processes joined by gloo: the
-    all-reduce runs between the step's computations, so all of it is exposed, as on the
-    shipped cpu profiles; a colocated step on two of its hosts carries the whole ring
+    all-reduce runs between the step's computations, so all of it is exposed; a colocated step on two of its hosts carries the whole ring
     all-reduce of the f32 gradients (the accelerators' overlap would leave one layer's)."""
     from locojax.predict import modes
 
@@ -161,7 +160,7 @@ def test_a_calibrated_machines_gradient_all_reduce_is_not_hidden(profile_file):
 def test_a_calibrated_machines_bf16_activations_carry_xla_cpus_f32_copies(profile_file):
     """On a CPU XLA upcasts both operands of a bf16 dot, so each bf16 residual the backward
     keeps has an f32 copy (train_memory._residual_bytes): a calibrated profile is a CPU, and
-    its plan's activations are the shipped cpu profile's, byte for byte."""
+    its plan's activations are the shipped example's (cpu-here), byte for byte."""
     from locojax.predict import memory
 
     wl = _workload()
@@ -170,27 +169,3 @@ def test_a_calibrated_machines_bf16_activations_carry_xla_cpus_f32_copies(profil
              for cluster in (hardware.Cluster(hardware.load(str(profile_file)), 1),
                              hardware.parse_cluster("cpu-here-1"))]
     assert plans[0] == plans[1] > 0
-
-
-def test_a_profiles_oversubscription_table_multiplies_each_colocated_hosts_programs(tmp_path):
-    """Two colocated hosts on the profile's two cores each get one core, and each program's
-    time is ρ(2) times what it is without the table (`phases.Ctx.device`); a single host
-    (one process) pays none of it. `calibrate` no longer measures ρ (the laboratory does,
-    benchmarks/predict_probes.py oversub), so the table is written into the profile here."""
-    from locojax.predict import modes
-
-    over = {k: {"value": v, "unit": "x", "origin": "measured", "source": "made up"}
-            for k, v in (("2", 1.5), ("4", 2.0))}
-    preds = {}
-    for name, extra in (("plain", {}), ("over", {"oversubscription": over})):
-        path = tmp_path / f"{name}.json"
-        path.write_text(json.dumps({**calibrate.profile(MEASURED, "now", "0.0"), **extra}))
-        hw = hardware.load(str(path))
-        preds[name] = {n: getattr(modes, mode)(phases.Ctx(
-            config.tiny(), "tiny", _workload(), hardware.Cluster(hw, n), dtype="float32"))
-            for mode, n in (("colocated", 2), ("single", 1))}
-    assert "oversubscription" not in calibrate.profile(MEASURED, "now", "0.0")
-    plain, over_ = preds["plain"], preds["over"]
-    for phase in ("prefill", "decode", "train"):  # rel 1e-12: one product, f64 rounding
-        assert over_[2].phases[phase] == pytest.approx(1.5 * plain[2].phases[phase], rel=1e-12)
-        assert over_[1].phases[phase] == pytest.approx(plain[1].phases[phase], rel=1e-12)

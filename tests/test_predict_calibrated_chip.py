@@ -129,7 +129,7 @@ def test_the_chip_probes_measure_a_finite_rate_here():
 
 
 def test_a_chips_overhead_is_what_its_wide_programs_cost_beyond_the_roofline(monkeypatch):
-    """`wide_overhead` on made-up times: each program at L layers costs its roofline (the
+    """`program_overhead` on made-up times: each program at L layers costs its roofline (the
     cost model's FLOPs and bytes at the rates given) plus fixed + L · per_layer, and the
     fit returns those two, whatever the roofline. Exact up to f64 rounding (rel 1e-9: the
     differences are of numbers near 1e-3 known to ~1e-16 relative)."""
@@ -148,13 +148,13 @@ def test_a_chips_overhead_is_what_its_wide_programs_cost_beyond_the_roofline(mon
         return max(c.flops / rates[kind], c.bytes / bw) + fixed + cfg.num_hidden_layers * \
             per_layer
 
-    # The timers as wide_overhead must call them: the shapes `roofline` costs.
+    # The timers as program_overhead must call them: the shapes `roofline` costs.
     monkeypatch.setattr(calibrate, "_generate_times", lambda cfg, reps, *shape: (
         roofline(cfg, "prefill"), roofline(cfg, "decode_step"))
         if shape == (4, 2, 8) else pytest.fail(f"generate at {shape}"))
     monkeypatch.setattr(calibrate, "_train_time", lambda cfg, reps, *shape: roofline(
         cfg, "train") if shape == (2, 2, 8, 8) else pytest.fail(f"update at {shape}"))
-    got = calibrate.wide_overhead(rates, bw, "bfloat16", probe=probe)
+    got = calibrate.program_overhead(rates, bw, "bfloat16", probe.decoder)
     for kind, (fixed, per_layer) in over.items():
         assert got[kind]["fixed"] == pytest.approx(fixed, rel=1e-9)
         assert got[kind]["per_layer"] == pytest.approx(per_layer, rel=1e-9)

@@ -145,7 +145,7 @@ def _predict(ctx, source: str, own: dict, only: str | None = None, placement=Non
     given = given or layout.Given()
     choice = layout.choose(ctx, given)
     print(report.memory_text(choice.plan))
-    if ctx.cluster.hw.kind == "cpu":
+    if ctx.cluster.hw.is_cpu:
         print("  (on this machine `locojax train ... --plan-only` gives XLA's exact plan)")
     elif not choice.fits:
         print(f"locojax predict: {report.refusal(choice, ctx, given)}", file=sys.stderr)

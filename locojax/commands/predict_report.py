@@ -172,7 +172,7 @@ def elsewhere(ctx: Ctx) -> str:
     found = []
     for name in hardware.known():
         hw = hardware.load(name)
-        if hw.kind == "cpu" or hw.name == ctx.cluster.hw.name:
+        if hw.is_cpu or hw.name == ctx.cluster.hw.name:
             continue
         start = hardware.Cluster(hw, int(hw.chips_per_host.value))
         c = dataclasses.replace(ctx, cluster=start, tp=0, fsdp_chips=0)

@@ -8,11 +8,11 @@ The cost model, in the order a prediction runs through it:
   source for every number), each constant with its origin (`origin.py`);
 - work: `flops.py` counts FLOPs and bytes of locojax's prefill, decode step and train step,
   checked against XLA's cost analysis;
-- rates: `devices.py` (the roofline; the example profile's CPU fits) and `calibrated.py`
-  (a calibrated machine's program times);
-- phases: `phases.py` holds the per-phase equations, with `collectives.py` (ring/tree
-  formulas over ICI and DCN), `compaction.py` (the decode loop's waves) and
-  `shared_machine.py` (hosts that are processes sharing one machine's cores);
+- rates: `devices.py` (the roofline) and `calibrated.py` (a calibrated machine's program
+  times: this machine's, or the shipped example's, `cpu-here`);
+- phases: `phases.py` holds the per-phase equations (and the env work of hosts that are
+  processes sharing one machine's cores), with `collectives.py` (ring/tree formulas over
+  ICI and DCN) and `compaction.py` (the decode loop's waves);
 - modes and placement: `modes.py` (the synchronous modes), `simulate.py` (the discrete-event
   simulation of the buffered ones), `placement.py` (DA/async and the advice), `layout.py`
   (tp, FSDP, remat, micro-batches: the fastest that fits) with `memory.py`;

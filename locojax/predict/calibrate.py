@@ -5,8 +5,8 @@ What is measured, each a median of repeats, nothing fitted to a training run:
 - `peak_flops`: an f32 [n, n] @ [n, n] matmul in this process (all its cores), and in a
   child pinned to one core (`flops_per_core`): what one of N local hosts gets;
 - `hbm_bandwidth`: bytes/s of a 256 MB copy (read + write);
-- `program_overhead`: what one call of locojax's own programs costs besides its arithmetic,
-  from a decoder so narrow (d 16, vocab 64) that its FLOPs are negligible, at 1 and 2
+- `program_overhead`: what one call of locojax's own programs costs beyond its roofline
+  term, from a decoder so narrow (d 16, vocab 64) that its FLOPs are negligible, at 1 and 2
   layers: per program kind (`prefill` with the generate call around it, `decode_step` one
   iteration of the decode loop, `train` one update) a fixed part and a part per layer,
   t = fixed + L · per_layer. These are the launches: the dispatch of the program and the
@@ -25,10 +25,8 @@ On a TPU or GPU (`calibrate_device.py`) the matmul rate and bandwidth are the ch
 overheads and program rates are measured in each compute dtype (f32, bf16) on a decoder as
 wide as the models it runs, and no link is timed (the chip's shipped profile gives them).
 Not measured: ρ(k), how much slower k local hosts run together than each alone on its
-share of the cores. It was (`calibrate_oversub.py`, until 2026-12-06), but no pre-registered
-set was ever predicted with it, so it went back to the laboratory
-(`benchmarks/predict_probes.py oversub`); a profile that has the table is still read
-(`shared_machine.py`).
+share of the cores: no pre-registered set was predicted with it, so it is a probe of the
+laboratory (`benchmarks/predict_probes.py oversub`), and the cost model reads no such term.
 
 The device model that reads it (`calibrated.py`): a program's time is
     fixed + L · per_layer + max(flops / F_k(c), bytes / bandwidth)
@@ -117,31 +115,22 @@ def _fixed_and_per_layer(t1: float, t2: float) -> dict[str, float]:
     return {"fixed": max(0.0, t1 - per_layer), "per_layer": per_layer}
 
 
-def program_overhead(reps: int = 5, dtype: str = "float32") -> dict[str, dict[str, float]]:
-    """Per kind, {"fixed": s, "per_layer": s} from the narrow decoder at 1 and 2 layers,
-    computing in `dtype`."""
-    micro = [calibration_step.micro(layers, dtype) for layers in (1, 2)]
-    one, two = (_generate_times(cfg, reps) for cfg in micro)
-    train = tuple(_train_time(cfg, reps) for cfg in micro)
-    return {kind: _fixed_and_per_layer(t1, t2)
-            for kind, (t1, t2) in (("prefill", (one[0], two[0])),
-                                   ("decode_step", (one[1], two[1])), ("train", train))}
-
-
-def wide_overhead(rates: dict[str, float], bandwidth: float, dtype: str, reps: int = 5,
-                  probe: RateProbe = ACCEL_PROBE) -> dict[str, dict[str, float]]:
-    """An accelerator's `program_overhead`: per kind, what a call costs beyond the model's own
-    roofline term, max(flops / rate, bytes / bandwidth), on `probe`'s decoder at 1 and 2
-    layers, as wide as the models the chip runs. A d 16 decoder's layer hides the latency
-    of a real width's kernels: on a v5e its decode token step cost 15 µs a layer where
-    SmolLM2 and Qwen3-0.6B took ~150-200 µs beyond their bytes (set 10,
+def program_overhead(rates: dict[str, float], bandwidth: float, dtype: str = "float32",
+                     decoder: dict = calibration_step.MICRO,
+                     reps: int = 5) -> dict[str, dict[str, float]]:
+    """Per kind, {"fixed": s, "per_layer": s}: what a call costs beyond the model's own
+    roofline term, max(flops / rate, bytes / bandwidth), on `decoder` at 1 and 2 layers. On a
+    CPU the narrow decoder, whose roofline term is negligible; on an accelerator one as wide
+    as the models the chip runs (`ACCEL_PROBE`): a d 16 decoder's layer hides the latency of
+    a real width's kernels: on a v5e its decode token step cost 15 µs a layer where SmolLM2
+    and Qwen3-0.6B took ~150-200 µs beyond their bytes (set 10,
     docs/results/predict_tpu_validation.md)."""
     from locojax.model import config
     from locojax.predict.flops import ModelCosts
 
     beyond = {k: [] for k in KINDS}
     for layers in (1, 2):
-        cfg = config.tiny(**{**probe.decoder, "num_hidden_layers": layers}, compute_dtype=dtype)
+        cfg = config.tiny(**{**decoder, "num_hidden_layers": layers}, compute_dtype=dtype)
         mc = ModelCosts(cfg, dtype)
         # The shapes timed, passed to the timers and costed alike, so they cannot drift.
         b, samples, q = 4, 2, 8
@@ -236,8 +225,10 @@ def measure(say=print) -> dict:
     out = {"cores": cores, "platform": calibrate_device.platform()}
     if out["platform"] == "cpu":
         steps = (("peak_flops", matmul_flops), ("flops_per_core", one_core_flops),
-                 ("hbm_bandwidth", copy_bandwidth), ("program_overhead", program_overhead),
+                 ("hbm_bandwidth", copy_bandwidth),
                  ("program_rates", lambda: program_rates(out["peak_flops"])),
+                 ("program_overhead", lambda: program_overhead(out["program_rates"],
+                                                               out["hbm_bandwidth"])),
                  ("host_rates", host_rates), ("collectives", collectives))
     else:
         dev = calibrate_device
@@ -247,8 +238,8 @@ def measure(say=print) -> dict:
                  ("program_rates", lambda: {d: program_rates(out["matmul_rates"][d],
                                                              probe=ACCEL_PROBE, dtype=d)
                                             for d in DTYPES}),
-                 ("program_overhead", lambda: {d: wide_overhead(out["program_rates"][d],
-                                                                out["hbm_bandwidth"], d)
+                 ("program_overhead", lambda: {d: program_overhead(
+                     out["program_rates"][d], out["hbm_bandwidth"], d, ACCEL_PROBE.decoder)
                                                for d in DTYPES}),
                  ("host_rates", host_rates))
     for name, fn in steps:

@@ -7,7 +7,7 @@ devices are TPUs or GPUs rather than the host's cores.
 - the program rates are measured on a decoder as wide as the models run there
   (`ACCEL_PROBE`: d 768, vocab 16k, 32 and 128 rows), in each compute dtype: the narrow CPU
   probe cannot fill a systolic array, so its slope says nothing of a real shape's; and so
-  are the overheads, net of the roofline (`calibrate.wide_overhead`);
+  are the overheads, net of the roofline (`calibrate.program_overhead`);
 - no link is timed: a machine with one host has no DCN to time, and a one-process calibration
   cannot open a second process on the chips it holds. The interconnect constants come from
   the shipped profile of the same chip (`preset_of`), named as such in the profile.

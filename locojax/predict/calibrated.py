@@ -6,7 +6,7 @@ A program of kind k (`prefill`, `decode_step`: one iteration of the decode loop,
 one update; `forward`, a no-grad forward, is costed as a prefill) of a decoder of L layers,
 doing `flops` and moving `bytes` on c cores:
     t = fixed_k + L · per_layer_k + max(flops / F_k(c), bytes / bandwidth)
-- fixed_k and per_layer_k: what the program costs besides its arithmetic (its launch, the
+- fixed_k and per_layer_k: what the program costs beyond its roofline term (its launch, the
   dozens of small kernels a layer runs), measured on a decoder too narrow for its FLOPs to
   matter, at 1 and 2 layers (`calibrate.program_overhead`);
 - F_k(c): the kind's effective FLOP rate on locojax's own programs (`program_rates`,

@@ -5,14 +5,16 @@ so that all time the same program."""
 from __future__ import annotations
 
 
+MICRO = dict(hidden_size=16, intermediate_size=32, num_attention_heads=2,
+             num_key_value_heads=1, head_dim=8, vocab_size=64)
+"""A decoder too narrow for its FLOPs to matter (d 16, vocab 64): its time is its calls'."""
+
+
 def micro(layers: int, dtype: str = "float32"):
-    """A decoder of `layers` layers too narrow for its FLOPs to matter (d 16, vocab 64),
-    computing in `dtype`."""
+    """The `MICRO` decoder of `layers` layers, computing in `dtype`."""
     from locojax.model import config
 
-    return config.tiny(num_hidden_layers=layers, hidden_size=16, intermediate_size=32,
-                       num_attention_heads=2, num_key_value_heads=1, head_dim=8,
-                       vocab_size=64, compute_dtype=dtype)
+    return config.tiny(num_hidden_layers=layers, **MICRO, compute_dtype=dtype)
 
 
 def inputs(cfg, prompts_n: int, group: int, p: int, n: int):

@@ -4,11 +4,11 @@ with its origin, and the cluster a prediction runs on.
 A profile gives the chip (peak FLOP/s per precision, HBM size and bandwidth), the host
 (chips and CPU cores per host), the fast interconnect inside an ICI/NVLink domain and the
 data-centre network (DCN/InfiniBand) between hosts, each with bandwidth and latency, and
-the efficiency factors that turn peaks into times. `cpu-here` is an example: one 2-core
-machine, fitted to its runs by a script since replaced (its sources name it), announced as
-an example when used. `here` is this machine as `locojax predict calibrate` measured it
-(`CALIBRATED`; kind `calibrated`, locojax/predict/calibrated.py). On both, hosts are local
-processes that share the machine's cores (`shared_cores`).
+the efficiency factors that turn peaks into times. `here` is this machine as `locojax
+predict calibrate` measured it (`CALIBRATED`; kind `calibrated`, calibrated.py); `cpu-here`
+is an example of one, a 2-core machine that calibration measured, announced as an example
+when used. On both, hosts are local processes that share the machine's cores
+(`shared_cores`).
 
 `Cluster` is a profile plus a chip count: `--cluster v5e-64` is 64 TPU v5e chips.
 """
@@ -45,7 +45,7 @@ class Hardware:
     """One accelerator profile (see the module docstring); every field a `Const`."""
 
     name: str
-    kind: str  # tpu | gpu | cpu
+    kind: str  # tpu | gpu | cpu (a roofline) | calibrated (`calibrated.py`)
     peak_flops: dict[str, Const]  # by compute dtype
     hbm_bytes: Const
     hbm_bandwidth: Const
@@ -62,7 +62,7 @@ class Hardware:
     loop_iteration_s: Const
     host_core_speed: Const
     path: str = ""
-    extra: dict = dataclasses.field(default_factory=dict)  # profile-specific (cpu-here's fits)
+    extra: dict = dataclasses.field(default_factory=dict)  # profile-specific (a calibration's)
 
     @property
     def platform(self) -> str:
@@ -73,8 +73,8 @@ class Hardware:
 
     @property
     def is_cpu(self) -> bool:
-        """A CPU machine: a shipped cpu profile, or a `locojax predict calibrate` profile of
-        one (it measures the machine it runs on, its hosts joined by gloo between processes)."""
+        """A CPU machine: a `locojax predict calibrate` profile of one (it measures the
+        machine it runs on, its hosts joined by gloo between processes), or of kind cpu."""
         return self.platform == "cpu"
 
     def peak(self, dtype: str) -> Const:

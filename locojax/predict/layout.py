@@ -101,7 +101,7 @@ def _tps(ctx: Ctx, given: Given) -> list[int]:
 def choose(ctx: Ctx, given: Given = Given()) -> Choice:
     """The fastest layout that fits on ctx's cluster, or, where none fits, the one with the
     smallest peak (its `fits` is False)."""
-    if ctx.cluster.hw.kind == "cpu":
+    if ctx.cluster.hw.is_cpu:
         ctx = dataclasses.replace(ctx, fsdp_chips=given.fsdp or ctx.fsdp_chips)
         plan = memory.plan_for(ctx, given.fsdp or 1, ctx.model_parallel(),
                                max(1, given.grad_accum), bool(given.remat))

@@ -16,11 +16,9 @@ Synchronous modes: the step is the sum of its phases on the critical path.
 The buffered modes (disaggregated, async) run the discrete-event simulation
 (`placement.py`).
 
-On cpu-here, where every simulated host is a process on one machine, a phase's processes
-share `shared_cores`: N concurrent processes get cores / N each (`devices.KindFit`), with
-the machine's measured terms (`shared_machine.py`): over-subscribed processes pay ρ(N),
-single's N devices pay their loop's meeting per decode iteration, and every host's env
-processes share the same cores.
+Where every simulated host is a process on one machine (`shared_cores`: cpu-here, here), a
+phase's processes share its cores: N concurrent processes get cores / N each, and every
+host's env processes share the same cores.
 """
 
 from __future__ import annotations
@@ -72,10 +70,10 @@ def cores_each(ctx: Ctx, processes: float) -> float:
 
 
 def rollout_phases(ctx: Ctx, prompts: float, rows: float, chips: float, steps: float,
-                   cores: float, host_cores: float, devices: int = 1) -> dict[str, float]:
+                   cores: float, host_cores: float) -> dict[str, float]:
     """A host's rollout phases for its prompts/rows (device phases on `cores` per process,
-    host phases and env on `host_cores`; `devices`: simulated devices in the process)."""
-    decode = ctx.decode(rows, chips, steps, cores, devices)
+    host phases and env on `host_cores`)."""
+    decode = ctx.decode(rows, chips, steps, cores)
     groups = max(1.0, chips / ctx.model_parallel())
     tp = ctx.waves * ctx.wl.turns * steps * ctx.tp_comm(rows / groups / ctx.waves,
                                                         ctx.model_parallel())
@@ -122,8 +120,7 @@ def single(ctx: Ctx) -> Prediction:
     c = cores_each(ctx, n)  # N device programs at once in one process
     steps = wl.decode_steps(wl.rows)
     if cl.shared_cores:  # simulated devices: one per "chip", each its share of rows
-        ctx = dataclasses.replace(ctx, one_process=True)  # device threads, not processes
-        ph = rollout_phases(ctx, wl.prompts / n, wl.rows / n, 1, steps, c, c, devices=n)
+        ph = rollout_phases(ctx, wl.prompts / n, wl.rows / n, 1, steps, c, c)
         ph["train"] = ctx.train_compute(wl.rows / n, 1, c)
     else:
         ph = rollout_phases(ctx, wl.prompts, wl.rows, n, steps, c, c)
@@ -162,8 +159,8 @@ def controller(ctx: Ctx, decode_chunk: int | None = None) -> Prediction:
     # dispatch to each host (host orchestration) and a round trip on the wire (network).
     dispatch = h * ctx.c("host.controller_dispatch_s", ctx.rates["controller_dispatch_s"])
     ph["dispatch"] = (rounds + 2) * dispatch
-    ph["dispatch_latency"] = (rounds + 2) * 2 * ctx.dcn("dcn_latency", h + 1)
-    nic, a = ctx.hw("dcn_bandwidth"), ctx.dcn("dcn_latency", h + 1)
+    ph["dispatch_latency"] = (rounds + 2) * 2 * ctx.hw("dcn_latency")
+    nic, a = ctx.hw("dcn_bandwidth"), ctx.hw("dcn_latency")
     cols = wl.prompt_columns + wl.response_columns
     ph["scatter"] = (2 * a + wl.prompts * wl.prompt_columns * 4 / nic  # prompts out
                      + wl.rows * cols * 18 / nic)  # batch out: ids, positions, masks, logprobs
@@ -178,7 +175,7 @@ def controller(ctx: Ctx, decode_chunk: int | None = None) -> Prediction:
 def _dispatch_note(ctx: Ctx) -> list[str]:
     """Say so where a dispatch cost measured on this machine is used for another."""
     const = ctx.rates["controller_dispatch_s"]
-    if ctx.cluster.hw.kind == "cpu" or const.origin != "measured":
+    if ctx.cluster.hw.is_cpu or const.origin != "measured":
         return []
     return [f"its dispatch, {const.value * 1e6:.0f} us per host per round trip, is a Ray call "
             f"round trip measured on this machine (host_rates.json), not on "

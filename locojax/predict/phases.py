@@ -14,9 +14,8 @@ the time of each phase for a group of hosts doing a share of the step's work:
 - weight transfer to rollout hosts (DA, async): a pipelined broadcast over DCN.
 Host work runs on host cores at the measured rates of this machine's core
 (`host_rates.json`), scaled by the profile's `host_core_speed`. Where the profile's hosts
-share one machine (cpu-here), its measured machine terms apply (`shared_machine.py`):
-over-subscribed processes, a multi-device process's loop iterations, env processes on the
-shared cores.
+are processes sharing one machine (`shared_cores`: cpu-here, here), their env processes
+share its cores too (`env_seconds`).
 
 Static shapes: as locojax's engine, prompts are padded to P columns and every row of a
 decode loop is computed until the longest stops.
@@ -34,7 +33,6 @@ from locojax.model.config import ModelConfig
 from locojax.predict import calibrated
 from locojax.predict import collectives as coll
 from locojax.predict import compaction
-from locojax.predict import shared_machine
 from locojax.predict.devices import device_model, shape_key
 from locojax.predict.flops import ITEMSIZE, Costs, ModelCosts
 from locojax.predict.hardware import Cluster
@@ -74,7 +72,6 @@ class Ctx:
     remat: bool = False
     fsdp_chips: int = 0  # chips the train state is sharded over (0: the fewest that fit)
     env_workers: int = 0  # env threads per host (0: host_rates' env_workers)
-    one_process: bool = False  # the busy units are devices of one process (--mode single)
     tp: int = 0  # rollout tensor parallelism (--rollout.tp; 0: the fewest chips that fit)
     cache_dtype: str = ""  # KV cache dtype (--rollout.cache-dtype; "": the compute dtype)
     epochs: int = 1  # passes over the batch per step (--algo.ppo-epochs)
@@ -145,7 +142,7 @@ class Ctx:
         """Tool time of the env turns of `rows` rows over the host's env workers. Where the
         hosts share one machine, `cores` is what this host's env processes get of it (the
         machine's cores over the hosts in env at once), and the rate measured with the whole
-        machine is core-seconds over those (`shared_machine.env_seconds`)."""
+        machine is core-seconds over those (`env_seconds`)."""
         turns = self.wl.turns - 1
         if turns <= 0:
             return 0.0
@@ -153,7 +150,7 @@ class Ctx:
         workers = self.env_workers or self.c("host.env_workers", self.rates["env_workers"])
         shared = self.cluster.shared_cores
         if shared:
-            t = shared_machine.env_seconds(per, rows, turns, workers, cores, shared)
+            t = env_seconds(per, rows, turns, workers, cores, shared)
             return t / self.hw("host_core_speed")
         workers = min(workers, float(self.cluster.hw.host_cores.value))
         return self.host_seconds(per * rows * turns / max(1.0, workers), min(cores, 1.0))
@@ -167,21 +164,8 @@ class Ctx:
 
     def device(self, kind: str, per: Costs, chips: float, cores: float,
                rows: float = 0.0) -> float:
-        """One program's time; where the hosts share one machine and several busy processes
-        share its cores (each gets `cores`, so shared / cores of them), times the measured
-        penalty ρ(shared / cores). Devices of one process (`one_process`) are threads, not
-        processes: no penalty."""
-        return self.dev.seconds(kind, per, chips=chips, cores=cores,
-                                rows=rows) * self.oversubscription(cores)
-
-    def oversubscription(self, cores: float) -> float:
-        """ρ(shared / cores) of busy processes that each get `cores` of the shared cores; 1
-        where the hosts do not share one machine, or the busy units are device threads of
-        one process (`one_process`)."""
-        shared = self.cluster.shared_cores
-        if shared and 0 < cores < shared and not self.one_process:
-            return shared_machine.oversubscription(self.cluster.hw, self.ledger, shared / cores)
-        return 1.0
+        """One program's time, with `cores` host cores per busy process."""
+        return self.dev.seconds(kind, per, chips=chips, cores=cores, rows=rows)
 
     def model_parallel(self) -> int:
         """Chips that share one copy of the weights in rollout (tensor parallel): `tp` where
@@ -208,14 +192,12 @@ class Ctx:
             return self.wl.prompt_columns + self.wl.response_columns - 1
         return self.wl.prompt_columns + steps / 2
 
-    def decode(self, rows: float, chips: float, steps: float, cores: float = 0.0,
-               devices: int = 1) -> float:
+    def decode(self, rows: float, chips: float, steps: float, cores: float = 0.0) -> float:
         """`steps` iterations of a decode loop over `rows` rows spread over `chips` chips, in
         each model turn (a multi-turn row decodes once per turn, the cache then holding the
-        whole trajectory: `decode_keys`). `devices`: the simulated devices one process
-        drives, whose loop meets at every iteration where the hosts share one machine.
-        The loop compacts its finished rows as the engine does (`compaction.waves`: halving
-        a device's batch down to MIN_ROWS), each wave's iterations costed at its rows.
+        whole trajectory: `decode_keys`). The loop compacts its finished rows as the engine
+        does (`compaction.waves`: halving a device's batch down to MIN_ROWS), each wave's
+        iterations costed at its rows.
         In `waves` waves (the KV cache of all rows does not fit), each wave's loop runs as
         long as the whole batch's would (an upper bound: a wave's longest row is shorter)."""
         if steps <= 0:
@@ -224,12 +206,11 @@ class Ctx:
         groups = max(1.0, chips / mp)
         r = rows / groups / w  # a device's (a model-parallel group's) rows in one loop
         whole = max(1, round(r))
-        extra = shared_machine.loop_iteration_extra(self.cluster.hw, self.ledger, devices)
         total = 0.0
         for wave in compaction.waves(self.wl.completion, whole, steps):
             at = r * wave.rows / whole
             per = self.mc.decode_step(max(at, 1e-9), self.decode_keys(steps))
-            one = self.device("decode_step", per, mp, cores, at) + extra
+            one = self.device("decode_step", per, mp, cores, at)
             total += wave.iterations * (one + self.tp_comm(at, mp))
         return w * self.wl.turns * total
 
@@ -262,13 +243,11 @@ class Ctx:
     def logprob_check(self, rows: float, chips: float, cores: float = 0.0) -> float:
         """A rollout worker's trainer forward over its lease's rows (`rollout_worker.py`:
         `rollout/logprob_mismatch` for every row): no-grad, no shared prefix, every row's
-        P + N - 1 columns. On cpu-here it is costed with the train step's fit at its FLOPs
-        (no fit of its own: no N = 1 run times a forward alone)."""
+        P + N - 1 columns."""
         wl = self.wl
         flops = self.mc.train_forward(rows / chips, 1, wl.prompt_columns,
                                        wl.response_columns)
-        kind = "train" if self.cluster.hw.kind == "cpu" else "forward"
-        return self.device(kind, Costs(flops, self.mc.weight_bytes()), 1, cores,
+        return self.device("forward", Costs(flops, self.mc.weight_bytes()), 1, cores,
                            rows / chips * (wl.prompt_columns + wl.response_columns))
 
     def exposed_collectives(self, comm: float, compute: float) -> float:
@@ -313,7 +292,7 @@ class Ctx:
         per_host = max(1, min(self.cluster.chips_per_host, chips))
         ici, dcn = coll.data_parallel_allreduce(
             int(chips), domain, grads, self.hw("ici_bandwidth"), self.hw("ici_latency"),
-            h.ici_topology, self.dcn("dcn_bandwidth", hosts), self.dcn("dcn_latency", hosts),
+            h.ici_topology, self.hw("dcn_bandwidth"), self.hw("dcn_latency"),
             per_host, h.extra.get("collective_algorithm", "best"))
         n = self.fsdp(chips)
         if n > 1:
@@ -322,20 +301,6 @@ class Ctx:
             ici += 2 * coll.ring_allgather(min(n, domain), w, bw, a)
         return ici, dcn
 
-    def _oversubscribed(self, processes: float) -> bool:
-        shared = self.cluster.shared_cores
-        return bool(shared) and processes > shared
-
-    def dcn(self, field: str, processes: float) -> float:
-        """`dcn_latency` or `dcn_bandwidth` between hosts; on cpu-here, where hosts are
-        processes sharing the cores, the one measured with more processes than cores once
-        oversubscribed (`FIELD_oversubscribed`)."""
-        h = self.cluster.hw
-        over = h.extra.get(f"{field}_oversubscribed")
-        if over is not None and self._oversubscribed(processes):
-            return self.c(f"{h.name}.{field}_oversubscribed", over)
-        return self.hw(field)
-
     def small_collectives(self, hosts: int, count: int) -> float:
         """`count` small cross-host collectives (metric sums, flags) per step: a ring's
         p - 1 steps (gloo), or a tree's 2 log2 p where the profile picks the best."""
@@ -343,7 +308,7 @@ class Ctx:
             return 0.0
         ring = self.cluster.hw.extra.get("collective_algorithm") == "ring"
         steps = (hosts - 1) if ring else 2 * math.ceil(math.log2(hosts))
-        return count * steps * self.dcn("dcn_latency", hosts)
+        return count * steps * self.hw("dcn_latency")
 
     def weight_push(self, receivers: int) -> float:
         """Learner → rollout hosts: the compute-dtype weights, one pipelined broadcast over
@@ -352,8 +317,19 @@ class Ctx:
             return 0.0
         m = self.mc.weight_bytes()
         return coll.broadcast(receivers + 1, m, self.hw("dcn_bandwidth"),
-                              self.dcn("dcn_latency", receivers + 1)) + self.sync_fixed()
+                              self.hw("dcn_latency")) + self.sync_fixed()
 
     def sync_fixed(self) -> float:
         over = self.cluster.hw.extra.get("weight_sync_fixed_s")
         return self.c(f"{self.cluster.hw.name}.weight_sync_fixed_s", over) if over else 0.0
+
+
+def env_seconds(per_row_turn: float, rows: float, turns: int, workers: float,
+                cores: float, calibration_cores: float) -> float:
+    """Env time of `rows` rows' `turns` tool turns when this host's env processes get
+    `cores` cores of the shared machine. `per_row_turn` was measured with the whole machine
+    (`calibration_cores`) and `workers` env processes: its work is per_row_turn ·
+    min(calibration_cores, workers) core-seconds, and no more than `workers` cores (one
+    each) can run it."""
+    work = per_row_turn * min(calibration_cores, workers) * rows * turns
+    return work / max(min(cores, workers), 1e-9)

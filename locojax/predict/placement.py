@@ -12,7 +12,7 @@ transfer; two DCN latencies plus a controller dispatch where the profile has non
 worker's logprob check, a trainer forward over the lease's rows (locojax/fleet).
 A lease's env turns are a task of their own, run by the worker's env processes: where the
 hosts share one machine they take their share of the cores as processes, beside the
-learner's and the other workers' (`shared_machine.py`).
+learner's and the other workers' (`phases.env_seconds`).
 """
 
 from __future__ import annotations
