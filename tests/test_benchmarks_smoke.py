@@ -34,6 +34,7 @@ COVERED_ELSEWHERE = {
     "peers/tunix_real_worker": "bench_real_tunix's worker (_real.py): needs Tunix's venv",
     "peers/tunix_real_model": "tests/test_tunix_real.py runs it: needs Tunix's venv",
     "tpu/decode_blocks": "tests/test_tpu_probes.py runs it at a toy size, in-process",
+    "tpu/decode_profile": "tests/test_tpu_probes.py runs it at a toy size, in-process",
     "tpu/peak_probe": "tests/test_tpu_probes.py runs it on the CPU, in-process",
     "tpu/random_model": "tpu/lora_runs' qwen smoke, below, writes its model with it",
     "price_child": "predict_programs compiled's child: tests/test_kernel_model.py runs it",

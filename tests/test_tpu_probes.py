@@ -1,12 +1,14 @@
 """The chip's probes on the CPU: benchmarks/tpu/decode_blocks.py at a toy size (every arm
 decodes, the arms' tokens are compared, the JSON holds each arm's token step and roofline
-share) and benchmarks/tpu/peak_probe.py (its program's temporaries as XLA names them). The
+share), benchmarks/tpu/decode_profile.py at a toy size (each knob's arm is traced and its
+ops summed, the knobs restored after) and benchmarks/tpu/peak_probe.py (its program's temporaries as XLA names them). The
 figures are the chip's to measure; here only that the probes run and report."""
 
 import json
 import sys
 
-from benchmarks.tpu import decode_blocks, peak_probe
+from benchmarks.tpu import decode_blocks, decode_profile, peak_probe
+from locojax.model import attention
 
 CONFIG = {"model_type": "qwen3", "vocab_size": 512, "hidden_size": 64,
           "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -29,6 +31,23 @@ def test_decode_blocks_runs_every_arm_and_compares_their_tokens(tmp_path, monkey
     # token may differ, so only that the comparison was made is asserted, not its outcome.
     assert all(isinstance(a["same_tokens"], bool) and a["ms_per_token_step"] != 0
                for a in arms)
+
+
+def test_decode_profile_traces_every_arm_and_restores_the_knobs(tmp_path, monkeypatch, capsys):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(CONFIG))
+    monkeypatch.setattr(sys, "argv", [
+        "decode_profile", "--config", str(config), "--rows", "4", "--prompt", "8", "--n1", "2",
+        "--n2", "6", "--rounds", "1", "--top", "3", "--out", str(tmp_path)])
+    decode_profile.main()
+    arms = json.loads((tmp_path / "decode_profile.json").read_text())["arms"]
+    assert [a["arm"] for a in arms] == list(decode_profile.ARMS)
+    for a in arms:  # the trace's kernels were found and summed: at most the whole trace
+        assert 0 < len(a["top"]) <= 3 and a["device_s"] > 0, a["arm"]
+        assert sum(op["share"] for op in a["top"]) <= 1 + 1e-9
+        assert isinstance(a["same_tokens_as_default"], bool)
+    assert "dots+bits-off:" in capsys.readouterr().out
+    assert (attention.DECODE_AS_DOTS, attention.HALF_AS_BITS) == decode_profile.ARMS["default"]
 
 
 def test_peak_probe_reports_the_programs_temporaries():

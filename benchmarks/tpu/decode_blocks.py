@@ -28,6 +28,7 @@ import jax
 import numpy as np
 
 from benchmarks.tpu import random_model
+from benchmarks.tpu.token_step import step_bytes
 from locojax.engine.engine import Engine
 from locojax.engine.sampling import SamplingConfig
 from locojax.model import params
@@ -41,13 +42,6 @@ def model(config: str, toy: bool):
         d = {**d, **random_model.TINY, "vocab_size": 512}
     cfg = config_from_dict(d, param_dtype="bfloat16", compute_dtype="bfloat16")
     return cfg, jax.jit(lambda k: params.init(cfg, k))(jax.random.key(0))
-
-
-def step_bytes(cfg, weights, rows: int, slots: int) -> int:
-    """A token step's least bytes: every weight once, and the K and V of `slots` slots."""
-    w = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(weights))
-    kv = 2 * cfg.num_hidden_layers * rows * cfg.num_key_value_heads * cfg.head_dim * slots * 2
-    return w + kv
 
 
 def arm(cfg, weights, prompts, block: int, n1: int, n2: int, runs: int) -> dict:

@@ -52,6 +52,20 @@ shapes round differently in the last bit), so a fold that changes with the batch
 compaction's bitwise guarantee; `bench_engine.py --sweep folds` measures it."""
 
 
+DECODE_AS_DOTS = False
+"""Decode's scores and mixes (one query token) as dots with f32 accumulation, as prefill's,
+instead of broadcast multiply-reduces. Off: XLA:CPU runs the multiply-reduce several times
+faster than B*K tiny batched matmuls (`_ops`). On a TPU the dot is what the MXU runs and
+the multiply-reduce may be materialised in f32; benchmarks/tpu/decode_profile.py times and
+profiles both there before either becomes an accelerator's default (issue 56 item 2)."""
+
+
+HALF_AS_BITS = True
+"""Whether 16-bit float caches and embeddings are sliced and updated as their uint16 bits
+(`as_bits`), the cache under an optimization barrier: XLA:CPU's workaround, exact either way.
+benchmarks/tpu/decode_profile.py measures a TPU's decode without it."""
+
+
 def as_bits(x):
     """A 16-bit float cache array as its bits (uint16); any other array as it is.
 
@@ -63,7 +77,7 @@ def as_bits(x):
     whole-cache bitcast in turn (a uint16 copy), unless an optimization barrier ties the
     cache to the loop's slice index (`KVCache.read`); then it fuses into the slice.
     """
-    return jax.lax.bitcast_convert_type(x, jnp.uint16) if _half(x.dtype) else x
+    return jax.lax.bitcast_convert_type(x, jnp.uint16) if HALF_AS_BITS and _half(x.dtype) else x
 
 
 def _half(dtype) -> bool:
@@ -123,7 +137,7 @@ class KVCache:
         """`dynamic_slice(x, start, size)` of the b rows a b-row batch uses (x: a cache array,
         its batch at `axis`; start and size without the batch axis)."""
         d = self.shards
-        if _half(x.dtype):  # see `as_bits`; the barrier keeps XLA from converting the whole
+        if HALF_AS_BITS and _half(x.dtype):  # see `as_bits`; the barrier keeps XLA from converting the whole
             x, start = jax.lax.optimization_barrier(  # cache out of the loop
                 (x, tuple(jnp.asarray(i, jnp.int32) for i in start)))
         y = as_bits(x).reshape(x.shape[:axis] + (d, x.shape[axis] // d) + x.shape[axis + 1:])
@@ -233,7 +247,20 @@ def _ops(q, wide):
     and probabilities p [B, K, G, T, S] over values v [B, K, S, H] -> [B, T, K, G, H] in f32.
 
     Decode (T = 1): broadcast multiply-reduces, which XLA:CPU runs several times faster than
-    B*K tiny batched matmuls. Same math, f32 accumulation, as the einsums."""
+    B*K tiny batched matmuls. Same math, f32 accumulation, as the einsums. With
+    `DECODE_AS_DOTS`, decode's are dots of the operands as they are, accumulated in f32."""
+    if q.shape[1] == 1 and DECODE_AS_DOTS:
+        # A product of two bf16s is exact in f32, so the dot may take them as they are; XLA:CPU
+        # has no bf16 x bf16 -> f32 dot, so there they are upcast first, as prefill's are.
+        up = (lambda x: x.astype(wide)) if jax.default_backend() == "cpu" else (lambda x: x)
+
+        def dot_score(k):  # [B, K, G, 1, S]
+            return jnp.einsum("btkgh,bkhs->bkgts", up(q), up(k), preferred_element_type=wide)
+
+        def dot_mix(p, v):  # [B, 1, K, G, H]
+            return jnp.einsum("bkgts,bksh->btkgh", up(p.astype(v.dtype)), up(v),
+                              preferred_element_type=wide)
+        return dot_score, dot_mix
     if q.shape[1] == 1:
         q1 = q[:, 0, :, :, :, None].astype(wide)  # [B, K, G, H, 1]
 

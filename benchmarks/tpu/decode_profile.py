@@ -1,0 +1,200 @@
+"""Where a decode token step's time goes on one accelerator, per decode knob (issue 56 item 2).
+
+    python -m benchmarks.tpu.decode_profile --config CONFIG.json [--rows 64] [--prompt 128]
+        [--n1 32] [--n2 96] [--arms default dots bits-off dots+bits-off] [--out DIR] [--toy]
+
+On one v5e (set 11, docs/results/predict_tpu_validation.md) a Qwen3-0.6B token step at 64
+rows took 23 ms where its bytes take ~4 ms, and the f32 points sat nearest their
+predictions. The engine's decode attention is tuned for XLA:CPU: the bf16 cache sliced as
+uint16 bits under an optimization barrier (`attention.HALF_AS_BITS`) and scores and mixes as
+f32 broadcast multiply-reduces, not dots (`attention.DECODE_AS_DOTS`). Each arm sets the
+two knobs, and measures:
+- the token step: a generate of N2 tokens minus one of N1 (EOS ignored, the same prompts
+  and key) over N2 - N1, so prefill and fixed costs cancel; arms interleaved round by round
+  (a switch re-traces: `jax.clear_caches`, then a warm-up generate, untimed);
+- where it goes: one generate of N2 traced with `jax.profiler`, its device ops (the
+  accelerator's "XLA Ops" line; XLA:CPU's kernel threads on a CPU) summed by name, per
+  token step, the largest first, with each op's HLO text where the trace carries it;
+- whether it samples what the default samples (a differing token is reported, not hidden:
+  the knobs change rounding, not the math).
+It prints and writes (DIR/decode_profile.json) each arm's ms per token step, its share of
+the bytes' time at `--bandwidth` GB/s, and its top ops.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from benchmarks.kernel_traces import kernel_spans
+from benchmarks.tpu import random_model
+from benchmarks.tpu.token_step import step_bytes
+from locojax.engine.engine import Engine
+from locojax.engine.sampling import SamplingConfig
+from locojax.model import attention, params
+from locojax.model.hf_config import config_from_dict
+
+ARMS = {"default": (False, True), "dots": (True, True), "bits-off": (False, False),
+        "dots+bits-off": (True, False)}
+"""Each arm's (`attention.DECODE_AS_DOTS`, `attention.HALF_AS_BITS`)."""
+
+
+def set_arm(name: str) -> None:
+    attention.DECODE_AS_DOTS, attention.HALF_AS_BITS = ARMS[name]
+    jax.clear_caches()  # the knobs are read at trace time: no program of another arm is reused
+
+
+def device_ops(planes) -> dict[str, list[float]]:
+    """{op name: [seconds of each of its events]} from a trace: the accelerator planes'
+    "XLA Ops" lines, else (a CPU run) the kernels on XLA:CPU's threads."""
+    ops: dict[str, list[float]] = collections.defaultdict(list)
+    for plane in planes:
+        if plane.name.startswith("/device:"):
+            for line in plane.lines:
+                if line.name == "XLA Ops":
+                    for ev in line.events:
+                        ops[ev.name].append(ev.duration_ns / 1e9)
+    if not ops:
+        for name, spans in kernel_spans(planes).items():
+            ops[name] = [(end - start) / 1e9 for start, end in spans]
+    return ops
+
+
+def hlo_texts(planes) -> dict[str, str]:
+    """{op name: the first string stat its events carry that reads as HLO text}: XLA:TPU's
+    trace names a fused op by its number only, and the text says what it computes."""
+    out = {}
+    for plane in planes:
+        for line in plane.lines:
+            for ev in line.events:
+                if ev.name in out:
+                    continue
+                for key, value in ev.stats:
+                    if isinstance(value, str) and "=" in value and key != "_src":
+                        out[ev.name] = f"{key}: {value[:300]}"
+                        break
+    return out
+
+
+def traced(generate, n: int, top: int) -> dict:
+    with tempfile.TemporaryDirectory(prefix="decode_profile_") as work:
+        with jax.profiler.trace(work):
+            generate(n)
+        data = jax.profiler.ProfileData.from_file(str(sorted(Path(work).rglob("*.xplane.pb"))[-1]))
+    planes = list(data.planes)  # an iterator: each reader below walks it again
+    ops, texts = device_ops(planes), hlo_texts(planes)
+    total = sum(sum(v) for v in ops.values())
+    ranked = sorted(ops.items(), key=lambda kv: -sum(kv[1]))[:top]
+    return {"device_s": total, "top": [
+        {"op": name, "ms_per_token": 1e3 * sum(times) / n, "calls_per_token": len(times) / n,
+         "share": sum(times) / total if total else 0.0, "hlo": texts.get(name, "")}
+        for name, times in ranked]}
+
+
+def model(config: str, toy: bool, precision: str):
+    """(config, random weights) of a published config in `precision` (its cache too);
+    `toy`: the chip scripts' tiny cut with a small vocabulary, for a CPU dry run."""
+    d = json.loads(Path(config).read_text())
+    if toy:
+        d = {**d, **random_model.TINY, "vocab_size": 512}
+    dtype = {"bf16": "bfloat16", "f32": "float32"}[precision]
+    cfg = config_from_dict(d, param_dtype=dtype, compute_dtype=dtype)
+    return cfg, jax.jit(lambda k: params.init(cfg, k))(jax.random.key(0))
+
+
+def engine_for(cfg, weights, prompts, precision: str):
+    """(the engine, generate(n) -> (seconds, tokens)): n tokens a row, EOS ignored, the same
+    prompts and key every call."""
+    engine = Engine(cfg, cache_dtype=precision)
+    mask, key = np.ones(prompts.shape, bool), jax.random.key(0)
+
+    def generate(n):
+        sampling = SamplingConfig(max_new_tokens=n, temperature=1.0, ignore_eos=True)
+        t0 = time.perf_counter()
+        out = engine.generate(weights, prompts, key, sampling, prompt_mask=mask)
+        tokens = np.asarray(jax.block_until_ready(out).tokens)
+        return time.perf_counter() - t0, tokens
+    return engine, generate
+
+
+def run(args) -> dict:
+    cfg, weights = model(args.config, args.toy, args.precision)
+    rng = np.random.default_rng(0)
+    prompts = rng.integers(1, cfg.vocab_size, (args.rows, args.prompt)).astype(np.int32)
+    mid = args.prompt + (args.n1 + args.n2) // 2
+    cache_bytes = 2 if args.precision == "bf16" else 4
+    floor_ms = step_bytes(cfg, weights, args.rows, mid, cache_bytes) / args.bandwidth / 1e6
+    print(f"{jax.devices()[0].device_kind}; {args.config}: {cfg.num_params() / 1e6:.0f}M "
+          f"params, {cfg.compute_dtype}, {args.rows} rows, P {args.prompt}, tokens "
+          f"{args.n1}..{args.n2}; its bytes take {floor_ms:.2f} ms at {args.bandwidth:.0f} GB/s",
+          flush=True)
+    engine, generate = engine_for(cfg, weights, prompts, args.precision)
+    times = {a: {args.n1: [], args.n2: []} for a in args.arms}
+    compile_s, tokens = {}, {}
+    for r in range(args.rounds + 1):  # round 0 compiles each arm
+        for a in args.arms:
+            set_arm(a)
+            warm = generate(args.n1)[0] + generate(args.n2)[0]
+            if r == 0:
+                compile_s[a] = warm
+                continue
+            for n in (args.n1, args.n2):
+                seconds, out = generate(n)
+                times[a][n].append(seconds)
+            tokens[a] = out
+    arms = []
+    for a in args.arms:
+        set_arm(a)
+        generate(args.n1)  # re-trace under this arm before its trace
+        per_token = (statistics.median(times[a][args.n2])
+                     - statistics.median(times[a][args.n1])) / (args.n2 - args.n1)
+        row = {"arm": a, "ms_per_token_step": 1e3 * per_token, "compile_s": compile_s[a],
+               "roofline_share": floor_ms / (1e3 * per_token),
+               "same_tokens_as_default": bool(np.array_equal(tokens[a], tokens[args.arms[0]])),
+               **traced(generate, args.n2, args.top)}
+        arms.append(row)
+        print(f"\n{a}: {row['ms_per_token_step']:.2f} ms a token step, "
+              f"{row['roofline_share']:.0%} of the bytes' time; warm-up with compile "
+              f"{compile_s[a]:.1f} s; device ops {1e3 * row['device_s'] / args.n2:.2f} ms a "
+              f"token; same tokens as {args.arms[0]}: {row['same_tokens_as_default']}")
+        for op in row["top"]:
+            print(f"  {op['ms_per_token']:8.3f} ms {op['calls_per_token']:6.1f}x "
+                  f"{op['share']:5.1%} {op['op'][:60]}  {op['hlo'][:160]}")
+    set_arm("default")
+    engine.release_cache()
+    return {"config": args.config, "rows": args.rows, "prompt": args.prompt,
+            "precision": args.precision, "n1": args.n1, "n2": args.n2, "floor_ms": floor_ms,
+            "arms": arms}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", required=True)
+    ap.add_argument("--rows", type=int, default=64)
+    ap.add_argument("--prompt", type=int, default=128)
+    ap.add_argument("--n1", type=int, default=32)
+    ap.add_argument("--n2", type=int, default=96)
+    ap.add_argument("--precision", choices=("bf16", "f32"), default="bf16")
+    ap.add_argument("--arms", nargs="+", choices=tuple(ARMS), default=list(ARMS))
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--top", type=int, default=15)
+    ap.add_argument("--bandwidth", type=float, default=819.0, help="GB/s (v5e: 819)")
+    ap.add_argument("--out", help="a folder for decode_profile.json")
+    ap.add_argument("--toy", action="store_true")
+    args = ap.parse_args()
+    result = run(args)
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "decode_profile.json").write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,97 @@
+"""The two decode knobs an accelerator's profile may turn (benchmarks/tpu/decode_profile.py):
+`attention.DECODE_AS_DOTS` (decode's scores and mixes as dots, not multiply-reduces) and
+`attention.HALF_AS_BITS` off (a bf16 cache sliced and updated as bf16, not as its bits).
+
+Checked, each with the knob seen to change the traced program (so a knob that does nothing
+fails): decode attention as dots equals the multiply-reduce within the blocked attention's
+derived bound plus its scores' own rounding; and a generate under either knob samples the
+default's greedy tokens (decisive argmax: the same in any program) with logprobs within
+the bound of two programs (`logprob_tol`), the second over a bf16 cache.
+"""
+
+import jax
+import numpy as np
+import pytest
+
+from locojax.engine.engine import Engine
+from locojax.engine.sampling import SamplingConfig
+from locojax.model import attention, decoder
+from tests.hf_reference import assert_decisive_argmax, logprob_tol
+from tests.test_attention_whole import _stale
+from tests.test_long_decode import (  # weights: the module's fixture
+    MODEL,
+    _attention_bound,
+    _attention_case,
+    _rollout,
+    _trainer_logprobs,
+    weights,  # noqa: F401
+)
+from tests.tolerance import worst_case, x64
+
+
+def _score_gap(q, dense, dtype) -> float:
+    """Most two computations of one score q·k·scale can differ: each sum of H products is
+    within γ_H·Σ_h |q_h k_h| of the exact one (the products exact or rounded once, which γ
+    counts), times the scale."""
+    k = np.asarray(dense[0][0], np.float64)  # [b, K, H, S]
+    b, t, n, h = q.shape
+    qa = np.abs(np.asarray(q, np.float64)).reshape(b, t, k.shape[1], n // k.shape[1], h)
+    terms = np.einsum("btkgh,bkhs->bkgts", qa, np.abs(k))
+    return 2 * worst_case(h + 1, dtype) * float(terms.max()) * h ** -0.5
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_decode_as_dots_is_the_multiply_reduce_within_its_bound(dtype, monkeypatch):
+    """A score off by ε moves its weight exp(s - m) by a factor e^ε ≈ 1 + ε, so the gap of
+    the scores adds to each weight's relative error δ, which moves a convex combination of
+    values by ≤ 2δ·max|v| (`_attention_bound`'s argument)."""
+    with x64():
+        q, new, prefix, dense = _attention_case(dtype, 1)  # 5 blocks: read whole
+        prefix = _stale(prefix)  # finite unwritten slots, as a real cache's: masked, 0·v
+        out = {}
+        for dots in (False, True):
+            monkeypatch.setattr(attention, "DECODE_AS_DOTS", dots)
+            jaxpr = str(jax.make_jaxpr(lambda q: decoder.attention(q, [new], prefix))(q))
+            assert ("dot_general" in jaxpr) == dots, dots
+            out[dots] = np.asarray(decoder.attention(q, [new], prefix), np.float64)
+        vmax = max(float(np.abs(np.asarray(v)).max()) for _, v, _ in dense)
+        bound = (_attention_bound(q, dense, dtype, int(prefix.count))
+                 + 2 * 2 * _score_gap(q, dense, dtype) * vmax)
+        err = float(np.abs(out[True] - out[False]).max())
+        assert np.isfinite(out[True]).all()
+        assert err <= bound, (err, bound)
+
+
+def _decode_step_program(weights, dtype) -> str:
+    """The jaxpr of one cached forward (a decode step) of 2 rows over a 48-slot cache."""
+    cache = decoder.KVCache.empty(MODEL, 2, 48, dtype, 24, 1)
+    tokens, positions = np.ones((2, 1), np.int32), np.zeros((2, 1), np.int32)
+    return str(jax.make_jaxpr(lambda w, c: decoder.forward(w, tokens, positions, MODEL,
+                                                           cache=c))(weights, cache))
+
+
+@pytest.mark.parametrize("knob,value,cache", [("DECODE_AS_DOTS", True, None),
+                                             ("HALF_AS_BITS", False, "bf16")],
+                         ids=["dots", "bf16-not-as-bits"])
+def test_generate_under_a_knob_samples_the_default(knob, value, cache, weights,  # noqa: F811
+                                                   monkeypatch):
+    """16 greedy rows, 24 new tokens, under the default and under the knob."""
+    greedy = SamplingConfig(max_new_tokens=24, temperature=0.0)
+    runs, programs = {}, {}
+    for setting in (getattr(attention, knob), value):
+        monkeypatch.setattr(attention, knob, setting)
+        jax.clear_caches()  # the programs are traced anew under each setting
+        eng = Engine(MODEL, **({"cache_dtype": cache} if cache else {}))
+        runs[setting] = _rollout(eng, weights, greedy)
+        programs[setting] = _decode_step_program(weights, "bfloat16" if cache else "float32")
+    jax.clear_caches()
+    assert programs[value] != programs[not value], knob  # the knob reached the program
+    (prompts, ref), (_, got) = runs[not value], runs[value]
+    _, logits = _trainer_logprobs(weights, prompts, ref, 2, 1.0)
+    m = np.asarray(ref.mask)
+    assert_decisive_argmax(logits[m])
+    for f in ("tokens", "lengths"):
+        np.testing.assert_array_equal(np.asarray(getattr(got, f)), np.asarray(getattr(ref, f)),
+                                      err_msg=f)
+    np.testing.assert_allclose(np.asarray(got.logprobs), np.asarray(ref.logprobs), rtol=0,
+                               atol=logprob_tol("float32", logits))
