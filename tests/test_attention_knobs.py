@@ -1,21 +1,28 @@
-"""The two decode knobs an accelerator's profile may turn (benchmarks/tpu/decode_profile.py):
-`attention.DECODE_AS_DOTS` (decode's scores and mixes as dots, not multiply-reduces) and
-`attention.HALF_AS_BITS` off (a bf16 cache sliced and updated as bf16, not as its bits).
+"""The decode knobs an accelerator's profile may turn (benchmarks/tpu/decode_profile.py):
+`attention.DECODE_AS_DOTS` (decode's scores and mixes as dots, not multiply-reduces),
+`attention.HALF_AS_BITS` off (a bf16 cache sliced and updated as bf16, not as its bits) and
+`attention.DECODE_KERNEL = "pallas"` (the cache read by one Pallas kernel in place; here in
+Pallas' interpreter, so its math is checked, not its speed or its TPU lowering).
 
 Checked, each with the knob seen to change the traced program (so a knob that does nothing
-fails): decode attention as dots equals the multiply-reduce within the blocked attention's
-derived bound plus its scores' own rounding; and a generate under either knob samples the
-default's greedy tokens (decisive argmax: the same in any program) with logprobs within
-the bound of two programs (`logprob_tol`), the second over a bf16 cache.
+fails): decode attention as dots, and through the kernel, equals the multiply-reduce within
+the blocked attention's derived bound plus the scores' own rounding (the kernel over row
+tiles of 1 and 6 of a cache's first rows, from a first block past left padding, with
+holes); and a generate under each knob samples the default's greedy tokens (decisive
+argmax: the same in any program) with logprobs within the bound of two programs
+(`logprob_tol`), over f32 and bf16 caches.
 """
 
+import dataclasses
+
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from locojax.engine.engine import Engine
 from locojax.engine.sampling import SamplingConfig
-from locojax.model import attention, decoder
+from locojax.model import attention, decode_kernel, decoder
 from tests.hf_reference import assert_decisive_argmax, logprob_tol
 from tests.test_attention_whole import _stale
 from tests.test_long_decode import (  # weights: the module's fixture
@@ -38,6 +45,34 @@ def _score_gap(q, dense, dtype) -> float:
     qa = np.abs(np.asarray(q, np.float64)).reshape(b, t, k.shape[1], n // k.shape[1], h)
     terms = np.einsum("btkgh,bkhs->bkgts", qa, np.abs(k))
     return 2 * worst_case(h + 1, dtype) * float(terms.max()) * h ** -0.5
+
+
+@pytest.mark.parametrize("rows", [11, 12], ids=["tile1", "tile6"])
+def test_the_pallas_kernel_is_the_multiply_reduce_within_its_bound(rows, monkeypatch):
+    """As above, the kernel's dots against the multiply-reduce: 256 slots in two 128-slot
+    blocks, 200 written, so the kernel folds block 1 partly written (and block 0 unless the
+    valid slots start past it)."""
+    dtype = np.float32
+    q, new, prefix, dense = _attention_case(dtype, 1, rows=rows, cache_rows=16, shards=1,
+                                            block=128, slots=256, index=200)
+    valid = np.asarray(prefix.cache.valid).copy()
+    valid[:, :130] = False  # left padding past block 0: the kernel starts at block 1
+    cache = dataclasses.replace(prefix.cache, valid=jnp.asarray(valid))
+    prefix = dataclasses.replace(prefix, cache=cache)
+    dense[0] = (*dense[0][:2], dense[0][2] & jnp.asarray(valid[:rows])[:, None])
+    out = {}
+    for kernel in ("xla", "pallas"):
+        monkeypatch.setattr(attention, "DECODE_KERNEL", kernel)
+        jaxpr = str(jax.make_jaxpr(lambda q: decoder.attention(q, [new], prefix))(q))
+        assert ("pallas_call" in jaxpr) == (kernel == "pallas"), kernel
+        out[kernel] = np.asarray(decoder.attention(q, [new], prefix), np.float64)
+    assert int(prefix.first) == 1 and decode_kernel.row_tile(rows) == {11: 1, 12: 6}[rows]
+    vmax = max(float(np.abs(np.asarray(v)).max()) for _, v, _ in dense)
+    bound = (_attention_bound(q, dense, dtype, int(prefix.count))
+             + 2 * 2 * _score_gap(q, dense, dtype) * vmax)
+    err = float(np.abs(out["pallas"] - out["xla"]).max())
+    assert np.isfinite(out["pallas"]).all()
+    assert err <= bound, (err, bound)
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
@@ -71,22 +106,25 @@ def _decode_step_program(weights, dtype) -> str:
 
 
 @pytest.mark.parametrize("knob,value,cache", [("DECODE_AS_DOTS", True, None),
-                                             ("HALF_AS_BITS", False, "bf16")],
-                         ids=["dots", "bf16-not-as-bits"])
+                                             ("HALF_AS_BITS", False, "bf16"),
+                                             ("DECODE_KERNEL", "pallas", None),
+                                             ("DECODE_KERNEL", "pallas", "bf16")],
+                         ids=["dots", "bf16-not-as-bits", "pallas", "pallas-bf16"])
 def test_generate_under_a_knob_samples_the_default(knob, value, cache, weights,  # noqa: F811
                                                    monkeypatch):
     """16 greedy rows, 24 new tokens, under the default and under the knob."""
     greedy = SamplingConfig(max_new_tokens=24, temperature=0.0)
     runs, programs = {}, {}
-    for setting in (getattr(attention, knob), value):
+    default = getattr(attention, knob)
+    for setting in (default, value):
         monkeypatch.setattr(attention, knob, setting)
         jax.clear_caches()  # the programs are traced anew under each setting
         eng = Engine(MODEL, **({"cache_dtype": cache} if cache else {}))
         runs[setting] = _rollout(eng, weights, greedy)
         programs[setting] = _decode_step_program(weights, "bfloat16" if cache else "float32")
     jax.clear_caches()
-    assert programs[value] != programs[not value], knob  # the knob reached the program
-    (prompts, ref), (_, got) = runs[not value], runs[value]
+    assert programs[value] != programs[default], knob  # the knob reached the program
+    (prompts, ref), (_, got) = runs[default], runs[value]
     _, logits = _trainer_logprobs(weights, prompts, ref, 2, 1.0)
     m = np.asarray(ref.mask)
     assert_decisive_argmax(logits[m])

@@ -1,14 +1,15 @@
 """The chip's probes on the CPU: benchmarks/tpu/decode_blocks.py at a toy size (every arm
 decodes, the arms' tokens are compared, the JSON holds each arm's token step and roofline
 share), benchmarks/tpu/decode_profile.py at a toy size (each knob's arm is traced and its
-ops summed, the knobs restored after) and benchmarks/tpu/peak_probe.py (its program's temporaries as XLA names them). The
+ops summed, the knobs restored after; an arm that fails to compile is reported and the
+others run) and benchmarks/tpu/peak_probe.py (its program's temporaries as XLA names them). The
 figures are the chip's to measure; here only that the probes run and report."""
 
 import json
 import sys
 
 from benchmarks.tpu import decode_blocks, decode_profile, peak_probe
-from locojax.model import attention
+from locojax.model import attention, decode_kernel
 
 CONFIG = {"model_type": "qwen3", "vocab_size": 512, "hidden_size": 64,
           "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -38,16 +39,39 @@ def test_decode_profile_traces_every_arm_and_restores_the_knobs(tmp_path, monkey
     config.write_text(json.dumps(CONFIG))
     monkeypatch.setattr(sys, "argv", [
         "decode_profile", "--config", str(config), "--rows", "4", "--prompt", "8", "--n1", "2",
-        "--n2", "6", "--rounds", "1", "--top", "3", "--out", str(tmp_path)])
+        "--n2", "6", "--rounds", "1", "--top", "3", "--out", str(tmp_path),
+        "--arms", "default", "dots", "pallas"])
     decode_profile.main()
     arms = json.loads((tmp_path / "decode_profile.json").read_text())["arms"]
-    assert [a["arm"] for a in arms] == list(decode_profile.ARMS)
+    assert [a["arm"] for a in arms] == ["default", "dots", "pallas"]
     for a in arms:  # the trace's kernels were found and summed: at most the whole trace
         assert 0 < len(a["top"]) <= 3 and a["device_s"] > 0, a["arm"]
         assert sum(op["share"] for op in a["top"]) <= 1 + 1e-9
         assert isinstance(a["same_tokens_as_default"], bool)
-    assert "dots+bits-off:" in capsys.readouterr().out
-    assert (attention.DECODE_AS_DOTS, attention.HALF_AS_BITS) == decode_profile.ARMS["default"]
+    assert "pallas:" in capsys.readouterr().out
+    assert all(getattr(attention, k) == v for k, v in decode_profile.DEFAULT.items())
+
+
+def test_decode_profile_reports_an_arm_that_fails_and_runs_the_others(tmp_path, monkeypatch,
+                                                                       capsys):
+    """A kernel the chip's compiler refuses (here: one that raises) is that arm's result,
+    reported with its error, not the end of the run."""
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(CONFIG))
+
+    def refused(*args, **kwargs):
+        raise RuntimeError("Mosaic failed to compile the kernel (a stand-in)")
+
+    monkeypatch.setattr(decode_kernel, "read_cache", refused)
+    monkeypatch.setattr(sys, "argv", [
+        "decode_profile", "--config", str(config), "--rows", "4", "--prompt", "8", "--n1", "2",
+        "--n2", "6", "--rounds", "1", "--top", "2", "--out", str(tmp_path),
+        "--arms", "pallas", "default"])
+    decode_profile.main()
+    arms = {a["arm"]: a for a in json.loads((tmp_path / "decode_profile.json").read_text())["arms"]}
+    assert "Mosaic failed" in arms["pallas"]["failed"]
+    assert arms["default"]["ms_per_token_step"] != 0 and arms["default"]["top"]
+    assert "pallas: FAILED" in capsys.readouterr().out
 
 
 def test_peak_probe_reports_the_programs_temporaries():

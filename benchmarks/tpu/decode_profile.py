@@ -1,17 +1,18 @@
 """Where a decode token step's time goes on one accelerator, per decode knob (issue 56 item 2).
 
     python -m benchmarks.tpu.decode_profile --config CONFIG.json [--rows 64] [--prompt 128]
-        [--n1 32] [--n2 96] [--arms default dots bits-off dots+bits-off] [--out DIR] [--toy]
+        [--n1 32] [--n2 96] [--arms default dots ... pallas] [--out DIR] [--toy]
 
 On one v5e (set 11, docs/results/predict_tpu_validation.md) a Qwen3-0.6B token step at 64
 rows took 23 ms where its bytes take ~4 ms, and the f32 points sat nearest their
 predictions. The engine's decode attention is tuned for XLA:CPU: the bf16 cache sliced as
 uint16 bits under an optimization barrier (`attention.HALF_AS_BITS`) and scores and mixes as
-f32 broadcast multiply-reduces, not dots (`attention.DECODE_AS_DOTS`). Each arm sets the
-two knobs, and measures:
+f32 broadcast multiply-reduces, not dots (`attention.DECODE_AS_DOTS`); or the cache is read
+by one Pallas kernel in place (`attention.DECODE_KERNEL`, `model/decode_kernel.py`). Each
+arm sets the knobs (`ARMS`), and measures:
 - the token step: a generate of N2 tokens minus one of N1 (EOS ignored, the same prompts
   and key) over N2 - N1, so prefill and fixed costs cancel; arms interleaved round by round
-  (a switch re-traces: `jax.clear_caches`, then a warm-up generate, untimed);
+  (a switch re-traces on a fresh engine: `jax.clear_caches`, then warm-up generates, untimed);
 - where it goes: one generate of N2 traced with `jax.profiler`, its device ops (the
   accelerator's "XLA Ops" line; XLA:CPU's kernel threads on a CPU) summed by name, per
   token step, the largest first, with each op's HLO text where the trace carries it;
@@ -42,13 +43,18 @@ from locojax.engine.sampling import SamplingConfig
 from locojax.model import attention, params
 from locojax.model.hf_config import config_from_dict
 
-ARMS = {"default": (False, True), "dots": (True, True), "bits-off": (False, False),
-        "dots+bits-off": (True, False)}
-"""Each arm's (`attention.DECODE_AS_DOTS`, `attention.HALF_AS_BITS`)."""
+DEFAULT = {"DECODE_AS_DOTS": False, "HALF_AS_BITS": True, "DECODE_KERNEL": "xla"}
+ARMS = {"default": DEFAULT, "dots": {**DEFAULT, "DECODE_AS_DOTS": True},
+        "bits-off": {**DEFAULT, "HALF_AS_BITS": False},
+        "dots+bits-off": {**DEFAULT, "DECODE_AS_DOTS": True, "HALF_AS_BITS": False},
+        "pallas": {**DEFAULT, "DECODE_KERNEL": "pallas"},
+        "pallas+bits-off": {**DEFAULT, "DECODE_KERNEL": "pallas", "HALF_AS_BITS": False}}
+"""Each arm's settings of the `attention` module's decode knobs."""
 
 
 def set_arm(name: str) -> None:
-    attention.DECODE_AS_DOTS, attention.HALF_AS_BITS = ARMS[name]
+    for knob, value in ARMS[name].items():
+        setattr(attention, knob, value)
     jax.clear_caches()  # the knobs are read at trace time: no program of another arm is reused
 
 
@@ -110,19 +116,51 @@ def model(config: str, toy: bool, precision: str):
     return cfg, jax.jit(lambda k: params.init(cfg, k))(jax.random.key(0))
 
 
-def engine_for(cfg, weights, prompts, precision: str):
-    """(the engine, generate(n) -> (seconds, tokens)): n tokens a row, EOS ignored, the same
-    prompts and key every call."""
-    engine = Engine(cfg, cache_dtype=precision)
-    mask, key = np.ones(prompts.shape, bool), jax.random.key(0)
+def generator(cfg, weights, prompts, precision: str):
+    """generate(n) -> (seconds, tokens): n tokens a row, EOS ignored, the same prompts and
+    key every call, on an engine made for the arm in force (`fresh`: its cache geometry and
+    programs depend on the knobs; the last one's cache released first)."""
+    mask, key, held = np.ones(prompts.shape, bool), jax.random.key(0), []
+
+    def fresh():
+        while held:
+            held.pop().release_cache()
+        held.append(Engine(cfg, cache_dtype=precision))
 
     def generate(n):
         sampling = SamplingConfig(max_new_tokens=n, temperature=1.0, ignore_eos=True)
         t0 = time.perf_counter()
-        out = engine.generate(weights, prompts, key, sampling, prompt_mask=mask)
+        out = held[0].generate(weights, prompts, key, sampling, prompt_mask=mask)
         tokens = np.asarray(jax.block_until_ready(out).tokens)
         return time.perf_counter() - t0, tokens
-    return engine, generate
+    return fresh, generate
+
+
+def timed_rounds(args, fresh, generate):
+    """({arm: {n: [seconds]}}, {arm: warm-up seconds with its compile}, {arm: last tokens},
+    {arm: why it failed}): round 0 compiles each arm (one that fails to, e.g. a kernel
+    XLA or Mosaic refuses, is reported and left out, so the others still run), then
+    `args.rounds` rounds of every arm's N1 and N2 generates, interleaved."""
+    times = {a: {args.n1: [], args.n2: []} for a in args.arms}
+    compile_s, tokens, failed = {}, {}, {}
+    for r in range(args.rounds + 1):
+        for a in [a for a in args.arms if a not in failed]:
+            set_arm(a)
+            fresh()
+            try:
+                warm = generate(args.n1)[0] + generate(args.n2)[0]
+            except Exception as e:  # noqa: BLE001 - any refusal is this arm's result
+                failed[a] = f"{type(e).__name__}: {e}"[:4000]
+                print(f"\n{a}: FAILED to compile or run: {failed[a][:600]}", flush=True)
+                continue
+            if r == 0:
+                compile_s[a] = warm
+                continue
+            for n in (args.n1, args.n2):
+                seconds, out = generate(n)
+                times[a][n].append(seconds)
+            tokens[a] = out
+    return times, compile_s, tokens, failed
 
 
 def run(args) -> dict:
@@ -136,40 +174,30 @@ def run(args) -> dict:
           f"params, {cfg.compute_dtype}, {args.rows} rows, P {args.prompt}, tokens "
           f"{args.n1}..{args.n2}; its bytes take {floor_ms:.2f} ms at {args.bandwidth:.0f} GB/s",
           flush=True)
-    engine, generate = engine_for(cfg, weights, prompts, args.precision)
-    times = {a: {args.n1: [], args.n2: []} for a in args.arms}
-    compile_s, tokens = {}, {}
-    for r in range(args.rounds + 1):  # round 0 compiles each arm
-        for a in args.arms:
-            set_arm(a)
-            warm = generate(args.n1)[0] + generate(args.n2)[0]
-            if r == 0:
-                compile_s[a] = warm
-                continue
-            for n in (args.n1, args.n2):
-                seconds, out = generate(n)
-                times[a][n].append(seconds)
-            tokens[a] = out
-    arms = []
-    for a in args.arms:
+    fresh, generate = generator(cfg, weights, prompts, args.precision)
+    times, compile_s, tokens, failed = timed_rounds(args, fresh, generate)
+    arms = [{"arm": a, "failed": why} for a, why in failed.items()]
+    for a in [a for a in args.arms if a not in failed]:
         set_arm(a)
+        fresh()
         generate(args.n1)  # re-trace under this arm before its trace
         per_token = (statistics.median(times[a][args.n2])
                      - statistics.median(times[a][args.n1])) / (args.n2 - args.n1)
+        first = next(iter(tokens))
         row = {"arm": a, "ms_per_token_step": 1e3 * per_token, "compile_s": compile_s[a],
                "roofline_share": floor_ms / (1e3 * per_token),
-               "same_tokens_as_default": bool(np.array_equal(tokens[a], tokens[args.arms[0]])),
+               "same_tokens_as_default": bool(np.array_equal(tokens[a], tokens[first])),
                **traced(generate, args.n2, args.top)}
         arms.append(row)
         print(f"\n{a}: {row['ms_per_token_step']:.2f} ms a token step, "
               f"{row['roofline_share']:.0%} of the bytes' time; warm-up with compile "
               f"{compile_s[a]:.1f} s; device ops {1e3 * row['device_s'] / args.n2:.2f} ms a "
-              f"token; same tokens as {args.arms[0]}: {row['same_tokens_as_default']}")
+              f"token; same tokens as {first}: {row['same_tokens_as_default']}")
         for op in row["top"]:
             print(f"  {op['ms_per_token']:8.3f} ms {op['calls_per_token']:6.1f}x "
                   f"{op['share']:5.1%} {op['op'][:60]}  {op['hlo'][:160]}")
     set_arm("default")
-    engine.release_cache()
+    fresh()
     return {"config": args.config, "rows": args.rows, "prompt": args.prompt,
             "precision": args.precision, "n1": args.n1, "n2": args.n2, "floor_ms": floor_ms,
             "arms": arms}

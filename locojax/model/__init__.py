@@ -6,6 +6,7 @@
     decoder.py        the forward of every family
     accumulating_scan.py  the layer scan whose backward sums weight gradients in place
     attention.py      the KV cache and attention over it
+    decode_kernel.py  a decode step's attention over the cache as one Pallas kernel (TPU)
     invariant.py      batch-invariant kernels: fixed-order sums, tiled matmuls, attention
     sharding.py       logical axes to mesh axes, one rules table per role
     hf_config.py      HF `config.json` to `ModelConfig` and back

@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from locojax.model import decode_kernel
 from locojax.model.config import ModelConfig
 
 _MASKED = -1e30  # finite, so a row with no visible key (a pad query) gives 0s, not NaNs
@@ -58,6 +59,13 @@ instead of broadcast multiply-reduces. Off: XLA:CPU runs the multiply-reduce sev
 faster than B*K tiny batched matmuls (`_ops`). On a TPU the dot is what the MXU runs and
 the multiply-reduce may be materialised in f32; benchmarks/tpu/decode_profile.py times and
 profiles both there before either becomes an accelerator's default (issue 56 item 2)."""
+
+
+DECODE_KERNEL = "xla"
+"""How a decode step reads the cache: "xla", the block loop below, or "pallas", one Pallas
+kernel over the stacked cache in place (`decode_kernel.py`; its caches are made of whole
+128-slot blocks). XLA by default: the kernel is for a TPU, where decode_profile.py measures
+it against the XLA path before it becomes one's default; elsewhere Pallas interprets it."""
 
 
 HALF_AS_BITS = True
@@ -115,7 +123,10 @@ class KVCache:
     @staticmethod
     def blocks(slots: int, block: int = BLOCK) -> tuple[int, int]:
         """(n, b): the fewest blocks of at most `block` slots that hold `slots`, as equal as
-        they can be (n·b - slots < n slots are spare)."""
+        they can be (n·b - slots < n slots are spare). Under the Pallas decode kernel, blocks of
+        its `SLOTS` (it reads whole lane-widths of keys)."""
+        if DECODE_KERNEL == "pallas":
+            return -(-slots // decode_kernel.SLOTS), decode_kernel.SLOTS
         n = -(-slots // block)
         return n, -(-slots // n)
 
@@ -137,8 +148,8 @@ class KVCache:
         """`dynamic_slice(x, start, size)` of the b rows a b-row batch uses (x: a cache array,
         its batch at `axis`; start and size without the batch axis)."""
         d = self.shards
-        if HALF_AS_BITS and _half(x.dtype):  # see `as_bits`; the barrier keeps XLA from converting the whole
-            x, start = jax.lax.optimization_barrier(  # cache out of the loop
+        if HALF_AS_BITS and _half(x.dtype):  # see `as_bits`; the barrier keeps XLA from
+            x, start = jax.lax.optimization_barrier(  # converting the whole cache out of the loop
                 (x, tuple(jnp.asarray(i, jnp.int32) for i in start)))
         y = as_bits(x).reshape(x.shape[:axis] + (d, x.shape[axis] // d) + x.shape[axis + 1:])
         zero = jnp.zeros((), jnp.int32)
@@ -327,7 +338,12 @@ def attention(q, parts, blocks: CacheBlocks | None = None, scale: float | None =
     m = jnp.max(s, axis=-1, keepdims=True)  # [B, K, G, T, 1]
     p = barrier(jnp.exp(s - m))
     carry = m, jnp.sum(p, -1, keepdims=True), mix(p, jnp.concatenate([v for _, v, _ in parts], 2))
-    _, total, acc = _read_cache(blocks, carry, add, masked_score, barrier, q.dtype, wide, t)
+    if DECODE_KERNEL == "pallas" and decode_kernel.supported(t, blocks):
+        cached = decode_kernel.read_cache(q[:, 0], blocks.cache, blocks.layer, blocks.rows,
+                                          blocks.first, scale)
+        _, total, acc = decode_kernel.merge(carry, cached)
+    else:
+        _, total, acc = _read_cache(blocks, carry, add, masked_score, barrier, q.dtype, wide, t)
     return (acc / _bt(total)).reshape(b, t, n, h).astype(q.dtype)  # [B, T, N, H]
 
 
