@@ -133,3 +133,29 @@ def test_generate_under_a_knob_samples_the_default(knob, value, cache, weights, 
                                       err_msg=f)
     np.testing.assert_allclose(np.asarray(got.logprobs), np.asarray(ref.logprobs), rtol=0,
                                atol=logprob_tol("float32", logits))
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("shape", [(8, 128), (3, 64)], ids=["qwen3-like", "smollm2-like"])
+def test_the_pallas_kernel_lowers_for_a_v5e(shape, dtype, monkeypatch):
+    """The kernel through Pallas' TPU lowering to a Mosaic custom call, on this CPU (jax's
+    export for platform tpu; Pallas is told the chip is a v5e, since it asks the device):
+    what Pallas checks before the chip's compiler (block shapes, ops it can lower) is checked
+    here at Qwen3-0.6B's and SmolLM2's KV heads and head dims, 64 rows, 256 slots. Mosaic's
+    own passes run only on a TPU (benchmarks/tpu/decode_profile.py)."""
+    from jax import export
+    from jax._src.pallas.mosaic import tpu_info  # private: the one way to name a chip here
+
+    monkeypatch.setitem(tpu_info.registry, jax.devices()[0].device_kind,
+                        lambda: tpu_info._get_tpu_info_impl(tpu_info.ChipVersion.TPU_V5E, 1))
+    monkeypatch.setattr(decode_kernel, "interpreted", lambda: False)
+    monkeypatch.setattr(attention, "DECODE_KERNEL", "pallas")
+    heads, h = shape
+    cfg = dataclasses.replace(MODEL, num_attention_heads=2 * heads, num_key_value_heads=heads,
+                              head_dim=h)
+    cache = decoder.KVCache.empty(cfg, 64, 256, dtype)
+    q = jnp.zeros((64, heads, 2, h), dtype)
+    read = jax.jit(lambda q, c: decode_kernel.read_cache(q, c, jnp.int32(1), 64, jnp.int32(0),
+                                                         h ** -0.5))
+    module = export.export(read, platforms=["tpu"])(q, cache).mlir_module()
+    assert "tpu_custom_call" in module  # the kernel, not its interpretation in HLO

@@ -96,7 +96,12 @@ def read_cache(q, cache, layer, rows: int, first, scale: float):
     return pl.pallas_call(
         kernel, out_shape=out_shape, grid_spec=grid_spec,
         compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary")),
-        interpret=jax.default_backend() == "cpu")(meta, q, cache.k, cache.v, valid)
+        interpret=interpreted())(meta, q, cache.k, cache.v, valid)
+
+
+def interpreted() -> bool:
+    """Whether the kernel runs in Pallas' interpreter: off a TPU (a CPU's tests)."""
+    return jax.default_backend() == "cpu"
 
 
 def _kernel(meta, q_ref, k_ref, v_ref, valid_ref, m_ref, l_ref, acc_ref, m_sc, l_sc, acc_sc,
