@@ -2,7 +2,8 @@
 `attention.DECODE_AS_DOTS` (decode's scores and mixes as dots, not multiply-reduces),
 `attention.HALF_AS_BITS` off (a bf16 cache sliced and updated as bf16, not as its bits) and
 `attention.DECODE_KERNEL = "pallas"` (the cache read by one Pallas kernel in place; here in
-Pallas' interpreter, so its math is checked, not its speed or its TPU lowering).
+Pallas' interpreter, so its math is checked, and its lowering to a Mosaic call for a v5e,
+not its speed), each settable for a whole run by `LOCOJAX_DECODE`.
 
 Checked, each with the knob seen to change the traced program (so a knob that does nothing
 fails): decode attention as dots, and through the kernel, equals the multiply-reduce within
@@ -10,10 +11,14 @@ the blocked attention's derived bound plus the scores' own rounding (the kernel 
 tiles of 1 and 6 of a cache's first rows, from a first block past left padding, with
 holes); and a generate under each knob samples the default's greedy tokens (decisive
 argmax: the same in any program) with logprobs within the bound of two programs
-(`logprob_tol`), over f32 and bf16 caches.
+(`logprob_tol`), over f32 and bf16 caches; the environment sets the knobs in a new
+process, and a misspelt knob stops it, naming the known ones.
 """
 
 import dataclasses
+import os
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -159,3 +164,20 @@ def test_the_pallas_kernel_lowers_for_a_v5e(shape, dtype, monkeypatch):
                                                          h ** -0.5))
     module = export.export(read, platforms=["tpu"])(q, cache).mlir_module()
     assert "tpu_custom_call" in module  # the kernel, not its interpretation in HLO
+
+
+def test_the_environment_sets_the_knobs_for_a_run_and_refuses_an_unknown_one():
+    """`LOCOJAX_DECODE` reaches a process's knobs at import (what a run and its children do);
+    a misspelt knob stops the process at once with the known names, not a silent default."""
+    assert attention.decode_settings(" pallas, bits-off ") == {"DECODE_KERNEL": "pallas",
+                                                               "HALF_AS_BITS": False}
+    assert attention.decode_settings("") == {}
+    code = ("from locojax.model import attention as a; "
+            "print(a.DECODE_KERNEL, a.DECODE_AS_DOTS, a.HALF_AS_BITS)")
+    run = lambda spec: subprocess.run(  # noqa: E731
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+        env={**os.environ, "LOCOJAX_DECODE": spec, "JAX_PLATFORMS": "cpu"})
+    assert run("dots,pallas").stdout.split() == ["pallas", "True", "True"]
+    bad = run("palas")
+    assert bad.returncode != 0 and "no decode knob 'palas'" in bad.stderr
+    assert "dots, bits-off, pallas" in bad.stderr

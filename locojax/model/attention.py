@@ -17,6 +17,7 @@ dim, L layers.
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import jax
 import jax.numpy as jnp
@@ -72,6 +73,30 @@ HALF_AS_BITS = True
 """Whether 16-bit float caches and embeddings are sliced and updated as their uint16 bits
 (`as_bits`), the cache under an optimization barrier: XLA:CPU's workaround, exact either way.
 benchmarks/tpu/decode_profile.py measures a TPU's decode without it."""
+
+
+DECODE_ENV = "LOCOJAX_DECODE"
+"""Decode knobs for a whole run and the processes it starts (they inherit it), comma-separated
+names of `DECODE_SETTINGS`: `LOCOJAX_DECODE=pallas,bits-off locojax train ...`, for an A/B of
+whole runs on the chip."""
+DECODE_SETTINGS = {"dots": ("DECODE_AS_DOTS", True), "bits-off": ("HALF_AS_BITS", False),
+                   "pallas": ("DECODE_KERNEL", "pallas")}
+
+
+def decode_settings(spec: str) -> dict[str, object]:
+    """{knob: value} of a `DECODE_ENV` value; an unknown name is refused, naming the known."""
+    out = {}
+    for name in filter(None, (w.strip() for w in spec.split(","))):
+        if name not in DECODE_SETTINGS:
+            raise ValueError(f"{DECODE_ENV}={spec!r}: no decode knob {name!r}; known: "
+                             f"{', '.join(DECODE_SETTINGS)}")
+        knob, value = DECODE_SETTINGS[name]
+        out[knob] = value
+    return out
+
+
+for _knob, _value in decode_settings(os.environ.get(DECODE_ENV, "")).items():
+    globals()[_knob] = _value  # the module's knobs above, read at trace time
 
 
 def as_bits(x):
