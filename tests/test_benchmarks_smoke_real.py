@@ -77,8 +77,11 @@ def test_ab_update_trl_one_update_agrees_but_for_the_pad_tokens_embedding_row(tm
     if not install.is_ready(install.PEERS["trl"]):
         pytest.skip("TRL's venv is not installed (python -m benchmarks.peers.install trl)")
     model = real_model()
-    out = bench("ab_update_trl", "--model", str(model), "--dtypes", "float32", "--out",
-                str(tmp_path / "o"), timeout=1800)
+    # 2 prompts x G 3, not the script's 4 x 4: two groups whose advantages are not all 0
+    # (PATTERNS "101", "011"), every reply kind (right, one off, cut); the tolerances are
+    # the script's, derived from this batch (its tokens and condition, its reduction depth)
+    out = bench("ab_update_trl", "--model", str(model), "--dtypes", "float32", "--prompts",
+                "2", "--group", "3", "--out", str(tmp_path / "o"), timeout=1800)
     assert "# ab_update_trl: " in out and "command: " in out
     rows = [line for line in out.splitlines() if line.startswith(("| loss", "| grad", "| delta"))]
     assert len(rows) == 20, rows  # 10 quantities, TRL's arms: padding_idx kept, then cleared
@@ -113,9 +116,12 @@ def test_ab_sample_trl_locojax_side_and_refusal_without_trls_venv(tmp_path, real
     assert not (tmp_path / "peers").exists()
 
 
-SMALL_REAL_BATCH = "--rollout.prompts-per-step 2 --algo.group-size 2"
-"""The real model's runs here at 4 rows, not the benchmark's 64: the script's paths are the
-same at any batch, and the 64-row steps were most of these tests' time (~12 s a step)."""
+SMALL_REAL_BATCH = ("--rollout.prompts-per-step 2 --algo.group-size 2 "
+                    "--rollout.max-new-tokens 8")
+"""The real model's runs here at 4 rows of at most 8 new tokens, not the benchmark's 64 of
+32: the script's paths are the same at any batch, and the 64-row steps were most of these
+tests' time (~12 s a step); at 4 rows of 32 a step was still 11 s under load, 3.6 s of it
+decoding 32 tokens and 7 s training 80 columns."""
 
 
 @pytest.fixture(scope="module")
