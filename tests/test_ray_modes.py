@@ -100,6 +100,11 @@ def train(run_dir, *args, faults=None, preset=("demo", *COMMON)):
 # times none out (a timeout would score 0 and change the run), and a hang is found 24 s
 # sooner per lease.
 SHORT_SCORING = ("--reward.timeout-s", "2")
+# A run that must stop on a poisoned unit reads no score: there a timed-out reward (0) changes
+# nothing the test checks, so its rows' scoring adds 8 x 0.25 = 2 s to a lease, and each of
+# the two hung attempts is found 14 s sooner (the healthy leases still get 8 s, their programs
+# compiled at the worker's warm-up: `RolloutWorker.ready`).
+NO_SCORES_READ = ("--reward.timeout-s", "0.25")
 
 DA = ("--mode", "disaggregated", "--hosts", "3", "--rollout-fraction", "0.67",
       "--lease-timeout-s", "60")  # 1 learner host, 2 rollout workers
@@ -491,7 +496,7 @@ def test_a_unit_that_fails_every_worker_stops_the_run_naming_it(cluster, tmp_pat
     with pytest.raises(RunFailed, match=r"step 1 unit 0 \(prompts 0-3\) failed 2 time\(s\), "
                                         r"the last on worker \d") as e:
         train(tmp_path, *DA, "--lease-timeout-s", "6", "--max-attempts", "2",
-              "--stall-warning-s", "2", *SHORT_SCORING,
+              "--stall-warning-s", "2", *NO_SCORES_READ,
               faults=Faults(poison_unit=(1, 0), poison=poison))
     assert ("held past its deadline" if poison == "hang" else "died") in str(e.value)
     assert not (tmp_path / "final_model").exists()
