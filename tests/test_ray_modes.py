@@ -388,7 +388,10 @@ def test_disaggregated_schedule_is_deterministic(reference, tmp_path):
     assert all(p["perf/sync/seconds"] > 0 for p in perf)
 
 
-@pytest.mark.parametrize("faults", ["workers_ps_verifier", "kill_learner"])
+# `timing`: a hung worker and verifier are found by their deadlines (the Makefile runs it
+# with no other test beside it)
+@pytest.mark.parametrize("faults", [pytest.param("workers_ps_verifier", marks=pytest.mark.timing),
+                                    "kill_learner"])
 def test_faults_change_nothing(reference, tmp_path, faults, capfd):
     """kill -9 a worker mid-generation, hang one, kill -9 the parameter server, get a
     verifier stuck holding the GIL (one run: Ray restarts each, and each loses a lease, a
@@ -484,7 +487,7 @@ def test_async_keeps_every_sample_within_k_versions(cluster, tmp_path):
     assert groups == EVERY_PROMPT_ONCE
 
 
-@pytest.mark.parametrize("poison", ["hang", "kill"])
+@pytest.mark.parametrize("poison", [pytest.param("hang", marks=pytest.mark.timing), "kill"])
 def test_a_unit_that_fails_every_worker_stops_the_run_naming_it(cluster, tmp_path, capfd, poison):
     """Bounded retries: unit 0 of step 1 hangs (or kills) every worker that decodes it. After
     its second failed attempt (--max-attempts 2) the run stops with an error naming the
@@ -540,6 +543,7 @@ def test_an_async_learner_restart_republishes_and_workers_pull_again(cluster, tm
     assert groups == EVERY_PROMPT_ONCE
 
 
+@pytest.mark.timing  # versions published while units decode
 def test_async_inflight_updates_take_newer_versions_mid_unit(cluster, tmp_path):
     """`--inflight-chunk 2` (issue 59 item 1): workers check for a newer version every 2
     decode iterations, each check slowed to 0.5 s so that the learner publishes versions
@@ -566,6 +570,7 @@ def test_async_inflight_updates_take_newer_versions_mid_unit(cluster, tmp_path):
     assert groups == EVERY_PROMPT_ONCE
 
 
+@pytest.mark.timing  # a step cut before its slow unit is in
 def test_async_partial_rollouts_train_every_unit_once_despite_a_kill(cluster, tmp_path):
     """`--partial-rollouts` (issue 59 item 2), with in-flight updates: unit 1 of step 0 is
     slow (8 s) and the first worker to decode a unit of step 1 is killed mid-generation.
