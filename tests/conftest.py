@@ -6,8 +6,17 @@ runs on device 0. Also the fixtures two modules share: the multi-turn and FSDP r
 """
 
 import os
+import signal
 
 import pytest
+
+# `make test` starts one stream of its multi-process phase as a background job, and sh starts
+# those with SIGINT ignored (POSIX; so does a shell's `nohup ... &`), which every child
+# inherits: the hosts of `locojax launch` would then outlive the SIGINT it stops them with,
+# until its SIGKILL after the grace period. Python's own handler again, as from a terminal
+# (tests/test_launch.py restores it for its launcher the same way).
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # A cheaper XLA:CPU code generator unless the caller chose XLA flags: the suite's programs
 # are tiny, so its time is XLA compiling them, not running them, and LLVM at -O0 compiles
