@@ -366,10 +366,23 @@ def attention(q, parts, blocks: CacheBlocks | None = None, scale: float | None =
     if DECODE_KERNEL == "pallas" and decode_kernel.supported(t, blocks):
         cached = decode_kernel.read_cache(q[:, 0], blocks.cache, blocks.layer, blocks.rows,
                                           blocks.first, scale)
-        _, total, acc = decode_kernel.merge(carry, cached)
+        _, total, acc = _fold_stats(carry, cached)
     else:
         _, total, acc = _read_cache(blocks, carry, add, masked_score, barrier, q.dtype, wide, t)
     return (acc / _bt(total)).reshape(b, t, n, h).astype(q.dtype)  # [B, T, N, H]
+
+
+def _fold_stats(carry, cached):
+    """`attention`'s online-softmax carry (m, total [B, K, G, 1, 1], acc [B, 1, K, G, H]) with
+    the softmax statistics of other keys folded in (`decode_kernel.read_cache`'s m, l [B, K,
+    G, 1] and acc [B, K, G, H]), as `add` folds a block's scores."""
+    m, total, acc = carry
+    cm, cl, cacc = cached
+    cm, cl = cm[..., None], cl[..., None]  # [B, K, G, 1, 1]
+    m_new = jnp.maximum(m, cm)
+    a, c = jnp.exp(m - m_new), jnp.exp(cm - m_new)
+    return (m_new, total * a + cl * c,
+            acc * _bt(a) + (cacc * c[..., 0])[:, None].astype(acc.dtype))
 
 
 def _read_cache(blocks: CacheBlocks, carry, add, masked_score, barrier, dtype, wide, t: int):

@@ -12,8 +12,9 @@ the MXU: scores q·k (the keys widened to q's dtype, exactly) and mixes p·v (p 
 values widened) as dots with f32 accumulation, the XLA path's products.
 
 It returns the softmax's running max, normaliser and unnormalised output over the cache;
-`attention.attention` merges them with the new token's own part (`merge`). Exactly the
-XLA path's math: slots outside [first block, index) or not valid add exact zeros.
+`attention.attention` folds them into the new token's own part (`attention._fold_stats`).
+Exactly the XLA path's math: slots outside [first block, index) or not valid add exact
+zeros.
 
 Requirements (else `attention` keeps the XLA path): one query token, a full-attention
 layer (no sliding window), blocks of `SLOTS` slots (`KVCache.blocks` makes them under this
@@ -32,7 +33,7 @@ import jax.numpy as jnp
 SLOTS = 128
 """Cache slots one grid step reads: a lane-width of keys (slots are the keys' minor axis)."""
 
-_MASKED = -1e30
+_MASKED = -1e30  # attention._MASKED: that module imports this one, not the reverse
 
 
 BLOCK_BYTES = 2 * 2 ** 20
@@ -141,14 +142,3 @@ def _kernel(meta, q_ref, k_ref, v_ref, valid_ref, m_ref, l_ref, acc_ref, m_sc, l
         l_ref[...] = l_sc[...]
         acc_ref[...] = acc_sc[...]
 
-
-def merge(carry, cached):
-    """`attention`'s online-softmax carry (m, total [B, K, G, 1, 1], acc [B, 1, K, G, H]) with
-    the kernel's statistics over the cache folded in."""
-    m, total, acc = carry
-    cm, cl, cacc = cached
-    cm, cl = cm[..., None], cl[..., None]  # [B, K, G, 1, 1]
-    m_new = jnp.maximum(m, cm)
-    a, c = jnp.exp(m - m_new), jnp.exp(cm - m_new)
-    return (m_new, total * a + cl * c,
-            acc * jnp.moveaxis(a, 3, 1) + (cacc * c[..., 0])[:, None].astype(acc.dtype))
