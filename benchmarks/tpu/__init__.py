@@ -10,7 +10,8 @@ held for minutes at a time:
   it must read (issue 56 item 2).
 - decode_profile: a decode token step's time and its device ops per decode knob
   (`attention.DECODE_AS_DOTS`, `attention.HALF_AS_BITS`), traced (issue 56 item 2);
-  token_step: the bytes a token step must read, which both judge it against.
+  token_step: the random decoder both decode with, and the bytes a token step must
+  read, which both judge it against.
 - random_model: the random-weight checkpoint of a published config those runs train
   (qwen3_fit.sh and host_overlap.sh through preamble.sh, their shared shell set-up).
 - ballast: the memory plan's peak checked by the ballast a step survives (qwen3_fit.sh's

@@ -27,21 +27,9 @@ import time
 import jax
 import numpy as np
 
-from benchmarks.tpu import random_model
-from benchmarks.tpu.token_step import step_bytes
+from benchmarks.tpu.token_step import random_decoder, step_bytes
 from locojax.engine.engine import Engine
 from locojax.engine.sampling import SamplingConfig
-from locojax.model import params
-from locojax.model.hf_config import config_from_dict
-
-
-def model(config: str, toy: bool):
-    with open(config) as f:
-        d = json.load(f)
-    if toy:  # a CPU dry run: the chip scripts' tiny cut, and a small vocabulary
-        d = {**d, **random_model.TINY, "vocab_size": 512}
-    cfg = config_from_dict(d, param_dtype="bfloat16", compute_dtype="bfloat16")
-    return cfg, jax.jit(lambda k: params.init(cfg, k))(jax.random.key(0))
 
 
 def arm(cfg, weights, prompts, block: int, n1: int, n2: int, runs: int) -> dict:
@@ -81,7 +69,7 @@ def main() -> None:
     ap.add_argument("--out")
     ap.add_argument("--toy", action="store_true")
     args = ap.parse_args()
-    cfg, weights = model(args.config, args.toy)
+    cfg, weights = random_decoder(args.config, args.toy)
     rng = np.random.default_rng(0)
     prompts = rng.integers(1, cfg.vocab_size, (args.rows, args.prompt)).astype(np.int32)
     mid = args.prompt + (args.n1 + args.n2) // 2

@@ -36,20 +36,18 @@ import jax
 import numpy as np
 
 from benchmarks.kernel_traces import kernel_spans
-from benchmarks.tpu import random_model
-from benchmarks.tpu.token_step import step_bytes
+from benchmarks.tpu.token_step import DTYPES, random_decoder, step_bytes
 from locojax.engine.engine import Engine
 from locojax.engine.sampling import SamplingConfig
-from locojax.model import attention, params
-from locojax.model.hf_config import config_from_dict
+from locojax.model import attention
 
 DEFAULT = {"DECODE_AS_DOTS": False, "HALF_AS_BITS": True, "DECODE_KERNEL": "xla"}
-ARMS = {"default": DEFAULT, "dots": {**DEFAULT, "DECODE_AS_DOTS": True},
-        "bits-off": {**DEFAULT, "HALF_AS_BITS": False},
-        "dots+bits-off": {**DEFAULT, "DECODE_AS_DOTS": True, "HALF_AS_BITS": False},
-        "pallas": {**DEFAULT, "DECODE_KERNEL": "pallas"},
-        "pallas+bits-off": {**DEFAULT, "DECODE_KERNEL": "pallas", "HALF_AS_BITS": False}}
-"""Each arm's settings of the `attention` module's decode knobs."""
+ARMS = {"default": DEFAULT} | {
+    name: {**DEFAULT, **attention.decode_settings(name.replace("+", ","))}
+    for name in ("dots", "bits-off", "dots+bits-off", "pallas", "pallas+bits-off")}
+"""Each arm's settings of the `attention` module's decode knobs: the default's, with the
+`LOCOJAX_DECODE` names in the arm's (a run with `LOCOJAX_DECODE=pallas,bits-off` is the
+pallas+bits-off arm)."""
 
 
 def set_arm(name: str) -> None:
@@ -105,17 +103,6 @@ def traced(generate, n: int, top: int) -> dict:
         for name, times in ranked]}
 
 
-def model(config: str, toy: bool, precision: str):
-    """(config, random weights) of a published config in `precision` (its cache too);
-    `toy`: the chip scripts' tiny cut with a small vocabulary, for a CPU dry run."""
-    d = json.loads(Path(config).read_text())
-    if toy:
-        d = {**d, **random_model.TINY, "vocab_size": 512}
-    dtype = {"bf16": "bfloat16", "f32": "float32"}[precision]
-    cfg = config_from_dict(d, param_dtype=dtype, compute_dtype=dtype)
-    return cfg, jax.jit(lambda k: params.init(cfg, k))(jax.random.key(0))
-
-
 def generator(cfg, weights, prompts, precision: str):
     """generate(n) -> (seconds, tokens): n tokens a row, EOS ignored, the same prompts and
     key every call, on an engine made for the arm in force (`fresh`: its cache geometry and
@@ -164,11 +151,11 @@ def timed_rounds(args, fresh, generate):
 
 
 def run(args) -> dict:
-    cfg, weights = model(args.config, args.toy, args.precision)
+    cfg, weights = random_decoder(args.config, args.toy, args.precision)
     rng = np.random.default_rng(0)
     prompts = rng.integers(1, cfg.vocab_size, (args.rows, args.prompt)).astype(np.int32)
     mid = args.prompt + (args.n1 + args.n2) // 2
-    cache_bytes = 2 if args.precision == "bf16" else 4
+    cache_bytes = jax.numpy.dtype(DTYPES[args.precision]).itemsize
     floor_ms = step_bytes(cfg, weights, args.rows, mid, cache_bytes) / args.bandwidth / 1e6
     print(f"{jax.devices()[0].device_kind}; {args.config}: {cfg.num_params() / 1e6:.0f}M "
           f"params, {cfg.compute_dtype}, {args.rows} rows, P {args.prompt}, tokens "
@@ -210,7 +197,7 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--n1", type=int, default=32)
     ap.add_argument("--n2", type=int, default=96)
-    ap.add_argument("--precision", choices=("bf16", "f32"), default="bf16")
+    ap.add_argument("--precision", choices=tuple(DTYPES), default="bf16")
     ap.add_argument("--arms", nargs="+", choices=tuple(ARMS), default=list(ARMS))
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--top", type=int, default=15)

@@ -1,9 +1,30 @@
-"""What a decode token step must read, the floor its time is judged against: shared by the
-chip's decode probes (decode_blocks.py, decode_profile.py)."""
+"""What the chip's decode probes (decode_blocks.py, decode_profile.py) share: the random
+decoder of a published config they decode with, and what its token step must read, the floor
+its time is judged against."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import jax
+
+from benchmarks.tpu import random_model
+from locojax.model import params
+from locojax.model.hf_config import config_from_dict
+
+DTYPES = {"bf16": "bfloat16", "f32": "float32"}
+
+
+def random_decoder(config: str, toy: bool, precision: str = "bf16"):
+    """(config, random weights) of a published config's JSON in `precision` (its compute and
+    parameter dtype); `toy`: the chip scripts' tiny cut with a small vocabulary, for a CPU
+    dry run."""
+    d = json.loads(Path(config).read_text())
+    if toy:
+        d = {**d, **random_model.TINY, "vocab_size": 512}
+    cfg = config_from_dict(d, param_dtype=DTYPES[precision], compute_dtype=DTYPES[precision])
+    return cfg, jax.jit(lambda k: params.init(cfg, k))(jax.random.key(0))
 
 
 def step_bytes(cfg, weights, rows: int, slots: int, cache_itemsize: int = 2) -> int:
