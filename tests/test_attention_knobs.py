@@ -54,7 +54,8 @@ def _score_gap(q, dense, dtype) -> float:
 
 @pytest.mark.parametrize("rows", [11, 12], ids=["tile1", "tile6"])
 def test_the_pallas_kernel_is_the_multiply_reduce_within_its_bound(rows, monkeypatch):
-    """As above, the kernel's dots against the multiply-reduce: 256 slots in two 128-slot
+    """The bound of the dots test below (`test_decode_as_dots_is_the_multiply_reduce_...`),
+    for the kernel's dots against the multiply-reduce: 256 slots in two 128-slot
     blocks, 200 written, so the kernel folds block 1 partly written (and block 0 unless the
     valid slots start past it)."""
     dtype = np.float32
