@@ -111,6 +111,25 @@ def _decode_step_program(weights, dtype) -> str:
                                                            cache=c))(weights, cache))
 
 
+@pytest.mark.parametrize("backend,dots,bits", [("cpu", False, True), ("tpu", True, False),
+                                               ("gpu", True, False)])
+def test_the_default_knobs_follow_the_backend(backend, dots, bits, weights,  # noqa: F811
+                                              monkeypatch):
+    """Unset (None), the knobs are XLA:CPU's settings on a CPU and dots, bf16 as bf16, on an
+    accelerator (the v5e's A/B: docs/results/tpu_decode.md), read when a program is traced:
+    traced as if on that backend, decode attention has dots, and a bf16 decode step uint16
+    bits, exactly where the backend's settings say."""
+    assert attention.DECODE_AS_DOTS is None and attention.HALF_AS_BITS is None
+    monkeypatch.setattr(attention.jax, "default_backend", lambda: backend)
+    assert (attention.decode_as_dots(), attention.half_as_bits()) == (dots, bits)
+    q, new, prefix, _ = _attention_case(np.float32, 1)
+    scores = str(jax.make_jaxpr(lambda q: decoder.attention(q, [new], prefix))(q))
+    assert ("dot_general" in scores) == dots, backend
+    assert ("u16" in _decode_step_program(weights, "bfloat16")) == bits, backend
+    monkeypatch.setattr(attention, "HALF_AS_BITS", not bits)  # a setting outranks the backend
+    assert attention.half_as_bits() == (not bits)
+
+
 @pytest.mark.parametrize("knob,value,cache", [("DECODE_AS_DOTS", True, None),
                                              ("HALF_AS_BITS", False, "bf16"),
                                              ("DECODE_KERNEL", "pallas", None),
@@ -178,7 +197,7 @@ def test_the_environment_sets_the_knobs_for_a_run_and_refuses_an_unknown_one():
     run = lambda spec: subprocess.run(  # noqa: E731
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
         env={**os.environ, "LOCOJAX_DECODE": spec, "JAX_PLATFORMS": "cpu"})
-    assert run("dots,pallas").stdout.split() == ["pallas", "True", "True"]
+    assert run("dots,pallas").stdout.split() == ["pallas", "True", "None"]  # None: by backend
     bad = run("palas")
     assert bad.returncode != 0 and "no decode knob 'palas'" in bad.stderr
-    assert "dots, bits-off, pallas" in bad.stderr
+    assert "dots, no-dots, bits, bits-off, pallas" in bad.stderr

@@ -1,15 +1,17 @@
 """Where a decode token step's time goes on one accelerator, per decode knob (issue 56 item 2).
 
     python -m benchmarks.tpu.decode_profile --config CONFIG.json [--rows 64] [--prompt 128]
-        [--n1 32] [--n2 96] [--arms default dots ... pallas] [--out DIR] [--toy]
+        [--n1 32] [--n2 96] [--arms default cpu dots ... pallas] [--out DIR] [--toy]
 
 On one v5e (set 11, docs/results/predict_tpu_validation.md) a Qwen3-0.6B token step at 64
-rows took 23 ms where its bytes take ~4 ms, and the f32 points sat nearest their
-predictions. The engine's decode attention is tuned for XLA:CPU: the bf16 cache sliced as
-uint16 bits under an optimization barrier (`attention.HALF_AS_BITS`) and scores and mixes as
-f32 broadcast multiply-reduces, not dots (`attention.DECODE_AS_DOTS`); or the cache is read
-by one Pallas kernel in place (`attention.DECODE_KERNEL`, `model/decode_kernel.py`). Each
-arm sets the knobs (`ARMS`), and measures:
+rows took 23 ms where its bytes take ~4 ms. The engine's decode attention was tuned for
+XLA:CPU: the bf16 cache sliced as uint16 bits under an optimization barrier
+(`attention.HALF_AS_BITS`) and scores and mixes as f32 broadcast multiply-reduces, not dots
+(`attention.DECODE_AS_DOTS`). This profile found the bitcasts and the barrier's copies of
+the whole cache behind most of it, and both knobs now follow the backend
+(docs/results/tpu_decode.md); the "cpu" arm keeps XLA:CPU's settings on any backend. Or the
+cache is read by one Pallas kernel in place (`attention.DECODE_KERNEL`,
+`model/decode_kernel.py`). Each arm sets the knobs (`ARMS`), and measures:
 - the token step: a generate of N2 tokens minus one of N1 (EOS ignored, the same prompts
   and key) over N2 - N1, so prefill and fixed costs cancel; arms interleaved round by round
   (a switch re-traces on a fresh engine: `jax.clear_caches`, then warm-up generates, untimed);
@@ -41,13 +43,14 @@ from locojax.engine.engine import Engine
 from locojax.engine.sampling import SamplingConfig
 from locojax.model import attention
 
-DEFAULT = {"DECODE_AS_DOTS": False, "HALF_AS_BITS": True, "DECODE_KERNEL": "xla"}
-ARMS = {"default": DEFAULT} | {
-    name: {**DEFAULT, **attention.decode_settings(name.replace("+", ","))}
+DEFAULT = {"DECODE_AS_DOTS": None, "HALF_AS_BITS": None, "DECODE_KERNEL": "xla"}
+CPU = {**DEFAULT, **attention.decode_settings("no-dots,bits")}
+ARMS = {"default": DEFAULT, "cpu": CPU} | {
+    name: {**CPU, **attention.decode_settings(name.replace("+", ","))}
     for name in ("dots", "bits-off", "dots+bits-off", "pallas", "pallas+bits-off")}
-"""Each arm's settings of the `attention` module's decode knobs: the default's, with the
-`LOCOJAX_DECODE` names in the arm's (a run with `LOCOJAX_DECODE=pallas,bits-off` is the
-pallas+bits-off arm)."""
+"""Each arm's settings of the `attention` module's decode knobs: the engine's default (by
+backend), XLA:CPU's settings on any backend ("cpu"), and those with the `LOCOJAX_DECODE`
+names in the arm's (a run with `LOCOJAX_DECODE=no-dots,bits,pallas` is the pallas arm)."""
 
 
 def set_arm(name: str) -> None:

@@ -54,12 +54,13 @@ shapes round differently in the last bit), so a fold that changes with the batch
 compaction's bitwise guarantee; `bench_engine.py --sweep folds` measures it."""
 
 
-DECODE_AS_DOTS = False
+DECODE_AS_DOTS = None
 """Decode's scores and mixes (one query token) as dots with f32 accumulation, as prefill's,
-instead of broadcast multiply-reduces. Off: XLA:CPU runs the multiply-reduce several times
-faster than B*K tiny batched matmuls (`_ops`). On a TPU the dot is what the MXU runs and
-the multiply-reduce may be materialised in f32; benchmarks/tpu/decode_profile.py times and
-profiles both there before either becomes an accelerator's default (issue 56 item 2)."""
+instead of broadcast multiply-reduces. None (the default): off on XLA:CPU, which runs the
+multiply-reduce several times faster than B*K tiny batched matmuls (`_ops`); on elsewhere,
+where the dot is what a TPU's MXU runs. With `HALF_AS_BITS` off as well, Qwen3-0.6B's decode
+token step at 64 rows took 7.77 ms on one v5e against 23.24 ms with XLA:CPU's settings
+(benchmarks/tpu/decode_profile.py, docs/results/tpu_decode.md)."""
 
 
 DECODE_KERNEL = "xla"
@@ -69,17 +70,29 @@ kernel over the stacked cache in place (`decode_kernel.py`; its caches are made 
 it against the XLA path before it becomes one's default; elsewhere Pallas interprets it."""
 
 
-HALF_AS_BITS = True
+HALF_AS_BITS = None
 """Whether 16-bit float caches and embeddings are sliced and updated as their uint16 bits
 (`as_bits`), the cache under an optimization barrier: XLA:CPU's workaround, exact either way.
-benchmarks/tpu/decode_profile.py measures a TPU's decode without it."""
+None (the default): on XLA:CPU only; on a v5e the bitcasts of the whole cache and the
+barrier were 40% of a Qwen3-0.6B token step (docs/results/tpu_decode.md)."""
+
+
+def decode_as_dots() -> bool:
+    """`DECODE_AS_DOTS` where set, else whether the backend is not XLA:CPU (read at trace)."""
+    return jax.default_backend() != "cpu" if DECODE_AS_DOTS is None else DECODE_AS_DOTS
+
+
+def half_as_bits() -> bool:
+    """`HALF_AS_BITS` where set, else whether the backend is XLA:CPU (read at trace)."""
+    return jax.default_backend() == "cpu" if HALF_AS_BITS is None else HALF_AS_BITS
 
 
 DECODE_ENV = "LOCOJAX_DECODE"
 """Decode knobs for a whole run and the processes it starts (they inherit it), comma-separated
 names of `DECODE_SETTINGS`: `LOCOJAX_DECODE=pallas,bits-off locojax train ...`, for an A/B of
 whole runs on the chip."""
-DECODE_SETTINGS = {"dots": ("DECODE_AS_DOTS", True), "bits-off": ("HALF_AS_BITS", False),
+DECODE_SETTINGS = {"dots": ("DECODE_AS_DOTS", True), "no-dots": ("DECODE_AS_DOTS", False),
+                   "bits": ("HALF_AS_BITS", True), "bits-off": ("HALF_AS_BITS", False),
                    "pallas": ("DECODE_KERNEL", "pallas")}
 
 
@@ -110,7 +123,8 @@ def as_bits(x):
     whole-cache bitcast in turn (a uint16 copy), unless an optimization barrier ties the
     cache to the loop's slice index (`KVCache.read`); then it fuses into the slice.
     """
-    return jax.lax.bitcast_convert_type(x, jnp.uint16) if HALF_AS_BITS and _half(x.dtype) else x
+    bits = half_as_bits() and _half(x.dtype)
+    return jax.lax.bitcast_convert_type(x, jnp.uint16) if bits else x
 
 
 def _half(dtype) -> bool:
@@ -173,7 +187,7 @@ class KVCache:
         """`dynamic_slice(x, start, size)` of the b rows a b-row batch uses (x: a cache array,
         its batch at `axis`; start and size without the batch axis)."""
         d = self.shards
-        if HALF_AS_BITS and _half(x.dtype):  # see `as_bits`; the barrier keeps XLA from
+        if half_as_bits() and _half(x.dtype):  # see `as_bits`; the barrier keeps XLA from
             x, start = jax.lax.optimization_barrier(  # converting the whole cache out of the loop
                 (x, tuple(jnp.asarray(i, jnp.int32) for i in start)))
         y = as_bits(x).reshape(x.shape[:axis] + (d, x.shape[axis] // d) + x.shape[axis + 1:])
@@ -285,7 +299,7 @@ def _ops(q, wide):
     Decode (T = 1): broadcast multiply-reduces, which XLA:CPU runs several times faster than
     B*K tiny batched matmuls. Same math, f32 accumulation, as the einsums. With
     `DECODE_AS_DOTS`, decode's are dots of the operands as they are, accumulated in f32."""
-    if q.shape[1] == 1 and DECODE_AS_DOTS:
+    if q.shape[1] == 1 and decode_as_dots():
         # A product of two bf16s is exact in f32, so the dot may take them as they are; XLA:CPU
         # has no bf16 x bf16 -> f32 dot, so there they are upcast first, as prefill's are.
         up = (lambda x: x.astype(wide)) if jax.default_backend() == "cpu" else (lambda x: x)
