@@ -37,8 +37,8 @@ def chip_profile(tmp_path):
 
 
 def _model(path, dtype):
-    key = devices.shape_key(config.tiny()) + "/P16-N32"  # TINY: 2 layers
-    return devices.device_model(hardware.load(str(path)), dtype, key, Ledger())
+    layers = config.tiny().num_hidden_layers  # TINY: 2 layers
+    return devices.device_model(hardware.load(str(path)), dtype, layers, Ledger())
 
 
 def test_a_chip_profile_is_an_accelerator_with_its_presets_links(chip_profile):
