@@ -55,14 +55,17 @@ def launch_costs(reps: int = 15) -> dict[str, float]:
     """{"launch_s", "call_s"} from the narrow decoder's update at 1 and 2 layers."""
     from benchmarks.hlo_kernels import kernels
     from benchmarks.kernel_programs import compiled_update
+    from locojax.model import config
     from locojax.predict import calibration_step
 
-    micro, shape = calibration_step.micro, (2, 2, 8, 8)
+    shape = (2, 2, 8, 8)
     counts, times = [], []
     for layers in (1, 2):
-        compiled = compiled_update(micro(layers), *shape)
+        micro = config.tiny(num_hidden_layers=layers, **calibration_step.MICRO,
+                            compute_dtype="float32")
+        compiled = compiled_update(micro, *shape)
         counts.append(kernels(compiled.as_text()).launches)
-        times.append(median_time(calibration_step.update(micro(layers), *shape), reps))
+        times.append(median_time(calibration_step.update(micro, *shape), reps))
     launch = max(times[1] - times[0], 0.0) / max(counts[1] - counts[0], 1.0)
     return {"launch_s": launch, "call_s": max(times[0] - counts[0] * launch, 0.0)}
 

@@ -40,8 +40,8 @@ def _workload():
 
 def _model(path, cfg=None):
     hw = hardware.load(str(path))
-    key = devices.shape_key(cfg or config.tiny()) + "/P16-N32"
-    return devices.device_model(hw, "float32", key, Ledger())
+    layers = (cfg or config.tiny()).num_hidden_layers
+    return devices.device_model(hw, "float32", layers, Ledger())
 
 
 def test_a_calibrated_profile_loads_and_picks_its_device_model(profile_file):

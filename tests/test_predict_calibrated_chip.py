@@ -37,8 +37,8 @@ def chip_profile(tmp_path):
 
 
 def _model(path, dtype):
-    key = devices.shape_key(config.tiny()) + "/P16-N32"  # TINY: 2 layers
-    return devices.device_model(hardware.load(str(path)), dtype, key, Ledger())
+    layers = config.tiny().num_hidden_layers  # TINY: 2 layers
+    return devices.device_model(hardware.load(str(path)), dtype, layers, Ledger())
 
 
 def test_a_chip_profile_is_an_accelerator_with_its_presets_links(chip_profile):
@@ -125,7 +125,7 @@ def test_the_chip_probes_measure_a_finite_rate_here():
     assert set(rates) == set(calibrate_device.DTYPES)
     assert all(0 < r < math.inf for r in rates.values())
     assert 0 < calibrate_device.hbm_bandwidth(mib=16, reps=2) < math.inf
-    assert calibrate_device.chips() >= 1
+    assert calibrate_device.device()["chips"] >= 1
 
 
 def test_a_chips_overhead_is_what_its_wide_programs_cost_beyond_the_roofline(monkeypatch):
@@ -154,7 +154,7 @@ def test_a_chips_overhead_is_what_its_wide_programs_cost_beyond_the_roofline(mon
         if shape == (4, 2, 8) else pytest.fail(f"generate at {shape}"))
     monkeypatch.setattr(calibrate, "_train_time", lambda cfg, reps, *shape: roofline(
         cfg, "train") if shape == (2, 2, 8, 8) else pytest.fail(f"update at {shape}"))
-    got = calibrate.program_overhead(rates, bw, "bfloat16", probe.decoder)
+    got = calibrate.program_overhead(rates, bw, "bfloat16", probe)
     for kind, (fixed, per_layer) in over.items():
         assert got[kind]["fixed"] == pytest.approx(fixed, rel=1e-9)
         assert got[kind]["per_layer"] == pytest.approx(per_layer, rel=1e-9)

@@ -194,6 +194,6 @@ def test_the_swe_workload_is_sized_from_its_trajectory_and_gets_remat():
 
     cache = fitted(wl, "v5e-8").parts["KV cache"]
     assert 35.6e9 < cache < 35.8e9, cache
-    one_turn = wl.with_(turns=1, obs_tokens=0, trajectory=0)
+    one_turn = dataclasses.replace(wl, turns=1, obs_tokens=0, trajectory=0)
     assert fitted(wl, "v7x-64").settings["remat"]
     assert not fitted(one_turn, "v7x-64").settings["remat"]

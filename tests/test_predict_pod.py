@@ -85,7 +85,7 @@ def test_throughput_chip_hours_and_their_range(capsys):
 
 def test_waves_where_only_the_cache_does_not_fit():
     ctx = _ctx("qwen3-0.6b", "v5e-8")
-    ctx = dataclasses.replace(ctx, wl=ctx.wl.with_(prompts=1024))
+    ctx = dataclasses.replace(ctx, wl=dataclasses.replace(ctx.wl, prompts=1024))
     c = layout.choose(ctx)
     assert c.fits and c.plan.settings["waves"] > 1 and c.ctx.waves == c.plan.settings["waves"]
     assert "waves" in c.describe() and "fewer" in predict_report.wave_note(c)

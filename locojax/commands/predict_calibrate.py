@@ -47,16 +47,27 @@ def main(argv: list[str]) -> int:
 def run(out: Path, say=print) -> Path:
     """Measure (`calibrate.measure`), write the profile to `out`, and return its path."""
     from locojax.predict import calibrate
+    from locojax.predict.hardware import CALIBRATED
 
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     load = "{:.2f}".format(os.getloadavg()[0])
     say(f"calibrating this machine ({len(os.sched_getaffinity(0))} cores, load {load}); "
         "a few minutes, keep it otherwise idle:")
-    m = calibrate.measure(say)
+    m = calibrate.measure(lambda name, v, s: say(f"  {name}: {_short(v)}  ({s:.0f} s)"))
     load = f"{load}-{os.getloadavg()[0]:.2f} (1-min average, start-end)"
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(calibrate.profile(m, when, load), indent=1) + "\n")
     say(f"wrote {out}: predict with `locojax predict train ... --hardware {out} --cluster N` "
-        f"(or `--cluster here-N`, which reads {calibrate.DEFAULT_PATH})")
+        f"(or `--cluster here-N`, which reads {CALIBRATED})")
     return out
+
+
+QUIET = ("samples",)  # too long to say
+
+
+def _short(v) -> str:
+    """A measurement in a line: numbers to 4 digits, a table's entries one after another."""
+    if isinstance(v, dict):
+        return ", ".join(f"{k} {_short(x)}" for k, x in v.items() if k not in QUIET)
+    return v if isinstance(v, str) else f"{v:.4g}"

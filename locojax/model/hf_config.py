@@ -95,17 +95,26 @@ def _rope(d: dict, fam: Family, source: str) -> dict:
     return out
 
 
-def _layer_types(d: dict, fam: Family, source: str, num_layers: int) -> tuple | None:
-    """Per-layer attention kinds, None when every layer is full."""
+def layer_kinds(d: dict, defaults: dict, num_layers: int, bare_window: bool = False) -> list:
+    """Per-layer attention kinds as transformers decides them, unchecked ([]: all full):
+    `layer_types`; else Gemma 3's `sliding_window_pattern` (every P-th layer global); else
+    Qwen's `use_sliding_window` with `max_window_layers` (layers from that index on are
+    local, transformers' own rule for Qwen configs without layer_types). `bare_window`: a
+    `sliding_window` without `use_sliding_window` makes every layer local (Mistral's)."""
     kinds = d.get("layer_types")
-    if kinds is None and "sliding_window_pattern" in fam.hf_defaults:
-        every = int(d.get("sliding_window_pattern", fam.hf_defaults["sliding_window_pattern"]))
+    if kinds is None and "sliding_window_pattern" in defaults:
+        every = int(d.get("sliding_window_pattern", defaults["sliding_window_pattern"]))
         kinds = [SLIDING if (i + 1) % every else FULL for i in range(num_layers)]
-    elif kinds is None and d.get("use_sliding_window") and d.get("sliding_window"):
-        # transformers' own rule for Qwen configs without layer_types.
-        first = int(d.get("max_window_layers", 28))
+    elif kinds is None and d.get("sliding_window") and d.get("use_sliding_window", bare_window):
+        first = int(d.get("max_window_layers", 0 if bare_window else 28))
         kinds = [SLIDING if i >= first else FULL for i in range(num_layers)]
-    kinds = list(kinds or ())
+    return list(kinds or ())
+
+
+def _layer_types(d: dict, fam: Family, source: str, num_layers: int) -> tuple | None:
+    """Per-layer attention kinds (`layer_kinds`), refused where the forward has no such
+    layer; None when every layer is full."""
+    kinds = layer_kinds(d, fam.hf_defaults, num_layers)
     if kinds and len(kinds) != num_layers:
         _fail(source, f"layer_types has {len(kinds)} entries for {num_layers} layers")
     for i, kind in enumerate(kinds):

@@ -26,9 +26,7 @@ This machine: `calibrate.py` (`locojax predict calibrate`) with `calibrate_host.
 `calibration_step.py` and, where its devices are TPUs or GPUs, `calibrate_device.py`.
 docs/pod_scale.md has the equations, the validation and the paper's tables reproduced.
 
-What is not a prediction of the run asked for is a benchmark (docs/benchmarks.md): the
-sweeps over sizes and chips (`predict_sweep`), the paper's studies (`paper_report`), the
-run's own programs timed or priced by kernel (`predict_programs`, the former `--measure`
-and `--compiled`: they need the machine the run runs on), and the probes and validations
-of the profiles.
+What is not a prediction of the run asked for is a benchmark (docs/benchmarks.md): sweeps
+(`predict_sweep`), the paper's studies (`paper_report`), the run's own programs timed or
+priced by kernel on its machine (`predict_programs`), the profiles' probes and validations.
 """

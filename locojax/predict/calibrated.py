@@ -16,13 +16,11 @@ doing `flops` and moving `bytes` on c cores:
   share, t / c;
 - the FLOPs and bytes are the cost model's (`flops.py`), which tests/test_predict_flops.py
   checks against XLA's `cost_analysis()` of the compiled programs (`program_cost.py`).
-The model's layer count is read from its `devices.shape_key` (`L<layers>-...`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import re
 
 from locojax.predict.flops import Costs
 from locojax.predict.hardware import Hardware
@@ -37,7 +35,7 @@ class Calibrated:
     """This machine's program times from its calibrated profile (see the module docstring)."""
 
     hw: Hardware
-    model: str  # devices.shape_key(cfg)/P..-N..
+    layers: int  # L: the model's decoder layers
     ledger: Ledger
     dtype: str = "float32"  # the run's compute dtype
 
@@ -57,13 +55,6 @@ class Calibrated:
                                  f"{', '.join(sorted(table))})")
             return table[self.dtype], f"{name}.{self.dtype}"
         return table, name
-
-    @property
-    def layers(self) -> int:
-        m = re.match(r"L(\d+)-", self.model)
-        if not m:
-            raise ValueError(f"model key {self.model!r} does not start with L<layers>-")
-        return int(m.group(1))
 
     def _get(self, name: str, entry) -> float:
         const = entry if not isinstance(entry, dict) else from_json(entry, f"{self.hw.path}: "

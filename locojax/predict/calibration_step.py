@@ -10,13 +10,6 @@ MICRO = dict(hidden_size=16, intermediate_size=32, num_attention_heads=2,
 """A decoder too narrow for its FLOPs to matter (d 16, vocab 64): its time is its calls'."""
 
 
-def micro(layers: int, dtype: str = "float32"):
-    """The `MICRO` decoder of `layers` layers, computing in `dtype`."""
-    from locojax.model import config
-
-    return config.tiny(num_hidden_layers=layers, **MICRO, compute_dtype=dtype)
-
-
 def inputs(cfg, prompts_n: int, group: int, p: int, n: int):
     """(learner config, train state, batch) of a synthetic update of decoder `cfg` on
     prompts_n x group rows of p + n tokens."""

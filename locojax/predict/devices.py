@@ -20,9 +20,6 @@ from locojax.predict.flops import Costs
 from locojax.predict.hardware import Hardware
 from locojax.predict.origin import Const, Ledger
 
-KINDS = ("prefill", "decode_step", "train", "forward")
-
-
 @dataclasses.dataclass
 class Roofline:
     """An accelerator's program times from its profile (see the module docstring)."""
@@ -63,17 +60,10 @@ def mxu_rows(hw: Hardware) -> Const:
                  "(Hopper wgmma m64)")
 
 
-def shape_key(cfg) -> str:
-    """A model's key by its shapes, whatever its name: `calibrated.py` reads the layer count
-    from it (`/P..-N..` is appended: the prompt and completion shape)."""
-    return (f"L{cfg.num_hidden_layers}-d{cfg.hidden_size}-f{cfg.intermediate_size}-"
-            f"n{cfg.num_attention_heads}-k{cfg.num_key_value_heads}-h{cfg.head_dim}-"
-            f"v{cfg.vocab_size}")
-
-
-def device_model(hw: Hardware, dtype: str, model: str, ledger: Ledger):
+def device_model(hw: Hardware, dtype: str, layers: int, ledger: Ledger):
+    """The program times of a decoder of `layers` layers computing in `dtype` on `hw`."""
     if hw.kind == "calibrated":  # `locojax predict calibrate`'s profile (calibrated.py)
         from locojax.predict.calibrated import Calibrated
 
-        return Calibrated(hw, model, ledger, dtype)
+        return Calibrated(hw, layers, ledger, dtype)
     return Roofline(hw, dtype, ledger)

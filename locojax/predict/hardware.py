@@ -31,9 +31,6 @@ CALIBRATED = Path(os.environ.get("LOCOJAX_PROFILE",
 """Where `locojax predict calibrate` writes this machine's profile, and `here` reads it."""
 EXAMPLE = "cpu-here"  # a machine measured once, shipped as an example, not this machine
 _noted: set[str] = set()
-_SCALARS = ("hbm_bytes", "hbm_bandwidth", "chips_per_host", "host_cores", "ici_bandwidth",
-            "ici_latency", "ici_domain", "dcn_bandwidth", "dcn_latency", "matmul_efficiency",
-            "hbm_efficiency", "loop_iteration_s", "host_core_speed")
 
 
 class UnknownHardware(ValueError):
@@ -84,6 +81,9 @@ class Hardware:
         return self.peak_flops[dtype]
 
 
+_SCALARS = tuple(f.name for f in dataclasses.fields(Hardware) if f.type == "Const")
+
+
 def known() -> list[str]:
     return sorted(p.stem for p in HARDWARE_DIR.glob("*.json"))
 
@@ -97,8 +97,7 @@ def default() -> str:
 def _aliases(name: str) -> list[str]:
     """`v5e` and `tpu-v5e`, `7x` and `v7x` name the same profile."""
     n = name.lower()
-    out = [n, f"tpu-{n}", f"tpu-v{n.removeprefix('v')}"]
-    return out
+    return [n, f"tpu-{n}", f"tpu-v{n.removeprefix('v')}"]
 
 
 def load(name_or_file: str) -> Hardware:

@@ -98,6 +98,15 @@ def train_phases(ctx: Ctx, rows_per_host: float, chips_per_host: float, chips: i
     return {"train": train, "allreduce": ctx.exposed_collectives(comm, train)}
 
 
+def central_host(ctx: Ctx) -> dict[str, float]:
+    """The host phases of all the step's rows in one process (single, the controller): on a
+    whole core, its env processes on the whole machine where the hosts share one."""
+    wl = ctx.wl
+    return {"admission": ctx.admission(wl.prompts, 1.0),
+            "env": ctx.env(wl.rows, ctx.cluster.shared_cores or 1.0),
+            "detokenize_reward": ctx.reward(wl.rows, 1.0), "batch": ctx.batch(wl.rows, 1.0)}
+
+
 def colocated(ctx: Ctx) -> Prediction:
     cl, wl = ctx.cluster, ctx.wl
     h = cl.hosts
@@ -125,15 +134,10 @@ def single(ctx: Ctx) -> Prediction:
     else:
         ph = rollout_phases(ctx, wl.prompts, wl.rows, n, steps, c, c)
         ph["train"] = ctx.train_compute(wl.rows, n, c)
-    # Host work of all rows in the one process (devices idle meanwhile: a whole core; its
-    # env processes, the whole machine where the hosts share one).
-    full = 1.0
-    ph.update(admission=ctx.admission(wl.prompts, full),
-              env=ctx.env(wl.rows, cl.shared_cores or full),
-              detokenize_reward=ctx.reward(wl.rows, full), batch=ctx.batch(wl.rows, full))
+    ph.update(central_host(ctx))  # all rows in the one process, its devices idle meanwhile
     ici, _ = ctx.train_network(n, 1)
     ph["allreduce"] = 0.0 if cl.shared_cores else ici  # in-process sum on cpu-here
-    ph["other"] = ctx.step_fixed(full)
+    ph["other"] = ctx.step_fixed(1.0)
     return Prediction("single", cl.describe() + ", one process", ph)
 
 
@@ -150,10 +154,7 @@ def controller(ctx: Ctx, decode_chunk: int | None = None) -> Prediction:
     c = cores_each(ctx, h)
     steps = wl.decode_steps(wl.rows)
     ph = rollout_phases(ctx, wl.prompts / h, wl.rows / h, per_host, steps, c, c)
-    full = 1.0  # central host work: the hosts wait, the controller's process runs
-    ph.update(admission=ctx.admission(wl.prompts, full),
-              env=ctx.env(wl.rows, cl.shared_cores or full),
-              detokenize_reward=ctx.reward(wl.rows, full), batch=ctx.batch(wl.rows, full))
+    ph.update(central_host(ctx))  # the hosts wait, the controller's process runs
     rounds = 1 if decode_chunk <= 0 else math.ceil(max(steps, 1.0) / decode_chunk)
     # Per round (the decode rounds, the prefill call, the train call): the controller's
     # dispatch to each host (host orchestration) and a round trip on the wire (network).
@@ -166,7 +167,7 @@ def controller(ctx: Ctx, decode_chunk: int | None = None) -> Prediction:
                      + wl.rows * cols * 18 / nic)  # batch out: ids, positions, masks, logprobs
     ph["gather"] = a + wl.rows * wl.response_columns * 8 / nic  # tokens and logprobs back
     ph.update(train_phases(ctx, wl.rows / h, per_host, cl.chips, h, c))
-    ph["other"] = ctx.step_fixed(full)
+    ph["other"] = ctx.step_fixed(1.0)
     chunk = "whole loop" if decode_chunk <= 0 else f"{decode_chunk} iteration(s)"
     return Prediction("controller", f"1 controller + {cl.describe()}, decode dispatch per "
                       f"{chunk}", ph, notes=_dispatch_note(ctx))

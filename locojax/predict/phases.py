@@ -33,7 +33,7 @@ from locojax.model.config import ModelConfig
 from locojax.predict import calibrated
 from locojax.predict import collectives as coll
 from locojax.predict import compaction
-from locojax.predict.devices import device_model, shape_key
+from locojax.predict.devices import device_model
 from locojax.predict.flops import ITEMSIZE, Costs, ModelCosts
 from locojax.predict.hardware import Cluster
 from locojax.predict.origin import Const, Ledger, from_json
@@ -86,8 +86,8 @@ class Ctx:
 
     def __post_init__(self):
         self.mc = ModelCosts(self.cfg, self.dtype, self.cache_dtype)
-        key = f"{shape_key(self.cfg)}/P{self.wl.prompt_columns}-N{self.wl.max_new}"
-        self.dev = device_model(self.cluster.hw, self.dtype, key, self.ledger)
+        self.dev = device_model(self.cluster.hw, self.dtype, self.cfg.num_hidden_layers,
+                                self.ledger)
         # A calibrated profile measured this machine's host work: it replaces the shipped.
         self.rates = calibrated.with_host_rates(self.rates, self.cluster.hw)
 
@@ -162,29 +162,26 @@ class Ctx:
 
     # --- device work --------------------------------------------------------------------
 
-    def device(self, kind: str, per: Costs, chips: float, cores: float,
-               rows: float = 0.0) -> float:
-        """One program's time, with `cores` host cores per busy process."""
-        return self.dev.seconds(kind, per, chips=chips, cores=cores, rows=rows)
-
     def model_parallel(self) -> int:
         """Chips that share one copy of the weights in rollout (tensor parallel): `tp` where
         given, else the fewest, a power of two, whose weights take at most half a chip's
         HBM."""
-        if self.tp:
-            return self.tp
-        hbm = float(self.cluster.hw.hbm_bytes.value)
-        mp = 1
-        while self.mc.weight_bytes() / mp > 0.5 * hbm and mp < self.cluster.chips:
-            mp *= 2
-        return mp
+        return self.tp or self.fewest_chips(self.mc.weight_bytes(), self.cluster.chips)
+
+    def fewest_chips(self, nbytes: float, chips: float) -> int:
+        """The smallest power of two n (stopping at the first n >= `chips`) over which
+        `nbytes` take at most half a chip's HBM each."""
+        hbm, n = float(self.cluster.hw.hbm_bytes.value), 1
+        while nbytes / n > 0.5 * hbm and n < chips:
+            n *= 2
+        return n
 
     def prefill(self, prompts: float, chips: float, cores: float = 0.0) -> float:
         mp, w = self.model_parallel(), self.waves
         groups = max(1.0, chips / mp)
         per = self.mc.prefill(max(prompts / groups / w, 1e-9), self.wl.prompt_columns)
         tokens = prompts / groups / w * self.wl.prompt_columns  # rows of the matmuls
-        t = self.device("prefill", per, mp, cores, tokens)
+        t = self.dev.seconds("prefill", per, mp, cores, tokens)
         return w * (t + self.tp_comm(prompts / groups / w * self.wl.prompt_columns, mp))
 
     def decode_keys(self, steps: float) -> float:
@@ -210,7 +207,7 @@ class Ctx:
         for wave in compaction.waves(self.wl.completion, whole, steps):
             at = r * wave.rows / whole
             per = self.mc.decode_step(max(at, 1e-9), self.decode_keys(steps))
-            one = self.device("decode_step", per, mp, cores, at)
+            one = self.dev.seconds("decode_step", per, mp, cores, at)
             total += wave.iterations * (one + self.tp_comm(at, mp))
         return w * self.wl.turns * total
 
@@ -221,7 +218,7 @@ class Ctx:
             return 0.0
         groups = max(1.0, chips / self.model_parallel())
         per = self.mc.prefill(max(rows / groups, 1e-9), self.wl.obs_tokens)
-        return turns * self.device("prefill", per, self.model_parallel(), cores,
+        return turns * self.dev.seconds("prefill", per, self.model_parallel(), cores,
                                    rows / groups * self.wl.obs_tokens)
 
     def tp_comm(self, tokens: float, mp: int) -> float:
@@ -237,7 +234,7 @@ class Ctx:
         wl = self.wl
         per = self.mc.train_step(rows / chips, wl.group, wl.prompt_columns, wl.response_columns,
                                  reference=wl.beta > 0, remat=self.remat)
-        return self.device("train", per, 1, cores,
+        return self.dev.seconds("train", per, 1, cores,
                            rows / chips * (wl.prompt_columns + wl.response_columns))
 
     def logprob_check(self, rows: float, chips: float, cores: float = 0.0) -> float:
@@ -247,7 +244,7 @@ class Ctx:
         wl = self.wl
         flops = self.mc.train_forward(rows / chips, 1, wl.prompt_columns,
                                        wl.response_columns)
-        return self.device("forward", Costs(flops, self.mc.weight_bytes()), 1, cores,
+        return self.dev.seconds("forward", Costs(flops, self.mc.weight_bytes()), 1, cores,
                            rows / chips * (wl.prompt_columns + wl.response_columns))
 
     def exposed_collectives(self, comm: float, compute: float) -> float:
@@ -271,14 +268,10 @@ class Ctx:
         half a chip's HBM (under LoRA: the adapters' 18 bytes, and the frozen base's own)."""
         if self.fsdp_chips:
             return self.fsdp_chips
-        hbm = float(self.cluster.hw.hbm_bytes.value)
         state = 18.0 * lora.num_trainable(self.cfg)
         if lora.enabled(self.cfg):
             state += ITEMSIZE[self.cfg.lora.base_dtype] * self.cfg.num_params()
-        n = 1
-        while state / n > 0.5 * hbm and n < chips:
-            n *= 2
-        return n
+        return self.fewest_chips(state, chips)
 
     def train_network(self, chips: int, hosts: int) -> tuple[float, float]:
         """(ICI seconds, DCN seconds) of one update's collectives over `chips` learner chips

@@ -11,10 +11,9 @@ by more than a bias add. What would change the count without the model knowing i
 naming the field: mixture-of-experts (`num_experts`, ...), a non-gated MLP, a layer type
 other than full or sliding-window attention.
 
-Sliding windows: a layer is local as HF decides it: `layer_types`; else Gemma 3's
-`sliding_window_pattern` (every P-th layer global, default 6); else Qwen's
-`use_sliding_window` with `max_window_layers` (layers from that index on are local); else
-Mistral's bare `sliding_window` (every layer local).
+Sliding windows: a layer is local as HF decides it (`hf_config.layer_kinds`: `layer_types`,
+Gemma 3's pattern, Qwen's `max_window_layers`), and in a dense decoder outside the
+families, Mistral's bare `sliding_window` makes every layer local.
 """
 
 from __future__ import annotations
@@ -25,6 +24,7 @@ from pathlib import Path
 from locojax.model import config as model_config
 from locojax.model.config import FULL, SLIDING, ModelConfig
 from locojax.model.families import FAMILIES
+from locojax.model.hf_config import layer_kinds
 from locojax.model.loader import EMBEDDED  # `--model` names of the shipped checkpoints
 
 MODELS_DIR = Path(__file__).parent / "models"
@@ -51,17 +51,9 @@ def shipped() -> list[str]:
 
 def _layer_types(d: dict, family: str, layers: int, source: str) -> tuple[str, ...] | None:
     """Per-layer attention kinds as HF decides them (module docstring); None: all full."""
-    kinds = d.get("layer_types")
     window = d.get("sliding_window")
     defaults = FAMILIES[family].hf_defaults
-    if kinds is None and "sliding_window_pattern" in defaults:
-        every = int(d.get("sliding_window_pattern", defaults["sliding_window_pattern"]))
-        kinds = [SLIDING if (i + 1) % every else FULL for i in range(layers)]
-    elif kinds is None and window and d.get("use_sliding_window", "use_sliding_window" not in d
-                                            and family == _PLAIN):
-        first = int(d.get("max_window_layers", 0 if family == _PLAIN else 28))
-        kinds = [SLIDING if i >= first else FULL for i in range(layers)]
-    kinds = tuple(kinds or ())
+    kinds = tuple(layer_kinds(d, defaults, layers, bare_window=family == _PLAIN))
     if kinds and len(kinds) != layers:
         raise UncostableModel(f"{source}: cannot cost field layer_types: {len(kinds)} entries "
                               f"for {layers} layers")

@@ -107,7 +107,3 @@ class Workload:
         """Decode iterations of one static-batch loop over `rows_per_loop` rows: the longest
         row, less the token prefill samples (at most N - 1)."""
         return max(0.0, min(self.max_new - 1, self.completion.expected_max(rows_per_loop) - 1))
-
-    def with_(self, **kw) -> "Workload":
-        return dataclasses.replace(self, **kw)
-
