@@ -8,6 +8,8 @@ figures are the chip's to measure; here only that the probes run and report."""
 import json
 import sys
 
+import pytest
+
 from benchmarks.tpu import decode_blocks, decode_profile, peak_probe
 from locojax.model import attention, decode_kernel
 
@@ -72,6 +74,33 @@ def test_decode_profile_reports_an_arm_that_fails_and_runs_the_others(tmp_path, 
     assert "Mosaic failed" in arms["pallas"]["failed"]
     assert arms["default"]["ms_per_token_step"] != 0 and arms["default"]["top"]
     assert "pallas: FAILED" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("dies_in", [1, 2], ids=["first-trace", "second-trace"])
+def test_decode_profile_keeps_the_timings_when_a_trace_kills_the_process(dies_in, tmp_path,
+                                                                        monkeypatch):
+    """On the chip a profiler trace has ended the process (docs/results/tpu_decode.md): the
+    arms' timings are on disk before the first trace starts, and each trace as it ends."""
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(CONFIG))
+    calls = []
+
+    def dies(generate, n, top):
+        calls.append(n)
+        if len(calls) == dies_in:
+            raise SystemExit("the process died in a trace (a stand-in)")
+        return {"device_s": 1.0, "top": []}
+
+    monkeypatch.setattr(decode_profile, "traced", dies)
+    monkeypatch.setattr(sys, "argv", [
+        "decode_profile", "--config", str(config), "--rows", "4", "--prompt", "8", "--n1", "2",
+        "--n2", "6", "--rounds", "1", "--out", str(tmp_path), "--arms", "default", "dots"])
+    with pytest.raises(SystemExit):
+        decode_profile.main()
+    arms = json.loads((tmp_path / "decode_profile.json").read_text())["arms"]
+    assert [a["arm"] for a in arms] == ["default", "dots"]
+    assert all(a["ms_per_token_step"] != 0 for a in arms)
+    assert [a.get("device_s") for a in arms] == [1.0 if dies_in == 2 else None, None]
 
 
 def test_peak_probe_reports_the_programs_temporaries():

@@ -2,6 +2,7 @@
 
     python -m benchmarks.tpu.decode_profile --config CONFIG.json [--rows 64] [--prompt 128]
         [--n1 32] [--n2 96] [--arms default cpu dots ... pallas] [--out DIR] [--toy]
+        [--no-trace]
 
 On one v5e (set 11, docs/results/predict_tpu_validation.md) a Qwen3-0.6B token step at 64
 rows took 23 ms where its bytes take ~4 ms. The engine's decode attention was tuned for
@@ -153,7 +154,10 @@ def timed_rounds(args, fresh, generate):
     return times, compile_s, tokens, failed
 
 
-def run(args) -> dict:
+def run(args, save=lambda result: None) -> dict:
+    """Every arm's timing, printed and saved (`save(result)`) as soon as the rounds end; then
+    each arm's trace, saved as it comes: on the chip a trace has ended in a crash of the
+    process (docs/results/tpu_decode.md), which must not take the timings with it."""
     cfg, weights = random_decoder(args.config, args.toy, args.precision)
     rng = np.random.default_rng(0)
     prompts = rng.integers(1, cfg.vocab_size, (args.rows, args.prompt)).astype(np.int32)
@@ -166,31 +170,36 @@ def run(args) -> dict:
           flush=True)
     fresh, generate = generator(cfg, weights, prompts, args.precision)
     times, compile_s, tokens, failed = timed_rounds(args, fresh, generate)
-    arms = [{"arm": a, "failed": why} for a, why in failed.items()]
+    result = {"config": args.config, "rows": args.rows, "prompt": args.prompt,
+              "precision": args.precision, "n1": args.n1, "n2": args.n2, "floor_ms": floor_ms,
+              "arms": [{"arm": a, "failed": why} for a, why in failed.items()]}
+    first = next(iter(tokens), None)
+    timed = {}
     for a in [a for a in args.arms if a not in failed]:
+        per_token = (statistics.median(times[a][args.n2])
+                     - statistics.median(times[a][args.n1])) / (args.n2 - args.n1)
+        timed[a] = {"arm": a, "ms_per_token_step": 1e3 * per_token, "compile_s": compile_s[a],
+                    "roofline_share": floor_ms / (1e3 * per_token),
+                    "same_tokens_as_default": bool(np.array_equal(tokens[a], tokens[first]))}
+        result["arms"].append(timed[a])
+        print(f"{a}: {1e3 * per_token:.2f} ms a token step, {floor_ms / per_token / 1e3:.0%} of "
+              f"the bytes' time; warm-up with compile {compile_s[a]:.1f} s; same tokens as "
+              f"{first}: {timed[a]['same_tokens_as_default']}", flush=True)
+    save(result)
+    for a in timed if args.trace else ():
         set_arm(a)
         fresh()
         generate(args.n1)  # re-trace under this arm before its trace
-        per_token = (statistics.median(times[a][args.n2])
-                     - statistics.median(times[a][args.n1])) / (args.n2 - args.n1)
-        first = next(iter(tokens))
-        row = {"arm": a, "ms_per_token_step": 1e3 * per_token, "compile_s": compile_s[a],
-               "roofline_share": floor_ms / (1e3 * per_token),
-               "same_tokens_as_default": bool(np.array_equal(tokens[a], tokens[first])),
-               **traced(generate, args.n2, args.top)}
-        arms.append(row)
-        print(f"\n{a}: {row['ms_per_token_step']:.2f} ms a token step, "
-              f"{row['roofline_share']:.0%} of the bytes' time; warm-up with compile "
-              f"{compile_s[a]:.1f} s; device ops {1e3 * row['device_s'] / args.n2:.2f} ms a "
-              f"token; same tokens as {first}: {row['same_tokens_as_default']}")
-        for op in row["top"]:
+        timed[a].update(traced(generate, args.n2, args.top))
+        save(result)
+        print(f"\n{a}: device ops {1e3 * timed[a]['device_s'] / args.n2:.2f} ms a token",
+              flush=True)
+        for op in timed[a]["top"]:
             print(f"  {op['ms_per_token']:8.3f} ms {op['calls_per_token']:6.1f}x "
                   f"{op['share']:5.1%} {op['op'][:60]}  {op['hlo'][:160]}")
     set_arm("default")
     fresh()
-    return {"config": args.config, "rows": args.rows, "prompt": args.prompt,
-            "precision": args.precision, "n1": args.n1, "n2": args.n2, "floor_ms": floor_ms,
-            "arms": arms}
+    return result
 
 
 def main() -> None:
@@ -207,11 +216,13 @@ def main() -> None:
     ap.add_argument("--bandwidth", type=float, default=819.0, help="GB/s (v5e: 819)")
     ap.add_argument("--out", help="a folder for decode_profile.json")
     ap.add_argument("--toy", action="store_true")
+    ap.add_argument("--no-trace", dest="trace", action="store_false",
+                    help="time the arms only (no jax.profiler trace)")
     args = ap.parse_args()
-    result = run(args)
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
-        (Path(args.out) / "decode_profile.json").write_text(json.dumps(result, indent=1))
+    out = Path(args.out or ".") / "decode_profile.json"
+    run(args, lambda result: args.out and out.write_text(json.dumps(result, indent=1)))
 
 
 if __name__ == "__main__":
