@@ -79,9 +79,10 @@ test-fast: $(STAMP)
 # machine whose python already has locojax's dependencies: `make test-accelerator PY=python3`.
 # Then, in a second pytest that stays on the CPU (JAX_PLATFORMS=cpu), the tests whose own
 # subprocesses hold the chip (marked `accelerator_children`: a killed-and-resumed run).
+# Verbose: a run cut short by a device call's limit still names each outcome so far.
 test-accelerator: $(if $(filter .venv/bin/python,$(PY)),$(STAMP))
 	@status=0; \
-	LOCOJAX_ACCELERATOR_RUN=1 XLA_FLAGS= $(PY) -m pytest -q -p no:xdist -p no:cacheprovider \
+	LOCOJAX_ACCELERATOR_RUN=1 XLA_FLAGS= $(PY) -m pytest -v -p no:xdist -p no:cacheprovider \
 		--durations=30 -m accelerator || status=$$?; \
 	LOCOJAX_ACCELERATOR_RUN=children JAX_PLATFORMS=cpu XLA_FLAGS= $(PY) -m pytest -q \
 		-p no:xdist -p no:cacheprovider -m accelerator_children || status=$$?; \
