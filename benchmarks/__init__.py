@@ -31,7 +31,8 @@ Scripts, by what they measure:
   kernel_tables, hlo_kernels, kernel_programs, calibrate_kernels, calibrate_lockstep and
   calibrate_joined), kernel_profile and kernel_rates; studies of the cost model:
   predict_sweep (over model sizes or chip counts) and paper_report (the LoCoJAX paper's
-  three studies: paper; their sensitivity: paper_sensitivity), drawn by predict_plots.
+  three studies: paper; their sensitivity: paper_sensitivity), drawn by predict_plots;
+  carried_profile (a chip's calibration carried to another chip by spec ratios).
 
 Leaves they share: harness (header, interleaving, ratios, tables), workloads (the train
 command lines), engine_work (the engine benchmarks' shapes, FLOPs and bytes),

@@ -40,6 +40,7 @@ COVERED_ELSEWHERE = {
     "price_child": "predict_programs compiled's child: tests/test_kernel_model.py runs it",
     "measure_child": "predict_programs measure's child: tests/test_predict_measure.py runs it",
     "paper_report": "tests/test_pod_scale_doc.py runs it and checks docs/pod_scale.md's copy",
+    "carried_profile": "tests/test_carried_profile.py runs its command and reads its output",
 }
 
 
