@@ -9,7 +9,7 @@ rows took 23 ms where its bytes take ~4 ms. The engine's decode attention was tu
 XLA:CPU: the bf16 cache sliced as uint16 bits under an optimization barrier
 (`attention.HALF_AS_BITS`) and scores and mixes as f32 broadcast multiply-reduces, not dots
 (`attention.DECODE_AS_DOTS`). This profile found the bitcasts and the barrier's copies of
-the whole cache behind most of it, and both knobs now follow the backend
+the whole cache behind half of it, and both knobs now follow the backend
 (docs/results/tpu_decode.md); the "cpu" arm keeps XLA:CPU's settings on any backend. Or the
 cache is read by one Pallas kernel in place (`attention.DECODE_KERNEL`,
 `model/decode_kernel.py`). Each arm sets the knobs (`ARMS`), and measures:
