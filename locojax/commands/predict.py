@@ -19,7 +19,7 @@ predict flags:
   --hardware FILE          a profile JSON of your own (--cluster may then be just the count)
   --lengths-from PATH      completion lengths from a run dir (rollouts/) or a data jsonl
   --chars-per-token X      for lengths from text (default 4, or 1 for char-level models)
-  --kv-read static|actual  decode reads the whole fixed cache (locojax) or the filled part
+  --kv-read static|actual  decode reads what locojax's engine reads, or the filled part
   --constants              every constant the prediction used, with its origin
 
 Exit status: 0 a prediction; 2 bad input (named); 3 the run fits in no layout of the

@@ -29,6 +29,7 @@ import math
 from pathlib import Path
 
 from locojax.model import lora
+from locojax.model.attention import WHOLE_BLOCKS, KVCache
 from locojax.model.config import ModelConfig
 from locojax.predict import calibrated
 from locojax.predict import collectives as coll
@@ -48,15 +49,11 @@ OVERLAP = Const(0.8, "fraction of the other layers' compute", "assumed",
 
 
 def host_rates(path: Path = HOST_RATES) -> dict:
+    """The shipped host rates: {name: Const}, or {name: {task: Const}} for a per-task rate."""
     with open(path) as f:
         d = json.load(f)
-    out = {}
-    for k, v in d.items():
-        if "value" in v:
-            out[k] = from_json(v, f"{path}: {k}")
-        else:
-            out[k] = {t: from_json(e, f"{path}: {k}.{t}") for t, e in v.items()}
-    return out
+    return {k: from_json(v, f"{path}: {k}") if "value" in v
+            else {t: from_json(e, f"{path}: {k}.{t}") for t, e in v.items()} for k, v in d.items()}
 
 
 @dataclasses.dataclass
@@ -185,9 +182,14 @@ class Ctx:
         return w * (t + self.tp_comm(prompts / groups / w * self.wl.prompt_columns, mp))
 
     def decode_keys(self, steps: float) -> float:
-        if self.kv_read == "static":
-            return self.wl.prompt_columns + self.wl.response_columns - 1
-        return self.wl.prompt_columns + steps / 2
+        """Keys a decode step reads, on average over `steps` steps: `actual`, the filled part
+        (a paged engine); `static`, what locojax's engine reads (`attention._read_cache`): a
+        cache of at most WHOLE_BLOCKS blocks whole, else its blocks up to the last written."""
+        filled = self.wl.prompt_columns + steps / 2
+        if self.kv_read == "actual":
+            return filled
+        n, block = KVCache.blocks(self.wl.prompt_columns + self.wl.response_columns - 1)
+        return n * block if n <= max(1, WHOLE_BLOCKS) else min(filled + block / 2, n * block)
 
     def decode(self, rows: float, chips: float, steps: float, cores: float = 0.0) -> float:
         """`steps` iterations of a decode loop over `rows` rows spread over `chips` chips, in
