@@ -43,14 +43,18 @@ DA_CHIPS = 256
 DA_FRACTIONS = (0.25, 0.375, 0.5, 0.625, 0.75, 0.875)
 DECODE_CHUNK = 1
 HOST_SHARE_TARGET = 0.36  # the one figure fitted to
+PROFILE = "tpu-v7x"
+"""The chip the studies run on: the shipped v7x spec profile, or a chip's calibration carried
+to a v7x (`carried_profile.py`; `paper_report --hardware FILE` sets it)."""
 
 
 def ctx_for(model: str, workload: str, chips: int, dispatch: float | None = None,
-            profile: str = "tpu-v7x", scale: dict | None = None) -> Ctx:
+            profile: str = "", scale: dict | None = None) -> Ctx:
     """The context of one of the studies' points; `scale`: constants moved by these
     factors (the sensitivity table), or a `uncertainty.Scaled` ledger to share."""
     cfg, _ = spec.load(model)
     wl, env_workers = presets.load(workload)
+    profile = profile or PROFILE
     cl = hardware.parse_cluster(f"{profile}-{chips}")
     ctx = Ctx(cfg, model, wl, cl, dtype="bfloat16", kv_read="actual", env_workers=env_workers,
               ledger=scale if isinstance(scale, Scaled) else Scaled(scale or {}))
@@ -107,7 +111,7 @@ def memory_fit(ctx: Ctx) -> memory.Plan:
 def sweep_chips(model: str) -> int:
     """SWEEP_CHIPS, doubled until the model's train state and rollout weights fit."""
     chips = SWEEP_CHIPS
-    while not _plan(model, SWEEP_WORKLOAD, chips, "tpu-v7x")[2] and chips < 9216:
+    while not _plan(model, SWEEP_WORKLOAD, chips, PROFILE)[2] and chips < 9216:
         chips *= 2
     return chips
 
@@ -147,7 +151,7 @@ def size_sweep(dispatch: float | None) -> list[Row]:
         ctrl, co = modes.controller(ctx, DECODE_CHUNK), modes.colocated(ctx)
         rows.append(Row(model, {"chips": chips, "params_b": ctx.cfg.num_params() / 1e9,
                                 "controller": ctrl, "colocated": co,
-                                "fits": _plan(model, SWEEP_WORKLOAD, chips, "tpu-v7x")[2]}))
+                                "fits": _plan(model, SWEEP_WORKLOAD, chips, PROFILE)[2]}))
     return rows
 
 

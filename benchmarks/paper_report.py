@@ -4,7 +4,7 @@ by side, then the sensitivity to the assumed constants, with plots (docs/pod_sca
 the output, checked by tests/test_pod_scale_doc.py). A study of the cost model against a
 paper, not a prediction of a run, so a benchmark (it was `locojax predict paper`):
 
-    .venv/bin/python -m benchmarks.paper_report [--plot-dir DIR]
+    .venv/bin/python -m benchmarks.paper_report [--plot-dir DIR] [--hardware CARRIED.json]
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import os
 
 from benchmarks import paper, paper_sensitivity
 from benchmarks.predict_plots import lines_plot, stacked_bars
+from locojax.predict import hardware
 from locojax.predict.phases import host_rates
 
 
@@ -164,4 +165,10 @@ def _plots(plot_dir: str, sweep, by: dict, co, da) -> str:
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--plot-dir", default="", help="where the three plots go (none: no plots)")
-    print(render(ap.parse_args().plot_dir or None))
+    ap.add_argument("--hardware", default="", help="the v7x's profile: a chip's calibration "
+                    "carried to it (benchmarks/carried_profile.py); default the spec profile")
+    args = ap.parse_args()
+    if args.hardware:
+        paper.PROFILE = args.hardware
+        print(f"profile: {hardware.load(args.hardware).name} ({args.hardware})\n")
+    print(render(args.plot_dir or None))

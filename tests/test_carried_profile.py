@@ -69,3 +69,19 @@ def test_the_command_writes_a_profile_predict_reads(v5e_profile, tmp_path):
                           text=True, timeout=300)
     assert pred.returncode == 0, pred.stderr[-2000:]
     assert "tpu-v6e-from-tpu-v5e" in pred.stdout + pred.stderr
+
+
+def test_the_paper_studies_run_on_a_carried_profile_and_move_its_scaled_rates(
+        v5e_profile, tmp_path, monkeypatch):
+    """`paper_report --hardware` runs the studies on the carried v7x: the sensitivity table
+    then moves the constants the carry scaled (origin `assumed`), by name."""
+    from benchmarks import paper, paper_sensitivity
+
+    path = tmp_path / "v7x.json"
+    path.write_text(json.dumps(carry(v5e_profile, "tpu-v7x")))
+    monkeypatch.setattr(paper, "PROFILE", str(path))
+    paper._plan.cache_clear()  # plans are cached by profile name; a fresh start either way
+    moved = paper_sensitivity.constants()
+    paper._plan.cache_clear()
+    assert "tpu-v7x-from-tpu-v5e.hbm_bandwidth" in moved, moved
+    assert any(n.startswith("tpu-v7x-from-tpu-v5e.program_rates.bfloat16.") for n in moved)
