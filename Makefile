@@ -51,6 +51,9 @@ TEST_WORKERS ?= 2
 IN_PROCESS := not multiprocess and not ray and not timing
 LAUNCHED := multiprocess and not ray and not timing
 LAUNCHED_LOG := .cache/test-launched.log
+# The reference runs both streams compare against (the FSDP and multi-turn colocated runs),
+# made once for the two: tests/conftest.py `shared_run`.
+SHARED_RUNS := .cache/test-shared-runs
 FAST_COMPILE := --xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false
 DURATIONS := --durations=12  # the slowest tests of each phase, in CI's log too
 
@@ -61,7 +64,7 @@ test: $(STAMP)
 	@status=0; \
 	XLA_FLAGS="$${XLA_FLAGS-$(FAST_COMPILE)}" \
 		$(PY) -m pytest -q -n $(TEST_WORKERS) -m "$(IN_PROCESS)" $(DURATIONS) || status=$$?; \
-	mkdir -p .cache; \
+	mkdir -p .cache; rm -rf $(SHARED_RUNS); export LOCOJAX_TEST_SHARED_RUNS=$(SHARED_RUNS); \
 	$(PY) -m pytest -q -m "$(LAUNCHED)" $(DURATIONS) > $(LAUNCHED_LOG) 2>&1 & launched=$$!; \
 	$(PY) -m pytest -q -m "ray and not timing" $(DURATIONS) || status=$$?; \
 	wait $$launched || status=$$?; cat $(LAUNCHED_LOG); \
