@@ -30,10 +30,11 @@ demo-real: real-model
 
 # Two phases. The in-process tests on TEST_WORKERS pytest workers: XLA:CPU compiles on one
 # thread, and compiling is most of their time. Then the multi-process and Ray tests: two
-# pytest processes side by side, each running its tests one at a time, the Ray tests (one
-# local Ray cluster at a time: a test reads its session's logs) and the rest (`launch`,
-# jax.distributed; its output follows the first's), then the tests marked `timing` (a
-# deadline finding a hang, a version published mid-decode) with nothing beside them. One
+# pytest processes side by side, each running its tests one at a time: the Ray tests, and the
+# rest (`launch`, jax.distributed, and the benchmark smokes that start a Ray cluster of their
+# own, marked multiprocess too; its output follows the first's). Two Ray clusters may run at
+# once, each its own session (a test reads its own session's logs). Then the tests marked
+# `timing` (a deadline finding a hang, a version published mid-decode) with nothing beside them. One
 # test at a time left the cores idle part of the time (test_lora_ray_modes alone: 72% busy);
 # docs/testing.md has the phase's times both ways. Both phases always run; the exit status
 # is the worse.
@@ -49,24 +50,31 @@ demo-real: real-model
 # equal, so the two programs differ; not yet dumped).
 TEST_WORKERS ?= 2
 IN_PROCESS := not multiprocess and not ray and not timing
-LAUNCHED := multiprocess and not ray and not timing
+LAUNCHED := multiprocess and not timing
+RAY := ray and not multiprocess and not timing
 LAUNCHED_LOG := .cache/test-launched.log
+# The reference runs both streams compare against (the FSDP and multi-turn colocated runs),
+# made once for the two: tests/conftest.py `shared_run`.
+SHARED_RUNS := .cache/test-shared-runs
 FAST_COMPILE := --xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false
 DURATIONS := --durations=12  # the slowest tests of each phase, in CI's log too
 
 # A third phase, when the suite runs as root: the sandbox and SWE-harness tests again as
 # nobody (tests/sandbox_unprivileged.sh), so both sandbox paths (root: a fresh uid per run and
-# writable cgroups; non-root: a user namespace) are tested on every run.
+# writable cgroups; non-root: a user namespace) are tested on every run. It follows the
+# launched stream, beside the Ray tests, whose stream ends minutes later with the cores not
+# all busy: the sandbox phase alone used 27 s of CPU in 53 s (docs/testing.md).
 test: $(STAMP)
 	@status=0; \
 	XLA_FLAGS="$${XLA_FLAGS-$(FAST_COMPILE)}" \
 		$(PY) -m pytest -q -n $(TEST_WORKERS) -m "$(IN_PROCESS)" $(DURATIONS) || status=$$?; \
-	mkdir -p .cache; \
-	$(PY) -m pytest -q -m "$(LAUNCHED)" $(DURATIONS) > $(LAUNCHED_LOG) 2>&1 & launched=$$!; \
-	$(PY) -m pytest -q -m "ray and not timing" $(DURATIONS) || status=$$?; \
+	mkdir -p .cache; rm -rf $(SHARED_RUNS); export LOCOJAX_TEST_SHARED_RUNS=$(SHARED_RUNS); \
+	( s=0; $(PY) -m pytest -q -m "$(LAUNCHED)" $(DURATIONS) || s=$$?; \
+	  tests/sandbox_unprivileged.sh $(PY) || s=$$?; exit $$s ) > $(LAUNCHED_LOG) 2>&1 & \
+	launched=$$!; \
+	$(PY) -m pytest -q -m "$(RAY)" $(DURATIONS) || status=$$?; \
 	wait $$launched || status=$$?; cat $(LAUNCHED_LOG); \
 	$(PY) -m pytest -q -m "timing" $(DURATIONS) || status=$$?; \
-	tests/sandbox_unprivileged.sh $(PY) || status=$$?; \
 	exit $$status
 
 test-fast: $(STAMP)

@@ -23,6 +23,7 @@ launch` in that arm's colocated points, e.g. hosts pinned or not:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shlex
 import sys
@@ -91,7 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(args.work_dir)
     work.mkdir(parents=True, exist_ok=True)
     times: dict[tuple[str, str], list[float]] = {}
-    with harness.local_ray() as address:
+    # a Ray cluster only for the DA and async points: single and colocated runs never join one
+    needs_ray = any(not p.startswith(("single-", "colocated-")) for p in args.points)
+    with harness.local_ray() if needs_ray else contextlib.nullcontext("") as address:
         print(harness.header("ab_runs"))
         print("# trees " + ", ".join(f"{n}={d}{''.join(' ' + f for f in flags.get(n, ()))}"
                                      for n, d in trees) + f"; {args.steps} steps, "

@@ -111,13 +111,39 @@ def pytest_sessionstart(session):
             reporter.write_line(line)
 
 
+def shared_run(tmp_path_factory, name: str, make):
+    """A reference run made once for the session, or once for every pytest process of a run
+    that names one folder in LOCOJAX_TEST_SHARED_RUNS: `make test`'s two multi-process
+    streams both compare against these runs, and the first to need one makes it while the
+    other waits on its lock (the folder is emptied at the start of that phase, so a run is
+    this tree's). Both processes run with the same float context, which the tests' bitwise
+    comparisons check (`float_context.same_or_raise`)."""
+    import fcntl
+    import shutil
+    from pathlib import Path
+
+    where = os.environ.get("LOCOJAX_TEST_SHARED_RUNS")
+    if not where:
+        return make(tmp_path_factory.mktemp(name) / "run")
+    run = Path(where).resolve() / name
+    run.parent.mkdir(parents=True, exist_ok=True)
+    with open(f"{run}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        done = Path(f"{run}.done")
+        if not done.exists():
+            shutil.rmtree(run, ignore_errors=True)  # a run that failed midway
+            make(run)
+            done.touch()
+    return run
+
+
 @pytest.fixture(scope="session")
 def calc_demo_colocated(tmp_path_factory):
     """The multi-turn reference run (calc_demo_run), made once: single (test_train_multi_turn)
     and lock-step disaggregated (test_ray_modes) must reproduce it."""
     from calc_demo_run import run_colocated
 
-    return run_colocated(tmp_path_factory.mktemp("calc_demo_colocated") / "run")
+    return shared_run(tmp_path_factory, "calc_demo_colocated", run_colocated)
 
 
 @pytest.fixture(scope="session")
@@ -126,4 +152,4 @@ def fsdp_colocated(tmp_path_factory):
     mode and async (test_ray_modes) must reproduce it."""
     from fsdp_run import run_colocated
 
-    return run_colocated(tmp_path_factory.mktemp("fsdp_colocated") / "run")
+    return shared_run(tmp_path_factory, "fsdp_colocated", run_colocated)

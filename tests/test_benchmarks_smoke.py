@@ -220,7 +220,7 @@ def test_bench_peers_locojax_side_only_installs_nothing(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.ray  # starts its local Ray cluster for da and async points
+@pytest.mark.multiprocess  # 2 `locojax train` runs; no Ray cluster without da or async points
 def test_ab_runs_one_point_in_two_trees(tmp_path):
     out = bench("ab_runs", "--tree", f"a={ROOT}", "--tree", f"b={ROOT}", "--points",
                 "single-1", "--rounds", "1", "--steps", "3", "--skip", "0", "--work-dir",

@@ -468,9 +468,11 @@ def test_async_keeps_every_sample_within_k_versions(cluster, tmp_path):
           "--lease-timeout-s", "60", "--devices-per-host", "2", "--rollout.tp", "2")
     # Each worker says so in its own log file (forwarding those lines to the driver's stderr
     # can lag the end of a short run by longer than the test waits). Only this module's test
-    # runs rollout workers at tp 2, and the module has one Ray session.
+    # runs rollout workers at tp 2, and the module has one Ray session: this cluster's, not
+    # session_latest (another pytest process's cluster may have started after it).
     ready = "ready (engine mesh {'data': 1, 'tensor': 2}"
-    logs = glob.glob("/tmp/ray/session_latest/logs/worker-*")
+    session = ray._private.worker._global_node.get_session_dir_path()
+    logs = glob.glob(os.path.join(session, "logs", "worker-*"))
     assert sum(ready in Path(f).read_text(errors="replace") for f in logs) == 2
     rows = jsonl(tmp_path / "metrics.jsonl")
     assert len(rows) == STEPS

@@ -133,13 +133,12 @@ def test_cli_refuses_bad_layout_settings_before_any_work(args, message, tmp_path
 
 
 @pytest.fixture(scope="module")
-def fsdp_runs(fsdp_colocated):
+def fsdp_runs(fsdp_colocated, tmp_path_factory):
     """The FSDP reference run (tests/fsdp_run.py: 2 colocated hosts x 1 device, the fsdp axis
     spanning the hosts) and the same setting as one process x 2 devices (single)."""
-    single = fsdp_colocated.parent / "single"
-    if not single.exists():
-        locojax("train", "demo", *FSDP_ARGS, "--mode", "single", "--devices-per-host", "2",
-                "--run-dir", str(single))
+    single = tmp_path_factory.mktemp("fsdp_single") / "single"
+    locojax("train", "demo", *FSDP_ARGS, "--mode", "single", "--devices-per-host", "2",
+            "--run-dir", str(single))
     return single, fsdp_colocated
 
 
