@@ -218,10 +218,12 @@ class Ctx:
         turns = self.wl.turns - 1
         if turns <= 0 or not self.wl.obs_tokens:
             return 0.0
-        groups = max(1.0, chips / self.model_parallel())
+        mp = self.model_parallel()
+        groups = max(1.0, chips / mp)
+        tokens = rows / groups * self.wl.obs_tokens  # a prefill's, its TP traffic included
         per = self.mc.prefill(max(rows / groups, 1e-9), self.wl.obs_tokens)
-        return turns * self.dev.seconds("prefill", per, self.model_parallel(), cores,
-                                   rows / groups * self.wl.obs_tokens)
+        return turns * (self.dev.seconds("prefill", per, mp, cores, tokens)
+                        + self.tp_comm(tokens, mp))
 
     def tp_comm(self, tokens: float, mp: int) -> float:
         """Two activation all-reduces per layer for `tokens` tokens over mp chips (ICI)."""
