@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import json
 from pathlib import Path
 
@@ -62,9 +63,8 @@ def carry(profile: dict, target: str) -> dict:
     r = dst.hbm_bandwidth.value / src.hbm_bandwidth.value
     out["hbm_bandwidth"] = _scaled(out["hbm_bandwidth"], r,
                                    f"the published HBM bandwidth of {dst.name} over {src.name}'s")
-    target_json = json.loads(Path(dst.path).read_text())
     for key in FROM_TARGET:
-        out[key] = target_json[key]
+        out[key] = dataclasses.asdict(getattr(dst, key))
     out["ici_topology"] = dst.ici_topology
     out["carried"] = {"from": measured_on, "to": dst.name, "kept_as_measured":
                       ["program_overhead", "host_rates", "loop_iteration_s"]}

@@ -182,8 +182,8 @@ def run(args, save=lambda result: None) -> dict:
                     "roofline_share": floor_ms / (1e3 * per_token),
                     "same_tokens_as_default": bool(np.array_equal(tokens[a], tokens[first]))}
         result["arms"].append(timed[a])
-        print(f"{a}: {1e3 * per_token:.2f} ms a token step, {floor_ms / per_token / 1e3:.0%} of "
-              f"the bytes' time; warm-up with compile {compile_s[a]:.1f} s; same tokens as "
+        print(f"{a}: {1e3 * per_token:.2f} ms a token step, {timed[a]['roofline_share']:.0%} "
+              f"of the bytes' time; warm-up with compile {compile_s[a]:.1f} s; same tokens as "
               f"{first}: {timed[a]['same_tokens_as_default']}", flush=True)
     save(result)
     for a in timed if args.trace else ():
@@ -219,10 +219,12 @@ def main() -> None:
     ap.add_argument("--no-trace", dest="trace", action="store_false",
                     help="time the arms only (no jax.profiler trace)")
     args = ap.parse_args()
-    if args.out:
-        Path(args.out).mkdir(parents=True, exist_ok=True)
-    out = Path(args.out or ".") / "decode_profile.json"
-    run(args, lambda result: args.out and out.write_text(json.dumps(result, indent=1)))
+    if not args.out:
+        run(args)
+        return
+    out = Path(args.out) / "decode_profile.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    run(args, lambda result: out.write_text(json.dumps(result, indent=1)))
 
 
 if __name__ == "__main__":
