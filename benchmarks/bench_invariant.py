@@ -23,7 +23,7 @@ import numpy as np
 from benchmarks import harness
 from locojax.engine.engine import Engine
 from locojax.engine.sampling import SamplingConfig
-from locojax.model import config, params
+from locojax.model import config, invariant_jit, params
 from locojax.rl import logprobs
 
 SHAPES = {"tiny": (config.tiny, 8, 4, 16, 32), "small": (config.small, 16, 8, 32, 64)}
@@ -44,7 +44,7 @@ def arms(shape: str, invariant: bool) -> dict:
     positions = jnp.broadcast_to(jnp.arange(p + n, dtype=jnp.int32), tokens.shape)
     mask = jnp.ones(tokens.shape, bool)
     grad = jax.jit(jax.grad(lambda w: jnp.sum(logprobs.sequence_logprobs(
-        w, tokens, positions, mask, cfg)[0])))
+        w, tokens, positions, mask, cfg)[0])), compiler_options=invariant_jit.compiler_options(cfg))
 
     def learn():
         jax.block_until_ready(grad(w))

@@ -8,6 +8,7 @@ only, mean over the batch's completion tokens. Same forward as rollout and RL tr
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from typing import Sequence
 
@@ -16,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from locojax.model import decoder
+from locojax.model import decoder, invariant_jit
 from locojax.model.config import ModelConfig
 
 log = logging.getLogger(__name__)
@@ -108,7 +109,7 @@ def sft_loss(weights, tokens, attn, loss_mask, model_cfg: ModelConfig):
 
 
 def make_step(model_cfg: ModelConfig, optimizer: optax.GradientTransformation):
-    @jax.jit
+    @functools.partial(jax.jit, compiler_options=invariant_jit.compiler_options(model_cfg))
     def step(weights, opt_state, tokens, attn, loss_mask):
         log.info("compiling sft step for tokens %s", tokens.shape)
         loss, grads = jax.value_and_grad(sft_loss)(weights, tokens, attn, loss_mask, model_cfg)

@@ -32,6 +32,7 @@ from jax.sharding import Mesh, NamedSharding
 from locojax.engine.sampling import SamplingConfig, sample_with_logprobs, uniform_draws
 from locojax.model import decoder, sharding
 from locojax.model.config import ModelConfig
+from locojax.model.invariant_jit import model_jit
 from locojax.model.params import Weights
 
 log = logging.getLogger(__name__)
@@ -237,9 +238,9 @@ def decode(weights: Weights, cache: decoder.KVCache, turn: Turn, until=None, sto
 
 
 _STATIC = ("model_cfg", "sampling", "stops", "layout")
-prefill_jit = jax.jit(prefill, static_argnames=_STATIC + ("num_samples",),
-                      donate_argnames=("cache",))
-decode_jit = jax.jit(decode, static_argnames=_STATIC, donate_argnames=("cache",))
+prefill_jit = model_jit(prefill, static_argnames=_STATIC + ("num_samples",),
+                        donate_argnames=("cache",))
+decode_jit = model_jit(decode, static_argnames=_STATIC, donate_argnames=("cache",))
 """The two jit boundaries of a generate (and of each turn of a conversation), static
 configs: the cache is donated into prefill, travels in the `Turn`, is donated into decode on
 its own (`Engine.decode`) and is handed back. Two programs rather than one cost one

@@ -55,6 +55,7 @@ from locojax.engine.decode import (
 from locojax.engine.sampling import SamplingConfig
 from locojax.model import decoder
 from locojax.model.config import ModelConfig
+from locojax.model.invariant_jit import model_jit
 
 log = logging.getLogger(__name__)
 
@@ -87,8 +88,8 @@ def _extend(weights, cache: decoder.KVCache, gather, keep_until, block, block_ma
 
 
 _STATIC = ("model_cfg", "sampling", "stops", "layout")
-extend_jit = jax.jit(_extend, static_argnames=_STATIC, donate_argnames=("cache",))
-compact_extend_jit = jax.jit(_extend, static_argnames=_STATIC)
+extend_jit = model_jit(_extend, static_argnames=_STATIC, donate_argnames=("cache",))
+compact_extend_jit = model_jit(_extend, static_argnames=_STATIC)
 """The jit boundaries besides the engine's prefill (turn 1) and decode (every turn): extend
 (one environment turn's tokens), donating the cache; extend with a gather (compaction)
 makes a smaller cache, so it cannot reuse the old buffer and donates nothing (the old one is

@@ -55,6 +55,7 @@ from locojax.engine.sampling import SamplingConfig, sample_with_logprobs
 from locojax.model import decoder
 from locojax.model.attention import as_bits, from_bits
 from locojax.model.config import ModelConfig
+from locojax.model.invariant_jit import model_jit
 from locojax.model.params import Weights
 
 log = logging.getLogger(__name__)
@@ -305,7 +306,7 @@ def _tail(engine, q: Queued, cache, turn: Turn):
 
 
 _STATIC = ("model_cfg", "sampling")
-decode_rows_jit = jax.jit(decode_rows, static_argnames=_STATIC, donate_argnames=("cache",))
-refill_jit = jax.jit(refill, static_argnames=_STATIC + ("group",),
-                     donate_argnames=("cache", "out"))
+decode_rows_jit = model_jit(decode_rows, static_argnames=_STATIC, donate_argnames=("cache",))
+refill_jit = model_jit(refill, static_argnames=_STATIC + ("group",),
+                       donate_argnames=("cache", "out"))
 shift_jit = jax.jit(shift, donate_argnames=("cache",))

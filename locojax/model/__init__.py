@@ -8,6 +8,7 @@
     attention.py      the KV cache and attention over it
     decode_kernel.py  a decode step's attention over the cache as one Pallas kernel (TPU)
     invariant.py      batch-invariant kernels: fixed-order sums, tiled matmuls, attention
+    invariant_jit.py  `model_jit`: a model's programs compiled with the options its config needs
     sharding.py       logical axes to mesh axes, one rules table per role
     hf_config.py      HF `config.json` to `ModelConfig` and back
     hf_io.py          HF checkpoints (safetensors) to weights and back

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 
 from locojax.model import accumulating_scan, decoder
 from locojax.model.config import ModelConfig
+from locojax.model.invariant_jit import model_jit
 from locojax.model.params import Weights
 from locojax.rl import batch as batch_lib
 from locojax.rl.batch import TrainBatch, split_rows, unsplit_rows
@@ -115,9 +116,9 @@ def prefix_hidden(params, tokens, positions, attn_mask, model_cfg, p: int, g: in
     return jnp.concatenate([rows(norm(x_p[:, -1:])), norm(x_r)], axis=1)
 
 
-compute_logprobs = jax.jit(sequence_logprobs,
-                           static_argnames=("model_cfg", "temperature", "chunk", "unroll", "remat",
-                                            "prefix"))
+compute_logprobs = model_jit(sequence_logprobs,
+                             static_argnames=("model_cfg", "temperature", "chunk", "unroll",
+                                              "remat", "prefix"))
 """Jitted `sequence_logprobs`, e.g. for reference logprobs outside the step."""
 
 

@@ -40,6 +40,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from locojax.model.config import ModelConfig
+from locojax.model.invariant_jit import model_jit
 from locojax.profiler import StepTimer
 from locojax.rl import gradients, micro_batches
 from locojax.rl import train_step as ts
@@ -93,14 +94,14 @@ def run(state: TrainState, batch: TrainBatch, ref_params=None, *, model_cfg: Mod
 _STATIC = ("model_cfg", "cfg", "mesh")
 
 
-@functools.partial(jax.jit, static_argnames=_STATIC)
+@model_jit(static_argnames=_STATIC)
 def _prepare(params, batch, ref_params, *, model_cfg, cfg, mesh):
     data, counts, fresh_tokens, extra, _ = ts.prepare(params, batch, ref_params, model_cfg,
                                                       cfg)
     return data, counts, fresh_tokens, extra
 
 
-@functools.partial(jax.jit, static_argnames=_STATIC)
+@model_jit(static_argnames=_STATIC)
 def _local(params, data, counts, fresh_tokens, i, *, model_cfg, cfg, mesh):
     """Update i's per-device sums, stacked over the devices ([D, ...] on `data`)."""
     _, s = resolve(cfg.algo)

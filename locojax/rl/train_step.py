@@ -43,6 +43,7 @@ import optax
 
 from locojax.model import lora
 from locojax.model.config import ModelConfig
+from locojax.model.invariant_jit import model_jit
 from locojax.rl import batch as batch_lib
 from locojax.rl import gradients, host_memory, logprob_gap, logprobs, micro_batches
 from locojax.rl.aggregation import global_counts
@@ -184,8 +185,8 @@ def per_step(per_update: dict) -> dict:
     return metrics
 
 
-train_step = jax.jit(_train_step, static_argnames=("model_cfg", "cfg", "mesh", "return_grads"),
-                     donate_argnames=("state",))
+train_step = model_jit(_train_step, static_argnames=("model_cfg", "cfg", "mesh", "return_grads"),
+                       donate_argnames=("state",))
 """(state, batch, ref_params=None, *, model_cfg, cfg, mesh=None, return_grads=False)
 -> (state, metrics). Donates `state`. Given the `mesh` the params live on, the new state
 is pinned to `cfg.rules`' shardings (pass it whenever params are sharded). With
@@ -230,7 +231,7 @@ def _reference(ref_params, batch: TrainBatch, *, model_cfg: ModelConfig, cfg: Le
     return logprobs.scan_logprobs(ref_params, split, parts, group, model_cfg, cfg)
 
 
-reference_logprobs = jax.jit(_reference, static_argnames=("model_cfg", "cfg", "mesh"))
+reference_logprobs = model_jit(_reference, static_argnames=("model_cfg", "cfg", "mesh"))
 """(ref_params, batch, *, model_cfg, cfg, mesh=None) -> [B, T]: `with_reference`'s program."""
 
 

@@ -1,0 +1,138 @@
+"""Every program that runs batch-invariant kernels compiles with excess precision off
+(`locojax/model/invariant_jit.py`; docs/design.md, "Batch-invariant logprobs"; issue 59).
+
+Why this checks the option and not the bits: on XLA:CPU `xla_allow_excess_precision` changes
+no bit of these programs (probed: a bf16 jit with and without it, at -O0 and at XLA's
+defaults), so the bitwise tests (tests/test_batch_invariance.py) pass on the CPU whether a
+program carries it or not. On a TPU v5e they do not: the bf16 learner and engine cases
+failed under XLA's defaults and passed with the option off (2026-12-07). So here, on any
+backend, each compile is watched where every jit's compile passes, jax's
+`compiler.compile_or_get_cached` (before its persistent cache, so a cache hit is seen too),
+with the options as XLA receives them; a program holds a batch-invariant kernel when its
+StableHLO carries a source location in `locojax/model/invariant.py`. Every such program
+must have the option; the default kernels' programs must have no option at all (XLA's
+defaults, and the same compile-cache key as before). Checked to fail: with `train_step`
+back on a plain `jax.jit`, `jit__train_step` is named as compiled without it.
+
+The workload runs every `model_jit` site under a one-layer TINY: the engine's prefill and
+decode (with compaction), refill (decode_rows, and refill with its nested prefill), a
+conversation's extend with and without compaction, the learner's `compute_logprobs`, the
+fused step with its reference program, the split step's pieces on 2 devices, and SFT's step.
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from jax._src import compiler
+
+from locojax import sft
+from locojax.engine.engine import Engine, pad_prompts
+from locojax.engine.refill import Refill
+from locojax.engine.sampling import SamplingConfig
+from locojax.model import config, params
+from locojax.model.invariant_jit import NO_EXCESS_PRECISION
+from locojax.model.sharding import TRAIN_DP, make_mesh, weight_shardings
+from locojax.profiler import StepTimer
+from locojax.rl import batch as batch_lib
+from locojax.rl import logprobs, train_state
+from locojax.train import loop
+from tests.test_shared_prefix import grouped_batch, learner
+
+MODEL = config.tiny(num_hidden_layers=1, batch_invariant=True)
+KERNELS = "locojax/model/invariant.py"
+SAMPLING = SamplingConfig(max_new_tokens=6, temperature=1.0, stop_token_ids=(1, 3))
+EXPECTED = {"jit_prefill", "jit_decode", "jit_decode_rows", "jit_refill", "jit__extend",
+            "jit_sequence_logprobs", "jit__train_step", "jit__reference", "jit__prepare",
+            "jit__local", "jit_step"}
+"""The programs the workload must compile with batch-invariant kernels (so a renamed or
+skipped one cannot pass unseen)."""
+
+
+@pytest.fixture
+def compiles(monkeypatch):
+    """[(program, its option overrides, whether it holds a batch-invariant kernel)] of every
+    compile from here on; the in-memory caches cleared, so none is skipped."""
+    seen, real = [], compiler.compile_or_get_cached
+
+    def watch(backend, computation, devices, compile_options, *args, **kwargs):
+        text = computation.operation.get_asm(enable_debug_info=True)
+        seen.append((str(computation.operation.attributes["sym_name"]).strip('"'),
+                     dict(compile_options.env_option_overrides), KERNELS in text))
+        return real(backend, computation, devices, compile_options, *args, **kwargs)
+
+    monkeypatch.setattr(compiler, "compile_or_get_cached", watch)
+    jax.clear_caches()
+    return seen
+
+
+def _engine(cfg, w):
+    """Generate plainly (prefill, decode, compaction) and with refill (2 slots, 8 rows)."""
+    prompts = [[7, 8, 9], [10, 11], [12, 13, 14, 15], [16]]
+    Engine(cfg).generate(w, prompts, jax.random.key(0), SAMPLING, num_samples=2)
+    Engine(cfg, block=4, min_rows=1, refill=Refill(slots=2)).generate(
+        w, prompts, jax.random.key(0), SAMPLING, num_samples=2)
+
+
+def _conversation(cfg, w):
+    """Turn 1, then an extend of every row (no compaction) and of one row (compacted)."""
+    conv = Engine(cfg).conversation(SAMPLING, slots=48, max_block=8)
+    tokens, mask = pad_prompts([[7, 8, 9], [10, 11]], 0, 4)
+    conv.begin(w, tokens, mask, jax.random.key(0), num_samples=2)
+    for rows in ([0, 1, 2, 3], [1]):
+        out = conv.decode()
+        conv.extend(rows, [1] * len(rows), [[20, 21]] * len(rows), [4] * len(rows))
+    conv.decode()
+    conv.close()
+    assert out.tokens.shape[0] == 4
+
+
+def _learner(cfg, w):
+    """compute_logprobs; the fused step (with its reference program) and the split one, at 2
+    mini-batches so that its prepare computes pi_old (the step donates its state, so each
+    gets weights of its own)."""
+    batch, cfg_learner = grouped_batch(), learner()
+    cfg_learner = dataclasses.replace(
+        cfg_learner, algo=dataclasses.replace(cfg_learner.algo, num_minibatches=2))
+    logprobs.compute_logprobs(w, batch.tokens, batch.positions, batch.attn_mask, model_cfg=cfg)
+    for split, devices in ((False, 1), (True, 2)):
+        mesh = make_mesh({"data": devices}, jax.devices()[:devices])
+        put = lambda x: jax.device_put(x, weight_shardings(cfg, mesh, TRAIN_DP))  # noqa: E731
+        state = train_state.init(put(params.init(cfg, jax.random.key(0))), cfg_learner.optim, cfg)
+        loop.update(state, batch_lib.shard(batch, mesh, TRAIN_DP), cfg, cfg_learner,
+                    put(params.init(cfg, jax.random.key(1))), mesh, StepTimer(), split)
+
+
+def _sft(cfg, w):
+    opt = optax.sgd(1e-3)
+    tokens = jnp.asarray(np.arange(16, dtype=np.int32).reshape(2, 8) + 5)
+    ones = jnp.ones(tokens.shape, bool)
+    sft.make_step(cfg, opt)(w, opt.init(w), tokens, ones, ones)
+
+
+@pytest.mark.slow  # ~50 s of compiling at -O0 on 2 cores
+def test_batch_invariant_programs_compile_without_excess_precision(compiles):
+    w = params.init(MODEL, jax.random.key(0))
+    for run in (_engine, _conversation, _learner, _sft):
+        run(MODEL, w)
+    invariant = {name for name, _, kernels in compiles if kernels}
+    assert EXPECTED <= invariant, f"not compiled with invariant kernels: {EXPECTED - invariant}"
+    lost = sorted({name for name, options, kernels in compiles
+                   if kernels and options != dict(NO_EXCESS_PRECISION)})
+    assert not lost, f"compiled with excess precision allowed: {lost}"
+
+
+def test_default_programs_keep_xlas_defaults(compiles):
+    """The default kernels' programs get no option: XLA's defaults, their compile-cache key
+    unchanged."""
+    cfg = config.tiny(num_hidden_layers=1)
+    w = params.init(cfg, jax.random.key(0))
+    _engine(cfg, w)
+    _sft(cfg, w)
+    batch = grouped_batch()
+    logprobs.compute_logprobs(w, batch.tokens, batch.positions, batch.attn_mask, model_cfg=cfg)
+    assert {"jit_prefill", "jit_decode", "jit_sequence_logprobs"} <= {n for n, _, _ in compiles}
+    assert all(options == {} for _, options, _ in compiles), compiles
