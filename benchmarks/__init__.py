@@ -32,12 +32,14 @@ Scripts, by what they measure:
   calibrate_joined), kernel_profile and kernel_rates; studies of the cost model:
   predict_sweep (over model sizes or chip counts) and paper_report (the LoCoJAX paper's
   three studies: paper; their sensitivity: paper_sensitivity), drawn by predict_plots;
-  carried_profile (a chip's calibration carried to another chip by spec ratios).
+  carried_profile (a chip's calibration carried to another chip by spec ratios);
+  memory_vs_plan (predict's memory against the compiled plans of validate_heldout's runs).
 
 Leaves they share: harness (header, interleaving, ratios, tables), workloads (the train
 command lines), engine_work (the engine benchmarks' shapes, FLOPs and bytes),
 engine_runners (each side's generate), real_runs (the real-model comparisons' settings and
 runs), kernel_traces (a program's kernels and their trace), probe_walls (probe workers
 started together, predict_probes' oversub). Data: predict_validation_points
-_v5.json and _v9.json (validate_heldout's current pre-registered sets), data/ (kept result tables).
+_v5.json, _v9.json and the chip's _v10-_v12_tpu.json (validate_heldout's current
+pre-registered sets), data/ (kept result tables).
 """

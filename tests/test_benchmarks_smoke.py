@@ -354,6 +354,44 @@ def test_validate_heldout_a_published_configs_point_dry_run(tmp_path):
     assert config["num_hidden_layers"] == 2 and config["vocab_size"] == 151936
 
 
+PLAN_LOG = """memory plan per device (1 local device; data parallel; bf16, remat on, 2 micro-batches, logits in chunks of 2 positions):
+  held             params 2.38 GB, optimizer 4.77 GB; KV cache: rollout 1.23 GB (bfloat16)
+  train_step       +5.57 GB (XLA temporaries 5.57 GB) -> 12.72 GB   [compiled in 28.0 s]
+  peak             12.72 GB in train_step, of 16.91 GB (tpu memory_stats), 75%
+"""  # the head of a chip run's log (set 12's qwen-r48 point), micro-batches made 2
+
+
+def test_memory_vs_plan_reads_a_plan_and_predicts_at_its_micro_batches(tmp_path):
+    """benchmarks/memory_vs_plan.py: the plan's micro-batches and compiled peak from a run's
+    log, `predict train` at those micro-batches, a point without a log reported as such."""
+    from benchmarks import memory_vs_plan
+
+    assert memory_vs_plan.compiled_plan(PLAN_LOG) == (2, 12.72e9)
+    assert memory_vs_plan.compiled_plan(PLAN_LOG.replace("12.72 GB in", "512.0 MB in")) == (
+        2, 512e6)
+    assert memory_vs_plan.compiled_plan("no plan here") is None
+    configs = tmp_path / "configs"
+    configs.mkdir()
+    (configs / "qwen3-0.6b.json").write_text(json.dumps(json.loads(
+        (ROOT / "tests" / "data" / "hf_configs.json").read_text())["qwen3-0.6b"]))
+    spec = json.loads((ROOT / "benchmarks" / "predict_validation_points_v12_tpu.json")
+                      .read_text())
+    point = {"config": "qwen3-0.6b", "prompts": 2, "group": 2, "prompt_tokens": 64,
+             "new_tokens": 8, "precision": "bf16", "remat": "on", "steps": 3}
+    spec["points"] = [{"id": "q", **point}, {"id": "unrun", **point}]
+    (tmp_path / "points.json").write_text(json.dumps(spec))
+    (tmp_path / "w").mkdir()
+    (tmp_path / "w" / "q.log").write_text(PLAN_LOG)
+    out = bench("memory_vs_plan", "--points", str(tmp_path / "points.json"), "--profile",
+                str(ROOT / "locojax" / "predict" / "hardware" / "cpu-here.json"),
+                "--configs", str(configs), "--tiny", "--work-dir", str(tmp_path / "w"),
+                "--data", str(ROOT / "tests" / "data" / "gsm8k_small.jsonl"))
+    (row,) = table_rows(out, "q")
+    assert row[1] == "2" and row[2] == "12.72" and float(row[3]) > 0
+    assert row[4] == f"{100 * (float(row[3]) / 12.72 - 1):+.1f}%"
+    assert "no plan in" in out and "of 1 points with a plan (1 without)" in out
+
+
 def test_tpu_lora_runs_qwen_stage_at_a_toy_size(tmp_path):
     """benchmarks/tpu/lora_runs.py's qwen stage (LoRA GRPO on a random model written from a
     published config, cut to 2 layers by --toy) runs and tabulates; the registered sweep rule
