@@ -34,8 +34,8 @@ Chip time (an estimate, not measured): per arm 11 programs, 2 of them a generate
 (~8 s a pair on the v5e: decode_profile's compile rounds, 15-18 s for two generates) and
 4 layer scans (~3 s each) -> ~25 s of compiles; a Qwen3-0.6B round ~1.8 s (two generates
 ~1 s, 4 x 20 forwards ~0.5 s, the rest ~0.3 s), SmolLM2 ~0.8 s; with 3 rounds and the
-start, ~45 s (Qwen3) and ~35 s (SmolLM2) for the default arm; the cpu arm ~20 s more each.
-Both configs, both arms: ~200 s.
+start, ~45 s (Qwen3) and ~35 s (SmolLM2) for the default arm; the cpu arm recompiles and
+runs slower steps (Qwen3's 23 ms): ~60 s and ~40 s. Both configs, both arms: ~180 s.
 """
 
 from __future__ import annotations
