@@ -411,3 +411,27 @@ def test_tpu_lora_runs_qwen_stage_at_a_toy_size(tmp_path):
     assert runs.verdict([0.70, 0.76, 0.82], [0.69, 0.70, 0.74]).startswith("PASS")
     assert "within" in runs.verdict([0.70, 0.76, 0.82], [0.69, 0.70, 0.74])
     assert runs.verdict([0.70, 0.76, 0.82], [0.60, 0.70, 0.74]).startswith("FAIL")
+
+
+def test_tpu_decode_parts_times_every_part_at_a_toy_size(tmp_path):
+    """benchmarks/tpu/decode_parts.py on SmolLM2-135M's config cut to 2 layers (--toy): its
+    table has a row per part (the timed ones and the differences), its JSON every part, and
+    the per-layer fit over 1 and 2 layers is finite. The figures are the chip's to judge."""
+    config = tmp_path / "smollm2-135m-instruct.json"
+    config.write_text(json.dumps(json.loads((ROOT / "tests" / "data" / "hf_configs.json")
+                                            .read_text())["smollm2-135m-instruct"]))
+    out = bench("tpu/decode_parts", "--config", str(config), "--toy", "--rows", "4",
+                "--prompt", "8", "--n1", "2", "--n2", "6", "--rounds", "1", "--reps", "2",
+                "--out", str(tmp_path))
+    parts = ["iteration", "forward_1", "forward_2", "forward_2_block1", "logits", "sample_t1",
+             "sample_greedy", "stream", "step", "rest", "sampler_t1", "kv_reads", "dispatch"]
+    for name in parts:
+        (row,) = table_rows(out, name)
+        assert float(row[1]) == float(row[1]) and float(row[2]) >= 0, row  # ms, bytes' ms
+    arm = json.loads((tmp_path / "decode_parts.json").read_text())["arms"]["default"]
+    assert arm["rounds_done"] == 1 and not arm["failed"]
+    assert sorted(arm["parts"]) == sorted(parts)
+    fit = arm["fit"]
+    assert fit["layers"] == [1, 2] and all(
+        abs(fit[k]) < float("inf") for k in ("slope_ms", "intercept_ms", "slope_bytes_ms"))
+    assert "per layer: " in out

@@ -12,6 +12,9 @@ held for minutes at a time:
   (`attention.DECODE_AS_DOTS`, `attention.HALF_AS_BITS`), traced (issue 56 item 2);
   token_step: the random decoder both decode with, and the bytes a token step must
   read, which both judge it against.
+- decode_parts: a decode token step's time attributed by timing its parts apart (the
+  cached forward per layer count, the logits and sampler, the rest as differences), each
+  against its bytes, without a trace (issue 56 item 2); decode_parts_programs: the parts.
 - random_model: the random-weight checkpoint of a published config those runs train
   (qwen3_fit.sh and host_overlap.sh through preamble.sh, their shared shell set-up).
 - ballast: the memory plan's peak checked by the ballast a step survives (qwen3_fit.sh's
