@@ -121,16 +121,23 @@ def test_learner_logprobs_bitwise_whatever_the_layout(dtype):
             "the default kernels were layout-invariant here: a vacuous test"
 
 
+# The engine's rows laid out as the learner test's (B rows of P + R columns; the cut bucket
+# as its "+0 front, +13 end"): the learner's programs at these shapes are compiled once for
+# both tests (a compile of the invariant kernels is most of either test's time).
+ENGINE_PROMPTS = (7, 3, 5, 2)  # x G 2 = B rows
+CUT, PAD = 2, 15  # columns cut from the front, padding added at the end: P + R + 13 wide
+
+
 def _engine_and_learner(cfg, seed=3):
     """(engine logprobs, learner logprobs) of every sampled token, the learner's computed on
     the rows as a train step gets them: uncut, in two micro-batches, and cut to a narrower
     prompt bucket with more padding after."""
     w = params.init(config.tiny(), jax.random.key(0))
     rng = np.random.default_rng(seed)
-    prompts = [rng.integers(1, cfg.vocab_size, n).tolist() for n in (7, 3, 5, 2)]
-    g, sampling = 2, SamplingConfig(max_new_tokens=12, temperature=TAU, stop_token_ids=(5,))
+    prompts = [rng.integers(1, cfg.vocab_size, n).tolist() for n in ENGINE_PROMPTS]
+    g, sampling = 2, SamplingConfig(max_new_tokens=R, temperature=TAU, stop_token_ids=(5,))
     out = Engine(cfg).generate(w, prompts, jax.random.key(seed), sampling, num_samples=g)
-    tokens, mask = (np.repeat(x, g, 0) for x in pad_prompts(prompts, length=9))
+    tokens, mask = (np.repeat(x, g, 0) for x in pad_prompts(prompts, length=P))
     b = batch_lib.from_rollout(tokens, mask, np.asarray(out.tokens), np.asarray(out.mask),
                                np.asarray(out.logprobs), np.zeros(len(tokens)),
                                np.arange(len(tokens)) // g)
@@ -142,8 +149,9 @@ def _engine_and_learner(cfg, seed=3):
     whole = np.empty_like(halves[0].repeat(2, 0))
     whole[0::2], whole[1::2] = halves
     learner["2 micro-batches"] = whole[loss]
-    cut = tuple(np.pad(x[:, 2:], ((0, 0), (0, 7))) for x in rows)  # 2 pad columns fewer, 7 more
-    learner["cut +2, padded +7"] = _logp(w, cfg, *cut)[np.pad(loss[:, 2:], ((0, 0), (0, 7)))]
+    cut = tuple(np.pad(x[:, CUT:], ((0, 0), (0, PAD))) for x in rows)  # pad columns fewer, more
+    learner[f"cut +{CUT}, padded +{PAD}"] = _logp(w, cfg, *cut)[
+        np.pad(loss[:, CUT:], ((0, 0), (0, PAD)))]
     return engine, learner
 
 
@@ -156,7 +164,7 @@ def test_engine_logprobs_equal_the_learners_bitwise(dtype):
     assert engine.size > 40 and np.all(engine < 0)
     w = params.init(config.tiny(), jax.random.key(0))
     for name, lp in learner.items():
-        _assert_same(lp, engine, _bitwise_here(dtype, engine=True), _bound(w, cfg, 9 + 12 + 7),
+        _assert_same(lp, engine, _bitwise_here(dtype, engine=True), _bound(w, cfg, P + R + PAD),
                      f"{name} against the engine")
     if jax.default_backend() == "cpu":
         engine, learner = _engine_and_learner(config.tiny(compute_dtype=dtype))

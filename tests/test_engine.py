@@ -18,6 +18,7 @@ each run's tokens are the inverse-CDF draws of those uniforms under the policy a
 forward recomputes, up to the bound (`_assert_draws_explain_tokens`).
 """
 
+import functools
 import logging
 import warnings
 
@@ -54,19 +55,31 @@ def tied():
     return cfg, model, w
 
 
+@functools.partial(jax.jit, static_argnames=("cfg", "p"))
+def _completion_states(w, seq, positions, seq_mask, cfg, p):
+    """(hidden states that predict each completion token, their logits): one compiled
+    program per shape, where the forward run op by op compiled each op and the layer scan
+    apart (the chip compiles every program, so their count is the accelerator run's time)."""
+    hidden, _ = decoder.forward(w, seq, positions, cfg, mask=seq_mask)
+    hidden = hidden[:, p - 1:-1]
+    return hidden, decoder.logits(w, hidden, cfg)
+
+
+# The trainer's logprobs of given hidden states, compiled once per shape and τ (op by op,
+# each of its ~17 ops compiled apart).
+_token_logprobs = jax.jit(decoder.token_logprobs, static_argnames=("cfg", "temperature"))
+
+
 def _full_forward(w, cfg, prompts, out, num_samples=1):
-    """(logits [R, N, V], completion logprobs under τ) from one uncached forward over
-    prompt + completion: what the trainer computes."""
+    """(hidden [R, N, D], logits [R, N, V]) from one uncached forward over prompt +
+    completion: what the trainer computes."""
     tokens, mask = pad_prompts(prompts)
     tokens, mask = np.repeat(tokens, num_samples, 0), np.repeat(mask, num_samples, 0)
-    p = tokens.shape[1]
     seq = np.concatenate([tokens, np.asarray(out.tokens)], axis=1)
     seq_mask = np.concatenate([mask, np.asarray(out.mask)], axis=1)
     positions = np.maximum(np.cumsum(seq_mask, axis=1) - 1, 0)
-    hidden, _ = decoder.forward(w, jnp.asarray(seq), jnp.asarray(positions), cfg,
-                                mask=jnp.asarray(seq_mask))
-    hidden = hidden[:, p - 1:-1]  # the state that predicts each completion token
-    return hidden, decoder.logits(w, hidden, cfg)
+    return _completion_states(w, jnp.asarray(seq), jnp.asarray(positions),
+                              jnp.asarray(seq_mask), cfg, tokens.shape[1])
 
 
 def _greedy(eng, w, prompts, upto=N):
@@ -115,7 +128,7 @@ def test_greedy_reproduces_under_a_full_forward(tied):
     hidden, logits = _full_forward(w, cfg, prompts, out)
     assert_decisive_argmax(logits)
     np.testing.assert_array_equal(np.argmax(np.asarray(logits), -1), np.asarray(out.tokens))
-    ref, _ = decoder.token_logprobs(w, hidden, out.tokens, cfg)
+    ref, _ = _token_logprobs(w, hidden, out.tokens, cfg)
     np.testing.assert_allclose(np.asarray(out.logprobs), np.asarray(ref),
                                atol=logprob_tol("float32", logits), rtol=0)
 
@@ -137,13 +150,15 @@ def test_greedy_equals_hf_generate(tie):
     cfg = tiny_cfg(tie_word_embeddings=tie)
     model, w = paired(cfg, seed=2)
     prompts = _prompts(cfg.vocab_size, seed=4)
+    # N tokens of the module's greedy shape: tied, these are the programs the other greedy
+    # tests compiled (another seed's weights are arguments, not a new program).
     ours = Engine(cfg).generate(w, prompts, jax.random.key(0),
-                                SamplingConfig(max_new_tokens=12, temperature=0.0))
+                                SamplingConfig(max_new_tokens=N, temperature=0.0))
     # Decisive at every step of our sequence: then HF (within logit_tol of us) picks the same
     # token at step 0, so sees the same prefix at step 1, and so on.
     assert_decisive_argmax(_full_forward(w, cfg, prompts, ours)[1])
-    ref = _hf_greedy(model, prompts, 12)
-    assert ref.shape == (4, 12)
+    ref = _hf_greedy(model, prompts, N)
+    assert ref.shape == (4, N)
     np.testing.assert_array_equal(np.asarray(ours.tokens), ref)
 
 
@@ -158,7 +173,7 @@ def test_logprobs_equal_the_trainers_recomputation(tied, sampling):
     out = Engine(cfg).generate(w, prompts, jax.random.key(3), sampling, num_samples=3)
     assert out.tokens.shape == (12, N)
     hidden, logits = _full_forward(w, cfg, prompts, out, num_samples=3)
-    ref, _ = decoder.token_logprobs(w, hidden, out.tokens, cfg, temperature=sampling.temperature)
+    ref, _ = _token_logprobs(w, hidden, out.tokens, cfg, temperature=sampling.temperature)
     m = np.asarray(out.mask)
     np.testing.assert_allclose(np.asarray(out.logprobs)[m], np.asarray(ref)[m], rtol=0,
                                atol=logprob_tol("float32", logits, sampling.temperature))
@@ -271,14 +286,14 @@ def test_loop_exits_early_when_every_row_stopped(tied):
 def test_cache_is_donated_and_reused_and_compiles_once(tied, caplog):
     cfg, _, w = tied
     eng = Engine(cfg)
-    sampling = SamplingConfig(max_new_tokens=5, temperature=0.0)
-    prompts = _prompts(cfg.vocab_size, seed=10, lengths=[4, 2])
+    sampling = SamplingConfig(max_new_tokens=N, temperature=0.0)  # the greedy tests' programs
+    prompts = _prompts(cfg.vocab_size, seed=10)
     with caplog.at_level(logging.INFO, logger="locojax.engine.decode"):
         first = eng.generate(w, prompts, jax.random.key(0), sampling)
         compiled = prefill_jit._cache_size(), decode_jit._cache_size()
         buf = eng._cache
-        assert buf.v.shape == (cfg.num_hidden_layers, 2, cfg.num_key_value_heads, 4 + 5 - 1,
-                               cfg.head_dim)
+        assert buf.v.shape == (cfg.num_hidden_layers, 4, cfg.num_key_value_heads,
+                               max(LENGTHS) + N - 1, cfg.head_dim)
         second = eng.generate(w, prompts, jax.random.key(0), sampling)
     assert buf.k.is_deleted()  # donated into the second call, which handed back a new one
     assert not eng._cache.k.is_deleted()
@@ -306,8 +321,9 @@ def test_generate_compiles_without_unusable_donations(tied, caplog):
 def test_prefill_then_decode_equals_generate_and_decodes_once(tied):
     cfg, _, w = tied
     eng = Engine(cfg)
-    sampling = SamplingConfig(max_new_tokens=6, temperature=1.0)
-    prompts = _prompts(cfg.vocab_size, seed=12, lengths=[3, 5])
+    # The programs of the sampling tests above (their prompt shape, sampling and G).
+    sampling = SamplingConfig(max_new_tokens=N, temperature=1.0)
+    prompts = _prompts(cfg.vocab_size, seed=12)
     whole = eng.generate(w, prompts, jax.random.key(4), sampling, num_samples=2)
     pending = eng.prefill(w, prompts, jax.random.key(4), sampling, num_samples=2)
     jax.block_until_ready(pending.prefilled)  # what a profiler does between the two phases

@@ -20,6 +20,7 @@ from locojax.model import config, params
 from locojax.rl import batch as batch_lib
 from locojax.rl import logprob_gap, train_state, train_step
 from locojax.rl.config import AlgoConfig, LearnerConfig, OptimConfig
+from tests.test_batch_invariance import ENGINE_PROMPTS, R, TAU
 
 pytestmark = pytest.mark.accelerator  # numbers that depend on the backend (docs/tpu.md)
 
@@ -65,11 +66,16 @@ def test_on_a_tpu_at_default_precision_the_bound_is_bf16s(monkeypatch):
         assert logprob_gap.bound(f32, 2.0, 64, 1.0) == on_cpu
 
 
+# The engine as tests/test_batch_invariance.py runs it (prompt lengths, sampling, the same
+# bf16 batch-invariant model): its prefill and decode programs are compiled once for both.
+SAMPLING = SamplingConfig(max_new_tokens=R, temperature=TAU, stop_token_ids=(5,))
+
+
 def _rollout(w, cfg, seed=0):
     """A GRPO batch the engine sampled from weights `w` (4 prompts x G 2)."""
     rng = np.random.default_rng(seed)
-    prompts = [rng.integers(1, cfg.vocab_size, n).tolist() for n in (6, 3, 5, 2)]
-    sampling = SamplingConfig(max_new_tokens=10, temperature=1.0)
+    prompts = [rng.integers(1, cfg.vocab_size, n).tolist() for n in ENGINE_PROMPTS]
+    sampling = SAMPLING
     out = Engine(cfg).generate(w, prompts, jax.random.key(seed), sampling, num_samples=2)
     tokens, mask = (np.repeat(x, 2, 0) for x in pad_prompts(prompts))
     return batch_lib.from_rollout(tokens, mask, np.asarray(out.tokens), np.asarray(out.mask),
@@ -79,7 +85,8 @@ def _rollout(w, cfg, seed=0):
 
 def test_a_step_on_stale_weights_stops_naming_both_versions():
     cfg = config.tiny(compute_dtype="bfloat16", batch_invariant=True)
-    learner = LearnerConfig(algo=AlgoConfig(name="grpo"), optim=OptimConfig(lr=1e-2))
+    learner = LearnerConfig(algo=AlgoConfig(name="grpo"), optim=OptimConfig(lr=1e-2),
+                            temperature=TAU)  # the sampler's
     v0 = jax.tree.map(np.asarray, params.init(config.tiny(), jax.random.key(0)))
 
     def fresh(w):  # a new state on device copies of host weights `w`
@@ -91,7 +98,7 @@ def test_a_step_on_stale_weights_stops_naming_both_versions():
     def step(sampler_weights, state):
         batch = _rollout(sampler_weights, cfg, seed=1)
         _, m = train_step.update(state, batch, cfg, learner)
-        limit = logprob_gap.bound(cfg, m["rollout/logit_terms"], batch.tokens.shape[1], 1.0)
+        limit = logprob_gap.bound(cfg, m["rollout/logit_terms"], batch.tokens.shape[1], TAU)
         return m, limit
 
     m, limit = step(v1, fresh(v1))  # fresh: version 1 both

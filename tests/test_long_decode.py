@@ -10,6 +10,8 @@ attention equals f64 over the same rounded values), and its logprobs stay within
 bound of the trainer's.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -83,15 +85,32 @@ def _attention_bound(q, dense, dtype, blocks):
     return 2 * (2 * delta + 2 * worst_case(depth, dtype) + u) * vmax
 
 
+# The attention cases as one compiled program each: run op by op, each of their ~80 ops was
+# a program of its own to compile (the chip compiles every program; its compiles are most of
+# the accelerator run's time).
+@functools.partial(jax.jit, static_argnames="rows")
+def _attention_jit(q, parts, cache, layer, rows):
+    blocks = None if cache is None else decoder.CacheBlocks(cache, layer, rows)
+    return decoder.attention(q, parts, blocks)
+
+
+def _attention(q, parts, blocks=None):
+    """`decoder.attention(q, parts, blocks)`, compiled (a `CacheBlocks` is no pytree)."""
+    if blocks is None:
+        return _attention_jit(q, parts, None, None, 0)
+    return _attention_jit(q, parts, blocks.cache, blocks.layer, blocks.rows)
+
+
 @pytest.fixture
 def block_loop(monkeypatch):
     """Attention reads every cache block by block (`attention.WHOLE_BLOCKS` 1), even one of
-    the 5 blocks these cases have, which it would otherwise read whole; the jit caches are
-    cleared either side, so no program traced under the other setting is reused."""
+    the 5 blocks these cases have, which it would otherwise read whole; `_attention`'s
+    programs, the only ones traced under it (the rest of the path runs op by op), are dropped
+    either side, so no program traced under the other setting is reused."""
     monkeypatch.setattr(attention, "WHOLE_BLOCKS", 1)
-    jax.clear_caches()
+    _attention_jit.clear_cache()
     yield
-    jax.clear_caches()
+    _attention_jit.clear_cache()
 
 
 @pytest.mark.usefixtures("block_loop")
@@ -101,8 +120,8 @@ def test_blocked_attention_equals_one_softmax_and_reads_only_written_blocks(dtyp
     backend.f64_or_skip(dtype)
     with x64():
         q, new, prefix, dense = _attention_case(dtype, t)
-        blocked = decoder.attention(q, [new], prefix)
-        ref = decoder.attention(q, dense)
+        blocked = _attention(q, [new], prefix)
+        ref = _attention(q, dense)
         assert int(prefix.count) == 4 and prefix.cache.v.shape[3] == 20  # 4 of 5 blocks read
         assert np.isfinite(np.asarray(blocked)).all()  # no NaN slot was read
         bound = _attention_bound(q, dense, dtype, int(prefix.count))
@@ -129,11 +148,11 @@ def test_bf16_cache_attention_accumulates_in_f32():
     accumulated in bf16, each weight would carry bf16's u = 2^-8 (~500x f32's bound)."""
     q, new, prefix, dense = _bf16_case()
     assert prefix.cache.k.dtype == jnp.bfloat16
-    blocked = np.asarray(decoder.attention(q, [new], prefix), np.float64)
+    blocked = np.asarray(_attention(q, [new], prefix), np.float64)
     with x64():
         f64 = [tuple(jnp.asarray(np.asarray(a, np.float64)) if a.dtype != bool else a
                      for a in part) for part in dense]
-        ref = np.asarray(decoder.attention(jnp.asarray(np.asarray(q, np.float64)), f64))
+        ref = np.asarray(_attention(jnp.asarray(np.asarray(q, np.float64)), f64))
     bound = _attention_bound(q, dense, np.float32, int(prefix.count))
     vmax = float(np.abs(np.asarray(dense[0][1])).max())
     assert np.abs(blocked - ref).max() <= bound < 0.01 * unit_roundoff(jnp.bfloat16) * vmax
@@ -146,17 +165,27 @@ def _rollout(eng, w, sampling, seed=0, g=2, limits=None):
     return prompts, out
 
 
+@functools.partial(jax.jit, static_argnames=("p", "temperature"))
+def _trainer_forward(w, tok, pos, att, targets, p, temperature):
+    """One compiled program (op by op, each op compiled apart): the trainer's completion
+    logprobs, its logits there, and the hidden states of every position."""
+    hidden, _ = decoder.forward(w, tok, pos, MODEL, mask=att)
+    completion = hidden[:, p - 1:-1]
+    lp, _ = decoder.token_logprobs(w, completion, targets, MODEL, temperature=temperature)
+    return lp, decoder.logits(w, completion, MODEL), hidden
+
+
 def _trainer_logprobs(w, prompts, out, g, temperature):
-    """The trainer's logprobs of the completion tokens ([R, N]) and its logits there."""
+    """The trainer's logprobs of the completion tokens ([R, N]), its logits there, and its
+    hidden states [R, P + N, D]."""
     pt, pm = pad_prompts(prompts)
     pt, pm = np.repeat(pt, g, 0), np.repeat(pm, g, 0)
     tok = np.concatenate([pt, np.asarray(out.tokens)], 1)
     att = np.concatenate([pm, np.asarray(out.mask)], 1)
     pos = np.maximum(np.cumsum(att, 1) - 1, 0)
-    hidden, _ = decoder.forward(w, jnp.asarray(tok), jnp.asarray(pos), MODEL, mask=jnp.asarray(att))
-    hidden = hidden[:, pt.shape[1] - 1:-1]
-    lp, _ = decoder.token_logprobs(w, hidden, out.tokens, MODEL, temperature=temperature)
-    return np.asarray(lp), np.asarray(decoder.logits(w, hidden, MODEL))
+    lp, logits, hidden = _trainer_forward(w, jnp.asarray(tok), jnp.asarray(pos), jnp.asarray(att),
+                                          out.tokens, pt.shape[1], temperature)
+    return np.asarray(lp), np.asarray(logits), np.asarray(hidden)
 
 
 @pytest.fixture(scope="module")
@@ -193,7 +222,7 @@ def test_many_blocks_and_compaction_sample_as_the_trainer_scores(weights, monkey
     prompts, out = _rollout(eng, weights, SAMPLING)
     assert eng._cache.block == 4 and eng._cache.v.shape[3] >= 8 * 4
     assert len(sizes) >= 2  # it compacted, more than once
-    ref, logits = _trainer_logprobs(weights, prompts, out, 2, 1.0)
+    ref, logits, _ = _trainer_logprobs(weights, prompts, out, 2, 1.0)
     m = np.asarray(out.mask)
     assert m.sum(1).max() > 16 and m.sum(1).min() < 8  # rows end in different blocks
     tol = logprob_tol("float32", logits)
@@ -226,7 +255,7 @@ def test_compacting_finished_rows_changes_no_token(weights, monkeypatch):
     assert not sizes
     _, compacted = _rollout(Engine(MODEL, block=8, min_rows=1), weights, greedy, limits=limits)
     assert sizes == [8, 4, 2, 1][:len(sizes)] and len(sizes) >= 3, sizes
-    _, logits = _trainer_logprobs(weights, prompts, full, 2, 1.0)
+    _, logits, _ = _trainer_logprobs(weights, prompts, full, 2, 1.0)
     assert_decisive_argmax(logits[np.asarray(full.mask)])
     np.testing.assert_array_equal(np.asarray(full.lengths), limits)
     for f in ("tokens", "lengths", "mask", "steps"):
@@ -248,7 +277,7 @@ def test_compaction_over_a_mesh_keeps_each_devices_rows(weights, monkeypatch):
     eng = Engine(MODEL, mesh=make_mesh({"data": 2}, backend.devices(2)), block=8, min_rows=1)
     _, multi = _rollout(eng, weights, greedy, limits=limits)
     assert len(sizes) >= 2 and eng._cache.k.sharding.spec[1] == "data"
-    _, logits = _trainer_logprobs(weights, prompts, single, 2, 1.0)
+    _, logits, _ = _trainer_logprobs(weights, prompts, single, 2, 1.0)
     assert_decisive_argmax(logits[np.asarray(single.mask)])
     for f in ("tokens", "lengths", "steps"):
         np.testing.assert_array_equal(np.asarray(getattr(multi, f)),
@@ -265,16 +294,13 @@ def test_bf16_cache_logprobs_stay_within_bf16_rounding_of_the_trainers(weights, 
     eng = Engine(MODEL, cache_dtype="bf16", block=8)
     prompts, out = _rollout(eng, weights, SAMPLING)
     assert eng._cache.k.dtype == eng._cache.v.dtype == jnp.bfloat16
-    ref, _ = _trainer_logprobs(weights, prompts, out, 2, 1.0)
+    ref, _, hidden = _trainer_logprobs(weights, prompts, out, 2, 1.0)
     m = np.asarray(out.mask)
     gap = np.abs(np.asarray(out.logprobs) - ref)[m]
     u = unit_roundoff(jnp.bfloat16)
-    pt, pm = pad_prompts(prompts)
-    tok = np.concatenate([np.repeat(pt, 2, 0), np.asarray(out.tokens)], 1)
-    att = np.concatenate([np.repeat(pm, 2, 0), m], 1)
-    hidden, _ = decoder.forward(weights, jnp.asarray(tok), jnp.asarray(np.maximum(
-        np.cumsum(att, 1) - 1, 0)), MODEL, mask=jnp.asarray(att))
-    a = float(jnp.max(jnp.abs(hidden).reshape(-1, MODEL.hidden_size) @ jnp.abs(weights["embed"]).T))
+    # max Σ_d |h_d e_vd| over every position (in f64: a sum of positive terms, exact enough)
+    a = float(np.max(np.abs(hidden.astype(np.float64)).reshape(-1, MODEL.hidden_size)
+                     @ np.abs(np.asarray(weights["embed"], np.float64)).T))
     bound = 2 * (2 * MODEL.num_hidden_layers + 2) * 2 * u * a
     assert gap.max() <= bound, (gap.max(), bound)
     assert gap.mean() > 1e-5  # bf16 really in use

@@ -16,6 +16,8 @@ backend (`tolerance.elementwise`: 4 u each on XLA:CPU, far more on a TPU), and �
 scale before any cancellation (`close`). A log's error is absolute, LOG·u·max(1, |log x|).
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -39,6 +41,15 @@ def close(got, want, roundings: int, scale=None):
     np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=0,
                                atol=np.max(roundings * U * scale))
 
+
+@functools.cache
+def compiled(fn, **static):
+    """`fn` with its `static` settings as one compiled program, as the train step runs it
+    (inside its own program). Run op by op, each of its ops was a program of its own to
+    compile: ~190 in this module, and the chip compiles every one."""
+    return jax.jit(functools.partial(fn, **static))
+
+
 NAN = float("nan")
 RATIOS = np.array([[1.5, 1.1, NAN], [0.5, NAN, NAN], [0.5, 1.5, 1.0], [4.0, NAN, NAN]])
 MASK = jnp.asarray(~np.isnan(RATIOS))
@@ -53,8 +64,8 @@ def toy(settings: LossSettings, stale=None, behav_shift=0.0, ref_shift=None):
     ref = None if ref_shift is None else logp - ref_shift
     stale = jnp.zeros(4, bool) if stale is None else jnp.asarray(stale)
     counts = agg.global_counts(MASK)
-    return objective(logp, jnp.ones(MASK.shape), old, behav, ref, ADV, MASK, stale, counts,
-                     settings)
+    return compiled(objective, s=settings)(logp, jnp.ones(MASK.shape), old, behav, ref, ADV,
+                                           MASK, stale, counts)
 
 
 def test_clipped_pg_each_case():
@@ -64,12 +75,12 @@ def test_clipped_pg_each_case():
     # (1.5,+1) → max(-1.5, -1.28) = -1.28, clip_high | (0.5,-1) → max(0.5, 0.8) = 0.8, clip_low
     # (1.1,+1) → -1.1 | (0.5,+1) → max(-0.5, -0.8) = -0.5, r low but A > 0: not clipped
     # (1.5,-1) → max(1.5, 1.28) = 1.5 | (4,-1) → 4.0; dual-clip c=3 caps it at -cA = 3 | A=0 → 0
-    loss, low, high = clipped_pg(ratio, adv, 0.2, 0.28)
+    loss, low, high = compiled(clipped_pg, eps_low=0.2, eps_high=0.28)(ratio, adv)
     # f32 of each ratio or clip bound (1 ± ε: two roundings), times A = ±1 (exact)
     close(loss, [-1.28, 0.8, -1.1, -0.5, 1.5, 4.0, 0.0], 3)
     assert np.asarray(high).tolist() == [True, False, False, False, False, False, False]
     assert np.asarray(low).tolist() == [False, True, False, False, False, False, False]
-    loss, _, _ = clipped_pg(ratio, adv, 0.2, 0.28, dual_clip=3.0)
+    loss, _, _ = compiled(clipped_pg, eps_low=0.2, eps_high=0.28, dual_clip=3.0)(ratio, adv)
     close(loss, [-1.28, 0.8, -1.1, -0.5, 1.5, 3.0, 0.0], 3)
 
 
@@ -78,13 +89,13 @@ def test_kl_estimators():
     # δ = ln 2 → 1/2 - 1 + 0.6931472 = 0.1931472; δ = -ln 2 → 2 - 1 - 0.6931472 = 0.3068528.
     ln2 = float(np.log(2.0))
     logp, ref = jnp.array([0.0, 0.0]), jnp.array([-ln2, ln2])
-    close(kl_penalty(logp, ref, "k1"), [ln2, -ln2], 1)  # f32(ln 2)
-    close(kl_penalty(logp, ref, "k2"), [ln2 ** 2 / 2] * 2, 4)  # δ's rounding, doubled; δ²
+    kl = {k: compiled(kl_penalty, estimator=k)(logp, ref) for k in ("k1", "k2", "k3")}
+    close(kl["k1"], [ln2, -ln2], 1)  # f32(ln 2)
+    close(kl["k2"], [ln2 ** 2 / 2] * 2, 4)  # δ's rounding, doubled; δ²
     # exp (EXP), δ's rounding and two sums (4 with room), at the scale e^{-δ} + 1 + |δ| ≤ 3.7
     # (the result 0.19 cancels most of it: a bound of 1e-6 relative would be tighter than
     # XLA's exp).
-    close(kl_penalty(logp, ref, "k3"), [0.5 - 1 + ln2, 2 - 1 - ln2], EXP + 4,
-          scale=2 + 1 + ln2)
+    close(kl["k3"], [0.5 - 1 + ln2, 2 - 1 - ln2], EXP + 4, scale=2 + 1 + ln2)
     with pytest.raises(ValueError, match="k4"):
         kl_penalty(logp, ref, "k4")
 
@@ -97,22 +108,24 @@ def test_truncated_is_weight():
     behav = jnp.zeros((2, 2))
     mask = jnp.ones((2, 2), bool)
     stale = jnp.array([True, False])
-    w = truncated_is_weight(old, behav, mask, stale, 2.0)
+    w = compiled(truncated_is_weight, cap=2.0)(old, behav, mask, stale)
     # log (|ln 0.5| < 1: LOG·u absolute, w's relative error) then exp; 2 and 1 are exact
     close(w, [[2.0, 0.5], [1.0, 1.0]], LOG + EXP)
-    w = truncated_is_weight(old, behav, mask, stale, 2.0, level="sequence")
+    w = compiled(truncated_is_weight, cap=2.0, level="sequence")(old, behav, mask, stale)
     # the exponent's absolute error is w's relative error: two logs (LOG·u·max(1, |log x|):
     # ln 3 = 1.0986 and 1), their mean (one rounding of the 0.41 sum, the halving exact),
     # then exp.
     close(w, [[1.5 ** 0.5] * 2, [1.0, 1.0]], LOG * (np.log(3) + 1) / 2 + 1 + EXP,
           scale=1.5 ** 0.5)
-    assert (np.asarray(truncated_is_weight(old, behav, mask, stale, 0.0)) == 1.0).all()
+    assert (np.asarray(compiled(truncated_is_weight, cap=0.0)(old, behav, mask, stale))
+            == 1.0).all()
 
 
 def test_gspo_sequence_ratio_is_length_normalised_geometric_mean():
     # Row 0 token log-ratios [ln 1.5, ln 1.1] → exp(mean) = sqrt(1.65) = 1.2845233;
     # row 2 [ln .5, ln 1.5, 0] → 0.75^(1/3) = 0.9085603; masked NaNs do not enter.
-    lr = log_ratio(jnp.zeros(MASK.shape), jnp.asarray(-np.log(RATIOS)), MASK, "sequence")
+    lr = compiled(log_ratio, level="sequence")(jnp.zeros(MASK.shape),
+                                               jnp.asarray(-np.log(RATIOS)), MASK)
     s = np.exp(np.asarray(lr, np.float64))
     # f32 inputs (one rounding of each |log r| ≤ 1.4), a ≤ 3-term mean: the exponent's
     # absolute error, ≤ 4u·Σ|log r| / n, is s's relative error.
@@ -137,18 +150,18 @@ AGG_EXPECTED = {
 def test_aggregation_modes(mode):
     counts = agg.global_counts(AGG_M)
     assert (float(counts.tokens), float(counts.seqs)) == (8.0, 3.0)
-    got = agg.aggregate(AGG_L, AGG_M, counts, mode, max_len=5)
+    aggregate = compiled(agg.aggregate, mode=mode, max_len=5)
+    got = aggregate(AGG_L, AGG_M, counts)
     close(got, AGG_EXPECTED[mode], 2)  # sums of small integers are exact; ≤ 2 divisions
     # Split the rows in two micro-batches: partial sums over global counts add up exactly
     # (up to rounding: two parts of ≤ 2 divisions each, one add)...
     halves = (np.array([0, 3]), np.array([1, 2]))
-    parts = [agg.aggregate(AGG_L[i], AGG_M[i], counts, mode, max_len=5) for i in halves]
+    parts = [aggregate(AGG_L[i], AGG_M[i], counts) for i in halves]
     close(sum(parts), AGG_EXPECTED[mode], 5)
     # ...while the classic bug, each micro-batch normalised by its own counts and averaged,
     # does not (the negative control, off by arithmetic, ≥ 0.02, not by rounding; the
     # layout harness catches it: test_layout_invariance's planted bugs).
-    local = [agg.aggregate(AGG_L[i], AGG_M[i], agg.global_counts(AGG_M[i]), mode, max_len=5)
-             for i in halves]
+    local = [aggregate(AGG_L[i], AGG_M[i], agg.global_counts(AGG_M[i])) for i in halves]
     assert abs(float(sum(local)) / 2 - AGG_EXPECTED[mode]) > 0.02
 
 
@@ -173,8 +186,8 @@ DAPO_EXPECTED = {
 
 def _abs_scale(mode, tokens=DAPO_TOKENS, max_len=4):
     """The aggregate of |per-token loss|: Σ|terms| of the loss, the scale of its rounding."""
-    return float(agg.aggregate(jnp.abs(jnp.asarray(tokens, jnp.float32)), MASK,
-                               agg.global_counts(MASK), mode, max_len))
+    return float(compiled(agg.aggregate, mode=mode, max_len=max_len)(
+        jnp.abs(jnp.asarray(tokens, jnp.float32)), MASK, agg.global_counts(MASK)))
 
 
 # Per token: f32(-log r) (1 rounding of |log r| ≤ 1.4, taken on the host), exp (EXP), a clip
@@ -230,8 +243,9 @@ def test_kl_and_is_weight_in_objective():
     behav = logp - jnp.log(3.0)
     ref = logp - jnp.log(2.0)
     s = LossSettings(beta=0.1, kl_estimator="k3", loss_agg="token-mean", is_cap=2.0)
-    loss, m, e = objective(logp, jnp.ones((2, 2)), logp, behav, ref, jnp.array([1.0, -0.5]),
-                           mask, jnp.array([False, True]), agg.global_counts(mask), s)
+    loss, m, e = compiled(objective, s=s)(logp, jnp.ones((2, 2)), logp, behav, ref,
+                                          jnp.array([1.0, -0.5]), mask,
+                                          jnp.array([False, True]), agg.global_counts(mask))
     close(m["actor/pg_loss"], -1 / 3, 1)  # ratio exp(0) = 1 and w = 2 exact: one division
     # k3 as in test_kl_estimators (EXP + 4 roundings at scale 1/2 + 1 + ln 2), plus δ's own
     # error: the backend's log(2) (LOG·u) and ref = logp - log(2) rounding at |ref| ≤ 3.7 (δ =
@@ -255,7 +269,8 @@ def test_on_policy_ratio_exactly_one_and_gradient():
         return objective(lp, lp, jax.lax.stop_gradient(lp), lp, None, ADV, MASK, jnp.zeros(4, bool),
                          agg.global_counts(MASK), s)
 
-    (loss, (m, e)), g = jax.value_and_grad(lambda lp: (f(lp)[0], f(lp)[1:]), has_aux=True)(logp)
+    (loss, (m, e)), g = jax.jit(jax.value_and_grad(lambda lp: (f(lp)[0], f(lp)[1:]),
+                                                   has_aux=True))(logp)
     assert float(e["actor/ratio_max"]) == 1.0 and float(e["actor/ratio_min"]) == 1.0
     assert float(m["actor/clip_frac_low"]) == 0.0 and float(m["actor/clip_frac_high"]) == 0.0
     expected = np.where(np.asarray(MASK), -np.asarray(ADV)[:, None] / 7, 0.0)
@@ -275,5 +290,5 @@ def test_masked_positions_cannot_poison_gradients(estimator):
                          jnp.array([1.0]), mask, jnp.zeros(1, bool), agg.global_counts(mask),
                          s)[0]
 
-    g = np.asarray(jax.grad(loss)(logp))
+    g = np.asarray(jax.jit(jax.grad(loss))(logp))
     assert np.isfinite(g).all() and g[0, 0] == 0.0
