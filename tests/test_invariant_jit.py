@@ -1,12 +1,12 @@
 """Every program that runs batch-invariant kernels compiles with excess precision off
 (`locojax/model/invariant_jit.py`; docs/design.md, "Batch-invariant logprobs"; issue 59).
 
-Why this checks the option and not the bits: on XLA:CPU `xla_allow_excess_precision` changes
-no bit of these programs (probed: a bf16 jit with and without it, at -O0 and at XLA's
-defaults), so the bitwise tests (tests/test_batch_invariance.py) pass on the CPU whether a
-program carries it or not. On a TPU v5e they do not: the bf16 learner and engine cases
-failed under XLA's defaults and passed with the option off (2026-12-07). So here, on any
-backend, each compile is watched where every jit's compile passes, jax's
+Why this checks the option and not the bits: XLA:CPU gets no option (the CPU's contract was
+measured without it, and with it the bf16 train step's logprobs left the engine's:
+`invariant_jit.excess_precision_breaks_invariance`), so the bitwise tests there cannot see it.
+On a TPU v5e the bf16 learner and engine cases failed under XLA's defaults and passed with
+the option off (2026-12-07). So here the backend is taken for an accelerator
+(`excess_precision_breaks_invariance` patched true) and each compile is watched where every jit's compile passes, jax's
 `compiler.compile_or_get_cached` (before its persistent cache, so a cache hit is seen too),
 with the options as XLA receives them; a program holds a batch-invariant kernel when its
 StableHLO carries a source location in `locojax/model/invariant.py`. Every such program
@@ -34,6 +34,7 @@ from locojax.engine.engine import Engine, pad_prompts
 from locojax.engine.refill import Refill
 from locojax.engine.sampling import SamplingConfig
 from locojax.model import config, params
+from locojax.model import invariant_jit
 from locojax.model.invariant_jit import NO_EXCESS_PRECISION
 from locojax.model.sharding import TRAIN_DP, make_mesh, weight_shardings
 from locojax.profiler import StepTimer
@@ -65,6 +66,7 @@ def compiles(monkeypatch):
         return real(backend, computation, devices, compile_options, *args, **kwargs)
 
     monkeypatch.setattr(compiler, "compile_or_get_cached", watch)
+    monkeypatch.setattr(invariant_jit, "excess_precision_breaks_invariance", lambda: True)
     jax.clear_caches()
     return seen
 
@@ -123,6 +125,15 @@ def test_batch_invariant_programs_compile_without_excess_precision(compiles):
     lost = sorted({name for name, options, kernels in compiles
                    if kernels and options != dict(NO_EXCESS_PRECISION)})
     assert not lost, f"compiled with excess precision allowed: {lost}"
+
+
+def test_xla_cpu_gets_no_option():
+    """On XLA:CPU a batch-invariant config compiles with XLA's defaults: with the option the
+    bf16 train step's logprobs left the engine's (tests/test_logprob_gap.py)."""
+    if jax.default_backend() != "cpu":
+        pytest.skip("the CPU's rule")
+    assert invariant_jit.compiler_options(MODEL) == {}
+    assert invariant_jit.compiler_options(config.tiny()) == {}
 
 
 def test_default_programs_keep_xlas_defaults(compiles):
