@@ -16,9 +16,9 @@ micro-benchmarks (`locojax/predict/calibrate.py`), never a train run.
 
 The points files kept are the current sets: predict_validation_points_v5.json (the
 `measure` method's, the default), _v9.json (`compiled`'s) and the chip's _v10_tpu.json
-and _v11_tpu.json (run: docs/results/predict_tpu_validation.md) and _v12_tpu.json
-(registered after set 11 and the accelerator's decode change); the earlier sets are in git
-history, their every point in docs/results/.
+_v11_tpu.json and _v12_tpu.json (run: docs/results/predict_tpu_validation.md), and
+_v13_tpu.json (registered after set 12 and the chip's decode-step calibration change, not
+yet run); the earlier sets are in git history, their every point in docs/results/.
 
 Usage:
     .venv/bin/python -m benchmarks.validate_heldout [--work-dir DIR] [--only ID ...]

@@ -158,3 +158,60 @@ def test_a_chips_overhead_is_what_its_wide_programs_cost_beyond_the_roofline(mon
     for kind, (fixed, per_layer) in over.items():
         assert got[kind]["fixed"] == pytest.approx(fixed, rel=1e-9)
         assert got[kind]["per_layer"] == pytest.approx(per_layer, rel=1e-9)
+
+
+PLANTED = {"fixed": 3e-4, "per_layer": 6e-5, "per_block": 8e-6, "rate": 2e13}
+
+
+def _chip_step(cfg, prompts: int, samples: int, prompt: int, bw: float = 8e11) -> float:
+    """A made-up chip's decode iteration at PLANTED, on the engine's own cache geometry
+    (`KVCache.empty`): a short cache read whole, a long one a block an iteration of a loop
+    up to the last written slot (iterations 8..135 of a 136-token generate: 72 in on
+    average, half a block past it)."""
+    from locojax.model.attention import WHOLE_BLOCKS, KVCache
+    from locojax.predict.flops import ModelCosts
+
+    cache = KVCache.empty(cfg, 1, prompt + 135)
+    slots, block = cache.v.shape[3], cache.block
+    loop = 0.0 if slots // block <= WHOLE_BLOCKS else (prompt + 72 + block / 2) / block
+    c = ModelCosts(cfg, cfg.compute_dtype).decode_step(prompts * samples, loop * block or slots)
+    return (PLANTED["fixed"] + cfg.num_hidden_layers * (PLANTED["per_layer"] + loop *
+            PLANTED["per_block"]) + c.flops / PLANTED["rate"] + c.bytes / bw)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_chips_decode_fit_recovers_its_planted_latencies(dtype):
+    """`decode_latency` on made-up timings returns the per-layer, per-block, fixed and FLOP
+    terms they were made of: a fit that drops the per-layer term (1 against 2 layers in the
+    noise, as before) or reads no loop blocks (an 8-token probe's cache) cannot. Exact up
+    to the least squares' rounding (rel 1e-6)."""
+    got = calibrate_device.decode_latency(
+        lambda cfg, reps, *shape: (0.0, _chip_step(cfg, *shape)), 8e11, dtype, 1.9e14)
+    assert got == {k: pytest.approx(v, rel=1e-6) for k, v in PLANTED.items()}
+
+
+def test_a_negative_term_is_dropped_not_kept():
+    """Noise that makes a coefficient negative drops it (no kernel gives time back)."""
+    x = [(1.0, 2.0), (1.0, 4.0), (1.0, 8.0)]
+    assert calibrate_device.nonnegative_fit(x, [5.0, 4.0, 3.0]) == pytest.approx([4.0, 0.0])
+
+
+def test_a_chip_profile_with_the_decode_fit_prices_the_loop_in_series(tmp_path):
+    """With `decode_latency` the chip's decode step is its fit, latency-bound: fixed + L ·
+    (per_layer + blocks · per_block) + flops / rate + bytes / bandwidth, summed, not the
+    larger of the two (TINY: 2 layers; the profile's bandwidth is MEASURED's 8e11)."""
+    fit = {d: dict(PLANTED) for d in calibrate_device.DTYPES}
+    path = tmp_path / "here.json"
+    path.write_text(json.dumps(calibrate.profile({**MEASURED, "decode_latency": fit}, "now",
+                                                 "0.0")))
+    dev = _model(path, "bfloat16")
+    t = dev.seconds("decode_step", Costs(4e9, 8e8), blocks=6.0)
+    assert t == pytest.approx(PLANTED["fixed"] + 2 * (PLANTED["per_layer"] + 6 * PLANTED[
+        "per_block"]) + 4e9 / PLANTED["rate"] + 8e8 / 8e11, rel=1e-12)
+    prof = json.loads(path.read_text())
+    assert str(calibrate_device.DECODE_GRID) in prof["program_overhead"]["bfloat16"][
+        "decode_step"]["per_block"]["source"]
+    # Prefill and train keep their 1-and-2-layer overheads and their max(flops, bytes).
+    over = MEASURED["program_overhead"]["bfloat16"]["train"]
+    assert dev.seconds("train", Costs(4e12, 1e6)) == pytest.approx(
+        over["fixed"] + 2 * over["per_layer"] + 4e12 / 1e14, rel=1e-12)

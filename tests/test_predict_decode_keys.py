@@ -41,12 +41,21 @@ def test_static_reads_what_the_engine_reads(prompt, new):
     """A block count rounds the written slots up to a whole block: on average (b - 1) / 2
     slots past them over whole blocks, never more than b past them; the model adds b / 2, so
     it is within b / 2 + 1 of the engine's mean at any number of steps."""
-    ctx = _ctx(prompt, new)
+    keys = _ctx(prompt, new).decode_keys(new - 1)[0]
     engine = _engine_keys(prompt, new, new - 1)
-    assert abs(ctx.decode_keys(new - 1) - engine) <= BLOCK / 2 + 1, (ctx.decode_keys(new - 1),
-                                                                     engine)
-    assert ctx.decode_keys(new - 1) <= prompt + new - 1 + BLOCK  # never past the cache
+    assert abs(keys - engine) <= BLOCK / 2 + 1, (keys, engine)
+    assert keys <= prompt + new - 1 + BLOCK  # never past the cache
+
+
+@pytest.mark.parametrize("prompt,new", [(16, 32), (48, 96), (128, 128), (192, 256)])
+def test_the_attention_loop_takes_the_blocks_it_reads(prompt, new):
+    """A chip pays per block of the attention loop (`calibrated.py`): none where the engine
+    reads its cache whole, else the keys read over the engine's own block size."""
+    keys, loop = _ctx(prompt, new).decode_keys(new - 1)
+    cache = KVCache.empty(config.tiny(), 1, prompt + new - 1)
+    whole = cache.v.shape[3] // cache.block <= 5  # attention.WHOLE_BLOCKS
+    assert loop == (0.0 if whole else pytest.approx(keys / cache.block))
 
 
 def test_actual_reads_the_filled_part():
-    assert _ctx(128, 128, "actual").decode_keys(127) == 128 + 127 / 2
+    assert _ctx(128, 128, "actual").decode_keys(127)[0] == 128 + 127 / 2

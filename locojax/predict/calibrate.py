@@ -7,24 +7,19 @@ What is measured, each a median of repeats, nothing fitted to a training run:
 - `hbm_bandwidth`: bytes/s of a 256 MB copy (read + write);
 - `program_overhead`: per program kind (`prefill` with the generate call around it,
   `decode_step` one iteration of the decode loop, `train` one update), what one call costs
-  beyond its roofline term, fixed + L · per_layer. These are the launches: the dispatch of
-  the program and the dozens of small kernels a layer runs, which on a CPU cost more than
-  their FLOPs at small shapes;
-- `program_rates`: the effective FLOP/s of each kind on locojax's own programs (small
-  matmuls, softmax and the backward's elementwise work included);
+  beyond its roofline term, fixed + L · per_layer: the program's dispatch and the dozens of
+  small kernels a layer runs, which on a CPU cost more than their FLOPs at small shapes;
+- `program_rates`: the effective FLOP/s of each kind on locojax's own programs;
 - `host_rates`: a step's host Python work through the run's own functions
   (`calibrate_host.py`);
 - `dcn_latency`, `dcn_bandwidth`: two processes joined by `jax.distributed` on 127.0.0.1
   (gloo, as `locojax launch` joins its hosts) time a psum at several sizes; a ring
   all-reduce over p = 2 takes 2 (p - 1) α + 2 (p - 1) / p · m / β, fitted for α and β.
 On a TPU or GPU the same pipeline measures the chip instead (`calibrate_device.py`: its
-matmul rates and bandwidth, its programs in each compute dtype on a wide decoder, no link).
-Not measured: ρ(k), how much slower k local hosts run together than each alone on its
-share of the cores: no pre-registered set was predicted with it, so it is a probe of the
-laboratory (`benchmarks/predict_probes.py oversub`), and the cost model reads no such term.
-
-The device model that reads the profile, and how it scales a rate to c cores, is
-`calibrated.py`'s; the profile's fields are described in docs/predict_validation.md.
+matmul rates and bandwidth, its programs in each compute dtype on a wide decoder, the decode
+step a fit of its own, `decode_latency`; no link). Not measured: ρ(k), k local hosts'
+slowdown together (a laboratory probe: `benchmarks/predict_probes.py oversub`). The model
+reading the profile is `calibrated.py`; its fields: docs/predict_validation.md.
 """
 
 from __future__ import annotations
@@ -111,20 +106,12 @@ def _timed(cfg, dtype: str, reps: int, prompts: int, samples: int, q: int,
                       mc.train_step(prompts_n * group, group, p, n))}
 
 
-def _fixed_and_per_layer(t1: float, t2: float) -> dict[str, float]:
-    """{"fixed", "per_layer"} through a cost at 1 and 2 layers, neither below 0."""
-    per_layer = max(0.0, t2 - t1)
-    return {"fixed": max(0.0, t1 - per_layer), "per_layer": per_layer}
-
-
 def program_overhead(rates: dict[str, float], bandwidth: float, dtype: str = "float32",
                      probe: RateProbe = CPU_PROBE,
                      reps: int = 5) -> dict[str, dict[str, float]]:
-    """Per kind, {"fixed": s, "per_layer": s}: what a call costs beyond the model's own
-    roofline term, max(flops / rate, bytes / bandwidth), on `probe`'s narrow decoder at 1
-    and 2 layers (4 prompts x 2 samples of 8 tokens; updates of 2 x 2 rows of 8 + 8): on a
-    CPU one whose roofline term is negligible, on an accelerator one as wide as the models
-    the chip runs (`RateProbe.narrow`)."""
+    """Per kind, {"fixed": s, "per_layer": s}: what a call costs beyond its roofline term,
+    max(flops / rate, bytes / bandwidth), on `probe`'s narrow decoder (`RateProbe.narrow`)
+    at 1 and 2 layers (4 prompts x 2 samples of 8 tokens; updates of 2 x 2 rows of 8 + 8)."""
     from locojax.model import config
 
     beyond = {k: [] for k in KINDS}
@@ -133,7 +120,9 @@ def program_overhead(rates: dict[str, float], bandwidth: float, dtype: str = "fl
         cfg = config.tiny(**decoder, compute_dtype=dtype)
         for kind, (t, c) in _timed(cfg, dtype, reps, 4, 2, 8, (2, 2, 8, 8)).items():
             beyond[kind].append(t - max(c.flops / rates[kind], c.bytes / bandwidth))
-    return {kind: _fixed_and_per_layer(*ts) for kind, ts in beyond.items()}
+    # The line through 1 and 2 layers, neither part below 0.
+    return {kind: {"fixed": max(0.0, t1 - max(0.0, t2 - t1)), "per_layer": max(0.0, t2 - t1)}
+            for kind, (t1, t2) in beyond.items()}
 
 
 def program_rates(peak: float, reps: int = 5, probe: RateProbe = CPU_PROBE,
@@ -141,10 +130,9 @@ def program_rates(peak: float, reps: int = 5, probe: RateProbe = CPU_PROBE,
     """Effective FLOP/s of each program kind in compute `dtype` on this process's devices:
     the slope of time against FLOPs between `probe`'s two batch sizes of its decoder's
     prefill (`probe.prompt` tokens), decode iteration (all of its slots) and train step, so
-    that the call's overhead cancels; at most `peak`, one large matmul's rate. What the
-    machine reaches on locojax's own programs (small matmuls, softmax, the backward's
-    elementwise work). The CPU's probe is narrow (`CPU_PROBE`), an accelerator's as wide as
-    the models it runs (`ACCEL_PROBE`)."""
+    that the call's overhead cancels; at most `peak`, one large matmul's rate: what small
+    matmuls, softmax and the backward's elementwise work reach (probes: `CPU_PROBE`, a
+    chip's `ACCEL_PROBE`)."""
     from locojax.model import config
 
     cfg = config.tiny(**probe.decoder, compute_dtype=dtype)
@@ -230,6 +218,8 @@ def measure(say=lambda name, value, seconds: None) -> dict:
                  of(peak, d), probe=probe, dtype=d))),
              ("program_overhead", lambda: each(lambda d: program_overhead(
                  of("program_rates", d), out["hbm_bandwidth"], d, probe))),
+             *((("decode_latency", lambda: each(lambda d: dev.decode_latency(
+                 _generate_times, out["hbm_bandwidth"], d, of(peak, d)))),) if chip else ()),
              ("host_rates", host_rates), *(() if chip else (("collectives", collectives),)))
     for name, fn in steps:
         t0 = time.perf_counter()
@@ -248,16 +238,24 @@ def profile(m: dict, when: str, load: str) -> dict:
     chip = m.get("platform", "cpu") != "cpu"
     probe = ACCEL_PROBE if chip else CPU_PROBE
     rows = f"{probe.prompts[0] * 4} and {probe.prompts[1] * 4} rows"
+    fit = m.get("decode_latency") if chip else None  # a chip's decode step: its own fit
+    grid = f"fitted to {probe.decoder}'s decode at {calibrate_device.DECODE_GRID}"
 
     def overhead(table, d):
-        return {k: {part: mk(v, "s", f"{k} {part.replace('_', ' ')}{d} beyond its roofline, "
-                                     f"{probe.narrow or probe.decoder} at 1 and 2 layers")
+        return {k: {part: mk(v, "s", f"{k} {part.replace('_', ' ')}{d} " + (
+            grid if "per_block" in parts else f"beyond its roofline, "
+                                              f"{probe.narrow or probe.decoder} at 1 and 2 layers"))
                     for part, v in parts.items()} for k, parts in table.items()}
 
     def rates(table, d):
-        return {k: mk(v, "FLOP/s", f"{k}'s effective rate{d}, calibration decoder "
-                                   f"{probe.decoder}, {rows}") for k, v in table.items()}
+        return {k: mk(v, "FLOP/s", f"{k}'s effective rate{d}, " + (
+            grid if fit and k == "decode_step" else f"calibration decoder {probe.decoder}, "
+                                                    f"{rows}")) for k, v in table.items()}
     over, rate = m["program_overhead"], m["program_rates"]
+    if fit:
+        parts = ("fixed", "per_layer", "per_block")
+        over = {d: {**t, "decode_step": {k: fit[d][k] for k in parts}} for d, t in over.items()}
+        rate = {d: {**t, "decode_step": fit[d]["rate"]} for d, t in rate.items()}
     f32 = over["float32"] if chip else over
     return {
         "name": "here", "kind": "calibrated",

@@ -50,9 +50,12 @@ ACCEL_PROBE = RateProbe(dict(num_hidden_layers=4, hidden_size=768, intermediate_
 """As wide as the models an accelerator runs (SmolLM2-135M is d 576, Qwen3-0.6B d 1024) and
 none of them: 32 and 128 rows, prefills of 1k and 4k tokens (an 8-token prompt's rate
 over-predicted set 10's 128-256-token prefills 2.6-8x), updates of 8k and 32k tokens. Its
-overheads are its own decoder's: a d 16 decoder's layer hides the latency of a real width's
-kernels (on a v5e its decode token step cost 15 µs a layer where SmolLM2 and Qwen3-0.6B took
-~150-200 µs beyond their bytes: set 10, docs/results/predict_tpu_validation.md)."""
+overheads are its own decoder's (a d 16 layer hides a real width's kernel latency), but for
+the decode step (`decode_latency`): at 1 and 2 layers of 8 rows it cost 0-20 µs a layer on
+a v5e where SmolLM2 and Qwen3-0.6B took ~150 beyond their bytes (sets 10-12)."""
+DECODE_GRID = ((2, 8, 8), (8, 8, 8), (2, 8, 128), (8, 8, 128), (8, 32, 128))
+"""(layers, prompts, prompt tokens), 4 samples a prompt, that `decode_latency` times: 2 and 8
+layers, 32 and 128 rows, caches read whole (143 slots) and in a loop of 9 blocks (263)."""
 
 
 def preset_of(kind: str) -> str:
@@ -88,6 +91,43 @@ def device() -> dict:
     stats = jax.devices()[0].memory_stats() or {}
     return {"kind": jax.devices()[0].device_kind, "chips": jax.local_device_count(),
             "memory": float(stats.get("bytes_limit", 0))}
+
+
+def decode_latency(timer, bandwidth: float, dtype: str, peak: float, reps: int = 5,
+                   probe: RateProbe = ACCEL_PROBE) -> dict[str, float]:
+    """{"fixed", "per_layer", "per_block", "rate"} of a chip's decode step (`calibrated.py`),
+    fitted to the iterations `timer` (`calibrate._generate_times`) takes on `DECODE_GRID`.
+    Not 1 against 2 layers of a cache read whole: on a chip that difference is in the noise,
+    and it runs none of the attention loop's kernels, which a real prompt's cache runs."""
+    from locojax.model import config
+    from locojax.predict.flops import ModelCosts
+    from locojax.predict.phases import cache_read
+
+    terms, beyond = [], []
+    for layers, prompts, prompt in DECODE_GRID:
+        cfg = config.tiny(**{**probe.decoder, "num_hidden_layers": layers}, compute_dtype=dtype)
+        keys, loop = cache_read(prompt + 135, prompt + 72)  # the mean of iterations 8..135
+        c = ModelCosts(cfg, dtype).decode_step(prompts * 4, keys)
+        terms.append((1.0, layers, layers * loop, c.flops))
+        beyond.append(timer(cfg, reps, prompts, 4, prompt)[1] - c.bytes / bandwidth)
+    fixed, per_layer, per_block, per_flop = nonnegative_fit(terms, beyond)
+    return {"fixed": fixed, "per_layer": per_layer, "per_block": per_block,
+            "rate": 1 / per_flop if per_flop > 1 / peak else peak}  # at most one matmul's
+
+
+def nonnegative_fit(x, y) -> list[float]:
+    """Least squares of y on x's columns, none below 0: noise's negative term (no kernel
+    gives time back) is dropped and the rest fitted again."""
+    import numpy as np
+
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    scale, keep = np.abs(x).max(axis=0), list(range(x.shape[1]))  # 1 and 1e10 FLOPs alike
+    while True:
+        coef = np.zeros(x.shape[1])
+        coef[keep] = np.linalg.lstsq(x[:, keep] / scale[keep], y, rcond=None)[0] / scale[keep]
+        if coef.min() >= 0:
+            return coef.tolist()
+        keep.remove(int(coef.argmin()))
 
 
 def const(value: float, unit: str, origin: str, source: str) -> dict:

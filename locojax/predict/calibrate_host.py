@@ -2,19 +2,14 @@
 run's own functions on this machine.
 
 - `admission_per_prompt`: tokenize one arith prompt (`envs.prompt.encode_prompt`);
-- `reward_fixed` + `reward_per_row.arith` · rows: the `detokenize_reward` phase,
-  `single_turn.scored` (the run's detokenize, its `RewardRunner` and the task's reward) on
-  completions of `COMPLETION` char tokens, at `ROWS` rows: a fixed part per call and a part
-  per row, the two-point line through them;
-- `batch_fixed` + `batch_per_row` · rows: the `batch` phase of a single-host step,
-  `Producer.assemble` (advantages, the train rows, the step's sums), `buckets.fit` and the
-  batch put on the device, the same two-point line;
-- `step_fixed`, `tensorboard_s`: the step's own bookkeeping inside its clock, one metrics
-  line (20 numbers fetched from the device, 20 floats) written by `MetricsLogger.log`, and
-  what TensorBoard adds to it where the run writes that too.
-
-Small batches cost mostly their fixed part on a CPU (a call's Python and the device put),
-which one rate per row measured at 256 rows cannot say; the line holds both.
+- `reward_fixed` + `reward_per_row.arith` · rows: the `detokenize_reward` phase
+  (`single_turn.scored`) on completions of `COMPLETION` char tokens;
+- `batch_fixed` + `batch_per_row` · rows: a single host's `batch` phase
+  (`Producer.assemble`, `buckets.fit`, the device put);
+- `step_fixed`, `tensorboard_s`: one metrics line written by `MetricsLogger.log` (20
+  numbers fetched from the device, 20 floats), and what TensorBoard adds to it.
+The fixed and per-row parts are the line through `ROWS`' two sizes: small batches cost
+mostly their call's Python and device put, which one rate per row cannot say.
 """
 
 from __future__ import annotations

@@ -1,21 +1,19 @@
 """Program times on a machine measured by `locojax predict calibrate` (a profile of kind
-`calibrated`): from the program's FLOPs and bytes and the machine's measured rates, with no
-term fitted to a training run, so a shape nobody ran costs what its arithmetic costs.
+`calibrated`): from the program's FLOPs and bytes (`flops.py`, checked against XLA's
+`cost_analysis()`) and the machine's measured rates, no term fitted to a training run.
 
 A program of kind k (`prefill`, `decode_step`: one iteration of the decode loop, `train`:
-one update; `forward`, a no-grad forward, is costed as a prefill) of a decoder of L layers,
-doing `flops` and moving `bytes` on c cores:
+one update; `forward` is costed as a prefill) of a decoder of L layers on c cores takes
     t = fixed_k + L · per_layer_k + max(flops / F_k(c), bytes / bandwidth)
-- fixed_k and per_layer_k: what the program costs beyond its roofline term (its launch, the
-  dozens of small kernels a layer runs), measured on a decoder too narrow for its FLOPs to
-  matter, at 1 and 2 layers (`calibrate.program_overhead`);
-- F_k(c): the kind's effective FLOP rate on locojax's own programs (`program_rates`,
-  measured on a calibration decoder at two batch sizes), scaled to c cores as the f32
-  matmul rate scales (one-core and all-core measurements, linear between them; a profile
-  without `program_rates` uses the matmul rate itself); below one core a time-sliced
-  share, t / c;
-- the FLOPs and bytes are the cost model's (`flops.py`), which tests/test_predict_flops.py
-  checks against XLA's `cost_analysis()` of the compiled programs (`program_cost.py`).
+- fixed_k, per_layer_k: its launch and a layer's dozens of small kernels, beyond the
+  roofline term, at 1 and 2 layers of a narrow decoder (`calibrate.program_overhead`);
+- F_k(c): the kind's effective FLOP rate on locojax's own programs (`program_rates`, two
+  batch sizes), scaled to c cores as the f32 matmul rate scales (`flop_rate`); below one
+  core a time-sliced share, t / c.
+A chip's decode step whose profile has `per_block` (`calibrate_device.decode_latency`) is
+latency-bound: its kernels run one after another, none hiding another's bytes, so
+    t = fixed + L · (per_layer + n · per_block) + flops / F + bytes / bandwidth
+with n the blocks a layer's attention loop takes (`phases.cache_read`; 0 read whole).
 """
 
 from __future__ import annotations
@@ -61,8 +59,9 @@ class Calibrated:
                                                                            f"{name}")
         return self.ledger.get(f"{self.hw.name}.{name}", const)
 
-    def overhead(self, kind: str) -> float:
-        """fixed + L · per_layer of one call of `kind`."""
+    def overhead(self, kind: str, blocks: float = 0.0) -> float:
+        """fixed + L · (per_layer + blocks · per_block) of one call of `kind` (`per_block`:
+        a chip's decode step's, else none)."""
         table, prefix = self._table("program_overhead")
         k = KIND_OF.get(kind, "prefill")
         if k not in table:
@@ -70,6 +69,8 @@ class Calibrated:
                              "calibrate` again)")
         fixed = self._get(f"{prefix}.{k}.fixed", table[k]["fixed"])
         per_layer = self._get(f"{prefix}.{k}.per_layer", table[k]["per_layer"])
+        if "per_block" in table[k]:
+            per_layer += blocks * self._get(f"{prefix}.{k}.per_block", table[k]["per_block"])
         return fixed + self.layers * per_layer
 
     def flop_rate(self, cores: float, kind: str = "") -> float:
@@ -93,14 +94,18 @@ class Calibrated:
         return self._get(f"program_rates.{k}", rates[k]) * matmul / every
 
     def seconds(self, kind: str, c: Costs, chips: float = 1.0, cores: float = 0.0,
-                rows: float = 0.0) -> float:
+                rows: float = 0.0, blocks: float = 0.0) -> float:
         """`rows` (the matmuls' rows per chip, the roofline's) is not used: the measured
-        matmul rate and the per-layer overhead already hold a CPU's small-shape costs."""
+        matmul rate and the per-layer overhead already hold a CPU's small-shape costs.
+        `blocks`: a decode step's attention loop (`phases.cache_read`)."""
         cores = cores or float(self.hw.host_cores.value)
         bw = self.ledger.get(f"{self.hw.name}.hbm_bandwidth", self.hw.hbm_bandwidth)
         chips = max(chips, 1.0)
-        t = self.overhead(kind) + max(c.flops / chips / self.flop_rate(cores, kind),
-                                      c.bytes / chips / bw)
+        over = self.overhead(kind, blocks)
+        serial = self.on_chip and "per_block" in self._table("program_overhead")[0][
+            KIND_OF.get(kind, "prefill")]  # the latency-bound form (module docstring)
+        terms = (c.flops / chips / self.flop_rate(cores, kind), c.bytes / chips / bw)
+        t = over + (sum(terms) if serial else max(terms))
         # A CPU machine below one core time-slices its programs; a chip's are its own.
         return t / cores if cores < 1.0 and not self.on_chip else t
 

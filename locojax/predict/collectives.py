@@ -1,21 +1,16 @@
 """Collective times by the standard α-β formulas, over the links of a cluster.
 
-A message of m bytes over a link of bandwidth β (bytes/s) with latency α costs α + m/β.
-Over p participants (Thakur, Rabenseifner & Gropp 2005, "Optimization of collective
-communication operations in MPICH"; Chan et al. 2007):
-- ring all-reduce: a reduce-scatter then an all-gather, 2(p-1) steps of m/p bytes each:
-  2(p-1) α + 2 (p-1)/p · m/β;
+A message of m bytes over a link of bandwidth β with latency α costs α + m/β. Over p
+participants (Thakur, Rabenseifner & Gropp 2005; Chan et al. 2007):
+- ring all-reduce: reduce-scatter then all-gather, 2(p-1) α + 2 (p-1)/p · m/β;
 - ring reduce-scatter, all-gather: half of that, (p-1) α + (p-1)/p · m/β;
-- binary-tree all-reduce (reduce then broadcast, whole messages, no pipelining):
-  2 ⌈log2 p⌉ (α + m/β);
-- pipelined broadcast of a large message (a chain, or a tree with segments):
-  ⌈log2 p⌉ α + m/β, the bandwidth-optimal form, used for weight pushes.
-On a torus the ring runs along each dimension in turn (d dims of sizes p_i): the bandwidth
-term stays 2 (p-1)/p · m / β_chip when every link of the chip carries its share, β_chip being
-the chip's total ICI bandwidth, and the latency term is Σ_i 2 (p_i - 1) α (jax-ml, "How to
-Scale Your Model", ch. "All about sharding": all-reduce cost ≈ 2 m / W_ici).
-Across hosts, data parallelism is hierarchical: reduce-scatter inside each ICI domain, all-
-reduce the 1/q shard over the DCN between domains, all-gather inside the domain.
+- binary-tree all-reduce (whole messages, no pipelining): 2 ⌈log2 p⌉ (α + m/β);
+- pipelined broadcast (weight pushes): ⌈log2 p⌉ α + m/β, the bandwidth-optimal form.
+On a torus the ring runs along each dimension in turn (sizes p_i): the bandwidth term stays
+2 (p-1)/p · m / β_chip, β_chip the chip's total ICI bandwidth, the latency term Σ_i 2 (p_i -
+1) α (jax-ml, "How to Scale Your Model", ch. "All about sharding"). Across hosts, data
+parallelism is hierarchical: reduce-scatter inside each ICI domain, all-reduce the 1/q
+shard over the DCN between domains, all-gather inside the domain.
 
 `best_allreduce` takes the faster of ring and tree, as NCCL and XLA pick by message size.
 """

@@ -1,18 +1,14 @@
 """The waves of one decode loop as locojax's engine runs it: finished rows compacted out.
 
-A generate's decode (`engine.Decoding.advance`) runs its `while_loop` over a device's R
-rows until no more than R / 2 of them are live, then moves the live rows into a batch half
-the size (`decode.compact`, halving again while the live rows still fit in half) and goes
-on, as long as a device's batch can halve and stay at least `engine.MIN_ROWS` rows; the last
-batch runs to its longest row. So a step of the loop costs the step of the batch it is in,
-not of the whole batch: with lengths spread, most iterations run at a fraction of the rows.
+A generate's decode (`engine.Decoding.advance`) runs its `while_loop` over a device's R rows
+until at most R / 2 are live, then moves them into a batch half the size (`decode.compact`,
+halving again while they fit), as long as the batch stays at least `engine.MIN_ROWS` rows;
+the last batch runs to its longest row. So most iterations run at a fraction of the rows.
 
-Here that loop is followed on the expected lengths: with completion lengths of quantile
-function Q, a batch of S rows (of the R that started) leaves its loop at the iteration where
-the rows still live, R (1 - F(t)), are at most S / 2, that is t = Q(1 - S / 2R); the last
-batch runs to the expected longest of the R rows. With a fixed length (`--rollout.ignore-eos`)
-every row ends together: one wave. The cost model (`phases.Ctx.decode`) costs each wave's
-iterations at its rows; nothing here is measured or fitted.
+Here the loop is followed on the expected lengths: with quantile function Q, a batch of S
+rows (of R) leaves its loop where the live rows R (1 - F(t)) are at most S / 2, t = Q(1 -
+S / 2R); the last runs to the expected longest of the R. A fixed length (`--rollout.
+ignore-eos`) is one wave. `phases.Ctx.decode` costs each wave's iterations at its rows.
 """
 
 from __future__ import annotations

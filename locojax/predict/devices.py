@@ -29,9 +29,10 @@ class Roofline:
     ledger: Ledger
 
     def seconds(self, kind: str, c: Costs, chips: float = 1.0, cores: float = 0.0,
-                rows: float = 0.0) -> float:
+                rows: float = 0.0, blocks: float = 0.0) -> float:
         """`rows`: the rows of the program's matmuls on each chip (tokens; 0: unknown, the
-        full η_mxu). Fewer rows than the matrix unit's tile leave part of it idle."""
+        full η_mxu). Fewer rows than the matrix unit's tile leave part of it idle. `blocks`
+        (a decode step's attention loop, `phases.cache_read`) is a calibrated chip's term."""
         g = self.ledger.get
         h = self.hw
         peak = g(f"{h.name}.peak_flops.{self.dtype}", h.peak(self.dtype))

@@ -5,33 +5,27 @@ One token through a dense decoder costs, per layer (2 FLOPs per multiply-accumul
 - attention: 4 n h c for a query reading c keys (q·k, then p·v); in a sliding-window layer
   (Gemma 3's local layers) at most W of them, c_local = min(c, W);
 and once per token the LM head, 2 d v, wherever logits are taken. Only matmuls count: the
-families' other differences (Qwen2's q/k/v bias adds, Gemma's extra norms and GELU) are
-elementwise work, and their parameters are in the weight bytes (`ModelConfig.num_params`).
-Backward is twice the forward's matmuls (the input and the weight gradient of each), so a
-train step is 3x a forward, plus one more forward with remat and one no-grad forward for the
-reference (β > 0).
+families' elementwise differences (biases, extra norms, GELU) are not FLOPs that matter, and
+their parameters are in the weight bytes. Backward is twice the forward's matmuls, so a
+train step is 3x a forward, plus one with remat and one no-grad forward for the reference.
 
-The totals follow what locojax's programs actually compute (`engine.py`, `train_step.py`),
-so that they can be checked against XLA's `cost_analysis()` of those programs
-(tests/test_predict_flops.py):
+The totals follow what locojax's programs compute (`engine.py`, `train_step.py`), checked
+against XLA's `cost_analysis()` of those programs (tests/test_predict_flops.py):
 - prefill runs each prompt once (not once per sample), dense masked attention over its P
-  columns (a local layer: over at most W of them), and the LM head on the last position only;
-- a decode step runs every row of the call (finished rows too: shapes are static) and reads
-  `kv_slots` keys per row: the whole fixed-size cache, S = P + N - 1, in locojax's engine
-  (`--kv-read static`), or only the filled part, P + i at step i, in a paged engine
-  (`--kv-read actual`; `phases.Ctx.decode_keys` picks the keys);
+  columns (a local layer: over at most W), and the LM head on the last position only;
+- a decode step runs every row of the call (finished rows too: shapes are static), each
+  reading the keys `phases.cache_read` gives (`--kv-read static`: what locojax's engine
+  reads of its fixed S = P + N - 1 slots; `actual`: the filled part, a paged engine's);
 - the train step runs each group's prompt once (`logprobs.prefix_hidden`), the responses'
-  N - 1 columns attending to the prompt's P keys and to each other (dense masked), and the
-  LM head on the N positions that predict response tokens.
+  N - 1 columns attending to the prompt's P keys and to each other, and the LM head on the
+  N positions that predict response tokens.
+Bytes are what a step must move at least: every weight once per call (per decode step),
+the KV cache read (a local layer's at most its window), activations in and out.
 
-Bytes are what a step must move between memory and the compute units at least: every
-weight once per program call (per decode step), the KV cache read (a local layer's at most
-its window), activations in and out.
-
-Sliding windows: locojax's decode reads a local layer's cache from the first block inside
-the window (`attention.CacheBlocks`), as the count does; its prefill and train step compute
-the masked scores of a local layer densely, which XLA counts and the model does not (the
-model counts what a block-skipping attention kernel computes, the accelerator case).
+Sliding windows: decode reads a local layer's cache from the first block inside the window
+(`attention.CacheBlocks`), as the count does; prefill and the train step compute a local
+layer's masked scores densely, which XLA counts and the model does not (it counts what a
+block-skipping kernel computes, the accelerator case).
 
 Reference: Kaplan et al. 2020 (C_forward ≈ 2N + 2 n_layer n_ctx d_attn); Chinchilla
 appendix F; jax-ml "How to Scale Your Model", ch. "All about Transformer math".

@@ -2,15 +2,12 @@
 with its origin, and the cluster a prediction runs on.
 
 A profile gives the chip (peak FLOP/s per precision, HBM size and bandwidth), the host
-(chips and CPU cores per host), the fast interconnect inside an ICI/NVLink domain and the
-data-centre network (DCN/InfiniBand) between hosts, each with bandwidth and latency, and
-the efficiency factors that turn peaks into times. `here` is this machine as `locojax
-predict calibrate` measured it (`CALIBRATED`; kind `calibrated`, calibrated.py); `cpu-here`
-is an example of one, a 2-core machine that calibration measured, announced as an example
-when used. On both, hosts are local processes that share the machine's cores
-(`shared_cores`).
-
-`Cluster` is a profile plus a chip count: `--cluster v5e-64` is 64 TPU v5e chips.
+(chips and cores), the interconnect inside an ICI/NVLink domain and the network (DCN) between
+hosts, each with bandwidth and latency, and the efficiencies that turn peaks into times.
+`here` is this machine as `locojax predict calibrate` measured it (`CALIBRATED`, kind
+`calibrated`); `cpu-here`, an example of one (a 2-core machine), announced so when used. On
+both, hosts are local processes sharing the machine's cores (`shared_cores`). `Cluster` is a
+profile plus a chip count: `--cluster v5e-64` is 64 TPU v5e chips.
 """
 
 from __future__ import annotations

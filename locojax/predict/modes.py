@@ -2,23 +2,17 @@
 
 Synchronous modes: the step is the sum of its phases on the critical path.
 - colocated (LoCoJAX-CO): every host admits, generates and scores its own B/H prompts, then
-  one data-parallel update whose gradient all-reduce spans all chips; a decode loop runs to
-  the longest row of its host, and the step waits for the slowest host: the longest row of
-  all R rows.
+  one data-parallel update over all chips; the step waits for the longest row of all R.
 - controller (Pathways, verl's driver; issue 24): one controller admits every prompt, sends
-  each host its rows, runs the decode loop as rounds of `decode_chunk` iterations (one
-  controller round trip each: a dispatch to every host, whose results come back), gathers
-  tokens and logprobs, detokenizes and scores all R rows, builds the batch and scatters it;
-  then the hosts train as in colocated. Host work is central (one process), network bytes
-  cross the controller's NIC.
-- single: one process drives every local device: host work for all rows in that process, no
+  each host its rows, runs the decode loop in rounds of `decode_chunk` iterations (a round
+  trip each), gathers, detokenizes and scores all R rows, builds and scatters the batch;
+  then the hosts train as in colocated. Host work is central, bytes cross its NIC.
+- single: one process drives every local device, host work for all rows in it, no
   cross-process collective (one host only; on cpu-here, N simulated devices).
-The buffered modes (disaggregated, async) run the discrete-event simulation
-(`placement.py`).
+The buffered modes (disaggregated, async) run the discrete-event simulation (`placement.py`).
 
-Where every simulated host is a process on one machine (`shared_cores`: cpu-here, here), a
-phase's processes share its cores: N concurrent processes get cores / N each, and every
-host's env processes share the same cores.
+Where every simulated host is a process on one machine (`shared_cores`: cpu-here, here), N
+concurrent processes get cores / N each, and every host's env processes share them too.
 """
 
 from __future__ import annotations

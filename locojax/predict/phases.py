@@ -1,24 +1,18 @@
 """Per-phase equations of one RL step, shared by every mode.
 
-`Ctx` holds the three inputs (model, workload, cluster) and the constants. Its methods give
-the time of each phase for a group of hosts doing a share of the step's work:
-- rollout phases per host: admission (tokenize the host's prompts), prefill, decode
-  (iterations x one decode step, the loop running to the longest of its rows), env turns
-  (tool time per row per turn, over the host's env workers) with the extend prefill of the
+`Ctx` holds the inputs (model, workload, cluster) and the constants; its methods time each
+phase for a group of hosts doing a share of the step's work:
+- rollout, per host: admission, prefill, decode (iterations x one decode step, to the
+  longest row), env turns (over the host's env workers) with the extend prefill of their
   observations, detokenize + reward, batch assembly;
-- the train step: compute (roofline, or the CPU fit), the gradient all-reduce (ring/tree
-  over ICI inside a domain, DCN across domains; `collectives.py`), and with sharded weights
-  FSDP's parameter all-gathers and gradient reduce-scatter;
-- tensor parallelism in rollout when the weights do not fit one chip: two activation
-  all-reduces per layer per decode step, over ICI;
+- the train step: compute, the gradient all-reduce (ICI inside a domain, DCN across:
+  `collectives.py`), and with sharded weights FSDP's all-gathers and reduce-scatter;
+- rollout tensor parallelism: two activation all-reduces per layer per decode step (ICI);
 - weight transfer to rollout hosts (DA, async): a pipelined broadcast over DCN.
-Host work runs on host cores at the measured rates of this machine's core
-(`host_rates.json`), scaled by the profile's `host_core_speed`. Where the profile's hosts
-are processes sharing one machine (`shared_cores`: cpu-here, here), their env processes
-share its cores too (`env_seconds`).
-
-Static shapes: as locojax's engine, prompts are padded to P columns and every row of a
-decode loop is computed until the longest stops.
+Host work runs at this machine's measured per-core rates (`host_rates.json`) times the
+profile's `host_core_speed`; where hosts are processes sharing one machine (`shared_cores`)
+their env processes share its cores too (`env_seconds`). Static shapes, as the engine:
+prompts padded to P columns, every row of a decode loop computed until the longest stops.
 """
 
 from __future__ import annotations
@@ -181,15 +175,11 @@ class Ctx:
         t = self.dev.seconds("prefill", per, mp, cores, tokens)
         return w * (t + self.tp_comm(prompts / groups / w * self.wl.prompt_columns, mp))
 
-    def decode_keys(self, steps: float) -> float:
-        """Keys a decode step reads, on average over `steps` steps: `actual`, the filled part
-        (a paged engine); `static`, what locojax's engine reads (`attention._read_cache`): a
-        cache of at most WHOLE_BLOCKS blocks whole, else its blocks up to the last written."""
-        filled = self.wl.prompt_columns + steps / 2
-        if self.kv_read == "actual":
-            return filled
-        n, block = KVCache.blocks(self.wl.prompt_columns + self.wl.response_columns - 1)
-        return n * block if n <= max(1, WHOLE_BLOCKS) else min(filled + block / 2, n * block)
+    def decode_keys(self, steps: float) -> tuple[float, float]:
+        """(keys a decode step reads, blocks a layer's attention loop takes), on average over
+        `steps` steps (`cache_read`)."""
+        return cache_read(self.wl.prompt_columns + self.wl.response_columns - 1,
+                          self.wl.prompt_columns + steps / 2, self.kv_read)
 
     def decode(self, rows: float, chips: float, steps: float, cores: float = 0.0) -> float:
         """`steps` iterations of a decode loop over `rows` rows spread over `chips` chips, in
@@ -205,11 +195,11 @@ class Ctx:
         groups = max(1.0, chips / mp)
         r = rows / groups / w  # a device's (a model-parallel group's) rows in one loop
         whole = max(1, round(r))
-        total = 0.0
+        total, (keys, loop) = 0.0, self.decode_keys(steps)
         for wave in compaction.waves(self.wl.completion, whole, steps):
             at = r * wave.rows / whole
-            per = self.mc.decode_step(max(at, 1e-9), self.decode_keys(steps))
-            one = self.dev.seconds("decode_step", per, mp, cores, at)
+            per = self.mc.decode_step(max(at, 1e-9), keys)
+            one = self.dev.seconds("decode_step", per, mp, cores, at, loop)
             total += wave.iterations * (one + self.tp_comm(at, mp))
         return w * self.wl.turns * total
 
@@ -319,6 +309,19 @@ class Ctx:
     def sync_fixed(self) -> float:
         over = self.cluster.hw.extra.get("weight_sync_fixed_s")
         return self.c(f"{self.cluster.hw.name}.weight_sync_fixed_s", over) if over else 0.0
+
+
+def cache_read(slots: int, filled: float, kv_read: str = "static") -> tuple[float, float]:
+    """(keys a decode step reads, blocks one layer's attention loop iterates) for a cache of
+    `slots` slots with `filled` written: `actual`, the filled part (a paged engine);
+    `static`, what locojax's engine reads (`attention._read_cache`): a cache of at most
+    WHOLE_BLOCKS blocks whole, in no loop, else its blocks up to the last written, one an
+    iteration of a loop whose kernels a chip pays per block (`calibrated.py`)."""
+    n, block = KVCache.blocks(slots)
+    if n <= max(1, WHOLE_BLOCKS):
+        return (filled if kv_read == "actual" else n * block), 0.0
+    keys = min(filled + block / 2, n * block)
+    return (filled if kv_read == "actual" else keys), keys / block
 
 
 def env_seconds(per_row_turn: float, rows: float, turns: int, workers: float,

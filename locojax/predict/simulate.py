@@ -1,22 +1,17 @@
 """A discrete-event simulation of the buffered modes (disaggregated, async): leases, versions,
 length tails, pacing and, on one shared machine, processor sharing.
 
-The system (docs/design.md "Asynchrony"; locojax/fleet): W rollout workers take leases, each the
-generation of `per_lease` prompts of a step s; the learner trains step s once every lease of
-s is back, then publishes version s + 1 (a weight push). A lease of step s may start once
-- disaggregated (deterministic schedule): version max(0, s - k) is published, and uses it;
-- async (newest): some version >= s - k is published, and uses the newest.
-Staleness of a sample of step s generated with version v is s - v (0 <= s - v <= k).
-Each worker runs one lease at a time, in step order. A lease's duration is drawn per lease
-(the decode loop runs to the longest of its rows: the length tail enters here).
+The system (docs/design.md "Asynchrony"; locojax/fleet): W rollout workers take leases, each
+the generation of `per_lease` prompts of a step s; the learner trains step s once every
+lease of s is back, then publishes version s + 1 (a weight push). A lease of step s starts
+once, disaggregated, version max(0, s - k) is published, and uses it; async, once some
+version >= s - k is, and uses the newest. A sample's staleness is s - v (0 <= s - v <= k).
+A worker runs one lease at a time, in step order, each drawn per lease (the length tail).
 
-Processor sharing: when `shared_cores` > 0 (every simulated host is a process on one machine
-with that many cores), the n busy processes split the cores equally, and each task progresses
-at the rate its `Task.seconds(cores)` gives for c = cores / n. Otherwise every task runs on
-its own host at its own duration.
-
-Outputs: each step's time (learner update to update), the learner's wait for rollouts, the
-staleness of every lease. Closed forms it must agree with are in tests/test_predict_simulate.py.
+Processor sharing: with `shared_cores` > 0 (hosts are processes on one machine), the n busy
+processes split the cores, each task progressing at its `Task.seconds(cores / n)`; else
+every task runs on its own host. Outputs: each step's time, the learner's wait, every
+lease's staleness; closed forms it must agree with: tests/test_predict_simulate.py.
 """
 
 from __future__ import annotations

@@ -1,18 +1,13 @@
 """Which model to cost: a shipped config name, a preset, a checkpoint directory or a
 `config.json`, read into a `ModelConfig` for its shapes only.
 
-The cost model covers any dense decoder whose layer is attention (GQA) plus a gated MLP of
-three matrices: the families locojax runs (`locojax/model/families.py`: Qwen3, Qwen2/2.5
-with q/k/v biases, Llama, Gemma 3 text with its sliding-window local layers), and other
-dense decoders of the same layer (Mistral, ...), costed as a plain (Llama) layer. It does
-not run the model, so what `hf_config.py` must refuse for the forward (another
-`model_type`, a RoPE scaling, biases) is accepted here when it does not change a FLOP count
-by more than a bias add. What would change the count without the model knowing is refused,
-naming the field: mixture-of-experts (`num_experts`, ...), a non-gated MLP, a layer type
-other than full or sliding-window attention.
-
-Sliding windows: a layer is local as HF decides it (`hf_config.layer_kinds`: `layer_types`,
-Gemma 3's pattern, Qwen's `max_window_layers`), and in a dense decoder outside the
+Any dense decoder whose layer is attention (GQA) plus a gated three-matrix MLP is costed:
+the families locojax runs (`locojax/model/families.py`) and others of the same layer
+(Mistral, ...) as a plain (Llama) layer. Nothing runs, so what `hf_config.py` refuses for
+the forward (another `model_type`, a RoPE scaling, biases) is accepted where it changes a
+FLOP count by at most a bias add; what would change the count unseen is refused, naming the
+field: mixture-of-experts, a non-gated MLP, a layer other than full or sliding-window.
+Sliding windows: a layer is local as HF decides (`hf_config.layer_kinds`); outside the
 families, Mistral's bare `sliding_window` makes every layer local.
 """
 
