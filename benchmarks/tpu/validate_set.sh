@@ -12,6 +12,10 @@
 #   LIMIT=575 (s this call may take)  MIN_POINT=100  WORK=/tmp/validate_set
 #   TINY=1 JAX_PLATFORMS=cpu ...   # dry run on the CPU, each model cut to 2 layers at d 64
 #
+# The decode grid (9650cfd) adds ~20 generate compiles to the calibration, ~2-4 min on a
+# v5e: with site.sh's ~100 s first install, more than one call's 600 s. So on a fresh
+# machine make a first short call of `. .tpu-wheels/site.sh` alone (it installs into /tmp,
+# kept while warm), then this one with the whole call for the calibration.
 # Needs .tpu-wheels and .tpu-data (benchmarks/tpu/carry.sh). At most 8 files come back
 # from a call: the logs are packed into $OUT/logs.tgz at the end.
 set -uo pipefail
