@@ -39,7 +39,8 @@ Leaves they share: harness (header, interleaving, ratios, tables), workloads (th
 command lines), engine_work (the engine benchmarks' shapes, FLOPs and bytes),
 engine_runners (each side's generate), real_runs (the real-model comparisons' settings and
 runs), kernel_traces (a program's kernels and their trace), probe_walls (probe workers
-started together, predict_probes' oversub). Data: predict_validation_points
-_v5.json, _v9.json and the chip's _v10-_v12_tpu.json (validate_heldout's current
-pre-registered sets), data/ (kept result tables).
+started together, predict_probes' oversub), heldout_points (a pre-registered point's
+train arguments and model: validate_heldout's and memory_vs_plan's). Data:
+predict_validation_points_v5.json, _v9.json and the chip's _v10-_v13_tpu.json
+(validate_heldout's current pre-registered sets), data/ (kept result tables).
 """

@@ -21,7 +21,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from benchmarks import harness, validate_heldout
+from benchmarks import harness, heldout_points
 
 WITHIN = 0.10  # issue 58 item 4: the analytic peak within 10% of the chip's compiled plan
 _MICRO = re.compile(r"memory plan per device .*?(\d+) micro-batch")
@@ -39,7 +39,7 @@ def compiled_plan(log: str) -> tuple[int, float] | None:
 
 def predicted_peak(pt: dict, micro: int, profile: Path, work: Path) -> float:
     """`predict train`'s analytic peak (bytes) of the point's run at `micro` micro-batches."""
-    argv = [*harness.CLI, "predict", "train", *validate_heldout.train_args(pt, work / pt["id"]),
+    argv = [*harness.CLI, "predict", "train", *heldout_points.train_args(pt, work / pt["id"]),
             "--grad-accum", str(micro), "--hardware", str(profile)]
     # exit 3 is predict's "does not fit", which still prints the peak
     out = subprocess.run(argv, capture_output=True, text=True).stdout
@@ -60,7 +60,7 @@ def main() -> int:
     args = ap.parse_args()
     work = Path(args.work_dir)
     spec = json.loads(Path(args.points).read_text())
-    points = validate_heldout.with_models(spec["points"], Path(args.configs), args.data,
+    points = heldout_points.with_models(spec["points"], Path(args.configs), args.data,
                                           work / "models", args.tiny)
     print("| point | plan's micro-batches | compiled plan GB | predict GB | error |")
     print("|---|---|---|---|---|")

@@ -176,8 +176,14 @@ def _trainer_forward(w, tok, pos, att, targets, p, temperature):
 
 
 def _trainer_logprobs(w, prompts, out, g, temperature):
-    """The trainer's logprobs of the completion tokens ([R, N]), its logits there, and its
-    hidden states [R, P + N, D]."""
+    """The trainer's logprobs of the completion tokens ([R, N]) and its logits there (shared
+    with the other engine test files, which unpack these two)."""
+    return _trainer_logprobs_and_hidden(w, prompts, out, g, temperature)[:2]
+
+
+def _trainer_logprobs_and_hidden(w, prompts, out, g, temperature):
+    """`_trainer_logprobs`, and the trainer's hidden states [R, P + N, D] from the same
+    program."""
     pt, pm = pad_prompts(prompts)
     pt, pm = np.repeat(pt, g, 0), np.repeat(pm, g, 0)
     tok = np.concatenate([pt, np.asarray(out.tokens)], 1)
@@ -222,7 +228,7 @@ def test_many_blocks_and_compaction_sample_as_the_trainer_scores(weights, monkey
     prompts, out = _rollout(eng, weights, SAMPLING)
     assert eng._cache.block == 4 and eng._cache.v.shape[3] >= 8 * 4
     assert len(sizes) >= 2  # it compacted, more than once
-    ref, logits, _ = _trainer_logprobs(weights, prompts, out, 2, 1.0)
+    ref, logits = _trainer_logprobs(weights, prompts, out, 2, 1.0)
     m = np.asarray(out.mask)
     assert m.sum(1).max() > 16 and m.sum(1).min() < 8  # rows end in different blocks
     tol = logprob_tol("float32", logits)
@@ -255,7 +261,7 @@ def test_compacting_finished_rows_changes_no_token(weights, monkeypatch):
     assert not sizes
     _, compacted = _rollout(Engine(MODEL, block=8, min_rows=1), weights, greedy, limits=limits)
     assert sizes == [8, 4, 2, 1][:len(sizes)] and len(sizes) >= 3, sizes
-    _, logits, _ = _trainer_logprobs(weights, prompts, full, 2, 1.0)
+    _, logits = _trainer_logprobs(weights, prompts, full, 2, 1.0)
     assert_decisive_argmax(logits[np.asarray(full.mask)])
     np.testing.assert_array_equal(np.asarray(full.lengths), limits)
     for f in ("tokens", "lengths", "mask", "steps"):
@@ -277,7 +283,7 @@ def test_compaction_over_a_mesh_keeps_each_devices_rows(weights, monkeypatch):
     eng = Engine(MODEL, mesh=make_mesh({"data": 2}, backend.devices(2)), block=8, min_rows=1)
     _, multi = _rollout(eng, weights, greedy, limits=limits)
     assert len(sizes) >= 2 and eng._cache.k.sharding.spec[1] == "data"
-    _, logits, _ = _trainer_logprobs(weights, prompts, single, 2, 1.0)
+    _, logits = _trainer_logprobs(weights, prompts, single, 2, 1.0)
     assert_decisive_argmax(logits[np.asarray(single.mask)])
     for f in ("tokens", "lengths", "steps"):
         np.testing.assert_array_equal(np.asarray(getattr(multi, f)),
@@ -294,7 +300,7 @@ def test_bf16_cache_logprobs_stay_within_bf16_rounding_of_the_trainers(weights, 
     eng = Engine(MODEL, cache_dtype="bf16", block=8)
     prompts, out = _rollout(eng, weights, SAMPLING)
     assert eng._cache.k.dtype == eng._cache.v.dtype == jnp.bfloat16
-    ref, _, hidden = _trainer_logprobs(weights, prompts, out, 2, 1.0)
+    ref, _, hidden = _trainer_logprobs_and_hidden(weights, prompts, out, 2, 1.0)
     m = np.asarray(out.mask)
     gap = np.abs(np.asarray(out.logprobs) - ref)[m]
     u = unit_roundoff(jnp.bfloat16)
