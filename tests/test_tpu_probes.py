@@ -51,7 +51,7 @@ def test_decode_profile_traces_every_arm_and_restores_the_knobs(tmp_path, monkey
         assert sum(op["share"] for op in a["top"]) <= 1 + 1e-9
         assert isinstance(a["same_tokens_as_default"], bool)
     assert "pallas:" in capsys.readouterr().out
-    assert all(getattr(attention, k) == v for k, v in decode_profile.DEFAULT.items())
+    assert all(getattr(attention, k) == v for k, v in decode_profile.ARMS["default"].items())
 
 
 def test_decode_profile_reports_an_arm_that_fails_and_runs_the_others(tmp_path, monkeypatch,

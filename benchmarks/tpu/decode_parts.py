@@ -51,14 +51,12 @@ import jax
 import numpy as np
 
 from benchmarks.tpu import decode_parts_programs as programs
-from benchmarks.tpu.token_step import DTYPES, random_decoder
+from benchmarks.tpu.token_step import CPU_KNOBS, DEFAULT_KNOBS, DTYPES, random_decoder, set_knobs
 from locojax.engine.engine import Engine
 from locojax.engine.sampling import SamplingConfig
-from locojax.model import attention
 
 # decode_profile.py's arms "default" and "cpu" (a script: not imported, house rule).
-DEFAULT = {"DECODE_AS_DOTS": None, "HALF_AS_BITS": None, "DECODE_KERNEL": "xla"}
-ARMS = {"default": DEFAULT, "cpu": {**DEFAULT, **attention.decode_settings("no-dots,bits")}}
+ARMS = {"default": DEFAULT_KNOBS, "cpu": CPU_KNOBS}
 
 
 DERIVED_NOTES = {
@@ -71,9 +69,7 @@ DERIVED_NOTES = {
 
 
 def set_arm(name: str) -> None:
-    for knob, value in ARMS[name].items():
-        setattr(attention, knob, value)
-    jax.clear_caches()  # the knobs are read at trace time: no program of another arm is reused
+    set_knobs(ARMS[name])
 
 
 ROUND_LINE = ("step", "iteration", "rest", "sample_t1")

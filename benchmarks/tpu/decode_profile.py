@@ -39,15 +39,14 @@ import jax
 import numpy as np
 
 from benchmarks.kernel_traces import kernel_spans
-from benchmarks.tpu.token_step import DTYPES, random_decoder, step_bytes
+from benchmarks.tpu.token_step import (
+    CPU_KNOBS, DEFAULT_KNOBS, DTYPES, random_decoder, set_knobs, step_bytes)
 from locojax.engine.engine import Engine
 from locojax.engine.sampling import SamplingConfig
 from locojax.model import attention
 
-DEFAULT = {"DECODE_AS_DOTS": None, "HALF_AS_BITS": None, "DECODE_KERNEL": "xla"}
-CPU = {**DEFAULT, **attention.decode_settings("no-dots,bits")}
-ARMS = {"default": DEFAULT, "cpu": CPU} | {
-    name: {**CPU, **attention.decode_settings(name.replace("+", ","))}
+ARMS = {"default": DEFAULT_KNOBS, "cpu": CPU_KNOBS} | {
+    name: {**CPU_KNOBS, **attention.decode_settings(name.replace("+", ","))}
     for name in ("dots", "bits-off", "dots+bits-off", "pallas", "pallas+bits-off")}
 """Each arm's settings of the `attention` module's decode knobs: the engine's default (by
 backend), XLA:CPU's settings on any backend ("cpu"), and those with the `LOCOJAX_DECODE`
@@ -55,9 +54,7 @@ names in the arm's (a run with `LOCOJAX_DECODE=no-dots,bits,pallas` is the palla
 
 
 def set_arm(name: str) -> None:
-    for knob, value in ARMS[name].items():
-        setattr(attention, knob, value)
-    jax.clear_caches()  # the knobs are read at trace time: no program of another arm is reused
+    set_knobs(ARMS[name])
 
 
 def device_ops(planes) -> dict[str, list[float]]:

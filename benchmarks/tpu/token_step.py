@@ -1,6 +1,6 @@
-"""What the chip's decode probes (decode_blocks.py, decode_profile.py) share: the random
-decoder of a published config they decode with, and what its token step must read, the floor
-its time is judged against."""
+"""What the chip's decode probes (decode_blocks.py, decode_profile.py, decode_parts.py) share:
+the random decoder of a published config they decode with, what its token step must read,
+the floor its time is judged against, and the decode knobs an arm sets."""
 
 from __future__ import annotations
 
@@ -10,10 +10,21 @@ from pathlib import Path
 import jax
 
 from benchmarks.tpu import random_model
-from locojax.model import params
+from locojax.model import attention, params
 from locojax.model.hf_config import config_from_dict
 
 DTYPES = {"bf16": "bfloat16", "f32": "float32"}
+DEFAULT_KNOBS = {"DECODE_AS_DOTS": None, "HALF_AS_BITS": None, "DECODE_KERNEL": "xla"}
+"""The `attention` module's decode knobs as the engine sets them: by backend."""
+CPU_KNOBS = {**DEFAULT_KNOBS, **attention.decode_settings("no-dots,bits")}
+"""XLA:CPU's settings of those knobs, on any backend."""
+
+
+def set_knobs(knobs: dict) -> None:
+    """Sets the `attention` module's decode knobs (an arm's settings)."""
+    for knob, value in knobs.items():
+        setattr(attention, knob, value)
+    jax.clear_caches()  # the knobs are read at trace time: no program of another arm is reused
 
 
 def random_decoder(config: str, toy: bool, precision: str = "bf16"):
