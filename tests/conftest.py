@@ -38,6 +38,7 @@ import jax  # noqa: E402
 
 jax.config.update("jax_num_cpu_devices", 8)
 jax.config.update("jax_enable_x64", False)
+import map_limit  # noqa: E402
 
 
 def _where() -> list[str]:
@@ -71,7 +72,7 @@ WORKER_TALLIES: list[dict] = []
 def pytest_sessionfinish(session):
     """An xdist worker hands its compile tally to the controller (`pytest_testnodedown`)."""
     if hasattr(session.config, "workeroutput"):
-        session.config.workeroutput["xla_cache"] = TALLY.as_dict()
+        session.config.workeroutput["xla_cache"] = {**TALLY.as_dict(), **map_limit.STATE}
 
 
 @pytest.hookimpl(optionalhook=True)  # xdist's hook: `make test-accelerator` runs without
@@ -82,6 +83,16 @@ def pytest_testnodedown(node, error):  # xdist (tests/test_accelerator_target.py
 def pytest_terminal_summary(terminalreporter):
     terminalreporter.write_line(
         compile_cache.summary([TALLY.as_dict(), *WORKER_TALLIES], CACHE))
+    terminalreporter.write_line(map_limit.summary([map_limit.STATE, *WORKER_TALLIES]))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """After the last test of a module (its fixtures torn down), keep the process under the
+    kernel's mapping limit (`map_limit`: past it, XLA:CPU's next C++ exception segfaults)."""
+    yield
+    if nextitem is None or nextitem.module is not item.module:
+        map_limit.relieve()
 
 
 @pytest.fixture(scope="session", autouse=True)
