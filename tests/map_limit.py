@@ -20,8 +20,10 @@ from __future__ import annotations
 import gc
 
 SHARE = 0.5
-"""Clear past this share of the limit: the most one module was seen to add stays far below
-the other half (a TINY config's programs: ~1,000 mappings)."""
+"""Clear past this share of the limit; the other half is one module's headroom (a TINY
+config's engine and train-step programs add ~500-1,000 mappings). The run's summary line
+prints each process's highest count at a module boundary, so a module that comes near the
+headroom shows there."""
 
 STATE = {"clears": 0, "peak": 0}
 
