@@ -21,6 +21,7 @@ and the modules every layer may use:
     evaluate.py      k samples of each example, scored by the task's reward
     failure.py       a host's error, said once, last
     float_context.py what a process's float results depend on (CPU, threads, flags)
+    gc_tuning.py     the garbage collector's threshold in locojax's own processes
     jsonfile.py      reading a user's JSON file, with an error that names it
     metrics.py       run logs as jsonl
     profiler.py      per-step phase timing, compile time apart

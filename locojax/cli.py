@@ -9,6 +9,8 @@ from __future__ import annotations
 import importlib
 import sys
 
+from locojax import gc_tuning
+
 SUBCOMMANDS = {
     "generate": ("locojax.commands.generate", "sample from a model with the jitted engine"),
     "demo": ("locojax.commands.demo", "the embedded default run (`make demo`)"),
@@ -32,6 +34,7 @@ def _usage() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    gc_tuning.tune()  # this process is locojax's: trace with fewer collections
     if not argv or argv[0] in ("-h", "--help"):
         print(_usage(), end="")
         return 0

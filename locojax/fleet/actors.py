@@ -15,6 +15,8 @@ import logging
 import os
 import socket
 
+from locojax import gc_tuning
+
 LIGHT_CPUS = 0.05
 """Request of the actors that do little compute (parameter server, dispatcher, verifier)."""
 
@@ -22,8 +24,10 @@ FORWARDED_ENV_PREFIXES = ("JAX_", "XLA_", "LOCOJAX_HEARTBEAT", "PYTHONPATH", "TF
 """Environment the actors inherit from the driver (compile cache, XLA flags, import path)."""
 
 
-def setup_logging(level: int = logging.INFO) -> None:
-    """Actor-side logging to stderr, which Ray forwards to the driver with the actor's prefix."""
+def setup_process(level: int = logging.INFO) -> None:
+    """An actor's process: logging to stderr, which Ray forwards to the driver with the
+    actor's prefix, and the GC threshold of locojax's processes (`gc_tuning`)."""
+    gc_tuning.tune()
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", force=True)
     for noisy in ("absl", "jax._src", "orbax"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

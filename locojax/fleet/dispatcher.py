@@ -35,7 +35,7 @@ import time
 import numpy as np
 import ray
 
-from locojax.fleet.actors import setup_logging
+from locojax.fleet.actors import setup_process
 from locojax.fleet.buffer import RolloutBuffer
 from locojax.fleet.leases import Lease, LeaseTable, UnitFailed
 from locojax.fleet.placement import PlacementPlan
@@ -122,7 +122,7 @@ class _Slot:
 @ray.remote(max_concurrency=16)
 class Dispatcher:
     def __init__(self, plan: PlacementPlan, prompts_per_step: int, steps: int, workers: list):
-        setup_logging()
+        setup_process()
         self.plan = plan
         self.table = LeaseTable(prompts_per_step, plan.prompts_per_lease, plan.schedule, steps,
                                 max_attempts=plan.max_attempts)

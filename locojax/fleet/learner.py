@@ -44,7 +44,7 @@ import ray
 
 from locojax import distributed
 from locojax.distributed import HostInfo
-from locojax.fleet.actors import free_port, setup_logging
+from locojax.fleet.actors import free_port, setup_process
 from locojax.fleet.dispatcher import DispatchStats
 from locojax.fleet.faults import Faults, kill_self
 from locojax.fleet.parameter_server import TRANSIENT, ObjectStoreTransport
@@ -228,7 +228,7 @@ class GroupHost:
     role = "host"
 
     def __init__(self, index: int, count: int):
-        setup_logging()
+        setup_process()
         self.index, self.count = index, count
 
     def __repr__(self) -> str:

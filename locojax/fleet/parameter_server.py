@@ -31,7 +31,7 @@ import jax
 import numpy as np
 import ray
 
-from locojax.fleet.actors import setup_logging
+from locojax.fleet.actors import setup_process
 from locojax.fleet.faults import Faults, kill_self
 from locojax.fleet.versions import (SyncStats, VersionStore, VersionUnavailable, checksum,
                                     nbytes, verify)
@@ -48,7 +48,7 @@ class ParameterServer:
     """The newest `keep` weight versions, checksummed, in the object store."""
 
     def __init__(self, keep: int, run_dir: str, faults: Faults):
-        setup_logging()
+        setup_process()
         self.store = VersionStore(keep)  # values: ObjectRefs owned by this actor
         self.run_dir, self.faults = run_dir, faults
         self._incarnation = uuid.uuid4().hex  # changes when Ray restarts the actor

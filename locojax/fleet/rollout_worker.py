@@ -39,7 +39,7 @@ import time
 import numpy as np
 import ray
 
-from locojax.fleet.actors import setup_logging
+from locojax.fleet.actors import setup_process
 from locojax.fleet.faults import Faults, FaultyTimer, hang
 from locojax.fleet.inflight import InFlightEngine, token_versions
 from locojax.fleet.leases import Lease
@@ -94,7 +94,7 @@ class RolloutWorker:
 
     def __init__(self, index: int, cfg, devices: int, server, verifiers: list, faults: Faults,
                  verifier_timeout_s: float = 150.0, attempts: int = 3):
-        setup_logging()
+        setup_process()
         from locojax import distributed
 
         distributed.set_cpu_devices(devices)  # before anything touches the backend

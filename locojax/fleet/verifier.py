@@ -27,7 +27,7 @@ import ray
 
 from locojax.envs.base import CombinedReward
 from locojax.envs.rewards import RewardConfig, RewardRunner, Scores
-from locojax.fleet.actors import setup_logging
+from locojax.fleet.actors import setup_process
 from locojax.fleet.faults import Faults, hang_holding_the_gil
 
 log = logging.getLogger(__name__)
@@ -41,7 +41,7 @@ class Verifier:
 
     def __init__(self, index: int, config: RewardConfig, run_dir: str = "",
                  faults: Faults = Faults()):
-        setup_logging()
+        setup_process()
         self.index, self.runner = index, RewardRunner(config)
         self.run_dir, self.faults, self.calls = run_dir, faults, 0
 

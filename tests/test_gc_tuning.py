@@ -1,0 +1,28 @@
+"""locojax's own processes run with `gc_tuning.THRESHOLD`: the CLI and every Ray actor."""
+
+import gc
+
+import pytest
+
+from locojax import cli, gc_tuning
+from locojax.fleet import actors
+
+
+@pytest.fixture
+def default_threshold():
+    before = gc.get_threshold()
+    gc.set_threshold(700, 10, 10)  # CPython's default
+    yield
+    gc.set_threshold(*before)
+
+
+def test_the_cli_sets_the_threshold_before_its_subcommand(default_threshold, capsys):
+    assert cli.main(["--help"]) == 0
+    assert gc.get_threshold() == gc_tuning.THRESHOLD
+    assert "usage: locojax" in capsys.readouterr().out
+
+
+def test_every_actor_process_sets_it(default_threshold):
+    actors.setup_process()  # the first call of every actor's __init__
+    assert gc.get_threshold() == gc_tuning.THRESHOLD
+
