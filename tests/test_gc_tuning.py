@@ -1,6 +1,7 @@
 """locojax's own processes run with `gc_tuning.THRESHOLD`: the CLI and every Ray actor."""
 
 import gc
+import logging
 
 import pytest
 
@@ -22,7 +23,18 @@ def test_the_cli_sets_the_threshold_before_its_subcommand(default_threshold, cap
     assert "usage: locojax" in capsys.readouterr().out
 
 
-def test_every_actor_process_sets_it(default_threshold):
+@pytest.fixture
+def root_logging():
+    """The worker's root logger as it was: `setup_process` also configures an actor's
+    logging (`basicConfig(force=True)`), which would outlive this test here."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
+
+def test_every_actor_process_sets_it(default_threshold, root_logging):
     actors.setup_process()  # the first call of every actor's __init__
     assert gc.get_threshold() == gc_tuning.THRESHOLD
 
