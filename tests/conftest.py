@@ -41,7 +41,7 @@ jax.config.update("jax_enable_x64", False)
 import map_limit  # noqa: E402
 from locojax import gc_tuning  # noqa: E402
 
-gc_tuning.tune()  # the suite traces as locojax's processes do (1.09x: gc_tuning's docstring)
+gc_tuning.tune()  # the suite's processes trace as locojax's do (gc_tuning's docstring)
 
 
 def _where() -> list[str]:

@@ -25,13 +25,16 @@ def test_the_cli_sets_the_threshold_before_its_subcommand(default_threshold, cap
 
 @pytest.fixture
 def root_logging():
-    """The worker's root logger as it was: `setup_process` also configures an actor's
-    logging (`basicConfig(force=True)`), which would outlive this test here."""
+    """The worker's logging as it was: `setup_process` also configures an actor's logging
+    (`basicConfig(force=True)`, its noisy loggers at WARNING), which would outlive this test
+    here."""
     root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
+    handlers = root.handlers[:]
+    levels = {name: logging.getLogger(name).level for name in ("", *actors.NOISY_LOGGERS)}
     yield
     root.handlers[:] = handlers
-    root.setLevel(level)
+    for name, level in levels.items():
+        logging.getLogger(name).setLevel(level)
 
 
 def test_every_actor_process_sets_it(default_threshold, root_logging):

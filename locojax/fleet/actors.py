@@ -20,6 +20,9 @@ from locojax import gc_tuning
 LIGHT_CPUS = 0.05
 """Request of the actors that do little compute (parameter server, dispatcher, verifier)."""
 
+NOISY_LOGGERS = ("absl", "jax._src", "orbax")
+"""Loggers an actor keeps at WARNING: their INFO lines would fill the driver's output."""
+
 FORWARDED_ENV_PREFIXES = ("JAX_", "XLA_", "LOCOJAX_HEARTBEAT", "PYTHONPATH", "TF_CPP")
 """Environment the actors inherit from the driver (compile cache, XLA flags, import path)."""
 
@@ -29,7 +32,7 @@ def setup_process(level: int = logging.INFO) -> None:
     actor's prefix, and the GC threshold of locojax's processes (`gc_tuning`)."""
     gc_tuning.tune()
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", force=True)
-    for noisy in ("absl", "jax._src", "orbax"):
+    for noisy in NOISY_LOGGERS:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
