@@ -9,12 +9,17 @@ forward and backward, `logprobs.sequence_logprobs` with remat off), and `generat
 engine's whole generate (prefill + decode, exactly N tokens a row). Arms alternate their
 order each round; the median of each is printed with its ratio to the default kernels.
 Shapes: docs/design.md's canonical TINY and SMALL (prompts x G, P prompt tokens, N new).
+Off XLA:CPU a third arm, `no-option`, runs the batch-invariant kernels compiled without the
+per-program `xla_allow_excess_precision=false` (`locojax/model/invariant_jit.py`): the
+option's own cost, apart from the kernels'.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
+from unittest import mock
 
 import jax
 import jax.numpy as jnp
@@ -30,8 +35,22 @@ SHAPES = {"tiny": (config.tiny, 8, 4, 16, 32), "small": (config.small, 16, 8, 32
 """name -> (model preset, prompts, G, P, N)."""
 
 
-def arms(shape: str, invariant: bool) -> dict:
-    """The two timed calls of one arm, compiled and warmed."""
+def option_off():
+    """A context in which batch-invariant programs compile without the excess-precision
+    option, as they do on XLA:CPU: held over each call of the `no-option` arm, so its
+    programs are traced, compiled and run under it."""
+    return mock.patch.object(invariant_jit, "excess_precision_breaks_invariance",
+                             lambda: False)
+
+
+def arms(shape: str, invariant: bool, option: bool = True) -> dict:
+    """The two timed calls of one arm, compiled and warmed; `option` False: see `option_off`."""
+    context = contextlib.nullcontext if option else option_off
+    with context():
+        return _arms(shape, invariant, context)
+
+
+def _arms(shape: str, invariant: bool, context) -> dict:
     preset, b, g, p, n = SHAPES[shape]
     cfg = preset(batch_invariant=invariant)
     w = params.init(cfg, jax.random.key(0))
@@ -47,11 +66,13 @@ def arms(shape: str, invariant: bool) -> dict:
         w, tokens, positions, mask, cfg)[0])), compiler_options=invariant_jit.compiler_options(cfg))
 
     def learn():
-        jax.block_until_ready(grad(w))
+        with context():
+            jax.block_until_ready(grad(w))
 
     def generate():
-        jax.block_until_ready(engine.generate(w, prompts, jax.random.key(1), sampling,
-                                              num_samples=g).tokens)
+        with context():
+            jax.block_until_ready(engine.generate(w, prompts, jax.random.key(1), sampling,
+                                                  num_samples=g).tokens)
 
     for fn in (learn, generate):
         fn()
@@ -65,7 +86,9 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     print(harness.header("bench_invariant", f"shape {args.shape}"))
     print(harness.command_line())
-    built = {name: arms(args.shape, on) for name, on in (("default", False), ("invariant", True))}
+    built = {"default": arms(args.shape, False), "invariant": arms(args.shape, True)}
+    if invariant_jit.excess_precision_breaks_invariance():
+        built["no-option"] = arms(args.shape, True, option=False)
     for what in ("learn", "generate"):
         calls = {name: (lambda f=b[what]: harness.timed(f)) for name, b in built.items()}
         times = harness.interleave(calls, args.rounds, how="alternate")
@@ -73,6 +96,9 @@ def main(argv=None) -> None:
         print(f"{what:9s} default {med['default'] * 1e3:9.1f} ms  invariant "
               f"{med['invariant'] * 1e3:9.1f} ms  {med['invariant'] / med['default']:.2f}x "
               f"vs default (median of {args.rounds})")
+        if "no-option" in med:
+            print(f"{what:9s} invariant without the option {med['no-option'] * 1e3:9.1f} ms: "
+                  f"the option costs {med['invariant'] / med['no-option']:.2f}x")
 
 
 if __name__ == "__main__":
