@@ -17,8 +17,8 @@ micro-benchmarks (`locojax/predict/calibrate.py`), never a train run.
 The points files kept are the current sets: predict_validation_points_v5.json (the
 `measure` method's, the default), _v9.json (`compiled`'s) and the chip's _v10_tpu.json
 _v11_tpu.json and _v12_tpu.json (run: docs/results/predict_tpu_validation.md), and
-_v13_tpu.json (registered after set 12 and the chip's decode-step calibration change, not
-yet run); the earlier sets are in git history, their every point in docs/results/.
+_v13_tpu.json (run: one point of eight) and _v14_tpu.json (registered with its profile
+and its predictions, `--write-predictions`: not yet run); the earlier sets are in git history, their every point in docs/results/.
 
 Usage:
     .venv/bin/python -m benchmarks.validate_heldout [--work-dir DIR] [--only ID ...]
@@ -40,6 +40,7 @@ import shlex
 import statistics
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 
@@ -114,6 +115,28 @@ def predict(pt: dict, profile: Path, work: Path, method: str = "model"):
          "model_phases": model.phases, "model_step": model.step,
          "matmul_flops": rate, "load_after": harness.loads()}))
     return pred
+
+
+def write_predictions(spec: dict, profile: Path, work: Path, out: Path) -> None:
+    """Every point's cost-model prediction from `profile`, written to `out` before any point
+    runs, so that a set can commit its predictions with its registration: the run then only
+    measures (`--predicted`), and no later change to the cost model can reach them."""
+    made = {pt["id"]: {"step": (p := prediction(pt, profile, work)).step,
+                       "phases": dict(p.phases)} for pt in spec["points"]}
+    out.write_text(json.dumps({"profile": str(profile), "points": made}, indent=1) + "\n")
+    for pid, p in made.items():
+        print(f"{pid}: predicted {p['step']:.3f} s/step")
+
+
+def committed(pt: dict, predicted: dict, work: Path):
+    """The point's prediction from a committed predictions file (`write_predictions`), kept in
+    WORK/ID.pred.json as `predict` keeps its own."""
+    made = predicted["points"][pt["id"]]
+    (work / f"{pt['id']}.pred.json").write_text(json.dumps(
+        {"method": "committed", "phases": made["phases"], "step": made["step"],
+         "load": "committed", "model_phases": made["phases"], "model_step": made["step"],
+         "matmul_flops": float("nan"), "load_after": "committed"}))
+    return types.SimpleNamespace(phases=made["phases"], step=made["step"])
 
 
 def largest_gap(pt: dict, profile: Path, work: Path) -> str:
@@ -250,6 +273,12 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--breakdown", action="store_true",
                     help="with --profile: read the runs already in --work-dir and print, per "
                          "point, each phase group measured and predicted; run nothing")
+    ap.add_argument("--write-predictions", default="", metavar="FILE",
+                    help="with --profile: predict every point (the cost model) into FILE, "
+                         "to commit with the set's registration; run nothing")
+    ap.add_argument("--predicted", default="", metavar="FILE",
+                    help="the points' predictions committed in advance (--write-predictions): "
+                         "read from FILE instead of predicted here")
     ap.add_argument("--configs", default=".tpu-data/configs",
                     help="points of a published config: the folder of its config.json")
     ap.add_argument("--data", default=".tpu-data/gsm8k/train.jsonl",
@@ -273,6 +302,9 @@ def main() -> int:
     if args.breakdown:
         print("\n".join(breakdown_table(spec, Path(args.profile), work)))
         return 0
+    if args.write_predictions:
+        write_predictions(spec, Path(args.profile), work, Path(args.write_predictions))
+        return 0
     if args.phases:
         for pt in spec["points"]:
             if (work / pt["id"] / "perf.jsonl").exists():
@@ -288,13 +320,15 @@ def main() -> int:
         argv += ["--out", str(profile)]
         print(f"$ {shlex.join(argv)}", flush=True)
         subprocess.run(argv, check=True)
+    predicted = json.loads(Path(args.predicted).read_text()) if args.predicted else None
     busy = real_model_busy()
     rows = []
     for pt in spec["points"]:
         if args.only and pt["id"] not in args.only:
             continue
         try:
-            made = predict(pt, profile, work, args.method)
+            made = (committed(pt, predicted, work) if predicted
+                    else predict(pt, profile, work, args.method))
         except RuntimeError as e:  # a program that could not be timed: reported, not dropped
             print(f"# {pt['id']}: prediction FAILED: {e}", flush=True)
             rows.append((pt, None, "", "prediction failed"))

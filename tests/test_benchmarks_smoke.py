@@ -342,13 +342,21 @@ def test_validate_heldout_a_published_configs_point_dry_run(tmp_path):
                        "prompt_tokens": 64, "new_tokens": 8, "precision": "bf16",
                        "remat": "on", "steps": 3}]
     (tmp_path / "points.json").write_text(json.dumps(spec))
-    out = bench("validate_heldout", "--profile",
-                str(ROOT / "locojax" / "predict" / "hardware" / "cpu-here.json"),
-                "--points", str(tmp_path / "points.json"), "--configs", str(configs),
-                "--data", str(ROOT / "tests" / "data" / "gsm8k_small.jsonl"), "--tiny",
-                "--work-dir", str(tmp_path / "w"))
+    common = ["--profile", str(ROOT / "locojax" / "predict" / "hardware" / "cpu-here.json"),
+              "--points", str(tmp_path / "points.json"), "--configs", str(configs),
+              "--data", str(ROOT / "tests" / "data" / "gsm8k_small.jsonl"), "--tiny",
+              "--work-dir", str(tmp_path / "w")]
+    # Predictions committed before the run (a registration's): the run must use them, so the
+    # committed step is set to a value the cost model would not give.
+    predicted = tmp_path / "predicted.json"
+    out = bench("validate_heldout", *common, "--write-predictions", str(predicted))
+    made = json.loads(predicted.read_text())
+    assert f"q: predicted {made['points']['q']['step']:.3f} s/step" in out
+    made["points"]["q"]["step"] = 123.456
+    predicted.write_text(json.dumps(made))
+    out = bench("validate_heldout", *common, "--predicted", str(predicted))
     (row,) = table_rows(out, "q")
-    assert row[1] == "qwen3-0.6b-tiny" and float(row[7]) > 0 and float(row[8]) > 0
+    assert row[1] == "qwen3-0.6b-tiny" and float(row[7]) > 0 and row[8] == "123.456"
     config = json.loads((tmp_path / "w" / "models" / "qwen3-0.6b-tiny" / "config.json")
                         .read_text())
     assert config["num_hidden_layers"] == 2 and config["vocab_size"] == 151936

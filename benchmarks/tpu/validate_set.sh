@@ -1,16 +1,20 @@
 #!/usr/bin/env bash
 # A pre-registered set of `predict` points on the chip, over several device calls (issue 58):
-# call 1 calibrates (~310 s on a v5e) and keeps the profile in /tmp, which lives as long as
+# call 1 calibrates (423-429 s on a v5e) and keeps the profile in /tmp, which lives as long as
 # the machine stays warm (it goes back after ~100 s idle: make the calls back to back); each
 # call then runs the points not yet measured, in the file's order, starting one only while
 # MIN_POINT seconds are left of LIMIT. Every point is reported as `validate_heldout` prints
 # it (measured, predicted, signed error); a point never started is not run, and counts as a
 # miss (the points file's rules).
 #
-#   OUT=... POINTS=benchmarks/predict_validation_points_v13_tpu.json \
+#   OUT=... POINTS=benchmarks/predict_validation_points_v14_tpu.json \
 #       bash benchmarks/tpu/validate_set.sh        # once per call, until "all points run"
 #   LIMIT=575 (s this call may take)  MIN_POINT=100  WORK=/tmp/validate_set
 #   TINY=1 JAX_PLATFORMS=cpu ...   # dry run on the CPU, each model cut to 2 layers at d 64
+#   PROFILE=F PREDICTED=P ...   # a set registered with its profile and predictions committed
+#                               # (validate_heldout --write-predictions): no calibration here,
+#                               # the runs only measure; a machine lost between calls costs
+#                               # only site.sh's install (set 13 lost its points that way)
 #
 # The decode grid (9650cfd) adds ~20 generate compiles to the calibration, ~2-4 min on a
 # v5e: with site.sh's ~100 s first install, more than one call's 600 s. So on a fresh
@@ -30,6 +34,7 @@ mkdir -p "$OUT" "$WORK/done"
 if [ -z "${PYTHON:-}" ] && [ -f .tpu-wheels/site.sh ]; then . .tpu-wheels/site.sh; fi
 PY=${PYTHON:-python3}
 say "# $(basename "$0") $POINTS at git $(git rev-parse --short HEAD 2>/dev/null)$(git diff --quiet 2>/dev/null || echo ' (modified)')"
+if [ -n "${PROFILE:-}" ]; then cp -n "$PROFILE" "$WORK/here.json"; fi
 if [ ! -f "$WORK/here.json" ]; then
   say "calibrate"
   timeout -k 5 $(( $(left) - 20 )) "$PY" -m locojax.cli predict calibrate \
@@ -44,6 +49,7 @@ for id in $("$PY" -c "import json,sys; print(*(p['id'] for p in json.load(open(s
   "$PY" -m benchmarks.validate_heldout --points "$POINTS" --configs .tpu-data/configs \
     --data .tpu-data/gsm8k/train.jsonl --work-dir "$WORK" --profile "$WORK/here.json" \
     --only "$id" --timeout $((t - 20)) ${TINY:+$([ "$TINY" = 1 ] && echo --tiny)} \
+    ${PREDICTED:+--predicted "$PREDICTED"} \
     >> "$OUT/points.log" 2>&1
   line=$(grep "^# $id:" "$OUT/points.log" | tail -1)
   say "$line"
