@@ -41,6 +41,7 @@ engine_runners (each side's generate), real_runs (the real-model comparisons' se
 runs), kernel_traces (a program's kernels and their trace), probe_walls (probe workers
 started together, predict_probes' oversub), heldout_points (a pre-registered point's
 train arguments and model: validate_heldout's and memory_vs_plan's). Data:
-predict_validation_points_v5.json, _v9.json and the chip's _v10-_v13_tpu.json
+predict_validation_points_v5.json, _v9.json and the chip's _v10-_v14_tpu.json (set 14 with its
+committed profile and predictions, predict_validation_v14_tpu_*.json)
 (validate_heldout's current pre-registered sets), data/ (kept result tables).
 """
