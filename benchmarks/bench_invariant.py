@@ -9,9 +9,9 @@ forward and backward, `logprobs.sequence_logprobs` with remat off), and `generat
 engine's whole generate (prefill + decode, exactly N tokens a row). Arms alternate their
 order each round; the median of each is printed with its ratio to the default kernels.
 Shapes: docs/design.md's canonical TINY and SMALL (prompts x G, P prompt tokens, N new).
-Off XLA:CPU a third arm, `no-option`, runs the batch-invariant kernels compiled without the
-per-program `xla_allow_excess_precision=false` (`locojax/model/invariant_jit.py`): the
-option's own cost, apart from the kernels'.
+A third arm, `no-option`, runs the batch-invariant kernels compiled without their backend's
+per-program options (`locojax/model/invariant_jit.py`: excess precision off on an
+accelerator, LLVM -O0 on XLA:CPU): the options' own cost, apart from the kernels'.
 """
 
 from __future__ import annotations
@@ -36,11 +36,10 @@ SHAPES = {"tiny": (config.tiny, 8, 4, 16, 32), "small": (config.small, 16, 8, 32
 
 
 def option_off():
-    """A context in which batch-invariant programs compile without the excess-precision
-    option, as they do on XLA:CPU: held over each call of the `no-option` arm, so its
-    programs are traced, compiled and run under it."""
-    return mock.patch.object(invariant_jit, "excess_precision_breaks_invariance",
-                             lambda: False)
+    """A context in which batch-invariant programs compile without their backend's options:
+    held over each call of the `no-option` arm, so its programs are traced, compiled and run
+    under it."""
+    return mock.patch.object(invariant_jit, "backend_options", lambda: {})
 
 
 def arms(shape: str, invariant: bool, option: bool = True) -> dict:
@@ -87,7 +86,7 @@ def main(argv=None) -> None:
     print(harness.header("bench_invariant", f"shape {args.shape}"))
     print(harness.command_line())
     built = {"default": arms(args.shape, False), "invariant": arms(args.shape, True)}
-    if invariant_jit.excess_precision_breaks_invariance():
+    if invariant_jit.backend_options():
         built["no-option"] = arms(args.shape, True, option=False)
     for what in ("learn", "generate"):
         calls = {name: (lambda f=b[what]: harness.timed(f)) for name, b in built.items()}

@@ -1,18 +1,17 @@
-"""Every program that runs batch-invariant kernels compiles with excess precision off
-(`locojax/model/invariant_jit.py`; docs/design.md, "Batch-invariant logprobs"; issue 59).
+"""Every program that runs batch-invariant kernels compiles with its backend's options
+(`locojax/model/invariant_jit.py`; docs/design.md, "Batch-invariant logprobs"; issue 59):
+excess precision off on an accelerator, LLVM -O0 on XLA:CPU.
 
-Why this checks the option and not the bits: XLA:CPU gets no option (the CPU's contract was
-measured without it, and with it the bf16 train step's logprobs left the engine's:
-`invariant_jit.excess_precision_breaks_invariance`), so the bitwise tests there cannot see it.
-On a TPU v5e the bf16 learner and engine cases failed under XLA's defaults and passed with
-the option off (2026-12-07). So here the backend is taken for an accelerator
-(`excess_precision_breaks_invariance` patched true) and each compile is watched where every jit's compile passes, jax's
-`compiler.compile_or_get_cached` (before its persistent cache, so a cache hit is seen too),
-with the options as XLA receives them; a program holds a batch-invariant kernel when its
-StableHLO carries a source location in `locojax/model/invariant.py`. Every such program
-must have the option; the default kernels' programs must have no option at all (XLA's
-defaults, and the same compile-cache key as before). Checked to fail: with `train_step`
-back on a plain `jax.jit`, `jit__train_step` is named as compiled without it.
+Why this checks the options and not only the bits: the bitwise tests see an option only
+where its absence changes bits in their shapes and flags (XLA:CPU under the suite's -O0
+has the option's effect already; a TPU is not here). So each compile is watched where every
+jit's compile passes, jax's `compiler.compile_or_get_cached` (before its persistent cache,
+so a cache hit is seen too), with the options as XLA receives them; a program holds a
+batch-invariant kernel when its StableHLO carries a source location in
+`locojax/model/invariant.py`. Every such program must have this backend's options; the
+default kernels' programs must have no option at all (XLA's defaults, and the same
+compile-cache key as before). Checked to fail: with `train_step` back on a plain `jax.jit`,
+`jit__train_step` is named as compiled without them.
 
 The workload runs every `model_jit` site under a one-layer TINY: the engine's prefill and
 decode (with compaction), refill (decode_rows, and refill with its nested prefill), a
@@ -36,7 +35,7 @@ from locojax.engine.refill import Refill
 from locojax.engine.sampling import SamplingConfig
 from locojax.model import config, params
 from locojax.model import invariant_jit
-from locojax.model.invariant_jit import NO_EXCESS_PRECISION
+from locojax.model.invariant_jit import NO_CONTRACTION, NO_EXCESS_PRECISION
 from locojax.model.sharding import TRAIN_DP, make_mesh, weight_shardings
 from locojax.profiler import StepTimer
 from locojax.rl import batch as batch_lib
@@ -70,7 +69,6 @@ def compiles(monkeypatch):
         return real(backend, computation, devices, compile_options, *args, **kwargs)
 
     monkeypatch.setattr(compiler, "compile_or_get_cached", watch)
-    monkeypatch.setattr(invariant_jit, "excess_precision_breaks_invariance", lambda: True)
     jax.clear_caches()
     return seen
 
@@ -120,24 +118,27 @@ def _sft(cfg, w):
 
 
 @pytest.mark.slow  # ~50 s of compiling at -O0 on 2 cores
-def test_batch_invariant_programs_compile_without_excess_precision(compiles):
+def test_batch_invariant_programs_compile_with_their_backends_options(compiles):
     w = params.init(MODEL, jax.random.key(0))
     for run in (_engine, _conversation, _learner, _sft):
         run(MODEL, w)
     invariant = {name for name, _, kernels in compiles if kernels}
     expected = EXPECTED if jax.device_count() > 1 else EXPECTED - SPLIT_ONLY
     assert expected <= invariant, f"not compiled with invariant kernels: {expected - invariant}"
-    lost = sorted({name for name, options, kernels in compiles
-                   if kernels and options != dict(NO_EXCESS_PRECISION)})
-    assert not lost, f"compiled with excess precision allowed: {lost}"
+    want = invariant_jit.backend_options()
+    assert want, "no options on this backend: nothing checked"
+    lost = sorted({name for name, options, kernels in compiles if kernels and options != want})
+    assert not lost, f"compiled without {want}: {lost}"
 
 
-def test_xla_cpu_gets_no_option():
-    """On XLA:CPU a batch-invariant config compiles with XLA's defaults: with the option the
-    bf16 train step's logprobs left the engine's (tests/test_logprob_gap.py)."""
-    if jax.default_backend() != "cpu":
-        pytest.skip("the CPU's rule")
-    assert invariant_jit.compiler_options(MODEL) == {}
+@pytest.mark.parametrize("backend, want", [("cpu", NO_CONTRACTION), ("tpu", NO_EXCESS_PRECISION),
+                                           ("gpu", NO_EXCESS_PRECISION)])
+def test_each_backend_gets_its_options(monkeypatch, backend, want):
+    """XLA:CPU gets LLVM -O0 (no FMA contraction in one program and not another), an
+    accelerator excess precision off: with excess precision off on XLA:CPU the bf16 train
+    step's logprobs left the engine's (tests/test_logprob_gap.py). Default kernels: none."""
+    monkeypatch.setattr(jax, "default_backend", lambda: backend)
+    assert invariant_jit.compiler_options(MODEL) == dict(want)
     assert invariant_jit.compiler_options(config.tiny()) == {}
 
 

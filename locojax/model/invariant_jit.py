@@ -1,22 +1,29 @@
 """Programs that trace the model compile with the options its config needs (issue 59).
 
 Under `ModelConfig.batch_invariant` the kernels of `invariant.py` fix every reduction's order,
-but XLA may still keep a bf16 intermediate in f32 inside a fusion ("excess precision"), and it
-picks the fusions by the arrays' shapes: on one TPU v5e the bf16 learner and engine logprobs
-then differed with the batch's layout, and were bitwise the same with
-`--xla_allow_excess_precision=false` (docs/design.md, "Batch-invariant logprobs"). So each
-program that traces the model under such a config is compiled with that option off, per
-program (`compiler_options`), never through the process-wide `XLA_FLAGS`: the process may hold
-other programs, and the default kernels keep XLA's defaults, which are faster. Not on XLA:CPU:
-there the contract was measured without the option, and with it the bf16 train step's
-logprobs moved off the engine's (2.9e-4 in tests/test_logprob_gap.py's stale-weights test,
-bitwise without it). So `tests/test_invariant_jit.py` checks, as if on an accelerator, that
-the option reaches XLA; the chip's bf16 tests check the bits.
+but the compiler may still round one program otherwise than another, by the arrays' shapes
+or by what it fuses, so each program that traces the model under such a config is compiled
+with the options of its backend (`backend_options`), per program (`compiler_options`), never
+through the process-wide `XLA_FLAGS`: the process may hold other programs, and the default
+kernels keep XLA's defaults, which are faster.
+- Off XLA:CPU, excess precision off. XLA keeps a bf16 intermediate in f32 inside a fusion and
+  picks the fusions by the arrays' shapes: on one TPU v5e the bf16 learner and engine
+  logprobs then differed with the batch's layout, and were bitwise the same with
+  `xla_allow_excess_precision=false` (2026-12-07; with this per-program option alone,
+  2026-12-08). Not on XLA:CPU: there it moved the bf16 train step's logprobs off the
+  engine's (2.9e-4 in tests/test_logprob_gap.py's stale-weights test).
+- On XLA:CPU, LLVM at -O0 (`xla_backend_optimization_level=0`). At XLA's default -O2, LLVM
+  contracted a product and the sum it feeds into one fused multiply-add in one program's
+  fusion and not in another's: 40 of 160 f32 engine tokens left the learner's on a Zen 5,
+  none with the option. (`xla_cpu_max_isa=AVX`, which has no FMA, did as well process-wide,
+  but XLA:CPU reads the ISA once per client, not per program.)
+`tests/test_invariant_jit.py` checks that the options reach XLA for every such program; the
+bitwise tests check the bits.
 
-`model_jit` is `jax.jit` for a function with the model config among its static arguments: two
-jits of one function, the default one and the batch-invariant one, picked per call by the
-config. A default-kernel program is the very `jax.jit(fn, ...)` program it was (the same
-compile options, so the persistent compile cache still hits for it).
+`model_jit` is `jax.jit` for a function with the model config among its static arguments: a
+default jit and, per option set, a batch-invariant one, picked per call by the config. A
+default-kernel program is the very `jax.jit(fn, ...)` program it was (the same compile
+options, so the persistent compile cache still hits for it).
 """
 
 from __future__ import annotations
@@ -27,22 +34,24 @@ import inspect
 import jax
 
 NO_EXCESS_PRECISION = (("xla_allow_excess_precision", False),)
-"""The XLA option a batch-invariant program compiles with: rounds every bf16 value to bf16
-where the program says so, whichever fusion holds it."""
+"""Off XLA:CPU: rounds every bf16 value to bf16 where the program says so, whichever fusion
+holds it."""
+NO_CONTRACTION = (("xla_backend_optimization_level", 0),)
+"""On XLA:CPU: LLVM at -O0, which contracts no product into the sum it feeds (one fused
+multiply-add in one program's fusion and not another's)."""
 
 
-def excess_precision_breaks_invariance() -> bool:
-    """Whether this backend's batch-invariant programs need excess precision off: every
-    backend but XLA:CPU (read at each call, as the decode knobs are: `attention`)."""
-    return jax.default_backend() != "cpu"
+def backend_options() -> dict:
+    """The XLA options a batch-invariant program needs on this backend (read at each call, as
+    the decode knobs are: `attention`)."""
+    return dict(NO_EXCESS_PRECISION if jax.default_backend() != "cpu" else NO_CONTRACTION)
 
 
 def compiler_options(cfg) -> dict:
     """XLA compiler options for a program that traces the model under `cfg` (a `ModelConfig`):
-    excess precision off where its kernels are batch-invariant on a backend that needs it,
-    else none (XLA's defaults)."""
-    return (dict(NO_EXCESS_PRECISION)
-            if cfg.batch_invariant and excess_precision_breaks_invariance() else {})
+    its backend's (`backend_options`) where its kernels are batch-invariant, else none (XLA's
+    defaults)."""
+    return backend_options() if cfg.batch_invariant else {}
 
 
 class ModelJit:
@@ -52,21 +61,26 @@ class ModelJit:
     is a `model_jit` of its own and carries them."""
 
     def __init__(self, fn, cfg_arg: str, **jit_kwargs):
+        self.fn, self.jit_kwargs = fn, jit_kwargs
         self.default = jax.jit(fn, **jit_kwargs)
-        self.invariant = jax.jit(fn, compiler_options=dict(NO_EXCESS_PRECISION), **jit_kwargs)
+        self.invariant: dict[tuple, object] = {}  # the options' items -> their jit
         self.cfg_arg, self.signature = cfg_arg, inspect.signature(fn)
         functools.update_wrapper(self, fn)
 
     def pick(self, args, kwargs):
         """The jit this call runs under: the default one unless the config is batch-invariant
-        and the call is the outermost jit."""
+        on a backend that needs options and the call is the outermost jit."""
         cfg = kwargs.get(self.cfg_arg)
         if cfg is None and self.cfg_arg not in kwargs:  # given by position
             cfg = self.signature.bind_partial(*args, **kwargs).arguments.get(self.cfg_arg)
-        if cfg is None or not compiler_options(cfg):
+        options = compiler_options(cfg) if cfg is not None else {}
+        if not options or any(isinstance(x, jax.core.Tracer)
+                              for x in jax.tree.leaves((args, kwargs))):
             return self.default
-        traced = any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves((args, kwargs)))
-        return self.default if traced else self.invariant
+        key = tuple(sorted(options.items()))
+        if key not in self.invariant:
+            self.invariant[key] = jax.jit(self.fn, compiler_options=options, **self.jit_kwargs)
+        return self.invariant[key]
 
     def __call__(self, *args, **kwargs):
         return self.pick(args, kwargs)(*args, **kwargs)
@@ -75,7 +89,7 @@ class ModelJit:
         return self.pick(args, kwargs).lower(*args, **kwargs)
 
     def _cache_size(self) -> int:  # as jax.jit's, which tests/test_engine.py reads
-        return self.default._cache_size() + self.invariant._cache_size()
+        return self.default._cache_size() + sum(j._cache_size() for j in self.invariant.values())
 
 
 def model_jit(fn=None, *, cfg_arg: str = "model_cfg", **jit_kwargs):
