@@ -31,7 +31,7 @@ B, P, R = 8, 12, 20  # rows; prompt columns (left-padded); response columns (rig
 TAU = 0.8
 
 
-def _bitwise_here(dtype: str, engine: bool) -> bool:
+def _bitwise_here() -> bool:
     """Whether bits are promised in this float context (docs/design.md, "Batch-invariant
     logprobs"): everywhere but under `make test`'s classic fusion emitters
     (`--xla_cpu_use_fusion_emitters=false`), where 2 of 96 f32 engine tokens and 2 of ~100
@@ -109,8 +109,7 @@ def test_learner_logprobs_bitwise_whatever_the_layout(dtype):
     cfg = config.tiny(compute_dtype=dtype, batch_invariant=True)
     on = _learner_variants(w, cfg)
     for name, got in on.items():
-        _assert_same(got, on["8 rows"], _bitwise_here(dtype, engine=False),
-                     _bound(w, cfg, P + R + 45), name)
+        _assert_same(got, on["8 rows"], _bitwise_here(), _bound(w, cfg, P + R + 45), name)
     # What the option changes on the CPU (invariant.py's probe). In bf16 the default kernels
     # agreed on these rows: each layer's rounding to bf16 hid their last-bit differences.
     if jax.default_backend() == "cpu" and dtype == "float32":
@@ -162,7 +161,7 @@ def test_engine_logprobs_equal_the_learners_bitwise(dtype):
     assert engine.size > 40 and np.all(engine < 0)
     w = params.init(config.tiny(), jax.random.key(0))
     for name, lp in learner.items():
-        _assert_same(lp, engine, _bitwise_here(dtype, engine=True), _bound(w, cfg, P + R + PAD),
+        _assert_same(lp, engine, _bitwise_here(), _bound(w, cfg, P + R + PAD),
                      f"{name} against the engine")
     if jax.default_backend() == "cpu":
         engine, learner = _engine_and_learner(config.tiny(compute_dtype=dtype))
