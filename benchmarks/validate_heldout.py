@@ -18,7 +18,8 @@ The points files kept are the current sets: predict_validation_points_v5.json (t
 `measure` method's, the default), _v9.json (`compiled`'s) and the chip's _v10_tpu.json
 _v11_tpu.json and _v12_tpu.json (run: docs/results/predict_tpu_validation.md), and
 _v13_tpu.json (run: one point of eight) and _v14_tpu.json (registered with its profile
-and its predictions, `--write-predictions`: not yet run); the earlier sets are in git history, their every point in docs/results/.
+and its predictions, `--write-predictions`: not yet run); the earlier sets are in git
+history, their every point in docs/results/.
 
 Usage:
     .venv/bin/python -m benchmarks.validate_heldout [--work-dir DIR] [--only ID ...]
