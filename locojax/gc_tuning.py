@@ -8,8 +8,8 @@ import). `perf record -a` over a warm-cache two-host `launch ... train demo` put
 `gc_collect_main` and its visitors at 7% of the samples, 9% of the busy ones. At
 `THRESHOLD` a warm 3-step `train demo` took 5.6 s of wall time where it took 6.4 s (means
 of three interleaved pairs); a cold one, bound by XLA's compiles, changed within its noise;
-the test suite's in-process workers 1.09x on compile-heavy modules, and no faster over a
-whole phase, where cold compiles dominate (tests/conftest.py, docs/testing.md).
+the test suite's in-process workers ran 1.09x faster on compile-heavy modules, and no faster
+over a whole phase, where cold compiles dominate (tests/conftest.py, docs/testing.md).
 
 The counts are of net allocations: a training loop whose objects die by reference counting
 barely moves them, and a cycle that dies young is still collected with generation 0, after
